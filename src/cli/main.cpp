@@ -1,0 +1,51 @@
+// roofline: one binary, many subcommands. Dispatches to the registered command; --help lists them.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/command.h"
+#include "roofline_version.h"
+
+namespace roofline::cli {
+
+std::vector<Command>& command_registry() {
+  static std::vector<Command> commands;
+  return commands;
+}
+
+namespace {
+
+void print_help() {
+  auto commands = command_registry();
+  std::sort(commands.begin(), commands.end(), [](const Command& a, const Command& b) { return a.order < b.order; });
+  std::printf("roofline %s: run large language models at the memory-bandwidth limit\n\n", ROOFLINE_VERSION);
+  std::printf("usage: roofline <command> [options]   (roofline <command> --help for its options)\n\ncommands:\n");
+  for (const Command& c : commands) std::printf("  %-12s %s\n", c.name.c_str(), c.summary.c_str());
+  std::printf("\nModels: -m FILE.gguf, or -m synthetic:SHAPE:MIX for a random model of a known shape\n");
+  std::printf("(roofline synth --list shows the shapes and mixes).\n");
+}
+
+}  // namespace
+}  // namespace roofline::cli
+
+int main(int argc, char** argv) {
+  using namespace roofline::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    print_help();
+    return argc < 2 ? 1 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
+    std::printf("roofline %s (commit %s)\n", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT);
+    return 0;
+  }
+  for (const Command& c : command_registry()) {
+    if (c.name == argv[1]) {
+      std::string program = std::string("roofline ") + argv[1];
+      argv[1] = program.data();
+      return c.run(argc - 1, argv + 1);
+    }
+  }
+  std::fprintf(stderr, "error: unknown command '%s' (roofline --help lists the commands)\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,48 @@
+// A fixed pool of worker threads with a blocking parallel_for. The split of work is deterministic
+// (chunk i always covers the same range), so results never depend on scheduling.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace roofline {
+
+class ThreadPool {
+ public:
+  // n_threads counts the calling thread: ThreadPool(1) runs everything inline.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(i) for i in [0, n), spread over the threads; returns when all calls are done.
+  // The first exception thrown by fn is rethrown here.
+  void parallel_for(size_t n, const std::function<void(size_t)>& fn);
+
+  // Calls fn(thread_index, n_threads) once on every thread (for kernels that split work themselves).
+  void run_on_all(const std::function<void(int, int)>& fn);
+
+  static int default_thread_count();
+
+ private:
+  void worker_loop(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace roofline

@@ -1,0 +1,118 @@
+// The table of known shapes. Small "tiny-*" shapes are for tests and the demo.
+#include "model/model_shapes.h"
+
+#include <cctype>
+
+namespace roofline {
+
+static ModelShape qwen3(const char* name, const char* display, int n_embd, int n_layer, int n_head, int n_ff, bool tied,
+                        int n_ctx = 40960) {
+  ModelShape s;
+  s.name = name;
+  s.arch = "qwen3";
+  s.display_name = display;
+  s.n_embd = n_embd;
+  s.n_layer = n_layer;
+  s.n_head = n_head;
+  s.n_head_kv = 8;
+  s.head_dim = 128;
+  s.n_ff = n_ff;
+  s.n_vocab = 151936;
+  s.n_ctx_train = n_ctx;
+  s.rope_freq_base = 1000000.0f;
+  s.rms_eps = 1e-6f;
+  s.tied_embeddings = tied;
+  s.qk_norm = true;
+  return s;
+}
+
+const std::vector<ModelShape>& model_shapes() {
+  static const std::vector<ModelShape> shapes = [] {
+    std::vector<ModelShape> v;
+    v.push_back(qwen3("qwen3-0.6b", "Qwen3-0.6B", 1024, 28, 16, 3072, true));
+    v.push_back(qwen3("qwen3-1.7b", "Qwen3-1.7B", 2048, 28, 16, 6144, true));
+    v.push_back(qwen3("qwen3-4b", "Qwen3-4B", 2560, 36, 32, 9728, true));
+    v.push_back(qwen3("qwen3-8b", "Qwen3-8B", 4096, 36, 32, 12288, false));
+    v.push_back(qwen3("qwen3-14b", "Qwen3-14B", 5120, 40, 40, 17408, false));
+    v.push_back(qwen3("qwen3-32b", "Qwen3-32B", 5120, 64, 64, 25600, false));
+    {
+      ModelShape s;
+      s.name = "qwen2.5-32b";
+      s.arch = "qwen2";
+      s.display_name = "Qwen2.5-32B";
+      s.n_embd = 5120; s.n_layer = 64; s.n_head = 40; s.n_head_kv = 8; s.head_dim = 128; s.n_ff = 27648;
+      s.n_vocab = 152064; s.n_ctx_train = 131072; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-5f;
+      s.qkv_bias = true;
+      v.push_back(s);
+    }
+    {
+      ModelShape s;
+      s.name = "qwen2.5-7b";
+      s.arch = "qwen2";
+      s.display_name = "Qwen2.5-7B";
+      s.n_embd = 3584; s.n_layer = 28; s.n_head = 28; s.n_head_kv = 4; s.head_dim = 128; s.n_ff = 18944;
+      s.n_vocab = 152064; s.n_ctx_train = 131072; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f;
+      s.qkv_bias = true;
+      v.push_back(s);
+    }
+    {
+      ModelShape s;
+      s.name = "llama3-8b";
+      s.arch = "llama";
+      s.display_name = "Llama-3.1-8B";
+      s.n_embd = 4096; s.n_layer = 32; s.n_head = 32; s.n_head_kv = 8; s.head_dim = 128; s.n_ff = 14336;
+      s.n_vocab = 128256; s.n_ctx_train = 131072; s.rope_freq_base = 500000.0f; s.rms_eps = 1e-5f;
+      s.rope_scaling_factor = 8; s.rope_low_freq_factor = 1; s.rope_high_freq_factor = 4; s.rope_original_context = 8192;
+      v.push_back(s);
+    }
+    {
+      ModelShape s;
+      s.name = "llama3-70b";
+      s.arch = "llama";
+      s.display_name = "Llama-3.1-70B";
+      s.n_embd = 8192; s.n_layer = 80; s.n_head = 64; s.n_head_kv = 8; s.head_dim = 128; s.n_ff = 28672;
+      s.n_vocab = 128256; s.n_ctx_train = 131072; s.rope_freq_base = 500000.0f; s.rms_eps = 1e-5f;
+      s.rope_scaling_factor = 8; s.rope_low_freq_factor = 1; s.rope_high_freq_factor = 4; s.rope_original_context = 8192;
+      v.push_back(s);
+    }
+    // Tiny shapes for tests and the demo (rows are multiples of 256 so every K-quant applies).
+    {
+      ModelShape s = qwen3("tiny-qwen3", "tiny Qwen3-shaped model", 256, 2, 4, 768, false, 2048);
+      s.n_head_kv = 2; s.head_dim = 64; s.n_vocab = 512;
+      v.push_back(s);
+    }
+    {
+      ModelShape s;
+      s.name = "tiny-llama";
+      s.arch = "llama";
+      s.display_name = "tiny Llama-shaped model";
+      s.n_embd = 256; s.n_layer = 2; s.n_head = 4; s.n_head_kv = 2; s.head_dim = 64; s.n_ff = 768;
+      s.n_vocab = 512; s.n_ctx_train = 2048; s.rope_freq_base = 10000.0f; s.rms_eps = 1e-5f;
+      v.push_back(s);
+    }
+    {
+      ModelShape s;
+      s.name = "tiny-qwen2";
+      s.arch = "qwen2";
+      s.display_name = "tiny Qwen2-shaped model";
+      s.n_embd = 256; s.n_layer = 2; s.n_head = 4; s.n_head_kv = 2; s.head_dim = 64; s.n_ff = 768;
+      s.n_vocab = 512; s.n_ctx_train = 2048; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.qkv_bias = true;
+      v.push_back(s);
+    }
+    return v;
+  }();
+  return shapes;
+}
+
+const ModelShape* find_model_shape(std::string_view name) {
+  for (const ModelShape& s : model_shapes()) {
+    if (s.name.size() != name.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < name.size() && same; ++i)
+      same = std::tolower((unsigned char)s.name[i]) == std::tolower((unsigned char)name[i]);
+    if (same) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace roofline

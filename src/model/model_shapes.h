@@ -1,0 +1,38 @@
+// Known model shapes (published config.json values) for synthetic models: exact tensor names,
+// shapes and hyperparameters of real models without their weights. Facts: ../shared/reference/model-configs.md.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace roofline {
+
+struct ModelShape {
+  std::string name;          // "qwen3-32b"
+  std::string arch;          // GGUF general.architecture: llama, qwen2, qwen3
+  std::string display_name;  // "Qwen3-32B"
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_ff = 0;
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  float rope_freq_base = 10000.0f;
+  float rms_eps = 1e-6f;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;  // qwen2
+  bool qk_norm = false;   // qwen3
+  // llama3 rope scaling (factor 0 = none)
+  float rope_scaling_factor = 0;
+  float rope_low_freq_factor = 1;
+  float rope_high_freq_factor = 4;
+  int rope_original_context = 8192;
+};
+
+const std::vector<ModelShape>& model_shapes();
+const ModelShape* find_model_shape(std::string_view name);  // case-insensitive
+
+}  // namespace roofline
