@@ -1,0 +1,49 @@
+// Internal: the tree-walking interpreter of jinja::Template and its built-in filters, tests,
+// methods and globals (builtins.cpp).
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tokenizer/jinja/template.h"
+
+namespace roofline::jinja {
+
+class Interpreter {
+ public:
+  Interpreter(const RenderOptions& options, std::string& out) : opt_(options), out_(&out) {}
+
+  void run(const Body& body, const Value& context);
+
+  // Used by the built-ins.
+  Value apply_filter(const std::string& name, const Value& v, Args& args, int line);
+  bool apply_test(const std::string& name, const Value& v, Args& args, int line);
+  Value get_attr(const Value& obj, const std::string& name, int line);
+  Value get_item(const Value& obj, const Value& key, int line);
+  Value call(const Value& f, Args& args, int line);
+  const RenderOptions& options() const { return opt_; }
+
+ private:
+  enum class Flow { Normal, Break, Continue };
+  Flow exec(const Body& body);
+  Flow exec(const Stmt& s);
+  Value eval(const Expr& e);
+  Args eval_args(const Expr& e);
+  Value lookup(const std::string& name) const;
+  void assign(const std::string& name, Value v);
+  void write(const std::string& s);
+  Value method(const Value& obj, const std::string& name, int line);
+  Value global(const std::string& name) const;
+  Value binary(const std::string& op, const Value& a, const Value& b, int line);
+  Value make_macro(const Stmt& s);
+
+  const RenderOptions& opt_;
+  std::string* out_;
+  std::vector<std::unordered_map<std::string, Value>> scopes_;
+  int depth_ = 0;
+};
+
+[[noreturn]] void template_error(int line, const std::string& msg);
+
+}  // namespace roofline::jinja
