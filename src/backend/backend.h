@@ -1,0 +1,49 @@
+// The backend interface: a backend holds some of a model's layers (and optionally the token
+// embedding and the output unit), owns its weights in whatever layout its kernels read best, owns
+// the KV blocks of its layers, and runs whole layer ranges of a step. The engine moves the hidden
+// state between backends once per placement boundary, as host floats [n_tokens x n_embd].
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/step.h"
+#include "model/model.h"
+
+namespace roofline {
+
+struct LayerSet {
+  int begin = 0, end = 0;   // transformer layers [begin, end)
+  bool embedding = false;   // holds token_embd (the input unit)
+  bool output = false;      // holds output_norm + output (the output unit)
+  int n_layers() const { return end - begin; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory plan, before loading: bytes of weights for these layers in this backend's layout, and
+  // bytes of one KV block across these layers.
+  virtual uint64_t weight_bytes(const Model& model, const LayerSet& layers) const = 0;
+  virtual uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const = 0;
+
+  virtual void load(std::shared_ptr<const Model> model, const LayerSet& layers) = 0;
+  virtual void init_kv(const KvConfig& kv) = 0;
+
+  // One step: begin_step, then embed or set_hidden, forward over layer ranges, then get_hidden or output.
+  virtual void begin_step(const StepDesc& step) = 0;
+  virtual void embed() = 0;
+  virtual void set_hidden(const float* hidden) = 0;
+  virtual void get_hidden(float* hidden) = 0;
+  virtual void forward(int layer_begin, int layer_end) = 0;
+  // Final norm and output matrix for the step's logit rows: [logit_rows.size() x n_vocab].
+  virtual void output(float* logits) = 0;
+
+  // Copies one KV block (every layer this backend holds) to another, for forking a sequence.
+  virtual void copy_kv_block(int src, int dst) = 0;
+};
+
+}  // namespace roofline

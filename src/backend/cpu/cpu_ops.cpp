@@ -1,0 +1,126 @@
+// CPU implementations of norm, RoPE, KV store and paged attention.
+#include "backend/cpu/cpu_ops.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "formats/quant_ref.h"
+
+namespace roofline::cpu {
+
+void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
+  float sum = 0;
+  for (int i = 0; i < n; ++i) sum += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(sum / (float)n + eps);
+  for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+RopeTable rope_table(const std::vector<int32_t>& positions, int n_rot, float freq_base, float freq_scale,
+                     const float* factors) {
+  RopeTable t;
+  t.half = n_rot / 2;
+  t.cos.resize(positions.size() * t.half);
+  t.sin.resize(positions.size() * t.half);
+  std::vector<double> freq(t.half);
+  for (int i = 0; i < t.half; ++i) {
+    freq[i] = (double)freq_scale * std::pow((double)freq_base, -2.0 * i / n_rot);
+    if (factors) freq[i] /= (double)factors[i];
+  }
+  for (size_t r = 0; r < positions.size(); ++r) {
+    for (int i = 0; i < t.half; ++i) {
+      const double theta = positions[r] * freq[i];
+      t.cos[r * t.half + i] = (float)std::cos(theta);
+      t.sin[r * t.half + i] = (float)std::sin(theta);
+    }
+  }
+  return t;
+}
+
+void rope_row(float* x, int n_heads, int head_dim, int n_rot, RopeStyle style, const float* cos, const float* sin) {
+  const int half = n_rot / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + (size_t)h * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const int a = style == RopeStyle::Norm ? 2 * i : i;
+      const int b = style == RopeStyle::Norm ? 2 * i + 1 : i + half;
+      const float x0 = v[a], x1 = v[b];
+      v[a] = x0 * cos[i] - x1 * sin[i];
+      v[b] = x0 * sin[i] + x1 * cos[i];
+    }
+  }
+}
+
+namespace {
+
+size_t slot_of(const StepDesc& step, int row, int block_size) {
+  const StepSequence& s = step.sequences[step.row_seq[row]];
+  const int pos = step.positions[row];
+  return (size_t)s.block_table[pos / block_size] * block_size + pos % block_size;
+}
+
+}  // namespace
+
+void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const float* v, int kv_dim_k, int kv_dim_v,
+              ThreadPool& pool) {
+  pool.parallel_for((size_t)step.n_tokens(), [&](size_t r) {
+    const size_t slot = slot_of(step, (int)r, kv.block_size);
+    quantize_row_ref(kv.type_k, k + r * kv_dim_k, kv.k + slot * kv.k_row_bytes, kv_dim_k);
+    quantize_row_ref(kv.type_v, v + r * kv_dim_v, kv.v + slot * kv.v_row_bytes, kv_dim_v);
+  });
+}
+
+void attention(const KvLayerView& kv, const StepDesc& step, const float* q, float* out, int n_head, int n_head_kv,
+               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool) {
+  const int n_gqa = n_head / n_head_kv;
+  const int n_rows = step.n_tokens();
+  const size_t k_head_bytes = dtype_row_bytes(kv.type_k, head_dim_k);
+  const size_t v_head_bytes = dtype_row_bytes(kv.type_v, head_dim_v);
+  // One task per (row, kv head): the K/V of a position are dequantized once for the group's query heads.
+  pool.parallel_for((size_t)n_rows * n_head_kv, [&](size_t task) {
+    const int r = (int)(task / n_head_kv);
+    const int kvh = (int)(task % n_head_kv);
+    const StepSequence& s = step.sequences[step.row_seq[r]];
+    const int n_keys = step.positions[r] + 1;
+    thread_local std::vector<float> scores, kbuf, vbuf;
+    scores.assign((size_t)n_gqa * n_keys, 0.0f);
+    kbuf.resize(head_dim_k);
+    vbuf.resize(head_dim_v);
+    const float* qh = q + (size_t)r * n_head * head_dim_k + (size_t)kvh * n_gqa * head_dim_k;
+    for (int j = 0; j < n_keys; ++j) {
+      const size_t slot = (size_t)s.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
+      dequantize_row_ref(kv.type_k, kv.k + slot * kv.k_row_bytes + kvh * k_head_bytes, kbuf.data(), head_dim_k);
+      for (int g = 0; g < n_gqa; ++g) {
+        const float* qv = qh + (size_t)g * head_dim_k;
+        float dot = 0;
+        for (int d = 0; d < head_dim_k; ++d) dot += qv[d] * kbuf[d];
+        scores[(size_t)g * n_keys + j] = dot * scale;
+      }
+    }
+    for (int g = 0; g < n_gqa; ++g) {
+      float* sc = scores.data() + (size_t)g * n_keys;
+      float mx = sc[0];
+      for (int j = 1; j < n_keys; ++j) mx = std::max(mx, sc[j]);
+      float sum = 0;
+      for (int j = 0; j < n_keys; ++j) {
+        sc[j] = std::exp(sc[j] - mx);
+        sum += sc[j];
+      }
+      const float inv = 1.0f / sum;
+      for (int j = 0; j < n_keys; ++j) sc[j] *= inv;
+    }
+    float* oh = out + (size_t)r * n_head * head_dim_v + (size_t)kvh * n_gqa * head_dim_v;
+    for (int g = 0; g < n_gqa; ++g)
+      for (int d = 0; d < head_dim_v; ++d) oh[(size_t)g * head_dim_v + d] = 0.0f;
+    for (int j = 0; j < n_keys; ++j) {
+      const size_t slot = (size_t)s.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
+      dequantize_row_ref(kv.type_v, kv.v + slot * kv.v_row_bytes + kvh * v_head_bytes, vbuf.data(), head_dim_v);
+      for (int g = 0; g < n_gqa; ++g) {
+        const float p = scores[(size_t)g * n_keys + j];
+        float* o = oh + (size_t)g * head_dim_v;
+        for (int d = 0; d < head_dim_v; ++d) o[d] += p * vbuf[d];
+      }
+    }
+  });
+}
+
+}  // namespace roofline::cpu

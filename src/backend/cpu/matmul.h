@@ -1,0 +1,36 @@
+// Matrix products on the CPU: y[t] = W x[t] for a batch of activation rows, W in any tensor type.
+// Activations are converted once into the format W's kernel reads (vec_dot.h); every output element
+// is one dot in a fixed order, so a row's result does not depend on the rest of the batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/vec_dot.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
+
+namespace roofline::cpu {
+
+// Activation rows converted for one format; reused by every matrix that reads the same input
+// (Q, K and V; gate and up).
+class ActRows {
+ public:
+  void prepare(ActFormat format, const float* x, int n_rows, int64_t n_cols, ThreadPool& pool);
+  ActFormat format() const { return format_; }
+  const uint8_t* row(int r) const { return data_.data() + (size_t)r * row_bytes_; }
+  int n_rows() const { return n_rows_; }
+
+ private:
+  ActFormat format_ = ActFormat::F32;
+  size_t row_bytes_ = 0;
+  int n_rows_ = 0;
+  std::vector<uint8_t> data_;
+};
+
+// y: [n_rows x w.rows()], rows of the activations in `act` (prepared for act_format_for(w.type())).
+void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool);
+// Convenience: converts x and multiplies.
+void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool);
+
+}  // namespace roofline::cpu

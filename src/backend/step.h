@@ -1,0 +1,39 @@
+// The step descriptor: everything a forward step needs, in one value the backend copies to its
+// device once. A step is a batch of tokens from one or more sequences; each sequence's tokens are
+// contiguous in the batch and continue its cached positions (prefill chunks and decode tokens mix).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "formats/dtype.h"
+
+namespace roofline {
+
+struct StepSequence {
+  int32_t seq_id = 0;       // the engine's id (for diagnostics)
+  int32_t n_past = 0;       // positions already in the KV cache before this step
+  int32_t n_new = 0;        // tokens of this sequence in the step
+  int32_t first_token = 0;  // index of its first token in the step
+  std::vector<int32_t> block_table;  // KV blocks holding positions [0, n_past + n_new), in order
+};
+
+struct StepDesc {
+  std::vector<int32_t> tokens;      // token id per batch row
+  std::vector<int32_t> positions;   // RoPE position per row (n_past + offset within the sequence)
+  std::vector<int32_t> row_seq;     // index into `sequences` per row
+  std::vector<int32_t> logit_rows;  // rows whose logits are wanted, ascending
+  std::vector<StepSequence> sequences;
+
+  int n_tokens() const { return (int)tokens.size(); }
+};
+
+// The paged KV cache's geometry, chosen by the engine; each backend lays out its own layers' blocks.
+struct KvConfig {
+  int n_blocks = 0;
+  int block_size = 32;  // token positions per block
+  DType type_k = DType::F16;
+  DType type_v = DType::F16;
+};
+
+}  // namespace roofline

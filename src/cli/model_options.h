@@ -1,0 +1,36 @@
+// Options shared by the commands that load a model (run, bench, serve, perplexity, ...): the flags
+// as llama.cpp spells them, and the steps from flags to a Model, an Engine and a Tokenizer.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace roofline::cli {
+
+struct ModelArgs {
+  std::string model;       // -m: GGUF path or synthetic:SHAPE:MIX
+  std::string tokenizer;   // --tokenizer for synthetic models
+  int n_ctx = 0;           // -c
+  int n_threads = 0;       // -t
+  int n_batch = 512;       // -b
+  std::string cache_type_k = "f16";  // -ctk
+  std::string cache_type_v = "f16";  // -ctv
+};
+
+// Adds -m/--model, --tokenizer, -c/--ctx-size, -t/--threads, -b/--batch-size, -ctk/--cache-type-k, -ctv/--cache-type-v.
+void add_model_options(CLI::App& app, ModelArgs& args, bool model_required = true);
+
+// Parses argv with llama.cpp's single-dash spellings allowed; returns -1 to continue, else an exit code.
+int parse_args(CLI::App& app, int argc, char** argv);
+
+DType parse_cache_type(const std::string& name);  // f32|f16|bf16|q8_0|q4_0, else Error
+std::shared_ptr<const Model> load_model(const ModelArgs& args);
+std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const ModelArgs& args);
+std::shared_ptr<const Tokenizer> load_tokenizer(const Model& model);
+
+}  // namespace roofline::cli

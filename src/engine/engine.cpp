@@ -1,0 +1,157 @@
+// Engine: placement of the model on backends, the shared KV cache, and the forward step that turns
+// a batch into a step descriptor, runs every backend's layer range and returns the wanted logits.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <set>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace roofline {
+
+Engine::~Engine() = default;
+
+std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const EngineOptions& options) {
+  auto engine = std::unique_ptr<Engine>(new Engine());
+  engine->model_ = model;
+  engine->options_ = options;
+  EngineOptions& o = engine->options_;
+  const HParams& hp = model->hparams();
+  if (o.n_ctx < 0) fail("context size {} is negative", o.n_ctx);
+  if (o.n_ctx == 0) o.n_ctx = std::min(hp.n_ctx_train, 4096);
+  if (o.n_batch <= 0) fail("batch size {} must be positive", o.n_batch);
+  if (o.kv_block_size <= 0 || o.kv_block_size > 4096) fail("KV block size {} is out of range", o.kv_block_size);
+  for (DType t : {o.type_k, o.type_v}) {
+    if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0 && t != DType::Q4_0)
+      fail("KV cache type {} is not supported (use f16, bf16, q8_0 or q4_0)", dtype_name(t));
+  }
+
+  // Everything on the CPU for now: one backend holding the embedding, all layers and the output.
+  auto cpu = std::make_unique<cpu::CpuBackend>(o.n_threads);
+  LayerSet all{0, hp.n_layer, true, true};
+  cpu->load(model, all);
+  KvConfig kv;
+  kv.block_size = o.kv_block_size;
+  kv.n_blocks = (o.n_ctx + o.kv_block_size - 1) / o.kv_block_size;
+  kv.type_k = o.type_k;
+  kv.type_v = o.type_v;
+  cpu->init_kv(kv);
+  engine->placement_.push_back({cpu.get(), all});
+  engine->backends_.push_back(std::move(cpu));
+  engine->kv_ = std::make_unique<KvCache>(kv.n_blocks, kv.block_size);
+  return engine;
+}
+
+std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {
+  const int n = (int)batch.size();
+  if (n == 0) return {};
+  if (n > options_.n_batch) fail("a batch of {} tokens exceeds the batch size {}", n, options_.n_batch);
+  const int n_vocab = model_->hparams().n_vocab;
+
+  StepDesc step;
+  std::set<int> seen;
+  std::vector<std::pair<int, int>> runs;  // (seq, n_new) in batch order
+  for (int r = 0; r < n; ++r) {
+    const BatchRow& row = batch[r];
+    if (row.token < 0 || row.token >= n_vocab) fail("token id {} is out of range [0, {})", row.token, n_vocab);
+    if (!kv_->has_sequence(row.seq)) fail("unknown sequence {}", row.seq);
+    if (r == 0 || batch[r - 1].seq != row.seq) {
+      if (!seen.insert(row.seq).second) fail("the rows of sequence {} are not contiguous in the batch", row.seq);
+      runs.push_back({row.seq, 0});
+    }
+    runs.back().second++;
+  }
+  int blocks = 0;
+  for (auto& [seq, n_new] : runs) {
+    if (kv_->length(seq) + n_new > options_.n_ctx)
+      fail("sequence {} would reach {} positions, more than the context size {}", seq, kv_->length(seq) + n_new, options_.n_ctx);
+    blocks += kv_->blocks_needed(seq, n_new);
+  }
+  if (blocks > kv_->free_blocks())
+    fail("the KV cache is full: this step needs {} more blocks, {} are free", blocks, kv_->free_blocks());
+  for (auto& [seq, n_new] : runs) ROOFLINE_CHECK(kv_->reserve(seq, n_new));
+
+  int row = 0;
+  for (auto& [seq, n_new] : runs) {
+    StepSequence s;
+    s.seq_id = seq;
+    s.n_past = kv_->length(seq);
+    s.n_new = n_new;
+    s.first_token = row;
+    s.block_table = kv_->block_table(seq);
+    for (int i = 0; i < n_new; ++i, ++row) {
+      step.tokens.push_back(batch[row].token);
+      step.positions.push_back(s.n_past + i);
+      step.row_seq.push_back((int)step.sequences.size());
+      if (batch[row].want_logits) step.logit_rows.push_back(row);
+    }
+    step.sequences.push_back(std::move(s));
+  }
+
+  std::vector<float> logits(step.logit_rows.size() * (size_t)n_vocab);
+  const int n_embd = model_->hparams().n_embd;
+  for (size_t i = 0; i < placement_.size(); ++i) {
+    Placement& p = placement_[i];
+    p.backend->begin_step(step);
+    if (p.layers.embedding) {
+      p.backend->embed();
+    } else {
+      p.backend->set_hidden(hidden_.data());
+    }
+    p.backend->forward(p.layers.begin, p.layers.end);
+    if (p.layers.output) {
+      p.backend->output(logits.data());
+    } else {
+      hidden_.resize((size_t)n * n_embd);
+      p.backend->get_hidden(hidden_.data());
+    }
+  }
+  for (auto& [seq, n_new] : runs) kv_->commit(seq, n_new);
+  return logits;
+}
+
+std::vector<float> Engine::eval(int seq, std::span<const int32_t> tokens, bool all_logits) {
+  std::vector<float> out;
+  const size_t n_vocab = (size_t)this->n_vocab();
+  for (size_t start = 0; start < tokens.size(); start += (size_t)options_.n_batch) {
+    const size_t end = std::min(tokens.size(), start + (size_t)options_.n_batch);
+    std::vector<BatchRow> batch;
+    for (size_t i = start; i < end; ++i) batch.push_back({seq, tokens[i], all_logits || i + 1 == tokens.size()});
+    std::vector<float> logits = decode(batch);
+    if (all_logits) out.insert(out.end(), logits.begin(), logits.end());
+    else if (end == tokens.size()) out = std::move(logits);
+  }
+  if (!all_logits) ROOFLINE_CHECK(tokens.empty() || out.size() == n_vocab);
+  return out;
+}
+
+int Engine::fork_sequence(int seq) {
+  const KvCache::Fork fork = kv_->fork_sequence(seq);
+  if (fork.copy_src >= 0)
+    for (auto& b : backends_) b->copy_kv_block(fork.copy_src, fork.copy_dst);
+  return fork.seq;
+}
+
+std::vector<std::string> Engine::report() const {
+  std::vector<std::string> lines;
+  const HParams& hp = model_->hparams();
+  for (const Placement& p : placement_) {
+    lines.push_back(fmt::format("{}: layers {}..{}{}{}, {:.1f} MiB of weights", p.backend->name(), p.layers.begin,
+                                p.layers.end - 1, p.layers.embedding ? " + embedding" : "", p.layers.output ? " + output" : "",
+                                p.backend->weight_bytes(*model_, p.layers) / 1048576.0));
+  }
+  KvConfig kv;
+  kv.block_size = kv_->block_size();
+  kv.n_blocks = kv_->n_blocks();
+  kv.type_k = options_.type_k;
+  kv.type_v = options_.type_v;
+  uint64_t kv_bytes = 0;
+  for (const Placement& p : placement_) kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
+  lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB", kv_->capacity_tokens(),
+                              kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0));
+  (void)hp;
+  return lines;
+}
+
+}  // namespace roofline

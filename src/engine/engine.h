@@ -1,0 +1,74 @@
+// The engine: a model placed on backends, a paged KV cache shared by sequences, and forward steps
+// over batches that mix prefill chunks and decode tokens of many sequences. Logits come back only
+// for the rows that want them. Sampling and generation loops sit on top (sampler.h, generate.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/kv_cache.h"
+#include "model/model.h"
+
+namespace roofline {
+
+struct EngineOptions {
+  int n_ctx = 0;           // KV positions shared by all sequences (0: the model's trained context, capped at 8192)
+  int n_threads = 0;       // CPU threads (0: all cores)
+  DType type_k = DType::F16;
+  DType type_v = DType::F16;
+  int n_batch = 512;       // most tokens in one forward step
+  int kv_block_size = 32;  // positions per KV block
+};
+
+class Engine {
+ public:
+  static std::unique_ptr<Engine> create(std::shared_ptr<const Model> model, const EngineOptions& options = {});
+  ~Engine();
+
+  const Model& model() const { return *model_; }
+  const EngineOptions& options() const { return options_; }
+  int n_vocab() const { return model_->hparams().n_vocab; }
+  KvCache& kv_cache() { return *kv_; }
+  const KvCache& kv_cache() const { return *kv_; }
+
+  // One row of a batch. Rows of one sequence are contiguous and continue its cached positions.
+  struct BatchRow {
+    int seq = 0;
+    int32_t token = 0;
+    bool want_logits = false;
+  };
+  // Runs one forward step (at most n_batch rows); returns logits [rows wanting them x n_vocab] in row
+  // order. Throws Error (leaving the cache as it was) if a sequence cannot get KV blocks.
+  std::vector<float> decode(const std::vector<BatchRow>& batch);
+
+  // Convenience for one sequence: feeds `tokens` in chunks of n_batch; returns the logits of every
+  // token ([tokens x n_vocab]) when all_logits, else of the last token only.
+  std::vector<float> eval(int seq, std::span<const int32_t> tokens, bool all_logits = false);
+
+  // A new sequence continuing `seq`'s cached tokens: full KV blocks are shared (reference-counted),
+  // the partial last block is copied on every backend.
+  int fork_sequence(int seq);
+
+  // Human-readable placement and memory report (one line per item), as the startup log prints it.
+  std::vector<std::string> report() const;
+
+ private:
+  Engine() = default;
+
+  std::shared_ptr<const Model> model_;
+  EngineOptions options_;
+  std::unique_ptr<KvCache> kv_;
+  struct Placement {
+    Backend* backend;
+    LayerSet layers;
+  };
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<Placement> placement_;  // in layer order: the embedding holder first, the output holder last
+  std::vector<float> hidden_;         // boundary buffer [n_tokens x n_embd]
+};
+
+}  // namespace roofline

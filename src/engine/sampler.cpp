@@ -1,0 +1,107 @@
+// The sampler chain. Candidates are sorted with a total order (logit, then token id) so ties never
+// depend on the standard library's sort.
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace roofline {
+
+void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const std::vector<int32_t>& history) {
+  const int n_vocab = (int)logits.size();
+  for (const auto& [token, bias] : p.logit_bias)
+    if (token >= 0 && token < n_vocab) logits[token] += bias;
+  const bool any = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  if (!any || p.repeat_last_n == 0 || history.empty()) return;
+  const size_t window = p.repeat_last_n < 0 ? history.size() : std::min(history.size(), (size_t)p.repeat_last_n);
+  std::unordered_map<int32_t, int> counts;
+  for (size_t i = history.size() - window; i < history.size(); ++i) counts[history[i]]++;
+  for (const auto& [token, count] : counts) {
+    if (token < 0 || token >= n_vocab) continue;
+    float& l = logits[token];
+    if (p.repeat_penalty != 1.0f) l = l > 0 ? l / p.repeat_penalty : l * p.repeat_penalty;
+    l -= (float)count * p.frequency_penalty + (count > 0 ? p.presence_penalty : 0.0f);
+  }
+}
+
+Sampler::Sampler(const SamplingParams& params, int n_vocab) : params_(params), n_vocab_(n_vocab) {
+  if (n_vocab <= 0) fail("sampler needs a vocabulary");
+  if (std::isnan(params.temperature) || std::isnan(params.top_p) || std::isnan(params.min_p) ||
+      std::isnan(params.repeat_penalty))
+    fail("sampling parameters must be numbers");
+  if (params.repeat_penalty <= 0) fail("repeat_penalty must be positive");
+  if (params_.temperature < 0) params_.temperature = 0;  // negative means greedy, as in llama.cpp
+  seed_ = params.seed;
+  if (seed_ == 0xFFFFFFFFu) seed_ = std::random_device{}();
+  rng_.seed(seed_);
+}
+
+SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& history) {
+  adjusted_.assign(logits, logits + n_vocab_);
+  apply_penalties(adjusted_, params_, history);
+
+  if (params_.temperature <= 0) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab_; ++i)
+      if (adjusted_[i] > adjusted_[best]) best = i;
+    return {best, 1.0f};
+  }
+
+  // Candidates sorted by logit (descending), ties by token id.
+  candidates_.clear();
+  for (int32_t i = 0; i < n_vocab_; ++i)
+    if (adjusted_[i] > -std::numeric_limits<float>::infinity()) candidates_.push_back({adjusted_[i], i});
+  if (candidates_.empty()) return {0, 0.0f};
+  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  };
+  size_t n = candidates_.size();
+  if (params_.top_k > 0 && (size_t)params_.top_k < n) {
+    std::partial_sort(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), better);
+    n = (size_t)params_.top_k;
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), better);
+  }
+  // Softmax at temperature 1 for top-p and min-p (llama.cpp applies temperature last).
+  std::vector<double> prob(n);
+  const double mx = candidates_[0].first;
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp((double)candidates_[i].first - mx);
+  for (double& p : prob) p /= sum;
+  if (params_.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += prob[i];
+      if (cum >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    n = std::max<size_t>(1, keep);
+  }
+  if (params_.min_p > 0.0f) {
+    const double threshold = prob[0] * params_.min_p;
+    size_t keep = 1;
+    while (keep < n && prob[keep] >= threshold) ++keep;
+    n = keep;
+  }
+  // Temperature, then the draw.
+  std::vector<double> w(n);
+  double wsum = 0;
+  for (size_t i = 0; i < n; ++i) wsum += w[i] = std::exp(((double)candidates_[i].first - mx) / params_.temperature);
+  std::uniform_real_distribution<double> uniform(0.0, wsum);
+  const double u = uniform(rng_);
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cum += w[i];
+    if (u < cum) return {candidates_[i].second, (float)(w[i] / wsum)};
+  }
+  return {candidates_[n - 1].second, (float)(w[n - 1] / wsum)};
+}
+
+}  // namespace roofline

@@ -1,0 +1,91 @@
+// A loaded model: hyperparameters read from GGUF metadata and every weight bound by name and checked
+// for shape. Weights are views into the GgufFile (mmap or memory); backends copy or repack what they
+// hold. Shapes are GGUF order: ne[0] is the row length (the input dimension of a matrix).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/gguf.h"
+#include "model/arch.h"
+
+namespace roofline {
+
+struct HParams {
+  std::string arch;
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim_k = 0;  // attention.key_length
+  int head_dim_v = 0;  // attention.value_length
+  int n_ff = 0;
+  int n_vocab = 0;
+  int n_ctx_train = 0;
+  int n_rot = 0;       // rotary dims (rope.dimension_count), <= head_dim_k
+  float rope_freq_base = 10000.0f;
+  float rope_freq_scale = 1.0f;  // linear scaling: positions multiplied by this
+  float rms_eps = 1e-5f;
+  float attn_scale = 0;          // 0: 1/sqrt(head_dim_k)
+
+  int n_gqa() const { return n_head / n_head_kv; }
+  int q_dim() const { return n_head * head_dim_k; }
+  int kv_dim_k() const { return n_head_kv * head_dim_k; }
+  int kv_dim_v() const { return n_head_kv * head_dim_v; }
+};
+
+// A weight: a view of one GGUF tensor (nullptr data only for layout-only synthetic models).
+struct Weight {
+  const gguf::TensorInfo* tensor = nullptr;
+  explicit operator bool() const { return tensor != nullptr; }
+  DType type() const { return tensor->type; }
+  int64_t cols() const { return tensor->ne[0]; }  // row length / input dimension
+  int64_t rows() const { return tensor->ne[1]; }  // output dimension
+  const uint8_t* data() const { return tensor->data; }
+  size_t bytes() const { return tensor->n_bytes; }
+};
+
+struct LayerWeights {
+  Weight attn_norm;
+  Weight wq, wk, wv, wo;
+  Weight bq, bk, bv;          // optional biases
+  Weight q_norm, k_norm;      // qwen3
+  Weight ffn_norm;
+  Weight ffn_gate, ffn_up, ffn_down;
+};
+
+class Model {
+ public:
+  // Binds and checks everything; throws one Error listing every missing, unexpected or mis-shaped tensor.
+  static std::shared_ptr<const Model> load(std::shared_ptr<const gguf::GgufFile> file);
+
+  const gguf::GgufFile& file() const { return *file_; }
+  std::shared_ptr<const gguf::GgufFile> file_ptr() const { return file_; }
+  const gguf::Metadata& metadata() const { return file_->metadata(); }
+  const ArchInfo& arch() const { return *arch_; }
+  const HParams& hparams() const { return hparams_; }
+
+  const Weight& token_embd() const { return token_embd_; }
+  const Weight& output_norm() const { return output_norm_; }
+  const Weight& output() const { return output_; }  // token_embd when embeddings are tied
+  bool tied_embeddings() const { return tied_; }
+  const Weight& rope_freqs() const { return rope_freqs_; }  // llama3 factors (divisors), optional
+  const LayerWeights& layer(int i) const { return layers_[i]; }
+
+  // Bytes of the weights of layer i (all its tensors) and of the output unit (norm + output matrix).
+  uint64_t layer_bytes(int i) const;
+  uint64_t output_bytes() const;
+  uint64_t n_params() const;
+  std::string description() const;  // "qwen3 1.7B Q4_K - Medium" in llama.cpp's style
+
+ private:
+  std::shared_ptr<const gguf::GgufFile> file_;
+  const ArchInfo* arch_ = nullptr;
+  HParams hparams_;
+  Weight token_embd_, output_norm_, output_, rope_freqs_;
+  bool tied_ = false;
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace roofline
