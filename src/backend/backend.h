@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,12 @@ class Backend {
   virtual void forward(int layer_begin, int layer_end) = 0;
   // Final norm and output matrix for the step's logit rows: [logit_rows.size() x n_vocab].
   virtual void output(float* logits) = 0;
+
+  // Importance matrices: when set, called with the input rows of every matrix product of the held
+  // layers and output (the activations a weight is multiplied with). Backends that cannot observe
+  // throw Error.
+  using MatmulObserver = std::function<void(const gguf::TensorInfo& weight, const float* x, int n_rows, int64_t n_cols)>;
+  virtual void set_matmul_observer(MatmulObserver observer) = 0;
 
   // Copies one KV block (every layer this backend holds) to another, for forking a sequence.
   virtual void copy_kv_block(int src, int dst) = 0;

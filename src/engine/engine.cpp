@@ -133,6 +133,10 @@ int Engine::fork_sequence(int seq) {
   return fork.seq;
 }
 
+void Engine::set_matmul_observer(Backend::MatmulObserver observer) {
+  for (auto& b : backends_) b->set_matmul_observer(observer);
+}
+
 std::vector<std::string> Engine::report() const {
   std::vector<std::string> lines;
   const HParams& hp = model_->hparams();

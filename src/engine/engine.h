@@ -53,6 +53,9 @@ class Engine {
   // the partial last block is copied on every backend.
   int fork_sequence(int seq);
 
+  // Observes the input rows of every matrix product (importance matrices); nullptr to stop.
+  void set_matmul_observer(Backend::MatmulObserver observer);
+
   // Human-readable placement and memory report (one line per item), as the startup log prints it.
   std::vector<std::string> report() const;
 

@@ -153,6 +153,9 @@ void CpuBackend::forward_layer(int il) {
   pool_.parallel_for((size_t)n, [&](size_t r) {
     rms_norm(x_.data() + r * n_embd, d.attn_norm.data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
+  observe(L.wq, xn_.data(), n);
+  observe(L.wk, xn_.data(), n);
+  observe(L.wv, xn_.data(), n);
   act_.prepare(act_format_for(L.wq.type()), xn_.data(), n, n_embd, pool_);
   matmul(L.wq, act_, q_.data(), pool_);
   if (act_format_for(L.wk.type()) != act_.format()) act_.prepare(act_format_for(L.wk.type()), xn_.data(), n, n_embd, pool_);
@@ -179,6 +182,7 @@ void CpuBackend::forward_layer(int il) {
   kv_store(kv, step_, k_.data(), v_.data(), hp.kv_dim_k(), hp.kv_dim_v(), pool_);
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
   attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale, pool_);
+  observe(L.wo, attn_.data(), n);
   matmul(L.wo, attn_.data(), n, xn_.data(), pool_);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
 
@@ -186,12 +190,15 @@ void CpuBackend::forward_layer(int il) {
   pool_.parallel_for((size_t)n, [&](size_t r) {
     rms_norm(x_.data() + r * n_embd, d.ffn_norm.data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
+  observe(L.ffn_gate, xn_.data(), n);
+  observe(L.ffn_up, xn_.data(), n);
   act_.prepare(act_format_for(L.ffn_gate.type()), xn_.data(), n, n_embd, pool_);
   matmul(L.ffn_gate, act_, gate_.data(), pool_);
   if (act_format_for(L.ffn_up.type()) != act_.format())
     act_.prepare(act_format_for(L.ffn_up.type()), xn_.data(), n, n_embd, pool_);
   matmul(L.ffn_up, act_, up_.data(), pool_);
   for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+  observe(L.ffn_down, gate_.data(), n);
   matmul(L.ffn_down, gate_.data(), n, xn_.data(), pool_);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
 }
@@ -206,6 +213,7 @@ void CpuBackend::output(float* logits) {
   for (int i = 0; i < n_out; ++i)
     rms_norm(x_.data() + (size_t)step_.logit_rows[i] * n_embd, output_norm_.data(), normed.data() + (size_t)i * n_embd,
              n_embd, hp.rms_eps);
+  observe(model_->output(), normed.data(), n_out);
   matmul(model_->output(), normed.data(), n_out, logits, pool_);
 }
 

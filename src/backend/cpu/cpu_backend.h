@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
   void forward(int layer_begin, int layer_end) override;
   void output(float* logits) override;
   void copy_kv_block(int src, int dst) override;
+  void set_matmul_observer(MatmulObserver observer) override { observer_ = std::move(observer); }
 
   int n_threads() const { return pool_.size(); }
 
@@ -38,6 +39,9 @@ class CpuBackend final : public Backend {
     std::vector<uint8_t> k_cache, v_cache;
   };
   void forward_layer(int il);
+  void observe(const Weight& w, const float* x, int n_rows) const {
+    if (observer_) observer_(*w.tensor, x, n_rows, w.cols());
+  }
   KvLayerView kv_view(int il);
 
   ThreadPool pool_;
@@ -53,6 +57,7 @@ class CpuBackend final : public Backend {
   // Work buffers, sized per step.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;
   ActRows act_;
+  MatmulObserver observer_;
 };
 
 }  // namespace roofline::cpu

@@ -1,0 +1,70 @@
+// Bytes, FLOPs and host bandwidth for the roofline.
+#include "engine/roofline_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace roofline {
+
+double kv_bytes_per_position(const Model& model, DType type_k, DType type_v) {
+  const HParams& hp = model.hparams();
+  return (double)hp.n_layer * (double)(dtype_row_bytes(type_k, hp.kv_dim_k()) + dtype_row_bytes(type_v, hp.kv_dim_v()));
+}
+
+double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v) {
+  const HParams& hp = model.hparams();
+  double bytes = (double)model.output_bytes();
+  for (int il = 0; il < hp.n_layer; ++il) bytes += (double)model.layer_bytes(il);
+  bytes += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
+  bytes += depth * kv_bytes_per_position(model, type_k, type_v);
+  return bytes;
+}
+
+double flops_per_token(const Model& model, double depth) {
+  const HParams& hp = model.hparams();
+  double weights = (double)hp.n_embd * hp.n_vocab;  // output matrix
+  weights += (double)hp.n_layer *
+             ((double)hp.n_embd * (hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v()) + (double)hp.n_head * hp.head_dim_v * hp.n_embd +
+              3.0 * hp.n_embd * hp.n_ff);
+  const double attention = (double)hp.n_layer * hp.n_head * (hp.head_dim_k + hp.head_dim_v) * (depth + 1);
+  return 2.0 * (weights + attention);
+}
+
+double measure_host_read_bandwidth(int n_threads, size_t bytes) {
+  ThreadPool pool(n_threads);
+  const size_t n = bytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t[]> buffer(new uint64_t[n]);
+  pool.parallel_for(64, [&](size_t c) {
+    const size_t b = n * c / 64, e = n * (c + 1) / 64;
+    for (size_t i = b; i < e; ++i) buffer[i] = i * 0x9e3779b97f4a7c15ull;
+  });
+  double best = 0;
+  std::vector<uint64_t> sinks(pool.size() * 8);
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.run_on_all([&](int t, int nt) {
+      const size_t b = n * t / nt, e = n * (t + 1) / nt;
+      uint64_t acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0;
+      for (size_t i = b; i + 4 <= e; i += 4) {
+        acc0 ^= buffer[i];
+        acc1 ^= buffer[i + 1];
+        acc2 ^= buffer[i + 2];
+        acc3 ^= buffer[i + 3];
+      }
+      sinks[(size_t)t * 8] = acc0 ^ acc1 ^ acc2 ^ acc3;
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, (double)(n * sizeof(uint64_t)) / s / 1e9);
+  }
+  volatile uint64_t keep = 0;
+  for (uint64_t v : sinks) keep = keep ^ v;
+  (void)keep;
+  return best;
+}
+
+}  // namespace roofline

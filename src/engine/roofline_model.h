@@ -1,0 +1,24 @@
+// The roofline of decode: tok/s <= read bandwidth / bytes a token reads, where a token reads every
+// weight once (layers and output matrix), one row of the token embedding, and the KV cache up to its
+// depth. bench prints measured speed against this bound.
+#pragma once
+
+#include <cstdint>
+
+#include "formats/dtype.h"
+#include "model/model.h"
+
+namespace roofline {
+
+// Bytes one decode token reads at KV depth `depth` (positions already cached).
+double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v);
+// KV bytes per cached position across all layers.
+double kv_bytes_per_position(const Model& model, DType type_k, DType type_v);
+// Matmul and attention FLOPs of one token at KV depth `depth` (for prefill rates).
+double flops_per_token(const Model& model, double depth);
+
+// Read bandwidth of host memory in GB/s (1e9 bytes/s): n_threads streaming over a buffer much larger
+// than the caches, best of a few passes.
+double measure_host_read_bandwidth(int n_threads, size_t bytes = size_t(1) << 30);
+
+}  // namespace roofline

@@ -1,0 +1,114 @@
+// The sampler: greedy, the truncations (top-k, top-p, min-p), temperature, penalties and bias, and
+// determinism for a seed; the draw's frequencies follow the softmax.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+
+using namespace roofline;
+
+namespace {
+std::vector<float> logits_of(std::initializer_list<float> l) { return std::vector<float>(l); }
+}  // namespace
+
+TEST(SamplerTest, GreedyAndTies) {
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler s(p, 5);
+  auto l = logits_of({0.1f, 2.0f, -1.0f, 2.0f, 0.5f});
+  EXPECT_EQ(s.sample(l.data(), {}).token, 1) << "ties go to the lower id";
+  p.temperature = -1;  // negative means greedy
+  Sampler g(p, 5);
+  EXPECT_EQ(g.sample(l.data(), {}).token, 1);
+}
+
+TEST(SamplerTest, TruncationsLeaveOnlyTheTop) {
+  auto l = logits_of({1.0f, 5.0f, 4.9f, 0.0f, 3.0f});
+  for (int seed = 0; seed < 50; ++seed) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = (uint64_t)seed;
+    p.top_k = 1;
+    EXPECT_EQ(Sampler(p, 5).sample(l.data(), {}).token, 1);
+    p.top_k = 2;
+    const int t = Sampler(p, 5).sample(l.data(), {}).token;
+    EXPECT_TRUE(t == 1 || t == 2);
+    p.top_k = 0;
+    p.top_p = 0.3f;  // the top token alone has p ~0.5
+    EXPECT_EQ(Sampler(p, 5).sample(l.data(), {}).token, 1);
+    p.top_p = 1.0f;
+    p.min_p = 0.5f;  // keeps tokens with p >= 0.5 * p_max: ids 1 and 2
+    const int m = Sampler(p, 5).sample(l.data(), {}).token;
+    EXPECT_TRUE(m == 1 || m == 2);
+  }
+}
+
+TEST(SamplerTest, DeterministicPerSeed) {
+  std::vector<float> l(1000);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = std::sin((float)i) * 3;
+  SamplingParams p;
+  p.seed = 1234;
+  Sampler a(p, 1000), b(p, 1000);
+  std::vector<int32_t> ta, tb;
+  for (int i = 0; i < 100; ++i) {
+    ta.push_back(a.sample(l.data(), ta).token);
+    tb.push_back(b.sample(l.data(), tb).token);
+  }
+  EXPECT_EQ(ta, tb);
+  p.seed = 1235;
+  Sampler c(p, 1000);
+  std::vector<int32_t> tc;
+  for (int i = 0; i < 100; ++i) tc.push_back(c.sample(l.data(), tc).token);
+  EXPECT_NE(ta, tc);
+}
+
+TEST(SamplerTest, FrequenciesFollowTheSoftmaxAtTemperature) {
+  auto l = logits_of({0.0f, 1.0f, 2.0f});
+  SamplingParams p;
+  p.top_k = 0;
+  p.top_p = 1;
+  p.min_p = 0;
+  p.temperature = 2.0f;
+  p.seed = 7;
+  Sampler s(p, 3);
+  int counts[3] = {};
+  const int n = 30000;
+  for (int i = 0; i < n; ++i) counts[s.sample(l.data(), {}).token]++;
+  double z = 0;
+  for (float x : l) z += std::exp(x / 2.0);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(counts[i] / (double)n, std::exp(l[i] / 2.0) / z, 0.015) << i;
+}
+
+TEST(SamplerTest, PenaltiesAndBias) {
+  SamplingParams p;
+  p.repeat_penalty = 2.0f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  p.repeat_last_n = 3;
+  std::vector<float> l = {4.0f, -2.0f, 1.0f, 1.0f};
+  apply_penalties(l, p, {3, 0, 1, 1});  // window: 0, 1, 1
+  EXPECT_FLOAT_EQ(l[0], 4.0f / 2 - 0.25f - 0.5f);
+  EXPECT_FLOAT_EQ(l[1], -2.0f * 2 - 2 * 0.25f - 0.5f);
+  EXPECT_FLOAT_EQ(l[2], 1.0f);
+  EXPECT_FLOAT_EQ(l[3], 1.0f) << "outside the window";
+  SamplingParams b;
+  b.temperature = 0;
+  b.logit_bias = {{1, -std::numeric_limits<float>::infinity()}, {2, 10.0f}};
+  auto x = logits_of({0.0f, 9.0f, 0.5f});
+  EXPECT_EQ(Sampler(b, 3).sample(x.data(), {}).token, 2);
+}
+
+TEST(SamplerTest, BadParameters) {
+  SamplingParams p;
+  p.temperature = std::nanf("");
+  EXPECT_THROW(Sampler(p, 3), Error);
+  p = {};
+  p.repeat_penalty = 0;
+  EXPECT_THROW(Sampler(p, 3), Error);
+  EXPECT_THROW(Sampler({}, 0), Error);
+}
