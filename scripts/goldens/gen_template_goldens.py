@@ -103,6 +103,24 @@ def main():
         f.write("\n")
     print(f"{OUT}: {len(cases)} cases, {sum('error' in c for c in cases)} raising")
 
+    # Small templates, one feature each (jinja_cases.py).
+    sys.path.insert(0, HERE)
+    import jinja_cases
+    small = []
+    for src in jinja_cases.CASES:
+        case = {"template": src}
+        try:
+            case["output"] = env.from_string(src).render(**jinja_cases.CTX)
+        except Exception as e:
+            case["error"] = f"{type(e).__name__}: {e}"
+        small.append(case)
+    out2 = os.path.join(os.path.dirname(OUT), "jinja_cases.json")
+    with open(out2, "w", encoding="utf-8") as f:
+        json.dump({"generator": "scripts/goldens/gen_template_goldens.py", "jinja2": jinja2.__version__,
+                   "now": NOW.isoformat(), "context": jinja_cases.CTX, "cases": small}, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print(f"{out2}: {len(small)} cases, {sum('error' in c for c in small)} raising")
+
 
 if __name__ == "__main__":
     main()

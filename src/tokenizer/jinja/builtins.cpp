@@ -142,7 +142,7 @@ Array items_of(const Value& v, int line) {
   Array out;
   if (v.is_undefined()) return out;
   if (!v.is_dict()) template_error(line, "items() needs a mapping, got " + v.type_name());
-  for (const auto& [k, x] : v.dict().items) out.push_back(Value(Array{k, x}));
+  for (const auto& [k, x] : v.dict().items) out.push_back(Value::tuple(Array{k, x}));
   return out;
 }
 

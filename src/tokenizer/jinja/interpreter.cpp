@@ -421,7 +421,7 @@ Value Interpreter::eval(const Expr& e) {
     case Expr::Kind::List: {
       Array a;
       for (const auto& x : e.items) a.push_back(eval(*x));
-      return Value(std::move(a));
+      return e.name == "tuple" ? Value::tuple(std::move(a)) : Value(std::move(a));
     }
     case Expr::Kind::Dict: {
       Dict d;

@@ -92,7 +92,7 @@ class Lexer {
 
   // Tokenizes the inside of a tag up to its closer ("}}" or "%}"); returns the position after it.
   size_t lex_tag(size_t p, char closer, bool* strip_after, bool* plus_after) {
-    int depth = 0;
+    std::string open;  // brackets open inside the tag; "}}" closes the tag unless a '{' is open
     while (true) {
       while (p < s_.size() && is_space(s_[p])) {
         if (s_[p] == '\n') ++line_;
@@ -101,7 +101,7 @@ class Lexer {
       if (p >= s_.size()) fail("template line {}: unterminated tag (missing '{}}}')", line_, closer);
       const char c = s_[p];
       auto at = [&](const char* t) { return s_.compare(p, std::strlen(t), t) == 0; };
-      if (depth == 0) {
+      if (open.empty() || open.back() != '{') {
         if (c == closer && p + 1 < s_.size() && s_[p + 1] == '}') return p + 2;
         if ((c == '-' || c == '+') && p + 2 < s_.size() && s_[p + 1] == closer && s_[p + 2] == '}') {
           (c == '-' ? *strip_after : *plus_after) = true;
@@ -148,8 +148,8 @@ class Lexer {
             break;
           }
         if (!found) fail("template line {}: unexpected character '{}'", line_, c);
-        if (*found == '(' || *found == '[' || *found == '{') ++depth;
-        if ((*found == ')' || *found == ']' || *found == '}') && depth > 0) --depth;
+        if (*found == '(' || *found == '[' || *found == '{') open += *found;
+        if ((*found == ')' || *found == ']' || *found == '}') && !open.empty()) open.pop_back();
         out_.push_back({Tok::Op, found, line_});
         p += std::strlen(found);
       }
@@ -218,6 +218,10 @@ class Lexer {
 
 }  // namespace
 
-std::vector<Token> lex(const std::string& source, const LexOptions& options) { return Lexer(source, options).run(); }
+std::vector<Token> lex(const std::string& source, const LexOptions& options) {
+  // Jinja2 drops one trailing newline of the template (keep_trailing_newline=False).
+  if (!source.empty() && source.back() == '\n') return Lexer(source.substr(0, source.size() - 1), options).run();
+  return Lexer(source, options).run();
+}
 
 }  // namespace roofline::jinja

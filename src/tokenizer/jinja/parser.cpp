@@ -411,11 +411,14 @@ class Parser {
           ++i_;
           if (is_op(")")) {
             ++i_;
-            return make(Expr::Kind::List);
+            auto l = make(Expr::Kind::List);
+            l->name = "tuple";
+            return l;
           }
           ExprPtr first = parse_expr();
           if (is_op(",")) {
             auto l = make(Expr::Kind::List);
+            l->name = "tuple";
             l->items.push_back(std::move(first));
             while (is_op(",")) {
               ++i_;

@@ -244,9 +244,10 @@ std::string Value::repr() const {
     case Kind::Float: return python_float_repr(d_);
     case Kind::String: return py_str_repr(*s_);
     case Kind::List: {
-      std::string out = "[";
+      std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < a_->size(); ++i) out += (i ? ", " : "") + (*a_)[i].repr();
-      return out + "]";
+      if (tuple_ && a_->size() == 1) out += ",";
+      return out + (tuple_ ? ")" : "]");
     }
     case Kind::Dict: {
       std::string out = namespace_ ? "<Namespace {" : "{";

@@ -41,6 +41,11 @@ class Value {
   Value(Dict d, bool is_namespace = false)
       : kind_(Kind::Dict), d_map_(std::make_shared<Dict>(std::move(d))), namespace_(is_namespace) {}
   static Value function(std::string name, Function f);
+  static Value tuple(Array a) {
+    Value v(std::move(a));
+    v.tuple_ = true;
+    return v;
+  }
   static Value from_json(const nlohmann::ordered_json& j);
 
   Kind kind() const { return kind_; }
@@ -54,6 +59,7 @@ class Value {
   bool is_list() const { return kind_ == Kind::List; }
   bool is_dict() const { return kind_ == Kind::Dict; }
   bool is_namespace() const { return kind_ == Kind::Dict && namespace_; }
+  bool is_tuple() const { return kind_ == Kind::List && tuple_; }
   bool is_function() const { return kind_ == Kind::Function; }
   bool is_iterable() const { return is_list() || is_dict() || is_string(); }
 
@@ -89,6 +95,7 @@ class Value {
   std::shared_ptr<Dict> d_map_;
   std::shared_ptr<Function> f_;
   bool namespace_ = false;
+  bool tuple_ = false;  // a list that prints as a Python tuple
 };
 
 bool operator==(const Value& a, const Value& b);

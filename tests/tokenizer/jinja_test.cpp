@@ -1,0 +1,141 @@
+// The Jinja subset one feature at a time against Jinja2 (goldens from
+// scripts/goldens/gen_template_goldens.py with jinja_cases.py), and broken templates: a clear error
+// with the line, never a crash.
+#include <gtest/gtest.h>
+
+#include <ctime>
+
+#include "core/error.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/jinja/template.h"
+#include "tokenizer/tokenizer_test_util.h"
+
+namespace roofline {
+namespace {
+
+std::time_t golden_now() {
+  std::tm tm{};
+  tm.tm_year = 2025 - 1900;
+  tm.tm_mon = 2;
+  tm.tm_mday = 14;
+  tm.tm_hour = 15;
+  tm.tm_min = 9;
+  tm.tm_sec = 26;
+  tm.tm_isdst = -1;
+  return std::mktime(&tm);
+}
+
+TEST(Jinja, MatchesJinja2OnSmallTemplates) {
+  const auto golden = nlohmann::ordered_json::parse(test::read_text_file(test::source_dir() + "/tests/tokenizer/goldens/jinja_cases.json"));
+  const jinja::Value ctx = jinja::Value::from_json(golden["context"]);
+  jinja::RenderOptions opt;
+  opt.now = golden_now();
+  for (const auto& c : golden["cases"]) {
+    const std::string src = c["template"];
+    if (c.contains("error")) {
+      try {
+        const std::string out = jinja::Template(src).render(ctx, opt);
+        ADD_FAILURE() << "template " << src << "\nJinja2 raised " << c["error"].get<std::string>() << "\nroofline rendered: " << out;
+      } catch (const Error&) {
+      }
+      continue;
+    }
+    try {
+      EXPECT_EQ(jinja::Template(src).render(ctx, opt), c["output"].get<std::string>()) << "template " << src;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "template " << src << "\n" << e.what();
+    }
+  }
+}
+
+TEST(Jinja, RaiseExceptionKeepsTheMessage) {
+  try {
+    jinja::Template("{{ raise_exception('Conversation roles must alternate') }}").render(jinja::Value(jinja::Dict{}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "Conversation roles must alternate");
+  }
+}
+
+TEST(Jinja, GenerationBlockRendersItsBody) {
+  EXPECT_EQ(jinja::Template("a{% generation %}b{{ 1 }}{% endgeneration %}c").render(jinja::Value(jinja::Dict{})), "ab1c");
+}
+
+TEST(TemplateErrors, MalformedTemplatesGiveClearErrors) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{% if x %}never closed", "unexpected end of template, expected 'elif' or 'else' or 'endif'"},
+      {"{% for x in y %}", "expected 'else' or 'endfor'"},
+      {"{{ 'unterminated }}", "unterminated string"},
+      {"{{ x ", "unterminated tag"},
+      {"{% endif %}", "unexpected 'endif'"},
+      {"{% foo %}", "unknown or unsupported tag 'foo'"},
+      {"{{ x | }}", "expected a name"},
+      {"{{ (1, 2 }}", "expected ')'"},
+      {"{# open comment", "unterminated comment"},
+      {"{{ [1, 2 }}", "expected ','"},
+      {"{% set %}", "expected a name"},
+      {"line1\nline2\n{{ x ! y }}", "template line 3"},
+      {"{% include 'other.jinja' %}", "unsupported tag 'include'"},
+      {"{{ x }}}}{%", "unterminated tag"},
+  };
+  for (const auto& [src, want] : bad) {
+    try {
+      jinja::Template t(src);
+      t.render(jinja::Value(jinja::Dict{}));
+      ADD_FAILURE() << "no error for " << src;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << src << " -> " << e.what();
+    }
+  }
+  // Runtime errors name the line, and the chat template wrapper says where the error comes from.
+  try {
+    ChatTemplate ct("{% for m in messages %}\n{{ m.content + 1 }}\n{% endfor %}");
+    ChatTemplateInputs in;
+    in.messages = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])");
+    ct.apply(in);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("template line 2: unsupported operand type(s) for +: 'string' and 'int'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(ChatTemplate("{% if %}"), Error);
+}
+
+TEST(TemplateErrors, RecursionAndHugeOutputAreBounded) {
+  EXPECT_THROW(jinja::Template("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").render(jinja::Value(jinja::Dict{})), Error);
+  jinja::RenderOptions opt;
+  opt.max_output = 1000;
+  EXPECT_THROW(jinja::Template("{% for i in range(100000) %}xxxxxxxx{% endfor %}").render(jinja::Value(jinja::Dict{}), opt), Error);
+  EXPECT_THROW(jinja::Template("{{ 'x' * 100000000000 }}").render(jinja::Value(jinja::Dict{})), Error);
+}
+
+TEST(TemplateErrors, RandomTemplatesNeverCrash) {
+  const std::string alphabet = "{}%#-+|.()[]'\" abcxyz019=<>!~,:\n";
+  uint32_t seed = 99;
+  auto rnd = [&]() { return seed = seed * 1664525u + 1013904223u; };
+  const std::vector<std::string> seeds = {"{% for m in messages %}{{ m.role }}{% endfor %}", "{{ x | default('a') | upper }}",
+                                          "{% if a %}{{ b[1:] }}{% elif c %}x{% else %}y{% endif %}",
+                                          "{% set ns = namespace(a=1) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}"};
+  const jinja::Value ctx = jinja::Value::from_json(nlohmann::ordered_json::parse(
+      R"({"messages": [{"role": "user", "content": "hi"}], "a": 1, "b": [1, 2], "x": "s", "c": null})"));
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = seeds[rnd() % seeds.size()];
+    const int edits = 1 + rnd() % 4;
+    for (int k = 0; k < edits && !s.empty(); ++k) {
+      const size_t pos = rnd() % s.size();
+      switch (rnd() % 3) {
+        case 0: s.erase(pos, 1 + rnd() % 3); break;
+        case 1: s.insert(pos, 1, alphabet[rnd() % alphabet.size()]); break;
+        default: s[pos] = alphabet[rnd() % alphabet.size()];
+      }
+    }
+    try {
+      jinja::Template(s).render(ctx);
+    } catch (const Error&) {
+    }
+  }
+}
+
+}  // namespace
+}  // namespace roofline
