@@ -1,0 +1,177 @@
+// The converters' shared half: output-type rules (llama.cpp's), the Q/K permutation, value conversion
+// with f16 saturation counting, and the streaming writer loop with its progress line.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "convert/convert.h"
+#include "core/error.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "formats/gguf.h"
+#include "formats/quant_ref.h"
+
+namespace roofline::convert {
+
+std::optional<DType> parse_outtype(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return (char)std::tolower(c); });
+  if (n == "auto") return std::nullopt;
+  if (n == "f32") return DType::F32;
+  if (n == "f16") return DType::F16;
+  if (n == "bf16") return DType::BF16;
+  if (n == "q8_0") return DType::Q8_0;
+  fail("unknown --outtype '{}' (known: auto, f32, f16, bf16, q8_0)", name);
+}
+
+uint32_t file_type_for(DType t) {
+  switch (t) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::Q8_0: return 7;
+    case DType::BF16: return 32;
+    default: fail("no file type for {}", dtype_name(t));
+  }
+}
+
+DType tensor_type_for(const std::string& name, int n_dims, int64_t row_length, DType outtype, std::string* note) {
+  auto ends_with = [&](const char* s) {
+    const size_t n = std::strlen(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  if (n_dims <= 1 || ends_with("_norm.weight") || !ends_with(".weight")) return DType::F32;
+  if (outtype == DType::Q8_0 && row_length % dtype_block_size(DType::Q8_0) != 0) {
+    if (note) *note = fmt::format("{}: row length {} is not a multiple of 32, stored as F16 instead of Q8_0", name, row_length);
+    return DType::F16;
+  }
+  return outtype;
+}
+
+void permute_qk_rows(const float* src, float* dst, int64_t n_head, int64_t head_dim, int64_t row_length) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < n_head; ++h)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t from = h * head_dim + part * half + i, to = h * head_dim + 2 * i + part;
+        std::memcpy(dst + to * row_length, src + from * row_length, (size_t)row_length * sizeof(float));
+      }
+}
+
+void unpermute_qk_rows(const float* src, float* dst, int64_t n_head, int64_t head_dim, int64_t row_length) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < n_head; ++h)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t gguf_row = h * head_dim + 2 * i + part, hf_row = h * head_dim + part * half + i;
+        std::memcpy(dst + hf_row * row_length, src + gguf_row * row_length, (size_t)row_length * sizeof(float));
+      }
+}
+
+void convert_values(const float* src, int64_t n, int64_t row_length, DType type, uint8_t* dst, int64_t* saturated,
+                    int64_t* flushed) {
+  switch (type) {
+    case DType::F32:
+      std::memcpy(dst, src, (size_t)n * 4);
+      return;
+    case DType::F16: {
+      int64_t sat = 0, flush = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = src[i];
+        uint16_t h = f32_to_fp16(x);
+        if ((h & 0x7c00u) == 0x7c00u && std::isfinite(x)) {  // a finite value that rounds to inf
+          h = (uint16_t)((h & 0x8000u) | 0x7bffu);             // ±65504
+          ++sat;
+        } else if ((h & 0x7fffu) == 0 && x != 0.0f) {
+          ++flush;
+        }
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      if (saturated) *saturated += sat;
+      if (flushed) *flushed += flush;
+      return;
+    }
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case DType::Q8_0:
+      ROOFLINE_CHECK(row_length > 0 && n % row_length == 0);
+      quantize_rows_ref(DType::Q8_0, src, dst, n / row_length, row_length);
+      return;
+    default:
+      fail("cannot convert to {}", dtype_name(type));
+  }
+}
+
+void write_converted(const ConvertOptions& options, const gguf::Metadata& metadata,
+                     const std::vector<PlannedTensor>& tensors, ConvertResult& result) {
+  std::vector<gguf::GgufWriter::TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.type, t.shape});
+  ThreadPool pool(options.n_threads > 0 ? options.n_threads : ThreadPool::default_thread_count());
+  const bool show_progress = options.progress && ::isatty(STDERR_FILENO);
+
+  gguf::GgufWriter writer(options.output, metadata, specs);
+  uint64_t total_bytes = 0, done_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) total_bytes += writer.tensor_bytes_at(i);
+
+  std::vector<float> values;
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const PlannedTensor& t = tensors[i];
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    values.assign((size_t)n, 0.0f);
+    t.fill(values.data());
+    const size_t out_bytes = writer.tensor_bytes_at(i);
+    out.resize(out_bytes);
+    const int64_t row = t.shape[0];
+    const int64_t n_rows = n / row;
+    // Rows are independent: convert in fixed chunks of rows (the result does not depend on threads).
+    const int64_t rows_per_chunk = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(row, 1));
+    const size_t n_chunks = (size_t)((n_rows + rows_per_chunk - 1) / rows_per_chunk);
+    const size_t row_bytes = dtype_row_bytes(t.type, row);
+    std::vector<int64_t> sat(n_chunks, 0), flush(n_chunks, 0);
+    pool.parallel_for(n_chunks, [&](size_t c) {
+      const int64_t r0 = (int64_t)c * rows_per_chunk, r1 = std::min(n_rows, r0 + rows_per_chunk);
+      convert_values(values.data() + r0 * row, (r1 - r0) * row, row, t.type, out.data() + r0 * row_bytes, &sat[c],
+                     &flush[c]);
+    });
+    int64_t tensor_sat = 0;
+    for (size_t c = 0; c < n_chunks; ++c) {
+      tensor_sat += sat[c];
+      result.f16_flushed += flush[c];
+    }
+    if (tensor_sat) {
+      result.f16_saturated += tensor_sat;
+      result.notes.push_back(fmt::format("{}: {} values beyond the f16 range were stored as ±65504", t.name, tensor_sat));
+    }
+    writer.write_tensor_data(i, out.data(), out.size());
+    result.n_params += (uint64_t)n;
+    done_bytes += out_bytes;
+    if (show_progress)
+      std::fprintf(stderr, "\rconvert: [%zu/%zu] %5.1f%% %-40.40s", i + 1, tensors.size(),
+                   total_bytes ? 100.0 * (double)done_bytes / (double)total_bytes : 100.0, t.name.c_str());
+  }
+  if (show_progress) std::fprintf(stderr, "\n");
+  writer.finish();
+  result.n_tensors = tensors.size();
+  result.file_bytes = std::filesystem::file_size(options.output);
+}
+
+ConvertResult convert_model(const ConvertOptions& options) {
+  if (options.source.empty()) fail("convert: no source given");
+  if (options.output.empty()) fail("convert: no output given (-o OUT.gguf)");
+  namespace fs = std::filesystem;
+  if (fs::is_directory(options.source)) return convert_hf(options);
+  if (!fs::exists(options.source)) fail("{}: no such file or folder", options.source);
+  return convert_llama2c(options);
+}
+
+}  // namespace roofline::convert
