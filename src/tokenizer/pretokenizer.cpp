@@ -24,10 +24,6 @@ const std::vector<PreTokenizerSpec>& specs() {
        {R"([\p{P}\$\+<=>\^~\|]+)", R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))",
         R"(\p{N}+)", R"([0-9][0-9][0-9])"},
        false, false},
-      {"deepseek-v3",
-       {R"(\p{N}{1,3})", R"([一-龥぀-ゟ゠-ヿ]+)",
-        R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
-       false, false},
   };
   return table;
 }

@@ -37,7 +37,7 @@ std::time_t golden_now() {
   return std::mktime(&tm);
 }
 
-TEST(ChatTemplate, MatchesJinja2Goldens) {
+TEST(TemplateChat, MatchesJinja2Goldens) {
   ROOFLINE_SHARED_PATH_OR_SKIP(td, "testdata");
   const auto golden = nlohmann::json::parse(test::read_text_file(test::source_dir() + "/tests/tokenizer/goldens/templates.json"));
   const auto conversations =
