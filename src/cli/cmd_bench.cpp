@@ -1,6 +1,7 @@
 // `roofline bench`: prefill (pp) and decode (tg) speed measured separately, as llama-bench does, plus
-// the achieved read rate (GB/s) and the fraction of the roofline: measured read bandwidth divided by
-// the bytes a decode token reads (weights, one embedding row, the KV cache at that depth).
+// the achieved read rate (GB/s) and the fraction of the roofline: the decode bound is the time to read
+// every weight once (at the measured bandwidth of the device holding it), one embedding row and the KV
+// cache at that depth. `-npl` runs that many sequences in parallel, like llama-batched-bench.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/gpu.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "core/error.h"
@@ -19,20 +21,7 @@
 namespace roofline::cli {
 namespace {
 
-std::vector<int> parse_int_list(const std::string& s, const char* what) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end || v < 0 || v > (1 << 24)) fail("bad {} value '{}' (a comma-separated list of numbers)", what, item);
-    out.push_back((int)v);
-  }
-  return out;
-}
-
-std::vector<std::string> parse_list(const std::string& s) {
+std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
@@ -40,56 +29,104 @@ std::vector<std::string> parse_list(const std::string& s) {
   return out;
 }
 
+std::vector<int> parse_int_list(const std::string& s, const char* what) {
+  std::vector<int> out;
+  for (const std::string& item : split_list(s)) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end || v < 0 || v > (1 << 24)) fail("bad {} value '{}' (a comma-separated list of numbers)", what, item);
+    out.push_back((int)v);
+  }
+  if (out.empty()) fail("{} needs at least one value", what);
+  return out;
+}
+
+struct Config {
+  std::string ctk, ctv, ngl;
+  int n_batch, n_threads;
+};
+
 struct TestResult {
-  std::string model_desc, model_file, backend, type_k, type_v, test;
+  std::string model_desc, model_file, backend, test;
+  Config cfg;
   uint64_t model_size = 0, n_params = 0;
-  int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0, n_batch = 0;
+  int n_prompt = 0, n_gen = 0, n_depth = 0, n_parallel = 1, gpu_units = 0;
   std::vector<double> samples_ts;
-  double avg_ts = 0, stddev_ts = 0, gbps = 0, roofline_pct = 0, gflops = 0;
+  double avg_ts = 0, stddev_ts = 0, gbps = 0, roofline_pct = 0, roofline_ts = 0, tflops = 0;
 };
 
 std::string human_size(uint64_t bytes) {
   const double gib = bytes / 1073741824.0;
   return gib >= 1 ? fmt::format("{:.2f} GiB", gib) : fmt::format("{:.2f} MiB", bytes / 1048576.0);
 }
-std::string human_params(uint64_t n) {
-  return n >= 1000000000ull ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6);
+std::string human_params(uint64_t n) { return n >= 1000000000ull ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6); }
+
+// Bytes a decode token reads from the GPU and from host memory, given how many units the GPU holds.
+std::pair<double, double> bytes_split(const Model& m, int gpu_units, double depth, DType tk, DType tv) {
+  const HParams& hp = m.hparams();
+  const double kv_per_layer = kv_bytes_per_position(m, tk, tv) / hp.n_layer * depth;
+  const int gpu_layers = std::max(0, gpu_units - 1);
+  double gpu = 0, host = 0;
+  for (int il = 0; il < hp.n_layer; ++il) (il >= hp.n_layer - gpu_layers ? gpu : host) += (double)m.layer_bytes(il) + kv_per_layer;
+  (gpu_units > 0 ? gpu : host) += (double)m.output_bytes();
+  (gpu_units == hp.n_layer + 1 ? gpu : host) += (double)dtype_row_bytes(m.token_embd().type(), hp.n_embd);
+  return {gpu, host};
 }
 
 int run(int argc, char** argv) {
   CLI::App app{"Benchmark prefill and decode speed, with GB/s and % of the memory-bandwidth roofline"};
   std::vector<std::string> models;
-  std::string prompts = "512", gens = "128", depths = "0", threads_list, ctk = "f16", ctv = "f16", ngl = "0";
-  std::string batch_list = "512", output = "md", tokenizer;
+  std::string prompts = "512", gens = "128", depths = "0", threads_list, ctk = "f16", ctv = "f16", ngl = "99";
+  std::string batch_list = "512", ubatch_list, npl_list, fa = "1", output = "md", tokenizer, pg;
   int reps = 5;
   bool no_warmup = false;
   app.add_option("-m,--model", models, "model files or synthetic:SHAPE:MIX (repeatable)")->required();
   app.add_option("--tokenizer", tokenizer, "tokenizer for synthetic models (not needed for speed)");
   app.add_option("-p,--n-prompt", prompts, "prompt sizes (comma-separated)")->capture_default_str();
   app.add_option("-n,--n-gen", gens, "generated token counts (comma-separated)")->capture_default_str();
+  app.add_option("--prompt-gen", pg, "pp,tg: a prompt then generation, timed together (-pg)");
   app.add_option("-d,--n-depth", depths, "KV depths prefilled before each test")->capture_default_str();
-  app.add_option("-t,--threads", threads_list, "thread counts (default: all cores)");
-  app.add_option("-b,--batch-size", batch_list, "batch sizes")->capture_default_str();
+  app.add_option("-t,--threads", threads_list, "CPU thread counts (default: all cores)");
+  app.add_option("-b,--batch-size", batch_list, "batch sizes (most tokens per step)")->capture_default_str();
+  app.add_option("--ubatch-size", ubatch_list, "micro-batch sizes (-ub; a step is min(b, ub) tokens)");
   app.add_option("--cache-type-k", ctk, "K cache types (-ctk)")->capture_default_str();
   app.add_option("--cache-type-v", ctv, "V cache types (-ctv)")->capture_default_str();
-  app.add_option("--n-gpu-layers", ngl, "layers on the GPU (-ngl; this build runs on the CPU: 0)")->capture_default_str();
+  app.add_option("--n-gpu-layers", ngl, "units on the GPU (-ngl): numbers, auto or all")->capture_default_str();
+  app.add_option("--flash-attn", fa, "flash attention (-fa): roofline's attention is always the fused kernel")->capture_default_str();
+  app.add_option("--n-parallel", npl_list, "parallel sequences (-npl): each prefilled with -p tokens, generating -n");
   app.add_option("-r,--repetitions", reps, "repetitions per test")->capture_default_str();
   app.add_option("-o,--output", output, "output format: md, json, csv")->capture_default_str();
   app.add_flag("--no-warmup", no_warmup, "skip the warmup run");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   if (output != "md" && output != "json" && output != "csv") fail("unknown output format '{}' (md, json, csv)", output);
   if (reps < 1) fail("repetitions must be at least 1");
-  for (int g : parse_int_list(ngl, "-ngl"))
-    if (g != 0) fail("-ngl {}: this build has no GPU backend (build with -DROOFLINE_CUDA=ON)", g);
+  for (const std::string& f : split_list(fa))
+    if (f != "1" && f != "0" && f != "on" && f != "off" && f != "auto") fail("-fa '{}': expected on, off, auto, 1 or 0", f);
 
   const auto p_list = parse_int_list(prompts, "-p"), n_list = parse_int_list(gens, "-n"), d_list = parse_int_list(depths, "-d");
   const auto b_list = parse_int_list(batch_list, "-b");
-  std::vector<int> t_list = threads_list.empty() ? std::vector<int>{ThreadPool::default_thread_count()}
-                                                  : parse_int_list(threads_list, "-t");
+  const auto ub_list = ubatch_list.empty() ? std::vector<int>{0} : parse_int_list(ubatch_list, "-ub");
+  const auto npl = npl_list.empty() ? std::vector<int>{} : parse_int_list(npl_list, "-npl");
+  std::vector<std::pair<int, int>> pg_tests;
+  if (!pg.empty()) {
+    const auto v = parse_int_list(pg, "-pg");
+    if (v.size() != 2) fail("-pg expects pp,tg");
+    pg_tests.push_back({v[0], v[1]});
+  }
+  const std::vector<int> t_list = threads_list.empty() ? std::vector<int>{ThreadPool::default_thread_count()} : parse_int_list(threads_list, "-t");
+  const auto ngl_list = split_list(ngl);
+
+  const bool use_gpu = !gpu_devices().empty() && std::any_of(ngl_list.begin(), ngl_list.end(), [](const std::string& s) { return s != "0"; });
   const int max_threads = *std::max_element(t_list.begin(), t_list.end());
-  log_info("measuring host memory read bandwidth ({} threads)...", max_threads);
   const double host_bw = measure_host_read_bandwidth(max_threads);
-  log_info("host read bandwidth: {:.1f} GB/s", host_bw);
+  double gpu_bw = 0;
+  std::string gpu_name;
+  if (use_gpu) {
+    gpu_bw = measure_gpu_read_bandwidth(0);
+    gpu_name = gpu_devices()[0].name;
+  }
+  log_info("read bandwidth: host {:.1f} GB/s ({} threads){}", host_bw, max_threads,
+           use_gpu ? fmt::format(", GPU {:.0f} GB/s ({})", gpu_bw, gpu_name) : "");
 
   std::vector<TestResult> results;
   std::mt19937 rng(42);
@@ -98,124 +135,208 @@ int run(int argc, char** argv) {
     margs.model = mpath;
     margs.tokenizer = tokenizer;
     auto model = load_model(margs);
-    const int n_vocab = model->hparams().n_vocab;
+    const HParams& hp = model->hparams();
     uint64_t model_size = 0;
     for (const auto& t : model->file().tensors()) model_size += t.n_bytes;
-    for (const std::string& tk : parse_list(ctk))
-      for (const std::string& tv : parse_list(ctv))
-        for (int nb : b_list)
-          for (int nt : t_list) {
-            int max_ctx = 1;
-            for (int d : d_list) {
-              for (int p : p_list) max_ctx = std::max(max_ctx, d + p);
-              for (int n : n_list) max_ctx = std::max(max_ctx, d + n);
-            }
-            margs.n_ctx = max_ctx;
-            margs.n_threads = nt;
-            margs.n_batch = nb;
-            margs.cache_type_k = tk;
-            margs.cache_type_v = tv;
-            auto engine = create_engine(model, margs);
-            auto random_tokens = [&](int n) {
-              std::vector<int32_t> t((size_t)n);
-              for (auto& x : t) x = (int32_t)(rng() % (uint32_t)n_vocab);
-              return t;
-            };
-            // One timed run: prefill `depth` (untimed), then `n_prompt` tokens at once or `n_gen` single steps.
-            auto run_once = [&](int depth, int n_prompt, int n_gen) {
-              auto& kv = engine->kv_cache();
-              const int seq = kv.create_sequence();
-              if (depth > 0) engine->eval(seq, random_tokens(depth), false);
-              const auto prompt = random_tokens(n_prompt > 0 ? n_prompt : n_gen);
-              const auto t0 = std::chrono::steady_clock::now();
-              if (n_prompt > 0) {
-                engine->eval(seq, prompt, false);
-              } else {
-                for (int i = 0; i < n_gen; ++i) engine->eval(seq, std::span<const int32_t>(&prompt[i], 1), false);
-              }
-              const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-              kv.free_sequence(seq);
-              return s;
-            };
-            for (int d : d_list) {
-              std::vector<std::pair<int, int>> tests;
-              for (int p : p_list)
-                if (p > 0) tests.push_back({p, 0});
-              for (int n : n_list)
-                if (n > 0) tests.push_back({0, n});
-              for (auto [p, n] : tests) {
-                if (!no_warmup) run_once(d, p > 0 ? std::min(p, 16) : 0, p > 0 ? 0 : std::min(n, 2));
-                TestResult r;
-                r.model_desc = model->description();
-                r.model_file = mpath;
-                r.model_size = model_size;
-                r.n_params = model->n_params();
-                r.backend = "CPU";
-                r.threads = nt;
-                r.type_k = tk;
-                r.type_v = tv;
-                r.n_prompt = p;
-                r.n_gen = n;
-                r.n_depth = d;
-                r.n_batch = nb;
-                r.test = (p > 0 ? fmt::format("pp{}", p) : fmt::format("tg{}", n)) + (d > 0 ? fmt::format(" @ d{}", d) : "");
-                for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back((p > 0 ? p : n) / run_once(d, p, n));
-                double sum = 0;
-                for (double x : r.samples_ts) sum += x;
-                r.avg_ts = sum / reps;
-                double var = 0;
-                for (double x : r.samples_ts) var += (x - r.avg_ts) * (x - r.avg_ts);
-                r.stddev_ts = reps > 1 ? std::sqrt(var / (reps - 1)) : 0;
-                const DType dk = parse_cache_type(tk), dv = parse_cache_type(tv);
-                if (n > 0) {
-                  const double bytes = decode_bytes_per_token(*model, d + n / 2.0, dk, dv);
-                  r.gbps = r.avg_ts * bytes / 1e9;
-                  r.roofline_pct = 100.0 * r.gbps / host_bw;
-                } else {
-                  r.gflops = r.avg_ts * flops_per_token(*model, d + p / 2.0) / 1e9;
+    for (const std::string& g : ngl_list)
+      for (const std::string& tk : split_list(ctk))
+        for (const std::string& tv : split_list(ctv))
+          for (int nb : b_list)
+            for (int ub : ub_list)
+              for (int nt : t_list) {
+                int max_ctx = 1;
+                for (int d : d_list) {
+                  for (int p : p_list) max_ctx = std::max(max_ctx, d + p);
+                  for (int n : n_list) max_ctx = std::max(max_ctx, d + n);
+                  for (auto [pp, tg] : pg_tests) max_ctx = std::max(max_ctx, d + pp + tg);
                 }
-                results.push_back(r);
-                log_info("{} {}: {:.2f} t/s", mpath, r.test, r.avg_ts);
+                for (int np : npl)
+                  for (int p : p_list)
+                    for (int n : n_list) max_ctx = std::max(max_ctx, np * (p + n) + 64);
+                Config cfg{tk, tv, g, ub > 0 ? std::min(nb, ub) : nb, nt};
+                margs.n_ctx = max_ctx;
+                margs.n_threads = nt;
+                margs.n_batch = std::max(cfg.n_batch, npl.empty() ? 1 : *std::max_element(npl.begin(), npl.end()));
+                margs.cache_type_k = tk;
+                margs.cache_type_v = tv;
+                margs.n_gpu_layers = g == "99" ? "all" : g;
+                auto engine = create_engine(model, margs);
+                for (const std::string& line : engine->report()) log_info("{}", line);
+                const int units = engine->gpu_units();
+                const std::string backend = units > 0 ? (units == hp.n_layer + 1 ? "CUDA" : "CUDA+CPU") : "CPU";
+                auto random_tokens = [&](int n) {
+                  std::vector<int32_t> t((size_t)n);
+                  for (auto& x : t) x = (int32_t)(rng() % (uint32_t)hp.n_vocab);
+                  return t;
+                };
+                auto feed = [&](int seq, const std::vector<int32_t>& tokens) {
+                  for (size_t s = 0; s < tokens.size(); s += (size_t)cfg.n_batch) {
+                    std::vector<Engine::BatchRow> rows;
+                    for (size_t i = s; i < std::min(tokens.size(), s + (size_t)cfg.n_batch); ++i)
+                      rows.push_back({seq, tokens[i], i + 1 == tokens.size()});
+                    engine->decode(rows);
+                  }
+                };
+                // One timed run: prefill `depth` (untimed), then n_prompt tokens or n_gen single steps.
+                auto run_once = [&](int depth, int n_prompt, int n_gen) {
+                  auto& kv = engine->kv_cache();
+                  const int seq = kv.create_sequence();
+                  if (depth > 0) feed(seq, random_tokens(depth));
+                  const auto prompt = random_tokens(n_prompt), gen = random_tokens(n_gen);
+                  const auto t0 = std::chrono::steady_clock::now();
+                  if (n_prompt > 0) feed(seq, prompt);
+                  for (int i = 0; i < n_gen; ++i) engine->decode({{seq, gen[i], true}});
+                  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                  kv.free_sequence(seq);
+                  return s;
+                };
+                // n_par sequences: prefill all (timed), then n_gen steps of n_par tokens (timed).
+                auto run_parallel = [&](int n_par, int n_prompt, int n_gen) {
+                  auto& kv = engine->kv_cache();
+                  std::vector<int> seqs;
+                  for (int i = 0; i < n_par; ++i) seqs.push_back(kv.create_sequence());
+                  const auto t0 = std::chrono::steady_clock::now();
+                  std::vector<Engine::BatchRow> rows;
+                  for (int sidx = 0; sidx < n_par; ++sidx)
+                    for (int32_t tok : random_tokens(n_prompt)) {
+                      rows.push_back({seqs[sidx], tok, false});
+                      if ((int)rows.size() == cfg.n_batch) {
+                        engine->decode(rows);
+                        rows.clear();
+                      }
+                    }
+                  if (!rows.empty()) engine->decode(rows);
+                  const auto t1 = std::chrono::steady_clock::now();
+                  for (int step = 0; step < n_gen; ++step) {
+                    std::vector<Engine::BatchRow> batch;
+                    for (int sidx = 0; sidx < n_par; ++sidx) batch.push_back({seqs[sidx], (int32_t)(rng() % hp.n_vocab), true});
+                    engine->decode(batch);
+                  }
+                  const auto t2 = std::chrono::steady_clock::now();
+                  for (int s : seqs) kv.free_sequence(s);
+                  return std::make_pair(std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
+                };
+                auto base_result = [&](int p, int n, int d, int np) {
+                  TestResult r;
+                  r.model_desc = model->description();
+                  r.model_file = mpath;
+                  r.model_size = model_size;
+                  r.n_params = model->n_params();
+                  r.backend = backend;
+                  r.cfg = cfg;
+                  r.n_prompt = p;
+                  r.n_gen = n;
+                  r.n_depth = d;
+                  r.n_parallel = np;
+                  r.gpu_units = units;
+                  return r;
+                };
+                auto finish = [&](TestResult& r, double depth_avg, bool decode, double tokens_per_sample_flops) {
+                  double sum = 0;
+                  for (double x : r.samples_ts) sum += x;
+                  r.avg_ts = sum / r.samples_ts.size();
+                  double var = 0;
+                  for (double x : r.samples_ts) var += (x - r.avg_ts) * (x - r.avg_ts);
+                  r.stddev_ts = r.samples_ts.size() > 1 ? std::sqrt(var / (r.samples_ts.size() - 1)) : 0;
+                  const DType dk = parse_cache_type(r.cfg.ctk), dv = parse_cache_type(r.cfg.ctv);
+                  if (decode) {
+                    const auto [gb, hb] = bytes_split(*model, units, depth_avg, dk, dv);
+                    const double step_time = (gb > 0 ? gb / (gpu_bw * 1e9) : 0) + hb / (host_bw * 1e9);
+                    const double per_step = r.avg_ts / r.n_parallel;  // steps per second
+                    r.gbps = per_step * (gb + hb) / 1e9;
+                    r.roofline_ts = r.n_parallel / step_time;
+                    r.roofline_pct = 100.0 * r.avg_ts / r.roofline_ts;
+                  } else {
+                    r.tflops = r.avg_ts * flops_per_token(*model, tokens_per_sample_flops) / 1e12;
+                  }
+                  results.push_back(r);
+                  log_info("{} {}: {:.2f} t/s", mpath, r.test, r.avg_ts);
+                };
+                for (int d : d_list) {
+                  for (int p : p_list) {
+                    if (p <= 0) continue;
+                    if (!no_warmup) run_once(d, std::min(p, cfg.n_batch), 0);
+                    TestResult r = base_result(p, 0, d, 1);
+                    r.test = fmt::format("pp{}", p) + (d > 0 ? fmt::format(" @ d{}", d) : "");
+                    for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back(p / run_once(d, p, 0));
+                    finish(r, d + p / 2.0, false, d + p / 2.0);
+                  }
+                  for (int n : n_list) {
+                    if (n <= 0) continue;
+                    if (!no_warmup) run_once(d, 0, std::min(n, 4));
+                    TestResult r = base_result(0, n, d, 1);
+                    r.test = fmt::format("tg{}", n) + (d > 0 ? fmt::format(" @ d{}", d) : "");
+                    for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back(n / run_once(d, 0, n));
+                    finish(r, d + n / 2.0, true, 0);
+                  }
+                  for (auto [pp, tg] : pg_tests) {
+                    TestResult r = base_result(pp, tg, d, 1);
+                    r.test = fmt::format("pp{}+tg{}", pp, tg) + (d > 0 ? fmt::format(" @ d{}", d) : "");
+                    for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back((pp + tg) / run_once(d, pp, tg));
+                    finish(r, d + pp + tg / 2.0, false, d + pp / 2.0);
+                  }
+                }
+                for (int np : npl)
+                  for (int p : p_list)
+                    for (int n : n_list) {
+                      if (!no_warmup) run_parallel(np, std::min(p, 8), 2);
+                      TestResult rp = base_result(p, 0, 0, np), rg = base_result(0, n, 0, np);
+                      rp.test = fmt::format("pp{} x{}", p, np);
+                      rg.test = fmt::format("tg{} x{}", n, np);
+                      for (int rep = 0; rep < reps; ++rep) {
+                        const auto [tp, tgs] = run_parallel(np, p, n);
+                        rp.samples_ts.push_back((double)np * p / tp);
+                        rg.samples_ts.push_back((double)np * n / tgs);
+                      }
+                      rp.n_parallel = 1;
+                      finish(rp, p / 2.0, false, p / 2.0);
+                      finish(rg, p + n / 2.0, true, 0);
+                    }
               }
-            }
-          }
   }
 
+  const std::string env = fmt::format("roofline {} (commit {}), {}", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT, gpu_build_info());
   if (output == "json") {
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
     for (const TestResult& r : results) {
-      arr.push_back({{"build_commit", ROOFLINE_GIT_COMMIT}, {"model_filename", r.model_file}, {"model_type", r.model_desc},
-                     {"model_size", r.model_size}, {"model_n_params", r.n_params}, {"backends", r.backend},
-                     {"n_batch", r.n_batch}, {"n_threads", r.threads}, {"type_k", r.type_k}, {"type_v", r.type_v},
-                     {"n_gpu_layers", 0}, {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"n_depth", r.n_depth},
-                     {"avg_ts", r.avg_ts}, {"stddev_ts", r.stddev_ts}, {"samples_ts", r.samples_ts},
-                     {"read_bandwidth_gbps", host_bw}, {"gbps", r.gbps}, {"roofline_pct", r.roofline_pct},
-                     {"gflops", r.gflops}});
+      arr.push_back({{"build_commit", ROOFLINE_GIT_COMMIT}, {"environment", env}, {"gpu_info", gpu_name},
+                     {"model_filename", r.model_file}, {"model_type", r.model_desc}, {"model_size", r.model_size},
+                     {"model_n_params", r.n_params}, {"backends", r.backend}, {"n_batch", r.cfg.n_batch},
+                     {"n_threads", r.cfg.n_threads}, {"type_k", r.cfg.ctk}, {"type_v", r.cfg.ctv}, {"n_gpu_layers", r.gpu_units},
+                     {"n_prompt", r.n_prompt}, {"n_gen", r.n_gen}, {"n_depth", r.n_depth}, {"n_parallel", r.n_parallel},
+                     {"test", r.test}, {"avg_ts", r.avg_ts}, {"stddev_ts", r.stddev_ts}, {"samples_ts", r.samples_ts},
+                     {"host_read_gbps", host_bw}, {"gpu_read_gbps", gpu_bw}, {"gbps", r.gbps}, {"roofline_ts", r.roofline_ts},
+                     {"roofline_pct", r.roofline_pct}, {"tflops", r.tflops}});
     }
     std::printf("%s\n", arr.dump(2).c_str());
     return 0;
   }
   if (output == "csv") {
-    std::printf("build_commit,model_filename,model_type,model_size,model_n_params,backends,n_threads,type_k,type_v,n_batch,"
-                "n_prompt,n_gen,n_depth,avg_ts,stddev_ts,read_bandwidth_gbps,gbps,roofline_pct,gflops\n");
+    std::printf("build_commit,model_filename,model_type,model_size,model_n_params,backends,n_gpu_layers,n_threads,type_k,type_v,"
+                "n_batch,n_prompt,n_gen,n_depth,n_parallel,test,avg_ts,stddev_ts,gbps,roofline_ts,roofline_pct,tflops\n");
     for (const TestResult& r : results)
-      std::printf("%s,\"%s\",\"%s\",%llu,%llu,%s,%d,%s,%s,%d,%d,%d,%d,%.4f,%.4f,%.2f,%.3f,%.2f,%.2f\n", ROOFLINE_GIT_COMMIT,
-                  r.model_file.c_str(), r.model_desc.c_str(), (unsigned long long)r.model_size, (unsigned long long)r.n_params,
-                  r.backend.c_str(), r.threads, r.type_k.c_str(), r.type_v.c_str(), r.n_batch, r.n_prompt, r.n_gen,
-                  r.n_depth, r.avg_ts, r.stddev_ts, host_bw, r.gbps, r.roofline_pct, r.gflops);
+      std::printf("%s,\"%s\",\"%s\",%llu,%llu,%s,%d,%d,%s,%s,%d,%d,%d,%d,%d,%s,%.4f,%.4f,%.2f,%.2f,%.2f,%.4f\n",
+                  ROOFLINE_GIT_COMMIT, r.model_file.c_str(), r.model_desc.c_str(), (unsigned long long)r.model_size,
+                  (unsigned long long)r.n_params, r.backend.c_str(), r.gpu_units, r.cfg.n_threads, r.cfg.ctk.c_str(),
+                  r.cfg.ctv.c_str(), r.cfg.n_batch, r.n_prompt, r.n_gen, r.n_depth, r.n_parallel, r.test.c_str(), r.avg_ts,
+                  r.stddev_ts, r.gbps, r.roofline_ts, r.roofline_pct, r.tflops);
     return 0;
   }
-  std::printf("| model | size | params | backend | threads | type_k | type_v | test | t/s | GB/s | %% roofline |\n");
-  std::printf("| --- | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |\n");
+  std::printf("| model | size | params | backend | ngl | threads | type_k | type_v | test | t/s | GB/s | roofline t/s | %% roofline |\n");
+  std::printf("| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
   for (const TestResult& r : results) {
-    const std::string gb = r.n_gen > 0 ? fmt::format("{:.1f}", r.gbps) : fmt::format("({:.0f} GFLOP/s)", r.gflops);
-    const std::string pct = r.n_gen > 0 ? fmt::format("{:.0f}%", r.roofline_pct) : "-";
-    std::printf("| %s | %s | %s | %s | %d | %s | %s | %s | %.2f ± %.2f | %s | %s |\n", r.model_desc.c_str(),
-                human_size(r.model_size).c_str(), human_params(r.n_params).c_str(), r.backend.c_str(), r.threads,
-                r.type_k.c_str(), r.type_v.c_str(), r.test.c_str(), r.avg_ts, r.stddev_ts, gb.c_str(), pct.c_str());
+    const bool decode = r.n_gen > 0 && r.n_prompt == 0;
+    const std::string gb = decode ? fmt::format("{:.1f}", r.gbps) : fmt::format("{:.1f} TFLOP/s", r.tflops);
+    const std::string roof = decode ? fmt::format("{:.1f}", r.roofline_ts) : "-";
+    const std::string pct = decode ? fmt::format("{:.0f}%", r.roofline_pct) : "-";
+    std::printf("| %s | %s | %s | %s | %d | %d | %s | %s | %s | %.2f ± %.2f | %s | %s | %s |\n", r.model_desc.c_str(),
+                human_size(r.model_size).c_str(), human_params(r.n_params).c_str(), r.backend.c_str(), r.gpu_units,
+                r.cfg.n_threads, r.cfg.ctk.c_str(), r.cfg.ctv.c_str(), r.test.c_str(), r.avg_ts, r.stddev_ts, gb.c_str(),
+                roof.c_str(), pct.c_str());
   }
-  std::printf("\nroofline: host read bandwidth %.1f GB/s (measured); %% roofline = achieved GB/s / that.\n", host_bw);
-  std::printf("build: %s (roofline %s)\n", ROOFLINE_GIT_COMMIT, ROOFLINE_VERSION);
+  std::printf("\nroofline: read bandwidth host %.1f GB/s%s (measured now); decode bound = bytes a token reads / bandwidth\n",
+              host_bw, use_gpu ? fmt::format(", GPU {:.0f} GB/s ({})", gpu_bw, gpu_name).c_str() : "");
+  std::printf("build: %s\n", env.c_str());
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/gpu.h"
 #include "cli/command.h"
 #include "roofline_version.h"
 
@@ -36,7 +37,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 1 : 0;
   }
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
-    std::printf("roofline %s (commit %s)\n", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT);
+    std::printf("roofline %s (commit %s)\n%s\n", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT, roofline::gpu_build_info().c_str());
+    for (const auto& g : roofline::gpu_devices())
+      std::printf("GPU %d: %s, compute capability %d.%d, %.1f GiB\n", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
+                  g.total_bytes / 1073741824.0);
     return 0;
   }
   for (const Command& c : command_registry()) {

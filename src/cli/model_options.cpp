@@ -19,6 +19,19 @@ void add_model_options(CLI::App& app, ModelArgs& a, bool model_required) {
       ->capture_default_str()->envname("LLAMA_ARG_CACHE_TYPE_K");
   app.add_option("--cache-type-v", a.cache_type_v, "V cache type: f16, bf16, q8_0, q4_0 (-ctv)")
       ->capture_default_str()->envname("LLAMA_ARG_CACHE_TYPE_V");
+  app.add_option("--n-gpu-layers,--gpu-layers", a.n_gpu_layers,
+                 "units on the GPU: a number (the output layer counts as one, offloaded first), auto or all (-ngl)")
+      ->capture_default_str()->envname("LLAMA_ARG_N_GPU_LAYERS");
+  app.add_option("--main-gpu", a.main_gpu, "GPU to use (-mg)")->capture_default_str()->envname("LLAMA_ARG_MAIN_GPU");
+}
+
+int parse_gpu_layers(const std::string& text) {
+  if (text == "auto") return EngineOptions::kGpuLayersAuto;
+  if (text == "all") return EngineOptions::kGpuLayersAll;
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end || v < 0 || v > 100000) fail("-ngl '{}': expected a number, auto or all", text);
+  return (int)v;
 }
 
 int parse_args(CLI::App& app, int argc, char** argv) {
@@ -54,6 +67,8 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   o.n_batch = a.n_batch;
   o.type_k = parse_cache_type(a.cache_type_k);
   o.type_v = parse_cache_type(a.cache_type_v);
+  o.n_gpu_layers = parse_gpu_layers(a.n_gpu_layers);
+  o.main_gpu = a.main_gpu;
   return Engine::create(std::move(model), o);
 }
 

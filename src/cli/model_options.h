@@ -20,9 +20,15 @@ struct ModelArgs {
   int n_batch = 512;       // -b
   std::string cache_type_k = "f16";  // -ctk
   std::string cache_type_v = "f16";  // -ctv
+  std::string n_gpu_layers = "auto";  // -ngl: a number, auto or all
+  int main_gpu = 0;                   // -mg
 };
 
-// Adds -m/--model, --tokenizer, -c/--ctx-size, -t/--threads, -b/--batch-size, -ctk/--cache-type-k, -ctv/--cache-type-v.
+// "auto" -> kGpuLayersAuto, "all" -> kGpuLayersAll, else a non-negative number (Error otherwise).
+int parse_gpu_layers(const std::string& text);
+
+// Adds -m/--model, --tokenizer, -c/--ctx-size, -t/--threads, -b/--batch-size, -ctk/--cache-type-k,
+// -ctv/--cache-type-v, -ngl/--n-gpu-layers, -mg/--main-gpu.
 void add_model_options(CLI::App& app, ModelArgs& args, bool model_required = true);
 
 // Parses argv with llama.cpp's single-dash spellings allowed; returns -1 to continue, else an exit code.

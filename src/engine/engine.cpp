@@ -6,6 +6,8 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/gpu.h"
+#include "core/log.h"
 #include "core/error.h"
 
 namespace roofline {
@@ -27,19 +29,73 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       fail("KV cache type {} is not supported (use f16, bf16, q8_0 or q4_0)", dtype_name(t));
   }
 
-  // Everything on the CPU for now: one backend holding the embedding, all layers and the output.
-  auto cpu = std::make_unique<cpu::CpuBackend>(o.n_threads);
-  LayerSet all{0, hp.n_layer, true, true};
-  cpu->load(model, all);
   KvConfig kv;
   kv.block_size = o.kv_block_size;
   kv.n_blocks = (o.n_ctx + o.kv_block_size - 1) / o.kv_block_size;
   kv.type_k = o.type_k;
   kv.type_v = o.type_v;
-  cpu->init_kv(kv);
-  engine->placement_.push_back({cpu.get(), all});
-  engine->backends_.push_back(std::move(cpu));
   engine->kv_ = std::make_unique<KvCache>(kv.n_blocks, kv.block_size);
+
+  // Placement: n_layer + 1 units; the last `units` of them on the GPU (the output layer first).
+  const int n_units = hp.n_layer + 1;
+  int units = 0;
+  std::unique_ptr<Backend> gpu;
+  if (o.n_gpu_layers != 0) {
+    const auto devices = gpu_devices();
+    if (devices.empty()) {
+      if (o.n_gpu_layers != EngineOptions::kGpuLayersAuto)
+        log_warn("-ngl {}: {}; running on the CPU", o.n_gpu_layers,
+                 gpu_support_compiled() ? "no CUDA GPU was found" : "this build has no GPU backend");
+    } else {
+      if (o.main_gpu < 0 || o.main_gpu >= (int)devices.size()) fail("--main-gpu {}: {} GPUs found", o.main_gpu, devices.size());
+      const GpuInfo& g = devices[o.main_gpu];
+      GpuBackendOptions go;
+      go.device = o.main_gpu;
+      go.max_tokens = o.n_batch;
+      go.n_ctx = o.n_ctx;
+      gpu = make_gpu_backend(go);
+      engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs), {:.1f} GiB total, {:.1f} GiB free",
+                                            g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, g.total_bytes / 1073741824.0,
+                                            g.free_bytes / 1073741824.0));
+      if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
+        units = n_units;
+      } else if (o.n_gpu_layers > 0) {
+        units = o.n_gpu_layers;
+      } else {  // auto: fill from the back while the weights, KV and work buffers fit
+        const double budget = (double)g.free_bytes - o.gpu_margin_gib * 1073741824.0 -
+                              (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) - 256.0 * 1048576;
+        auto cost = [&](int u) {
+          if (u == 0) return 0.0;
+          LayerSet set{hp.n_layer - (u - 1), hp.n_layer, u == n_units, true};
+          return (double)gpu->weight_bytes(*model, set) + (double)gpu->kv_block_bytes(*model, set, kv) * kv.n_blocks;
+        };
+        units = 0;
+        while (units < n_units && cost(units + 1) <= budget) ++units;
+      }
+    }
+  }
+  engine->gpu_units_ = units;
+  const int gpu_layers = std::max(0, units - 1);
+  const int first_gpu_layer = hp.n_layer - gpu_layers;
+  const bool gpu_has_embedding = units == n_units;
+  if (units < n_units) {
+    auto cpu = std::make_unique<cpu::CpuBackend>(o.n_threads);
+    LayerSet set{0, first_gpu_layer, true, units == 0};
+    cpu->load(model, set);
+    cpu->init_kv(kv);
+    engine->placement_.push_back({cpu.get(), set});
+    engine->backends_.push_back(std::move(cpu));
+  }
+  if (units > 0) {
+    LayerSet set{first_gpu_layer, hp.n_layer, gpu_has_embedding, true};
+    gpu->load(model, set);
+    gpu->init_kv(kv);
+    engine->placement_.push_back({gpu.get(), set});
+    engine->backends_.push_back(std::move(gpu));
+  }
+  if (units > 0)
+    engine->report_.push_back(fmt::format("offloaded {}/{} layers to GPU{}", units, n_units,
+                                          units >= 1 ? " (the output layer first)" : ""));
   return engine;
 }
 
@@ -138,7 +194,7 @@ void Engine::set_matmul_observer(Backend::MatmulObserver observer) {
 }
 
 std::vector<std::string> Engine::report() const {
-  std::vector<std::string> lines;
+  std::vector<std::string> lines = report_;
   const HParams& hp = model_->hparams();
   for (const Placement& p : placement_) {
     lines.push_back(fmt::format("{}: layers {}..{}{}{}, {:.1f} MiB of weights", p.backend->name(), p.layers.begin,

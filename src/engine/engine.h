@@ -22,6 +22,14 @@ struct EngineOptions {
   DType type_v = DType::F16;
   int n_batch = 512;       // most tokens in one forward step
   int kv_block_size = 32;  // positions per KV block
+  // Units on the GPU (n_layer + 1 units, the output layer counts as the last): the last N units go
+  // to the GPU, as llama.cpp's -ngl. kGpuLayersAuto fits as many as memory allows; kGpuLayersAll all.
+  int n_gpu_layers = 0;
+  int main_gpu = 0;
+  double gpu_margin_gib = 1.0;  // memory left free on the GPU when fitting (-ngl auto)
+
+  static constexpr int kGpuLayersAuto = -1;
+  static constexpr int kGpuLayersAll = -2;
 };
 
 class Engine {
@@ -56,6 +64,9 @@ class Engine {
   // Observes the input rows of every matrix product (importance matrices); nullptr to stop.
   void set_matmul_observer(Backend::MatmulObserver observer);
 
+  // Units (of n_layer + 1) placed on the GPU: 0 = CPU only.
+  int gpu_units() const { return gpu_units_; }
+
   // Human-readable placement and memory report (one line per item), as the startup log prints it.
   std::vector<std::string> report() const;
 
@@ -72,6 +83,8 @@ class Engine {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<Placement> placement_;  // in layer order: the embedding holder first, the output holder last
   std::vector<float> hidden_;         // boundary buffer [n_tokens x n_embd]
+  std::vector<std::string> report_;   // startup lines about devices and placement
+  int gpu_units_ = 0;
 };
 
 }  // namespace roofline

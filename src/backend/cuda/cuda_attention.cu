@@ -1,0 +1,277 @@
+// Attention on the paged KV cache: the per-row prologue (Q/K RMSNorm, RoPE, K/V store) and a
+// split-KV flash-decoding kernel. Each CTA takes one row, one KV head (the group's query heads share
+// every K/V read) and one span of keys, with an online softmax over tiles of 128 keys; the spans are
+// merged by a second kernel in a fixed order, so results are deterministic.
+#include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_kernels.cuh"
+
+namespace roofline::cuda {
+
+size_t kv_values_bytes(DType type, int64_t n) {
+  switch (type) {
+    case DType::F32: return (size_t)n * 4;
+    case DType::F16: case DType::BF16: return (size_t)n * 2;
+    case DType::Q8_0: return (size_t)n;
+    case DType::Q4_0: return (size_t)n / 2;
+    default: fail("KV cache type {} is not supported on the GPU", dtype_name(type));
+  }
+}
+size_t kv_scales_bytes(DType type, int64_t n) {
+  return (type == DType::Q8_0 || type == DType::Q4_0) ? (size_t)n / 32 * 2 : 0;
+}
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTile = 128;    // keys per tile (one per thread)
+constexpr int kMaxAcc = 16;   // accumulators per thread: gqa * head_dim_v <= 2048
+
+__device__ __forceinline__ int64_t slot_of(const DeviceStep& step, int r, int pos, int block_size) {
+  const int seq = step.row_seq[r];
+  return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / block_size] * block_size + pos % block_size;
+}
+
+// Element i of a KV plane as float.
+__device__ __forceinline__ float kv_get(const uint8_t* vals, const uint8_t* scales, DType type, int64_t i) {
+  switch (type) {
+    case DType::F32: return reinterpret_cast<const float*>(vals)[i];
+    case DType::F16: return ld_half(vals + 2 * i);
+    case DType::BF16: return ld_bf16(vals + 2 * i);
+    case DType::Q8_0: return ld_half(scales + 2 * (i / 32)) * (float)reinterpret_cast<const int8_t*>(vals)[i];
+    default: {  // Q4_0: element j of a group in the low nibble of byte j (j < 16), high nibble of byte j-16
+      const int64_t g = i / 32;
+      const int j = (int)(i % 32);
+      const uint8_t b = vals[g * 16 + (j % 16)];
+      return ld_half(scales + 2 * g) * (float)((j < 16 ? (b & 0xF) : (b >> 4)) - 8);
+    }
+  }
+}
+
+// Stores kv_dim values of one position (float types elementwise; q8_0/q4_0 one thread per 32-group).
+__device__ void kv_put_row(uint8_t* vals, uint8_t* scales, DType type, int64_t slot, int kv_dim, const float* src) {
+  const int64_t base = slot * kv_dim;
+  if (type == DType::F32 || type == DType::F16 || type == DType::BF16) {
+    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+      if (type == DType::F32) reinterpret_cast<float*>(vals)[base + i] = src[i];
+      else if (type == DType::F16) reinterpret_cast<__half*>(vals)[base + i] = __float2half(src[i]);
+      else reinterpret_cast<__nv_bfloat16*>(vals)[base + i] = __float2bfloat16(src[i]);
+    }
+    return;
+  }
+  for (int g = threadIdx.x; g < kv_dim / 32; g += blockDim.x) {
+    float amax = 0, vmax = 0;
+    for (int k = 0; k < 32; ++k) {
+      const float v = src[g * 32 + k];
+      if (fabsf(v) > amax) {
+        amax = fabsf(v);
+        vmax = v;
+      }
+    }
+    const int64_t gi = base / 32 + g;
+    if (type == DType::Q8_0) {
+      const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+      reinterpret_cast<__half*>(scales)[gi] = __float2half(d);
+      for (int k = 0; k < 32; ++k) reinterpret_cast<int8_t*>(vals)[base + g * 32 + k] = (int8_t)__float2int_rn(src[g * 32 + k] * inv);
+    } else {  // Q4_0 as the reference quantizer: d = max / -8
+      const float d = vmax / -8.0f, inv = d != 0 ? 1.0f / d : 0.0f;
+      reinterpret_cast<__half*>(scales)[gi] = __float2half(d);
+      for (int j = 0; j < 16; ++j) {
+        const int q0 = min(15, (int)(src[g * 32 + j] * inv + 8.5f));
+        const int q1 = min(15, (int)(src[g * 32 + j + 16] * inv + 8.5f));
+        vals[gi * 16 + j] = (uint8_t)(q0 | (q1 << 4));
+      }
+    }
+  }
+}
+
+__global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
+                                  const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
+                                  float freq_base, float freq_scale, float eps, KvLayer kv) {
+  const int r = blockIdx.x;
+  if (r >= step.header[0]) return;
+  const int pos = step.positions[r];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  const int half = n_rot / 2;
+  for (int h = warp; h < n_head + n_head_kv; h += n_warps) {
+    const bool is_q = h < n_head;
+    float* x = is_q ? q + ((int64_t)r * n_head + h) * hd_k : k + ((int64_t)r * n_head_kv + (h - n_head)) * hd_k;
+    const float* nw = is_q ? q_norm : k_norm;
+    if (nw) {
+      float ss = 0;
+      for (int i = lane; i < hd_k; i += 32) ss += x[i] * x[i];
+      const float scale = rsqrtf(warp_sum(ss) / (float)hd_k + eps);
+      for (int i = lane; i < hd_k; i += 32) x[i] = x[i] * scale * nw[i];
+      __syncwarp();
+    }
+    for (int i = lane; i < half; i += 32) {
+      double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
+      if (factors) freq /= (double)factors[i];
+      double s, c;
+      sincos((double)pos * freq, &s, &c);
+      const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      const float x0 = x[a], x1 = x[b];
+      x[a] = x0 * (float)c - x1 * (float)s;
+      x[b] = x0 * (float)s + x1 * (float)c;
+    }
+  }
+  __syncthreads();
+  const int64_t slot = slot_of(step, r, pos, kv.block_size);
+  kv_put_row(kv.k, kv.k_scales, kv.type_k, slot, n_head_kv * hd_k, k + (int64_t)r * n_head_kv * hd_k);
+  kv_put_row(kv.v, kv.v_scales, kv.type_v, slot, n_head_kv * hd_v, v + (int64_t)r * n_head_kv * hd_v);
+}
+
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
+                                                                  int n_head_kv, int hd_k, int hd_v, float scale,
+                                                                  int max_splits, float* partial) {
+  extern __shared__ float smem[];
+  __shared__ int64_t slot_s[kTile];
+  const int r = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  if (r >= step.header[0]) return;
+  const int n_keys = step.positions[r] + 1;
+  const int split_len = step.header[2];
+  const int k_begin = split * split_len;
+  if (k_begin >= n_keys) return;
+  const int k_end = min(n_keys, k_begin + split_len);
+  const int gqa = n_head / n_head_kv;
+  float* q_s = smem;                   // [gqa x hd_k]
+  float* p_s = q_s + gqa * hd_k;       // [gqa x kTile]
+  float* m_s = p_s + gqa * kTile;      // [gqa]
+  float* l_s = m_s + gqa;              // [gqa]
+  float* a_s = l_s + gqa;              // [gqa] rescale factors
+  const int tid = threadIdx.x;
+  for (int i = tid; i < gqa * hd_k; i += kThreads) q_s[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
+  for (int g = tid; g < gqa; g += kThreads) {
+    m_s[g] = -INFINITY;
+    l_s[g] = 0.0f;
+  }
+  const int n_pairs = gqa * hd_v;
+  float acc[kMaxAcc];
+#pragma unroll
+  for (int i = 0; i < kMaxAcc; ++i) acc[i] = 0.0f;
+  const int kv_dim_k = n_head_kv * hd_k, kv_dim_v = n_head_kv * hd_v;
+  __syncthreads();
+
+  for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
+    const int n_tile = min(kTile, k_end - t0);
+    // Scores: one key per thread, all query heads of the group.
+    if (tid < n_tile) {
+      const int64_t slot = slot_of(step, r, t0 + tid, kv.block_size);
+      slot_s[tid] = slot;
+      const int64_t base = slot * kv_dim_k + (int64_t)kvh * hd_k;
+      float s[8];
+      for (int g0 = 0; g0 < gqa; g0 += 8) {
+        const int ng = min(8, gqa - g0);
+#pragma unroll
+        for (int g = 0; g < 8; ++g) s[g] = 0.0f;
+        for (int d = 0; d < hd_k; ++d) {
+          const float kd = kv_get(kv.k, kv.k_scales, kv.type_k, base + d);
+#pragma unroll
+          for (int g = 0; g < 8; ++g)
+            if (g < ng) s[g] += q_s[(g0 + g) * hd_k + d] * kd;
+        }
+        for (int g = 0; g < ng; ++g) p_s[(g0 + g) * kTile + tid] = s[g];
+      }
+    }
+    __syncthreads();
+    // Online softmax update per query head (warp w takes heads w, w+4, ...).
+    const int warp = tid / 32, lane = tid % 32;
+    for (int g = warp; g < gqa; g += kThreads / 32) {
+      float mx = -INFINITY;
+      for (int i = lane; i < n_tile; i += 32) mx = fmaxf(mx, p_s[g * kTile + i]);
+      mx = warp_max(mx);
+      const float m_new = fmaxf(m_s[g], mx);
+      float sum = 0;
+      for (int i = lane; i < n_tile; i += 32) {
+        const float p = __expf(p_s[g * kTile + i] - m_new);
+        p_s[g * kTile + i] = p;
+        sum += p;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float alpha = __expf(m_s[g] - m_new);
+        a_s[g] = alpha;
+        l_s[g] = l_s[g] * alpha + sum;
+        m_s[g] = m_new;
+      }
+    }
+    __syncthreads();
+    // acc = acc * alpha + P V, one (head, dim) pair per accumulator.
+#pragma unroll
+    for (int i = 0; i < kMaxAcc; ++i) {
+      const int pair = tid + i * kThreads;
+      if (pair >= n_pairs) break;
+      const int g = pair / hd_v, d = pair % hd_v;
+      float a = acc[i] * a_s[g];
+      for (int j = 0; j < n_tile; ++j)
+        a += p_s[g * kTile + j] * kv_get(kv.v, kv.v_scales, kv.type_v, slot_s[j] * kv_dim_v + (int64_t)kvh * hd_v + d);
+      acc[i] = a;
+    }
+    __syncthreads();
+  }
+  // Partial results: unnormalized accumulators with their running max and sum.
+  for (int i = 0; i < kMaxAcc; ++i) {
+    const int pair = tid + i * kThreads;
+    if (pair >= n_pairs) break;
+    const int g = pair / hd_v, d = pair % hd_v;
+    const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
+    partial[idx * (hd_v + 2) + 2 + d] = acc[i];
+    if (d == 0) {
+      partial[idx * (hd_v + 2)] = m_s[g];
+      partial[idx * (hd_v + 2) + 1] = l_s[g];
+    }
+  }
+}
+
+__global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out) {
+  const int r = blockIdx.x, h = blockIdx.y;
+  float* o = out + ((int64_t)r * n_head + h) * hd_v;
+  if (r >= step.header[0]) {
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) o[d] = 0.0f;
+    return;
+  }
+  const int n_keys = step.positions[r] + 1;
+  const int split_len = step.header[2];
+  const int n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
+  const float* base = partial + ((int64_t)r * n_head + h) * max_splits * (hd_v + 2);
+  float m = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, base[s * (hd_v + 2)]);
+  float l = 0;
+  for (int s = 0; s < n_splits; ++s) l += base[s * (hd_v + 2) + 1] * __expf(base[s * (hd_v + 2)] - m);
+  const float inv = 1.0f / l;
+  for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+    float a = 0;
+    for (int s = 0; s < n_splits; ++s) a += base[s * (hd_v + 2) + 2 + d] * __expf(base[s * (hd_v + 2)] - m);
+    o[d] = a * inv;
+  }
+}
+
+}  // namespace
+
+size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits) {
+  return (size_t)n_rows * n_head * max_splits * (head_dim_v + 2);
+}
+
+void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
+                    const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
+                    int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
+                    cudaStream_t stream) {
+  rope_store_kernel<<<n_rows, 128, 0, stream>>>(step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k,
+                                                head_dim_v, n_rot, neox, freq_base, freq_scale, eps, kv);
+  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+}
+
+void attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+               int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out,
+               cudaStream_t stream) {
+  const int gqa = n_head / n_head_kv;
+  if (gqa * head_dim_v > kMaxAcc * kThreads)
+    fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
+  const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
+  attention_split_kernel<<<dim3(n_rows, n_head_kv, max_splits), kThreads, smem, stream>>>(
+      step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
+  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(step, n_head, head_dim_v, max_splits, partial, out);
+  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace roofline::cuda

@@ -1,0 +1,85 @@
+// Shared pieces of the CUDA backend: error checks that throw roofline::Error, the one launch helper
+// every kernel goes through (so launch attributes such as programmatic dependent launch are set in
+// one place), warp reductions in a fixed order, and the device-side view of a weight.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "formats/dtype.h"
+
+namespace roofline::cuda {
+
+#define ROOFLINE_CUDA_CHECK(expr)                                                                           \
+  do {                                                                                                      \
+    cudaError_t err_ = (expr);                                                                              \
+    if (err_ != cudaSuccess) ::roofline::fail("CUDA error {} ({}) at {}:{}", cudaGetErrorName(err_),        \
+                                              cudaGetErrorString(err_), __FILE__, __LINE__);                \
+  } while (0)
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx. With `pdl`, the
+// launch allows programmatic dependent launch (sm_90: the kernel may start while the previous one drains;
+// kernels that read the previous kernel's output call cudaGridDependencySynchronize() first).
+template <typename... KernelArgs, typename... Args>
+void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+            Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (pdl) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  ROOFLINE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Waits for the previous kernel's writes when launched with PDL (a no-op otherwise / before sm_90).
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// How a weight is stored on the device. Raw: GGUF blocks as in the file. The plane layouts split a
+// type whose blocks are not 16-byte aligned into aligned planes (see cuda_weights.cu).
+enum class WeightLayout : int { Raw = 0, Q8_0Planes = 1, Q6KPlanes = 2 };
+
+struct DeviceWeight {
+  DType type = DType::F32;
+  WeightLayout layout = WeightLayout::Raw;
+  int64_t rows = 0, cols = 0;
+  size_t row_bytes = 0;          // Raw: bytes of one GGUF row
+  const uint8_t* data = nullptr;  // Raw blocks; Q8_0Planes: int8 values; Q6KPlanes: low nibbles
+  const uint8_t* plane1 = nullptr;  // Q8_0Planes: f16 scales; Q6KPlanes: high 2-bit plane
+  const uint8_t* plane2 = nullptr;  // Q6KPlanes: int8 sub-block scales
+  const uint8_t* plane3 = nullptr;  // Q6KPlanes: f16 super-block scales
+};
+
+// Activations of a matrix product in int8 form: per 32 elements a float scale d and s = d * sum(q).
+struct ActQ8 {
+  const int8_t* q = nullptr;  // [rows x cols]
+  const float* d = nullptr;   // [rows x cols/32]
+  const float* s = nullptr;   // [rows x cols/32]
+};
+
+}  // namespace roofline::cuda

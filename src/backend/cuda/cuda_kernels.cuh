@@ -1,0 +1,68 @@
+// Launchers of the CUDA backend's kernels (one declaration per op; the kernels live in the .cu file
+// named after the op). All take the stream; per-step values come from the device step descriptor.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace roofline::cuda {
+
+// The per-step values kernels read (device pointers into one buffer the backend uploads per step).
+struct DeviceStep {
+  const int* header = nullptr;      // [0] n_tokens (real), [1] n_logit_rows, [2] attention split length
+  const int* tokens = nullptr;      // [max_tokens]
+  const int* positions = nullptr;   // [max_tokens]
+  const int* row_seq = nullptr;     // [max_tokens]
+  const int* logit_rows = nullptr;  // [max_tokens]
+  const int* block_tables = nullptr;  // [max_seqs x table_stride]
+  int table_stride = 0;
+};
+
+// --- matvec / GEMM (cuda_matvec.cu, cuda_gemm.cu) ---
+// y[t * ldy + r] (+)= sum_c W[r, c] x[t, c] for t < n_tokens (n_tokens <= 8): int8 activations for the
+// quantized types with a dp4a kernel (Q4_K, Q5_K, Q6_K, Q8_0), float activations otherwise.
+bool matvec_uses_q8(DType type);
+void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
+            cudaStream_t stream);
+// Large batches: weights dequantized to f16 in row chunks (scratch) and multiplied with cuBLAS.
+void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
+          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream);
+
+// --- elementwise and normalization (cuda_ops.cu) ---
+// Token embedding rows (dequantized) for the step's tokens; rows >= n_tokens are zeroed.
+void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream);
+// out = rmsnorm(x[src_row]) * w for rows r < n_rows (src_row = gather ? gather[r] : r); writes f32 (if out)
+// and int8 activations (if act.q).
+void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out,
+              ActQ8 act_out, cudaStream_t stream);
+// Activation quantization of rows (int8 blocks of 32).
+void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_t stream);
+// h = silu(gate) * up, written as f32 (if out) and int8 activations (if act.q).
+void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
+void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream);
+
+// --- attention (cuda_attention.cu) ---
+struct KvLayer {
+  uint8_t* k = nullptr;    // values: f32/f16/bf16 elements, or int8 (q8_0) / nibbles (q4_0)
+  uint8_t* v = nullptr;
+  uint8_t* k_scales = nullptr;  // q8_0/q4_0: f16 per 32 values
+  uint8_t* v_scales = nullptr;
+  DType type_k = DType::F16, type_v = DType::F16;
+  int block_size = 0;
+};
+size_t kv_values_bytes(DType type, int64_t n);  // bytes of n values in the value plane
+size_t kv_scales_bytes(DType type, int64_t n);  // bytes of their scales (0 for float types)
+// Q/K RMSNorm (when q_norm), RoPE, and the K/V store into the paged cache, for rows < n_tokens (real).
+void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
+                    const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
+                    int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
+                    cudaStream_t stream);
+// Causal attention over each row's cached positions, split over the KV length (step header[2] keys per
+// split, at most max_splits), combined in a fixed order. out: [rows x n_head*head_dim_v].
+void attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+               int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out,
+               cudaStream_t stream);
+size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
+
+}  // namespace roofline::cuda
