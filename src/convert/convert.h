@@ -22,6 +22,7 @@ struct ConvertOptions {
   std::string tokenizer;          // llama2.c: tok.bin (required); HF: a tokenizer.json other than SRC's
   int n_threads = 0;              // 0: all cores
   bool progress = true;           // a progress line on stderr (only when it is a terminal)
+  int64_t chunk_elements = 1 << 22;  // rows converted per step: about this many values (bounds memory)
 };
 
 struct ConvertResult {
@@ -57,16 +58,17 @@ void permute_qk_rows(const float* src, float* dst, int64_t n_head, int64_t head_
 // The inverse (GGUF pairs back to rotate-half).
 void unpermute_qk_rows(const float* src, float* dst, int64_t n_head, int64_t head_dim, int64_t row_length);
 
-// One output tensor: its GGUF name, shape (innermost first), type, and a producer writing its
-// n_elements f32 values in GGUF row-major order.
+// One output tensor: its GGUF name, shape (innermost first), type, and a producer writing rows
+// [first_row, first_row + n_rows) as f32 values in GGUF row-major order (rows of shape[0] elements).
 struct PlannedTensor {
   std::string name;
   std::vector<int64_t> shape;
   DType type;
-  std::function<void(float* dst)> fill;
+  std::function<void(float* dst, int64_t first_row, int64_t n_rows)> fill;
 };
 
-// Converts and writes every tensor in order through GgufWriter, then renames into place.
+// Converts and writes every tensor in order through GgufWriter, a bounded chunk of rows at a time (memory
+// stays near one chunk, whatever the model size), then renames into place.
 void write_converted(const ConvertOptions& options, const gguf::Metadata& metadata,
                      const std::vector<PlannedTensor>& tensors, ConvertResult& result);
 

@@ -127,37 +127,41 @@ void write_converted(const ConvertOptions& options, const gguf::Metadata& metada
     const PlannedTensor& t = tensors[i];
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    values.assign((size_t)n, 0.0f);
-    t.fill(values.data());
-    const size_t out_bytes = writer.tensor_bytes_at(i);
-    out.resize(out_bytes);
     const int64_t row = t.shape[0];
     const int64_t n_rows = n / row;
-    // Rows are independent: convert in fixed chunks of rows (the result does not depend on threads).
-    const int64_t rows_per_chunk = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(row, 1));
-    const size_t n_chunks = (size_t)((n_rows + rows_per_chunk - 1) / rows_per_chunk);
     const size_t row_bytes = dtype_row_bytes(t.type, row);
-    std::vector<int64_t> sat(n_chunks, 0), flush(n_chunks, 0);
-    pool.parallel_for(n_chunks, [&](size_t c) {
-      const int64_t r0 = (int64_t)c * rows_per_chunk, r1 = std::min(n_rows, r0 + rows_per_chunk);
-      convert_values(values.data() + r0 * row, (r1 - r0) * row, row, t.type, out.data() + r0 * row_bytes, &sat[c],
-                     &flush[c]);
-    });
+    ROOFLINE_CHECK(row_bytes * (size_t)n_rows == writer.tensor_bytes_at(i), "{}", t.name);
+    const int64_t chunk_rows = std::max<int64_t>(1, options.chunk_elements / row);
     int64_t tensor_sat = 0;
-    for (size_t c = 0; c < n_chunks; ++c) {
-      tensor_sat += sat[c];
-      result.f16_flushed += flush[c];
+    for (int64_t r0 = 0; r0 < n_rows; r0 += chunk_rows) {
+      const int64_t nr = std::min(chunk_rows, n_rows - r0);
+      values.resize((size_t)(nr * row));
+      t.fill(values.data(), r0, nr);
+      out.resize((size_t)nr * row_bytes);
+      // Rows are independent: convert in fixed groups of rows (the result does not depend on threads).
+      const int64_t group = std::max<int64_t>(1, (1 << 16) / row);
+      const size_t n_groups = (size_t)((nr + group - 1) / group);
+      std::vector<int64_t> sat(n_groups, 0), flush(n_groups, 0);
+      pool.parallel_for(n_groups, [&](size_t g) {
+        const int64_t g0 = (int64_t)g * group, g1 = std::min(nr, g0 + group);
+        convert_values(values.data() + g0 * row, (g1 - g0) * row, row, t.type, out.data() + g0 * row_bytes, &sat[g],
+                       &flush[g]);
+      });
+      for (size_t g = 0; g < n_groups; ++g) {
+        tensor_sat += sat[g];
+        result.f16_flushed += flush[g];
+      }
+      writer.write_tensor_data(i, out.data(), out.size());
+      done_bytes += out.size();
+      if (show_progress)
+        std::fprintf(stderr, "\rconvert: [%zu/%zu] %5.1f%% %-40.40s", i + 1, tensors.size(),
+                     total_bytes ? 100.0 * (double)done_bytes / (double)total_bytes : 100.0, t.name.c_str());
     }
     if (tensor_sat) {
       result.f16_saturated += tensor_sat;
       result.notes.push_back(fmt::format("{}: {} values beyond the f16 range were stored as ±65504", t.name, tensor_sat));
     }
-    writer.write_tensor_data(i, out.data(), out.size());
     result.n_params += (uint64_t)n;
-    done_bytes += out_bytes;
-    if (show_progress)
-      std::fprintf(stderr, "\rconvert: [%zu/%zu] %5.1f%% %-40.40s", i + 1, tensors.size(),
-                   total_bytes ? 100.0 * (double)done_bytes / (double)total_bytes : 100.0, t.name.c_str());
   }
   if (show_progress) std::fprintf(stderr, "\n");
   writer.finish();

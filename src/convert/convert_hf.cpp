@@ -298,16 +298,20 @@ ConvertResult convert_hf(const ConvertOptions& options) {
     const DType type = tensor_type_for(e.gguf_name, (int)shape.size(), shape[0], outtype, &note);
     if (!note.empty()) result.notes.push_back(note);
     const int64_t heads = e.permute_heads, head_dim = hp.head_dim;
-    planned.push_back({e.gguf_name, shape, type, [t, heads, head_dim](float* dst) {
-                         const int64_t n = t->n_elements();
+    const int64_t row = shape[0];
+    const int64_t unit = shape.size() == 1 ? 1 : row;  // what the permutation moves: matrix rows, or bias elements
+    planned.push_back({e.gguf_name, shape, type, [t, heads, head_dim, row, unit](float* dst, int64_t r0, int64_t nr) {
                          if (!heads) {
-                           safetensors::tensor_to_f32(*t, 0, n, dst);
+                           safetensors::tensor_to_f32(*t, r0 * row, nr * row, dst);
                            return;
                          }
-                         std::vector<float> tmp((size_t)n);
-                         safetensors::tensor_to_f32(*t, 0, n, tmp.data());
-                         const int64_t row = t->shape.size() == 2 ? t->shape[1] : 1;
-                         permute_qk_rows(tmp.data(), dst, heads, head_dim, row);
+                         // GGUF row r = head h, pair i, half p (r = h*hd + 2i + p) comes from HF row h*hd + p*hd/2 + i.
+                         const int64_t u0 = r0 * row / unit, nu = nr * row / unit;
+                         for (int64_t r = u0; r < u0 + nu; ++r) {
+                           const int64_t h = r / head_dim, j = r % head_dim;
+                           const int64_t src = h * head_dim + (j % 2) * (head_dim / 2) + j / 2;
+                           safetensors::tensor_to_f32(*t, src * unit, unit, dst + (r - u0) * unit);
+                         }
                        }});
   };
   for (const auto& [e, t] : bound) {
@@ -317,9 +321,8 @@ ConvertResult convert_hf(const ConvertOptions& options) {
       const std::vector<float> factors =
           llama3_rope_factors((int)hp.head_dim, (float)hp.rope_theta, (float)hp.rope_factor, (float)hp.low_freq_factor,
                               (float)hp.high_freq_factor, (int)hp.original_context);
-      planned.push_back({"rope_freqs.weight", {(int64_t)factors.size()}, DType::F32, [factors](float* dst) {
-                           std::copy(factors.begin(), factors.end(), dst);
-                         }});
+      planned.push_back({"rope_freqs.weight", {(int64_t)factors.size()}, DType::F32,
+                         [factors](float* dst, int64_t, int64_t) { std::copy(factors.begin(), factors.end(), dst); }});
     }
   }
   for (const auto& [e, t] : bound)

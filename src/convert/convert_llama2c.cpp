@@ -49,8 +49,9 @@ ConvertResult convert_llama2c(const ConvertOptions& options) {
     std::string note;
     const DType type = tensor_type_for(name, (int)shape.size(), shape[0], outtype, &note);
     if (!note.empty()) result.notes.push_back(note);
-    planned.push_back({name, shape, type, [arr](float* dst) {
-                         std::memcpy(dst, arr.data, (size_t)arr.n_elements() * sizeof(float));
+    const int64_t row = shape[0];
+    planned.push_back({name, shape, type, [arr, row](float* dst, int64_t r0, int64_t nr) {
+                         std::memcpy(dst, arr.data + r0 * row * 4, (size_t)(nr * row) * sizeof(float));
                        }});
   };
   plan("token_embd.weight", ck->tok_embeddings());
