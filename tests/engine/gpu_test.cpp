@@ -157,6 +157,19 @@ TEST(GpuEngineTest, DecodeBatchesAreInvariantAndReproducible) {
   }
 }
 
+TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  const auto tokens = some_tokens(12, model->hparams().n_vocab);
+  const auto with_graphs = run_logits(model, o, tokens);
+  setenv("ROOFLINE_NO_CUDA_GRAPHS", "1", 1);
+  const auto without = run_logits(model, o, tokens);
+  unsetenv("ROOFLINE_NO_CUDA_GRAPHS");
+  EXPECT_EQ(with_graphs, without);
+}
+
 TEST(GpuEngineTest, ForkCopiesBlocksOnTheGpu) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q8_0");

@@ -6,7 +6,9 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_weights.cuh"
@@ -38,9 +40,12 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
     cublasSetStream(cublas_, stream_);
+    const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
+    graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
   }
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
     if (step_host_) cudaFreeHost(step_host_);
@@ -173,7 +178,11 @@ class CudaBackend final : public Backend {
     const int n = step.n_tokens();
     if (n > options_.max_tokens) fail("internal error: step of {} rows exceeds the GPU buffers ({})", n, options_.max_tokens);
     const HParams& hp = model_->hparams();
-    n_tok_ = n;
+    // Decode-sized steps run padded to a bucket (1, 2, 4, 8) so one captured graph per bucket replays
+    // every step; kernels read the real row count from the descriptor and skip the padding.
+    n_real_ = n;
+    n_tok_ = n <= 8 && n <= options_.max_tokens ? bucket_of(n) : n;
+    if (n_tok_ > options_.max_tokens) n_tok_ = n;
     n_logit_ = (int)step.logit_rows.size();
     int stride = 1, max_keys = 1;
     for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
@@ -197,10 +206,10 @@ class CudaBackend final : public Backend {
     int* row_seq = positions + T;
     int* logit_rows = row_seq + T;
     int* tables = logit_rows + T;
-    for (int i = 0; i < n; ++i) {
-      tokens[i] = step.tokens[i];
-      positions[i] = step.positions[i];
-      row_seq[i] = step.row_seq[i];
+    for (int i = 0; i < n_tok_; ++i) {
+      tokens[i] = i < n ? step.tokens[i] : 0;
+      positions[i] = i < n ? step.positions[i] : 0;
+      row_seq[i] = i < n ? step.row_seq[i] : 0;
     }
     for (int i = 0; i < n_logit_; ++i) logit_rows[i] = step.logit_rows[i];
     for (size_t s = 0; s < step.sequences.size(); ++s) {
@@ -224,16 +233,44 @@ class CudaBackend final : public Backend {
     cuda::embed(embd_, dstep_, x_, n_tok_, model_->hparams().n_embd, stream_);
   }
   void set_hidden(const float* hidden) override {
-    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(x_, hidden, (size_t)n_tok_ * model_->hparams().n_embd * 4, cudaMemcpyHostToDevice, stream_));
+    const size_t row = (size_t)model_->hparams().n_embd * 4;
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(x_, hidden, (size_t)n_real_ * row, cudaMemcpyHostToDevice, stream_));
+    if (n_tok_ > n_real_)
+      ROOFLINE_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<uint8_t*>(x_) + n_real_ * row, 0, (n_tok_ - n_real_) * row, stream_));
   }
   void get_hidden(float* hidden) override {
-    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(hidden, x_, (size_t)n_tok_ * model_->hparams().n_embd * 4, cudaMemcpyDeviceToHost, stream_));
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(hidden, x_, (size_t)n_real_ * model_->hparams().n_embd * 4, cudaMemcpyDeviceToHost, stream_));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void forward(int layer_begin, int layer_end) override {
     ROOFLINE_CHECK(layer_begin >= layers_.begin && layer_end <= layers_.end);
-    for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
+    if (layer_begin == layer_end) return;
+    if (n_tok_ > 8 || !graphs_enabled_) {
+      for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
+      return;
+    }
+    // Decode: one CUDA graph per (bucket, layer range), captured on first use and replayed after.
+    const uint64_t key = ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) | (uint64_t)layer_end;
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      cudaGraph_t graph = nullptr;
+      ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      ROOFLINE_CUDA_CHECK(err);
+      it = graphs_.emplace(key, exec).first;
+    }
+    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   }
 
   void output(float* logits) override {
@@ -283,6 +320,8 @@ class CudaBackend final : public Backend {
     float *bq = nullptr, *bk = nullptr, *bv = nullptr;
     KvLayer kv;
   };
+
+  static int bucket_of(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
 
   int table_capacity_blocks() const {
     const int64_t blocks = ((int64_t)options_.n_ctx + 15) / 16 + 2;  // block size >= 16 positions
@@ -366,7 +405,9 @@ class CudaBackend final : public Backend {
   int* step_host_ = nullptr;
   float* logits_host_ = nullptr;
   DeviceStep dstep_;
-  int n_tok_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1;
+  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1;
+  bool graphs_enabled_ = true;
+  std::map<uint64_t, cudaGraphExec_t> graphs_;
 };
 
 __global__ void read_bandwidth_kernel(const int4* data, int64_t n, int* sink) {

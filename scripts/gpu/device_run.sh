@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool's command): checks the carried binaries, runs the GPU tests,
+# then the benchmarks of docs/performance.md, writing everything under $OUT.
+# Build here first:  scripts/gpu/build_for_device.sh   (puts binaries in carry/bin)
+# Then, with the device tool: command "scripts/gpu/device_run.sh [quick|full]", carry ["carry"].
+set -uo pipefail
+mode="${1:-full}"
+out="${OUT:-/tmp/out}"
+mkdir -p "$out"
+bin=carry/bin
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+{
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
+  ldd "$bin/roofline" | grep -E "not found|cuda|cublas" || true
+  "$bin/roofline" --version
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+ROOFLINE_SHARED_DIR=carry/shared timeout 300 "$bin/roofline_tests" --gtest_filter='Gpu*' > "$out/gpu_tests.txt" 2>&1
+echo "gpu tests exit $?"; tail -30 "$out/gpu_tests.txt"
+
+run_bench() {  # name, args...
+  local name="$1"; shift
+  echo "== bench $name: $*" | tee -a "$out/bench.log"
+  timeout 240 "$bin/roofline" bench "$@" -o json > "$out/bench_$name.json" 2>> "$out/bench.log"
+  echo "exit $?" >> "$out/bench.log"
+  python3 - "$out/bench_$name.json" <<'PY' | tee -a "$out/bench.md"
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("no result:", e); sys.exit(0)
+for r in rows:
+    print(f"| {r['model_type']} | {r['backends']} ngl {r['n_gpu_layers']} | {r['type_k']}/{r['type_v']} | {r['test']} | "
+          f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} | {r['gbps']:.0f} | {r['roofline_ts']:.1f} | {r['roofline_pct']:.0f}% | {r['tflops']:.1f} |")
+PY
+}
+
+run_bench q8b synthetic:qwen3-8b:Q4_K_M -p 512 -n 128 -r 3
+run_bench q32b synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 3
+if [ "$mode" = full ]; then
+  run_bench q32b_d8192 synthetic:qwen3-32b:Q4_K_M -p 0 -n 128 -d 8192 -r 2
+  run_bench q32b_kvq8 synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -ctk q8_0 -ctv q8_0 -r 2
+  run_bench q32b_ngl48 synthetic:qwen3-32b:Q4_K_M -p 0 -n 32 -ngl 48 -r 2
+  run_bench q32b_npl synthetic:qwen3-32b:Q4_K_M -p 128 -n 128 -npl 1,4,16,64 -r 1
+fi
+tail -5 "$out/bench.log"
