@@ -1,0 +1,152 @@
+// Throughput of the CPU dot kernels (backend/cpu/vec_dot.h): GB/s of weight data streamed through a
+// [rows x cols] matrix for one token (one dot per row) and for a batch of tokens (the prefill tile),
+// hot (one matrix, cache-resident where it fits) and cold (rotating over copies larger than L3).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "backend/cpu/vec_dot.h"
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "formats/quant_blocks.h"
+
+namespace roofline::cpu {
+namespace {
+
+// Random level bytes with every scale field set to a sane f16 (speed does not depend on values).
+std::vector<uint8_t> random_matrix(DType t, int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<uint8_t> m(dtype_row_bytes(t, cols) * (size_t)rows);
+  Rng rng(seed);
+  for (size_t i = 0; i + 8 <= m.size(); i += 8) {
+    const uint64_t v = rng.next_u64();
+    std::memcpy(m.data() + i, &v, 8);
+  }
+  const uint16_t h = f32_to_fp16(0.01f);
+  size_t bb = dtype_block_bytes(t), off = 0, off2 = SIZE_MAX;
+  switch (t) {
+    case DType::Q4_K:
+    case DType::Q5_K: off2 = 2; break;
+    case DType::Q6_K: off = offsetof(BlockQ6_K, d); break;
+    case DType::Q3_K: off = offsetof(BlockQ3_K, d); break;
+    case DType::Q2_K:
+      off = offsetof(BlockQ2_K, d);
+      off2 = offsetof(BlockQ2_K, dmin);
+      break;
+    case DType::F16:
+    case DType::BF16: bb = 2; break;
+    default: break;
+  }
+  for (size_t b = 0; b < m.size() / bb; ++b) {
+    std::memcpy(m.data() + b * bb + off, &h, 2);
+    if (off2 != SIZE_MAX) std::memcpy(m.data() + b * bb + off2, &h, 2);
+  }
+  return m;
+}
+
+struct Setup {
+  int64_t rows, cols;
+  std::vector<std::vector<uint8_t>> mats;  // copies, to defeat the caches in the cold runs
+  std::vector<uint8_t> act;                // 16 activation rows
+  size_t w_row, a_row;
+};
+
+Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
+  static std::vector<std::pair<std::tuple<DType, int64_t, int64_t, int>, std::unique_ptr<Setup>>> cache;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [key, s] : cache) {
+    if (key == std::make_tuple(t, rows, cols, copies)) return *s;
+  }
+  auto s = std::make_unique<Setup>();
+  s->rows = rows;
+  s->cols = cols;
+  for (int c = 0; c < copies; ++c) s->mats.push_back(random_matrix(t, rows, cols, 1 + c));
+  const ActFormat f = act_format_for(t);
+  s->w_row = dtype_row_bytes(t, cols);
+  s->a_row = act_row_bytes(f, cols);
+  s->act.resize(s->a_row * 16);
+  Rng rng(99);
+  std::vector<float> x((size_t)cols);
+  for (int r = 0; r < 16; ++r) {
+    for (float& v : x) v = (float)rng.normal();
+    quantize_act_row(f, x.data(), s->act.data() + r * s->a_row, cols);
+  }
+  cache.emplace_back(std::make_tuple(t, rows, cols, copies), std::move(s));
+  return *cache.back().second;
+}
+
+// Args: tokens (1: one dot per row; >1: the tile over that many activation rows), cold (0/1).
+// One iteration is a chunk of kChunkRows rows (the next chunk of the matrix, or of the next copy when
+// cold); the machine is shared, so rates come from the fastest chunk (short enough to run
+// unpreempted) as well as from the CPU time of all of them.
+constexpr int64_t kChunkRows = 256;
+
+void BM_Matmul(benchmark::State& state, DType t) {
+  const int tokens = (int)state.range(0);
+  const bool cold = state.range(1) != 0;
+  Setup& s = setup(t, 6144, 2048, cold ? 12 : 1);
+  const VecDotFn dot = vec_dot_fn(t);
+  const VecDotTileFn tile = vec_dot_tile_fn(t);
+  const int64_t n_chunks = s.rows / kChunkRows;
+  // Threads take interleaved chunks, so together they stream each matrix once.
+  int64_t chunk = state.thread_index();
+  size_t m = 0;
+  std::vector<float> y((size_t)s.rows * tokens);
+  double best = 1e30;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint8_t* w = s.mats[m].data();
+    const int64_t r0 = chunk * kChunkRows, r1 = r0 + kChunkRows;
+    if (tokens == 1) {
+      for (int64_t r = r0; r < r1; ++r) y[(size_t)r] = dot(w + (size_t)r * s.w_row, s.act.data(), s.cols);
+    } else {
+      tile(w + (size_t)r0 * s.w_row, s.w_row, (int)(r1 - r0), s.act.data(), s.a_row, tokens, s.cols, y.data() + r0,
+           (size_t)s.rows);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    chunk += state.threads();
+    if (chunk >= n_chunks) {
+      chunk = state.thread_index();
+      m = (m + 1) % s.mats.size();
+    }
+  }
+  const double bytes = (double)kChunkRows * (double)s.w_row;
+  state.SetBytesProcessed((int64_t)(bytes * (double)state.iterations()));
+  // Per thread (summed over threads), from the fastest chunk: GB/s of weights, multiply-adds/s.
+  state.counters["GBps_best"] = bytes / best * 1e-9;
+  state.counters["GMACps_best"] = (double)kChunkRows * (double)s.cols * tokens / best * 1e-9;
+  state.SetLabel(std::string(cpu_simd_name()) + (cold ? " cold" : " hot"));
+}
+
+void Args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"tokens", "cold"});
+  for (int cold : {0, 1}) {
+    for (int tokens : {1, 4, 16}) b->Args({tokens, cold});
+  }
+  b->Threads(1)->Threads(2);
+}
+
+BENCHMARK_CAPTURE(BM_Matmul, Q4_K, DType::Q4_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q6_K, DType::Q6_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q8_0, DType::Q8_0)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q5_K, DType::Q5_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, IQ4_XS, DType::IQ4_XS)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q4_0, DType::Q4_0)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q3_K, DType::Q3_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q2_K, DType::Q2_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, IQ4_NL, DType::IQ4_NL)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, F16, DType::F16)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, BF16, DType::BF16)->Apply(Args);
+
+}  // namespace
+}  // namespace roofline::cpu
+
+BENCHMARK_MAIN();

@@ -1,0 +1,75 @@
+// CPU dot-product kernels: one weight row (any tensor type) times one activation row. Activations
+// are converted once per matrix product into the format the weight type pairs with (int8 blocks
+// for quantized weights, so the inner loop is integer multiply-adds), then every output element is
+// one call here: a fixed reduction order that does not depend on the batch (batch invariance).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "formats/dtype.h"
+
+namespace roofline::cpu {
+
+enum class ActFormat {
+  F32,   // plain floats (F32/F16/BF16 weights)
+  Q8_0,  // 32-element blocks: f16 scale + 32 int8 (pairs with Q4_0, Q5_0, Q8_0, IQ4_NL)
+  Q8_1,  // 32-element blocks: f16 scale, int16 sum of the 32 int8, 32 int8 (pairs with Q4_1, Q5_1)
+  Q8_K,  // 256-element blocks: f32 scale, 256 int8, 16 block sums (pairs with the K-quants, IQ4_XS)
+};
+
+// Activation block layouts. Every int8 value is in [-127, 127] (never -128), which the SIMD kernels
+// rely on: |w| <= 128 times |a| <= 127 in pairs stays inside int16 (maddubs does not saturate).
+//  Q8_0: formats/quant_blocks.h BlockQ8_0. d = amax/127 rounded to f16; q = round(x / d) (ties to
+//        even, clamped), using the rounded d, so the error of an element is at most d/2.
+//  Q8_1: like Q8_0 plus the exact sum of the 32 quantized values. (ggml's block_q8_1 stores d*sum as
+//        f16 instead; an exact integer sum in the same 36 bytes makes the Q4_1/Q5_1 offset term exact.)
+//  Q8_K: BlockQ8_K. d = amax/127 as f32 (positive: we use the largest magnitude, where ggml's
+//        quantize_row_q8_K maps the signed extreme to -127; both keep q in [-127, 127]);
+//        bsums[j] = sum of q[16j .. 16j+15].
+struct ActBlockQ8_1 {
+  uint16_t d;
+  int16_t sum;
+  int8_t qs[32];
+};
+static_assert(sizeof(ActBlockQ8_1) == 36);
+
+ActFormat act_format_for(DType weight_type);
+size_t act_row_bytes(ActFormat format, int64_t n);
+// n a multiple of the format's block (32 or 256; any n for F32). Same bytes on every CPU (the SIMD
+// quantizer is bit-identical to the scalar one).
+void quantize_act_row(ActFormat format, const float* x, void* dst, int64_t n);
+
+// sum_i w[i] * a[i] over n elements (n a multiple of the weight type's block size).
+using VecDotFn = float (*)(const void* weight_row, const void* act_row, int64_t n);
+
+// The fastest kernel this CPU supports for a weight type (checked at run time: AVX2/FMA or scalar).
+VecDotFn vec_dot_fn(DType weight_type);
+// The portable scalar kernel (tests compare the SIMD kernels against it).
+VecDotFn vec_dot_scalar_fn(DType weight_type);
+const char* cpu_simd_name();  // "AVX2" or "scalar"
+
+// A tile of dots for prefill: y[c * ldy + r] = dot(weight row r, activation row c) for r < n_w,
+// c < n_a. Weight row r starts at w + r * w_stride bytes, activation row c at a + c * a_stride.
+// The SIMD tile decodes each weight block once and multiplies it with up to 4 activation rows, but
+// every output is bit-identical to what vec_dot_fn's kernel returns for the same two rows (the same
+// operations per output in the same order), so results never depend on the batch or the tiling.
+// Keep the activation rows of one call cache-resident (e.g. n_a <= 16-32 for n of a few thousand).
+using VecDotTileFn = void (*)(const void* w, size_t w_stride, int n_w, const void* a, size_t a_stride, int n_a,
+                              int64_t n, float* y, size_t ldy);
+VecDotTileFn vec_dot_tile_fn(DType weight_type);          // pairs with vec_dot_fn
+VecDotTileFn vec_dot_tile_scalar_fn(DType weight_type);   // pairs with vec_dot_scalar_fn
+
+namespace detail {
+// Internal to the kernel files (and their tests): per-ISA tables. The SIMD tables return nullptr
+// for a type they have no kernel for (the dispatcher then uses the scalar one).
+VecDotFn scalar_dot(DType t);
+VecDotTileFn scalar_tile(DType t);
+bool avx2_supported();  // compiled in and the CPU has AVX2, FMA and F16C
+VecDotFn avx2_dot(DType t);
+VecDotTileFn avx2_tile(DType t);
+void quantize_act_row_scalar(ActFormat format, const float* x, void* dst, int64_t n);
+void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n);
+}  // namespace detail
+
+}  // namespace roofline::cpu

@@ -1,0 +1,414 @@
+// CPU dot kernels (backend/cpu/vec_dot.h): activation quantizers, then for every weight type the
+// scalar and AVX2 kernels (single dot and prefill tile) against a double-precision reference on
+// random data with odd sizes, bit-identity between tile and single dot and across calls, zero rows,
+// and worst-case int8 values (int16 saturation in maddubs would show as a large error).
+#include "backend/cpu/vec_dot.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "formats/quant_blocks.h"
+#include "formats/quant_ref.h"
+#include "test_util.h"
+
+namespace roofline::cpu {
+namespace {
+
+using test::nmse;
+
+const DType kTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
+                        DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K, DType::Q3_K,
+                        DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+
+bool have_avx2() { return detail::avx2_supported(); }
+
+std::vector<float> gaussian(size_t n, Rng& rng, double sigma = 1.0) {
+  std::vector<float> v(n);
+  for (float& x : v) x = (float)(rng.normal() * sigma);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Activation rows
+
+std::vector<uint8_t> quantize_act(ActFormat f, const std::vector<float>& x) {
+  std::vector<uint8_t> out(act_row_bytes(f, (int64_t)x.size()));
+  quantize_act_row(f, x.data(), out.data(), (int64_t)x.size());
+  return out;
+}
+
+// The activation row as the kernels see it: d * q (or the floats themselves).
+std::vector<double> dequant_act(ActFormat f, const uint8_t* p, int64_t n) {
+  std::vector<double> out((size_t)n);
+  switch (f) {
+    case ActFormat::F32:
+      for (int64_t i = 0; i < n; ++i) out[(size_t)i] = reinterpret_cast<const float*>(p)[i];
+      break;
+    case ActFormat::Q8_0: {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
+      for (int64_t i = 0; i < n; ++i) out[(size_t)i] = (double)fp16_to_f32(b[i / 32].d) * b[i / 32].qs[i % 32];
+      break;
+    }
+    case ActFormat::Q8_1: {
+      const auto* b = reinterpret_cast<const ActBlockQ8_1*>(p);
+      for (int64_t i = 0; i < n; ++i) out[(size_t)i] = (double)fp16_to_f32(b[i / 32].d) * b[i / 32].qs[i % 32];
+      break;
+    }
+    case ActFormat::Q8_K: {
+      const auto* b = reinterpret_cast<const BlockQ8_K*>(p);
+      for (int64_t i = 0; i < n; ++i) out[(size_t)i] = (double)b[i / 256].d * b[i / 256].qs[i % 256];
+      break;
+    }
+  }
+  return out;
+}
+
+TEST(VecDotAct, FormatsAndSizes) {
+  EXPECT_EQ(act_format_for(DType::Q4_K), ActFormat::Q8_K);
+  EXPECT_EQ(act_format_for(DType::IQ4_XS), ActFormat::Q8_K);
+  EXPECT_EQ(act_format_for(DType::Q6_K), ActFormat::Q8_K);
+  EXPECT_EQ(act_format_for(DType::Q4_0), ActFormat::Q8_0);
+  EXPECT_EQ(act_format_for(DType::IQ4_NL), ActFormat::Q8_0);
+  EXPECT_EQ(act_format_for(DType::Q5_1), ActFormat::Q8_1);
+  EXPECT_EQ(act_format_for(DType::BF16), ActFormat::F32);
+  EXPECT_EQ(act_row_bytes(ActFormat::Q8_0, 64), 68u);
+  EXPECT_EQ(act_row_bytes(ActFormat::Q8_1, 64), 72u);
+  EXPECT_EQ(act_row_bytes(ActFormat::Q8_K, 512), 584u);
+  EXPECT_EQ(act_row_bytes(ActFormat::F32, 7), 28u);
+  EXPECT_THROW(act_format_for(DType::IQ2_XXS), Error);
+  EXPECT_THROW(vec_dot_fn(DType::Q8_K), Error);
+  EXPECT_THROW(vec_dot_scalar_fn(DType::TQ1_0), Error);
+  EXPECT_THROW(vec_dot_tile_fn(DType::I8), Error);
+  std::printf("cpu_simd_name: %s\n", cpu_simd_name());
+}
+
+TEST(VecDotAct, QuantizersRoundWithinHalfStepAndKeepSums) {
+  Rng rng(11);
+  for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K}) {
+    const int bs = f == ActFormat::Q8_K ? 256 : 32;
+    for (double sigma : {1e-6, 1e-3, 1.0, 300.0}) {
+      std::vector<float> x = gaussian((size_t)bs * 9, rng, sigma);
+      x[5] = 0;
+      const std::vector<uint8_t> q = quantize_act(f, x);
+      const std::vector<double> dq = dequant_act(f, q.data(), (int64_t)x.size());
+      for (size_t b = 0; b < x.size() / bs; ++b) {
+        double amax = 0, d = 0;
+        for (int j = 0; j < bs; ++j) amax = std::max(amax, (double)std::fabs(x[b * bs + j]));
+        if (f == ActFormat::Q8_0) d = fp16_to_f32(reinterpret_cast<const BlockQ8_0*>(q.data())[b].d);
+        if (f == ActFormat::Q8_1) d = fp16_to_f32(reinterpret_cast<const ActBlockQ8_1*>(q.data())[b].d);
+        if (f == ActFormat::Q8_K) d = reinterpret_cast<const BlockQ8_K*>(q.data())[b].d;
+        ASSERT_NEAR(d, amax / 127, amax / 127 * 1e-3 + 3e-8);  // f16 rounding (and its subnormals)
+        // Half a step, plus what a rounded scale (f16 for Q8_0/Q8_1) loses at the block's extreme,
+        // clamped to 127 steps: everything when the f16 scale underflows to 0 (|x| < ~4e-6).
+        const double bound = d * 0.5 * (1 + 1e-6) + 127 * std::fabs(d - amax / 127) + 1e-30;
+        for (int j = 0; j < bs; ++j) {
+          ASSERT_LE(std::fabs(dq[b * bs + j] - x[b * bs + j]), bound)
+              << "format " << (int)f << " sigma " << sigma << " element " << b * bs + j;
+        }
+        if (f == ActFormat::Q8_1) {
+          const auto& blk = reinterpret_cast<const ActBlockQ8_1*>(q.data())[b];
+          int s = 0;
+          for (int j = 0; j < 32; ++j) s += blk.qs[j];
+          ASSERT_EQ(blk.sum, s);
+        }
+        if (f == ActFormat::Q8_K) {
+          const auto& blk = reinterpret_cast<const BlockQ8_K*>(q.data())[b];
+          for (int g = 0; g < 16; ++g) {
+            int s = 0;
+            for (int j = 0; j < 16; ++j) s += blk.qs[16 * g + j];
+            ASSERT_EQ(blk.bsums[g], s);
+          }
+          for (int j = 0; j < 256; ++j) ASSERT_GE(blk.qs[j], -127);
+        }
+      }
+    }
+  }
+}
+
+TEST(VecDotAct, Avx2QuantizerIsBitIdenticalToScalar) {
+  if (!have_avx2()) GTEST_SKIP() << "no AVX2";
+  Rng rng(12);
+  for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K}) {
+    for (double sigma : {1e-7, 1e-4, 0.01, 1.0, 1e3, 1e5}) {
+      std::vector<float> x = gaussian(256 * 5, rng, sigma);
+      for (size_t i = 0; i < x.size(); i += 97) x[i] = 0;
+      for (size_t i = 300; i < 340; ++i) x[i] = 0;                        // an all-zero block
+      for (size_t i = 512; i < 544; ++i) x[i] = (float)(i % 2 ? 1 : -1);  // ties at the extremes
+      std::vector<uint8_t> a(act_row_bytes(f, (int64_t)x.size())), b(a.size());
+      detail::quantize_act_row_scalar(f, x.data(), a.data(), (int64_t)x.size());
+      detail::quantize_act_row_avx2(f, x.data(), b.data(), (int64_t)x.size());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << "format " << (int)f << " sigma " << sigma;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Weight rows
+
+int64_t block_of(DType t) { return dtype_block_size(t); }
+
+// Offsets of the f16 scale fields within one block (overwritten with sane values in random blocks).
+std::vector<size_t> f16_fields(DType t) {
+  switch (t) {
+    case DType::Q4_0: return {offsetof(BlockQ4_0, d)};
+    case DType::Q4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::Q5_0: return {offsetof(BlockQ5_0, d)};
+    case DType::Q5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case DType::Q8_0: return {offsetof(BlockQ8_0, d)};
+    case DType::IQ4_NL: return {offsetof(BlockIQ4_NL, d)};
+    case DType::Q2_K: return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
+    case DType::Q3_K: return {offsetof(BlockQ3_K, d)};
+    case DType::Q4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case DType::Q5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case DType::Q6_K: return {offsetof(BlockQ6_K, d)};
+    case DType::IQ4_XS: return {offsetof(BlockIQ4_XS, d)};
+    default: return {};
+  }
+}
+
+// Every byte `fill` (or random when fill < 0), then sane f16 scales: all bit patterns of the levels.
+std::vector<uint8_t> pattern_row(DType t, int64_t n, Rng& rng, int fill) {
+  std::vector<uint8_t> row(dtype_row_bytes(t, n));
+  if (!dtype_traits(t).quantized) {  // plain types: finite random values
+    const std::vector<float> x = gaussian((size_t)n, rng, 3.0);
+    quantize_row_ref(t, x.data(), row.data(), n);
+    return row;
+  }
+  for (uint8_t& b : row) b = (uint8_t)(fill < 0 ? rng.next_u32() : (uint32_t)fill);
+  const size_t bb = dtype_block_bytes(t);
+  for (size_t blk = 0; blk < row.size() / bb; ++blk) {
+    for (size_t off : f16_fields(t)) {
+      const float v = (rng.next_u32() & 1 ? 1.f : -1.f) * rng.uniform(0.001f, 0.05f);
+      const uint16_t h = f32_to_fp16(v);
+      std::memcpy(row.data() + blk * bb + off, &h, 2);
+    }
+  }
+  return row;
+}
+
+std::vector<uint8_t> gaussian_row(DType t, int64_t n, Rng& rng) {
+  std::vector<float> x = gaussian((size_t)n, rng);
+  for (size_t i = 0; i < x.size(); i += 61) x[i] *= 8;  // a few outliers, as real weights have
+  std::vector<uint8_t> row(dtype_row_bytes(t, n));
+  quantize_row_ref(t, x.data(), row.data(), n);
+  return row;
+}
+
+std::vector<double> dequant_weight(DType t, const uint8_t* row, int64_t n) {
+  std::vector<float> f((size_t)n);
+  dequantize_row_ref(t, row, f.data(), n);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+double dot_ref(const std::vector<double>& w, const std::vector<double>& a) {
+  double s = 0;
+  for (size_t i = 0; i < w.size(); ++i) s += w[i] * a[i];
+  return s;
+}
+
+// A matrix product of n_w weight rows and n_a activation rows through every kernel we have.
+struct Case {
+  DType type;
+  int64_t n;
+  int n_w, n_a;
+  std::vector<uint8_t> w;            // n_w rows
+  std::vector<std::vector<float>> x; // n_a float activation rows
+  std::vector<uint8_t> a;            // n_a quantized rows
+  std::vector<double> ref, ref_float; // [c * n_w + r]: vs dequantized / un-quantized activations
+};
+
+Case make_case(DType t, int64_t n, int n_w, int n_a, uint64_t seed, int fill = -2, double act_sigma = 1.0,
+               bool act_sign_only = false) {
+  Rng rng(seed);
+  Case cs{t, n, n_w, n_a, {}, {}, {}, {}, {}};
+  const ActFormat f = act_format_for(t);
+  for (int r = 0; r < n_w; ++r) {
+    // fill -2: mostly quantized Gaussians plus one random-bytes row; otherwise the given pattern.
+    const std::vector<uint8_t> row = fill == -2 ? (r % 4 == 3 ? pattern_row(t, n, rng, -1) : gaussian_row(t, n, rng))
+                                                : pattern_row(t, n, rng, fill);
+    cs.w.insert(cs.w.end(), row.begin(), row.end());
+  }
+  for (int c = 0; c < n_a; ++c) {
+    std::vector<float> x = gaussian((size_t)n, rng, act_sigma);
+    if (act_sign_only) {
+      for (float& v : x) v = (float)(v < 0 ? -act_sigma : act_sigma);
+      if (c % 3 == 1) for (float& v : x) v = (float)act_sigma;
+      if (c % 3 == 2) for (float& v : x) v = (float)-act_sigma;
+    }
+    const std::vector<uint8_t> q = quantize_act(f, x);
+    cs.a.insert(cs.a.end(), q.begin(), q.end());
+    cs.x.push_back(std::move(x));
+  }
+  const size_t wb = dtype_row_bytes(t, n), ab = act_row_bytes(f, n);
+  cs.ref.resize((size_t)n_w * n_a);
+  cs.ref_float.resize(cs.ref.size());
+  for (int r = 0; r < n_w; ++r) {
+    const std::vector<double> wd = dequant_weight(t, cs.w.data() + r * wb, n);
+    for (int c = 0; c < n_a; ++c) {
+      cs.ref[(size_t)c * n_w + r] = dot_ref(wd, dequant_act(f, cs.a.data() + c * ab, n));
+      cs.ref_float[(size_t)c * n_w + r] = dot_ref(wd, std::vector<double>(cs.x[c].begin(), cs.x[c].end()));
+    }
+  }
+  return cs;
+}
+
+std::vector<float> run_single(const Case& cs, VecDotFn fn) {
+  const size_t wb = dtype_row_bytes(cs.type, cs.n), ab = act_row_bytes(act_format_for(cs.type), cs.n);
+  std::vector<float> y((size_t)cs.n_w * cs.n_a);
+  for (int r = 0; r < cs.n_w; ++r) {
+    for (int c = 0; c < cs.n_a; ++c) y[(size_t)c * cs.n_w + r] = fn(cs.w.data() + r * wb, cs.a.data() + c * ab, cs.n);
+  }
+  return y;
+}
+
+// Through the tile function with a padded output (ldy > n_w) whose padding must stay untouched.
+std::vector<float> run_tile(const Case& cs, VecDotTileFn fn) {
+  const size_t wb = dtype_row_bytes(cs.type, cs.n), ab = act_row_bytes(act_format_for(cs.type), cs.n);
+  const size_t ldy = (size_t)cs.n_w + 3;
+  std::vector<float> padded(ldy * cs.n_a, -12345.f);
+  fn(cs.w.data(), wb, cs.n_w, cs.a.data(), ab, cs.n_a, cs.n, padded.data(), ldy);
+  std::vector<float> y((size_t)cs.n_w * cs.n_a);
+  for (int c = 0; c < cs.n_a; ++c) {
+    for (size_t r = 0; r < ldy; ++r) {
+      if (r < (size_t)cs.n_w) y[(size_t)c * cs.n_w + r] = padded[c * ldy + r];
+      else EXPECT_EQ(padded[c * ldy + r], -12345.f) << "tile wrote outside its outputs";
+    }
+  }
+  return y;
+}
+
+double nmse_vs(const std::vector<float>& got, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Row length: an odd number of blocks (F32/F16/BF16: an odd length that exercises every tail).
+int64_t odd_length(DType t) { return block_of(t) == 1 ? 1003 : (block_of(t) == 32 ? 32 * 67 : 256 * 9); }
+
+// Kernel error bound (vs the dequantized activations): integer sums are exact, so only float rounding
+// of the per-block products and their sum remains. Activation-quantization bound (vs the float
+// activations): 8-bit activations with 127 levels per block give NMSE ~ 1e-5 on Gaussian data.
+// Measured: kernel NMSE 5e-15..4e-13 (Q4_1/Q5_1 highest: the offset term), float-activation NMSE
+// 2e-5..4e-5 for 32-element activation blocks and 4e-5..1.1e-4 for 256-element ones (their amax, so
+// their step, is larger); F32/F16/BF16 ~4e-14 (float summation order only).
+constexpr double kKernelNmse = 1e-11;
+double act_nmse_bound(DType t) {
+  switch (act_format_for(t)) {
+    case ActFormat::F32: return 1e-12;
+    case ActFormat::Q8_K: return 4e-4;
+    default: return 2e-4;
+  }
+}
+
+class VecDotType : public ::testing::TestWithParam<DType> {};
+
+TEST_P(VecDotType, MatchesReferenceOnRandomRows) {
+  const DType t = GetParam();
+  const Case cs = make_case(t, odd_length(t), 9, 7, 100 + (uint64_t)t);
+  const std::vector<float> ys = run_single(cs, vec_dot_scalar_fn(t));
+  const double e_s = nmse_vs(ys, cs.ref), e_sf = nmse_vs(ys, cs.ref_float);
+  EXPECT_LT(e_s, kKernelNmse) << "scalar vs reference";
+  EXPECT_LT(e_sf, act_nmse_bound(t)) << "scalar vs float activations";
+  EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_scalar_fn(t)), ys)) << "scalar tile differs from scalar dot";
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "  %-6s NMSE vs reference / vs float activations: scalar %.3g / %.3g", dtype_name(t).c_str(),
+                e_s, e_sf);
+  std::string line = buf;
+  if (have_avx2()) {
+    const VecDotFn fn = detail::avx2_dot(t);
+    ASSERT_NE(fn, nullptr) << "no AVX2 kernel";
+    const std::vector<float> ya = run_single(cs, fn);
+    const double e_a = nmse_vs(ya, cs.ref), e_af = nmse_vs(ya, cs.ref_float);
+    EXPECT_LT(e_a, kKernelNmse) << "AVX2 vs reference";
+    EXPECT_LT(e_af, act_nmse_bound(t)) << "AVX2 vs float activations";
+    EXPECT_LT(nmse(ya.data(), ys.data(), ya.size()), kKernelNmse) << "AVX2 vs scalar";
+    EXPECT_TRUE(same_bits(run_tile(cs, detail::avx2_tile(t)), ya)) << "AVX2 tile differs from AVX2 dot";
+    EXPECT_TRUE(same_bits(run_single(cs, fn), ya)) << "AVX2 dot not repeatable";
+    EXPECT_EQ(vec_dot_fn(t), fn);
+    std::snprintf(buf, sizeof buf, "; AVX2 %.3g / %.3g", e_a, e_af);
+    line += buf;
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+// Tiles of every shape the driver splits into (1..4 activation rows, several weight rows), short rows.
+TEST_P(VecDotType, TileShapesAreBitIdenticalToSingleDots) {
+  const DType t = GetParam();
+  const int64_t n = block_of(t) == 1 ? 37 : block_of(t);
+  for (int n_a : {1, 2, 3, 4, 5, 11}) {
+    const Case cs = make_case(t, n, 3, n_a, 200 + (uint64_t)n_a);
+    EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_scalar_fn(t)), run_single(cs, vec_dot_scalar_fn(t))));
+    EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_fn(t)), run_single(cs, vec_dot_fn(t)))) << "n_a " << n_a;
+    EXPECT_LT(nmse_vs(run_single(cs, vec_dot_fn(t)), cs.ref), kKernelNmse);
+  }
+}
+
+TEST_P(VecDotType, ZeroRowsGiveExactZero) {
+  const DType t = GetParam();
+  const int64_t n = odd_length(t);
+  const ActFormat f = act_format_for(t);
+  Rng rng(7);
+  const std::vector<uint8_t> zero_w(dtype_row_bytes(t, n), 0);  // all-zero bytes: every scale 0
+  const std::vector<uint8_t> rand_w = gaussian_row(t, n, rng);
+  const std::vector<uint8_t> zero_a = quantize_act(f, std::vector<float>((size_t)n, 0.f));
+  const std::vector<uint8_t> rand_a = quantize_act(f, gaussian((size_t)n, rng));
+  for (VecDotFn fn : {vec_dot_scalar_fn(t), vec_dot_fn(t)}) {
+    EXPECT_EQ(fn(zero_w.data(), rand_a.data(), n), 0.f);
+    EXPECT_EQ(fn(rand_w.data(), zero_a.data(), n), 0.f);
+  }
+}
+
+// Extreme levels (every byte 0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77, random) times activations at
+// +-127 (same signs, all positive, all negative), at several magnitudes: each output is checked
+// against the double reference, relative to sum |w a|, so an int16 saturation cannot hide.
+TEST_P(VecDotType, WorstCaseLevelsDoNotOverflow) {
+  const DType t = GetParam();
+  const int64_t n = block_of(t) == 1 ? 515 : block_of(t) * 3;
+  const ActFormat f = act_format_for(t);
+  int seed = 0;
+  for (int fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77, 0x11, -1}) {
+    for (double mag : {1e-3, 1.0, 3e4}) {
+      const Case cs = make_case(t, n, 2, 6, 300 + seed++, fill, mag, true);
+      const size_t wb = dtype_row_bytes(t, n), ab = act_row_bytes(f, n);
+      std::vector<std::vector<float>> outs = {run_single(cs, vec_dot_scalar_fn(t)), run_single(cs, vec_dot_fn(t)),
+                                              run_tile(cs, vec_dot_tile_fn(t))};
+      for (int r = 0; r < cs.n_w; ++r) {
+        const std::vector<double> wd = dequant_weight(t, cs.w.data() + r * wb, n);
+        for (int c = 0; c < cs.n_a; ++c) {
+          const std::vector<double> ad = dequant_act(f, cs.a.data() + c * ab, n);
+          double mass = 0;
+          for (int64_t i = 0; i < n; ++i) mass += std::fabs(wd[(size_t)i] * ad[(size_t)i]);
+          const double ref = cs.ref[(size_t)c * cs.n_w + r];
+          for (const auto& y : outs) {
+            ASSERT_LE(std::fabs(y[(size_t)c * cs.n_w + r] - ref), 1e-5 * mass + 1e-30)
+                << dtype_name(t) << " fill " << fill << " magnitude " << mag << " row " << r << " act " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+std::string type_param_name(const ::testing::TestParamInfo<DType>& info) { return dtype_name(info.param); }
+
+INSTANTIATE_TEST_SUITE_P(VecDot, VecDotType, ::testing::ValuesIn(kTypes), type_param_name);
+
+}  // namespace
+}  // namespace roofline::cpu
