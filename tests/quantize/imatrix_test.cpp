@@ -1,0 +1,243 @@
+// Importance matrices: collection through the engine's matmul observer (which weights, how many rows,
+// the means), both file formats round-tripping, merging, corrupt files refused with one line, and a
+// quantization with an imatrix from a text lowering the error that text sees.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/imatrix.h"
+#include "engine/perplexity.h"
+#include "formats/gguf.h"
+#include "formats/quant_ref.h"
+#include "model/model_file.h"
+#include "model/quantize.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace roofline;
+
+namespace {
+
+Imatrix random_imatrix(int chunk_size) {
+  Imatrix im(chunk_size);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.attn_k.weight"}) {
+    const int cols = name[6] == 'f' ? 96 : 64;
+    std::vector<float> x((size_t)40 * cols);
+    for (float& v : x) v = n(rng);
+    im.add(name, x.data(), 40, cols);
+    im.add(name, x.data(), 24, cols);
+  }
+  im.add_dataset("calib.txt");
+  return im;
+}
+
+std::string gpl_text() {
+  std::ifstream in("/usr/share/common-licenses/GPL-3", std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  return s.substr(0, std::min<size_t>(s.size(), 6000));
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+TEST(ImatrixTest, GgufRoundTrip) {
+  const Imatrix im = random_imatrix(64);
+  const std::string path = test::temp_dir() + "/im.gguf";
+  im.save(path, ImatrixFormat::Gguf);
+  // The layout llama.cpp writes: general.type, imatrix.* keys, <name>.in_sum2 and <name>.counts sorted by name.
+  auto f = gguf::GgufFile::open(path);
+  EXPECT_EQ(f->metadata().get_string("general.type"), "imatrix");
+  EXPECT_EQ(f->metadata().get_int("imatrix.chunk_size"), 64);
+  EXPECT_EQ(f->metadata().get_int("imatrix.chunk_count"), 1);  // 64 rows per entry
+  ASSERT_EQ(f->tensors().size(), 6u);
+  EXPECT_EQ(f->tensors()[0].name, "blk.0.attn_q.weight.in_sum2");
+  EXPECT_EQ(f->tensors()[1].name, "blk.0.attn_q.weight.counts");
+  EXPECT_EQ(f->tensors()[2].name, "blk.0.ffn_down.weight.in_sum2");
+  EXPECT_EQ(f->tensors()[0].n_dims, 1);
+  const Imatrix back = Imatrix::load(path);
+  ASSERT_EQ(back.entries().size(), im.entries().size());
+  for (const auto& [name, e] : im.entries()) {
+    const ImatrixEntry& b = back.entries().at(name);
+    EXPECT_EQ(b.counts, e.counts) << name;
+    ASSERT_EQ(b.sums.size(), e.sums.size());
+    for (size_t j = 0; j < e.sums.size(); ++j) EXPECT_NEAR(b.sums[j], e.sums[j], 1e-6 * e.sums[j]) << name;
+  }
+  EXPECT_EQ(back.datasets(), std::vector<std::string>{"calib.txt"});
+  EXPECT_EQ(back.chunk_count(), 1);
+}
+
+TEST(ImatrixTest, LegacyDatRoundTrip) {
+  const Imatrix im = random_imatrix(32);
+  const std::string path = test::temp_dir() + "/im.dat";
+  im.save(path, ImatrixFormat::Dat);
+  const Imatrix back = Imatrix::load(path, 32);
+  const ImportanceData a = im.importance("x"), b = back.importance("x");
+  ASSERT_EQ(a.values.size(), b.values.size());
+  for (const auto& [name, v] : a.values)
+    for (size_t j = 0; j < v.size(); ++j) EXPECT_NEAR(b.values.at(name)[j], v[j], 1e-5 * v[j]) << name;
+  // 64 rows in chunks of 32: ncall 2; stored as mean * ncall, reloaded as 2 * 32 rows.
+  EXPECT_EQ(back.entries().at("blk.0.attn_q.weight").counts[0], 64);
+  EXPECT_EQ(back.datasets().back(), "calib.txt");
+  // And GGUF -> dat -> GGUF keeps the means.
+  const std::string gg = test::temp_dir() + "/again.gguf";
+  back.save(gg, ImatrixFormat::Gguf);
+  const ImportanceData c = Imatrix::load(gg).importance("x");
+  for (const auto& [name, v] : a.values)
+    for (size_t j = 0; j < v.size(); ++j) EXPECT_NEAR(c.values.at(name)[j], v[j], 1e-5 * v[j]) << name;
+}
+
+TEST(ImatrixTest, MergeAddsSumsAndCounts) {
+  Imatrix a = random_imatrix(64);
+  const Imatrix b = random_imatrix(64);
+  a.merge(b);
+  const auto& e = a.entries().at("blk.1.attn_k.weight");
+  EXPECT_EQ(e.counts[0], 128);
+  EXPECT_NEAR(e.sums[3], 2 * b.entries().at("blk.1.attn_k.weight").sums[3], 1e-9);
+  EXPECT_EQ(a.chunk_count(), 2);
+}
+
+TEST(ImatrixTest, CorruptFilesAreRefused) {
+  const std::string dir = test::temp_dir();
+  auto expect_error = [](const std::string& path, const char* needle) {
+    try {
+      Imatrix::load(path);
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      EXPECT_NE(m.find(needle), std::string::npos) << m;
+    }
+  };
+  expect_error(dir + "/none.dat", "no such");
+  write_bytes(dir + "/text.dat", "hello, this is text and not an imatrix");
+  expect_error(dir + "/text.dat", "not an imatrix");
+  const Imatrix im = random_imatrix(64);
+  im.save(dir + "/good.dat", ImatrixFormat::Dat);
+  std::ifstream in(dir + "/good.dat", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  write_bytes(dir + "/cut.dat", bytes.substr(0, bytes.size() / 2));
+  expect_error(dir + "/cut.dat", "corrupt");
+  std::string negative = bytes;
+  const float minus = -1.f;
+  std::memcpy(negative.data() + 4 + 4 + 19 + 8, &minus, 4);  // the first value of the first entry
+  write_bytes(dir + "/neg.dat", negative);
+  expect_error(dir + "/neg.dat", "corrupt");
+  // A GGUF model is not an imatrix; a GGUF with half an entry is corrupt.
+  auto model = open_model_file("synthetic:tiny-qwen3:F32");
+  gguf::write_gguf(dir + "/model.gguf", model->metadata(), model->tensors());
+  expect_error(dir + "/model.gguf", "not an importance matrix");
+  gguf::Metadata md;
+  md.set("general.type", gguf::Value::string("imatrix"));
+  std::vector<float> sums(64, 1.f);
+  gguf::TensorInfo t;
+  t.name = "blk.0.attn_q.weight.in_sum2";
+  t.ne = {64, 1, 1, 1};
+  t.n_bytes = 256;
+  t.data = reinterpret_cast<const uint8_t*>(sums.data());
+  gguf::write_gguf(dir + "/half.gguf", md, {t});
+  expect_error(dir + "/half.gguf", "counts");
+}
+
+// The observer sees every layer matrix of the tiny model with the rows of each window.
+TEST(ImatrixTest, CollectsFromTheEngine) {
+  ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
+  auto model = Model::load(gguf::GgufFile::open(dir + "/qwen3-tiny512-F16.gguf"));
+  auto tok = Tokenizer::from_metadata(model->metadata());
+  EngineOptions eo;
+  eo.n_ctx = 512;
+  eo.n_batch = 256;
+  eo.n_threads = 2;
+  auto engine = Engine::create(model, eo);
+  const auto tokens = perplexity_tokens(*tok, gpl_text());
+  for (bool process_output : {false, true}) {
+    Imatrix im(128);
+    ImatrixRunOptions o;
+    o.n_ctx = 128;
+    o.n_chunks = 3;
+    o.process_output = process_output;
+    const ImatrixRunResult r = collect_imatrix(*engine, *tok, tokens, im, o);
+    EXPECT_EQ(r.n_chunk, 3);
+    EXPECT_GT(r.ppl, 100);  // a random model over 512 tokens
+    EXPECT_EQ(im.entries().size(), 14u + (process_output ? 1 : 0));  // 7 matrices x 2 layers (+ output)
+    EXPECT_EQ(im.entries().count("output.weight"), process_output ? 1u : 0u);
+    for (const auto& [name, e] : im.entries()) {
+      EXPECT_EQ(e.counts[0], 3 * 128) << name;
+      EXPECT_EQ(e.n_cols(), name.find("ffn_down") != std::string::npos ? 768 : 256) << name;
+      for (double s : e.sums) EXPECT_GT(s, 0) << name;
+    }
+    EXPECT_EQ(im.chunk_count(), 3);
+    // q, k and v see the same input.
+    EXPECT_EQ(im.entries().at("blk.1.attn_q.weight").sums, im.entries().at("blk.1.attn_v.weight").sums);
+  }
+}
+
+// An imatrix from the text lowers the activation-weighted error of the quantized matrices, i.e. the
+// error of their products with that text's activations.
+TEST(ImatrixTest, ImatrixLowersTheErrorItWeights) {
+  ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
+  auto file = gguf::GgufFile::open(dir + "/qwen3-tiny512-F16.gguf");
+  auto model = Model::load(file);
+  auto tok = Tokenizer::from_metadata(model->metadata());
+  EngineOptions eo;
+  eo.n_ctx = 512;
+  eo.n_threads = 2;
+  auto engine = Engine::create(model, eo);
+  Imatrix im(128);
+  ImatrixRunOptions ro;
+  ro.n_ctx = 128;
+  collect_imatrix(*engine, *tok, perplexity_tokens(*tok, gpl_text()), im, ro);
+  const ImportanceData imp = im.importance("gpl.imatrix");
+  int improved = 0, total = 0;
+  for (DType type : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::IQ4_XS}) {
+    for (const auto& [name, w] : imp.values) {
+      const auto& t = file->tensor(name);
+      std::vector<float> x((size_t)t.n_elements()), y(x.size()), z(x.size());
+      dequantize_rows_ref(t.type, t.data, x.data(), t.n_rows(), t.row_length());
+      std::vector<uint8_t> q(dtype_row_bytes(type, t.row_length()) * t.n_rows());
+      auto err = [&](const float* imp_vec, std::vector<float>& out) {
+        quantize_rows_ref(type, x.data(), q.data(), t.n_rows(), t.row_length(), imp_vec);
+        dequantize_rows_ref(type, q.data(), out.data(), t.n_rows(), t.row_length());
+        double e = 0;
+        for (size_t i = 0; i < x.size(); ++i) e += w[i % t.row_length()] * (double)(x[i] - out[i]) * (x[i] - out[i]);
+        return e;
+      };
+      const double plain = err(nullptr, y), weighted = err(w.data(), z);
+      improved += weighted < plain;
+      ++total;
+      EXPECT_LT(weighted, 1.02 * plain) << dtype_name(type) << " " << name;
+    }
+  }
+  EXPECT_GE(improved, total * 9 / 10);
+}
+
+// quantize --imatrix through the library: the metadata records it, the rules change, it loads back.
+TEST(ImatrixTest, QuantizeWithImatrix) {
+  ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
+  auto file = gguf::GgufFile::open(dir + "/qwen3-tiny512-F16.gguf");
+  const std::string out = test::temp_dir();
+  const std::string text = out + "/gpl.txt";
+  write_bytes(text, gpl_text());
+  auto r = test::run_cli({"imatrix", "-m", dir + "/qwen3-tiny512-F16.gguf", "-f", text, "-o", out + "/im.gguf", "-c", "128", "-t", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = test::run_cli({"imatrix", "-m", dir + "/qwen3-tiny512-F16.gguf", "-f", text, "-o", out + "/im.dat", "-c", "128",
+                     "--output-format", "dat", "-t", "2", "--chunks", "5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Imatrix::load(out + "/im.dat", 128).chunk_count(), 5);
+  r = test::run_cli({"quantize", "--imatrix", out + "/im.gguf", dir + "/qwen3-tiny512-F16.gguf", out + "/q.gguf", "IQ4_XS", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto q = gguf::GgufFile::open(out + "/q.gguf");
+  EXPECT_EQ(q->metadata().get_string("quantize.imatrix.file"), out + "/im.gguf");
+  EXPECT_EQ(q->metadata().get_int("quantize.imatrix.entries_count"), 14);
+  EXPECT_GT(q->metadata().get_int("quantize.imatrix.chunks_count"), 20);
+  EXPECT_NO_THROW(Model::load(q));
+}
