@@ -22,17 +22,19 @@ void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool) {
   ROOFLINE_CHECK(act.format() == act_format_for(w.type()));
   const int64_t n_out = w.rows(), n_in = w.cols();
   const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
-  const VecDotFn dot = vec_dot_fn(w.type());
+  const VecDotTileFn tile = vec_dot_tile_fn(w.type());
   const int n_act = act.n_rows();
   const uint8_t* wdata = w.data();
   if (!wdata) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
-  constexpr int64_t kChunk = 16;  // output rows per task
-  const size_t n_chunks = (size_t)((n_out + kChunk - 1) / kChunk);
+  constexpr int64_t kRowChunk = 16;  // output rows per task
+  constexpr int kActTile = 16;       // activation rows per tile call (kept cache-resident)
+  const size_t n_chunks = (size_t)((n_out + kRowChunk - 1) / kRowChunk);
   pool.parallel_for(n_chunks, [&](size_t c) {
-    const int64_t r0 = (int64_t)c * kChunk, r1 = std::min(n_out, r0 + kChunk);
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* wr = wdata + (size_t)r * w_row_bytes;
-      for (int t = 0; t < n_act; ++t) y[(size_t)t * n_out + r] = dot(wr, act.row(t), n_in);
+    const int64_t r0 = (int64_t)c * kRowChunk, r1 = std::min(n_out, r0 + kRowChunk);
+    for (int t0 = 0; t0 < n_act; t0 += kActTile) {
+      const int n_a = std::min(kActTile, n_act - t0);
+      tile(wdata + (size_t)r0 * w_row_bytes, w_row_bytes, (int)(r1 - r0), act.row(t0), act.row_stride(), n_a, n_in,
+           y + (size_t)t0 * n_out + r0, (size_t)n_out);
     }
   });
 }

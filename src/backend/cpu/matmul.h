@@ -20,6 +20,7 @@ class ActRows {
   ActFormat format() const { return format_; }
   const uint8_t* row(int r) const { return data_.data() + (size_t)r * row_bytes_; }
   int n_rows() const { return n_rows_; }
+  size_t row_stride() const { return row_bytes_; }
 
  private:
   ActFormat format_ = ActFormat::F32;
