@@ -84,6 +84,7 @@ int run(int argc, char** argv) {
   imatrix.add_dataset(text_file);
   const ImatrixRunResult r = collect_imatrix(*engine, *tokenizer, tokens, imatrix, o);
   std::printf("\n");
+  std::fflush(stdout);
   if (!no_ppl) log_info("Final estimate: PPL = {:.4f}", r.ppl);
   imatrix.save(out, fmt_out);
   log_info("wrote {} ({} entries, {} chunks of {}) in {:.1f} s", out, imatrix.entries().size(), imatrix.chunk_count(), n_ctx, r.seconds);

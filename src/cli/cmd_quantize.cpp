@@ -70,31 +70,26 @@ int run(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads (default: all cores)");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
 
-  // IN [OUT] TYPE [NTHREADS], as llama-quantize reads them.
-  std::string in_path, out_path, type_name;
-  std::vector<std::string> args = positional;
-  if (args.size() >= 3 && parse_mix(args[2]) == nullptr && parse_mix(args[1]) != nullptr) {
-    // IN TYPE NTHREADS
-    threads = std::atoi(args[2].c_str());
-    args.pop_back();
-  }
-  if (args.size() == 4) {
-    char* end = nullptr;
-    const long n = std::strtol(args[3].c_str(), &end, 10);
-    if (*end || n <= 0) fail("bad thread count '{}'", args[3]);
-    threads = (int)n;
-    args.pop_back();
-  }
-  if (args.size() == 2) {
-    in_path = args[0];
-    type_name = args[1];
-  } else if (args.size() == 3) {
-    in_path = args[0];
-    out_path = args[1];
-    type_name = args[2];
+  // IN [OUT] TYPE [NTHREADS], as llama-quantize reads them: when the second word is a type, OUT is
+  // left out (IN's folder/ggml-model-TYPE.gguf).
+  std::string in_path = positional[0], out_path, type_name;
+  size_t next = 1;
+  if (positional.size() < 2) fail("usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS]");
+  if (parse_mix(positional[1])) {
+    type_name = positional[next++];
   } else {
-    fail("usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS]");
+    out_path = positional[next++];
+    if (next >= positional.size()) fail("no quantization type given (one of: {})", mix_names());
+    type_name = positional[next++];
   }
+  if (next < positional.size()) {
+    char* end = nullptr;
+    const long n = std::strtol(positional[next].c_str(), &end, 10);
+    if (*end || n <= 0 || n > 4096) fail("bad thread count '{}'", positional[next]);
+    threads = (int)n;
+    ++next;
+  }
+  if (next < positional.size()) fail("unexpected argument '{}' (usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS])", positional[next]);
   const QuantMix* mix = parse_mix(type_name);
   if (!mix) fail("unknown quantization type '{}' (one of: {})", type_name, mix_names());
   if (out_path.empty()) {

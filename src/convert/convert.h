@@ -17,7 +17,9 @@ namespace roofline::convert {
 struct ConvertOptions {
   std::string source;             // a Hugging Face folder, or a llama2.c checkpoint file
   std::string output;             // OUT.gguf
-  std::string outtype = "auto";   // auto | f32 | f16 | bf16 | q8_0
+  // auto | f32 | f16 | bf16 | q8_0. auto is llama.cpp's --outtype auto for HF folders (f16 when the token
+  // embedding is f16, else bf16, so bf16 and f32 sources give bf16) and f32 (lossless) for llama2.c.
+  std::string outtype = "auto";
   std::string pre;                // tokenizer.ggml.pre override (HF only)
   std::string tokenizer;          // llama2.c: tok.bin (required); HF: a tokenizer.json other than SRC's
   int n_threads = 0;              // 0: all cores

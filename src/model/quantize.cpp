@@ -3,6 +3,9 @@
 // GgufWriter (temporary file renamed by finish(); removed by its destructor on any error).
 #include "model/quantize.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +37,20 @@ int int_hparam(const gguf::Metadata& md, const std::string& key, int fallback) {
     return (int)best;
   }
   return (int)v->as_int(key);
+}
+
+// Asks the kernel to reclaim the pages of an input range already consumed (clean file pages are
+// dropped and re-read if touched again; MADV_PAGEOUT never loses data, so memory images are safe
+// too), so the resident memory stays near one chunk whatever the model size.
+void release_input(const gguf::GgufFile& in, const uint8_t* p, size_t n) {
+#ifdef MADV_PAGEOUT
+  if (in.in_memory() || n == 0) return;
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + n) / page * page;
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_PAGEOUT);
+#else
+  (void)in, (void)p, (void)n;
+#endif
 }
 
 bool half_is_finite(uint16_t h) { return (h & 0x7c00) != 0x7c00; }
@@ -270,6 +287,7 @@ QuantizeResult quantize_model(const gguf::GgufFile& in, const std::string& out_p
         if (cancelled()) fail("interrupted; no output was written");
         const size_t n = std::min(chunk_bytes, p.in_bytes - off);
         writer.write_tensor_data(i, p.source->data + off, n);
+        release_input(in, p.source->data + off, n);
         report((double)(off + n) / p.in_bytes, false);
       }
     } else {
@@ -301,6 +319,7 @@ QuantizeResult quantize_model(const gguf::GgufFile& in, const std::string& out_p
         });
         if (cancelled()) fail("interrupted; no output was written");
         writer.write_tensor_data(i, buffer.data(), buffer.size());
+        release_input(in, p.source->data + (size_t)r0 * in_row, (size_t)(r1 - r0) * in_row);
         report((double)r1 / n_rows, false);
       }
     }

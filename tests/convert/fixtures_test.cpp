@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 #include "formats/gguf.h"
 #include "formats/quant_ref.h"
 #include "model/quant_mix.h"
+#include "model/quantize.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,8 +68,9 @@ Fixture load_fixture(const std::string& dir) {
   return f;
 }
 
-// Q4_K_M from a converted file with llama.cpp's mix rules (model/quant_mix.h) and the reference quantizers.
-void quantize_q4_k_m(const std::string& in_path, const std::string& out_path) {
+// Q4_K_M written tensor by tensor from the mix table (model/quant_mix.h) and the reference quantizers,
+// independently of `roofline quantize`: a cross-check of its output.
+void quantize_q4_k_m_by_hand(const std::string& in_path, const std::string& out_path) {
   auto in = gguf::GgufFile::open(in_path);
   const auto& md = in->metadata();
   const std::string arch = md.get_string("general.architecture");
@@ -107,8 +110,11 @@ std::string converted(const std::string& src, const std::string& outtype, const 
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   const std::string out = test::temp_dir() + "/" + fs::path(src).stem().string() + "-" + outtype + ".gguf";
-  if (outtype == "q4_k_m") {
-    quantize_q4_k_m(converted(src, "f32", tokenizer), out);
+  if (outtype == "q4_k_m") {  // `roofline quantize`'s library entry, from the f32 file
+    QuantizeOptions q;
+    q.mix = find_mix("Q4_K_M");
+    q.n_threads = 2;
+    quantize_model(*gguf::GgufFile::open(converted(src, "f32", tokenizer)), out, q);
   } else {
     convert::ConvertOptions o;
     o.source = src;
@@ -267,6 +273,27 @@ TEST(FixturesTest, ConvertedMetadataAndTokenizer) {
     auto tok = Tokenizer::from_metadata(md);
     EXPECT_EQ(tok->encode(fx.expected["prompt_text"].get<std::string>(), true),
               fx.expected["prompt_text_tokens"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST(FixturesTest, QuantizeQ4KMMatchesTheMixTableByHand) {
+  for (const char* name : {"llama_f32", "qwen3_kq_f16"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = fixtures_dir() + "/hf/" + name;
+    const std::string by_hand = test::temp_dir() + "/" + name + "-by-hand.gguf";
+    quantize_q4_k_m_by_hand(converted(dir, "f32"), by_hand);
+    auto a = gguf::GgufFile::open(converted(dir, "q4_k_m"));
+    auto b = gguf::GgufFile::open(by_hand);
+    ASSERT_EQ(a->tensors().size(), b->tensors().size());
+    int k_quants = 0;
+    for (const auto& t : b->tensors()) {
+      const auto& u = a->tensor(t.name);
+      EXPECT_EQ(dtype_name(u.type), dtype_name(t.type)) << t.name;
+      EXPECT_EQ(u.n_bytes, t.n_bytes) << t.name;
+      if (u.n_bytes == t.n_bytes) EXPECT_EQ(0, std::memcmp(u.data, t.data, t.n_bytes)) << t.name;
+      k_quants += t.type == DType::Q4_K || t.type == DType::Q6_K;
+    }
+    if (std::string(name) == "qwen3_kq_f16") EXPECT_EQ(k_quants, 15) << "every matrix of the 256-multiple fixture is a K-quant";
   }
 }
 
