@@ -1,12 +1,19 @@
-// KvCache bookkeeping: block allocation with reference counts, sequence growth, forking and truncation.
+// KvCache bookkeeping: block allocation with reference counts, sequence growth, forking and truncation,
+// and the prefix index of full blocks that prompt caching adopts from (evicted least recently used first).
 #include "engine/kv_cache.h"
+
+#include <algorithm>
 
 #include "core/error.h"
 
 namespace roofline {
 
-KvCache::KvCache(int n_blocks, int block_size) : block_size_(block_size), refs_(n_blocks, 0) {
+KvCache::KvCache(int n_blocks, int block_size) : block_size_(block_size), refs_(std::max(n_blocks, 0), 0) {
   if (n_blocks <= 0 || block_size <= 0) fail("KV cache needs at least one block of at least one position");
+  block_hash_.assign(n_blocks, 0);
+  block_tokens_.resize(n_blocks);
+  lru_pos_.resize(n_blocks);
+  in_lru_.assign(n_blocks, 0);
   free_.reserve(n_blocks);
   for (int b = n_blocks - 1; b >= 0; --b) free_.push_back(b);  // hand out low ids first
 }
@@ -23,6 +30,11 @@ KvCache::Sequence& KvCache::get(int seq) {
 }
 
 int KvCache::allocate_block() {
+  if (free_.empty()) {  // evict the least recently used cached block
+    ROOFLINE_CHECK(!lru_.empty());
+    const int32_t victim = lru_.front();
+    unindex_block(victim);
+  }
   ROOFLINE_CHECK(!free_.empty());
   const int b = free_.back();
   free_.pop_back();
@@ -32,7 +44,96 @@ int KvCache::allocate_block() {
 
 void KvCache::release_block(int block) {
   ROOFLINE_CHECK(refs_[block] > 0, "block {} released twice", block);
-  if (--refs_[block] == 0) free_.push_back(block);
+  if (--refs_[block] > 0) return;
+  if (block_hash_[block] != 0) {  // stays cached until the pool needs it
+    lru_pos_[block] = lru_.insert(lru_.end(), block);
+    in_lru_[block] = 1;
+  } else {
+    free_.push_back(block);
+  }
+}
+
+void KvCache::unindex_block(int block) {
+  auto it = index_.find(block_hash_[block]);
+  if (it != index_.end() && it->second == block) index_.erase(it);
+  block_hash_[block] = 0;
+  block_tokens_[block].clear();
+  if (in_lru_[block]) {
+    lru_.erase(lru_pos_[block]);
+    in_lru_[block] = 0;
+    free_.push_back(block);
+  }
+}
+
+uint64_t KvCache::chain_hash(uint64_t parent, std::span<const int32_t> block_tokens) const {
+  // splitmix64-style mixing of the parent hash and every token id; 0 is reserved for "not indexed".
+  auto mix = [](uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = mix(parent ^ 0x5851F42D4C957F2Dull);
+  for (int32_t t : block_tokens) h = mix(h ^ (uint64_t)(uint32_t)t);
+  return h ? h : 1;
+}
+
+void KvCache::cache_blocks(int seq, std::span<const int32_t> tokens) {
+  const Sequence& s = get(seq);
+  const size_t n = std::min(tokens.size(), (size_t)s.length);
+  const size_t full = n / (size_t)block_size_;
+  uint64_t h = 0;
+  for (size_t i = 0; i < full; ++i) {
+    const auto block = tokens.subspan(i * block_size_, block_size_);
+    h = chain_hash(h, block);
+    const int32_t b = s.blocks[i];
+    if (block_hash_[b] != 0 || index_.count(h)) continue;
+    index_.emplace(h, b);
+    block_hash_[b] = h;
+    block_tokens_[b].assign(block.begin(), block.end());
+  }
+}
+
+int KvCache::match_prefix(std::span<const int32_t> tokens, int max_blocks, int* unreferenced) const {
+  int n = 0, unref = 0;
+  uint64_t h = 0;
+  for (size_t i = 0; (int)i < max_blocks && (i + 1) * block_size_ <= tokens.size(); ++i) {
+    const auto block = tokens.subspan(i * block_size_, block_size_);
+    h = chain_hash(h, block);
+    auto it = index_.find(h);
+    if (it == index_.end()) break;
+    const auto& stored = block_tokens_[it->second];
+    if (!std::equal(stored.begin(), stored.end(), block.begin(), block.end())) break;
+    ++n;
+    if (refs_[it->second] == 0) ++unref;
+  }
+  if (unreferenced) *unreferenced = unref;
+  return n;
+}
+
+int KvCache::adopt_prefix(int seq, std::span<const int32_t> tokens, int max_blocks) {
+  Sequence& s = get(seq);
+  if (s.length != 0 || !s.blocks.empty()) fail("sequence {} must be empty to adopt a cached prefix", seq);
+  const int n = match_prefix(tokens, max_blocks);
+  uint64_t h = 0;
+  for (int i = 0; i < n; ++i) {
+    h = chain_hash(h, tokens.subspan((size_t)i * block_size_, block_size_));
+    const int32_t b = index_.at(h);
+    if (in_lru_[b]) {
+      lru_.erase(lru_pos_[b]);
+      in_lru_[b] = 0;
+    }
+    ++refs_[b];
+    s.blocks.push_back(b);
+  }
+  s.length = n * block_size_;
+  return s.length;
+}
+
+void KvCache::clear_prefix_cache() {
+  std::vector<int32_t> blocks;
+  for (const auto& [h, b] : index_) blocks.push_back(b);
+  for (int32_t b : blocks) unindex_block(b);
 }
 
 int KvCache::create_sequence() {
@@ -43,7 +144,8 @@ int KvCache::create_sequence() {
 
 void KvCache::free_sequence(int seq) {
   Sequence& s = get(seq);
-  for (int32_t b : s.blocks) release_block(b);
+  // Last block first: cached blocks of a prefix are then evicted from the end of the chain first.
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) release_block(*it);
   seqs_.erase(seq);
 }
 
@@ -51,7 +153,7 @@ KvCache::Fork KvCache::fork_sequence(int seq) {
   const Sequence src = get(seq);  // copy: the map may rehash below
   const int full = src.length / block_size_;
   const bool partial = src.length % block_size_ != 0;
-  if (partial && free_.empty()) fail("no free KV block to fork sequence {}", seq);
+  if (partial && free_blocks() == 0) fail("no free KV block to fork sequence {}", seq);
   const int id = next_seq_++;
   Sequence dst;
   dst.length = src.length;
@@ -85,6 +187,8 @@ int KvCache::truncate(int seq, int length) {
     release_block(s.blocks.back());
     s.blocks.pop_back();
     s.length = (int)s.blocks.size() * block_size_;
+  } else if (length % block_size_ != 0 && block_hash_[s.blocks.back()] != 0) {
+    unindex_block(s.blocks.back());  // it will be written again: its cached content no longer holds
   }
   return s.length;
 }
@@ -101,7 +205,7 @@ int KvCache::blocks_needed(int seq, int n_new) const {
 
 bool KvCache::reserve(int seq, int n_new) {
   const int need = blocks_needed(seq, n_new);
-  if (need > (int)free_.size()) return false;
+  if (need > free_blocks()) return false;
   Sequence& s = get(seq);
   for (int i = 0; i < need; ++i) s.blocks.push_back(allocate_block());
   return true;

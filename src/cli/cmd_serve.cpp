@@ -1,0 +1,287 @@
+// `roofline serve -m MODEL [--host H] [--port P] [-np N] [-c CTX] ...`: the OpenAI-compatible server,
+// with llama-server's flag names and LLAMA_ARG_* environment variables. It listens first (/health is
+// 503 while the model loads), then serves; SIGINT/SIGTERM stop accepting, let running requests
+// finish (a second signal, or the grace period, cancels them) and exit cleanly.
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "serve/server.h"
+
+namespace roofline::cli {
+namespace {
+
+using serve::json;
+
+int g_signal_pipe[2] = {-1, -1};  // the signal handler's only way out (async-signal-safe)
+
+void on_signal(int) {
+  const char c = 1;
+  const ssize_t n = write(g_signal_pipe[1], &c, 1);
+  (void)n;
+}
+
+// Waits up to timeout_ms (-1: forever) for a signal; true when one came.
+bool wait_signal(int timeout_ms) {
+  pollfd p{g_signal_pipe[0], POLLIN, 0};
+  for (;;) {
+    const int r = poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    char buf[16];
+    const ssize_t n = read(g_signal_pipe[0], buf, sizeof buf);
+    (void)n;
+    return true;
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> split_keys(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string k;
+  while (std::getline(ss, k, ',')) {
+    while (!k.empty() && (k.back() == ' ' || k.back() == '\n' || k.back() == '\r')) k.pop_back();
+    while (!k.empty() && k.front() == ' ') k.erase(0, 1);
+    if (!k.empty()) out.push_back(k);
+  }
+  return out;
+}
+
+// A ChatML template for models that carry none (llama-server falls back to chatml too).
+const char* kChatMlTemplate =
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+// llama.cpp's `-fa` and `-cb` may stand alone or take on/off/auto: give the bare form a value.
+std::vector<std::string> fill_optional_values(std::vector<std::string> args) {
+  static const char* kOptional[] = {"--flash-attn", "--cont-batching"};
+  static const char* kValues[] = {"on", "off", "auto", "1", "0", "true", "false", "enabled", "disabled"};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    out.push_back(args[i]);
+    for (const char* o : kOptional) {
+      if (args[i] != o) continue;
+      const bool has_value = i + 1 < args.size() && std::find(std::begin(kValues), std::end(kValues), args[i + 1]) != std::end(kValues);
+      if (!has_value) out.push_back("on");
+    }
+  }
+  return out;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"OpenAI-compatible server with parallel slots and continuous batching (a drop-in for llama-server)"};
+  ModelArgs margs;
+  add_model_options(app, margs);
+  serve::ServerOptions so;
+  std::string api_key, api_key_file, alias, template_file, template_text, template_kwargs, flash_attn = "auto",
+      cont_batching = "on", reasoning_format = "auto";
+  int n_parallel = 4, queue_size = -1, n_predict = -1, ubatch = 512, shutdown_grace = 30;
+  bool no_prompt_cache = false, jinja = true, no_webui = false, kv_unified = true;
+  SamplingParams sp;
+  sp.seed = 0xFFFFFFFFu;
+  int64_t seed = -1;
+  double body_mib = 16;
+  app.add_option("--host", so.host, "address to listen on")->capture_default_str()->envname("LLAMA_ARG_HOST");
+  app.add_option("--port", so.port, "port to listen on (0: any free port)")->capture_default_str()->envname("LLAMA_ARG_PORT");
+  app.add_option("--parallel", n_parallel, "parallel slots (-np)")->capture_default_str()->envname("LLAMA_ARG_N_PARALLEL");
+  app.add_option("--queue-size", queue_size, "requests that may wait for a slot (default 4 x slots); beyond: 503")
+      ->envname("LLAMA_ARG_QUEUE_SIZE");
+  app.add_option("--api-key", api_key, "API key(s), comma-separated; clients send Authorization: Bearer KEY")->envname("LLAMA_API_KEY");
+  app.add_option("--api-key-file", api_key_file, "file with one API key per line");
+  app.add_option("--alias", alias, "model name in responses and /v1/models")->envname("LLAMA_ARG_ALIAS");
+  app.add_option("--chat-template-file", template_file, "Jinja chat template to use instead of the model's")
+      ->envname("LLAMA_ARG_CHAT_TEMPLATE_FILE");
+  app.add_option("--chat-template", template_text, "Jinja chat template text to use instead of the model's")
+      ->envname("LLAMA_ARG_CHAT_TEMPLATE");
+  app.add_option("--chat-template-kwargs", template_kwargs, "JSON object of extra template variables, e.g. {\"enable_thinking\":false}")
+      ->envname("LLAMA_CHAT_TEMPLATE_KWARGS");
+  app.add_option("--reasoning-format", reasoning_format, "auto|deepseek: <think> text goes to reasoning_content; none: left in content")
+      ->capture_default_str()->envname("LLAMA_ARG_THINK");
+  app.add_flag("--metrics", so.metrics, "enable GET /metrics (Prometheus)")->envname("LLAMA_ARG_ENDPOINT_METRICS");
+  app.add_flag("--slots,!--no-slots", so.slots, "GET /slots (on by default)")->envname("LLAMA_ARG_ENDPOINT_SLOTS");
+  app.add_option("--timeout", so.timeout_s, "read/write timeout of a connection in seconds (-to)")
+      ->capture_default_str()->envname("LLAMA_ARG_TIMEOUT");
+  app.add_option("--threads-http", so.threads_http, "resident HTTP worker threads (default max(np + 4, cores - 1); more start on demand)")
+      ->envname("LLAMA_ARG_THREADS_HTTP");
+  app.add_option("--max-body-size", body_mib, "largest request body in MiB (beyond: 413)")->capture_default_str();
+  app.add_option("--flash-attn", flash_attn, "accepted for llama.cpp compatibility (-fa); roofline's attention is always fused")
+      ->envname("LLAMA_ARG_FLASH_ATTN");
+  app.add_option("--ubatch-size", ubatch, "accepted for compatibility (-ub); steps are sized by -b")->envname("LLAMA_ARG_UBATCH");
+  app.add_option("--cont-batching", cont_batching, "continuous batching is always on (-cb)")->envname("LLAMA_ARG_CONT_BATCHING");
+  app.add_flag("--no-cont-batching", [](int64_t) {}, "ignored: continuous batching is always on");
+  app.add_flag("--jinja,!--no-jinja", jinja, "Jinja chat templates (always on)");
+  app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI)");
+  app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
+  app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
+  app.add_option("--shutdown-grace", shutdown_grace, "seconds running requests may take to finish after SIGINT/SIGTERM")
+      ->capture_default_str();
+  app.add_option("-n,--n-predict", n_predict, "default most tokens to generate (-1: until end of generation)")
+      ->capture_default_str()->envname("LLAMA_ARG_N_PREDICT");
+  app.add_option("--temp", sp.temperature, "default temperature")->capture_default_str();
+  app.add_option("--top-k", sp.top_k, "default top-k (0: off)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p, "default top-p")->capture_default_str();
+  app.add_option("--min-p", sp.min_p, "default min-p")->capture_default_str();
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "default repetition penalty")->capture_default_str();
+  app.add_option("--repeat-last-n", sp.repeat_last_n, "default penalty window")->capture_default_str();
+  app.add_option("--presence-penalty", sp.presence_penalty, "default presence penalty")->capture_default_str();
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "default frequency penalty")->capture_default_str();
+  app.add_option("-s,--seed", seed, "default seed (-1: random)")->capture_default_str();
+  {
+    auto args = fill_optional_values(normalize_llama_flags(argc, argv));
+    std::vector<const char*> cargs;
+    for (auto& s : args) cargs.push_back(s.c_str());
+    try {
+      app.parse((int)cargs.size(), cargs.data());
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+  }
+  (void)ubatch;
+  (void)jinja;
+  (void)no_webui;
+  (void)kv_unified;
+  if (n_parallel <= 0) n_parallel = 4;  // llama-server: -1 means auto (4)
+  if (queue_size < 0) queue_size = 4 * n_parallel;
+  if (seed != -1) sp.seed = (uint64_t)seed;
+  so.n_slots = n_parallel;
+  so.queue_size = queue_size;
+  so.max_body_bytes = (size_t)(std::max(0.001, body_mib) * 1048576.0);
+  so.api_keys = split_keys(api_key);
+  if (!api_key_file.empty()) {
+    std::stringstream ss(read_text_file(api_key_file));
+    std::string line;
+    while (std::getline(ss, line))
+      for (auto& k : split_keys(line)) so.api_keys.push_back(k);
+  }
+  if (reasoning_format != "auto" && reasoning_format != "deepseek" && reasoning_format != "none" && reasoning_format != "deepseek-legacy")
+    fail("--reasoning-format '{}': use auto, deepseek or none", reasoning_format);
+  json kwargs = json::object();
+  if (!template_kwargs.empty()) {
+    try {
+      kwargs = json::parse(template_kwargs);
+    } catch (const json::exception& e) {
+      fail("--chat-template-kwargs is not valid JSON: {}", e.what());
+    }
+    if (!kwargs.is_object()) fail("--chat-template-kwargs must be a JSON object");
+  }
+
+  if (pipe(g_signal_pipe) != 0) fail("cannot create the signal pipe");
+  std::signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  serve::Server server(so);
+  const int port = server.bind();
+  server.start();
+  log_info("listening on http://{}:{} (health answers 503 until the model is loaded)", so.host, port);
+  // A line tools can wait for (tests start the server on port 0 and read the port from it).
+  std::fprintf(stdout, "roofline serve: listening on %s:%d\n", so.host.c_str(), port);
+  std::fflush(stdout);
+
+  // Load the model while /health says 503.
+  std::shared_ptr<const Model> model;
+  std::unique_ptr<Engine> engine;
+  auto mc = std::make_unique<serve::ModelContext>();
+  try {
+    model = load_model(margs);
+    const HParams& hp = model->hparams();
+    if (margs.n_ctx == 0) {
+      margs.n_ctx = std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 16384);
+    } else if (hp.n_ctx_train > 0 && margs.n_ctx > hp.n_ctx_train) {
+      log_warn("-c {} is more than the model's trained context {}; using {}", margs.n_ctx, hp.n_ctx_train, hp.n_ctx_train);
+      margs.n_ctx = hp.n_ctx_train;
+    }
+    engine = create_engine(model, margs);
+    for (const std::string& line : engine->report()) log_info("{}", line);
+    mc->tokenizer = load_tokenizer(*model);
+    std::string source = chat_template_from_metadata(model->metadata());
+    if (!template_file.empty()) source = read_text_file(template_file);
+    else if (!template_text.empty()) source = template_text;
+    if (source.empty()) {
+      log_warn("the model has no chat template; using ChatML");
+      source = kChatMlTemplate;
+    }
+    mc->chat_template = std::make_unique<ChatTemplate>(source);
+    mc->chat_template_source = source;
+    mc->thinking_template = reasoning_format != "none" && source.find("<think>") != std::string::npos;
+    mc->default_template_kwargs = kwargs;
+    mc->model_path = margs.model;
+    mc->model_id = alias.empty() ? margs.model : alias;
+    mc->n_ctx = engine->options().n_ctx;
+    mc->n_ctx_train = hp.n_ctx_train;
+    mc->n_vocab = hp.n_vocab;
+    mc->n_embd = hp.n_embd;
+    mc->n_params = model->n_params();
+    mc->size_bytes = model->file().file_size();
+    mc->n_slots = n_parallel;
+    mc->default_sampling = sp;
+    mc->default_n_predict = n_predict;
+  } catch (const std::exception& e) {
+    log_error("cannot load the model: {}", e.what());
+    server.stop();
+    return 1;
+  }
+
+  serve::EngineRunner runner(*engine);
+  serve::TokenizerText text(mc->tokenizer);
+  serve::Metrics metrics;
+  serve::SchedulerOptions sched_opt;
+  sched_opt.n_slots = n_parallel;
+  sched_opt.queue_size = queue_size;
+  sched_opt.prompt_cache = !no_prompt_cache;
+  serve::Scheduler scheduler(runner, text, sched_opt, &metrics);
+  scheduler.start();
+  server.set_ready(mc.get(), &scheduler, &metrics);
+  log_info("ready: model {}, {} slots, context {} tokens shared by all slots (KV blocks of {}), queue {}, batch {}", mc->model_id,
+           n_parallel, mc->n_ctx, engine->kv_cache().block_size(), queue_size, engine->options().n_batch);
+
+  wait_signal(-1);
+  log_info("shutting down: no new requests; waiting up to {} s for {} running ones", shutdown_grace,
+           scheduler.status().requests_processing);
+  server.begin_shutdown();
+  scheduler.stop(false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(std::max(0, shutdown_grace));
+  for (;;) {
+    if (scheduler.drain(std::chrono::milliseconds(100))) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    if (wait_signal(0)) {
+      log_info("second signal: cancelling running requests");
+      break;
+    }
+  }
+  scheduler.stop(true);
+  scheduler.join();
+  // Let the HTTP threads write the last events, then stop listening.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server.stop();
+  log_info("stopped");
+  return 0;
+}
+
+int run_serve(int argc, char** argv) { return run_guarded(run, argc, argv); }
+const CommandRegistration registration{"serve", "OpenAI-compatible server with parallel slots and continuous batching", run_serve, 30};
+
+}  // namespace
+}  // namespace roofline::cli

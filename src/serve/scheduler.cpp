@@ -1,0 +1,652 @@
+// The scheduler: admission by KV blocks from a bounded FIFO queue, one batch per step mixing decode
+// rows of running sequences with prompt chunks, sampling, stop strings, logprobs, prompt caching and
+// forks for n > 1. Only the stepping thread touches the runner and the KV cache.
+#include "serve/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "serve/text_stream.h"
+
+namespace roofline::serve {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+// log-softmax of the raw logits at `token`, and the k most likely tokens (ties: lower id first).
+TokenLogprob compute_logprobs(const float* logits, int n_vocab, int32_t token, int k) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp((double)logits[i] - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = (float)((double)logits[token] - lse);
+  k = std::min(k, n_vocab);
+  if (k > 0) {
+    std::vector<std::pair<float, int32_t>> top;  // kept sorted, best first
+    top.reserve(k + 1);
+    for (int i = 0; i < n_vocab; ++i) {
+      const float l = logits[i];
+      if ((int)top.size() == k && l <= top.back().first) continue;
+      auto pos = std::upper_bound(top.begin(), top.end(), std::make_pair(l, (int32_t)i),
+                                  [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+      top.insert(pos, {l, (int32_t)i});
+      if ((int)top.size() > k) top.pop_back();
+    }
+    for (const auto& [l, id] : top) out.top.push_back({id, (float)((double)l - lse)});
+  }
+  return out;
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::Eos:
+    case Finish::StopWord:
+      return "stop";
+    case Finish::Length:
+      return "length";
+    case Finish::Cancelled:
+      return "cancelled";
+    case Finish::Error:
+      return "error";
+    case Finish::None:
+      break;
+  }
+  return "";
+}
+
+// ---- Request channel ----
+
+bool Request::poll(std::vector<Event>& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (events_.empty() && !done_) cv_.wait_for(lock, timeout, [&] { return !events_.empty() || done_; });
+  while (!events_.empty()) {
+    out.push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  return done_;
+}
+
+Timings Request::timings() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return timings_;
+}
+
+void Request::push(Event e) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void Request::finish(const Timings& t) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timings_ = t;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler state ----
+
+struct Scheduler::Choice {
+  int index = 0;
+  int seq = -1;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
+  int32_t pending = -1;
+  int n_generated = 0;
+  int promised = 0;  // KV blocks it may still allocate from the request's reservation
+  TextStream text;
+  bool finished = false;
+  Clock::time_point t_last;
+};
+
+struct Scheduler::Active {
+  std::shared_ptr<Request> request;
+  GenParams params;
+  std::vector<Choice> choices;  // choice 0 from admission, the others forked after the prompt
+  std::vector<int> slots;
+  int n_prompt_done = 0;  // prompt positions in choice 0's KV (adopted + evaluated)
+  int n_cached = 0;
+  int max_gen = 0;
+  int fork_promise = 0;   // blocks each not-yet-forked choice may allocate
+  bool prefilling = true;
+  bool failed = false;
+  Clock::time_point t_submit, t_admit, t_first, t_last;
+};
+
+Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions options, Metrics* metrics)
+    : runner_(runner), text_(text), options_(options), metrics_(metrics) {
+  if (options_.n_slots <= 0) fail("the number of slots must be positive (got {})", options_.n_slots);
+  if (options_.queue_size < 0) fail("the queue size must not be negative (got {})", options_.queue_size);
+  n_ctx_ = runner_.n_ctx();
+  n_batch_ = runner_.n_batch();
+  block_size_ = runner_.kv().block_size();
+  n_blocks_ = runner_.kv().n_blocks();
+  if (options_.max_prefill_per_step <= 0) options_.max_prefill_per_step = n_batch_;
+  slot_owner_.assign(options_.n_slots, -1);
+  publish_status();
+}
+
+Scheduler::~Scheduler() {
+  stop(true);
+  join();
+}
+
+void Scheduler::start() {
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Scheduler::stop(bool cancel_running) {
+  std::deque<Queued> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    if (cancel_running) cancel_running_ = true;
+    dropped.swap(queue_);
+  }
+  for (Queued& q : dropped) {
+    Event e;
+    e.finish = Finish::Cancelled;
+    e.error = "the server is shutting down";
+    q.request->push(std::move(e));
+    q.request->finish(Timings{});
+  }
+  cv_.notify_all();
+}
+
+void Scheduler::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Scheduler::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return idle_cv_.wait_for(lock, timeout, [&] { return status_.requests_processing == 0 && queue_.empty(); });
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    bool cancel = false;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active_.empty(); });
+      if (stopping_ && active_.empty() && queue_.empty()) break;
+      cancel = cancel_running_;
+    }
+    if (cancel)
+      for (auto& a : active_) a->request->cancel();
+    if (!step()) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  loop_done_ = true;
+  idle_cv_.notify_all();
+}
+
+int Scheduler::reservation_tokens(const GenParams& p) const {
+  const int P = (int)p.prompt.size();
+  const int room = std::max(0, n_ctx_ - P);
+  if (p.max_tokens >= 0) return std::min(p.max_tokens, room);
+  // No max_tokens: reserve a fair share of the pool (at least one block); beyond it the sequence
+  // grows into blocks nobody has reserved, and stops with "length" if the pool runs out.
+  const int share = n_blocks_ * block_size_ / options_.n_slots - P;
+  return std::min(room, std::max(share, block_size_));
+}
+
+int Scheduler::blocks_for(int n_prompt, int n_gen, int n) const {
+  const int total = ceil_div(n_prompt + n_gen, block_size_);
+  return total + (n - 1) * (total - n_prompt / block_size_);
+}
+
+int Scheduler::available_blocks() const {
+  int promised = 0;
+  for (const auto& a : active_) {
+    for (const Choice& c : a->choices) promised += c.promised;
+    promised += a->fork_promise * (int)(a->params.n - a->choices.size());
+  }
+  return runner_.kv().free_blocks() - promised;
+}
+
+std::shared_ptr<Request> Scheduler::submit(GenParams p) {
+  const int P = (int)p.prompt.size();
+  auto reject = [&](int status, const char* code, const std::string& message) {
+    if (metrics_) metrics_->on_request_rejected();
+    throw SubmitError(status, code, message);
+  };
+  if (P == 0) reject(400, "invalid_request_error", "the prompt is empty");
+  if (p.n < 1) reject(400, "invalid_request_error", "n must be at least 1");
+  if (p.n > options_.n_slots)
+    reject(400, "invalid_request_error", fmt::format("n = {} is more than the server's {} parallel slots", p.n, options_.n_slots));
+  if (P >= n_ctx_)
+    reject(400, "context_length_exceeded",
+           fmt::format("the prompt has {} tokens; the context is {} tokens and must leave room for at least one more", P, n_ctx_));
+  for (int32_t t : p.prompt)
+    if (t < 0 || t >= runner_.n_vocab()) reject(400, "invalid_request_error", fmt::format("token id {} is out of range", t));
+  const int gen = reservation_tokens(p);
+  const int need = blocks_for(P, gen, p.n);
+  if (need > n_blocks_)
+    reject(400, "context_length_exceeded",
+           fmt::format("the request needs {} KV positions ({} prompt + {} generated{}), the cache holds {}", need * block_size_, P,
+                       gen, p.n > 1 ? fmt::format(" x {} choices", p.n) : "", n_blocks_ * block_size_));
+  auto request = std::make_shared<Request>();
+  request->id_ = p.id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      if (metrics_) metrics_->on_request_rejected();
+      throw SubmitError(503, "shutting_down", "the server is shutting down");
+    }
+    drop_cancelled_queued();
+    // The queue holds up to queue_size requests beyond those the free slots can start now.
+    const int free_slots = std::max(0, options_.n_slots - status_.busy_slots);
+    if ((int)queue_.size() >= options_.queue_size + free_slots) {
+      if (metrics_) metrics_->on_request_rejected();
+      throw SubmitError(503, "queue_full", fmt::format("the server is busy: {} requests are waiting", queue_.size()));
+    }
+    queue_.push_back({request, std::move(p), Clock::now()});
+    status_.queue_depth = (int)queue_.size();
+  }
+  cv_.notify_all();
+  return request;
+}
+
+void Scheduler::drop_cancelled_queued() {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->request->cancelled()) {
+      Event e;
+      e.finish = Finish::Cancelled;
+      it->request->push(std::move(e));
+      it->request->finish(Timings{});
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Scheduler::admit() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  drop_cancelled_queued();
+  KvCache& kv = runner_.kv();
+  while (!queue_.empty() && !cancel_running_) {
+    Queued& q = queue_.front();
+    const GenParams& p = q.params;
+    std::vector<int> free_slots;
+    for (int s = 0; s < options_.n_slots; ++s)
+      if (slot_owner_[s] < 0) free_slots.push_back(s);
+    if ((int)free_slots.size() < p.n) break;
+    const int P = (int)p.prompt.size();
+    const int gen = reservation_tokens(p);
+    const int max_adopt = options_.prompt_cache && p.cache_prompt ? (P - 1) / block_size_ : 0;
+    int unreferenced = 0;
+    const int matched = max_adopt > 0 ? kv.match_prefix(p.prompt, max_adopt, &unreferenced) : 0;
+    const int total0 = ceil_div(P + gen, block_size_);
+    const int fork_promise = total0 - P / block_size_;
+    const int need = (total0 - matched) + (p.n - 1) * fork_promise;
+    if (available_blocks() < need + unreferenced) break;
+
+    auto a = std::make_unique<Active>();
+    a->request = q.request;
+    a->params = std::move(q.params);
+    a->t_submit = q.t_submit;
+    a->t_admit = Clock::now();
+    a->max_gen = std::max(0, std::min(a->params.max_tokens >= 0 ? a->params.max_tokens : n_ctx_, n_ctx_ - P));
+    a->fork_promise = fork_promise;
+    a->choices.reserve(a->params.n);
+    for (int i = 0; i < a->params.n; ++i) {
+      a->slots.push_back(free_slots[i]);
+      slot_owner_[free_slots[i]] = 1;
+    }
+    Choice c;
+    c.index = 0;
+    c.seq = kv.create_sequence();
+    if (matched > 0) a->n_cached = kv.adopt_prefix(c.seq, a->params.prompt, matched);
+    a->n_prompt_done = a->n_cached;
+    c.promised = total0 - matched;
+    SamplingParams sp = a->params.sampling;
+    c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
+    c.history = a->params.prompt;
+    c.text = TextStream(a->params.stop);
+    a->choices.push_back(std::move(c));
+    queue_.pop_front();
+    active_.push_back(std::move(a));
+  }
+  status_.queue_depth = (int)queue_.size();
+}
+
+void Scheduler::finish_choice(Active& a, Choice& c) {
+  c.finished = true;
+  c.promised = 0;
+  if (c.seq >= 0) {
+    KvCache& kv = runner_.kv();
+    if (options_.prompt_cache && a.params.cache_prompt && !a.failed) {
+      const int len = kv.length(c.seq);
+      kv.cache_blocks(c.seq, std::span<const int32_t>(c.history.data(), std::min((size_t)len, c.history.size())));
+    }
+    kv.free_sequence(c.seq);
+    c.seq = -1;
+  }
+}
+
+void Scheduler::finish_request(Active& a) {
+  const Clock::time_point now = Clock::now();
+  Timings t;
+  t.slot = a.slots.empty() ? -1 : a.slots[0];
+  for (int s : a.slots) slot_owner_[s] = -1;
+  a.slots.clear();
+  a.fork_promise = 0;
+  t.n_prompt = (int)a.params.prompt.size();
+  t.n_cached = a.n_cached;
+  for (const Choice& c : a.choices) t.n_generated += c.n_generated;
+  const bool started = a.t_first != Clock::time_point{};
+  t.queue_ms = ms_between(a.t_submit, a.t_admit);
+  t.prompt_ms = started ? ms_between(a.t_admit, a.t_first) : ms_between(a.t_admit, now);
+  t.generate_ms = started && a.t_last > a.t_first ? ms_between(a.t_first, a.t_last) : 0;
+  t.ttft_ms = started ? ms_between(a.t_submit, a.t_first) : 0;
+  const bool cancelled = a.request->cancelled();
+  if (metrics_) {
+    metrics_->on_generated(t.n_generated, t.generate_ms / 1000.0);
+    metrics_->on_request_done(ms_between(a.t_submit, now) / 1000.0, !cancelled && !a.failed);
+  }
+  const int evaluated = t.n_prompt - t.n_cached;
+  const int after_first = t.n_generated - (int)a.choices.size();
+  log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s, {}",
+           a.params.id, t.n_prompt, t.n_cached, t.n_generated, t.ttft_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
+           t.generate_ms > 0 && after_first > 0 ? after_first * 1000.0 / t.generate_ms : 0.0,
+           a.failed ? "error" : cancelled ? "cancelled" : "ok");
+  a.request->finish(t);
+}
+
+void Scheduler::sample_choice(Active& a, Choice& c, const float* logits, Clock::time_point now) {
+  const GenParams& p = a.params;
+  const int32_t tok = c.sampler->sample(logits, c.history).token;
+  Event e;
+  e.choice = c.index;
+  e.tokens.push_back(tok);
+  if (p.logprobs >= 0) e.logprobs.push_back(compute_logprobs(logits, runner_.n_vocab(), tok, p.logprobs));
+  c.history.push_back(tok);
+  c.n_generated++;
+  if (c.n_generated > 1 && metrics_) metrics_->on_inter_token(std::chrono::duration<double>(now - c.t_last).count());
+  c.t_last = now;
+  a.t_last = now;
+  if (text_.is_eog(tok) && !p.ignore_eos) {
+    e.text = c.text.flush();
+    e.finish = Finish::Eos;
+  } else {
+    TextStream::Result r = c.text.push(text_.piece(tok));
+    e.text = std::move(r.text);
+    if (r.stopped) {
+      e.finish = Finish::StopWord;
+      e.stop_word = r.stop_word;
+    } else if (c.n_generated >= a.max_gen) {
+      e.text += c.text.flush();
+      e.finish = Finish::Length;
+    } else {
+      c.pending = tok;
+    }
+  }
+  const Finish f = e.finish;
+  a.request->push(std::move(e));
+  if (f != Finish::None) finish_choice(a, c);
+}
+
+void Scheduler::start_decoding(Active& a, const float* logits, Clock::time_point now) {
+  a.prefilling = false;
+  a.t_first = now;
+  if (metrics_) {
+    metrics_->on_first_token(std::chrono::duration<double>(now - a.t_submit).count());
+    metrics_->on_prompt((int)a.params.prompt.size() - a.n_cached, std::chrono::duration<double>(now - a.t_admit).count(), a.n_cached);
+  }
+  if (a.max_gen == 0) {  // prompt only (n_predict 0)
+    for (int i = 0; i < a.params.n; ++i) {
+      Event e;
+      e.choice = i;
+      e.finish = Finish::Length;
+      a.request->push(std::move(e));
+    }
+    finish_choice(a, a.choices[0]);
+    return;
+  }
+  const int P = (int)a.params.prompt.size();
+  const int first_seq = a.choices[0].seq;
+  for (int i = 1; i < a.params.n; ++i) {
+    Choice c;
+    c.index = i;
+    c.seq = runner_.fork_sequence(first_seq);
+    c.promised = a.fork_promise - (P % block_size_ != 0 ? 1 : 0);
+    SamplingParams sp = a.params.sampling;
+    if (sp.seed != 0xFFFFFFFFu) sp.seed += (uint64_t)i;  // distinct, reproducible choices
+    c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
+    c.history = a.params.prompt;
+    c.text = TextStream(a.params.stop);
+    a.choices.push_back(std::move(c));
+  }
+  a.fork_promise = 0;
+  for (Choice& c : a.choices) sample_choice(a, c, logits, now);
+}
+
+void Scheduler::fail_all(const std::string& message) {
+  for (auto& a : active_) {
+    a->failed = true;
+    for (Choice& c : a->choices) {
+      if (c.finished) continue;
+      Event e;
+      e.choice = c.index;
+      e.finish = Finish::Error;
+      e.error = message;
+      a->request->push(std::move(e));
+      finish_choice(*a, c);
+    }
+    finish_request(*a);
+  }
+  active_.clear();
+}
+
+bool Scheduler::step() {
+  KvCache& kv = runner_.kv();
+  // Cancelled requests (client gone, stop()) release their slots and blocks first.
+  for (size_t i = 0; i < active_.size();) {
+    Active& a = *active_[i];
+    if (a.request->cancelled()) {
+      for (Choice& c : a.choices) {
+        if (c.finished) continue;
+        Event e;
+        e.choice = c.index;
+        e.finish = Finish::Cancelled;
+        a.request->push(std::move(e));
+        finish_choice(a, c);
+      }
+      finish_request(a);
+      active_.erase(active_.begin() + (long)i);
+    } else {
+      ++i;
+    }
+  }
+  admit();
+  if (active_.empty()) {
+    publish_status();
+    return false;
+  }
+
+  // Build the batch: one decode row per running sequence (rotating when they exceed the batch),
+  // then prompt chunks, oldest request first.
+  std::vector<BatchRow> rows;
+  struct LogitRef {
+    Active* a;
+    int choice;  // -1: the last prompt token of `a`
+  };
+  std::vector<LogitRef> refs;
+  std::vector<std::pair<Active*, int>> prefill_chunks;
+  int budget = n_batch_;
+  int overflow = 0;  // blocks taken beyond reservations this step
+  const int n_active = (int)active_.size();
+  // While prompts wait, decode rows leave part of the batch to them, so they are never starved.
+  const bool prefill_pending = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->prefilling; });
+  int decode_budget = prefill_pending ? std::max(1, n_batch_ - std::max(1, n_batch_ / 8)) : n_batch_;
+  for (int k = 0; k < n_active && decode_budget > 0; ++k) {
+    Active& a = *active_[(decode_rotation_ + k) % n_active];
+    if (a.prefilling) continue;
+    for (Choice& c : a.choices) {
+      if (c.finished || decode_budget == 0) continue;
+      const int need = kv.blocks_needed(c.seq, 1);
+      if (need > 0) {
+        const int from_promise = std::min(need, c.promised);
+        const int extra = need - from_promise;
+        if (extra > 0 && available_blocks() - overflow < extra) {
+          log_warn("request {}: the KV cache is full; stopping choice {} at {} tokens", a.params.id, c.index, c.n_generated);
+          Event e;
+          e.choice = c.index;
+          e.text = c.text.flush();
+          e.finish = Finish::Length;
+          a.request->push(std::move(e));
+          finish_choice(a, c);
+          continue;
+        }
+        c.promised -= from_promise;
+        overflow += extra;
+      }
+      rows.push_back({c.seq, c.pending, true});
+      refs.push_back({&a, c.index});
+      --budget;
+      --decode_budget;
+    }
+  }
+  decode_rotation_++;
+  int prefill_budget = std::min(budget, options_.max_prefill_per_step);
+  for (auto& ap : active_) {
+    if (prefill_budget <= 0) break;
+    Active& a = *ap;
+    if (!a.prefilling) continue;
+    Choice& c = a.choices[0];
+    const int P = (int)a.params.prompt.size();
+    const int chunk = std::min(P - a.n_prompt_done, prefill_budget);
+    const int need = kv.blocks_needed(c.seq, chunk);
+    c.promised = std::max(0, c.promised - need);
+    for (int i = 0; i < chunk; ++i) {
+      const bool last = a.n_prompt_done + i + 1 == P;
+      rows.push_back({c.seq, a.params.prompt[a.n_prompt_done + i], last});
+      if (last) refs.push_back({&a, -1});
+    }
+    prefill_chunks.push_back({&a, chunk});
+    prefill_budget -= chunk;
+  }
+
+  // Requests whose choices all ended while building (KV full) are done.
+  auto reap = [&] {
+    for (size_t i = 0; i < active_.size();) {
+      Active& a = *active_[i];
+      const bool all_done = !a.prefilling && std::all_of(a.choices.begin(), a.choices.end(), [](const Choice& c) { return c.finished; });
+      if (all_done) {
+        finish_request(a);
+        active_.erase(active_.begin() + (long)i);
+      } else {
+        ++i;
+      }
+    }
+  };
+  if (rows.empty()) {
+    reap();
+    publish_status();
+    return !active_.empty();
+  }
+
+  std::vector<float> logits;
+  try {
+    logits = runner_.decode(rows);
+  } catch (const std::exception& e) {
+    log_error("forward step failed: {}", e.what());
+    fail_all(std::string("the forward step failed: ") + e.what());
+    publish_status();
+    return true;
+  }
+  steps_++;
+  const Clock::time_point now = Clock::now();
+  for (auto& [a, chunk] : prefill_chunks) {
+    a->n_prompt_done += chunk;
+    if (options_.prompt_cache && a->params.cache_prompt)
+      kv.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
+  }
+  if (metrics_) {
+    int busy = 0;
+    for (auto& a : active_) busy += (int)a->choices.size();
+    metrics_->on_step((int)rows.size(), busy);
+    int high = 0;
+    for (auto& a : active_)
+      for (const Choice& c : a->choices)
+        if (c.seq >= 0) high = std::max(high, kv.length(c.seq));
+    metrics_->on_context_high_water(high);
+  }
+  const size_t n_vocab = (size_t)runner_.n_vocab();
+  for (size_t r = 0; r < refs.size(); ++r) {
+    const float* row = logits.data() + r * n_vocab;
+    Active& a = *refs[r].a;
+    if (refs[r].choice < 0) {
+      start_decoding(a, row, now);
+    } else {
+      Choice& c = a.choices[refs[r].choice];
+      if (!c.finished) sample_choice(a, c, row, now);
+    }
+  }
+  reap();
+  publish_status();
+  return true;
+}
+
+void Scheduler::publish_status() {
+  const KvCache& kv = runner_.kv();
+  SchedulerStatus s;
+  s.n_slots = options_.n_slots;
+  s.kv_blocks_total = kv.n_blocks();
+  s.kv_blocks_used = kv.used_blocks();
+  s.kv_blocks_cached = kv.cached_blocks();
+  s.kv_block_size = kv.block_size();
+  s.requests_processing = (int)active_.size();
+  s.steps = steps_;
+  for (int i = 0; i < options_.n_slots; ++i) {
+    SlotStatus ss;
+    ss.id = i;
+    s.slots.push_back(ss);
+  }
+  for (const auto& a : active_) {
+    for (size_t k = 0; k < a->slots.size(); ++k) {
+      SlotStatus& ss = s.slots[a->slots[k]];
+      ss.busy = true;
+      ss.request = a->params.id;
+      ss.n_prompt = (int)a->params.prompt.size();
+      ss.prefilling = a->prefilling;
+      ss.n_generated = k < a->choices.size() ? a->choices[k].n_generated : 0;
+    }
+  }
+  for (const SlotStatus& ss : s.slots) s.busy_slots += ss.busy ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    s.queue_depth = (int)queue_.size();
+    status_ = std::move(s);
+  }
+  idle_cv_.notify_all();
+}
+
+SchedulerStatus Scheduler::status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return status_;
+}
+
+}  // namespace roofline::serve

@@ -1,0 +1,200 @@
+// The serving scheduler: -np slots over one shared paged KV pool, a bounded FIFO queue, admission by
+// KV blocks (prompt + max_tokens reserved up front), continuous batching (decode rows of every running
+// sequence plus chunks of pending prompts in one step), prompt caching (a new sequence adopts the
+// cached blocks of the longest matching prefix), n > 1 through forks, sampling, stop strings and
+// logprobs. One thread owns the StepRunner; HTTP threads only submit and read per-request channels.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "serve/metrics.h"
+#include "serve/step_runner.h"
+
+namespace roofline::serve {
+
+struct TopLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<TopLogprob> top;  // the most likely tokens, best first
+};
+
+enum class Finish { None, Eos, StopWord, Length, Cancelled, Error };
+const char* finish_name(Finish f);  // OpenAI finish_reason: "stop", "length", ... (Cancelled/Error: "error")
+
+// One step's output for one choice, in order.
+struct Event {
+  int choice = 0;
+  std::string text;                     // text released by this step (may be empty: held back)
+  std::vector<int32_t> tokens;          // tokens sampled this step
+  std::vector<TokenLogprob> logprobs;   // one per token when requested
+  Finish finish = Finish::None;
+  std::string stop_word;
+  std::string error;
+};
+
+// What a request cost, llama-server's `timings` and the log line.
+struct Timings {
+  int n_prompt = 0;     // prompt tokens
+  int n_cached = 0;     // of them, adopted from the prompt cache
+  int n_generated = 0;  // over all choices
+  double queue_ms = 0;     // submission to admission
+  double prompt_ms = 0;    // admission to the first token
+  double generate_ms = 0;  // first token to the last
+  double ttft_ms = 0;      // submission to the first token
+  int slot = -1;
+};
+
+struct GenParams {
+  std::string id;  // for logs and /slots
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = -1;  // -1: until end of generation or the context
+  int n = 1;            // choices
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k
+  bool cache_prompt = true;
+};
+
+// The channel between the scheduler (producer) and the HTTP thread (consumer) of one request.
+class Request {
+ public:
+  const std::string& id() const { return id_; }
+  // Appends available events to `out`, waiting up to `timeout` when there are none. Returns true
+  // once the request has finished and every event is in `out`.
+  bool poll(std::vector<Event>& out, std::chrono::milliseconds timeout);
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+  Timings timings() const;
+
+ private:
+  friend class Scheduler;
+  void push(Event e);
+  void finish(const Timings& t);
+
+  std::string id_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Event> events_;
+  bool done_ = false;
+  Timings timings_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// Why submit() refused a request: status 400 (can never fit) or 503 (queue full, shutting down).
+struct SubmitError : std::runtime_error {
+  SubmitError(int status, std::string code, const std::string& message)
+      : std::runtime_error(message), status(status), code(std::move(code)) {}
+  int status;
+  std::string code;  // "context_length_exceeded", "queue_full", "shutting_down", ...
+};
+
+struct SchedulerOptions {
+  int n_slots = 4;
+  int queue_size = 16;          // waiting requests beyond the running ones (0: none wait)
+  int max_prefill_per_step = 0; // prompt tokens per step (0: the runner's batch size)
+  bool prompt_cache = true;
+};
+
+struct SlotStatus {
+  int id = 0;
+  bool busy = false;
+  std::string request;
+  int n_prompt = 0;
+  int n_generated = 0;
+  bool prefilling = false;
+};
+
+struct SchedulerStatus {
+  int n_slots = 0;
+  int busy_slots = 0;
+  int queue_depth = 0;
+  int requests_processing = 0;
+  int kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, kv_block_size = 0;
+  uint64_t steps = 0;
+  std::vector<SlotStatus> slots;
+};
+
+class Scheduler {
+ public:
+  Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions options, Metrics* metrics = nullptr);
+  ~Scheduler();
+
+  // Runs the step loop on its own thread (until stop()).
+  void start();
+  // Refuses new requests and cancels waiting ones; running ones are cancelled with `cancel_running`,
+  // else they finish first. Returns at once; join() waits for the loop to end.
+  void stop(bool cancel_running);
+  void join();
+  // Waits up to `timeout` for the running requests to finish (after stop(false)); true if none left.
+  bool drain(std::chrono::milliseconds timeout);
+
+  // Queues a request; throws SubmitError when it can never fit, the queue is full or we are stopping.
+  std::shared_ptr<Request> submit(GenParams params);
+
+  // One scheduling iteration on the calling thread (tests drive the scheduler with it instead of
+  // start()): admits, builds and runs one step, samples. Returns false when there was nothing to do.
+  bool step();
+
+  SchedulerStatus status() const;
+  const SchedulerOptions& options() const { return options_; }
+  int n_ctx() const { return n_ctx_; }
+
+ private:
+  struct Choice;
+  struct Active;
+  struct Queued {
+    std::shared_ptr<Request> request;
+    GenParams params;
+    std::chrono::steady_clock::time_point t_submit;
+  };
+
+  void loop();
+  int reservation_tokens(const GenParams& p) const;        // generated tokens reserved at admission
+  int blocks_for(int n_prompt, int n_gen, int n) const;    // blocks a request may allocate in all
+  void drop_cancelled_queued();                            // under mutex_
+  void admit();
+  void finish_choice(Active& a, Choice& c);  // frees its KV (caching its blocks first)
+  void finish_request(Active& a);
+  void sample_choice(Active& a, Choice& c, const float* logits, std::chrono::steady_clock::time_point now);
+  void start_decoding(Active& a, const float* logits, std::chrono::steady_clock::time_point now);
+  void fail_all(const std::string& message);
+  void publish_status();
+  int available_blocks() const;
+
+  StepRunner& runner_;
+  const TokenText& text_;
+  SchedulerOptions options_;
+  Metrics* metrics_;
+  int n_ctx_, n_batch_, block_size_, n_blocks_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<Queued> queue_;
+  bool stopping_ = false, cancel_running_ = false, loop_done_ = false;
+  SchedulerStatus status_;
+  std::thread thread_;
+
+  // Owned by the stepping thread.
+  std::vector<std::unique_ptr<Active>> active_;
+  std::vector<int> slot_owner_;  // per slot: 1 busy, -1 free
+  size_t decode_rotation_ = 0;
+  uint64_t steps_ = 0;
+};
+
+}  // namespace roofline::serve

@@ -1,0 +1,496 @@
+// HTTP routes over cpp-httplib 0.11: auth and CORS in the pre-routing hook, error envelopes for every
+// 4xx/5xx, generation handlers that submit to the scheduler and stream its events as SSE. Each
+// connection holds a worker thread, so the pool grows with demand (bounded); a handler finds its
+// connection's socket to notice a client that went away even while nothing is written.
+#include "serve/server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <ctime>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace roofline::serve {
+
+namespace {
+
+// httplib's own pool has a fixed size and every open stream or keep-alive connection holds a worker,
+// so /health would queue behind streams. This pool keeps `base` workers and adds more (up to `max`)
+// whenever a task arrives with none idle.
+class ElasticPool : public httplib::TaskQueue {
+ public:
+  ElasticPool(size_t base, size_t max) : max_(std::max(base, max)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < base; ++i) spawn();
+  }
+  ~ElasticPool() override = default;
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(fn));
+      if (idle_ < jobs_.size() && threads_.size() < max_) spawn();
+    }
+    cv_.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void spawn() {  // under mutex_
+    threads_.emplace_back([this] {
+      for (;;) {
+        std::function<void()> fn;
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          ++idle_;
+          cv_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
+          --idle_;
+          if (jobs_.empty()) return;  // shutting down with nothing left
+          fn = std::move(jobs_.front());
+          jobs_.pop_front();
+        }
+        fn();
+      }
+    });
+  }
+
+  size_t max_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::list<std::thread> threads_;
+  size_t idle_ = 0;
+  bool shutdown_ = false;
+};
+
+std::string sockaddr_ip(const sockaddr_storage& ss, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+    *port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+    *port = ntohs(a->sin6_port);
+  } else {
+    *port = -1;
+  }
+  return buf;
+}
+
+// The accepted socket serving `req` (httplib 0.11 does not hand it to handlers): the descriptor whose
+// local and peer ports and peer address are the request's. -1 when not found.
+int find_request_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (*end || fd < 0) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t len = sizeof local;
+    if (getsockname((int)fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    int lport = -1, pport = -1;
+    sockaddr_ip(local, &lport);
+    if (lport != req.local_port) continue;
+    len = sizeof peer;
+    if (getpeername((int)fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    const std::string pip = sockaddr_ip(peer, &pport);
+    if (pport == req.remote_port && pip == req.remote_addr) {
+      found = (int)fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// False once the peer has closed the connection (orderly shutdown or reset).
+bool socket_alive(int fd) {
+  if (fd < 0) return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return true;
+  if (n == 0) return false;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (uint64_t)std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += alphabet[rng() % 62];
+  (void)counter;
+  return id;
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json; charset=utf-8");
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+                const std::string& code = "") {
+  send_json(res, status, error_body(status, message, param, code));
+}
+
+}  // namespace
+
+int default_http_threads(int n_slots) {
+  const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+  return std::max(n_slots + 4, cores - 1);
+}
+
+struct Server::Impl {
+  ServerOptions opt;
+  httplib::Server svr;
+  std::thread thread;
+  int port = -1;
+  std::atomic<const ModelContext*> mc{nullptr};
+  std::atomic<Scheduler*> sched{nullptr};
+  std::atomic<Metrics*> metrics{nullptr};
+  std::atomic<bool> shutting_down{false};
+  std::atomic<uint64_t> next_request{0};
+
+  explicit Impl(ServerOptions o) : opt(std::move(o)) {}
+
+  bool ready() const { return mc.load() != nullptr && sched.load() != nullptr; }
+
+  bool authorized(const httplib::Request& req) const {
+    if (opt.api_keys.empty()) return true;
+    const std::string h = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (h.size() <= prefix.size() || h.compare(0, prefix.size(), prefix) != 0) return false;
+    const std::string key = h.substr(prefix.size());
+    return std::find(opt.api_keys.begin(), opt.api_keys.end(), key) != opt.api_keys.end();
+  }
+
+  void setup();
+  void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  template <typename F>
+  void guarded(const httplib::Request& req, httplib::Response& res, F&& body);
+};
+
+template <typename F>
+void Server::Impl::guarded(const httplib::Request& req, httplib::Response& res, F&& body) {
+  try {
+    body();
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.param, e.code);
+  } catch (const SubmitError& e) {
+    send_error(res, e.status, e.what(), "", e.code);
+    if (e.status == 503) res.set_header("Retry-After", "1");
+  } catch (const Error& e) {
+    send_error(res, 400, e.what());
+  } catch (const std::bad_alloc&) {
+    send_error(res, 500, "out of memory");
+  } catch (const std::exception& e) {
+    log_error("{} {}: {}", req.method, req.path, e.what());
+    send_error(res, 500, e.what());
+  }
+}
+
+void Server::Impl::handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  if (!ready()) {
+    send_error(res, 503, "Loading model");
+    res.set_header("Retry-After", "1");
+    return;
+  }
+  if (shutting_down) {
+    send_error(res, 503, "the server is shutting down");
+    return;
+  }
+  const ModelContext& m = *mc.load();
+  Scheduler& s = *sched.load();
+  const json body = parse_body(req.body);
+  auto ar = std::make_shared<ApiRequest>(endpoint == Endpoint::Chat ? parse_chat_request(body, m)
+                                                                     : parse_completion_request(body, m, endpoint));
+  const std::string id = random_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
+  ar->gen.id = fmt::format("{}", next_request++);
+  std::shared_ptr<Request> handle = s.submit(ar->gen);  // throws SubmitError (400/503)
+  auto builder = std::make_shared<ResponseBuilder>(*ar, m, id, (long)std::time(nullptr));
+  const int fd = find_request_socket(req);
+
+  if (!ar->stream) {
+    std::vector<Event> events;
+    while (!handle->poll(events, std::chrono::milliseconds(100))) {
+      builder->add_events(events);
+      events.clear();
+      if (!socket_alive(fd)) {
+        handle->cancel();
+        while (!handle->poll(events, std::chrono::milliseconds(100))) events.clear();
+        res.status = 499;
+        return;
+      }
+    }
+    builder->add_events(events);
+    if (builder->error()) {
+      send_error(res, builder->error()->first, builder->error()->second);
+      return;
+    }
+    send_json(res, 200, builder->response(handle->timings()));
+    return;
+  }
+
+  struct StreamState {
+    std::shared_ptr<ApiRequest> ar;
+    std::shared_ptr<ResponseBuilder> builder;
+    std::shared_ptr<Request> handle;
+    int fd;
+    bool begun = false;
+    bool ended = false;
+  };
+  auto st = std::make_shared<StreamState>(StreamState{ar, builder, handle, fd});
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st](size_t, httplib::DataSink& sink) {
+        if (st->ended) return false;
+        std::string out;
+        if (!st->begun) {
+          out = st->builder->stream_begin();
+          st->begun = true;
+        }
+        std::vector<Event> events;
+        const bool done = st->handle->poll(events, std::chrono::milliseconds(100));
+        out += st->builder->stream_events(events);
+        if (done) out += st->builder->stream_end(st->handle->timings());
+        if (!out.empty() && (!sink.is_writable() || !sink.write(out.data(), out.size()))) {
+          st->handle->cancel();
+          return false;
+        }
+        if (done) {
+          st->ended = true;
+          sink.done();
+          return true;
+        }
+        if (out.empty() && !socket_alive(st->fd)) {  // the client left while nothing was written
+          st->handle->cancel();
+          return false;
+        }
+        return true;
+      },
+      [st](bool success) {
+        if (!success || !st->ended) st->handle->cancel();
+      });
+}
+
+void Server::Impl::setup() {
+  const int base = opt.threads_http > 0 ? opt.threads_http : default_http_threads(opt.n_slots);
+  const int max = std::max(base, 2 * (opt.n_slots + opt.queue_size) + 16);
+  svr.new_task_queue = [base, max] { return new ElasticPool((size_t)base, (size_t)max); };
+  svr.set_payload_max_length(opt.max_body_bytes);
+  svr.set_read_timeout(opt.timeout_s, 0);
+  svr.set_write_timeout(opt.timeout_s, 0);
+  svr.set_keep_alive_max_count(1000);
+  svr.set_tcp_nodelay(true);
+
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string origin = req.get_header_value("Origin");
+    res.set_header("Access-Control-Allow-Origin", origin.empty() ? "*" : origin);
+    if (!origin.empty()) {
+      res.set_header("Access-Control-Allow-Credentials", "true");
+      res.set_header("Vary", "Origin");
+    }
+    if (req.method == "OPTIONS") {
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers", asked.empty() ? "*" : asked);
+      res.set_header("Access-Control-Max-Age", "86400");
+      res.status = 204;
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.path != "/health" && req.path != "/v1/health" && !authorized(req)) {
+      send_error(res, 401, "Invalid API Key", "", "invalid_api_key");
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
+    std::string message;
+    switch (res.status) {
+      case 404: message = fmt::format("{} {} not found", req.method, req.path); break;
+      case 405: message = "method not allowed"; break;
+      case 413: message = "the request body is too large"; break;
+      case 400: message = "bad request"; break;
+      default: message = fmt::format("HTTP status {}", res.status); break;
+    }
+    send_error(res, res.status, message);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, 500, what);
+  });
+  svr.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    log_debug("http: {} {} {} -> {}", req.remote_addr, req.method, req.path, res.status);
+  });
+
+  auto health = [this](const httplib::Request&, httplib::Response& res) {
+    if (!ready()) {
+      send_error(res, 503, "Loading model");
+      return;
+    }
+    send_json(res, 200, json{{"status", "ok"}});
+  };
+  svr.Get("/health", health);
+  svr.Get("/v1/health", health);
+
+  auto need_model = [this](httplib::Response& res) {
+    if (ready()) return true;
+    send_error(res, 503, "Loading model");
+    res.set_header("Retry-After", "1");
+    return false;
+  };
+  auto models = [this, need_model](const httplib::Request& req, httplib::Response& res) {
+    if (!need_model(res)) return;
+    const json body = models_body(*mc.load(), (long)std::time(nullptr));
+    if (req.matches.size() > 1) {
+      const std::string want = req.matches[1];
+      if (want != mc.load()->model_id) {
+        send_error(res, 404, fmt::format("The model '{}' does not exist", want), "model", "model_not_found");
+        return;
+      }
+      send_json(res, 200, body["data"][0]);
+      return;
+    }
+    send_json(res, 200, body);
+  };
+  svr.Get("/v1/models", models);
+  svr.Get("/models", models);
+  svr.Get(R"(/v1/models/(.+))", models);
+
+  svr.Get("/metrics", [this, need_model](const httplib::Request&, httplib::Response& res) {
+    if (!opt.metrics) {
+      send_error(res, 501, "This server does not support metrics endpoint. Start it with `--metrics`");
+      return;
+    }
+    if (!need_model(res)) return;
+    const SchedulerStatus st = sched.load()->status();
+    LiveGauges g;
+    g.requests_processing = st.requests_processing;
+    g.requests_deferred = st.queue_depth;
+    g.n_slots = st.n_slots;
+    g.busy_slots = st.busy_slots;
+    g.kv_blocks_total = st.kv_blocks_total;
+    g.kv_blocks_used = st.kv_blocks_used;
+    g.kv_blocks_cached = st.kv_blocks_cached;
+    g.kv_block_size = st.kv_block_size;
+    res.set_content(metrics.load()->render(g), "text/plain; version=0.0.4");
+  });
+  svr.Get("/slots", [this, need_model](const httplib::Request& req, httplib::Response& res) {
+    if (!opt.slots) {
+      send_error(res, 501, "This server does not support slots endpoint. Start it with `--slots`");
+      return;
+    }
+    if (!need_model(res)) return;
+    const SchedulerStatus st = sched.load()->status();
+    if (req.get_param_value("fail_on_no_slot") == "1" && st.busy_slots >= st.n_slots) {
+      send_error(res, 503, "no slot available");
+      return;
+    }
+    send_json(res, 200, slots_body(*mc.load(), st));
+  });
+  svr.Get("/props", [this, need_model](const httplib::Request&, httplib::Response& res) {
+    if (!need_model(res)) return;
+    send_json(res, 200, props_body(*mc.load(), sched.load()->status()));
+  });
+  auto utility = [this, need_model](auto fn) {
+    return [this, need_model, fn](const httplib::Request& req, httplib::Response& res) {
+      if (!need_model(res)) return;
+      guarded(req, res, [&] { send_json(res, 200, fn(*mc.load(), parse_body(req.body))); });
+    };
+  };
+  svr.Post("/tokenize", utility(tokenize_body));
+  svr.Post("/detokenize", utility(detokenize_body));
+  svr.Post("/apply-template", utility(apply_template_body));
+
+  auto generation = [this](Endpoint ep) {
+    return [this, ep](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, [&] { handle_generation(req, res, ep); });
+    };
+  };
+  svr.Post("/v1/chat/completions", generation(Endpoint::Chat));
+  svr.Post("/chat/completions", generation(Endpoint::Chat));
+  svr.Post("/v1/completions", generation(Endpoint::Completions));
+  svr.Post("/completions", generation(Endpoint::Native));
+  svr.Post("/completion", generation(Endpoint::Native));
+}
+
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) { impl_->setup(); }
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  Impl& d = *impl_;
+  if (d.opt.port == 0) {
+    d.port = d.svr.bind_to_any_port(d.opt.host);
+    if (d.port < 0) fail("cannot bind to {} (any port)", d.opt.host);
+  } else {
+    if (!d.svr.bind_to_port(d.opt.host, d.opt.port)) fail("cannot bind to {}:{} (in use, or not an address of this host)", d.opt.host, d.opt.port);
+    d.port = d.opt.port;
+  }
+  return d.port;
+}
+
+void Server::start() {
+  if (impl_->thread.joinable()) return;
+  impl_->thread = std::thread([this] { impl_->svr.listen_after_bind(); });
+}
+
+void Server::set_ready(const ModelContext* mc, Scheduler* scheduler, Metrics* metrics) {
+  impl_->metrics = metrics;
+  impl_->sched = scheduler;
+  impl_->mc = mc;
+}
+
+void Server::begin_shutdown() { impl_->shutting_down = true; }
+
+void Server::stop() {
+  if (!impl_) return;
+  impl_->shutting_down = true;
+  impl_->svr.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int Server::port() const { return impl_->port; }
+
+}  // namespace roofline::serve

@@ -1,0 +1,64 @@
+// What the scheduler needs from a model: one forward step over a batch of rows, the paged KV cache's
+// bookkeeping, forks, and token text. The Engine implements it through EngineRunner; the scheduler's
+// tests use a fake backend with scripted logits, so scheduling is tested without a model or HTTP.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/kv_cache.h"
+#include "tokenizer/tokenizer.h"
+
+namespace roofline::serve {
+
+using BatchRow = Engine::BatchRow;
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual int n_vocab() const = 0;
+  virtual int n_batch() const = 0;  // most rows in one step
+  virtual int n_ctx() const = 0;    // most positions one sequence may hold
+  virtual KvCache& kv() = 0;
+  // One forward step; logits of the rows that want them, in row order ([rows x n_vocab]).
+  virtual std::vector<float> decode(const std::vector<BatchRow>& rows) = 0;
+  // A sequence continuing `seq` (shares its full blocks, copies the partial one).
+  virtual int fork_sequence(int seq) = 0;
+};
+
+// Token ids to text for the output side (what a request's generated tokens print as).
+class TokenText {
+ public:
+  virtual ~TokenText() = default;
+  virtual std::string piece(int32_t token) const = 0;  // the bytes a generated token adds
+  virtual bool is_eog(int32_t token) const = 0;        // end of generation
+};
+
+class EngineRunner final : public StepRunner {
+ public:
+  explicit EngineRunner(Engine& engine) : engine_(engine) {}
+  int n_vocab() const override { return engine_.n_vocab(); }
+  int n_batch() const override { return engine_.options().n_batch; }
+  int n_ctx() const override { return engine_.options().n_ctx; }
+  KvCache& kv() override { return engine_.kv_cache(); }
+  std::vector<float> decode(const std::vector<BatchRow>& rows) override { return engine_.decode(rows); }
+  int fork_sequence(int seq) override { return engine_.fork_sequence(seq); }
+
+ private:
+  Engine& engine_;
+};
+
+class TokenizerText final : public TokenText {
+ public:
+  explicit TokenizerText(std::shared_ptr<const Tokenizer> tokenizer) : tok_(std::move(tokenizer)) {}
+  std::string piece(int32_t token) const override { return tok_->token_to_piece(token, false); }
+  bool is_eog(int32_t token) const override { return tok_->is_eog(token); }
+
+ private:
+  std::shared_ptr<const Tokenizer> tok_;
+};
+
+}  // namespace roofline::serve

@@ -1,0 +1,244 @@
+// End-to-end tests of `roofline serve` driven by the official openai client (openai@6, Node 20):
+// chat and completions, whole and streamed, usage, stop strings, n > 1 and logprobs, 16 concurrent
+// streams on 4 slots giving the same greedy text as alone, cancel mid-stream, bad inputs, auth,
+// metrics, and a graceful SIGTERM. Run by run.sh (ctest: serve_e2e) with ROOFLINE_BIN and
+// ROOFLINE_E2E_MODEL set.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { startServer } from './server.mjs';
+
+const BIN = process.env.ROOFLINE_BIN;
+const MODEL = process.env.ROOFLINE_E2E_MODEL;
+const KEY = 'e2e-secret';
+let server;
+let client;
+
+before(async () => {
+  assert.ok(BIN && MODEL, 'ROOFLINE_BIN and ROOFLINE_E2E_MODEL must be set');
+  server = await startServer({ bin: BIN, model: MODEL, args: ['-np', '4', '-c', '4096', '--api-key', KEY, '--metrics', '-t', '2'] });
+  client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120000 });
+});
+
+after(async () => {
+  if (server) {
+    const code = await server.stop();
+    if (code !== 0) console.error(server.log());
+  }
+});
+
+const chat = (content, extra = {}) => ({
+  model: 'any-name',
+  messages: [{ role: 'system', content: 'You are terse.' }, { role: 'user', content }],
+  temperature: 0,
+  max_tokens: 24,
+  ignore_eos: true,
+  ...extra,
+});
+
+async function collectChatStream(params, onChunk) {
+  const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  const chunks = [];
+  let text = '';
+  for await (const chunk of stream) {
+    chunks.push(chunk);
+    const d = chunk.choices[0]?.delta;
+    if (d?.content) text += d.content;
+    if (onChunk && onChunk(chunk, stream) === false) break;
+  }
+  return { text, chunks };
+}
+
+async function metric(name) {
+  const r = await fetch(`${server.base}/metrics`, { headers: { Authorization: `Bearer ${KEY}` } });
+  const body = await r.text();
+  const m = body.match(new RegExp(`^${name.replace(/[:]/g, '\\:')} ([0-9.e+-]+)$`, 'm'));
+  return m ? Number(m[1]) : NaN;
+}
+
+async function waitIdle(ms = 5000) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if ((await metric('llamacpp:requests_processing')) === 0 && (await metric('llamacpp:requests_deferred')) === 0) return true;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return false;
+}
+
+test('health is public, everything else needs the key', async () => {
+  const h = await fetch(`${server.base}/health`);
+  assert.equal(h.status, 200);
+  assert.deepEqual(await h.json(), { status: 'ok' });
+  const anon = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(anon.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  await assert.rejects(anon.chat.completions.create(chat('hi')), OpenAI.AuthenticationError);
+  const models = await client.models.list();
+  assert.equal(models.data.length, 1);
+  assert.equal(models.data[0].object, 'model');
+  assert.equal(models.data[0].owned_by, 'llamacpp');
+});
+
+test('chat completion: content, usage, finish reason', async () => {
+  const r = await client.chat.completions.create(chat('Tell me a story.'));
+  assert.equal(r.object, 'chat.completion');
+  assert.match(r.id, /^chatcmpl-/);
+  assert.equal(r.choices.length, 1);
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(r.choices[0].message.content.length > 0);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.usage.completion_tokens, 24);
+  assert.ok(r.usage.prompt_tokens > 5);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 24);
+});
+
+test('chat stream: role first, content deltas, finish, usage chunk, same text as whole', async () => {
+  const whole = await client.chat.completions.create(chat('Describe the sea.'));
+  const { text, chunks } = await collectChatStream(chat('Describe the sea.'));
+  assert.equal(text, whole.choices[0].message.content);
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  const ids = new Set(chunks.map((c) => c.id));
+  assert.equal(ids.size, 1);
+  const last = chunks[chunks.length - 1];
+  assert.deepEqual(last.choices, []);
+  assert.equal(last.usage.completion_tokens, 24);
+  const finish = chunks.filter((c) => c.choices[0]?.finish_reason);
+  assert.equal(finish.length, 1);
+  assert.equal(finish[0].choices[0].finish_reason, 'length');
+  for (const c of chunks.slice(0, -1)) assert.equal(c.usage, null);
+});
+
+test('completions: whole, streamed, default max_tokens 16, echo', async () => {
+  const r = await client.completions.create({ model: 'x', prompt: 'Once upon a time', temperature: 0, ignore_eos: true });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.usage.completion_tokens, 16);
+  const stream = await client.completions.create({ model: 'x', prompt: 'Once upon a time', temperature: 0, ignore_eos: true, stream: true });
+  let text = '';
+  let finish = null;
+  for await (const c of stream) {
+    text += c.choices[0]?.text ?? '';
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(text, r.choices[0].text);
+  assert.equal(finish, 'length');
+  const echo = await client.completions.create({ model: 'x', prompt: 'Once upon a time', temperature: 0, max_tokens: 4, echo: true, ignore_eos: true });
+  assert.ok(echo.choices[0].text.startsWith('Once upon a time'));
+});
+
+test('stop strings end the text before them, whole and streamed', async () => {
+  const base = await client.chat.completions.create(chat('Write about mountains.', { max_tokens: 48 }));
+  const full = base.choices[0].message.content;
+  const m = full.slice(6).match(/[A-Za-z]{3}/);
+  assert.ok(m, `no ASCII window in ${JSON.stringify(full)}`);
+  const stop = m[0];
+  const expected = full.slice(0, full.indexOf(stop));
+  const r = await client.chat.completions.create(chat('Write about mountains.', { max_tokens: 48, stop: [stop, 'NEVER-APPEARS'] }));
+  assert.equal(r.choices[0].message.content, expected);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.ok(r.usage.completion_tokens < 48);
+  const { text, chunks } = await collectChatStream(chat('Write about mountains.', { max_tokens: 48, stop }));
+  assert.equal(text, expected);
+  assert.equal(chunks.find((c) => c.choices[0]?.finish_reason).choices[0].finish_reason, 'stop');
+});
+
+test('n > 1, seeds and logprobs', async () => {
+  const r = await client.chat.completions.create(chat('Pick a color.', { n: 2, max_tokens: 8, logprobs: true, top_logprobs: 3 }));
+  assert.equal(r.choices.length, 2);
+  assert.equal(r.choices[0].message.content, r.choices[1].message.content);  // greedy
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, 8);
+  for (const t of lp) {
+    assert.ok(t.logprob <= 0);
+    assert.equal(t.top_logprobs.length, 3);
+    assert.equal(t.top_logprobs[0].logprob, t.logprob);  // greedy picks the most likely token
+    assert.ok(Array.isArray(t.bytes));
+  }
+  const sampled = (seed) => client.chat.completions.create(chat('Pick a color.', { temperature: 1.5, seed, max_tokens: 16 }));
+  const [a, b] = [await sampled(7), await sampled(7)];
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+});
+
+test('16 concurrent streams on 4 slots give the same greedy text as alone', async () => {
+  const prompts = Array.from({ length: 16 }, (_, i) => `Question ${i}: ${'why '.repeat(i % 5)}is the sky ${['blue', 'red', 'green', 'grey'][i % 4]}?`);
+  const alone = [];
+  for (const p of prompts) alone.push((await client.chat.completions.create(chat(p, { max_tokens: 20 }))).choices[0].message.content);
+  const results = await Promise.all(prompts.map((p) => collectChatStream(chat(p, { max_tokens: 20 }))));
+  results.forEach((r, i) => assert.equal(r.text, alone[i], `stream ${i}`));
+  assert.ok(await waitIdle());
+  assert.ok((await metric('llamacpp:n_busy_slots_per_decode')) > 1, 'requests were batched together');
+});
+
+test('cancelling mid-stream frees the slot', async () => {
+  let seen = 0;
+  const { chunks } = await collectChatStream(chat('Go on forever.', { max_tokens: 3000 }), () => ++seen < 3);
+  assert.ok(chunks.length <= 5);
+  assert.ok(await waitIdle(3000), 'the cancelled request still runs');
+  const after = await client.chat.completions.create(chat('Still there?', { max_tokens: 4 }));
+  assert.equal(after.usage.completion_tokens, 4);
+});
+
+test('bad inputs are 400s with the OpenAI error envelope', async () => {
+  const cases = [
+    [{ temperature: 5 }, 'temperature'],
+    [{ top_p: 2 }, 'top_p'],
+    [{ max_tokens: 'ten' }, 'max_tokens'],
+    [{ n: 0 }, 'n'],
+    [{ stop: 42 }, 'stop'],
+    [{ logit_bias: { abc: 3 } }, 'logit_bias'],
+    [{ messages: [] }, 'messages'],
+    [{ messages: [{ role: 'user', content: 7 }] }, 'messages'],
+  ];
+  for (const [extra, param] of cases) {
+    await assert.rejects(client.chat.completions.create(chat('x', extra)), (e) => {
+      assert.ok(e instanceof OpenAI.BadRequestError, `${JSON.stringify(extra)}: ${e}`);
+      assert.equal(e.status, 400);
+      assert.equal(e.param, param);
+      assert.equal(e.type, 'invalid_request_error');
+      return true;
+    });
+  }
+  await assert.rejects(client.chat.completions.create(chat('word '.repeat(5000))), (e) => e.status === 400 && /context/.test(e.message));
+  const raw = await fetch(`${server.base}/v1/chat/completions`, {
+    method: 'POST', headers: { Authorization: `Bearer ${KEY}`, 'Content-Type': 'application/json' }, body: '{"messages": [',
+  });
+  assert.equal(raw.status, 400);
+  assert.equal((await raw.json()).error.type, 'invalid_request_error');
+  const unknown = await client.chat.completions.create(chat('hi', { max_tokens: 2, some_future_field: { x: 1 }, user: 'u1', store: false }));
+  assert.equal(unknown.usage.completion_tokens, 2);
+  // The server is still healthy.
+  assert.equal((await fetch(`${server.base}/health`)).status, 200);
+});
+
+test('metrics, slots, props, tokenize', async () => {
+  const auth = { headers: { Authorization: `Bearer ${KEY}` } };
+  const m = await (await fetch(`${server.base}/metrics`, auth)).text();
+  for (const name of ['llamacpp:prompt_tokens_total', 'llamacpp:tokens_predicted_total', 'llamacpp:requests_processing',
+    'llamacpp:kv_cache_usage_ratio', 'llamacpp:time_to_first_token_seconds_bucket', 'llamacpp:inter_token_latency_seconds_count'])
+    assert.ok(m.includes(name), name);
+  const slots = await (await fetch(`${server.base}/slots`, auth)).json();
+  assert.equal(slots.length, 4);
+  const props = await (await fetch(`${server.base}/props`, auth)).json();
+  assert.equal(props.total_slots, 4);
+  const tok = await (await fetch(`${server.base}/tokenize`, { ...auth, method: 'POST', body: JSON.stringify({ content: 'hello world' }) })).json();
+  const detok = await (await fetch(`${server.base}/detokenize`, { ...auth, method: 'POST', body: JSON.stringify({ tokens: tok.tokens }) })).json();
+  assert.equal(detok.content, 'hello world');
+});
+
+test('SIGTERM lets a running stream finish and exits cleanly', async () => {
+  const s2 = await startServer({ bin: BIN, model: MODEL, args: ['-np', '2', '-c', '2048', '-t', '1'] });
+  const c2 = new OpenAI({ baseURL: `${s2.base}/v1`, apiKey: 'none', maxRetries: 0 });
+  const stream = await c2.chat.completions.create({ ...chat('Count slowly.', { max_tokens: 200 }), stream: true });
+  let n = 0;
+  let signalled = false;
+  let finish = null;
+  for await (const chunk of stream) {
+    if (chunk.choices[0]?.delta?.content) n++;
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+    if (!signalled && n >= 2) {
+      s2.proc.kill('SIGTERM');
+      signalled = true;
+    }
+  }
+  assert.equal(finish, 'length');
+  assert.equal(await s2.exited, 0);
+});

@@ -1,0 +1,487 @@
+// The scheduler on a fake backend (scripted logits, a real KV cache): greedy output alone equals
+// output under load, chunked prefill interleaves with decode rows, decode fairness, admission by KV
+// blocks, queue full -> 503, never fits -> 400, cancel, KV accounting, prefix reuse, n > 1 forks,
+// stop strings across tokens, logprobs, step failures.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "fake_runner.h"
+#include "serve/scheduler.h"
+
+using namespace roofline;
+using namespace roofline::serve;
+using roofline::serve::test::FakeRunner;
+using roofline::serve::test::FakeText;
+
+namespace {
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> text;
+  std::vector<Finish> finish;
+  std::vector<std::string> stop_word;
+  std::vector<std::vector<TokenLogprob>> logprobs;
+  bool done = false;
+  Timings timings;
+};
+
+void drain_into(Request& r, Outcome& o, int n) {
+  if ((int)o.tokens.size() < n) {
+    o.tokens.resize(n);
+    o.text.resize(n);
+    o.finish.resize(n, Finish::None);
+    o.stop_word.resize(n);
+    o.logprobs.resize(n);
+  }
+  std::vector<Event> events;
+  o.done = r.poll(events, std::chrono::milliseconds(0));
+  for (Event& e : events) {
+    o.tokens[e.choice].insert(o.tokens[e.choice].end(), e.tokens.begin(), e.tokens.end());
+    o.text[e.choice] += e.text;
+    o.logprobs[e.choice].insert(o.logprobs[e.choice].end(), e.logprobs.begin(), e.logprobs.end());
+    if (e.finish != Finish::None) {
+      o.finish[e.choice] = e.finish;
+      o.stop_word[e.choice] = e.stop_word;
+    }
+  }
+  if (o.done) o.timings = r.timings();
+}
+
+// Steps until every request is done; returns the outcomes in order.
+std::vector<Outcome> run_all(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs, const std::vector<int>& n_choices,
+                             int max_steps = 5000) {
+  std::vector<Outcome> out(reqs.size());
+  for (int i = 0; i < max_steps; ++i) {
+    bool all = true;
+    for (size_t k = 0; k < reqs.size(); ++k) {
+      drain_into(*reqs[k], out[k], n_choices[k]);
+      all = all && out[k].done;
+    }
+    if (all) return out;
+    s.step();
+  }
+  ADD_FAILURE() << "requests did not finish";
+  return out;
+}
+
+GenParams greedy(std::vector<int32_t> prompt, int max_tokens, std::string id = "r") {
+  GenParams p;
+  p.id = std::move(id);
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0;
+  p.sampling.top_k = 0;
+  p.sampling.top_p = 1;
+  p.sampling.min_p = 0;
+  return p;
+}
+
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((int32_t)(1 + (i * 7 + salt * 13) % 60));
+  return t;
+}
+
+}  // namespace
+
+TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
+  FakeRunner runner;
+  FakeText text;
+  Scheduler s(runner, text, {});
+  auto r = s.submit(greedy(prompt_of(10, 1), 6));
+  auto out = run_all(s, {r}, {1});
+  ASSERT_EQ(out[0].tokens[0].size(), 6u);
+  EXPECT_EQ(out[0].finish[0], Finish::Length);
+  EXPECT_EQ(out[0].text[0].size(), 6u);
+  EXPECT_EQ(out[0].timings.n_prompt, 10);
+  EXPECT_EQ(out[0].timings.n_generated, 6);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_GT(runner.kv().cached_blocks(), 0);  // the prompt (and output) blocks stay cached
+}
+
+TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
+  std::vector<std::vector<int32_t>> alone;
+  const int n = 9;
+  for (int i = 0; i < n; ++i) {
+    FakeRunner runner;
+    FakeText text;
+    Scheduler s(runner, text, {});
+    auto r = s.submit(greedy(prompt_of(3 + i * 5, i), 12));
+    alone.push_back(run_all(s, {r}, {1})[0].tokens[0]);
+  }
+  // All together: 4 slots, small batch so prompts are chunked and requests queue.
+  FakeRunner runner(64, 128, 4, 8);
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  o.queue_size = 16;
+  Scheduler s(runner, text, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) reqs.push_back(s.submit(greedy(prompt_of(3 + i * 5, i), 12)));
+  auto out = run_all(s, reqs, std::vector<int>(n, 1));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[i].tokens[0], alone[i]) << "request " << i;
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  // Steps mixed prefill chunks with decode rows of other sequences.
+  bool mixed = false;
+  for (const auto& step : runner.steps) {
+    int want = 0;
+    for (const auto& row : step) want += row.want_logits;
+    if (want >= 1 && step.size() > (size_t)want + 1) mixed = true;
+  }
+  EXPECT_TRUE(mixed);
+}
+
+TEST(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
+  FakeRunner runner(64, 128, 4, 16);
+  FakeText text;
+  SchedulerOptions o;
+  o.max_prefill_per_step = 8;
+  Scheduler s(runner, text, o);
+  auto a = s.submit(greedy(prompt_of(4, 1), 40, "a"));
+  for (int i = 0; i < 3; ++i) s.step();  // a is decoding
+  const size_t before = runner.steps.size();
+  auto b = s.submit(greedy(prompt_of(100, 2), 4, "b"));
+  auto out = run_all(s, {a, b}, {1, 1});
+  // While b's 100-token prompt was prefilled (8 per step), every step also carried a's decode row.
+  int prefill_steps = 0;
+  for (size_t k = before; k < runner.steps.size(); ++k) {
+    const auto& step = runner.steps[k];
+    if (step.size() <= 2) continue;
+    ++prefill_steps;
+    EXPECT_LE(step.size(), 9u);  // 1 decode row + at most 8 prompt tokens
+    EXPECT_TRUE(step.front().want_logits);
+    EXPECT_NE(step.front().seq, step.back().seq);
+  }
+  EXPECT_GE(prefill_steps, 12);
+  EXPECT_EQ(out[0].tokens[0].size(), 40u);
+  EXPECT_EQ(out[1].tokens[0].size(), 4u);
+}
+
+TEST(SchedulerTest, DecodeRowsRotateWhenTheBatchIsSmallerThanTheSlots) {
+  FakeRunner runner(64, 128, 4, 2);  // 2 rows per step, 4 sequences
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  Scheduler s(runner, text, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(s.submit(greedy(prompt_of(2, i), 30)));
+  std::vector<Outcome> out(4);
+  auto counts = [&] {
+    std::vector<int> c;
+    for (int i = 0; i < 4; ++i) {
+      drain_into(*reqs[i], out[i], 1);
+      c.push_back((int)out[i].tokens[0].size());
+    }
+    return c;
+  };
+  // Prompts are not starved by decode rows: all four start within a few steps.
+  int steps = 0;
+  for (std::vector<int> c = counts(); *std::min_element(c.begin(), c.end()) == 0 && steps < 20; c = counts()) {
+    s.step();
+    ++steps;
+  }
+  EXPECT_LT(steps, 20);
+  const std::vector<int> before = counts();
+  for (int step = 0; step < 20; ++step) s.step();
+  const std::vector<int> after = counts();
+  int lo = 1 << 30, hi = 0;
+  for (int i = 0; i < 4; ++i) {
+    lo = std::min(lo, after[i] - before[i]);
+    hi = std::max(hi, after[i] - before[i]);
+  }
+  EXPECT_GE(lo, 9);  // 2 rows per step over 4 sequences for 20 steps
+  EXPECT_LE(hi - lo, 1);
+}
+
+TEST(SchedulerTest, AdmissionWaitsForKvBlocks) {
+  FakeRunner runner(64, 8, 4, 32);  // 32 positions
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  o.prompt_cache = false;
+  Scheduler s(runner, text, o);
+  // Each needs (8 + 8) / 4 = 4 blocks: two fit, the third waits.
+  auto a = s.submit(greedy(prompt_of(8, 1), 8));
+  auto b = s.submit(greedy(prompt_of(8, 2), 8));
+  auto c = s.submit(greedy(prompt_of(8, 3), 8));
+  s.step();
+  SchedulerStatus st = s.status();
+  EXPECT_EQ(st.requests_processing, 2);
+  EXPECT_EQ(st.queue_depth, 1);
+  EXPECT_LE(st.kv_blocks_used, st.kv_blocks_total);
+  auto out = run_all(s, {a, b, c}, {1, 1, 1});
+  for (auto& x : out) EXPECT_EQ(x.tokens[0].size(), 8u);
+  EXPECT_GT(out[2].timings.queue_ms, 0.0);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+}
+
+TEST(SchedulerTest, QueueFullIs503AndNeverFitsIs400) {
+  FakeRunner runner(64, 8, 4, 32);
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 1;
+  o.queue_size = 1;
+  Scheduler s(runner, text, o);
+  auto a = s.submit(greedy(prompt_of(4, 1), 4));
+  auto b = s.submit(greedy(prompt_of(4, 2), 4));
+  try {
+    s.submit(greedy(prompt_of(4, 3), 4));
+    FAIL() << "expected queue full";
+  } catch (const SubmitError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_EQ(e.code, "queue_full");
+  }
+  auto expect_400 = [&](GenParams p, const char* what) {
+    try {
+      s.submit(std::move(p));
+      ADD_FAILURE() << what;
+    } catch (const SubmitError& e) {
+      EXPECT_EQ(e.status, 400) << what;
+    }
+  };
+  expect_400(greedy(prompt_of(32, 1), 4), "prompt as long as the context");
+  {
+    FakeRunner big_ctx(64, 8, 4, 32, 64);  // a sequence may reach 64 positions, the pool holds 32
+    Scheduler s2(big_ctx, text, o);
+    EXPECT_THROW(s2.submit(greedy(prompt_of(20, 1), 100)), SubmitError);
+    try {
+      s2.submit(greedy(prompt_of(20, 1), 100));
+    } catch (const SubmitError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "context_length_exceeded");
+    }
+  }
+  GenParams many = greedy(prompt_of(4, 1), 4);
+  many.n = 2;
+  expect_400(many, "n beyond the slots");
+  expect_400(greedy({}, 4), "empty prompt");
+  expect_400(greedy({1, 2, 999}, 4), "token out of range");
+  auto out = run_all(s, {a, b}, {1, 1});
+  EXPECT_EQ(out[1].tokens[0].size(), 4u);
+}
+
+TEST(SchedulerTest, CancelFreesTheSlotAtTheNextStep) {
+  FakeRunner runner;
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 1;
+  Scheduler s(runner, text, o);
+  auto a = s.submit(greedy(prompt_of(6, 1), 1000));
+  auto b = s.submit(greedy(prompt_of(6, 2), 3));
+  for (int i = 0; i < 5; ++i) s.step();
+  EXPECT_EQ(s.status().queue_depth, 1);
+  EXPECT_GT(runner.kv().used_blocks(), 0);
+  a->cancel();
+  auto out = run_all(s, {a, b}, {1, 1});
+  EXPECT_EQ(out[0].finish[0], Finish::Cancelled);
+  EXPECT_LT(out[0].tokens[0].size(), 10u);
+  EXPECT_EQ(out[1].tokens[0].size(), 3u);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  // A queued request cancelled before admission never runs.
+  auto c = s.submit(greedy(prompt_of(6, 3), 3));
+  c->cancel();
+  auto out2 = run_all(s, {c}, {1});
+  EXPECT_EQ(out2[0].finish[0], Finish::Cancelled);
+  EXPECT_TRUE(out2[0].tokens[0].empty());
+}
+
+TEST(SchedulerTest, PrefixReuseGivesTheSameOutputWithFewerPromptTokens) {
+  std::vector<int32_t> first = prompt_of(37, 1);
+  std::vector<int32_t> second(first.begin(), first.begin() + 30);
+  for (int i = 0; i < 9; ++i) second.push_back((int32_t)(5 + i));
+  std::vector<int32_t> expected;
+  {
+    FakeRunner runner;
+    FakeText text;
+    SchedulerOptions o;
+    o.prompt_cache = false;
+    Scheduler s(runner, text, o);
+    expected = run_all(s, {s.submit(greedy(second, 10))}, {1})[0].tokens[0];
+  }
+  FakeRunner runner;
+  FakeText text;
+  Scheduler s(runner, text, {});
+  run_all(s, {s.submit(greedy(first, 5))}, {1});
+  const size_t rows_before = [&] {
+    size_t n = 0;
+    for (auto& st : runner.steps) n += st.size();
+    return n;
+  }();
+  auto out = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  EXPECT_EQ(out[0].tokens[0], expected);
+  EXPECT_EQ(out[0].timings.n_cached, 28);  // 7 full blocks of 4 shared with the first prompt
+  size_t rows_after = 0;
+  for (auto& st : runner.steps) rows_after += st.size();
+  EXPECT_EQ(rows_after - rows_before, (size_t)(39 - 28 + 9));  // prompt tail + 9 decode rows
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  // The same prompt again: everything but the last block's worth comes from the cache.
+  auto again = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  EXPECT_EQ(again[0].tokens[0], expected);
+  EXPECT_EQ(again[0].timings.n_cached, 36);
+}
+
+TEST(SchedulerTest, ConcurrentRequestsShareACommonPrefix) {
+  FakeRunner runner(64, 64, 4, 64);
+  FakeText text;
+  Scheduler s(runner, text, {});
+  std::vector<int32_t> system = prompt_of(24, 3);
+  auto with_suffix = [&](int k) {
+    auto p = system;
+    p.push_back((int32_t)(10 + k));
+    p.push_back((int32_t)(20 + k));
+    return p;
+  };
+  auto first = s.submit(greedy(with_suffix(0), 30));
+  s.step();  // the first prompt is prefilled and its blocks indexed
+  auto second = s.submit(greedy(with_suffix(1), 30));
+  auto out = run_all(s, {first, second}, {1, 1});
+  EXPECT_EQ(out[1].timings.n_cached, 24);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+}
+
+TEST(SchedulerTest, ForkedChoicesShareThePromptAndFinishIndependently) {
+  FakeRunner runner;
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  Scheduler s(runner, text, o);
+  GenParams p = greedy(prompt_of(10, 4), 7);
+  p.n = 3;
+  auto r = s.submit(p);
+  auto out = run_all(s, {r}, {3});
+  ASSERT_EQ(out[0].tokens.size(), 3u);
+  EXPECT_EQ(out[0].tokens[0].size(), 7u);
+  EXPECT_EQ(out[0].tokens[0], out[0].tokens[1]);  // greedy: identical choices
+  EXPECT_EQ(out[0].tokens[0], out[0].tokens[2]);
+  EXPECT_EQ(out[0].timings.n_generated, 21);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  // Sampled with a seed: reproducible, and the choices differ from each other.
+  auto sampled = [&] {
+    FakeRunner rr;
+    Scheduler ss(rr, text, o);
+    GenParams q = greedy(prompt_of(10, 4), 12);
+    q.n = 3;
+    q.sampling.temperature = 5.0f;
+    q.sampling.seed = 42;
+    return run_all(ss, {ss.submit(q)}, {3})[0].tokens;
+  };
+  auto t1 = sampled(), t2 = sampled();
+  EXPECT_EQ(t1, t2);
+  EXPECT_NE(t1[0], t1[1]);
+}
+
+TEST(SchedulerTest, StopStringsMatchAcrossTokenBoundaries) {
+  FakeRunner runner;
+  FakeText text;
+  // Tokens 1, 2, 3, 4, ... print "he", "ll", "o ", "wor", "ld", ...
+  text.pieces = {{1, "he"}, {2, "ll"}, {3, "o "}, {4, "wor"}, {5, "ld"}, {6, "!"}};
+  int next = 0;
+  runner.next_token = [&next](const std::vector<int32_t>&) { return (int32_t)(1 + (next++ % 6)); };
+  Scheduler s(runner, text, {});
+  GenParams p = greedy({7, 8}, 20);
+  p.stop = {"lo w", "xyz"};
+  auto out = run_all(s, {s.submit(p)}, {1});
+  EXPECT_EQ(out[0].text[0], "hel");
+  EXPECT_EQ(out[0].finish[0], Finish::StopWord);
+  EXPECT_EQ(out[0].stop_word[0], "lo w");
+  EXPECT_EQ(out[0].tokens[0].size(), 4u);
+  // End of generation stops without printing the token; ignore_eos keeps going.
+  next = 0;
+  text.eog = 3;
+  auto eos = run_all(s, {s.submit(greedy({7, 9}, 20))}, {1});
+  EXPECT_EQ(eos[0].text[0], "hell");
+  EXPECT_EQ(eos[0].finish[0], Finish::Eos);
+  next = 0;
+  GenParams ig = greedy({7, 10}, 5);
+  ig.ignore_eos = true;
+  auto ign = run_all(s, {s.submit(ig)}, {1});
+  EXPECT_EQ(ign[0].tokens[0].size(), 5u);
+  EXPECT_EQ(ign[0].finish[0], Finish::Length);
+}
+
+TEST(SchedulerTest, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  FakeRunner runner(16);
+  FakeText text;
+  Scheduler s(runner, text, {});
+  GenParams p = greedy({3, 4, 5}, 3);
+  p.logprobs = 4;
+  auto out = run_all(s, {s.submit(p)}, {1});
+  ASSERT_EQ(out[0].logprobs[0].size(), 3u);
+  std::vector<int32_t> content = {3, 4, 5};
+  std::vector<float> logits;
+  runner.append_logits(content, logits);
+  double mx = -1e30, sum = 0;
+  for (float l : logits) mx = std::max(mx, (double)l);
+  for (float l : logits) sum += std::exp(l - mx);
+  const TokenLogprob& lp = out[0].logprobs[0][0];
+  EXPECT_EQ(lp.token, out[0].tokens[0][0]);
+  EXPECT_NEAR(lp.logprob, logits[lp.token] - mx - std::log(sum), 1e-5);
+  ASSERT_EQ(lp.top.size(), 4u);
+  EXPECT_EQ(lp.top[0].token, lp.token);  // greedy picks the best
+  for (size_t i = 1; i < lp.top.size(); ++i) EXPECT_GE(lp.top[i - 1].logprob, lp.top[i].logprob);
+}
+
+TEST(SchedulerTest, UnlimitedRequestsStopWithLengthWhenThePoolRunsOut) {
+  FakeRunner runner(64, 8, 4, 32);  // 32 positions in all
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 2;
+  o.prompt_cache = false;
+  Scheduler s(runner, text, o);
+  auto a = s.submit(greedy(prompt_of(4, 1), -1));
+  auto b = s.submit(greedy(prompt_of(4, 2), -1));
+  auto out = run_all(s, {a, b}, {1, 1});
+  EXPECT_EQ(out[0].finish[0], Finish::Length);
+  EXPECT_EQ(out[1].finish[0], Finish::Length);
+  // Each reserved 16 positions; one stops at its 16th (the pool is full), the other then grows into
+  // the blocks it left.
+  const size_t lo = std::min(out[0].tokens[0].size(), out[1].tokens[0].size());
+  const size_t hi = std::max(out[0].tokens[0].size(), out[1].tokens[0].size());
+  EXPECT_EQ(lo, 13u);
+  EXPECT_GT(hi, 13u);
+  EXPECT_LE(hi, 29u);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+}
+
+TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
+  FakeRunner runner;
+  FakeText text;
+  Scheduler s(runner, text, {});
+  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  runner.fail_next_step = true;
+  auto out = run_all(s, {a}, {1});
+  EXPECT_EQ(out[0].finish[0], Finish::Error);
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
+  EXPECT_EQ(b[0].tokens[0].size(), 5u);
+}
+
+TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
+  FakeRunner runner(64, 256, 4, 16);
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  o.queue_size = 64;
+  Scheduler s(runner, text, o);
+  s.start();
+  std::vector<std::thread> threads;
+  std::vector<std::vector<int32_t>> got(16);
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = s.submit(greedy(prompt_of(5 + i, i), 10));
+      std::vector<Event> ev;
+      while (!r->poll(ev, std::chrono::milliseconds(50))) {
+      }
+      for (auto& e : ev) got[i].insert(got[i].end(), e.tokens.begin(), e.tokens.end());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i].size(), 10u) << i;
+  s.stop(false);
+  s.join();
+  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_THROW(s.submit(greedy(prompt_of(5, 1), 5)), SubmitError);
+}

@@ -1,0 +1,274 @@
+// The HTTP server over a fake backend, through a real socket: /health while loading and when ready,
+// API keys, CORS preflight, error envelopes (400/401/404/413/503), chat and completions whole and
+// streamed (SSE on the wire), /metrics, /slots, a client that disconnects (its slot is freed), a
+// full queue (503 + Retry-After), and /health answering promptly while every slot streams.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <thread>
+
+#include "fake_runner.h"
+#include "model/model_file.h"
+#include "serve/server.h"
+
+using namespace roofline;
+using namespace roofline::serve;
+using roofline::serve::test::FakeRunner;
+
+namespace {
+
+std::vector<std::string> payloads(const std::string& stream) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < stream.size()) {
+    const size_t end = stream.find("\n\n", pos);
+    if (end == std::string::npos) break;
+    std::string ev = stream.substr(pos, end - pos);
+    if (ev.rfind("data: ", 0) == 0) out.push_back(ev.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ModelFileOptions o;
+    o.layout_only = true;
+    auto file = open_model_file("synthetic:tiny-qwen3:F32", o);
+    mc.tokenizer = Tokenizer::from_metadata(file->metadata());
+    mc.chat_template_source = chat_template_from_metadata(file->metadata());
+    mc.chat_template = std::make_unique<ChatTemplate>(mc.chat_template_source);
+    mc.model_id = "tiny";
+    mc.n_vocab = mc.tokenizer->n_vocab();
+    runner = std::make_unique<FakeRunner>(mc.n_vocab, 512, 4, 64);
+    mc.n_ctx = runner->n_ctx();
+    // Generated text: letters a, b, c, ... by position.
+    runner->next_token = [](const std::vector<int32_t>& content) { return (int32_t)('a' + content.size() % 26); };
+    text = std::make_unique<TokenizerText>(mc.tokenizer);
+    SchedulerOptions so;
+    so.n_slots = 2;
+    so.queue_size = 2;
+    scheduler = std::make_unique<Scheduler>(*runner, *text, so, &metrics);
+    ServerOptions opt;
+    opt.host = "127.0.0.1";
+    opt.port = 0;
+    opt.api_keys = {"secret"};
+    opt.metrics = true;
+    opt.n_slots = 2;
+    opt.queue_size = 2;
+    opt.max_body_bytes = 64 * 1024;
+    server = std::make_unique<Server>(opt);
+    port = server->bind();
+    server->start();
+  }
+  void TearDown() override {
+    scheduler->stop(true);
+    scheduler->join();
+    server->stop();
+  }
+  void ready() {
+    scheduler->start();
+    server->set_ready(&mc, scheduler.get(), &metrics);
+  }
+  httplib::Client client() {
+    httplib::Client c("127.0.0.1", port);
+    c.set_default_headers({{"Authorization", "Bearer secret"}});
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  bool wait_idle(int ms) {
+    for (int i = 0; i < ms / 10; ++i) {
+      if (scheduler->status().requests_processing == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  ModelContext mc;
+  Metrics metrics;
+  std::unique_ptr<FakeRunner> runner;
+  std::unique_ptr<TokenizerText> text;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<Server> server;
+  int port = 0;
+};
+
+const char* kChat = R"({"model":"x","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0})";
+
+}  // namespace
+
+TEST_F(ServerTest, HealthIs503WhileLoadingThen200) {
+  auto c = client();
+  auto r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["message"], "Loading model");
+  r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  ready();
+  httplib::Client anon("127.0.0.1", port);  // /health needs no key
+  r = anon.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["status"], "ok");
+}
+
+TEST_F(ServerTest, AuthCorsAndErrorEnvelopes) {
+  ready();
+  httplib::Client anon("127.0.0.1", port);
+  auto r = anon.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
+  httplib::Client wrong("127.0.0.1", port);
+  wrong.set_default_headers({{"Authorization", "Bearer nope"}});
+  EXPECT_EQ(wrong.Post("/v1/chat/completions", kChat, "application/json")->status, 401);
+  auto c = client();
+  r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["data"][0]["id"], "tiny");
+  EXPECT_EQ(c.Get("/models")->status, 200);
+  EXPECT_EQ(c.Get("/v1/models/tiny")->status, 200);
+  EXPECT_EQ(c.Get("/v1/models/other")->status, 404);
+  // CORS preflight needs no key and echoes the origin.
+  httplib::Headers h = {{"Origin", "http://ui.example"}, {"Access-Control-Request-Headers", "authorization,content-type"}};
+  r = anon.Options("/v1/chat/completions", h);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 204);
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  EXPECT_EQ(r->get_header_value("Access-Control-Allow-Headers"), "authorization,content-type");
+  // Envelopes.
+  r = c.Post("/v1/chat/completions", "{oops", "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "invalid_request_error");
+  r = c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"temperature":9})", "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "temperature");
+  r = c.Get("/no/such/path");
+  EXPECT_EQ(r->status, 404);
+  EXPECT_TRUE(json::parse(r->body).contains("error"));
+  r = c.Post("/v1/completions", std::string(100 * 1024, ' '), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  // A prompt longer than the context: 400 before any work.
+  const std::string long_prompt(5000, 'x');
+  r = c.Post("/v1/completions", json{{"prompt", long_prompt}, {"max_tokens", 4}}.dump(), "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "context_length_exceeded");
+}
+
+TEST_F(ServerTest, ChatAndCompletionsWholeAndStreamed) {
+  ready();
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  const std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(content.size(), 5u);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["model"], "tiny");
+  // Streamed: the same text.
+  json body = json::parse(kChat);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  const auto p = payloads(r->body);
+  ASSERT_GE(p.size(), 4u);
+  EXPECT_EQ(p.back(), "[DONE]");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < p.size(); ++i) {
+    const json ch = json::parse(p[i]);
+    if (!ch["choices"].empty() && ch["choices"][0]["delta"].contains("content"))
+      streamed += ch["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(json::parse(p[p.size() - 2])["usage"]["completion_tokens"], 5);
+  // Completions and the native endpoint.
+  r = c.Post("/v1/completions", R"({"prompt":"abc","max_tokens":3,"temperature":0})", "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"].get<std::string>().size(), 3u);
+  r = c.Post("/completion", R"({"prompt":"abc","n_predict":3})", "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["timings"]["predicted_n"], 3);
+  // Metrics and slots.
+  r = c.Get("/metrics");
+  ASSERT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("llamacpp:tokens_predicted_total 16"), std::string::npos) << r->body;
+  r = c.Get("/slots");
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body).size(), 2u);
+  EXPECT_EQ(c.Get("/props")->status, 200);
+}
+
+TEST_F(ServerTest, DisconnectedClientsFreeTheirSlots) {
+  runner->step_delay_ms = 5;
+  ready();
+  const std::string body = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":400,"stream":true})";
+  // Streaming client that stops reading after a few chunks.
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", port);
+    c.set_default_headers({{"Authorization", "Bearer secret"}});
+    int n = 0;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++n < 3; };
+    c.send(req);
+  });
+  t.join();
+  EXPECT_TRUE(wait_idle(2000));
+  // A non-streaming client that gives up.
+  {
+    auto c = client();
+    c.set_read_timeout(0, 300000);
+    auto r = c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":400})", "application/json");
+    EXPECT_FALSE(r);
+  }
+  EXPECT_TRUE(wait_idle(2000));
+}
+
+TEST_F(ServerTest, FullQueueIs503AndHealthStaysPrompt) {
+  runner->step_delay_ms = 10;
+  ready();
+  const std::string body = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":60,"stream":true})";
+  std::vector<std::thread> streams;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 4; ++i) {  // 2 slots + 2 queued
+    streams.emplace_back([&] {
+      auto c = client();
+      auto r = c.Post("/v1/chat/completions", body, "application/json");
+      if (r && r->status == 200 && r->body.find("[DONE]") != std::string::npos) ++ok;
+    });
+  }
+  for (int i = 0; i < 200; ++i) {
+    const SchedulerStatus st = scheduler->status();
+    if (st.requests_processing == 2 && st.queue_depth == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = c.Get("/health");
+  auto m = c.Get("/metrics");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(h && m);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_LT(ms, 500);
+  for (auto& t : streams) t.join();
+  EXPECT_EQ(ok, 4);
+}
