@@ -14,5 +14,8 @@ if [ -d ../shared/testdata ]; then
   mkdir -p carry/shared/testdata/models
   cp -r ../shared/testdata/models/stories260K ../shared/testdata/models/qwen3-tiny512-llamacpp carry/shared/testdata/models/ 2>/dev/null || true
 fi
+# Debian's cpp-httplib is a shared library the GPU machine lacks: carry it (and brotli, which it links).
+mkdir -p carry/lib
+for lib in $(ldd carry/bin/roofline | awk '/libcpp-httplib|libbrotli/ {print $3}'); do cp -L "$lib" carry/lib/; done
 du -sh carry
 ldd carry/bin/roofline | grep -v -E "linux-vdso|libc.so|libm.so|libgcc|libstdc|ld-linux|libpthread|libdl|librt" || true

@@ -8,21 +8,22 @@ mode="${1:-full}"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
 bin=carry/bin
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
 {
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv
   ldd "$bin/roofline" | grep -E "not found|cuda|cublas" || true
   "$bin/roofline" --version
+  which node python3; node --version 2>/dev/null
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-ROOFLINE_SHARED_DIR=carry/shared timeout 300 "$bin/roofline_tests" --gtest_filter='Gpu*' > "$out/gpu_tests.txt" 2>&1
+[ "$mode" = extras ] || ROOFLINE_SHARED_DIR=carry/shared timeout 150 "$bin/roofline_tests" --gtest_filter='Gpu*' > "$out/gpu_tests.txt" 2>&1
 echo "gpu tests exit $?"; tail -30 "$out/gpu_tests.txt"
 
 run_bench() {  # name, args...
   local name="$1"; shift
   echo "== bench $name: $*" | tee -a "$out/bench.log"
-  timeout 240 "$bin/roofline" bench "$@" -o json > "$out/bench_$name.json" 2>> "$out/bench.log"
+  timeout "${BENCH_TIMEOUT:-170}" "$bin/roofline" bench "$@" -o json > "$out/bench_$name.json" 2>> "$out/bench.log"
   echo "exit $?" >> "$out/bench.log"
   python3 - "$out/bench_$name.json" <<'PY' | tee -a "$out/bench.md"
 import json, sys
@@ -36,12 +37,27 @@ for r in rows:
 PY
 }
 
-run_bench q8b synthetic:qwen3-8b:Q4_K_M -p 512 -n 128 -r 3
-run_bench q32b synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 3
-if [ "$mode" = full ]; then
-  run_bench q32b_d8192 synthetic:qwen3-32b:Q4_K_M -p 0 -n 128 -d 8192 -r 2
-  run_bench q32b_kvq8 synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -ctk q8_0 -ctv q8_0 -r 2
-  run_bench q32b_ngl48 synthetic:qwen3-32b:Q4_K_M -p 0 -n 32 -ngl 48 -r 2
-  run_bench q32b_npl synthetic:qwen3-32b:Q4_K_M -p 128 -n 128 -npl 1,4,16,64 -r 1
+if [ "$mode" = profile ] || [ "$mode" = full ]; then
+  prof() {  # title, bench args...
+    local title="$1"; shift
+    echo "== profile $title: $*" | tee -a "$out/profile.md"
+    timeout 150 "$bin/roofline" bench "$@" -r 1 --no-warmup --profile 2>&1 | grep -E '^\||^per-op' >> "$out/profile.md"
+  }
+  prof "8b decode" -m synthetic:qwen3-8b:Q4_K_M -p 0 -n 8
+  prof "32b decode" -m synthetic:qwen3-32b:Q4_K_M -p 0 -n 8
+  prof "32b prefill 512" -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 0
+  prof "32b 16 parallel" -m synthetic:qwen3-32b:Q4_K_M -p 16 -n 4 -npl 16
+  prof "32b 64 parallel" -m synthetic:qwen3-32b:Q4_K_M -p 16 -n 4 -npl 64
+  cat "$out/profile.md"
+fi
+if [ "$mode" != extras ] && [ "$mode" != profile ]; then
+  run_bench q8b -m synthetic:qwen3-8b:Q4_K_M -p 512 -n 128 -r 2
+  run_bench q32b -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 2
+fi
+if [ "$mode" != quick ]; then
+  run_bench q32b_d8192 -m synthetic:qwen3-32b:Q4_K_M -p 0 -n 128 -d 8192 -r 2
+  run_bench q32b_kvq8 -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -ctk q8_0 -ctv q8_0 -r 2
+  run_bench q32b_ngl48 -m synthetic:qwen3-32b:Q4_K_M -p 0 -n 32 -ngl 48 -r 2
+  run_bench q32b_npl -m synthetic:qwen3-32b:Q4_K_M -p 128 -n 128 -npl 1,4,16,64 -r 1
 fi
 tail -5 "$out/bench.log"

@@ -3,6 +3,7 @@
 // every weight once (at the measured bandwidth of the device holding it), one embedding row and the KV
 // cache at that depth. `-npl` runs that many sequences in parallel, like llama-batched-bench.
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -97,6 +98,8 @@ int run(int argc, char** argv) {
   app.add_option("-r,--repetitions", reps, "repetitions per test")->capture_default_str();
   app.add_option("-o,--output", output, "output format: md, json, csv")->capture_default_str();
   app.add_flag("--no-warmup", no_warmup, "skip the warmup run");
+  bool profile = false;
+  app.add_flag("--profile", profile, "print the time of every GPU op of a decode step (CUDA graphs off while profiling)");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   if (output != "md" && output != "json" && output != "csv") fail("unknown output format '{}' (md, json, csv)", output);
   if (reps < 1) fail("repetitions must be at least 1");
@@ -124,6 +127,10 @@ int run(int argc, char** argv) {
   if (use_gpu) {
     gpu_bw = measure_gpu_read_bandwidth(0);
     gpu_name = gpu_devices()[0].name;
+  }
+  if (profile) {
+    setenv("ROOFLINE_PROFILE", "1", 1);
+    setenv("ROOFLINE_PROFILE_BW", fmt::format("{:.0f}", gpu_bw).c_str(), 1);
   }
   log_info("read bandwidth: host {:.1f} GB/s ({} threads){}", host_bw, max_threads,
            use_gpu ? fmt::format(", GPU {:.0f} GB/s ({})", gpu_bw, gpu_name) : "");

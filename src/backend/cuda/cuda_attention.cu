@@ -87,11 +87,21 @@ __device__ void kv_put_row(uint8_t* vals, uint8_t* scales, DType type, int64_t s
 __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                                   const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
                                   float freq_base, float freq_scale, float eps, KvLayer kv) {
+  extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
   if (r >= step.header[0]) return;
   const int pos = step.positions[r];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
   const int half = n_rot / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
+    if (factors) freq /= (double)factors[i];
+    double sn, c;
+    sincos((double)pos * freq, &sn, &c);
+    cs[i] = (float)c;
+    cs[half + i] = (float)sn;
+  }
+  __syncthreads();
   for (int h = warp; h < n_head + n_head_kv; h += n_warps) {
     const bool is_q = h < n_head;
     float* x = is_q ? q + ((int64_t)r * n_head + h) * hd_k : k + ((int64_t)r * n_head_kv + (h - n_head)) * hd_k;
@@ -104,14 +114,10 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
       __syncwarp();
     }
     for (int i = lane; i < half; i += 32) {
-      double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
-      if (factors) freq /= (double)factors[i];
-      double s, c;
-      sincos((double)pos * freq, &s, &c);
       const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
       const float x0 = x[a], x1 = x[b];
-      x[a] = x0 * (float)c - x1 * (float)s;
-      x[b] = x0 * (float)s + x1 * (float)c;
+      x[a] = x0 * cs[i] - x1 * cs[half + i];
+      x[b] = x0 * cs[half + i] + x1 * cs[i];
     }
   }
   __syncthreads();
@@ -120,6 +126,65 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
   kv_put_row(kv.v, kv.v_scales, kv.type_v, slot, n_head_kv * hd_v, v + (int64_t)r * n_head_kv * hd_v);
 }
 
+// Eight consecutive values (index i, a multiple of 8) of a KV plane of type T.
+// T == DType::I8 marks the run-time-typed fallback (mixed K/V pairs without ROOFLINE_CUDA_ALL_KV_PAIRS).
+constexpr DType kRuntimeType = DType::I8;
+
+template <DType T>
+__device__ __forceinline__ void kv_load8(const uint8_t* vals, const uint8_t* scales, int64_t i, float* out, DType rt) {
+  if constexpr (T == kRuntimeType) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = kv_get(vals, scales, rt, i + k);
+  } else if constexpr (T == DType::F16) {
+    const int4 raw = __ldg(reinterpret_cast<const int4*>(vals + 2 * i));
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(h[k]);
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  } else if constexpr (T == DType::BF16) {
+    const int4 raw = __ldg(reinterpret_cast<const int4*>(vals + 2 * i));
+    const uint32_t u[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z, (uint32_t)raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[2 * k] = __uint_as_float(u[k] << 16);
+      out[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
+    }
+  } else if constexpr (T == DType::F32) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(vals) + i / 4), b = __ldg(reinterpret_cast<const float4*>(vals) + i / 4 + 1);
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w; out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+  } else if constexpr (T == DType::Q8_0) {
+    const int2 raw = __ldg(reinterpret_cast<const int2*>(vals + i));
+    const int8_t* b = reinterpret_cast<const int8_t*>(&raw);
+    const float d = ld_half(scales + 2 * (i / 32));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = d * (float)b[k];
+  } else {  // Q4_0
+    const int64_t g = i / 32;
+    const int j = (int)(i % 32);
+    const int2 raw = __ldg(reinterpret_cast<const int2*>(vals + g * 16 + (j % 16)));
+    const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
+    const float d = ld_half(scales + 2 * g);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = d * (float)((j < 16 ? (b[k] & 0xF) : (b[k] >> 4)) - 8);
+  }
+}
+
+template <DType T>
+__device__ __forceinline__ float kv_load1(const uint8_t* vals, const uint8_t* scales, int64_t i, DType rt) {
+  if constexpr (T == kRuntimeType) return kv_get(vals, scales, rt, i);
+  else if constexpr (T == DType::F16) return __half2float(reinterpret_cast<const __half*>(vals)[i]);
+  else if constexpr (T == DType::BF16) return ld_bf16(vals + 2 * i);
+  else if constexpr (T == DType::F32) return reinterpret_cast<const float*>(vals)[i];
+  else return kv_get(vals, scales, T, i);
+}
+
+// Split-KV attention for one (row, KV head, span of keys). Scores: one key per thread, its K row read
+// with 16-byte loads, all query heads of the group at once. Values: one output dimension per thread
+// (two when head_dim_v > 128), each V element loaded once for every query head of the group.
+template <DType KT, DType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
                                                                   int max_splits, float* partial) {
@@ -144,36 +209,48 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
     m_s[g] = -INFINITY;
     l_s[g] = 0.0f;
   }
-  const int n_pairs = gqa * hd_v;
+  const int n_dims = (hd_v + kThreads - 1) / kThreads;  // output dims per thread (1 or 2)
   float acc[kMaxAcc];
 #pragma unroll
   for (int i = 0; i < kMaxAcc; ++i) acc[i] = 0.0f;
   const int kv_dim_k = n_head_kv * hd_k, kv_dim_v = n_head_kv * hd_v;
+  const bool vec_k = hd_k % 8 == 0;
   __syncthreads();
 
   for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
     const int n_tile = min(kTile, k_end - t0);
-    // Scores: one key per thread, all query heads of the group.
     if (tid < n_tile) {
       const int64_t slot = slot_of(step, r, t0 + tid, kv.block_size);
       slot_s[tid] = slot;
       const int64_t base = slot * kv_dim_k + (int64_t)kvh * hd_k;
-      float s[8];
       for (int g0 = 0; g0 < gqa; g0 += 8) {
         const int ng = min(8, gqa - g0);
+        float s[8] = {};
+        if (vec_k) {
+#pragma unroll 4
+          for (int d = 0; d < hd_k; d += 8) {
+            float kd[8];
+            kv_load8<KT>(kv.k, kv.k_scales, base + d, kd, kv.type_k);
 #pragma unroll
-        for (int g = 0; g < 8; ++g) s[g] = 0.0f;
-        for (int d = 0; d < hd_k; ++d) {
-          const float kd = kv_get(kv.k, kv.k_scales, kv.type_k, base + d);
+            for (int g = 0; g < 8; ++g)
+              if (g < ng) {
+                const float* qv = q_s + (g0 + g) * hd_k + d;
 #pragma unroll
-          for (int g = 0; g < 8; ++g)
-            if (g < ng) s[g] += q_s[(g0 + g) * hd_k + d] * kd;
+                for (int e = 0; e < 8; ++e) s[g] += qv[e] * kd[e];
+              }
+          }
+        } else {
+          for (int d = 0; d < hd_k; ++d) {
+            const float kd = kv_load1<KT>(kv.k, kv.k_scales, base + d, kv.type_k);
+#pragma unroll
+            for (int g = 0; g < 8; ++g)
+              if (g < ng) s[g] += q_s[(g0 + g) * hd_k + d] * kd;
+          }
         }
         for (int g = 0; g < ng; ++g) p_s[(g0 + g) * kTile + tid] = s[g];
       }
     }
     __syncthreads();
-    // Online softmax update per query head (warp w takes heads w, w+4, ...).
     const int warp = tid / 32, lane = tid % 32;
     for (int g = warp; g < gqa; g += kThreads / 32) {
       float mx = -INFINITY;
@@ -195,29 +272,30 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
       }
     }
     __syncthreads();
-    // acc = acc * alpha + P V, one (head, dim) pair per accumulator.
-#pragma unroll
-    for (int i = 0; i < kMaxAcc; ++i) {
-      const int pair = tid + i * kThreads;
-      if (pair >= n_pairs) break;
-      const int g = pair / hd_v, d = pair % hd_v;
-      float a = acc[i] * a_s[g];
-      for (int j = 0; j < n_tile; ++j)
-        a += p_s[g * kTile + j] * kv_get(kv.v, kv.v_scales, kv.type_v, slot_s[j] * kv_dim_v + (int64_t)kvh * hd_v + d);
-      acc[i] = a;
+    for (int dd = 0; dd < n_dims; ++dd) {
+      const int d = tid + dd * kThreads;
+      if (d >= hd_v) break;
+      float* a = acc + dd * gqa;
+      for (int g = 0; g < gqa; ++g) a[g] *= a_s[g];
+      const int64_t col = (int64_t)kvh * hd_v + d;
+#pragma unroll 4
+      for (int j = 0; j < n_tile; ++j) {
+        const float vj = kv_load1<VT>(kv.v, kv.v_scales, slot_s[j] * kv_dim_v + col, kv.type_v);
+        for (int g = 0; g < gqa; ++g) a[g] += p_s[g * kTile + j] * vj;
+      }
     }
     __syncthreads();
   }
-  // Partial results: unnormalized accumulators with their running max and sum.
-  for (int i = 0; i < kMaxAcc; ++i) {
-    const int pair = tid + i * kThreads;
-    if (pair >= n_pairs) break;
-    const int g = pair / hd_v, d = pair % hd_v;
-    const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
-    partial[idx * (hd_v + 2) + 2 + d] = acc[i];
-    if (d == 0) {
-      partial[idx * (hd_v + 2)] = m_s[g];
-      partial[idx * (hd_v + 2) + 1] = l_s[g];
+  for (int dd = 0; dd < n_dims; ++dd) {
+    const int d = tid + dd * kThreads;
+    if (d >= hd_v) break;
+    for (int g = 0; g < gqa; ++g) {
+      const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
+      partial[idx * (hd_v + 2) + 2 + d] = acc[dd * gqa + g];
+      if (d == 0) {
+        partial[idx * (hd_v + 2)] = m_s[g];
+        partial[idx * (hd_v + 2) + 1] = l_s[g];
+      }
     }
   }
 }
@@ -245,6 +323,44 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
   }
 }
 
+using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*);
+
+template <DType KT>
+AttentionKernel pick_v(DType vt) {
+  switch (vt) {
+    case DType::F32: return attention_split_kernel<KT, DType::F32>;
+    case DType::F16: return attention_split_kernel<KT, DType::F16>;
+    case DType::BF16: return attention_split_kernel<KT, DType::BF16>;
+    case DType::Q8_0: return attention_split_kernel<KT, DType::Q8_0>;
+    default: return attention_split_kernel<KT, DType::Q4_0>;
+  }
+}
+
+// Equal K and V types get a kernel compiled for them; mixed pairs run the run-time-typed kernel unless
+// the build sets ROOFLINE_CUDA_ALL_KV_PAIRS (every pair compiled: slower builds, faster mixed caches).
+AttentionKernel pick_attention(DType kt, DType vt) {
+#ifdef ROOFLINE_CUDA_ALL_KV_PAIRS
+  switch (kt) {
+    case DType::F32: return pick_v<DType::F32>(vt);
+    case DType::F16: return pick_v<DType::F16>(vt);
+    case DType::BF16: return pick_v<DType::BF16>(vt);
+    case DType::Q8_0: return pick_v<DType::Q8_0>(vt);
+    default: return pick_v<DType::Q4_0>(vt);
+  }
+#else
+  if (kt == vt) {
+    switch (kt) {
+      case DType::F32: return attention_split_kernel<DType::F32, DType::F32>;
+      case DType::F16: return attention_split_kernel<DType::F16, DType::F16>;
+      case DType::BF16: return attention_split_kernel<DType::BF16, DType::BF16>;
+      case DType::Q8_0: return attention_split_kernel<DType::Q8_0, DType::Q8_0>;
+      default: return attention_split_kernel<DType::Q4_0, DType::Q4_0>;
+    }
+  }
+  return attention_split_kernel<kRuntimeType, kRuntimeType>;
+#endif
+}
+
 }  // namespace
 
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits) {
@@ -255,7 +371,7 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
                     cudaStream_t stream) {
-  rope_store_kernel<<<n_rows, 128, 0, stream>>>(step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k,
+  rope_store_kernel<<<n_rows, 256, (size_t)n_rot * sizeof(float), stream>>>(step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k,
                                                 head_dim_v, n_rot, neox, freq_base, freq_scale, eps, kv);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
@@ -264,10 +380,10 @@ void attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out,
                cudaStream_t stream) {
   const int gqa = n_head / n_head_kv;
-  if (gqa * head_dim_v > kMaxAcc * kThreads)
+  if (gqa * ((head_dim_v + kThreads - 1) / kThreads) > kMaxAcc)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
   const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
-  attention_split_kernel<<<dim3(n_rows, n_head_kv, max_splits), kThreads, smem, stream>>>(
+  pick_attention(kv.type_k, kv.type_v)<<<dim3(n_rows, n_head_kv, max_splits), kThreads, smem, stream>>>(
       step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(step, n_head, head_dim_v, max_splits, partial, out);

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -42,9 +43,14 @@ class CudaBackend final : public Backend {
     cublasSetStream(cublas_, stream_);
     const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
     graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
+    const char* profile = std::getenv("ROOFLINE_PROFILE");
+    profiling_ = profile && *profile && *profile != '0';
+    if (profiling_) graphs_enabled_ = false;
   }
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
+    print_profile();
+    for (auto& m : marks_) cudaEventDestroy(m.event);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -94,6 +100,13 @@ class CudaBackend final : public Backend {
       d.gate = upload_weight(L.ffn_gate, weights_, stream_);
       d.up = upload_weight(L.ffn_up, weights_, stream_);
       d.down = upload_weight(L.ffn_down, weights_, stream_);
+      d.wq_bytes = L.wq.bytes();
+      d.wk_bytes = L.wk.bytes();
+      d.wv_bytes = L.wv.bytes();
+      d.wo_bytes = L.wo.bytes();
+      d.gate_bytes = L.ffn_gate.bytes();
+      d.up_bytes = L.ffn_up.bytes();
+      d.down_bytes = L.ffn_down.bytes();
       d.attn_norm = upload_floats(to_floats(L.attn_norm), weights_, stream_);
       d.ffn_norm = upload_floats(to_floats(L.ffn_norm), weights_, stream_);
       d.q_norm = upload_floats(to_floats(L.q_norm), weights_, stream_);
@@ -106,6 +119,7 @@ class CudaBackend final : public Backend {
     if (layers.output) {
       out_ = (layers.embedding && model_->tied_embeddings()) ? embd_ : upload_weight(model_->output(), weights_, stream_);
       out_norm_ = upload_floats(to_floats(model_->output_norm()), weights_, stream_);
+      out_bytes_ = model_->output().bytes();
     }
     rope_factors_ = upload_floats(to_floats(model_->rope_freqs()), weights_, stream_);
 
@@ -230,6 +244,7 @@ class CudaBackend final : public Backend {
 
   void embed() override {
     ROOFLINE_CHECK(layers_.embedding, "the GPU backend does not hold the token embedding");
+    mark("embedding", 0);
     cuda::embed(embd_, dstep_, x_, n_tok_, model_->hparams().n_embd, stream_);
   }
   void set_hidden(const float* hidden) override {
@@ -281,13 +296,17 @@ class CudaBackend final : public Backend {
       return;
     }
     const bool q8 = matvec_uses_q8(out_.type) && n_logit_ <= 8 && hp.n_embd % 32 == 0;
+    mark("output norm + quantize", 0);
     rms_norm(x_, out_norm_, hp.rms_eps, n_logit_, hp.n_embd, dstep_.logit_rows, xn_, q8 ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8 ? hp.n_embd : -1;
+    mark(op_name("matvec output", out_).c_str(), (double)out_bytes_);
     project(out_, xn_, n_logit_, logits_, hp.n_vocab, false);
+    mark("logits to host", 0);
     n_quantized_cols_ = -1;
     const size_t bytes = (size_t)n_logit_ * hp.n_vocab * 4;
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(logits_host_, logits_, bytes, cudaMemcpyDeviceToHost, stream_));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    collect_profile();
     std::memcpy(logits, logits_host_, bytes);
   }
 
@@ -316,6 +335,7 @@ class CudaBackend final : public Backend {
  private:
   struct LayerDev {
     DeviceWeight wq, wk, wv, wo, gate, up, down;
+    size_t wq_bytes = 0, wk_bytes = 0, wv_bytes = 0, wo_bytes = 0, gate_bytes = 0, up_bytes = 0, down_bytes = 0;
     float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     float *bq = nullptr, *bk = nullptr, *bv = nullptr;
     KvLayer kv;
@@ -331,6 +351,61 @@ class CudaBackend final : public Backend {
     const size_t T = (size_t)std::max(1, options_.max_tokens);
     return 8 + 4 * T + T * (size_t)table_capacity_blocks();
   }
+
+  // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off): an event before each op of decode steps; the time
+  // between consecutive events is the op's. Printed as a per-step table when the backend is destroyed.
+  void mark(const char* op, double bytes) {
+    if (!profiling_) return;
+    cudaEvent_t e;
+    ROOFLINE_CUDA_CHECK(cudaEventCreate(&e));
+    ROOFLINE_CUDA_CHECK(cudaEventRecord(e, stream_));
+    marks_.push_back({op, bytes, e, n_tok_});
+  }
+  void collect_profile() {
+    if (marks_.empty()) return;
+    mark("", 0);  // end of the last op
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i + 1 < marks_.size(); ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, marks_[i].event, marks_[i + 1].event);
+      auto& row = profile_[marks_[i].rows][marks_[i].op];
+      row.calls += 1;
+      row.us += ms * 1000.0;
+      row.bytes += marks_[i].bytes;
+    }
+    profiled_steps_[marks_.front().rows] += 1;
+    for (auto& m : marks_) cudaEventDestroy(m.event);
+    marks_.clear();
+  }
+  // One table per step size (rows in the step): average time per step of each op, and for weight ops
+  // the bytes read and the bandwidth reached.
+  void print_profile() const {
+    const char* bw_env = std::getenv("ROOFLINE_PROFILE_BW");
+    const double bw = bw_env ? std::atof(bw_env) : 0.0;
+    for (const auto& [rows, ops] : profile_) {
+      const auto it = profiled_steps_.find(rows);
+      if (it == profiled_steps_.end() || it->second == 0) continue;
+      const double steps = (double)it->second;
+      double total_us = 0, total_bytes = 0;
+      for (const auto& [op, row] : ops) {
+        total_us += row.us;
+        total_bytes += row.bytes;
+      }
+      std::fprintf(stderr, "\nper-op time of one step of %d rows (average over %d steps, CUDA graphs off):\n", rows, it->second);
+      std::fprintf(stderr, "| op | calls | us | %% of step | MB read | GB/s | %% of %.0f GB/s |\n|---|---:|---:|---:|---:|---:|---:|\n", bw);
+      std::vector<std::pair<std::string, ProfileRow>> sorted(ops.begin(), ops.end());
+      std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
+      for (const auto& [op, row] : sorted) {
+        const double us = row.us / steps, mb = row.bytes / steps / 1e6, gbps = row.us > 0 ? row.bytes / (row.us * 1e-6) / 1e9 : 0;
+        std::fprintf(stderr, "| %s | %.0f | %.1f | %.1f%% | %.1f | %.0f | %.0f%% |\n", op.c_str(), row.calls / steps, us,
+                     100.0 * row.us / total_us, mb, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0);
+      }
+      const double total_gbps = total_bytes / (total_us * 1e-6) / 1e9;
+      std::fprintf(stderr, "| total | | %.1f | 100%% | %.1f | %.0f | %.0f%% |\n", total_us / steps, total_bytes / steps / 1e6,
+                   total_gbps, bw > 0 ? 100.0 * total_gbps / bw : 0.0);
+    }
+  }
+  static std::string op_name(const char* what, const DeviceWeight& w) { return fmt::format("{} {}", what, dtype_name(w.type)); }
 
   // y (+)= W x for the step's rows: matvec for decode-sized steps, GEMM beyond.
   void project(const DeviceWeight& w, const float* x, int n, float* y, int ldy, bool accumulate) {
@@ -354,11 +429,16 @@ class CudaBackend final : public Backend {
     };
     // Attention block.
     const bool q8_in = needs_q8({&L.wq, &L.wk, &L.wv}) && hp.n_embd % 32 == 0;
+    mark("attn norm + quantize", 0);
     rms_norm(x_, L.attn_norm, hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
+    mark(op_name("matvec q", L.wq).c_str(), (double)L.wq_bytes);
     project(L.wq, xn_, n, q_, hp.q_dim(), false);
+    mark(op_name("matvec k", L.wk).c_str(), (double)L.wk_bytes);
     project(L.wk, xn_, n, k_, hp.kv_dim_k(), false);
+    mark(op_name("matvec v", L.wv).c_str(), (double)L.wv_bytes);
     project(L.wv, xn_, n, v_, hp.kv_dim_v(), false);
+    mark("bias + rope + kv store", 0);
     add_bias(q_, L.bq, n, hp.q_dim(), stream_);
     add_bias(k_, L.bk, n, hp.kv_dim_k(), stream_);
     add_bias(v_, L.bv, n, hp.kv_dim_v(), stream_);
@@ -366,19 +446,26 @@ class CudaBackend final : public Backend {
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_freq_base,
                    hp.rope_freq_scale, hp.rms_eps, L.kv, stream_);
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
+    mark("attention", 0);
     attention(dstep_, q_, L.kv, n, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale, splits_, partial_, attn_,
               stream_);
     n_quantized_cols_ = -1;
+    mark(op_name("matvec o (+quantize)", L.wo).c_str(), (double)L.wo_bytes);
     project(L.wo, attn_, n, x_, hp.n_embd, true);
     // Feed-forward block.
     const bool q8_ffn = needs_q8({&L.gate, &L.up}) && hp.n_embd % 32 == 0;
+    mark("ffn norm + quantize", 0);
     rms_norm(x_, L.ffn_norm, hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
+    mark(op_name("matvec gate", L.gate).c_str(), (double)L.gate_bytes);
     project(L.gate, xn_, n, gate_, hp.n_ff, false);
+    mark(op_name("matvec up", L.up).c_str(), (double)L.up_bytes);
     project(L.up, xn_, n, up_, hp.n_ff, false);
     const bool q8_down = needs_q8({&L.down}) && hp.n_ff % 32 == 0;
+    mark("swiglu + quantize", 0);
     swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_down ? hp.n_ff : -1;
+    mark(op_name("matvec down", L.down).c_str(), (double)L.down_bytes);
     project(L.down, gate_, n, x_, hp.n_embd, true);
     n_quantized_cols_ = -1;
   }
@@ -407,6 +494,20 @@ class CudaBackend final : public Backend {
   DeviceStep dstep_;
   int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1;
   bool graphs_enabled_ = true;
+  bool profiling_ = false;
+  struct Mark {
+    std::string op;
+    double bytes;
+    cudaEvent_t event;
+    int rows;
+  };
+  struct ProfileRow {
+    double calls = 0, us = 0, bytes = 0;
+  };
+  std::vector<Mark> marks_;
+  std::map<int, std::map<std::string, ProfileRow>> profile_;  // step rows -> op -> totals
+  std::map<int, int> profiled_steps_;
+  size_t out_bytes_ = 0;
   std::map<uint64_t, cudaGraphExec_t> graphs_;
 };
 

@@ -27,9 +27,15 @@ __global__ void dequant_rows_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_
   const int64_t r = i / chunks_per_row, c = i % chunks_per_row;
   float v[32];
   dequant_chunk32(w, row0 + r, c, v);
-  __half* dst = out + r * w.cols + c * 32;
+  union {
+    int4 v4[4];
+    __half h[32];
+  } o;
 #pragma unroll
-  for (int k = 0; k < 32; ++k) dst[k] = __float2half(v[k]);
+  for (int k = 0; k < 32; ++k) o.h[k] = __float2half(v[k]);
+  int4* dst = reinterpret_cast<int4*>(out + r * w.cols + c * 32);  // 64-byte aligned: cols % 32 == 0
+#pragma unroll
+  for (int k = 0; k < 4; ++k) dst[k] = o.v4[k];
 }
 
 // f32 -> f16, saturating at the f16 range (an activation beyond it would otherwise become inf).
