@@ -50,14 +50,21 @@ if [ "$mode" = profile ] || [ "$mode" = full ]; then
   prof "32b 64 parallel" -m synthetic:qwen3-32b:Q4_K_M -p 16 -n 4 -npl 64
   cat "$out/profile.md"
 fi
-if [ "$mode" != extras ] && [ "$mode" != profile ]; then
+if [ "$mode" = full ] || [ "$mode" = quick ] || [ "$mode" = profile ]; then
   run_bench q8b -m synthetic:qwen3-8b:Q4_K_M -p 512 -n 128 -r 2
   run_bench q32b -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 2
 fi
-if [ "$mode" != quick ]; then
+if [ "$mode" = full ] || [ "$mode" = extras ]; then
   run_bench q32b_d8192 -m synthetic:qwen3-32b:Q4_K_M -p 0 -n 128 -d 8192 -r 2
   run_bench q32b_kvq8 -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -ctk q8_0 -ctv q8_0 -r 2
   run_bench q32b_ngl48 -m synthetic:qwen3-32b:Q4_K_M -p 0 -n 32 -ngl 48 -r 2
   run_bench q32b_npl -m synthetic:qwen3-32b:Q4_K_M -p 128 -n 128 -npl 1,4,16,64 -r 1
 fi
-tail -5 "$out/bench.log"
+if [ "$mode" = full ] || [ "$mode" = serve ]; then
+  # The server under load (tests/load/load.py): generated tok/s at 1, 16 and 64 concurrent streams.
+  echo "== serve load: synthetic:qwen3-32b:Q4_K_M" | tee -a "$out/serve.md"
+  timeout 400 python3 tests/load/load.py --bin "$bin/roofline" --model synthetic:qwen3-32b:Q4_K_M \
+      --server-args "-np 64 -c 32768 -ngl all" --concurrency 1,16,64 --prompt-tokens 128 --max-tokens 128 \
+      --per-stream 1 --json "$out/serve_load.json" 2>&1 | tee -a "$out/serve.md"
+fi
+touch "$out/bench.log"; tail -5 "$out/bench.log"

@@ -68,7 +68,7 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
     info.n_bytes = wq.size();
     info.data = wq.data();
     const Weight w{&info};
-    for (int n : {1, 3, 8, 9, 33}) {
+    for (int n : {1, 3, 8, 9, 33, 48, 49, 65}) {
       std::vector<float> x((size_t)(n * cols));
       for (float& v : x) v = (float)rng.normal();
       const auto y = gpu_matmul_for_test(w, x, n);

@@ -24,7 +24,8 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kTile = 128;    // keys per tile (one per thread)
-constexpr int kMaxAcc = 16;   // accumulators per thread: gqa * head_dim_v <= 2048
+constexpr int kMaxDims = 2;    // output dimensions per thread: head_dim_v <= 256
+constexpr int kMaxGroup = 16;  // query heads per KV head
 
 __device__ __forceinline__ int64_t slot_of(const DeviceStep& step, int r, int pos, int block_size) {
   const int seq = step.row_seq[r];
@@ -84,44 +85,99 @@ __device__ void kv_put_row(uint8_t* vals, uint8_t* scales, DType type, int64_t s
   }
 }
 
+// Stores one head's `hd` values (lane-strided in the warp) at element `base` of a KV plane; q8_0/q4_0
+// need hd % 32 == 0 (whole groups; lane k holds element k of each group, as the reference quantizer).
+__device__ void kv_put_head_warp(uint8_t* vals, uint8_t* scales, DType type, int64_t base, int hd, const float* src, int lane) {
+  if (type == DType::F32 || type == DType::F16 || type == DType::BF16) {
+    for (int i = lane; i < hd; i += 32) {
+      if (type == DType::F32) reinterpret_cast<float*>(vals)[base + i] = src[i];
+      else if (type == DType::F16) reinterpret_cast<__half*>(vals)[base + i] = __float2half(src[i]);
+      else reinterpret_cast<__nv_bfloat16*>(vals)[base + i] = __float2bfloat16(src[i]);
+    }
+    return;
+  }
+  for (int g = 0; g < hd / 32; ++g) {
+    const float v = src[g * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const int64_t gi = (base + g * 32) / 32;
+    if (type == DType::Q8_0) {
+      const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+      if (lane == 0) reinterpret_cast<__half*>(scales)[gi] = __float2half(d);
+      reinterpret_cast<int8_t*>(vals)[base + g * 32 + lane] = (int8_t)__float2int_rn(v * inv);
+    } else {  // Q4_0 as the reference quantizer: d = (first value of largest magnitude) / -8
+      const unsigned first = __ffs(__ballot_sync(0xffffffffu, fabsf(v) == amax)) - 1;
+      const float vmax = __shfl_sync(0xffffffffu, v, first);
+      const float d = vmax / -8.0f, inv = d != 0 ? 1.0f / d : 0.0f;
+      if (lane == 0) reinterpret_cast<__half*>(scales)[gi] = __float2half(d);
+      const int q = min(15, (int)(v * inv + 8.5f));
+      const int q_hi = __shfl_down_sync(0xffffffffu, q, 16);
+      if (lane < 16) vals[gi * 16 + lane] = (uint8_t)(q | (q_hi << 4));
+    }
+  }
+}
+
+// Q/K RMSNorm, RoPE and the K/V store of one step. grid = (rows, groups of 8 heads): warp w of CTA y
+// takes "head" 8y + w of [query heads | key heads | value heads]; key and value heads are stored into
+// the paged cache by the warp that holds them (store_whole_rows: by the separate row kernel instead).
 __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                                   const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
-                                  float freq_base, float freq_scale, float eps, KvLayer kv) {
+                                  float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows) {
   extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
   if (r >= step.header[0]) return;
   const int pos = step.positions[r];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y * (blockDim.x / 32) + warp;
   const int half = n_rot / 2;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
-    if (factors) freq /= (double)factors[i];
-    double sn, c;
-    sincos((double)pos * freq, &sn, &c);
-    cs[i] = (float)c;
-    cs[half + i] = (float)sn;
-  }
-  __syncthreads();
-  for (int h = warp; h < n_head + n_head_kv; h += n_warps) {
-    const bool is_q = h < n_head;
-    float* x = is_q ? q + ((int64_t)r * n_head + h) * hd_k : k + ((int64_t)r * n_head_kv + (h - n_head)) * hd_k;
-    const float* nw = is_q ? q_norm : k_norm;
-    if (nw) {
-      float ss = 0;
-      for (int i = lane; i < hd_k; i += 32) ss += x[i] * x[i];
-      const float scale = rsqrtf(warp_sum(ss) / (float)hd_k + eps);
-      for (int i = lane; i < hd_k; i += 32) x[i] = x[i] * scale * nw[i];
-      __syncwarp();
+  const bool needs_rope = blockIdx.y * (blockDim.x / 32) < n_head + n_head_kv;
+  if (needs_rope) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
+      if (factors) freq /= (double)factors[i];
+      double sn, c;
+      sincos((double)pos * freq, &sn, &c);
+      cs[i] = (float)c;
+      cs[half + i] = (float)sn;
     }
-    for (int i = lane; i < half; i += 32) {
-      const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-      const float x0 = x[a], x1 = x[b];
-      x[a] = x0 * cs[i] - x1 * cs[half + i];
-      x[b] = x0 * cs[half + i] + x1 * cs[i];
-    }
+    __syncthreads();
   }
-  __syncthreads();
+  if (h >= n_head + 2 * n_head_kv) return;
   const int64_t slot = slot_of(step, r, pos, kv.block_size);
+  if (h >= n_head + n_head_kv) {  // a value head: store only
+    if (store_whole_rows) return;
+    const int hv = h - n_head - n_head_kv;
+    kv_put_head_warp(kv.v, kv.v_scales, kv.type_v, slot * (int64_t)(n_head_kv * hd_v) + (int64_t)hv * hd_v, hd_v,
+                     v + ((int64_t)r * n_head_kv + hv) * hd_v, lane);
+    return;
+  }
+  const bool is_q = h < n_head;
+  float* x = is_q ? q + ((int64_t)r * n_head + h) * hd_k : k + ((int64_t)r * n_head_kv + (h - n_head)) * hd_k;
+  const float* nw = is_q ? q_norm : k_norm;
+  if (nw) {
+    float ss = 0;
+    for (int i = lane; i < hd_k; i += 32) ss += x[i] * x[i];
+    const float scale = rsqrtf(warp_sum(ss) / (float)hd_k + eps);
+    for (int i = lane; i < hd_k; i += 32) x[i] = x[i] * scale * nw[i];
+    __syncwarp();
+  }
+  for (int i = lane; i < half; i += 32) {
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    const float x0 = x[a], x1 = x[b];
+    x[a] = x0 * cs[i] - x1 * cs[half + i];
+    x[b] = x0 * cs[half + i] + x1 * cs[i];
+  }
+  __syncwarp();
+  if (!is_q && !store_whole_rows) {
+    const int hk = h - n_head;
+    kv_put_head_warp(kv.k, kv.k_scales, kv.type_k, slot * (int64_t)(n_head_kv * hd_k) + (int64_t)hk * hd_k, hd_k, x, lane);
+  }
+}
+
+// The K/V store one CTA per row, for quantized cache types whose head size is not whole 32-groups.
+__global__ void kv_store_rows_kernel(DeviceStep step, const float* k, const float* v, int n_head_kv, int hd_k, int hd_v, KvLayer kv) {
+  const int r = blockIdx.x;
+  if (r >= step.header[0]) return;
+  const int64_t slot = slot_of(step, r, step.positions[r], kv.block_size);
   kv_put_row(kv.k, kv.k_scales, kv.type_k, slot, n_head_kv * hd_k, k + (int64_t)r * n_head_kv * hd_k);
   kv_put_row(kv.v, kv.v_scales, kv.type_v, slot, n_head_kv * hd_v, v + (int64_t)r * n_head_kv * hd_v);
 }
@@ -209,10 +265,14 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
     m_s[g] = -INFINITY;
     l_s[g] = 0.0f;
   }
-  const int n_dims = (hd_v + kThreads - 1) / kThreads;  // output dims per thread (1 or 2)
-  float acc[kMaxAcc];
+  // Accumulators acc[dd][g]: output dimension tid + dd * kThreads of query head g of the group. Every
+  // index is a compile-time constant (unrolled loops, predicated on the real sizes), so they stay in
+  // registers.
+  float acc[kMaxDims][kMaxGroup];
 #pragma unroll
-  for (int i = 0; i < kMaxAcc; ++i) acc[i] = 0.0f;
+  for (int dd = 0; dd < kMaxDims; ++dd)
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) acc[dd][g] = 0.0f;
   const int kv_dim_k = n_head_kv * hd_k, kv_dim_v = n_head_kv * hd_v;
   const bool vec_k = hd_k % 8 == 0;
   __syncthreads();
@@ -272,29 +332,38 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
       }
     }
     __syncthreads();
-    for (int dd = 0; dd < n_dims; ++dd) {
+#pragma unroll
+    for (int dd = 0; dd < kMaxDims; ++dd) {
       const int d = tid + dd * kThreads;
-      if (d >= hd_v) break;
-      float* a = acc + dd * gqa;
-      for (int g = 0; g < gqa; ++g) a[g] *= a_s[g];
-      const int64_t col = (int64_t)kvh * hd_v + d;
-#pragma unroll 4
-      for (int j = 0; j < n_tile; ++j) {
-        const float vj = kv_load1<VT>(kv.v, kv.v_scales, slot_s[j] * kv_dim_v + col, kv.type_v);
-        for (int g = 0; g < gqa; ++g) a[g] += p_s[g * kTile + j] * vj;
+      if (d < hd_v) {
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g)
+          if (g < gqa) acc[dd][g] *= a_s[g];
+        const int64_t col = (int64_t)kvh * hd_v + d;
+#pragma unroll 2
+        for (int j = 0; j < n_tile; ++j) {
+          const float vj = kv_load1<VT>(kv.v, kv.v_scales, slot_s[j] * kv_dim_v + col, kv.type_v);
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g)
+            if (g < gqa) acc[dd][g] += p_s[g * kTile + j] * vj;
+        }
       }
     }
     __syncthreads();
   }
-  for (int dd = 0; dd < n_dims; ++dd) {
+#pragma unroll
+  for (int dd = 0; dd < kMaxDims; ++dd) {
     const int d = tid + dd * kThreads;
-    if (d >= hd_v) break;
-    for (int g = 0; g < gqa; ++g) {
-      const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
-      partial[idx * (hd_v + 2) + 2 + d] = acc[dd * gqa + g];
-      if (d == 0) {
-        partial[idx * (hd_v + 2)] = m_s[g];
-        partial[idx * (hd_v + 2) + 1] = l_s[g];
+    if (d < hd_v) {
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= gqa) break;
+        const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
+        partial[idx * (hd_v + 2) + 2 + d] = acc[dd][g];
+        if (d == 0) {
+          partial[idx * (hd_v + 2)] = m_s[g];
+          partial[idx * (hd_v + 2) + 1] = l_s[g];
+        }
       }
     }
   }
@@ -371,16 +440,25 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
                     cudaStream_t stream) {
-  rope_store_kernel<<<n_rows, 256, (size_t)n_rot * sizeof(float), stream>>>(step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k,
-                                                head_dim_v, n_rot, neox, freq_base, freq_scale, eps, kv);
+  auto quantized = [](DType t) { return t == DType::Q8_0 || t == DType::Q4_0; };
+  const bool whole_rows = (quantized(kv.type_k) && head_dim_k % 32 != 0) || (quantized(kv.type_v) && head_dim_v % 32 != 0);
+  constexpr int kWarpsPerCta = 8;
+  const dim3 grid((unsigned)n_rows, (unsigned)((n_head + 2 * n_head_kv + kWarpsPerCta - 1) / kWarpsPerCta));
+  rope_store_kernel<<<grid, 32 * kWarpsPerCta, (size_t)n_rot * sizeof(float), stream>>>(
+      step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base,
+      freq_scale, eps, kv, whole_rows);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  if (whole_rows) {
+    kv_store_rows_kernel<<<n_rows, 256, 0, stream>>>(step, k, v, n_head_kv, head_dim_k, head_dim_v, kv);
+    ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 void attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out,
                cudaStream_t stream) {
   const int gqa = n_head / n_head_kv;
-  if (gqa * ((head_dim_v + kThreads - 1) / kThreads) > kMaxAcc)
+  if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
   const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
   pick_attention(kv.type_k, kv.type_v)<<<dim3(n_rows, n_head_kv, max_splits), kThreads, smem, stream>>>(

@@ -41,6 +41,10 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
     cublasSetStream(cublas_, stream_);
+    // A workspace of our own, set once: without it cuBLAS takes one from its pool on each call.
+    ROOFLINE_CUDA_CHECK(cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes));
+    if (cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes) != CUBLAS_STATUS_SUCCESS)
+      fail("cuBLAS workspace could not be set");
     const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
     graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
     const char* profile = std::getenv("ROOFLINE_PROFILE");
@@ -53,6 +57,7 @@ class CudaBackend final : public Backend {
     for (auto& m : marks_) cudaEventDestroy(m.event);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_) cublasDestroy(cublas_);
+    if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (stream_) cudaStreamDestroy(stream_);
     if (step_host_) cudaFreeHost(step_host_);
     if (logits_host_) cudaFreeHost(logits_host_);
@@ -494,6 +499,8 @@ class CudaBackend final : public Backend {
   DeviceStep dstep_;
   int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1;
   bool graphs_enabled_ = true;
+  static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
+  void* cublas_workspace_ = nullptr;
   bool profiling_ = false;
   struct Mark {
     std::string op;
@@ -581,6 +588,7 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
+  cublasSetStream(cublas, stream);
   const int64_t rows = w.rows(), cols = w.cols();
   DeviceArena arena;
   const size_t scratch = (size_t)rows * cols;

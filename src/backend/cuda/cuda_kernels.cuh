@@ -25,7 +25,9 @@ struct DeviceStep {
 bool matvec_uses_q8(DType type);
 void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
             cudaStream_t stream);
-// Large batches: weights dequantized to f16 in row chunks (scratch) and multiplied with cuBLAS.
+// More than 8 rows: up to 48 rows of Q4_K/Q6_K weights, a fused dequantize + tensor-core kernel
+// (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS.
+bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
           __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream);
 

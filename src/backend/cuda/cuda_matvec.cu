@@ -35,6 +35,35 @@ __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int 
 // Q4_K (GGUF blocks of 144 B): 8 lanes per super-block; lane j reads 16 B of quants: chunk c = j/2,
 // half h = j%2 -> low nibbles are elements 16h..16h+15 of sub-block 2c, high nibbles of sub-block 2c+1.
 template <int B>
+__device__ __forceinline__ void q4_k_superblock(const int4 hdr_v, const int4 qv, int64_t i, int c, int h, const ActQ8& act,
+                                                int64_t cols, float (&acc)[B]) {
+  union {
+    int4 v;
+    uint8_t b[16];
+  } hdr;
+  hdr.v = hdr_v;
+  __half2 dm;
+  memcpy(&dm, hdr.b, 4);
+  const float d = __low2float(dm), dmin = __high2float(dm);
+  int sc0, m0, sc1, m1;
+  k4_scale_min(2 * c, hdr.b + 4, sc0, m0);
+  k4_scale_min(2 * c + 1, hdr.b + 4, sc1, m1);
+  const int4 lo = make_int4(qv.x & 0x0F0F0F0F, qv.y & 0x0F0F0F0F, qv.z & 0x0F0F0F0F, qv.w & 0x0F0F0F0F);
+  const int4 hi = make_int4((qv.x >> 4) & 0x0F0F0F0F, (qv.y >> 4) & 0x0F0F0F0F, (qv.z >> 4) & 0x0F0F0F0F,
+                            (qv.w >> 4) & 0x0F0F0F0F);
+#pragma unroll
+  for (int t = 0; t < B; ++t) {
+    const int8_t* a = act.q + (int64_t)t * cols + i * 256 + 64 * c + 16 * h;
+    const int dlo = dot16(lo, ld16(a), 0), dhi = dot16(hi, ld16(a + 32), 0);
+    const int64_t s = (int64_t)t * (cols / 32) + 8 * i + 2 * c;
+    acc[t] += d * ((float)sc0 * act.d[s] * (float)dlo + (float)sc1 * act.d[s + 1] * (float)dhi);
+    if (h == 0) acc[t] -= dmin * ((float)m0 * act.s[s] + (float)m1 * act.s[s + 1]);
+  }
+}
+
+// Each lane group takes super-blocks i and i + 4 per iteration, both loads issued before either is used
+// (more bytes in flight per warp: the kernel is bound by memory latency otherwise).
+template <int B>
 __global__ void __launch_bounds__(kWarps * 32) matvec_q4_k(DeviceWeight w, ActQ8 act, float* y, int ldy, bool accumulate) {
   const int lane = threadIdx.x % 32;
   const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
@@ -44,31 +73,16 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q4_k(DeviceWeight w, ActQ8
   const int64_t n_sb = w.cols / 256;
   const uint8_t* rowp = w.data + row * w.row_bytes;
   float acc[B] = {};
-  for (int64_t i = lane / 8; i < n_sb; i += 4) {
-    const uint8_t* blk = rowp + i * 144;
-    union {
-      int4 v;
-      uint8_t b[16];
-    } hdr;
-    hdr.v = ld16(blk);
-    const int4 qv = ld16(blk + 16 + 16 * j);
-    __half2 dm;
-    memcpy(&dm, hdr.b, 4);
-    const float d = __low2float(dm), dmin = __high2float(dm);
-    int sc0, m0, sc1, m1;
-    k4_scale_min(2 * c, hdr.b + 4, sc0, m0);
-    k4_scale_min(2 * c + 1, hdr.b + 4, sc1, m1);
-    const int4 lo = make_int4(qv.x & 0x0F0F0F0F, qv.y & 0x0F0F0F0F, qv.z & 0x0F0F0F0F, qv.w & 0x0F0F0F0F);
-    const int4 hi = make_int4((qv.x >> 4) & 0x0F0F0F0F, (qv.y >> 4) & 0x0F0F0F0F, (qv.z >> 4) & 0x0F0F0F0F,
-                              (qv.w >> 4) & 0x0F0F0F0F);
-#pragma unroll
-    for (int t = 0; t < B; ++t) {
-      const int8_t* a = act.q + (int64_t)t * w.cols + i * 256 + 64 * c + 16 * h;
-      const int dlo = dot16(lo, ld16(a), 0), dhi = dot16(hi, ld16(a + 32), 0);
-      const int64_t s = (int64_t)t * (w.cols / 32) + 8 * i + 2 * c;
-      acc[t] += d * ((float)sc0 * act.d[s] * (float)dlo + (float)sc1 * act.d[s + 1] * (float)dhi);
-      if (h == 0) acc[t] -= dmin * ((float)m0 * act.s[s] + (float)m1 * act.s[s + 1]);
+  for (int64_t i = lane / 8; i < n_sb; i += 8) {
+    const bool second = i + 4 < n_sb;
+    const int4 hdr0 = ld16(rowp + i * 144), q0 = ld16(rowp + i * 144 + 16 + 16 * j);
+    int4 hdr1 = make_int4(0, 0, 0, 0), q1 = hdr1;
+    if (second) {
+      hdr1 = ld16(rowp + (i + 4) * 144);
+      q1 = ld16(rowp + (i + 4) * 144 + 16 + 16 * j);
     }
+    q4_k_superblock<B>(hdr0, q0, i, c, h, act, w.cols, acc);
+    if (second) q4_k_superblock<B>(hdr1, q1, i + 4, c, h, act, w.cols, acc);
   }
   store_rows<B>(acc, y, ldy, row, accumulate, lane);
 }
@@ -135,9 +149,8 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q6_k(DeviceWeight w, ActQ8
   const int8_t* sc_row = reinterpret_cast<const int8_t*>(w.plane2) + row * (w.cols / 16);
   const __half* d_row = reinterpret_cast<const __half*>(w.plane3) + row * n_sb;
   float acc[B] = {};
-  for (int64_t i = lane / 8; i < n_sb; i += 4) {
-    const int4 lo = ld16(lo_row + i * 128 + 16 * j);
-    const int2 hi = __ldg(reinterpret_cast<const int2*>(hi_row + i * 64 + 8 * j));
+  // One super-block's 32 elements for lane j (low nibbles lo, 2-bit highs hi).
+  auto superblock = [&](int64_t i, const int4 lo, const int2 hi) {
     const float d = __half2float(d_row[i]);
     const float sc0 = (float)sc_row[i * 16 + 2 * j], sc1 = (float)sc_row[i * 16 + 2 * j + 1];
     const int l[4] = {lo.x, lo.y, lo.z, lo.w};
@@ -155,6 +168,20 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q6_k(DeviceWeight w, ActQ8
       const int d0 = dot16(w0, ld16(a), 0), d1 = dot16(w1, ld16(a + 16), 0);
       acc[t] += d * act.d[(int64_t)t * (w.cols / 32) + 8 * i + j] * (sc0 * (float)d0 + sc1 * (float)d1);
     }
+  };
+  // Super-blocks i and i + 4 per iteration, both loaded before either is used.
+  for (int64_t i = lane / 8; i < n_sb; i += 8) {
+    const bool second = i + 4 < n_sb;
+    const int4 lo0 = ld16(lo_row + i * 128 + 16 * j);
+    const int2 hi0 = __ldg(reinterpret_cast<const int2*>(hi_row + i * 64 + 8 * j));
+    int4 lo1 = make_int4(0, 0, 0, 0);
+    int2 hi1 = make_int2(0, 0);
+    if (second) {
+      lo1 = ld16(lo_row + (i + 4) * 128 + 16 * j);
+      hi1 = __ldg(reinterpret_cast<const int2*>(hi_row + (i + 4) * 64 + 8 * j));
+    }
+    superblock(i, lo0, hi0);
+    if (second) superblock(i + 4, lo1, hi1);
   }
   store_rows<B>(acc, y, ldy, row, accumulate, lane);
 }

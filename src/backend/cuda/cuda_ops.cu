@@ -8,7 +8,6 @@ namespace roofline::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
 
 // Sum over the CTA in a fixed order (result valid in every thread).
 __device__ float block_sum(float v, float* smem) {
@@ -22,27 +21,20 @@ __device__ float block_sum(float v, float* smem) {
   return total;
 }
 
-// Quantizes 32 values to int8 with d = amax/127 and writes q, d, s = d * sum(q).
-__device__ __forceinline__ void quantize32(const float* v, int8_t* q, float* d_out, float* s_out) {
-  float amax = 0;
-#pragma unroll
-  for (int k = 0; k < 32; ++k) amax = fmaxf(amax, fabsf(v[k]));
+// The warp quantizes the 32 values it holds (lane k holds value k) to int8 with d = amax/127 and writes
+// q, d and s = d * sum(q). Only called for whole groups of 32.
+__device__ __forceinline__ void warp_quantize32(float v, int lane, int8_t* q, float* d_out, float* s_out) {
+  const float amax = warp_max(fabsf(v));
   const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
-  int sum = 0;
-  union {
-    int4 v4[2];
-    int8_t b[32];
-  } out;
+  const int qi = __float2int_rn(v * inv);
+  q[lane] = (int8_t)qi;
+  int sum = qi;
 #pragma unroll
-  for (int k = 0; k < 32; ++k) {
-    const int qi = __float2int_rn(v[k] * inv);
-    out.b[k] = (int8_t)qi;
-    sum += qi;
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) {
+    *d_out = d;
+    *s_out = d * (float)sum;
   }
-  reinterpret_cast<int4*>(q)[0] = out.v4[0];
-  reinterpret_cast<int4*>(q)[1] = out.v4[1];
-  *d_out = d;
-  *s_out = d * (float)sum;
 }
 
 __global__ void embed_kernel(DeviceWeight table, DeviceStep step, float* x, int n_embd) {
@@ -68,6 +60,8 @@ __global__ void embed_kernel(DeviceWeight table, DeviceStep step, float* x, int 
   }
 }
 
+// One CTA per row: the sum of squares, then one warp per 32-element group (lane = element, so every
+// access is coalesced) writing the normalized row and/or its int8 form.
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n, const int* gather, float* out, ActQ8 act) {
   __shared__ float smem[32];
   const int r = blockIdx.x;
@@ -75,51 +69,44 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
   const float scale = rsqrtf(block_sum(ss, smem) / (float)n + eps);
-  for (int g = threadIdx.x; g < n / 32; g += blockDim.x) {
-    float v[32];
-#pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = xr[g * 32 + k] * scale * w[g * 32 + k];
-    if (out) {
-#pragma unroll
-      for (int k = 0; k < 32; ++k) out[(int64_t)r * n + g * 32 + k] = v[k];
-    }
-    if (act.q) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  for (int g = warp; g < (n + 31) / 32; g += n_warps) {
+    const int i = g * 32 + lane;
+    const float v = i < n ? xr[i] * scale * w[i] : 0.0f;
+    if (out && i < n) out[(int64_t)r * n + i] = v;
+    if (act.q && g < n / 32) {
       const int64_t gi = (int64_t)r * (n / 32) + g;
-      quantize32(v, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
+      warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
     }
   }
-  // Tail when n is not a multiple of 32 (float output only).
-  if (out)
-    for (int i = (n / 32) * 32 + threadIdx.x; i < n; i += blockDim.x) out[(int64_t)r * n + i] = xr[i] * scale * w[i];
 }
 
+// One warp per 32-element group of a row (grid.y = rows).
 __global__ void quantize_rows_kernel(const float* x, int n, ActQ8 act) {
-  const int r = blockIdx.x;
-  for (int g = threadIdx.x; g < n / 32; g += blockDim.x) {
-    float v[32];
-#pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = x[(int64_t)r * n + g * 32 + k];
-    const int64_t gi = (int64_t)r * (n / 32) + g;
-    quantize32(v, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
-  }
+  const int r = blockIdx.y;
+  const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (g >= n / 32) return;
+  const float v = x[(int64_t)r * n + g * 32 + lane];
+  const int64_t gi = (int64_t)r * (n / 32) + g;
+  warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
 }
 
+// silu(gate) * up, one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
 __global__ void swiglu_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act) {
   const int r = blockIdx.y;
-  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (g >= (n + 31) / 32) return;
-  float v[32];
-  const int64_t base = (int64_t)r * n + g * 32;
-  const int len = min(32, n - g * 32);
-  for (int k = 0; k < 32; ++k) {
-    const float a = k < len ? gate[base + k] : 0.0f;
-    v[k] = k < len ? a / (1.0f + __expf(-a)) * up[base + k] : 0.0f;
+  const int i = g * 32 + lane;
+  const int64_t at = (int64_t)r * n + i;
+  float v = 0.0f;
+  if (i < n) {
+    const float a = gate[at];
+    v = a / (1.0f + __expf(-a)) * up[at];
   }
-  if (out)
-    for (int k = 0; k < len; ++k) out[base + k] = v[k];
-  if (act.q && len == 32) {  // int8 activations only exist for rows that are whole 32-blocks
+  if (out && i < n) out[at] = v;
+  if (act.q && g < n / 32) {  // int8 activations only exist for rows that are whole 32-blocks
     const int64_t gi = (int64_t)r * (n / 32) + g;
-    quantize32(v, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
+    warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
   }
 }
 
@@ -139,20 +126,21 @@ void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_ro
 void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
               cudaStream_t stream) {
   if (n_rows == 0) return;
-  rms_norm_kernel<<<n_rows, kThreads, 0, stream>>>(x, w, eps, n, gather, out, act);
+  rms_norm_kernel<<<n_rows, 1024, 0, stream>>>(x, w, eps, n, gather, out, act);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
-  quantize_rows_kernel<<<n_rows, kThreads, 0, stream>>>(x, n, act);
+  const dim3 grid((unsigned)((n / 32 + 7) / 8), (unsigned)n_rows);
+  quantize_rows_kernel<<<grid, 256, 0, stream>>>(x, n, act);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
-  const dim3 grid((unsigned)(((n + 31) / 32 + 127) / 128), (unsigned)n_rows);
-  swiglu_kernel<<<grid, 128, 0, stream>>>(gate, up, n, out, act);
+  const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
+  swiglu_kernel<<<grid, 256, 0, stream>>>(gate, up, n, out, act);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
