@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "formats/gguf.h"
 #include "model/model_file.h"
 
@@ -50,14 +51,7 @@ int run(int argc, char** argv) {
   app.add_option("file", path, "GGUF file or synthetic:SHAPE:MIX")->required();
   app.add_flag("--json", json, "print JSON: {metadata, tensors}");
   app.add_option("--max-array", max_items, "array items shown in the text output")->capture_default_str();
-  auto args = normalize_llama_flags(argc, argv);
-  std::vector<const char*> cargs;
-  for (auto& a : args) cargs.push_back(a.c_str());
-  try {
-    app.parse((int)cargs.size(), cargs.data());
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
 
   ModelFileOptions options;
   options.layout_only = true;  // a synthetic model's table needs no weights

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "model/model_file.h"
 #include "tokenizer/chat_template.h"
@@ -50,14 +51,7 @@ int run(int argc, char** argv) {
   app.add_option("--kwargs", kwargs_text, "JSON object of extra template variables, e.g. '{\"enable_thinking\":false}'");
   app.add_option("--tools", tools_path, "JSON file: an OpenAI tools array");
   app.add_option("--chat-template-file", template_file, "use this Jinja template instead of the model's");
-  auto args = normalize_llama_flags(argc, argv);
-  std::vector<const char*> cargs;
-  for (auto& a : args) cargs.push_back(a.c_str());
-  try {
-    app.parse((int)cargs.size(), cargs.data());
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
 
   ChatTemplateInputs in;
   std::string source;

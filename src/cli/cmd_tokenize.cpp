@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/error.h"
 #include "model/model_file.h"
 #include "tokenizer/tokenizer.h"
@@ -31,14 +32,7 @@ int run(int argc, char** argv) {
   app.add_flag("--ids", ids, "print only the ids, space-separated");
   app.add_flag("--no-parse-special", no_parse_special, "treat special-token text as plain text");
   app.add_flag("--add-special", add_special, "add BOS/EOS as the vocabulary says");
-  auto args = normalize_llama_flags(argc, argv);
-  std::vector<const char*> cargs;
-  for (auto& a : args) cargs.push_back(a.c_str());
-  try {
-    app.parse((int)cargs.size(), cargs.data());
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   if (p->count() == 0 && f->count() == 0) fail("give the text with -p TEXT or -f FILE");
   if (f->count()) {
     std::ifstream in(file, std::ios::binary);
