@@ -11,12 +11,47 @@
 
 namespace roofline {
 
+namespace {
+bool history_penalties_apply(const SamplingParams& p, const std::vector<int32_t>& history) {
+  const bool any = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return any && p.repeat_last_n != 0 && !history.empty();
+}
+}  // namespace
+
+bool penalties_apply(const SamplingParams& p, const std::vector<int32_t>& history) {
+  return !p.logit_bias.empty() || history_penalties_apply(p, history);
+}
+
+bool greedy_from_raw_logits(const SamplingParams& p) {
+  const bool any = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return p.temperature <= 0 && p.logit_bias.empty() && (!any || p.repeat_last_n == 0);
+}
+
+int32_t argmax_logits(const float* x, int n) {
+  const float x0 = x[0];
+  if (x0 != x0) return 0;  // a NaN first: the scalar scan never moves off it
+  // Pass 1: the largest value (NaNs skipped: a comparison with one is false), in 16 independent
+  // lanes the compiler turns into SIMD max instructions.
+  constexpr int kLanes = 16;
+  float m[kLanes];
+  for (float& v : m) v = x0;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+  float mx = x0;
+  for (int j = 0; j < kLanes; ++j) mx = m[j] > mx ? m[j] : mx;
+  for (; i < n; ++i) mx = x[i] > mx ? x[i] : mx;
+  // Pass 2: its first occurrence (the scalar scan stops moving at the first value equal to the max).
+  for (int k = 0; k < n; ++k)
+    if (x[k] == mx) return k;
+  return 0;
+}
+
 void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const std::vector<int32_t>& history) {
   const int n_vocab = (int)logits.size();
   for (const auto& [token, bias] : p.logit_bias)
     if (token >= 0 && token < n_vocab) logits[token] += bias;
-  const bool any = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  if (!any || p.repeat_last_n == 0 || history.empty()) return;
+  if (!history_penalties_apply(p, history)) return;
   const size_t window = p.repeat_last_n < 0 ? history.size() : std::min(history.size(), (size_t)p.repeat_last_n);
   std::unordered_map<int32_t, int> counts;
   for (size_t i = history.size() - window; i < history.size(); ++i) counts[history[i]]++;
@@ -41,15 +76,12 @@ Sampler::Sampler(const SamplingParams& params, int n_vocab) : params_(params), n
 }
 
 SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& history) {
+  // Greedy without bias or penalties: the argmax of the row as it is (no copy of the vocabulary).
+  if (params_.temperature <= 0 && !penalties_apply(params_, history)) return {argmax_logits(logits, n_vocab_), 1.0f};
   adjusted_.assign(logits, logits + n_vocab_);
   apply_penalties(adjusted_, params_, history);
 
-  if (params_.temperature <= 0) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n_vocab_; ++i)
-      if (adjusted_[i] > adjusted_[best]) best = i;
-    return {best, 1.0f};
-  }
+  if (params_.temperature <= 0) return {argmax_logits(adjusted_.data(), n_vocab_), 1.0f};
 
   // Candidates sorted by logit (descending), ties by token id.
   candidates_.clear();

@@ -51,5 +51,16 @@ class Sampler {
 
 // Applies the penalties and bias to a copy of the logits (exposed for tests and logprobs).
 void apply_penalties(std::vector<float>& logits, const SamplingParams& params, const std::vector<int32_t>& history);
+// Whether apply_penalties would change any logit for this history.
+bool penalties_apply(const SamplingParams& params, const std::vector<int32_t>& history);
+
+// Greedy pick: the lowest id among the largest of n logits (n > 0), exactly as the scalar scan
+// `best = 0; for i: if (x[i] > x[best]) best = i` (NaNs are never picked unless x[0] is one).
+// Vectorizable, no copy: what the sampler and the engine's host-side argmax use.
+int32_t argmax_logits(const float* logits, int n);
+// Whether a request with these parameters samples greedily from the raw logits, so that the argmax
+// alone (which a backend may compute on the device) decides its tokens: temperature <= 0 and no
+// logit bias or penalties.
+bool greedy_from_raw_logits(const SamplingParams& params);
 
 }  // namespace roofline

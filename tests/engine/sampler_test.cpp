@@ -25,6 +25,53 @@ TEST(SamplerTest, GreedyAndTies) {
   EXPECT_EQ(g.sample(l.data(), {}).token, 1);
 }
 
+// The vectorized argmax picks exactly what the scalar scan picks: the first of the largest values,
+// NaNs skipped unless the first value is one, -0 equal to +0, any length (not only whole lanes).
+TEST(SamplerTest, ArgmaxEqualsTheScalarScan) {
+  auto scalar = [](const std::vector<float>& x) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < (int32_t)x.size(); ++i)
+      if (x[i] > x[best]) best = i;
+    return best;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> fixed = {
+      {1.0f},
+      {nan, 5.0f, 7.0f},
+      {1.0f, nan, 7.0f, nan},
+      {-0.0f, 0.0f},
+      {-1.0f, -0.0f, 0.0f, -0.0f},
+      {-inf, -inf, -inf},
+      {-inf, inf, inf},
+      {nan, nan},
+  };
+  for (const auto& x : fixed) EXPECT_EQ(argmax_logits(x.data(), (int)x.size()), scalar(x));
+  uint64_t r = 12345;
+  auto next = [&] { return r = r * 6364136223846793005ull + 1442695040888963407ull; };
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + (int)(next() >> 33) % 300;
+    std::vector<float> x((size_t)n);
+    for (float& v : x) v = (float)((next() >> 40) % 7) - 3.0f;  // few distinct values: many ties
+    for (int k = 0; k < trial % 4; ++k) x[(next() >> 33) % n] = k % 2 ? nan : -0.0f;
+    ASSERT_EQ(argmax_logits(x.data(), n), scalar(x)) << "trial " << trial;
+  }
+}
+
+TEST(SamplerTest, GreedyFromRawLogits) {
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_TRUE(greedy_from_raw_logits(p));
+  p.logit_bias = {{1, 1.0f}};
+  EXPECT_FALSE(greedy_from_raw_logits(p));
+  p.logit_bias.clear();
+  p.repeat_penalty = 1.1f;
+  EXPECT_FALSE(greedy_from_raw_logits(p));
+  p.repeat_last_n = 0;  // the penalty looks at no history
+  EXPECT_TRUE(greedy_from_raw_logits(p));
+  p.temperature = 0.7f;
+  EXPECT_FALSE(greedy_from_raw_logits(p));
+}
+
 TEST(SamplerTest, TruncationsLeaveOnlyTheTop) {
   auto l = logits_of({1.0f, 5.0f, 4.9f, 0.0f, 3.0f});
   for (int seed = 0; seed < 50; ++seed) {
