@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "backend/step.h"
@@ -42,6 +43,16 @@ class Backend {
   virtual void forward(int layer_begin, int layer_end) = 0;
   // Final norm and output matrix for the step's logit rows: [logit_rows.size() x n_vocab].
   virtual void output(float* logits) = 0;
+  // Greedy sampling where the logits are (optional; backends that offer it return true here). Like
+  // output(), but for logit row i with step.argmax_only[i] set it writes only tokens[i], the row's
+  // argmax as argmax_logits() (engine/sampler.h) picks it: the lowest id among the largest logits,
+  // NaNs never picked unless the first one is. The other rows get tokens[i] = -1 and their logits,
+  // packed in row order, in `logits` ([rows without argmax_only x n_vocab]).
+  virtual bool supports_output_argmax() const { return false; }
+  virtual void output_argmax(float* logits, int32_t* tokens) {
+    (void)logits, (void)tokens;
+    throw std::logic_error("this backend does not pick greedy tokens itself");
+  }
 
   // Importance matrices: when set, called with the input rows of every matrix product of the held
   // layers and output (the activations a weight is multiplied with). Backends that cannot observe

@@ -23,6 +23,9 @@ struct StepDesc {
   std::vector<int32_t> positions;   // RoPE position per row (n_past + offset within the sequence)
   std::vector<int32_t> row_seq;     // index into `sequences` per row
   std::vector<int32_t> logit_rows;  // rows whose logits are wanted, ascending
+  // Per logit row (empty: all 0): 1 when only its greedy token is wanted, the row's argmax, so a
+  // backend that picks it where the logits are (Backend::output_argmax) need not copy them back.
+  std::vector<uint8_t> argmax_only;
   std::vector<StepSequence> sequences;
 
   int n_tokens() const { return (int)tokens.size(); }

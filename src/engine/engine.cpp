@@ -9,6 +9,7 @@
 #include "backend/gpu.h"
 #include "core/log.h"
 #include "core/error.h"
+#include "engine/sampler.h"
 
 namespace roofline {
 
@@ -100,14 +101,49 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
 }
 
 std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {
+  std::vector<float> logits;
+  start_step(batch, false);
+  end_step(logits, nullptr);
+  return logits;
+}
+
+const Engine::StepOutput& Engine::step(const std::vector<BatchRow>& batch) {
+  launch(batch);
+  return finish();
+}
+
+void Engine::launch(const std::vector<BatchRow>& batch) {
+  start_step(batch, true);
+  launched_ = batch;  // which rows asked for what, for finish()
+}
+
+const Engine::StepOutput& Engine::finish() {
+  StepOutput& out = step_out_;
+  const bool packed = end_step(out.buffer, &out.argmax);
+  const size_t n_vocab = (size_t)model_->hparams().n_vocab;
+  out.logits.clear();
+  size_t k = 0;
+  for (const BatchRow& row : launched_)
+    if (row.want_logits) out.logits.push_back(packed && row.argmax_only ? nullptr : out.buffer.data() + n_vocab * k++);
+  return out;
+}
+
+void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
+  ROOFLINE_CHECK(!in_step_, "a forward step was started while another was in flight");
   const int n = (int)batch.size();
-  if (n == 0) return {};
   if (n > options_.n_batch) fail("a batch of {} tokens exceeds the batch size {}", n, options_.n_batch);
   const int n_vocab = model_->hparams().n_vocab;
 
-  StepDesc step;
+  StepDesc& step = step_desc_;
+  step.tokens.clear();
+  step.positions.clear();
+  step.row_seq.clear();
+  step.logit_rows.clear();
+  step.argmax_only.clear();
+  step.sequences.clear();
   std::set<int> seen;
-  std::vector<std::pair<int, int>> runs;  // (seq, n_new) in batch order
+  std::vector<std::pair<int, int>>& runs = runs_;  // (seq, n_new) in batch order
+  runs.clear();
   for (int r = 0; r < n; ++r) {
     const BatchRow& row = batch[r];
     if (row.token < 0 || row.token >= n_vocab) fail("token id {} is out of range [0, {})", row.token, n_vocab);
@@ -127,6 +163,10 @@ std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {
   if (blocks > kv_->free_blocks())
     fail("the KV cache is full: this step needs {} more blocks, {} are free", blocks, kv_->free_blocks());
   for (auto& [seq, n_new] : runs) ROOFLINE_CHECK(kv_->reserve(seq, n_new));
+  if (n == 0) {
+    in_step_ = true;
+    return;
+  }
 
   int row = 0;
   for (auto& [seq, n_new] : runs) {
@@ -140,12 +180,16 @@ std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {
       step.tokens.push_back(batch[row].token);
       step.positions.push_back(s.n_past + i);
       step.row_seq.push_back((int)step.sequences.size());
-      if (batch[row].want_logits) step.logit_rows.push_back(row);
+      if (batch[row].want_logits) {
+        step.logit_rows.push_back(row);
+        step.argmax_only.push_back(allow_argmax && batch[row].argmax_only ? 1 : 0);
+      }
     }
     step.sequences.push_back(std::move(s));
   }
 
-  std::vector<float> logits(step.logit_rows.size() * (size_t)n_vocab);
+  // Every backend but the one holding the output unit runs to completion here (the hidden state
+  // crosses as host floats); the last one's layers are started and, on a GPU, left running.
   const int n_embd = model_->hparams().n_embd;
   for (size_t i = 0; i < placement_.size(); ++i) {
     Placement& p = placement_[i];
@@ -156,15 +200,39 @@ std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {
       p.backend->set_hidden(hidden_.data());
     }
     p.backend->forward(p.layers.begin, p.layers.end);
-    if (p.layers.output) {
-      p.backend->output(logits.data());
-    } else {
+    if (!p.layers.output) {
       hidden_.resize((size_t)n * n_embd);
       p.backend->get_hidden(hidden_.data());
     }
   }
-  for (auto& [seq, n_new] : runs) kv_->commit(seq, n_new);
-  return logits;
+  in_step_ = true;
+}
+
+bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) {
+  ROOFLINE_CHECK(in_step_, "finish() without a step in flight");
+  in_step_ = false;
+  const StepDesc& step = step_desc_;
+  const int n_vocab = model_->hparams().n_vocab;
+  const size_t n_logit = step.logit_rows.size();
+  if (argmax) argmax->assign(n_logit, -1);
+  if (step.tokens.empty()) {
+    logits.clear();
+    return false;
+  }
+  // Greedy rows: picked by the output backend when it can (their logits then stay on the device),
+  // else here from the logits.
+  size_t n_greedy = 0;
+  for (uint8_t g : step.argmax_only) n_greedy += g;
+  Backend* out_backend = placement_.back().backend;
+  const bool device_argmax = argmax && n_greedy > 0 && out_backend->supports_output_argmax();
+  logits.resize((device_argmax ? n_logit - n_greedy : n_logit) * (size_t)n_vocab);
+  if (device_argmax) out_backend->output_argmax(logits.data(), argmax->data());
+  else out_backend->output(logits.data());
+  for (auto& [seq, n_new] : runs_) kv_->commit(seq, n_new);
+  if (argmax && n_greedy > 0 && !device_argmax)
+    for (size_t i = 0; i < n_logit; ++i)
+      if (step.argmax_only[i]) (*argmax)[i] = argmax_logits(logits.data() + i * (size_t)n_vocab, n_vocab);
+  return device_argmax;
 }
 
 std::vector<float> Engine::eval(int seq, std::span<const int32_t> tokens, bool all_logits) {

@@ -48,10 +48,31 @@ class Engine {
     int seq = 0;
     int32_t token = 0;
     bool want_logits = false;
+    // With want_logits, for step(): only the row's greedy token (argmax_logits) is needed; a backend
+    // that picks it on the device then sends no logits back for the row.
+    bool argmax_only = false;
   };
   // Runs one forward step (at most n_batch rows); returns logits [rows wanting them x n_vocab] in row
   // order. Throws Error (leaving the cache as it was) if a sequence cannot get KV blocks.
   std::vector<float> decode(const std::vector<BatchRow>& batch);
+
+  // What step() returns for the rows that want logits (in row order), valid until the next step.
+  struct StepOutput {
+    std::vector<int32_t> argmax;       // per logit row: its greedy token if it asked for argmax_only, else -1
+    std::vector<const float*> logits;  // per logit row: its n_vocab logits; nullptr where only the argmax came back
+    std::vector<float> buffer;         // holds the logits (reused from step to step)
+  };
+  // decode() for loops that step many times: argmax_only rows get their greedy token (picked on the
+  // device when the output backend can, else here), and the buffers are reused (no allocation or
+  // zeroing of [rows x n_vocab] per step).
+  const StepOutput& step(const std::vector<BatchRow>& batch);
+  // step() in two halves, so the caller can work while a device computes: launch() checks the batch,
+  // reserves its KV blocks and starts the forward pass (a GPU holding the output layer is left running
+  // its kernels; CPU layers compute here), finish() waits for it and returns its output. Between them
+  // no other engine call, and the KV cache's sequences of the batch must not change. A launch() that
+  // throws leaves nothing in flight.
+  void launch(const std::vector<BatchRow>& batch);
+  const StepOutput& finish();
 
   // Convenience for one sequence: feeds `tokens` in chunks of n_batch; returns the logits of every
   // token ([tokens x n_vocab]) when all_logits, else of the last token only.
@@ -83,6 +104,17 @@ class Engine {
   std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<Placement> placement_;  // in layer order: the embedding holder first, the output holder last
   std::vector<float> hidden_;         // boundary buffer [n_tokens x n_embd]
+  StepOutput step_out_;
+  StepDesc step_desc_;                      // the step in flight (its vectors reused)
+  std::vector<std::pair<int, int>> runs_;   // its (sequence, rows) in batch order
+  std::vector<BatchRow> launched_;          // its rows (launch() / finish())
+  bool in_step_ = false;
+  // The forward step behind decode() and step(): start_step() validates, reserves KV blocks and runs
+  // every backend up to the output; end_step() runs the output and commits: logits of the wanted rows
+  // into `logits`, greedy tokens into `argmax` when given (else argmax_only is ignored). Returns
+  // whether the logits are packed (the rows whose argmax the output backend picked are left out).
+  void start_step(const std::vector<BatchRow>& batch, bool allow_argmax);
+  bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
   std::vector<std::string> report_;   // startup lines about devices and placement
   int gpu_units_ = 0;
 };

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/model_file.h"
 #include "reference_forward.h"
 #include "test_util.h"
@@ -117,6 +118,47 @@ TEST(EngineTest, BatchInvariance) {
     ASSERT_EQ(d.size(), (size_t)n_vocab);
     EXPECT_EQ(0, std::memcmp(d.data(), ref_decode.data() + i * n_vocab, n_vocab * sizeof(float))) << "decode step " << i;
   }
+}
+
+// step(): the same logits as decode() in reused buffers, and for argmax_only rows the greedy token
+// of those logits (on the CPU the logits come back too).
+TEST(EngineTest, StepGivesDecodesLogitsAndGreedyTokens) {
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  const auto a = some_tokens(7, n_vocab, 4), b = some_tokens(5, n_vocab, 5);
+  EngineOptions o;
+  o.n_threads = 2;
+  auto ref = Engine::create(model, o), eng = Engine::create(model, o);
+  const int ra = ref->kv_cache().create_sequence(), rb = ref->kv_cache().create_sequence();
+  const int ea = eng->kv_cache().create_sequence(), eb = eng->kv_cache().create_sequence();
+  for (size_t i = 0; i < a.size(); ++i) {
+    // Row 0: a's token, greedy; row 1: b's token, full logits (from the fourth step on).
+    std::vector<Engine::BatchRow> rows = {{ra, a[i], true}, {rb, b[i % b.size()], i >= 3}};
+    const std::vector<float> want = ref->decode(rows);
+    rows[0].seq = ea;
+    rows[1].seq = eb;
+    rows[0].argmax_only = true;
+    if (i == 2) EXPECT_THROW(eng->launch({{eb + 100, 1, true}}), Error);  // leaves nothing in flight
+    const Engine::StepOutput* step_out = nullptr;
+    if (i % 2) {
+      eng->launch(rows);
+      step_out = &eng->finish();
+    } else {
+      step_out = &eng->step(rows);
+    }
+    const Engine::StepOutput& out = *step_out;
+    ASSERT_EQ(out.argmax.size(), i >= 3 ? 2u : 1u);
+    ASSERT_EQ(out.logits.size(), out.argmax.size());
+    EXPECT_EQ(out.argmax[0], argmax_logits(want.data(), n_vocab)) << "step " << i;
+    ASSERT_NE(out.logits[0], nullptr);  // the CPU backend picks on the host: the logits are there
+    EXPECT_EQ(0, std::memcmp(out.logits[0], want.data(), n_vocab * sizeof(float)));
+    if (i >= 3) {
+      EXPECT_EQ(out.argmax[1], -1);
+      ASSERT_NE(out.logits[1], nullptr);
+      EXPECT_EQ(0, std::memcmp(out.logits[1], want.data() + n_vocab, n_vocab * sizeof(float)));
+    }
+  }
+  EXPECT_TRUE(eng->step({}).logits.empty());
 }
 
 TEST(EngineTest, ForkSharesPrefixBlocks) {
