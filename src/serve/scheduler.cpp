@@ -125,6 +125,7 @@ struct Scheduler::Active {
   int n_cached = 0;
   int max_gen = 0;
   int fork_promise = 0;   // blocks each not-yet-forked choice may allocate
+  bool greedy = false;    // its tokens are the argmax of the raw logits (the step may pick them)
   bool prefilling = true;
   bool failed = false;
   Clock::time_point t_submit, t_admit, t_first, t_last;
@@ -160,6 +161,7 @@ void Scheduler::stop(bool cancel_running) {
     stopping_ = true;
     if (cancel_running) cancel_running_ = true;
     dropped.swap(queue_);
+    ++wake_version_;
   }
   for (Queued& q : dropped) {
     Event e;
@@ -183,17 +185,21 @@ bool Scheduler::drain(std::chrono::milliseconds timeout) {
 void Scheduler::loop() {
   for (;;) {
     bool cancel = false;
+    uint64_t seen = 0;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active_.empty(); });
-      if (stopping_ && active_.empty() && queue_.empty()) break;
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active_.empty() || in_flight_; });
+      if (stopping_ && active_.empty() && queue_.empty() && !in_flight_) break;
       cancel = cancel_running_;
+      seen = wake_version_;
     }
     if (cancel)
       for (auto& a : active_) a->request->cancel();
     if (!step()) {
+      // Nothing could run (the queue waits for slots or blocks): sleep until a submit or stop changes
+      // that (the timeout only rechecks cancelled queued requests).
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait_for(lock, std::chrono::milliseconds(20));
+      cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stopping_ || wake_version_ != seen; });
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -263,6 +269,7 @@ std::shared_ptr<Request> Scheduler::submit(GenParams p) {
     }
     queue_.push_back({request, std::move(p), Clock::now()});
     status_.queue_depth = (int)queue_.size();
+    ++wake_version_;
   }
   cv_.notify_all();
   return request;
@@ -310,6 +317,7 @@ void Scheduler::admit() {
     a->t_admit = Clock::now();
     a->max_gen = std::max(0, std::min(a->params.max_tokens >= 0 ? a->params.max_tokens : n_ctx_, n_ctx_ - P));
     a->fork_promise = fork_promise;
+    a->greedy = greedy_from_raw_logits(a->params.sampling) && a->params.logprobs < 0;
     a->choices.reserve(a->params.n);
     for (int i = 0; i < a->params.n; ++i) {
       a->slots.push_back(free_slots[i]);
@@ -375,40 +383,66 @@ void Scheduler::finish_request(Active& a) {
   a.request->finish(t);
 }
 
-void Scheduler::sample_choice(Active& a, Choice& c, const float* logits, Clock::time_point now) {
+void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* logits, Clock::time_point now) {
   const GenParams& p = a.params;
-  const int32_t tok = c.sampler->sample(logits, c.history).token;
-  Event e;
-  e.choice = c.index;
-  e.tokens.push_back(tok);
-  if (p.logprobs >= 0) e.logprobs.push_back(compute_logprobs(logits, runner_.n_vocab(), tok, p.logprobs));
+  const int32_t tok = greedy >= 0 ? greedy : c.sampler->sample(logits, c.history).token;
+  Emission m;
+  m.a = &a;
+  m.choice = c.index;
+  m.token = tok;
+  if (p.logprobs >= 0) m.logprobs.push_back(compute_logprobs(logits, runner_.n_vocab(), tok, p.logprobs));
   c.history.push_back(tok);
   c.n_generated++;
   if (c.n_generated > 1 && metrics_) metrics_->on_inter_token(std::chrono::duration<double>(now - c.t_last).count());
   c.t_last = now;
   a.t_last = now;
-  if (text_.is_eog(tok) && !p.ignore_eos) {
+  c.pending = tok;
+  if (text_.is_eog(tok) && !p.ignore_eos) m.finish = Finish::Eos;
+  else if (c.n_generated >= a.max_gen) m.finish = Finish::Length;
+  // Without stop strings the text cannot end the choice: it is made while the next step runs. With
+  // them it decides whether the choice goes on, so it is made now.
+  Finish f = m.finish;
+  if (p.stop.empty()) pending_.push_back(std::move(m));
+  else f = emit(m);
+  if (f != Finish::None) finish_choice(a, c);
+}
+
+Finish Scheduler::emit(Emission& m) {
+  Choice& c = m.a->choices[m.choice];
+  Event e;
+  e.choice = m.choice;
+  e.tokens.push_back(m.token);
+  e.logprobs = std::move(m.logprobs);
+  if (m.finish == Finish::Eos) {
     e.text = c.text.flush();
     e.finish = Finish::Eos;
   } else {
-    TextStream::Result r = c.text.push(text_.piece(tok));
+    TextStream::Result r = c.text.push(text_.piece(m.token));
     e.text = std::move(r.text);
     if (r.stopped) {
       e.finish = Finish::StopWord;
       e.stop_word = r.stop_word;
-    } else if (c.n_generated >= a.max_gen) {
+    } else if (m.finish == Finish::Length) {
       e.text += c.text.flush();
       e.finish = Finish::Length;
-    } else {
-      c.pending = tok;
     }
   }
   const Finish f = e.finish;
-  a.request->push(std::move(e));
-  if (f != Finish::None) finish_choice(a, c);
+  m.a->request->push(std::move(e));
+  return f;
 }
 
-void Scheduler::start_decoding(Active& a, const float* logits, Clock::time_point now) {
+void Scheduler::emit_pending(const Active* only) {
+  if (pending_.empty()) return;
+  std::vector<Emission> keep;
+  for (Emission& m : pending_) {
+    if (only && m.a != only) keep.push_back(std::move(m));
+    else emit(m);
+  }
+  pending_.swap(keep);
+}
+
+void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, Clock::time_point now) {
   a.prefilling = false;
   a.t_first = now;
   if (metrics_) {
@@ -440,10 +474,11 @@ void Scheduler::start_decoding(Active& a, const float* logits, Clock::time_point
     a.choices.push_back(std::move(c));
   }
   a.fork_promise = 0;
-  for (Choice& c : a.choices) sample_choice(a, c, logits, now);
+  for (Choice& c : a.choices) take_token(a, c, greedy, logits, now);
 }
 
 void Scheduler::fail_all(const std::string& message) {
+  emit_pending(nullptr);
   for (auto& a : active_) {
     a->failed = true;
     for (Choice& c : a->choices) {
@@ -460,12 +495,47 @@ void Scheduler::fail_all(const std::string& message) {
   active_.clear();
 }
 
+void Scheduler::complete_step() {
+  in_flight_ = false;
+  const StepOutput* out = nullptr;
+  try {
+    out = &runner_.finish();
+  } catch (const std::exception& e) {
+    log_error("forward step failed: {}", e.what());
+    fail_all(std::string("the forward step failed: ") + e.what());
+    return;
+  }
+  steps_++;
+  const Clock::time_point now = Clock::now();
+  KvCache& kv = runner_.kv();
+  for (auto& [a, chunk] : prefill_chunks_) {
+    a->n_prompt_done += chunk;
+    if (options_.prompt_cache && a->params.cache_prompt)
+      kv.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
+  }
+  ROOFLINE_CHECK(out->argmax.size() == refs_.size() && out->logits.size() == refs_.size(), "step output rows mismatch");
+  for (size_t r = 0; r < refs_.size(); ++r) {
+    Active& a = *refs_[r].a;
+    if (refs_[r].choice < 0) {
+      start_decoding(a, out->argmax[r], out->logits[r], now);
+    } else {
+      Choice& c = a.choices[refs_[r].choice];
+      if (!c.finished) take_token(a, c, out->argmax[r], out->logits[r], now);
+    }
+  }
+  step_rows_done_ = (int)rows_.size();
+}
+
 bool Scheduler::step() {
   KvCache& kv = runner_.kv();
-  // Cancelled requests (client gone, stop()) release their slots and blocks first.
+  // The step in flight: its tokens are picked now; their text and events are made once the next
+  // step is launched, while it runs.
+  if (in_flight_) complete_step();
+  // Cancelled requests (client gone, stop()) release their slots and blocks.
   for (size_t i = 0; i < active_.size();) {
     Active& a = *active_[i];
     if (a.request->cancelled()) {
+      emit_pending(&a);
       for (Choice& c : a.choices) {
         if (c.finished) continue;
         Event e;
@@ -488,13 +558,9 @@ bool Scheduler::step() {
 
   // Build the batch: one decode row per running sequence (rotating when they exceed the batch),
   // then prompt chunks, oldest request first.
-  std::vector<BatchRow> rows;
-  struct LogitRef {
-    Active* a;
-    int choice;  // -1: the last prompt token of `a`
-  };
-  std::vector<LogitRef> refs;
-  std::vector<std::pair<Active*, int>> prefill_chunks;
+  rows_.clear();
+  refs_.clear();
+  prefill_chunks_.clear();
   int budget = n_batch_;
   int overflow = 0;  // blocks taken beyond reservations this step
   const int n_active = (int)active_.size();
@@ -512,6 +578,7 @@ bool Scheduler::step() {
         const int extra = need - from_promise;
         if (extra > 0 && available_blocks() - overflow < extra) {
           log_warn("request {}: the KV cache is full; stopping choice {} at {} tokens", a.params.id, c.index, c.n_generated);
+          emit_pending(&a);  // its last token's text comes before the end
           Event e;
           e.choice = c.index;
           e.text = c.text.flush();
@@ -523,8 +590,8 @@ bool Scheduler::step() {
         c.promised -= from_promise;
         overflow += extra;
       }
-      rows.push_back({c.seq, c.pending, true});
-      refs.push_back({&a, c.index});
+      rows_.push_back({c.seq, c.pending, true, a.greedy});
+      refs_.push_back({&a, c.index});
       --budget;
       --decode_budget;
     }
@@ -542,72 +609,50 @@ bool Scheduler::step() {
     c.promised = std::max(0, c.promised - need);
     for (int i = 0; i < chunk; ++i) {
       const bool last = a.n_prompt_done + i + 1 == P;
-      rows.push_back({c.seq, a.params.prompt[a.n_prompt_done + i], last});
-      if (last) refs.push_back({&a, -1});
+      rows_.push_back({c.seq, a.params.prompt[a.n_prompt_done + i], last, last && a.greedy});
+      if (last) refs_.push_back({&a, -1});
     }
-    prefill_chunks.push_back({&a, chunk});
+    prefill_chunks_.push_back({&a, chunk});
     prefill_budget -= chunk;
   }
 
-  // Requests whose choices all ended while building (KV full) are done.
-  auto reap = [&] {
-    for (size_t i = 0; i < active_.size();) {
-      Active& a = *active_[i];
-      const bool all_done = !a.prefilling && std::all_of(a.choices.begin(), a.choices.end(), [](const Choice& c) { return c.finished; });
-      if (all_done) {
-        finish_request(a);
-        active_.erase(active_.begin() + (long)i);
-      } else {
-        ++i;
-      }
+  if (!rows_.empty()) {
+    try {
+      runner_.launch(rows_);
+      in_flight_ = true;
+    } catch (const std::exception& e) {
+      log_error("forward step failed: {}", e.what());
+      fail_all(std::string("the forward step failed: ") + e.what());
+      publish_status();
+      return true;
     }
-  };
-  if (rows.empty()) {
-    reap();
-    publish_status();
-    return !active_.empty();
   }
-
-  std::vector<float> logits;
-  try {
-    logits = runner_.decode(rows);
-  } catch (const std::exception& e) {
-    log_error("forward step failed: {}", e.what());
-    fail_all(std::string("the forward step failed: ") + e.what());
-    publish_status();
-    return true;
-  }
-  steps_++;
-  const Clock::time_point now = Clock::now();
-  for (auto& [a, chunk] : prefill_chunks) {
-    a->n_prompt_done += chunk;
-    if (options_.prompt_cache && a->params.cache_prompt)
-      kv.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
-  }
-  if (metrics_) {
+  // While it runs: the text and events of the tokens picked above, the metrics, and the requests
+  // whose choices have all ended (their last events are out).
+  emit_pending(nullptr);
+  if (metrics_ && step_rows_done_ > 0) {
     int busy = 0;
     for (auto& a : active_) busy += (int)a->choices.size();
-    metrics_->on_step((int)rows.size(), busy);
+    metrics_->on_step(step_rows_done_, busy);
     int high = 0;
     for (auto& a : active_)
       for (const Choice& c : a->choices)
         if (c.seq >= 0) high = std::max(high, kv.length(c.seq));
     metrics_->on_context_high_water(high);
   }
-  const size_t n_vocab = (size_t)runner_.n_vocab();
-  for (size_t r = 0; r < refs.size(); ++r) {
-    const float* row = logits.data() + r * n_vocab;
-    Active& a = *refs[r].a;
-    if (refs[r].choice < 0) {
-      start_decoding(a, row, now);
+  step_rows_done_ = 0;
+  for (size_t i = 0; i < active_.size();) {
+    Active& a = *active_[i];
+    const bool all_done = !a.prefilling && std::all_of(a.choices.begin(), a.choices.end(), [](const Choice& c) { return c.finished; });
+    if (all_done) {
+      finish_request(a);
+      active_.erase(active_.begin() + (long)i);
     } else {
-      Choice& c = a.choices[refs[r].choice];
-      if (!c.finished) sample_choice(a, c, row, now);
+      ++i;
     }
   }
-  reap();
   publish_status();
-  return true;
+  return in_flight_ || !active_.empty();
 }
 
 void Scheduler::publish_status() {

@@ -3,6 +3,8 @@
 // sequence plus chunks of pending prompts in one step), prompt caching (a new sequence adopts the
 // cached blocks of the longest matching prefix), n > 1 through forks, sampling, stop strings and
 // logprobs. One thread owns the StepRunner; HTTP threads only submit and read per-request channels.
+// Each iteration picks the tokens of the step that just finished, launches the next step, and makes
+// the text and events of those tokens while the device computes it.
 #pragma once
 
 #include <atomic>
@@ -147,7 +149,8 @@ class Scheduler {
   std::shared_ptr<Request> submit(GenParams params);
 
   // One scheduling iteration on the calling thread (tests drive the scheduler with it instead of
-  // start()): admits, builds and runs one step, samples. Returns false when there was nothing to do.
+  // start()): finishes the step in flight and picks its tokens, admits, builds and launches the next
+  // step, then sends the picked tokens' events. Returns false when there was nothing to do.
   bool step();
 
   SchedulerStatus status() const;
@@ -170,8 +173,22 @@ class Scheduler {
   void admit();
   void finish_choice(Active& a, Choice& c);  // frees its KV (caching its blocks first)
   void finish_request(Active& a);
-  void sample_choice(Active& a, Choice& c, const float* logits, std::chrono::steady_clock::time_point now);
-  void start_decoding(Active& a, const float* logits, std::chrono::steady_clock::time_point now);
+  // A generated token whose text and event are made after the next step is launched.
+  struct Emission {
+    Active* a = nullptr;
+    int choice = 0;
+    int32_t token = 0;
+    Finish finish = Finish::None;  // decided when picked: Eos, Length or None (stop strings: in emit)
+    std::vector<TokenLogprob> logprobs;
+  };
+  // Picks a choice's next token (`greedy` when the step gave it, else the sampler on `logits`) and
+  // decides whether the choice ends; its text and event are queued (or made now when stop strings
+  // depend on them).
+  void take_token(Active& a, Choice& c, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
+  Finish emit(Emission& m);                // text, stop strings and the event of one token
+  void emit_pending(const Active* only);   // the queued emissions (of one request, or all)
+  void start_decoding(Active& a, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
+  void complete_step();                    // waits for the step in flight and picks its tokens
   void fail_all(const std::string& message);
   void publish_status();
   int available_blocks() const;
@@ -187,6 +204,7 @@ class Scheduler {
   std::condition_variable idle_cv_;
   std::deque<Queued> queue_;
   bool stopping_ = false, cancel_running_ = false, loop_done_ = false;
+  uint64_t wake_version_ = 0;  // bumped by submit() and stop(): the idle loop waits for a change
   SchedulerStatus status_;
   std::thread thread_;
 
@@ -195,6 +213,18 @@ class Scheduler {
   std::vector<int> slot_owner_;  // per slot: 1 busy, -1 free
   size_t decode_rotation_ = 0;
   uint64_t steps_ = 0;
+  // The step in flight (launched, not yet finished): its rows, which of them carry a choice's logits
+  // (choice -1: the last prompt token of a request) and the prompt chunks it holds.
+  struct LogitRef {
+    Active* a;
+    int choice;
+  };
+  std::vector<BatchRow> rows_;
+  std::vector<LogitRef> refs_;
+  std::vector<std::pair<Active*, int>> prefill_chunks_;
+  bool in_flight_ = false;
+  int step_rows_done_ = 0;           // rows of the step just finished (metrics)
+  std::vector<Emission> pending_;    // tokens picked whose text and events are not out yet
 };
 
 }  // namespace roofline::serve

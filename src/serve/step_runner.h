@@ -1,6 +1,7 @@
-// What the scheduler needs from a model: one forward step over a batch of rows, the paged KV cache's
-// bookkeeping, forks, and token text. The Engine implements it through EngineRunner; the scheduler's
-// tests use a fake backend with scripted logits, so scheduling is tested without a model or HTTP.
+// What the scheduler needs from a model: one forward step over a batch of rows (launched, then
+// finished, so host work can overlap the device), the paged KV cache's bookkeeping, forks, and token
+// text. The Engine implements it through EngineRunner; the scheduler's tests use a fake backend with
+// scripted logits, so scheduling is tested without a model or HTTP.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +11,13 @@
 
 #include "engine/engine.h"
 #include "engine/kv_cache.h"
+#include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace roofline::serve {
 
 using BatchRow = Engine::BatchRow;
+using StepOutput = Engine::StepOutput;
 
 class StepRunner {
  public:
@@ -25,8 +28,29 @@ class StepRunner {
   virtual KvCache& kv() = 0;
   // One forward step; logits of the rows that want them, in row order ([rows x n_vocab]).
   virtual std::vector<float> decode(const std::vector<BatchRow>& rows) = 0;
+  // The step as the scheduler runs it, in two halves so that it can do the previous step's host work
+  // while the device computes: launch() starts it (throws, leaving nothing in flight, when it cannot
+  // run), finish() returns its output, valid until the next launch(). Rows with argmax_only get their
+  // greedy token in `argmax` (and may come back without logits). Between the two, nothing may change
+  // the KV cache. By default launch() runs decode() and picks greedy tokens on the host.
+  virtual void launch(const std::vector<BatchRow>& rows) {
+    out_.buffer = decode(rows);
+    out_.argmax.clear();
+    out_.logits.clear();
+    const size_t n = (size_t)n_vocab();
+    for (const BatchRow& r : rows) {
+      if (!r.want_logits) continue;
+      const float* l = out_.buffer.data() + n * out_.logits.size();
+      out_.logits.push_back(l);
+      out_.argmax.push_back(r.argmax_only ? argmax_logits(l, (int)n) : -1);
+    }
+  }
+  virtual const StepOutput& finish() { return out_; }
   // A sequence continuing `seq` (shares its full blocks, copies the partial one).
   virtual int fork_sequence(int seq) = 0;
+
+ private:
+  StepOutput out_;
 };
 
 // Token ids to text for the output side (what a request's generated tokens print as).
@@ -45,6 +69,8 @@ class EngineRunner final : public StepRunner {
   int n_ctx() const override { return engine_.options().n_ctx; }
   KvCache& kv() override { return engine_.kv_cache(); }
   std::vector<float> decode(const std::vector<BatchRow>& rows) override { return engine_.decode(rows); }
+  void launch(const std::vector<BatchRow>& rows) override { engine_.launch(rows); }
+  const StepOutput& finish() override { return engine_.finish(); }
   int fork_sequence(int seq) override { return engine_.fork_sequence(seq); }
 
  private:

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "fake_runner.h"
@@ -457,6 +458,114 @@ TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
   EXPECT_EQ(runner.kv().used_blocks(), 0);
   auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
+}
+
+// A runner that picks greedy tokens "on the device": argmax_only rows come back with their token and
+// no logits, as from a backend with output_argmax. It also runs a hook at every launch.
+class DeviceArgmaxRunner : public FakeRunner {
+ public:
+  using FakeRunner::FakeRunner;
+  std::function<void(const std::vector<BatchRow>&)> on_launch;
+  int argmax_rows = 0, logit_rows = 0;
+  void launch(const std::vector<BatchRow>& rows) override {
+    if (on_launch) on_launch(rows);
+    StepRunner::launch(rows);
+    out_ = StepRunner::finish();
+    for (size_t i = 0, k = 0; i < rows.size(); ++i) {
+      if (!rows[i].want_logits) continue;
+      if (rows[i].argmax_only) {
+        out_.logits[k] = nullptr;
+        ++argmax_rows;
+      } else {
+        ++logit_rows;
+      }
+      ++k;
+    }
+  }
+  const StepOutput& finish() override { return out_; }
+
+ private:
+  StepOutput out_;
+};
+
+TEST(SchedulerTest, GreedyRowsUseTheStepsArgmaxAndOthersTheirLogits) {
+  auto run = [](bool device, GenParams p, int* argmax_rows = nullptr, int* logit_rows = nullptr) {
+    DeviceArgmaxRunner runner;
+    FakeRunner plain;
+    FakeText text;
+    StepRunner& r = device ? (StepRunner&)runner : (StepRunner&)plain;
+    Scheduler s(r, text, {});
+    auto out = run_all(s, {s.submit(std::move(p))}, {1})[0];
+    if (argmax_rows) *argmax_rows = runner.argmax_rows;
+    if (logit_rows) *logit_rows = runner.logit_rows;
+    return out;
+  };
+  int argmax_rows = 0, logit_rows = 0;
+  // Greedy: every token (the first one after the prompt too) is the step's pick, no logits needed.
+  const Outcome greedy_out = run(true, greedy(prompt_of(9, 2), 8), &argmax_rows, &logit_rows);
+  EXPECT_EQ(greedy_out.tokens[0], run(false, greedy(prompt_of(9, 2), 8)).tokens[0]);
+  EXPECT_EQ(greedy_out.tokens[0].size(), 8u);
+  EXPECT_EQ(argmax_rows, 8);
+  EXPECT_EQ(logit_rows, 0);
+  // Sampled, penalized or with logprobs: the logits come back and the host picks.
+  GenParams sampled = greedy(prompt_of(9, 2), 6);
+  sampled.sampling.temperature = 0.9f;
+  sampled.sampling.seed = 7;
+  GenParams penalized = greedy(prompt_of(9, 2), 6);
+  penalized.sampling.repeat_penalty = 1.3f;
+  GenParams with_logprobs = greedy(prompt_of(9, 2), 6);
+  with_logprobs.logprobs = 2;
+  for (const GenParams& p : {sampled, penalized, with_logprobs}) {
+    const Outcome o = run(true, p, &argmax_rows, &logit_rows);
+    EXPECT_EQ(o.tokens[0], run(false, p).tokens[0]);
+    EXPECT_EQ(argmax_rows, 0);
+    EXPECT_EQ(logit_rows, 6);
+  }
+}
+
+// Host work overlaps the device: when step k + 1 is launched, the events of step k's tokens are not
+// out yet (they are made while it runs), unless stop strings need that text to decide whether the
+// choice goes on. Either way no row is spent beyond the stop.
+TEST(SchedulerTest, EventsOfAStepAreMadeWhileTheNextRuns) {
+  for (bool with_stop : {false, true}) {
+    DeviceArgmaxRunner runner;
+    FakeText text;
+    Scheduler s(runner, text, {});
+    GenParams p = greedy(prompt_of(6, 3), 10);
+    if (with_stop) p.stop = {"no such text"};
+    auto r = s.submit(p);
+    Outcome seen;
+    std::vector<size_t> at_launch;  // tokens the client had when each decode step was launched
+    runner.on_launch = [&](const std::vector<BatchRow>& rows) {
+      drain_into(*r, seen, 1);
+      if (rows.size() == 1) at_launch.push_back(seen.tokens[0].size());
+    };
+    for (int i = 0; i < 100 && !seen.done; ++i) {
+      s.step();
+      drain_into(*r, seen, 1);
+    }
+    ASSERT_TRUE(seen.done);
+    ASSERT_EQ(seen.tokens[0].size(), 10u);
+    ASSERT_EQ(at_launch.size(), 9u);  // tokens 2..10 are decode steps
+    for (size_t k = 0; k < at_launch.size(); ++k)
+      EXPECT_EQ(at_launch[k], with_stop ? k + 1 : k) << "decode step " << k << (with_stop ? " (stop strings)" : "");
+  }
+  // A stop string ends the choice without an extra row.
+  FakeRunner runner;
+  FakeText text;
+  text.pieces = {{1, "a"}, {2, "b"}, {3, "c"}};
+  int next = 0;
+  runner.next_token = [&next](const std::vector<int32_t>&) { return (int32_t)(1 + (next++ % 3)); };
+  Scheduler s(runner, text, {});
+  GenParams p = greedy({7, 8}, 20);
+  p.stop = {"bc"};
+  auto out = run_all(s, {s.submit(p)}, {1});
+  EXPECT_EQ(out[0].text[0], "a");
+  EXPECT_EQ(out[0].finish[0], Finish::StopWord);
+  EXPECT_EQ(next, 3);  // three tokens asked of the model: a, b, c
+  size_t rows = 0;
+  for (auto& st : runner.steps) rows += st.size();
+  EXPECT_EQ(rows, 2u + 2u);  // the prompt, then b's and c's inputs (a, b)
 }
 
 TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
