@@ -122,6 +122,7 @@ __device__ void kv_put_head_warp(uint8_t* vals, uint8_t* scales, DType type, int
 __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                                   const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
                                   float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows) {
+  wait_for_previous_kernel();
   extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
   if (r >= step.header[0]) return;
@@ -175,6 +176,7 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
 
 // The K/V store one CTA per row, for quantized cache types whose head size is not whole 32-groups.
 __global__ void kv_store_rows_kernel(DeviceStep step, const float* k, const float* v, int n_head_kv, int hd_k, int hd_v, KvLayer kv) {
+  wait_for_previous_kernel();
   const int r = blockIdx.x;
   if (r >= step.header[0]) return;
   const int64_t slot = slot_of(step, r, step.positions[r], kv.block_size);
@@ -244,6 +246,7 @@ template <DType KT, DType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
                                                                   int max_splits, float* partial) {
+  wait_for_previous_kernel();
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   const int r = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
@@ -369,11 +372,24 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   }
 }
 
-__global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out) {
+// With act.q (head_dim_v % 32 == 0, 128 threads: each warp holds whole groups of 32), the output rows
+// are also written in the int8 form the next product (the attention output matrix) reads.
+__global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out,
+                                         ActQ8 act) {
+  wait_for_previous_kernel();
   const int r = blockIdx.x, h = blockIdx.y;
   float* o = out + ((int64_t)r * n_head + h) * hd_v;
+  const int lane = threadIdx.x % 32;
+  auto quantize = [&](int d, float v) {
+    if (!act.q) return;
+    const int64_t gi = (((int64_t)r * n_head + h) * hd_v + d) / 32;
+    warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
+  };
   if (r >= step.header[0]) {
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) o[d] = 0.0f;
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+      o[d] = 0.0f;
+      quantize(d, 0.0f);
+    }
     return;
   }
   const int n_keys = step.positions[r] + 1;
@@ -389,6 +405,7 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
     float a = 0;
     for (int s = 0; s < n_splits; ++s) a += base[s * (hd_v + 2) + 2 + d] * __expf(base[s * (hd_v + 2)] - m);
     o[d] = a * inv;
+    quantize(d, a * inv);
   }
 }
 
@@ -444,28 +461,28 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
   const bool whole_rows = (quantized(kv.type_k) && head_dim_k % 32 != 0) || (quantized(kv.type_v) && head_dim_v % 32 != 0);
   constexpr int kWarpsPerCta = 8;
   const dim3 grid((unsigned)n_rows, (unsigned)((n_head + 2 * n_head_kv + kWarpsPerCta - 1) / kWarpsPerCta));
-  rope_store_kernel<<<grid, 32 * kWarpsPerCta, (size_t)n_rot * sizeof(float), stream>>>(
-      step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base,
+  launch(rope_store_kernel, dim3(grid), dim3(32 * kWarpsPerCta), (size_t)n_rot * sizeof(float), stream, pdl_enabled(), step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base,
       freq_scale, eps, kv, whole_rows);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   if (whole_rows) {
-    kv_store_rows_kernel<<<n_rows, 256, 0, stream>>>(step, k, v, n_head_kv, head_dim_k, head_dim_v, kv);
+    launch(kv_store_rows_kernel, dim3(n_rows), dim3(256), 0, stream, pdl_enabled(), step, k, v, n_head_kv, head_dim_k, head_dim_v, kv);
     ROOFLINE_CUDA_CHECK(cudaGetLastError());
   }
 }
 
-void attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
-               int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out,
+bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+               int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
                cudaStream_t stream) {
+  if (head_dim_v % 32 != 0) out_act = ActQ8{};
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
   const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
-  pick_attention(kv.type_k, kv.type_v)<<<dim3(n_rows, n_head_kv, max_splits), kThreads, smem, stream>>>(
-      step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
+  launch(pick_attention(kv.type_k, kv.type_v), dim3(dim3(n_rows, n_head_kv, max_splits)), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
-  attention_combine_kernel<<<dim3(n_rows, n_head), 128, 0, stream>>>(step, n_head, head_dim_v, max_splits, partial, out);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), 0, stream, pdl_enabled(), step, n_head, head_dim_v,
+         max_splits, partial, out, out_act);
+  return out_act.q != nullptr;
 }
 
 }  // namespace roofline::cuda

@@ -61,6 +61,7 @@ class CudaBackend final : public Backend {
     if (stream_) cudaStreamDestroy(stream_);
     if (step_host_) cudaFreeHost(step_host_);
     if (logits_host_) cudaFreeHost(logits_host_);
+    if (argmax_host_) cudaFreeHost(argmax_host_);
   }
 
   std::string name() const override { return fmt::format("CUDA{}", options_.device); }
@@ -143,7 +144,7 @@ class CudaBackend final : public Backend {
     const size_t act_bytes = (size_t)T * max_cols + 2 * (size_t)T * (max_cols / 32 + 1) * 4;
     const size_t half_bytes = (gemm_scratch_elems_ + (size_t)T * max_cols) * 2;
     const size_t step_ints = step_capacity_ints();
-    work_.reserve(floats * 4 + act_bytes + half_bytes + step_ints * 4 + 32 * 256);
+    work_.reserve(floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + 33 * 256);
     auto take_f = [&](size_t n) { return reinterpret_cast<float*>(work_.take(n * 4)); };
     x_ = take_f((size_t)T * hp.n_embd);
     xn_ = take_f((size_t)T * hp.n_embd);
@@ -163,6 +164,8 @@ class CudaBackend final : public Backend {
     step_dev_ = reinterpret_cast<int*>(work_.take(step_ints * 4));
     ROOFLINE_CUDA_CHECK(cudaMallocHost(&step_host_, step_ints * 4));
     if (layers.output) ROOFLINE_CUDA_CHECK(cudaMallocHost(&logits_host_, (size_t)T * hp.n_vocab * 4));
+    argmax_dev_ = reinterpret_cast<int32_t*>(work_.take((size_t)T * 4));
+    ROOFLINE_CUDA_CHECK(cudaMallocHost(&argmax_host_, (size_t)T * 4));
   }
 
   void init_kv(const KvConfig& kv) override {
@@ -203,6 +206,8 @@ class CudaBackend final : public Backend {
     n_tok_ = n <= 8 && n <= options_.max_tokens ? bucket_of(n) : n;
     if (n_tok_ > options_.max_tokens) n_tok_ = n;
     n_logit_ = (int)step.logit_rows.size();
+    argmax_only_ = step.argmax_only;
+    argmax_only_.resize(n_logit_, 0);
     int stride = 1, max_keys = 1;
     for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
     for (int p : step.positions) max_keys = std::max(max_keys, p + 1);
@@ -293,12 +298,13 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   }
 
-  void output(float* logits) override {
+  // Final norm and output matrix into logits_ (device); false when no row wants logits.
+  bool compute_logits() {
     ROOFLINE_CHECK(layers_.output, "the GPU backend does not hold the output layer");
     const HParams& hp = model_->hparams();
     if (n_logit_ == 0) {
       ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      return;
+      return false;
     }
     const bool q8 = matvec_uses_q8(out_.type) && n_logit_ <= 8 && hp.n_embd % 32 == 0;
     mark("output norm + quantize", 0);
@@ -306,13 +312,40 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = q8 ? hp.n_embd : -1;
     mark(op_name("matvec output", out_).c_str(), (double)out_bytes_);
     project(out_, xn_, n_logit_, logits_, hp.n_vocab, false);
-    mark("logits to host", 0);
     n_quantized_cols_ = -1;
-    const size_t bytes = (size_t)n_logit_ * hp.n_vocab * 4;
+    return true;
+  }
+
+  void output(float* logits) override {
+    if (!compute_logits()) return;
+    mark("logits to host", 0);
+    const size_t bytes = (size_t)n_logit_ * model_->hparams().n_vocab * 4;
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(logits_host_, logits_, bytes, cudaMemcpyDeviceToHost, stream_));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     collect_profile();
     std::memcpy(logits, logits_host_, bytes);
+  }
+
+  // Greedy rows get their argmax picked here (only the token comes back); the other rows' logits are
+  // copied back packed in row order.
+  bool supports_output_argmax() const override { return true; }
+  void output_argmax(float* logits, int32_t* tokens) override {
+    if (!compute_logits()) return;
+    const int n_vocab = model_->hparams().n_vocab;
+    mark("argmax + logits to host", 0);
+    argmax_rows(logits_, n_logit_, n_vocab, argmax_dev_, stream_);
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, argmax_dev_, (size_t)n_logit_ * 4, cudaMemcpyDeviceToHost, stream_));
+    int packed = 0;
+    for (int i = 0; i < n_logit_; ++i) {
+      if (argmax_only_[i]) continue;
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(logits_host_ + (size_t)packed * n_vocab, logits_ + (size_t)i * n_vocab,
+                                          (size_t)n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
+      ++packed;
+    }
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    collect_profile();
+    for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
+    if (packed > 0) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
   }
 
   void copy_kv_block(int src, int dst) override {
@@ -422,6 +455,46 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Products of one input (q/k/v, gate/up): for decode-sized steps, those of one weight kind go out
+  // as one launch; otherwise one project() each.
+  struct Product {
+    const char* what;
+    const DeviceWeight* w;
+    double bytes;
+    float* y;
+    int ldy;
+  };
+  void project_group(std::initializer_list<Product> products, const float* x, int n) {
+    const Product* p = products.begin();
+    const size_t count = products.size();
+    for (size_t i = 0; i < count;) {
+      size_t j = i + 1;
+      if (n <= 8)
+        while (j < count && j - i < 3 && matvec_can_group(*p[i].w, *p[j].w)) ++j;
+      if (j - i == 1) {
+        mark(op_name(fmt::format("matvec {}", p[i].what).c_str(), *p[i].w).c_str(), p[i].bytes);
+        project(*p[i].w, x, n, p[i].y, p[i].ldy, false);
+      } else {
+        std::string names;
+        double bytes = 0;
+        const DeviceWeight* ws[3];
+        float* ys[3];
+        int lds[3];
+        for (size_t k = i; k < j; ++k) {
+          names += (k > i ? "+" : "") + std::string(p[k].what);
+          bytes += p[k].bytes;
+          ws[k - i] = p[k].w;
+          ys[k - i] = p[k].y;
+          lds[k - i] = p[k].ldy;
+        }
+        mark(op_name(fmt::format("matvec {}", names).c_str(), *p[i].w).c_str(), bytes);
+        if (matvec_uses_q8(p[i].w->type) && n_quantized_cols_ != p[i].w->cols) quantize_rows(x, n, (int)p[i].w->cols, act_, stream_);
+        matvec_multi(ws, ys, lds, (int)(j - i), act_, x, n, false, stream_);
+      }
+      i = j;
+    }
+  }
+
   void forward_layer(LayerDev& L) {
     const HParams& hp = model_->hparams();
     const int n = n_tok_;
@@ -437,12 +510,10 @@ class CudaBackend final : public Backend {
     mark("attn norm + quantize", 0);
     rms_norm(x_, L.attn_norm, hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
-    mark(op_name("matvec q", L.wq).c_str(), (double)L.wq_bytes);
-    project(L.wq, xn_, n, q_, hp.q_dim(), false);
-    mark(op_name("matvec k", L.wk).c_str(), (double)L.wk_bytes);
-    project(L.wk, xn_, n, k_, hp.kv_dim_k(), false);
-    mark(op_name("matvec v", L.wv).c_str(), (double)L.wv_bytes);
-    project(L.wv, xn_, n, v_, hp.kv_dim_v(), false);
+    project_group({{"q", &L.wq, (double)L.wq_bytes, q_, hp.q_dim()},
+                   {"k", &L.wk, (double)L.wk_bytes, k_, hp.kv_dim_k()},
+                   {"v", &L.wv, (double)L.wv_bytes, v_, hp.kv_dim_v()}},
+                  xn_, n);
     mark("bias + rope + kv store", 0);
     add_bias(q_, L.bq, n, hp.q_dim(), stream_);
     add_bias(k_, L.bk, n, hp.kv_dim_k(), stream_);
@@ -451,21 +522,20 @@ class CudaBackend final : public Backend {
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_freq_base,
                    hp.rope_freq_scale, hp.rms_eps, L.kv, stream_);
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
-    mark("attention", 0);
-    attention(dstep_, q_, L.kv, n, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale, splits_, partial_, attn_,
-              stream_);
-    n_quantized_cols_ = -1;
-    mark(op_name("matvec o (+quantize)", L.wo).c_str(), (double)L.wo_bytes);
+    mark("attention (+quantize)", 0);
+    const bool q8_attn = needs_q8({&L.wo});
+    const bool quantized = attention(dstep_, q_, L.kv, n, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale, splits_,
+                                     partial_, attn_, q8_attn ? act_ : ActQ8{}, stream_);
+    n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
+    mark(op_name("matvec o", L.wo).c_str(), (double)L.wo_bytes);
     project(L.wo, attn_, n, x_, hp.n_embd, true);
     // Feed-forward block.
     const bool q8_ffn = needs_q8({&L.gate, &L.up}) && hp.n_embd % 32 == 0;
     mark("ffn norm + quantize", 0);
     rms_norm(x_, L.ffn_norm, hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
-    mark(op_name("matvec gate", L.gate).c_str(), (double)L.gate_bytes);
-    project(L.gate, xn_, n, gate_, hp.n_ff, false);
-    mark(op_name("matvec up", L.up).c_str(), (double)L.up_bytes);
-    project(L.up, xn_, n, up_, hp.n_ff, false);
+    project_group({{"gate", &L.gate, (double)L.gate_bytes, gate_, hp.n_ff}, {"up", &L.up, (double)L.up_bytes, up_, hp.n_ff}},
+                  xn_, n);
     const bool q8_down = needs_q8({&L.down}) && hp.n_ff % 32 == 0;
     mark("swiglu + quantize", 0);
     swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
@@ -496,6 +566,9 @@ class CudaBackend final : public Backend {
   int* step_dev_ = nullptr;
   int* step_host_ = nullptr;
   float* logits_host_ = nullptr;
+  int32_t* argmax_dev_ = nullptr;   // per logit row: its greedy token (output_argmax)
+  int32_t* argmax_host_ = nullptr;
+  std::vector<uint8_t> argmax_only_;  // the step's per-logit-row flags
   DeviceStep dstep_;
   int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1;
   bool graphs_enabled_ = true;
@@ -530,6 +603,19 @@ __global__ void read_bandwidth_kernel(const int4* data, int64_t n, int* sink) {
 __global__ void probe_kernel() {}
 
 }  // namespace
+
+bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ROOFLINE_PDL");
+    if (env && env[0] == '0') return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return enabled;
+}
+
 }  // namespace cuda
 
 bool gpu_support_compiled() { return true; }

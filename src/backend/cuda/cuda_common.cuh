@@ -42,12 +42,21 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, c
   ROOFLINE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// Waits for the previous kernel's writes when launched with PDL (a no-op otherwise / before sm_90).
+// First statement of every kernel launched with `pdl_enabled()`: waits until the previous kernel has
+// finished and its writes are visible (PDL lets this kernel's CTAs start while that one drains), then
+// lets the next kernel's CTAs launch. A no-op before sm_90 or when launched without PDL.
 __device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
 #endif
 }
+
+// Whether step kernels are launched with programmatic dependent launch: on GPUs of compute capability
+// 9.0 and newer, unless ROOFLINE_PDL=0. Every kernel launched with it must call
+// wait_for_previous_kernel() before touching memory (a kernel that skipped it could finish before its
+// predecessor and release the next kernel early).
+bool pdl_enabled();
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -58,6 +67,22 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
+}
+
+// The warp quantizes the 32 values it holds (lane k holds value k) to int8 with d = amax/127 and writes
+// q, d and s = d * sum(q). Only called for whole groups of 32.
+__device__ __forceinline__ void warp_quantize32(float v, int lane, int8_t* q, float* d_out, float* s_out) {
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+  const int qi = __float2int_rn(v * inv);
+  q[lane] = (int8_t)qi;
+  int sum = qi;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) {
+    *d_out = d;
+    *s_out = d * (float)sum;
+  }
 }
 
 // How a weight is stored on the device. Raw: GGUF blocks as in the file. The plane layouts split a

@@ -25,6 +25,11 @@ struct DeviceStep {
 bool matvec_uses_q8(DType type);
 void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
             cudaStream_t stream);
+// Up to 3 products of one input in one launch (ys[m] = W_m x), for weights where matvec_can_group holds
+// pairwise (same kernel kind and row length).
+bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
+void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
+                  const float* x, int n_tokens, bool accumulate, cudaStream_t stream);
 // More than 8 rows: up to 48 rows of Q4_K/Q6_K weights, a fused dequantize + tensor-core kernel
 // (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS.
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
@@ -43,6 +48,9 @@ void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_
 // h = silu(gate) * up, written as f32 (if out) and int8 activations (if act.q).
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream);
+// Per row of x [n_rows x n]: the index of its largest value, the lowest on ties, NaNs skipped (0 if the
+// first value is NaN), as the CPU's argmax_logits picks it.
+void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream);
 
 // --- attention (cuda_attention.cu) ---
 struct KvLayer {
@@ -61,9 +69,10 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
                     cudaStream_t stream);
 // Causal attention over each row's cached positions, split over the KV length (step header[2] keys per
-// split, at most max_splits), combined in a fixed order. out: [rows x n_head*head_dim_v].
-void attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
-               int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out,
+// split, at most max_splits), combined in a fixed order. out: [rows x n_head*head_dim_v]; with out_act.q
+// also its int8 form (when head_dim_v % 32 == 0; returns whether it was written).
+bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+               int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
                cudaStream_t stream);
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
 

@@ -1,4 +1,5 @@
-// Decode matrix-vector products (1-8 tokens). One warp per output row, streaming the row with 16-byte
+// Decode matrix-vector products (1-8 tokens), one launch per group of products sharing an input
+// (q/k/v, gate/up: fewer launches per layer). One warp per output row, streaming the row with 16-byte
 // loads; int8 activations and dp4a for Q4_K, Q5_K, Q6_K (planes) and Q8_0 (planes); float activations
 // for F16/BF16/F32; a generic dequantize-and-FMA kernel for the other types. Each output is reduced
 // by one warp in a fixed order, so results do not depend on the batch or on timing.
@@ -64,11 +65,7 @@ __device__ __forceinline__ void q4_k_superblock(const int4 hdr_v, const int4 qv,
 // Each lane group takes super-blocks i and i + 4 per iteration, both loads issued before either is used
 // (more bytes in flight per warp: the kernel is bound by memory latency otherwise).
 template <int B>
-__global__ void __launch_bounds__(kWarps * 32) matvec_q4_k(DeviceWeight w, ActQ8 act, float* y, int ldy, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (row >= w.rows) return;
+__device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   const int j = lane % 8, c = j / 2, h = j % 2;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* rowp = w.data + row * w.row_bytes;
@@ -89,11 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q4_k(DeviceWeight w, ActQ8
 
 // Q5_K (176 B): as Q4_K, plus the fifth bit of each quant from qh (bit 2c for low, 2c+1 for high nibbles).
 template <int B>
-__global__ void __launch_bounds__(kWarps * 32) matvec_q5_k(DeviceWeight w, ActQ8 act, float* y, int ldy, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (row >= w.rows) return;
+__device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   const int j = lane % 8, c = j / 2, h = j % 2;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* rowp = w.data + row * w.row_bytes;
@@ -137,11 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q5_k(DeviceWeight w, ActQ8
 // Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
 // 32j..32j+31 (sub-blocks 2j and 2j+1), giving signed 6-bit values (q - 32) for dp4a.
 template <int B>
-__global__ void __launch_bounds__(kWarps * 32) matvec_q6_k(DeviceWeight w, ActQ8 act, float* y, int ldy, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (row >= w.rows) return;
+__device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   const int j = lane % 8;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* lo_row = w.data + row * (w.cols / 2);
@@ -188,11 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q6_k(DeviceWeight w, ActQ8
 
 // Q8_0 planes: one lane per 32-element block.
 template <int B>
-__global__ void __launch_bounds__(kWarps * 32) matvec_q8_0(DeviceWeight w, ActQ8 act, float* y, int ldy, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (row >= w.rows) return;
+__device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   const int64_t n_blocks = w.cols / 32;
   const int8_t* q_row = reinterpret_cast<const int8_t*>(w.data) + row * w.cols;
   const __half* d_row = reinterpret_cast<const __half*>(w.plane1) + row * n_blocks;
@@ -212,11 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_q8_0(DeviceWeight w, ActQ8
 
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
 template <int B, DType T>
-__global__ void __launch_bounds__(kWarps * 32) matvec_float(DeviceWeight w, const float* x, float* y, int ldy, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (row >= w.rows) return;
+__device__ __forceinline__ void matvec_float(const DeviceWeight& w, const float* x, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   constexpr int kPer = T == DType::F32 ? 4 : 8;  // elements per 16-byte load
   const uint8_t* rowp = w.data + row * w.row_bytes;
   float acc[B] = {};
@@ -265,11 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_float(DeviceWeight w, cons
 
 // Any type: each lane dequantizes whole 32-element chunks and multiplies with float activations.
 template <int B>
-__global__ void __launch_bounds__(kWarps * 32) matvec_generic(DeviceWeight w, const float* x, float* y, int ldy, bool accumulate) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (row >= w.rows) return;
+__device__ __forceinline__ void matvec_generic(const DeviceWeight& w, const float* x, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   float acc[B] = {};
   float v[32];
   for (int64_t c = lane; c < w.cols / 32; c += 32) {
@@ -286,19 +263,76 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_generic(DeviceWeight w, co
   store_rows<B>(acc, y, ldy, row, accumulate, lane);
 }
 
-template <int B>
-void launch_matvec(const DeviceWeight& w, const ActQ8& act, const float* x, float* y, int ldy, bool accumulate, cudaStream_t stream) {
-  const dim3 grid((unsigned)((w.rows + kWarps - 1) / kWarps)), block(kWarps * 32);
-  const bool pdl = false;
+// The kernel behind every matvec launch: a group of products that share the input (q/k/v, gate/up),
+// all of one weight kind, their rows laid end to end over the grid (one warp per row).
+enum class Kind { Q4K, Q5K, Q6K, Q8_0, F16, BF16, F32, Generic };
+
+struct MatvecGroup {
+  static constexpr int kMax = 3;
+  DeviceWeight w[kMax];
+  float* y[kMax];
+  int ldy[kMax];
+  int64_t first_row[kMax + 1];  // member m holds grid rows [first_row[m], first_row[m + 1])
+  int n = 0;
+};
+
+template <int B, Kind K>
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate) {
+  const int lane = threadIdx.x % 32;
+  const int64_t grid_row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
+  wait_for_previous_kernel();
+  if (grid_row >= g.first_row[g.n]) return;
+  // The member, picked with selects (a run-time index into the parameter arrays would copy them to
+  // local memory).
+  DeviceWeight w = g.w[0];
+  float* y = g.y[0];
+  int ldy = g.ldy[0];
+  int64_t first = 0;
+#pragma unroll
+  for (int m = 1; m < MatvecGroup::kMax; ++m)
+    if (m < g.n && grid_row >= g.first_row[m]) {
+      w = g.w[m];
+      y = g.y[m];
+      ldy = g.ldy[m];
+      first = g.first_row[m];
+    }
+  const int64_t row = grid_row - first;
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, accumulate, row, lane);
+  else matvec_generic<B>(w, x, y, ldy, accumulate, row, lane);
+}
+
+Kind kind_of(const DeviceWeight& w) {
   switch (w.type) {
-    case DType::Q4_K: launch(matvec_q4_k<B>, grid, block, 0, stream, pdl, w, act, y, ldy, accumulate); return;
-    case DType::Q5_K: launch(matvec_q5_k<B>, grid, block, 0, stream, pdl, w, act, y, ldy, accumulate); return;
-    case DType::Q6_K: launch(matvec_q6_k<B>, grid, block, 0, stream, pdl, w, act, y, ldy, accumulate); return;
-    case DType::Q8_0: launch(matvec_q8_0<B>, grid, block, 0, stream, pdl, w, act, y, ldy, accumulate); return;
-    case DType::F16: launch(matvec_float<B, DType::F16>, grid, block, 0, stream, pdl, w, x, y, ldy, accumulate); return;
-    case DType::BF16: launch(matvec_float<B, DType::BF16>, grid, block, 0, stream, pdl, w, x, y, ldy, accumulate); return;
-    case DType::F32: launch(matvec_float<B, DType::F32>, grid, block, 0, stream, pdl, w, x, y, ldy, accumulate); return;
-    default: launch(matvec_generic<B>, grid, block, 0, stream, pdl, w, x, y, ldy, accumulate); return;
+    case DType::Q4_K: return Kind::Q4K;
+    case DType::Q5_K: return Kind::Q5K;
+    case DType::Q6_K: return Kind::Q6K;
+    case DType::Q8_0: return Kind::Q8_0;
+    case DType::F16: return Kind::F16;
+    case DType::BF16: return Kind::BF16;
+    case DType::F32: return Kind::F32;
+    default: return Kind::Generic;
+  }
+}
+
+template <int B>
+void launch_matvec(const MatvecGroup& g, Kind kind, const ActQ8& act, const float* x, bool accumulate, cudaStream_t stream) {
+  const dim3 grid((unsigned)((g.first_row[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
+  const bool pdl = pdl_enabled();
+  switch (kind) {
+    case Kind::Q4K: launch(matvec_kernel<B, Kind::Q4K>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Q6K: launch(matvec_kernel<B, Kind::Q6K>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Q8_0: launch(matvec_kernel<B, Kind::Q8_0>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::F16: launch(matvec_kernel<B, Kind::F16>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::BF16: launch(matvec_kernel<B, Kind::BF16>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::F32: launch(matvec_kernel<B, Kind::F32>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Generic: launch(matvec_kernel<B, Kind::Generic>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
   }
 }
 
@@ -308,19 +342,43 @@ bool matvec_uses_q8(DType type) {
   return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0;
 }
 
-void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-            cudaStream_t stream) {
+bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {
+  return kind_of(a) == kind_of(b) && a.cols == b.cols;
+}
+
+void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
+                  const float* x, int n_tokens, bool accumulate, cudaStream_t stream) {
+  if (count < 1 || count > MatvecGroup::kMax) fail("internal error: a matvec group of {} products", count);
+  MatvecGroup g;
+  g.n = count;
+  g.first_row[0] = 0;
+  for (int m = 0; m < count; ++m) {
+    if (!matvec_can_group(*ws[0], *ws[m])) fail("internal error: grouped matvec over different weight kinds or widths");
+    g.w[m] = *ws[m];
+    g.y[m] = ys[m];
+    g.ldy[m] = ldys[m];
+    g.first_row[m + 1] = g.first_row[m] + ws[m]->rows;
+  }
+  const Kind kind = kind_of(*ws[0]);
   switch (n_tokens) {
-    case 1: launch_matvec<1>(w, act, x, y, ldy, accumulate, stream); break;
-    case 2: launch_matvec<2>(w, act, x, y, ldy, accumulate, stream); break;
-    case 3: launch_matvec<3>(w, act, x, y, ldy, accumulate, stream); break;
-    case 4: launch_matvec<4>(w, act, x, y, ldy, accumulate, stream); break;
-    case 5: launch_matvec<5>(w, act, x, y, ldy, accumulate, stream); break;
-    case 6: launch_matvec<6>(w, act, x, y, ldy, accumulate, stream); break;
-    case 7: launch_matvec<7>(w, act, x, y, ldy, accumulate, stream); break;
-    case 8: launch_matvec<8>(w, act, x, y, ldy, accumulate, stream); break;
+    case 1: launch_matvec<1>(g, kind, act, x, accumulate, stream); break;
+    case 2: launch_matvec<2>(g, kind, act, x, accumulate, stream); break;
+    case 3: launch_matvec<3>(g, kind, act, x, accumulate, stream); break;
+    case 4: launch_matvec<4>(g, kind, act, x, accumulate, stream); break;
+    case 5: launch_matvec<5>(g, kind, act, x, accumulate, stream); break;
+    case 6: launch_matvec<6>(g, kind, act, x, accumulate, stream); break;
+    case 7: launch_matvec<7>(g, kind, act, x, accumulate, stream); break;
+    case 8: launch_matvec<8>(g, kind, act, x, accumulate, stream); break;
     default: fail("internal error: matvec of {} tokens (at most 8)", n_tokens);
   }
+}
+
+void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
+            cudaStream_t stream) {
+  const DeviceWeight* ws[1] = {&w};
+  float* ys[1] = {y};
+  const int ldys[1] = {ldy};
+  matvec_multi(ws, ys, ldys, 1, act, x, n_tokens, accumulate, stream);
 }
 
 }  // namespace roofline::cuda

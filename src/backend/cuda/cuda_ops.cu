@@ -21,23 +21,8 @@ __device__ float block_sum(float v, float* smem) {
   return total;
 }
 
-// The warp quantizes the 32 values it holds (lane k holds value k) to int8 with d = amax/127 and writes
-// q, d and s = d * sum(q). Only called for whole groups of 32.
-__device__ __forceinline__ void warp_quantize32(float v, int lane, int8_t* q, float* d_out, float* s_out) {
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
-  const int qi = __float2int_rn(v * inv);
-  q[lane] = (int8_t)qi;
-  int sum = qi;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) {
-    *d_out = d;
-    *s_out = d * (float)sum;
-  }
-}
-
 __global__ void embed_kernel(DeviceWeight table, DeviceStep step, float* x, int n_embd) {
+  wait_for_previous_kernel();
   const int r = blockIdx.x;
   float* xr = x + (int64_t)r * n_embd;
   if (r >= step.header[0]) {
@@ -63,6 +48,7 @@ __global__ void embed_kernel(DeviceWeight table, DeviceStep step, float* x, int 
 // One CTA per row: the sum of squares, then one warp per 32-element group (lane = element, so every
 // access is coalesced) writing the normalized row and/or its int8 form.
 __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n, const int* gather, float* out, ActQ8 act) {
+  wait_for_previous_kernel();
   __shared__ float smem[32];
   const int r = blockIdx.x;
   const float* xr = x + (int64_t)(gather ? gather[r] : r) * n;
@@ -83,6 +69,7 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n
 
 // One warp per 32-element group of a row (grid.y = rows).
 __global__ void quantize_rows_kernel(const float* x, int n, ActQ8 act) {
+  wait_for_previous_kernel();
   const int r = blockIdx.y;
   const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (g >= n / 32) return;
@@ -93,6 +80,7 @@ __global__ void quantize_rows_kernel(const float* x, int n, ActQ8 act) {
 
 // silu(gate) * up, one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
 __global__ void swiglu_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act) {
+  wait_for_previous_kernel();
   const int r = blockIdx.y;
   const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (g >= (n + 31) / 32) return;
@@ -111,43 +99,96 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int n, float* 
 }
 
 __global__ void add_bias_kernel(float* y, const float* b, int n) {
+  wait_for_previous_kernel();
   const int r = blockIdx.y;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[(int64_t)r * n + i] += b[i];
 }
 
+// One CTA per row: each thread the best (value, index) of its strided elements, then a fixed-order
+// tree over the CTA. A larger value wins, an equal one the lower index.
+__global__ void argmax_rows_kernel(const float* x, int n, int32_t* out) {
+  wait_for_previous_kernel();
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  const float* row = x + (int64_t)blockIdx.x * n;
+  const float x0 = row[0];
+  if (x0 != x0) {  // a NaN first: the CPU's scan never moves off it
+    if (threadIdx.x == 0) out[blockIdx.x] = 0;
+    return;
+  }
+  float v = x0;
+  int idx = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float e = row[i];
+    if (e > v) {  // false for NaN; strided ascending, so the first of equals is kept
+      v = e;
+      idx = i;
+    }
+  }
+  auto better = [](float av, int ai, float bv, int bi) { return bv > av || (bv == av && bi < ai); };
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, offset);
+    if (better(v, idx, ov, oi)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    best_v[warp] = v;
+    best_i[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x / 32); ++w)
+      if (better(v, idx, best_v[w], best_i[w])) {
+        v = best_v[w];
+        idx = best_i[w];
+      }
+    out[blockIdx.x] = idx;
+  }
+}
+
 }  // namespace
 
+void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  launch(argmax_rows_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, out);
+}
+
 void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream) {
-  embed_kernel<<<n_rows, 128, 0, stream>>>(table, step, x, n_embd);
+  launch(embed_kernel, dim3(n_rows), dim3(128), 0, stream, pdl_enabled(), table, step, x, n_embd);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
               cudaStream_t stream) {
   if (n_rows == 0) return;
-  rms_norm_kernel<<<n_rows, 1024, 0, stream>>>(x, w, eps, n, gather, out, act);
+  launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)((n / 32 + 7) / 8), (unsigned)n_rows);
-  quantize_rows_kernel<<<grid, 256, 0, stream>>>(x, n, act);
+  launch(quantize_rows_kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), x, n, act);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  swiglu_kernel<<<grid, 256, 0, stream>>>(gate, up, n, out, act);
+  launch(swiglu_kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream) {
   if (!bias || n_rows == 0) return;
   const dim3 grid((unsigned)((n + 255) / 256), (unsigned)n_rows);
-  add_bias_kernel<<<grid, 256, 0, stream>>>(y, bias, n);
+  launch(add_bias_kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), y, bias, n);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
