@@ -54,6 +54,11 @@ struct TestResult {
   int n_prompt = 0, n_gen = 0, n_depth = 0, n_parallel = 1, gpu_units = 0;
   std::vector<double> samples_ts;
   double avg_ts = 0, stddev_ts = 0, gbps = 0, roofline_pct = 0, roofline_ts = 0, tflops = 0;
+  struct Device {
+    std::string name;
+    double bytes_per_step = 0, gbps = 0;
+  };
+  std::vector<Device> devices;  // decode tests: each backend's share of the bytes read
 };
 
 std::string human_size(uint64_t bytes) {
@@ -62,16 +67,21 @@ std::string human_size(uint64_t bytes) {
 }
 std::string human_params(uint64_t n) { return n >= 1000000000ull ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6); }
 
-// Bytes a decode token reads from the GPU and from host memory, given how many units the GPU holds.
-std::pair<double, double> bytes_split(const Model& m, int gpu_units, double depth, DType tk, DType tv) {
+// Bytes a decode token reads from each backend's memory (weights of its layers, KV to `depth`, the
+// embedding row where it holds the embedding), in layer order.
+std::vector<double> bytes_per_backend(const Model& m, const std::vector<Engine::PlacedRange>& placed, double depth, DType tk,
+                                      DType tv) {
   const HParams& hp = m.hparams();
   const double kv_per_layer = kv_bytes_per_position(m, tk, tv) / hp.n_layer * depth;
-  const int gpu_layers = std::max(0, gpu_units - 1);
-  double gpu = 0, host = 0;
-  for (int il = 0; il < hp.n_layer; ++il) (il >= hp.n_layer - gpu_layers ? gpu : host) += (double)m.layer_bytes(il) + kv_per_layer;
-  (gpu_units > 0 ? gpu : host) += (double)m.output_bytes();
-  (gpu_units == hp.n_layer + 1 ? gpu : host) += (double)dtype_row_bytes(m.token_embd().type(), hp.n_embd);
-  return {gpu, host};
+  std::vector<double> bytes;
+  for (const Engine::PlacedRange& p : placed) {
+    double b = 0;
+    for (int il = p.layers.begin; il < p.layers.end; ++il) b += (double)m.layer_bytes(il) + kv_per_layer;
+    if (p.layers.output) b += (double)m.output_bytes();
+    if (p.layers.embedding) b += (double)dtype_row_bytes(m.token_embd().type(), hp.n_embd);
+    bytes.push_back(b);
+  }
+  return bytes;
 }
 
 int run(int argc, char** argv) {
@@ -93,6 +103,10 @@ int run(int argc, char** argv) {
   app.add_option("--cache-type-k", ctk, "K cache types (-ctk)")->capture_default_str();
   app.add_option("--cache-type-v", ctv, "V cache types (-ctv)")->capture_default_str();
   app.add_option("--n-gpu-layers", ngl, "units on the GPU (-ngl): numbers, auto or all")->capture_default_str();
+  std::string split_mode = "layer", tensor_split, vram_limit;
+  app.add_option("--split-mode", split_mode, "several GPUs: none, layer or row (-sm)")->capture_default_str();
+  app.add_option("--tensor-split", tensor_split, "share of the offloaded layers per GPU, e.g. 1,1 (-ts)");
+  app.add_option("--vram-limit", vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU)");
   app.add_option("--flash-attn", fa, "flash attention (-fa): roofline's attention is always the fused kernel")->capture_default_str();
   app.add_option("--n-parallel", npl_list, "parallel sequences (-npl): each prefilled with -p tokens, generating -n");
   app.add_option("-r,--repetitions", reps, "repetitions per test")->capture_default_str();
@@ -159,7 +173,7 @@ int run(int argc, char** argv) {
                 }
                 for (int np : npl)
                   for (int p : p_list)
-                    for (int n : n_list) max_ctx = std::max(max_ctx, np * (p + n) + 64);
+                    for (int n : n_list) max_ctx = std::max(max_ctx, np * ((p + n + 31) / 32 * 32) + 64);  // whole KV blocks per sequence
                 Config cfg{tk, tv, g, ub > 0 ? std::min(nb, ub) : nb, nt};
                 margs.n_ctx = max_ctx;
                 margs.n_threads = nt;
@@ -167,10 +181,17 @@ int run(int argc, char** argv) {
                 margs.cache_type_k = tk;
                 margs.cache_type_v = tv;
                 margs.n_gpu_layers = g == "99" ? "all" : g;
+                margs.split_mode = split_mode;
+                margs.tensor_split = tensor_split;
+                margs.vram_limit = vram_limit;
                 auto engine = create_engine(model, margs);
                 for (const std::string& line : engine->report()) log_info("{}", line);
                 const int units = engine->gpu_units();
-                const std::string backend = units > 0 ? (units == hp.n_layer + 1 ? "CUDA" : "CUDA+CPU") : "CPU";
+                const auto placed = engine->placements();
+                int n_gpu_ranges = 0;
+                for (const auto& pr : placed) n_gpu_ranges += pr.gpu ? 1 : 0;
+                const std::string gpus = n_gpu_ranges > 1 ? fmt::format("CUDA x{}", n_gpu_ranges) : "CUDA";
+                const std::string backend = units > 0 ? (units == hp.n_layer + 1 ? gpus : gpus + "+CPU") : "CPU";
                 auto random_tokens = [&](int n) {
                   std::vector<int32_t> t((size_t)n);
                   for (auto& x : t) x = (int32_t)(rng() % (uint32_t)hp.n_vocab);
@@ -192,7 +213,8 @@ int run(int argc, char** argv) {
                   const auto prompt = random_tokens(n_prompt), gen = random_tokens(n_gen);
                   const auto t0 = std::chrono::steady_clock::now();
                   if (n_prompt > 0) feed(seq, prompt);
-                  for (int i = 0; i < n_gen; ++i) engine->decode({{seq, gen[i], true}});
+                  // step(): the logits come back into buffers reused from step to step, as llama.cpp's do.
+                  for (int i = 0; i < n_gen; ++i) engine->step({{seq, gen[i], true}});
                   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                   kv.free_sequence(seq);
                   return s;
@@ -217,7 +239,7 @@ int run(int argc, char** argv) {
                   for (int step = 0; step < n_gen; ++step) {
                     std::vector<Engine::BatchRow> batch;
                     for (int sidx = 0; sidx < n_par; ++sidx) batch.push_back({seqs[sidx], (int32_t)(rng() % hp.n_vocab), true});
-                    engine->decode(batch);
+                    engine->step(batch);  // every row's logits copied back, as llama-batched-bench's
                   }
                   const auto t2 = std::chrono::steady_clock::now();
                   for (int s : seqs) kv.free_sequence(s);
@@ -247,10 +269,17 @@ int run(int argc, char** argv) {
                   r.stddev_ts = r.samples_ts.size() > 1 ? std::sqrt(var / (r.samples_ts.size() - 1)) : 0;
                   const DType dk = parse_cache_type(r.cfg.ctk), dv = parse_cache_type(r.cfg.ctv);
                   if (decode) {
-                    const auto [gb, hb] = bytes_split(*model, units, depth_avg, dk, dv);
-                    const double step_time = (gb > 0 ? gb / (gpu_bw * 1e9) : 0) + hb / (host_bw * 1e9);
+                    // The backends run one after another (layer split), so the step's bound is the sum of
+                    // each one's bytes over its bandwidth (every GPU taken as fast as GPU 0).
+                    const auto bytes = bytes_per_backend(*model, placed, depth_avg, dk, dv);
                     const double per_step = r.avg_ts / r.n_parallel;  // steps per second
-                    r.gbps = per_step * (gb + hb) / 1e9;
+                    double step_time = 0, total = 0;
+                    for (size_t i = 0; i < placed.size(); ++i) {
+                      step_time += bytes[i] / ((placed[i].gpu ? gpu_bw : host_bw) * 1e9);
+                      total += bytes[i];
+                      r.devices.push_back({placed[i].backend, bytes[i], per_step * bytes[i] / 1e9});
+                    }
+                    r.gbps = per_step * total / 1e9;
                     r.roofline_ts = r.n_parallel / step_time;
                     r.roofline_pct = 100.0 * r.avg_ts / r.roofline_ts;
                   } else {
@@ -314,6 +343,11 @@ int run(int argc, char** argv) {
                      {"test", r.test}, {"avg_ts", r.avg_ts}, {"stddev_ts", r.stddev_ts}, {"samples_ts", r.samples_ts},
                      {"host_read_gbps", host_bw}, {"gpu_read_gbps", gpu_bw}, {"gbps", r.gbps}, {"roofline_ts", r.roofline_ts},
                      {"roofline_pct", r.roofline_pct}, {"tflops", r.tflops}});
+      if (!r.devices.empty()) {
+        nlohmann::ordered_json devs = nlohmann::ordered_json::array();
+        for (const auto& d : r.devices) devs.push_back({{"name", d.name}, {"bytes_per_step", d.bytes_per_step}, {"gbps", d.gbps}});
+        arr.back()["devices"] = devs;
+      }
     }
     std::printf("%s\n", arr.dump(2).c_str());
     return 0;
@@ -340,6 +374,12 @@ int run(int argc, char** argv) {
                 human_size(r.model_size).c_str(), human_params(r.n_params).c_str(), r.backend.c_str(), r.gpu_units,
                 r.cfg.n_threads, r.cfg.ctk.c_str(), r.cfg.ctv.c_str(), r.test.c_str(), r.avg_ts, r.stddev_ts, gb.c_str(),
                 roof.c_str(), pct.c_str());
+  }
+  for (const TestResult& r : results) {
+    if (r.devices.size() < 2) continue;
+    std::string line;
+    for (const auto& d : r.devices) line += fmt::format("{}{} {:.0f} GB/s", line.empty() ? "" : ", ", d.name, d.gbps);
+    std::printf("\n%s %s: per device %s", r.model_desc.c_str(), r.test.c_str(), line.c_str());
   }
   std::printf("\nroofline: read bandwidth host %.1f GB/s%s (measured now); decode bound = bytes a token reads / bandwidth\n",
               host_bw, use_gpu ? fmt::format(", GPU {:.0f} GB/s ({})", gpu_bw, gpu_name).c_str() : "");

@@ -3,6 +3,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "engine/placement.h"
 #include "model/model_file.h"
 
 namespace roofline::cli {
@@ -22,7 +23,25 @@ void add_model_options(CLI::App& app, ModelArgs& a, bool model_required) {
   app.add_option("--n-gpu-layers,--gpu-layers", a.n_gpu_layers,
                  "units on the GPU: a number (the output layer counts as one, offloaded first), auto or all (-ngl)")
       ->capture_default_str()->envname("LLAMA_ARG_N_GPU_LAYERS");
-  app.add_option("--main-gpu", a.main_gpu, "GPU to use (-mg)")->capture_default_str()->envname("LLAMA_ARG_MAIN_GPU");
+  app.add_option("--main-gpu", a.main_gpu, "GPU to use with -sm none (-mg)")->capture_default_str()->envname("LLAMA_ARG_MAIN_GPU");
+  app.add_option("--split-mode", a.split_mode, "several GPUs: none, layer (each GPU a range of layers) or row (-sm)")
+      ->capture_default_str()->envname("LLAMA_ARG_SPLIT_MODE");
+  app.add_option("--tensor-split", a.tensor_split, "share of the offloaded layers per GPU, e.g. 3,1 (-ts; default: by free memory)")
+      ->envname("LLAMA_ARG_TENSOR_SPLIT");
+  app.add_option("--vram-limit", a.vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU: 24,24)");
+}
+
+void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
+                         const std::string& vram_limit) {
+  if (split_mode == "none") o.split_mode = EngineOptions::SplitMode::None;
+  else if (split_mode == "layer") o.split_mode = EngineOptions::SplitMode::Layer;
+  else if (split_mode == "row") o.split_mode = EngineOptions::SplitMode::Row;
+  else fail("-sm '{}': expected none, layer or row", split_mode);
+  o.tensor_split = parse_proportions(tensor_split, "-ts");
+  if (!vram_limit.empty()) {
+    o.vram_limit_gib.clear();
+    for (double v : parse_proportions(vram_limit, "--vram-limit")) o.vram_limit_gib.push_back(v);
+  }
 }
 
 int parse_gpu_layers(const std::string& text) {
@@ -69,6 +88,7 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   o.type_v = parse_cache_type(a.cache_type_v);
   o.n_gpu_layers = parse_gpu_layers(a.n_gpu_layers);
   o.main_gpu = a.main_gpu;
+  apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
   return Engine::create(std::move(model), o);
 }
 

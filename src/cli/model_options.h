@@ -22,13 +22,21 @@ struct ModelArgs {
   std::string cache_type_v = "f16";  // -ctv
   std::string n_gpu_layers = "auto";  // -ngl: a number, auto or all
   int main_gpu = 0;                   // -mg
+  std::string split_mode = "layer";   // -sm: none, layer or row
+  std::string tensor_split;           // -ts: proportions per GPU, e.g. 3,1
+  std::string vram_limit;             // --vram-limit: GiB per GPU (one value: every GPU)
 };
+
+// -sm/-ts/--vram-limit into engine options (Error on bad values).
+void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
+                         const std::string& vram_limit);
 
 // "auto" -> kGpuLayersAuto, "all" -> kGpuLayersAll, else a non-negative number (Error otherwise).
 int parse_gpu_layers(const std::string& text);
 
 // Adds -m/--model, --tokenizer, -c/--ctx-size, -t/--threads, -b/--batch-size, -ctk/--cache-type-k,
-// -ctv/--cache-type-v, -ngl/--n-gpu-layers, -mg/--main-gpu.
+// -ctv/--cache-type-v, -ngl/--n-gpu-layers, -mg/--main-gpu, -sm/--split-mode, -ts/--tensor-split,
+// --vram-limit.
 void add_model_options(CLI::App& app, ModelArgs& args, bool model_required = true);
 
 // Parses argv with llama.cpp's single-dash spellings allowed; returns -1 to continue, else an exit code.

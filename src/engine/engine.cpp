@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/gpu.h"
+#include "engine/placement.h"
 #include "core/log.h"
 #include "core/error.h"
 #include "engine/sampler.h"
@@ -37,10 +38,12 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   kv.type_v = o.type_v;
   engine->kv_ = std::make_unique<KvCache>(kv.n_blocks, kv.block_size);
 
-  // Placement: n_layer + 1 units; the last `units` of them on the GPU (the output layer first).
+  // Placement: n_layer + 1 units; the last `units` of them on the GPUs (the output layer first).
   const int n_units = hp.n_layer + 1;
   int units = 0;
-  std::unique_ptr<Backend> gpu;
+  std::vector<std::unique_ptr<Backend>> gpus;  // one per GPU of the list, in order
+  std::vector<int> gpu_list;
+  std::vector<double> weights, budgets;
   if (o.n_gpu_layers != 0) {
     const auto devices = gpu_devices();
     if (devices.empty()) {
@@ -49,54 +52,97 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
                  gpu_support_compiled() ? "no CUDA GPU was found" : "this build has no GPU backend");
     } else {
       if (o.main_gpu < 0 || o.main_gpu >= (int)devices.size()) fail("--main-gpu {}: {} GPUs found", o.main_gpu, devices.size());
-      const GpuInfo& g = devices[o.main_gpu];
-      GpuBackendOptions go;
-      go.device = o.main_gpu;
-      go.max_tokens = o.n_batch;
-      go.n_ctx = o.n_ctx;
-      gpu = make_gpu_backend(go);
-      engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs), {:.1f} GiB total, {:.1f} GiB free",
-                                            g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, g.total_bytes / 1073741824.0,
-                                            g.free_bytes / 1073741824.0));
+      if (o.split_mode == EngineOptions::SplitMode::Row)
+        fail("-sm row (tensor parallel) is not available yet; use -sm layer (each GPU holds a range of layers)");
+      gpu_list = o.gpu_ids;
+      if (gpu_list.empty()) {
+        if (o.split_mode == EngineOptions::SplitMode::None || devices.size() == 1) gpu_list = {o.main_gpu};
+        else for (const GpuInfo& g : devices) gpu_list.push_back(g.index);
+      }
+      for (int id : gpu_list)
+        if (id < 0 || id >= (int)devices.size()) fail("GPU {} does not exist ({} GPUs found)", id, devices.size());
+      if (o.vram_limit_gib.size() > 1 && o.vram_limit_gib.size() != gpu_list.size())
+        fail("--vram-limit has {} values for {} GPUs (give one for every GPU, or one for all)", o.vram_limit_gib.size(),
+             gpu_list.size());
+      if (o.tensor_split.size() > gpu_list.size())
+        fail("-ts has {} proportions for {} GPUs", o.tensor_split.size(), gpu_list.size());
+      const double work_bytes = (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) + 256.0 * 1048576;
+      for (size_t i = 0; i < gpu_list.size(); ++i) {
+        const GpuInfo& g = devices[gpu_list[i]];
+        GpuBackendOptions go;
+        go.device = g.index;
+        go.max_tokens = o.n_batch;
+        go.n_ctx = o.n_ctx;
+        gpus.push_back(make_gpu_backend(go));
+        double usable = (double)g.free_bytes;
+        std::string limit_note;
+        if (!o.vram_limit_gib.empty()) {
+          const double limit = o.vram_limit_gib[o.vram_limit_gib.size() == 1 ? 0 : i] * 1073741824.0;
+          if (limit < usable) {
+            usable = limit;
+            limit_note = fmt::format(", limited to {:.1f} GiB (--vram-limit)", limit / 1073741824.0);
+          }
+        }
+        budgets.push_back(usable - o.gpu_margin_gib * 1073741824.0 - work_bytes);
+        weights.push_back(o.tensor_split.empty() ? std::max(usable, 1.0) : i < o.tensor_split.size() ? o.tensor_split[i] : 0.0);
+        engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs), {:.1f} GiB total, {:.1f} GiB free{}",
+                                              g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, g.total_bytes / 1073741824.0,
+                                              g.free_bytes / 1073741824.0, limit_note));
+      }
+      // Bytes GPU i needs for model units [first, end): weights, plus KV blocks of its layers.
+      auto cost = [&](int i, int first, int end) {
+        LayerSet set{first, std::min(end, hp.n_layer), first == 0, end == n_units};
+        return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks;
+      };
       if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
         units = n_units;
       } else if (o.n_gpu_layers > 0) {
         units = o.n_gpu_layers;
-      } else {  // auto: fill from the back while the weights, KV and work buffers fit
-        const double budget = (double)g.free_bytes - o.gpu_margin_gib * 1073741824.0 -
-                              (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) - 256.0 * 1048576;
-        auto cost = [&](int u) {
-          if (u == 0) return 0.0;
-          LayerSet set{hp.n_layer - (u - 1), hp.n_layer, u == n_units, true};
-          return (double)gpu->weight_bytes(*model, set) + (double)gpu->kv_block_bytes(*model, set, kv) * kv.n_blocks;
-        };
-        units = 0;
-        while (units < n_units && cost(units + 1) <= budget) ++units;
+      } else {  // auto: as many units as fit every GPU's budget
+        units = fit_units(n_units, weights, budgets, cost);
       }
+      // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
+      // would succeed on the larger GPU and defeat the limit).
+      if (!o.vram_limit_gib.empty() && units > 0)
+        for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
+          const double need = cost(r.gpu, r.first_unit, r.end_unit);
+          if (need > budgets[r.gpu])
+            fail("GPU {} needs {:.2f} GiB for its {} units (weights and KV cache), more than the {:.2f} GiB --vram-limit leaves "
+                 "(after {:.1f} GiB of margin and work buffers); lower -ngl, -c or the KV types, use a smaller quant, or add a GPU",
+                 gpu_list[r.gpu], need / 1073741824.0, r.end_unit - r.first_unit,
+                 std::max(0.0, budgets[r.gpu]) / 1073741824.0, (o.gpu_margin_gib * 1073741824.0 + work_bytes) / 1073741824.0);
+        }
     }
   }
   engine->gpu_units_ = units;
-  const int gpu_layers = std::max(0, units - 1);
-  const int first_gpu_layer = hp.n_layer - gpu_layers;
-  const bool gpu_has_embedding = units == n_units;
+  const int first_gpu_layer = n_units - units;  // as a unit index: layers first_gpu_layer.. go to the GPUs
   if (units < n_units) {
     auto cpu = std::make_unique<cpu::CpuBackend>(o.n_threads);
-    LayerSet set{0, first_gpu_layer, true, units == 0};
+    LayerSet set{0, std::min(first_gpu_layer, hp.n_layer), true, units == 0};
     cpu->load(model, set);
     cpu->init_kv(kv);
     engine->placement_.push_back({cpu.get(), set});
     engine->backends_.push_back(std::move(cpu));
   }
   if (units > 0) {
-    LayerSet set{first_gpu_layer, hp.n_layer, gpu_has_embedding, true};
-    gpu->load(model, set);
-    gpu->init_kv(kv);
-    engine->placement_.push_back({gpu.get(), set});
-    engine->backends_.push_back(std::move(gpu));
+    std::string shares;
+    int n_shares = 0;
+    for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
+      LayerSet set{r.first_unit, std::min(r.end_unit, hp.n_layer), r.first_unit == 0, r.end_unit == n_units};
+      Backend* gpu = gpus[r.gpu].get();
+      gpu->load(model, set);
+      gpu->init_kv(kv);
+      engine->placement_.push_back({gpu, set});
+      engine->backends_.push_back(std::move(gpus[r.gpu]));
+      shares += fmt::format("{}GPU {}: {}", shares.empty() ? "" : ", ", gpu_list[r.gpu], r.end_unit - r.first_unit);
+      ++n_shares;
+    }
+    if (n_shares == 1)
+      engine->report_.push_back(fmt::format("offloaded {}/{} layers to GPU (the output layer first)", units, n_units));
+    else
+      engine->report_.push_back(fmt::format("offloaded {}/{} layers to {} GPUs, split by layer ({})", units, n_units,
+                                            n_shares, shares));
   }
-  if (units > 0)
-    engine->report_.push_back(fmt::format("offloaded {}/{} layers to GPU{}", units, n_units,
-                                          units >= 1 ? " (the output layer first)" : ""));
   return engine;
 }
 
@@ -259,6 +305,13 @@ int Engine::fork_sequence(int seq) {
 
 void Engine::set_matmul_observer(Backend::MatmulObserver observer) {
   for (auto& b : backends_) b->set_matmul_observer(observer);
+}
+
+std::vector<Engine::PlacedRange> Engine::placements() const {
+  std::vector<PlacedRange> out;
+  for (const Placement& p : placement_)
+    out.push_back({p.backend->name(), p.layers, dynamic_cast<const cpu::CpuBackend*>(p.backend) == nullptr});
+  return out;
 }
 
 std::vector<std::string> Engine::report() const {

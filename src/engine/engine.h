@@ -27,6 +27,14 @@ struct EngineOptions {
   int n_gpu_layers = 0;
   int main_gpu = 0;
   double gpu_margin_gib = 1.0;  // memory left free on the GPU when fitting (-ngl auto)
+  // Several GPUs (-sm): none uses main_gpu only; layer gives each GPU a contiguous range of the
+  // offloaded units, in proportion to tensor_split (-ts) or else to each GPU's usable memory; row
+  // (tensor parallel) is not available yet.
+  enum class SplitMode { None, Layer, Row };
+  SplitMode split_mode = SplitMode::Layer;
+  std::vector<double> tensor_split;
+  std::vector<double> vram_limit_gib;  // --vram-limit: at most this much memory per GPU (one value: every GPU)
+  std::vector<int> gpu_ids;            // the GPUs, in order (empty: every visible GPU); may repeat one (tests)
 
   static constexpr int kGpuLayersAuto = -1;
   static constexpr int kGpuLayersAll = -2;
@@ -87,6 +95,14 @@ class Engine {
 
   // Units (of n_layer + 1) placed on the GPU: 0 = CPU only.
   int gpu_units() const { return gpu_units_; }
+
+  // The backends in layer order with what each holds (name as the report prints it, e.g. "CUDA0").
+  struct PlacedRange {
+    std::string backend;
+    LayerSet layers;
+    bool gpu = false;
+  };
+  std::vector<PlacedRange> placements() const;
 
   // Human-readable placement and memory report (one line per item), as the startup log prints it.
   std::vector<std::string> report() const;

@@ -8,8 +8,10 @@
 #include <cstring>
 
 #include "backend/gpu.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "formats/quant_ref.h"
 #include "model/model_file.h"
 #include "test_util.h"
@@ -43,6 +45,36 @@ std::vector<float> run_logits(std::shared_ptr<const Model> model, EngineOptions 
   return out;
 }
 
+// NMSE of the GPU product of a random weight (rows x cols, quantized to `type`) with n random
+// activation rows against the double-precision product with the dequantized weight.
+double gpu_matmul_nmse(DType type, int64_t rows, int64_t cols, int n, Rng& rng) {
+  std::vector<float> wf((size_t)(rows * cols));
+  for (float& v : wf) v = (float)rng.normal() * 0.05f;
+  std::vector<uint8_t> wq(dtype_row_bytes(type, cols) * rows);
+  quantize_rows_ref(type, wf.data(), wq.data(), rows, cols);
+  std::vector<float> wd(wf.size());
+  dequantize_rows_ref(type, wq.data(), wd.data(), rows, cols);
+  gguf::TensorInfo info;
+  info.name = "w";
+  info.type = type;
+  info.n_dims = 2;
+  info.ne = {cols, rows, 1, 1};
+  info.n_bytes = wq.size();
+  info.data = wq.data();
+  const Weight w{&info};
+  std::vector<float> x((size_t)(n * cols));
+  for (float& v : x) v = (float)rng.normal();
+  const auto y = gpu_matmul_for_test(w, x, n);
+  std::vector<float> ref((size_t)(n * rows));
+  for (int t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < cols; ++c) s += (double)wd[r * cols + c] * x[t * cols + c];
+      ref[t * rows + r] = (float)s;
+    }
+  return test::nmse(y.data(), ref.data(), ref.size());
+}
+
 }  // namespace
 
 TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
@@ -53,39 +85,26 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
   Rng rng(3);
   for (DType type : types) {
     const int64_t cols = dtype_block_size(type) == 256 ? 768 : (type == DType::F32 || type == DType::F16 || type == DType::BF16 ? 100 : 96);
-    const int64_t rows = 67;
-    std::vector<float> wf((size_t)(rows * cols));
-    for (float& v : wf) v = (float)rng.normal() * 0.05f;
-    std::vector<uint8_t> wq(dtype_row_bytes(type, cols) * rows);
-    quantize_rows_ref(type, wf.data(), wq.data(), rows, cols);
-    std::vector<float> wd(wf.size());
-    dequantize_rows_ref(type, wq.data(), wd.data(), rows, cols);
-    gguf::TensorInfo info;
-    info.name = "w";
-    info.type = type;
-    info.n_dims = 2;
-    info.ne = {cols, rows, 1, 1};
-    info.n_bytes = wq.size();
-    info.data = wq.data();
-    const Weight w{&info};
-    for (int n : {1, 3, 8, 9, 33, 48, 49, 65}) {
-      std::vector<float> x((size_t)(n * cols));
-      for (float& v : x) v = (float)rng.normal();
-      const auto y = gpu_matmul_for_test(w, x, n);
-      std::vector<float> ref((size_t)(n * rows));
-      for (int t = 0; t < n; ++t)
-        for (int64_t r = 0; r < rows; ++r) {
-          double s = 0;
-          for (int64_t c = 0; c < cols; ++c) s += (double)wd[r * cols + c] * x[t * cols + c];
-          ref[t * rows + r] = (float)s;
-        }
-      const double e = test::nmse(y.data(), ref.data(), ref.size());
-      // int8 activations (decode, quantized types) ~1e-4; f16 inputs (GEMM) ~1e-6; float matvec ~1e-12.
+    for (int n : {1, 3, 8, 9, 16, 33, 48, 49, 57, 64, 65}) {
+      const double e = gpu_matmul_nmse(type, 67, cols, n, rng);
+      // int8 activations (decode, quantized types) ~1e-4; f16 inputs (GEMM, batched decode) ~1e-6; float matvec ~1e-12.
       const bool q8 = n <= 8 && (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0);
       const double bound = q8 ? 2e-4 : n > 8 ? 2e-6 : 1e-9;
       EXPECT_LT(e, bound) << dtype_name(type) << " n=" << n;
     }
   }
+}
+
+// The batched-decode kernel (Q4_K, Q6_K; 9-64 rows) over several row tiles with a partial last one
+// and K split over CTAs.
+TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(5);
+  for (DType type : {DType::Q4_K, DType::Q6_K})
+    for (int n : {9, 24, 40, 64}) {
+      const double e = gpu_matmul_nmse(type, 300, 2560, n, rng);
+      EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n;
+    }
 }
 
 TEST(GpuEngineTest, FullOffloadMatchesCpuForEveryMix) {
@@ -103,6 +122,111 @@ TEST(GpuEngineTest, FullOffloadMatchesCpuForEveryMix) {
     std::printf("%-20s GPU vs CPU logits NMSE %.3g\n", spec, e);
     EXPECT_LT(e, 2e-3) << spec;
   }
+}
+
+// Layer split: two backends on one GPU (each with its own buffers, stream and KV blocks, the hidden
+// state crossing through host memory) give the same logits as one; also behind CPU layers.
+TEST(GpuEngineTest, LayerSplitOverTwoBackendsMatchesOne) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");  // 2 layers + output = 3 units
+  const auto tokens = some_tokens(20, model->hparams().n_vocab);
+  EngineOptions one;
+  one.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  const auto ref = run_logits(model, one, tokens);
+  for (auto [ngl, ts] : std::vector<std::pair<int, std::vector<double>>>{{3, {1, 1}}, {3, {1, 2}}, {3, {2, 1}}}) {
+    EngineOptions o;
+    o.n_gpu_layers = ngl;
+    o.gpu_ids = {0, 0};
+    o.tensor_split = ts;
+    auto engine = Engine::create(model, o);
+    int gpu_ranges = 0;
+    for (const auto& p : engine->placements()) gpu_ranges += p.gpu ? 1 : 0;
+    EXPECT_EQ(gpu_ranges, 2);
+    const auto l = run_logits(model, o, tokens);
+    EXPECT_EQ(l, ref) << "-ts " << ts[0] << "," << ts[1];
+  }
+  EngineOptions partial_one, partial_two;
+  partial_one.n_gpu_layers = partial_two.n_gpu_layers = 2;
+  partial_two.gpu_ids = {0, 0};
+  partial_two.tensor_split = {1, 1};
+  EXPECT_EQ(run_logits(model, partial_two, tokens), run_logits(model, partial_one, tokens));
+}
+
+// On a machine with two GPUs: a layer split over GPU 0 and GPU 1 gives the logits of GPU 0 alone.
+TEST(GpuEngineTest, LayerSplitOverTwoGpusMatchesOne) {
+  SKIP_WITHOUT_GPU();
+  if (gpu_devices().size() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto model = tiny("qwen3-0.6b:Q4_K_M");
+  const auto tokens = some_tokens(40, model->hparams().n_vocab);
+  EngineOptions one, two;
+  one.n_gpu_layers = two.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  one.gpu_ids = {0};
+  two.gpu_ids = {0, 1};
+  two.tensor_split = {1, 1};
+  EXPECT_EQ(run_logits(model, two, tokens), run_logits(model, one, tokens));
+}
+
+// Greedy rows picked on the GPU (Backend::output_argmax) give the CPU's argmax of the same logits, and
+// the rows that want logits in the same step get them unchanged (packed around the greedy ones).
+TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  auto a = Engine::create(model, o), b = Engine::create(model, o);
+  std::vector<int> sa, sb;
+  for (int i = 0; i < 3; ++i) {
+    sa.push_back(a->kv_cache().create_sequence());
+    sb.push_back(b->kv_cache().create_sequence());
+  }
+  const auto prompt = some_tokens(12, n_vocab);
+  for (int i = 0; i < 3; ++i) {
+    a->eval(sa[i], std::span<const int32_t>(prompt.data(), 4 + i), false);
+    b->eval(sb[i], std::span<const int32_t>(prompt.data(), 4 + i), false);
+  }
+  for (int t = 0; t < 6; ++t) {
+    const int32_t tok = prompt[t];
+    std::vector<Engine::BatchRow> rows_a, rows_b;
+    for (int i = 0; i < 3; ++i) {
+      rows_a.push_back({sa[i], tok, true, i != 1});  // the middle row wants its logits
+      rows_b.push_back({sb[i], tok, true, false});
+    }
+    const auto& out = a->step(rows_a);
+    const auto ref = b->decode(rows_b);
+    for (int i = 0; i < 3; ++i) {
+      const float* ref_row = ref.data() + (size_t)i * n_vocab;
+      if (i == 1) {
+        ASSERT_NE(out.logits[i], nullptr);
+        EXPECT_EQ(std::vector<float>(out.logits[i], out.logits[i] + n_vocab), std::vector<float>(ref_row, ref_row + n_vocab));
+      } else {
+        EXPECT_EQ(out.argmax[i], argmax_logits(ref_row, n_vocab)) << "step " << t << " row " << i;
+      }
+    }
+  }
+}
+
+// --vram-limit: -ngl auto fits under it, an explicit -ngl over it is refused with the numbers.
+TEST(GpuEngineTest, VramLimitCapsPlacement) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  EngineOptions o;
+  o.gpu_margin_gib = 0;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.vram_limit_gib = {0.0001};
+  try {
+    Engine::create(model, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--vram-limit"), std::string::npos) << e.what();
+  }
+  o.n_gpu_layers = EngineOptions::kGpuLayersAuto;
+  EXPECT_EQ(Engine::create(model, o)->gpu_units(), 0);
+  o.vram_limit_gib = {64};
+  auto engine = Engine::create(model, o);
+  std::string report;
+  for (const auto& line : engine->report()) report += line + "\n";
+  EXPECT_EQ(engine->gpu_units(), 3) << report;
 }
 
 TEST(GpuEngineTest, PartialOffloadAndKvTypes) {

@@ -1,0 +1,33 @@
+// Where a model's units go: n_layer transformer layers plus the output unit (output norm and matrix)
+// are ordered 0..n_layer; the last N units are offloaded (-ngl N) and spread over the GPUs as
+// contiguous ranges in GPU order (layer split, -sm layer), in proportion to -ts or to each GPU's
+// usable memory. Pure functions, so the split logic is tested without a GPU.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace roofline {
+
+// Splits `units` over GPUs in proportion to `weights` (non-negative, at least one positive): GPU i gets
+// the i-th contiguous range; boundaries are rounded cumulative shares, so the counts add up to `units`.
+std::vector<int> split_units(int units, const std::vector<double>& weights);
+
+// cost(gpu, first_unit, end_unit): bytes GPU `gpu` needs to hold model units [first_unit, end_unit).
+using UnitCost = std::function<double(int gpu, int first_unit, int end_unit)>;
+
+// The most units (at most n_units, taken from the back) whose split fits every GPU's budget in bytes.
+int fit_units(int n_units, const std::vector<double>& weights, const std::vector<double>& budgets, const UnitCost& cost);
+
+// For a chosen number of offloaded units: the first model unit of each GPU's range and its end.
+struct GpuRange {
+  int gpu = 0;  // index into the GPU list
+  int first_unit = 0, end_unit = 0;
+};
+std::vector<GpuRange> gpu_ranges(int n_units, int offloaded, const std::vector<double>& weights);
+
+// "3,1" -> {3, 1}; "" -> {}. Error on a negative, non-numeric or all-zero list.
+std::vector<double> parse_proportions(const std::string& text, const char* flag);
+
+}  // namespace roofline
