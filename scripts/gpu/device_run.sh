@@ -2,7 +2,8 @@
 # Runs on the GPU machine (the device tool's command): checks the carried binaries, runs the GPU tests,
 # then the benchmarks of docs/performance.md, writing everything under $OUT.
 # Build here first:  scripts/gpu/build_for_device.sh   (puts binaries in carry/bin)
-# Then, with the device tool: command "scripts/gpu/device_run.sh [quick|full]", carry ["carry"].
+# Then, with the device tool: command "scripts/gpu/device_run.sh [quick|profile|full|extras|serve|split]",
+# carry ["carry"] (split: on the nvidia-h200-x2 kind).
 set -uo pipefail
 mode="${1:-full}"
 out="${OUT:-/tmp/out}"
@@ -59,6 +60,14 @@ if [ "$mode" = full ] || [ "$mode" = extras ]; then
   run_bench q32b_kvq8 -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -ctk q8_0 -ctv q8_0 -r 2
   run_bench q32b_ngl48 -m synthetic:qwen3-32b:Q4_K_M -p 0 -n 32 -ngl 48 -r 2
   run_bench q32b_npl -m synthetic:qwen3-32b:Q4_K_M -p 128 -n 128 -npl 1,4,16,64 -r 1
+fi
+if [ "$mode" = split ]; then
+  # Several GPUs (kind nvidia-h200-x2): layer split against one GPU, and a model over one GPU's limit.
+  export NCCL_NVLS_ENABLE=0
+  ROOFLINE_SHARED_DIR=carry/shared timeout 150 "$bin/roofline_tests" --gtest_filter='GpuEngine*Split*:GpuEngine*Vram*' >> "$out/gpu_tests.txt" 2>&1
+  run_bench q32b_sm_none -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 2 -sm none
+  run_bench q32b_sm_layer -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 2 -sm layer
+  run_bench q32b_q8_vram24 -m synthetic:qwen3-32b:Q8_0 -p 512 -n 128 -r 2 --vram-limit 24
 fi
 if [ "$mode" = full ] || [ "$mode" = serve ]; then
   # The server under load (tests/load/load.py): generated tok/s at 1, 16 and 64 concurrent streams.
