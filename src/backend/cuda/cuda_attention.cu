@@ -1,7 +1,8 @@
 // Attention on the paged KV cache: the per-row prologue (Q/K RMSNorm, RoPE, K/V store) and a
 // split-KV flash-decoding kernel. Each CTA takes one row, one KV head (the group's query heads share
 // every K/V read) and one span of keys, with an online softmax over tiles of 128 keys; the spans are
-// merged by a second kernel in a fixed order, so results are deterministic.
+// merged by a second kernel in a fixed order, so results are deterministic; that kernel can also
+// write the int8 form of the output that the attention output matrix reads.
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 

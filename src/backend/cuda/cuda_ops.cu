@@ -1,6 +1,6 @@
 // Elementwise kernels of the CUDA backend: embedding lookup, RMSNorm fused with the int8 activation
-// quantization of the next matrix product, SwiGLU (same fusion), bias add. Reductions go thread ->
-// warp -> CTA in a fixed order.
+// quantization of the next matrix product, SwiGLU (same fusion), bias add, and the greedy argmax of
+// logit rows. Reductions go thread -> warp -> CTA in a fixed order.
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 
