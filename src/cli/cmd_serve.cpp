@@ -145,16 +145,7 @@ int run(int argc, char** argv) {
   app.add_option("--presence-penalty", sp.presence_penalty, "default presence penalty")->capture_default_str();
   app.add_option("--frequency-penalty", sp.frequency_penalty, "default frequency penalty")->capture_default_str();
   app.add_option("-s,--seed", seed, "default seed (-1: random)")->capture_default_str();
-  {
-    auto args = fill_optional_values(normalize_llama_flags(argc, argv));
-    std::vector<const char*> cargs;
-    for (auto& s : args) cargs.push_back(s.c_str());
-    try {
-      app.parse((int)cargs.size(), cargs.data());
-    } catch (const CLI::ParseError& e) {
-      return app.exit(e);
-    }
-  }
+  if (int rc = parse_args(app, fill_optional_values(normalize_llama_flags(argc, argv))); rc >= 0) return rc;
   (void)ubatch;
   (void)jinja;
   (void)no_webui;

@@ -53,8 +53,9 @@ int parse_gpu_layers(const std::string& text) {
   return (int)v;
 }
 
-int parse_args(CLI::App& app, int argc, char** argv) {
-  auto args = normalize_llama_flags(argc, argv);
+int parse_args(CLI::App& app, int argc, char** argv) { return parse_args(app, normalize_llama_flags(argc, argv)); }
+
+int parse_args(CLI::App& app, const std::vector<std::string>& args) {
   std::vector<const char*> cargs;
   for (auto& s : args) cargs.push_back(s.c_str());
   try {

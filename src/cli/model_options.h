@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "model/model.h"
@@ -41,6 +42,8 @@ void add_model_options(CLI::App& app, ModelArgs& args, bool model_required = tru
 
 // Parses argv with llama.cpp's single-dash spellings allowed; returns -1 to continue, else an exit code.
 int parse_args(CLI::App& app, int argc, char** argv);
+// The same for an argv already normalized (program name first), e.g. after a command's own rewriting.
+int parse_args(CLI::App& app, const std::vector<std::string>& args);
 
 DType parse_cache_type(const std::string& name);  // f32|f16|bf16|q8_0|q4_0, else Error
 std::shared_ptr<const Model> load_model(const ModelArgs& args);

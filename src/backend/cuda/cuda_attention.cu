@@ -462,12 +462,11 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
   const bool whole_rows = (quantized(kv.type_k) && head_dim_k % 32 != 0) || (quantized(kv.type_v) && head_dim_v % 32 != 0);
   constexpr int kWarpsPerCta = 8;
   const dim3 grid((unsigned)n_rows, (unsigned)((n_head + 2 * n_head_kv + kWarpsPerCta - 1) / kWarpsPerCta));
-  launch(rope_store_kernel, dim3(grid), dim3(32 * kWarpsPerCta), (size_t)n_rot * sizeof(float), stream, pdl_enabled(), step, q, k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base,
-      freq_scale, eps, kv, whole_rows);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  launch(rope_store_kernel, grid, dim3(32 * kWarpsPerCta), (size_t)n_rot * sizeof(float), stream, pdl_enabled(), step, q,
+         k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base, freq_scale, eps,
+         kv, whole_rows);
   if (whole_rows) {
     launch(kv_store_rows_kernel, dim3(n_rows), dim3(256), 0, stream, pdl_enabled(), step, k, v, n_head_kv, head_dim_k, head_dim_v, kv);
-    ROOFLINE_CUDA_CHECK(cudaGetLastError());
   }
 }
 
@@ -479,8 +478,8 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
   const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
-  launch(pick_attention(kv.type_k, kv.type_v), dim3(dim3(n_rows, n_head_kv, max_splits)), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  launch(pick_attention(kv.type_k, kv.type_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
+         pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), 0, stream, pdl_enabled(), step, n_head, head_dim_v,
          max_splits, partial, out, out_act);
   return out_act.q != nullptr;

@@ -445,10 +445,15 @@ class CudaBackend final : public Backend {
   }
   static std::string op_name(const char* what, const DeviceWeight& w) { return fmt::format("{} {}", what, dtype_name(w.type)); }
 
+  // The int8 form of x for a decode matvec over w, unless act_ already holds it.
+  void quantize_input(const DeviceWeight& w, const float* x, int n) {
+    if (matvec_uses_q8(w.type) && n_quantized_cols_ != w.cols) quantize_rows(x, n, (int)w.cols, act_, stream_);
+  }
+
   // y (+)= W x for the step's rows: matvec for decode-sized steps, GEMM beyond.
   void project(const DeviceWeight& w, const float* x, int n, float* y, int ldy, bool accumulate) {
     if (n <= 8) {
-      if (matvec_uses_q8(w.type) && n_quantized_cols_ != w.cols) quantize_rows(x, n, (int)w.cols, act_, stream_);
+      quantize_input(w, x, n);
       matvec(w, act_, x, n, y, ldy, accumulate, stream_);
     } else {
       gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_);
@@ -488,7 +493,7 @@ class CudaBackend final : public Backend {
           lds[k - i] = p[k].ldy;
         }
         mark(op_name(fmt::format("matvec {}", names).c_str(), *p[i].w).c_str(), bytes);
-        if (matvec_uses_q8(p[i].w->type) && n_quantized_cols_ != p[i].w->cols) quantize_rows(x, n, (int)p[i].w->cols, act_, stream_);
+        quantize_input(*p[i].w, x, n);
         matvec_multi(ws, ys, lds, (int)(j - i), act_, x, n, false, stream_);
       }
       i = j;

@@ -288,28 +288,24 @@ void launch_mma_rows_nt(const DeviceWeight& w, const __half* x, int n_tok, float
          y, ldy, accumulate, part);
   if (splits > 1) {
     const int64_t n = (int64_t)n_tok * w.rows;
-    launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), part, (int)splits, n_tok, w.rows, y, ldy, accumulate);
-    ROOFLINE_CUDA_CHECK(cudaGetLastError());
-  }
-}
-
-template <DType T, int MT>
-void launch_mma_rows_mt(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
-                        size_t part_floats, cudaStream_t stream) {
-  switch ((n_tok + 15) / 16) {  // n8 tiles rounded up to an even count
-    case 1: launch_mma_rows_nt<T, 2, MT>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
-    case 2: launch_mma_rows_nt<T, 4, MT>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
-    case 3: launch_mma_rows_nt<T, 6, MT>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
-    default: launch_mma_rows_nt<T, 8, MT>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;  // <= 64 rows
+    launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), part, (int)splits,
+           n_tok, w.rows, y, ldy, accumulate);
   }
 }
 
 // Two m16 tiles (32 weight rows) per warp: measured on an H200 (qwen3-32b, -npl 16/64), 636/852 tok/s
 // against 618/655 with one tile (fewer registers, but each activation fragment feeds half the mma).
+constexpr int kMmaTiles = 2;
+
 template <DType T>
 void launch_mma_rows(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
                      size_t part_floats, cudaStream_t stream) {
-  launch_mma_rows_mt<T, 2>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream);
+  switch ((n_tok + 15) / 16) {  // n8 tiles rounded up to an even count
+    case 1: launch_mma_rows_nt<T, 2, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
+    case 2: launch_mma_rows_nt<T, 4, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
+    case 3: launch_mma_rows_nt<T, 6, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
+    default: launch_mma_rows_nt<T, 8, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;  // <= 64
+  }
 }
 
 }  // namespace
@@ -324,7 +320,6 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
   const int64_t n_x = (int64_t)n_tokens * w.cols;
   if (gemm_fuses_dequant(w, n_tokens)) {
     launch(to_f16_mma_kernel, dim3((unsigned)((n_x + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
-    ROOFLINE_CUDA_CHECK(cudaGetLastError());
     // The dequantization scratch is free in this path: it holds the split-K partial sums.
     float* part = reinterpret_cast<float*>(scratch);
     const size_t part_floats = scratch_elems / 2;
@@ -333,7 +328,6 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
     return;
   }
   launch(to_f16_kernel, dim3((unsigned)((n_x + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
   int64_t rows_per_chunk = (int64_t)(scratch_elems / (size_t)w.cols);
   if (rows_per_chunk < 1) fail("internal error: GEMM scratch smaller than one row");
   // Whole multiples of 256 rows per chunk: an odd chunk misaligns the output columns and cuBLAS then
@@ -350,7 +344,6 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
       const int64_t n_chunks = n_rows * (w.cols / 32);
       launch(dequant_rows_f16_kernel, dim3((unsigned)((n_chunks + 127) / 128)), dim3(128), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
     }
-    ROOFLINE_CUDA_CHECK(cudaGetLastError());
     // Column-major view: Y^T[n_rows x n_tokens] = W[n_rows x K] * X^T[K x n_tokens].
     const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, n_tokens, (int)w.cols, &alpha,
                                            scratch, CUDA_R_16F, (int)w.cols, x_f16, CUDA_R_16F, (int)w.cols, &beta,

@@ -161,35 +161,30 @@ void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t s
 
 void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream) {
   launch(embed_kernel, dim3(n_rows), dim3(128), 0, stream, pdl_enabled(), table, step, x, n_embd);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
               cudaStream_t stream) {
   if (n_rows == 0) return;
   launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
 }
 
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)((n / 32 + 7) / 8), (unsigned)n_rows);
-  launch(quantize_rows_kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), x, n, act);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  launch(quantize_rows_kernel, grid, dim3(256), 0, stream, pdl_enabled(), x, n, act);
 }
 
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(swiglu_kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  launch(swiglu_kernel, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
 }
 
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream) {
   if (!bias || n_rows == 0) return;
   const dim3 grid((unsigned)((n + 255) / 256), (unsigned)n_rows);
-  launch(add_bias_kernel, dim3(grid), dim3(256), 0, stream, pdl_enabled(), y, bias, n);
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  launch(add_bias_kernel, grid, dim3(256), 0, stream, pdl_enabled(), y, bias, n);
 }
 
 }  // namespace roofline::cuda
