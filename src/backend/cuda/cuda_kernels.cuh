@@ -30,7 +30,7 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream);
-// More than 8 rows: up to 48 rows of Q4_K/Q6_K weights, a fused dequantize + tensor-core kernel
+// More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments
 // (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS.
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
