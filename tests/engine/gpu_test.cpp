@@ -281,6 +281,43 @@ TEST(GpuEngineTest, DecodeBatchesAreInvariantAndReproducible) {
   }
 }
 
+// Decode rows hundreds of keys deep take several attention splits each (32-key spans at this depth),
+// alone and in a 12-row batch (the batched path, where each row still takes its own spans).
+TEST(GpuEngineTest, DecodeAtDepthOverSeveralSplitsMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  const auto tokens = some_tokens(300, n_vocab, 3);  // prefill 150, then 150 one-row decode steps
+  EngineOptions cpu, gpu;
+  cpu.n_ctx = gpu.n_ctx = 4096;  // the 12 sequences below hold ~2400 positions
+  gpu.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  const auto ref = run_logits(model, cpu, tokens), got = run_logits(model, gpu, tokens);
+  EXPECT_LT(test::nmse(got.data(), ref.data(), ref.size()), 3e-3);
+
+  constexpr int kRows = 12;
+  auto c = Engine::create(model, cpu), g = Engine::create(model, gpu);
+  std::vector<int> seq_c, seq_g;
+  for (int i = 0; i < kRows; ++i) {
+    const auto prompt = some_tokens(120 + 13 * i, n_vocab, 10 + i);
+    seq_c.push_back(c->kv_cache().create_sequence());
+    seq_g.push_back(g->kv_cache().create_sequence());
+    c->eval(seq_c.back(), prompt, false);
+    g->eval(seq_g.back(), prompt, false);
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Engine::BatchRow> rows_c, rows_g;
+    for (int i = 0; i < kRows; ++i) {
+      const int32_t t = (int32_t)((i * 37 + step * 11) % n_vocab);
+      rows_c.push_back({seq_c[i], t, true});
+      rows_g.push_back({seq_g[i], t, true});
+    }
+    const auto a = c->decode(rows_c), b = g->decode(rows_g);
+    ASSERT_EQ(a.size(), (size_t)kRows * n_vocab);
+    ASSERT_EQ(b.size(), a.size());
+    EXPECT_LT(test::nmse(b.data(), a.data(), a.size()), 3e-3) << "step " << step;
+  }
+}
+
 TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");

@@ -1,6 +1,7 @@
 // Attention on the paged KV cache: the per-row prologue (Q/K RMSNorm, RoPE, K/V store) and a
 // split-KV flash-decoding kernel. Each CTA takes one row, one KV head (the group's query heads share
-// every K/V read) and one span of keys, with an online softmax over tiles of 128 keys; the spans are
+// every K/V read) and one span of keys (32-128 in decode, by the row's depth), with an online softmax
+// over tiles of 128 keys; the spans are
 // merged by a second kernel in a fixed order, so results are deterministic; that kernel can also
 // write the int8 form of the output that the attention output matrix reads.
 #include "backend/cuda/cuda_dequant.cuh"
@@ -27,6 +28,7 @@ constexpr int kThreads = 128;
 constexpr int kTile = 128;    // keys per tile (one per thread)
 constexpr int kMaxDims = 2;    // output dimensions per thread: head_dim_v <= 256
 constexpr int kMaxGroup = 16;  // query heads per KV head
+constexpr int kKeysInFlight = 8;  // value loads issued together in the value sums
 
 __device__ __forceinline__ int64_t slot_of(const DeviceStep& step, int r, int pos, int block_size) {
   const int seq = step.row_seq[r];
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   const int r = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   if (r >= step.header[0]) return;
   const int n_keys = step.positions[r] + 1;
-  const int split_len = step.header[2];
+  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3]);
   const int k_begin = split * split_len;
   if (k_begin >= n_keys) return;
   const int k_end = min(n_keys, k_begin + split_len);
@@ -283,16 +285,22 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
 
   for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
     const int n_tile = min(kTile, k_end - t0);
-    if (tid < n_tile) {
-      const int64_t slot = slot_of(step, r, t0 + tid, kv.block_size);
-      slot_s[tid] = slot;
+    // Scores: a short tile gives each key several threads (tpk, adjacent lanes), each a share of the
+    // 8-value chunks, summed over the lanes in a fixed order. Threads past the tile repeat its last key
+    // (the shuffles need every lane) and store nothing.
+    const int tpk = !vec_k ? 1 : n_tile <= kTile / 4 ? 4 : n_tile <= kTile / 2 ? 2 : 1;
+    const int key = min(tid / tpk, n_tile - 1), part = tid % tpk;
+    const bool stores = tid / tpk < n_tile && part == 0;
+    if (tid / tpk < n_tile || tpk > 1) {
+      const int64_t slot = slot_of(step, r, t0 + key, kv.block_size);
+      if (stores) slot_s[key] = slot;
       const int64_t base = slot * kv_dim_k + (int64_t)kvh * hd_k;
       for (int g0 = 0; g0 < gqa; g0 += 8) {
         const int ng = min(8, gqa - g0);
         float s[8] = {};
         if (vec_k) {
 #pragma unroll 4
-          for (int d = 0; d < hd_k; d += 8) {
+          for (int d = 8 * part; d < hd_k; d += 8 * tpk) {
             float kd[8];
             kv_load8<KT>(kv.k, kv.k_scales, base + d, kd, kv.type_k);
 #pragma unroll
@@ -311,7 +319,11 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
               if (g < ng) s[g] += q_s[(g0 + g) * hd_k + d] * kd;
           }
         }
-        for (int g = 0; g < ng; ++g) p_s[(g0 + g) * kTile + tid] = s[g];
+        for (int off = 1; off < tpk; off <<= 1)
+#pragma unroll
+          for (int g = 0; g < 8; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+        if (stores)
+          for (int g = 0; g < ng; ++g) p_s[(g0 + g) * kTile + key] = s[g];
       }
     }
     __syncthreads();
@@ -344,8 +356,19 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
         for (int g = 0; g < kMaxGroup; ++g)
           if (g < gqa) acc[dd][g] *= a_s[g];
         const int64_t col = (int64_t)kvh * hd_v + d;
-#pragma unroll 2
-        for (int j = 0; j < n_tile; ++j) {
+        // Eight keys' loads in flight before their sums (keys in order, as one at a time would add them).
+        int j = 0;
+        for (; j + kKeysInFlight <= n_tile; j += kKeysInFlight) {
+          float vj[kKeysInFlight];
+#pragma unroll
+          for (int u = 0; u < kKeysInFlight; ++u) vj[u] = kv_load1<VT>(kv.v, kv.v_scales, slot_s[j + u] * kv_dim_v + col, kv.type_v);
+#pragma unroll
+          for (int u = 0; u < kKeysInFlight; ++u)
+#pragma unroll
+            for (int g = 0; g < kMaxGroup; ++g)
+              if (g < gqa) acc[dd][g] += p_s[g * kTile + j + u] * vj[u];
+        }
+        for (; j < n_tile; ++j) {
           const float vj = kv_load1<VT>(kv.v, kv.v_scales, slot_s[j] * kv_dim_v + col, kv.type_v);
 #pragma unroll
           for (int g = 0; g < kMaxGroup; ++g)
@@ -394,7 +417,7 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
     return;
   }
   const int n_keys = step.positions[r] + 1;
-  const int split_len = step.header[2];
+  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3]);
   const int n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   const float* base = partial + ((int64_t)r * n_head + h) * max_splits * (hd_v + 2);
   float m = -INFINITY;

@@ -57,6 +57,8 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 // wait_for_previous_kernel() before touching memory (a kernel that skipped it could finish before its
 // predecessor and release the next kernel early).
 bool pdl_enabled();
+// Shortest span of keys per attention split (attention_span): 32, or ROOFLINE_ATTN_MIN_SPAN (16-128).
+int attention_min_span();
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -10,7 +10,9 @@ namespace roofline::cuda {
 
 // The per-step values kernels read (device pointers into one buffer the backend uploads per step).
 struct DeviceStep {
-  const int* header = nullptr;      // [0] n_tokens (real), [1] n_logit_rows, [2] attention split length
+  // [0] n_tokens (real), [1] n_logit_rows, [2] attention split length (0: each row's own, see
+  // attention_span), [3] the shortest span attention_span gives
+  const int* header = nullptr;
   const int* tokens = nullptr;      // [max_tokens]
   const int* positions = nullptr;   // [max_tokens]
   const int* row_seq = nullptr;     // [max_tokens]
@@ -68,8 +70,22 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
                     cudaStream_t stream);
+// Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
+// get short spans (min_span, a power of two <= 128) so more CTAs share their keys, doubled while a row
+// would need more than 32 splits, up to 128. It depends on the row alone, so a row's result does not
+// depend on its batch-mates.
+__host__ __device__ inline int attention_span(int n_keys, int min_span) {
+  int span = min_span;
+  while (span < 128 && n_keys > 32 * span) span *= 2;
+  return span;
+}
+// Splits a row of n_keys keys needs (header[2] == 0).
+__host__ __device__ inline int attention_splits(int n_keys, int min_span) {
+  const int span = attention_span(n_keys, min_span);
+  return (n_keys + span - 1) / span;
+}
 // Causal attention over each row's cached positions, split over the KV length (step header[2] keys per
-// split, at most max_splits), combined in a fixed order. out: [rows x n_head*head_dim_v]; with out_act.q
+// split, or attention_span's when 0; at most max_splits), combined in a fixed order. out: [rows x n_head*head_dim_v]; with out_act.q
 // also its int8 form (when head_dim_v % 32 == 0; returns whether it was written).
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
