@@ -318,6 +318,55 @@ TEST(GpuEngineTest, DecodeAtDepthOverSeveralSplitsMatchesCpu) {
   }
 }
 
+// Prompt chunks of 32+ rows reaching 256+ keys take the prefill attention path (tensor-core products
+// over tiles of keys); with 64-key tiles a 200-row chunk after 100 cached positions spans five tiles
+// and every row's causal mask cuts one. Also a mixed step: one decode row of a sequence beside a
+// 40-row chunk of another at positions 250-289 (the other rows go through the split-KV kernel).
+TEST(GpuEngineTest, PrefillAttentionMatchesCpuOverSeveralKeyTiles) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  const auto tokens = some_tokens(300, n_vocab, 5);
+  auto prompt_logits = [&](EngineOptions o) {
+    auto e = Engine::create(model, o);
+    const int s = e->kv_cache().create_sequence();
+    auto out = e->eval(s, std::span<const int32_t>(tokens.data(), 100), true);
+    auto more = e->eval(s, std::span<const int32_t>(tokens.data() + 100, 200), true);
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  };
+  for (const char* tile : {"64", "1024"}) {
+    setenv("ROOFLINE_ATTN_KEY_TILE", tile, 1);
+    for (DType kv : {DType::F16, DType::Q8_0, DType::BF16}) {
+      EngineOptions c, g;
+      c.type_k = c.type_v = g.type_k = g.type_v = kv;
+      g.n_gpu_layers = EngineOptions::kGpuLayersAll;
+      const auto a = prompt_logits(c), b = prompt_logits(g);
+      ASSERT_EQ(a.size(), b.size());
+      const double e = test::nmse(b.data(), a.data(), a.size());
+      std::printf("prefill, key tile %s, KV %-5s: GPU vs CPU logits NMSE %.3g\n", tile, dtype_name(kv).c_str(), e);
+      EXPECT_LT(e, 3e-3) << "tile " << tile << " KV " << dtype_name(kv);
+    }
+  }
+  unsetenv("ROOFLINE_ATTN_KEY_TILE");
+
+  EngineOptions c, g;
+  g.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  auto mixed = [&](EngineOptions o) {
+    auto e = Engine::create(model, o);
+    const int sa = e->kv_cache().create_sequence(), sb = e->kv_cache().create_sequence();
+    e->eval(sa, std::span<const int32_t>(tokens.data(), 50), false);
+    e->eval(sb, std::span<const int32_t>(tokens.data() + 50, 250), false);
+    std::vector<Engine::BatchRow> rows = {{sa, tokens[50], true}};
+    for (int i = 0; i < 40; ++i) rows.push_back({sb, tokens[i], true});
+    return e->decode(rows);
+  };
+  const auto a = mixed(c), b = mixed(g);
+  ASSERT_EQ(a.size(), (size_t)41 * n_vocab);
+  ASSERT_EQ(b.size(), a.size());
+  EXPECT_LT(test::nmse(b.data(), a.data(), a.size()), 3e-3);
+}
+
 TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");

@@ -4,6 +4,9 @@
 // over tiles of 128 keys; the spans are
 // merged by a second kernel in a fixed order, so results are deterministic; that kernel can also
 // write the int8 form of the output that the attention output matrix reads.
+#include <cstdlib>
+#include <vector>
+
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 
@@ -248,11 +251,11 @@ __device__ __forceinline__ float kv_load1(const uint8_t* vals, const uint8_t* sc
 template <DType KT, DType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
-                                                                  int max_splits, float* partial) {
+                                                                  int max_splits, float* partial, const int* row_list) {
   wait_for_previous_kernel();
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
-  const int r = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   if (r >= step.header[0]) return;
   const int n_keys = step.positions[r] + 1;
   const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3]);
@@ -399,9 +402,9 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
 // With act.q (head_dim_v % 32 == 0, 128 threads: each warp holds whole groups of 32), the output rows
 // are also written in the int8 form the next product (the attention output matrix) reads.
 __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out,
-                                         ActQ8 act) {
+                                         ActQ8 act, const int* row_list) {
   wait_for_previous_kernel();
-  const int r = blockIdx.x, h = blockIdx.y;
+  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
   float* o = out + ((int64_t)r * n_head + h) * hd_v;
   const int lane = threadIdx.x % 32;
   auto quantize = [&](int d, float v) {
@@ -433,7 +436,7 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
   }
 }
 
-using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*);
+using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*);
 
 template <DType KT>
 AttentionKernel pick_v(DType vt) {
@@ -471,7 +474,168 @@ AttentionKernel pick_attention(DType kt, DType vt) {
 #endif
 }
 
+// --- Prefill attention for runs of consecutive rows of one sequence (prefill_attention) ---
+// Query rows as f16, pre-scaled, laid out [KV head][row][query head of the group][dim] so that each KV
+// head's queries of a run of rows form one matrix.
+__global__ void queries_f16_kernel(const float* q, int n_rows, int n_head, int n_head_kv, int hd, float scale, __half* out) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // index in q: (row, head, dim)
+  if (i >= (int64_t)n_rows * n_head * hd) return;
+  const int gqa = n_head / n_head_kv;
+  const int d = (int)(i % hd), h = (int)(i / hd % n_head);
+  const int64_t r = i / ((int64_t)hd * n_head);
+  const int kvh = h / gqa, g = h % gqa;
+  out[(((int64_t)kvh * n_rows + r) * gqa + g) * hd + d] = __float2half(fminf(fmaxf(q[i] * scale, -65504.0f), 65504.0f));
+}
+
+// Keys [key0, key0 + n_keys) of sequence `seq` from the paged cache to f16 rows [n_keys x kv_dim].
+__global__ void gather_kv_f16_kernel(DeviceStep step, KvLayer kv, int seq, int key0, int kv_dim_k, int kv_dim_v, __half* k_out,
+                                     __half* v_out) {
+  wait_for_previous_kernel();
+  const int j = blockIdx.x;
+  const int pos = key0 + j;
+  const int64_t slot = (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / kv.block_size] * kv.block_size +
+                       pos % kv.block_size;
+  for (int e = threadIdx.x; e < kv_dim_k; e += blockDim.x)
+    k_out[(int64_t)j * kv_dim_k + e] = __float2half(kv_get(kv.k, kv.k_scales, kv.type_k, slot * kv_dim_k + e));
+  for (int e = threadIdx.x; e < kv_dim_v; e += blockDim.x)
+    v_out[(int64_t)j * kv_dim_v + e] = __float2half(kv_get(kv.v, kv.v_scales, kv.type_v, slot * kv_dim_v + e));
+}
+
+constexpr int kSoftmaxThreads = 256;
+constexpr int kMaxKeyTile = 1024;
+constexpr int kSoftmaxPerThread = kMaxKeyTile / kSoftmaxThreads;
+
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
+  v = is_max ? warp_max(v) : warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = is_max ? -INFINITY : 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();
+  return r;
+}
+
+// One score row (a query head of one row, against one tile of n_keys keys starting at key0) per CTA:
+// online-softmax update of its running max m and sum l, the probabilities written as f16 over the
+// row's own f32 scores (all read first), and the row's output accumulated so far rescaled to the new
+// max (on every tile but the first, which the P.V product then overwrites). Keys past the row's
+// position get probability 0. Rows are (row i of the chunk, query head g): column i * gqa + g.
+__global__ void prefill_softmax_kernel(float* scores, int ld, int n_keys, int key0, int first_pos, int gqa, int n_cols,
+                                       float* m_state, float* l_state, float* o_acc, int hd_v, bool first) {
+  wait_for_previous_kernel();
+  __shared__ float red[kSoftmaxThreads / 32];
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int64_t col = (int64_t)kvh * n_cols + c;
+  float* row = scores + col * ld;
+  const int pos = first_pos + c / gqa;
+  const int n_valid = max(0, min(n_keys, pos - key0 + 1));
+  float v[kSoftmaxPerThread];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kSoftmaxPerThread; ++k) {
+    const int j = threadIdx.x + k * kSoftmaxThreads;
+    v[k] = j < n_valid ? row[j] : -INFINITY;
+    mx = fmaxf(mx, v[k]);
+  }
+  mx = block_reduce(mx, true, red);
+  const float m_old = first ? -INFINITY : m_state[col];
+  const float m_new = fmaxf(m_old, mx);  // finite: the first tile always holds key 0
+  float sum = 0;
+#pragma unroll
+  for (int k = 0; k < kSoftmaxPerThread; ++k) {
+    v[k] = __expf(v[k] - m_new);  // exp(-inf) = 0 for masked keys
+    sum += v[k];
+  }
+  sum = block_reduce(sum, false, red);  // also: every thread has read its scores
+  __half* p = reinterpret_cast<__half*>(row);
+#pragma unroll
+  for (int k = 0; k < kSoftmaxPerThread; ++k) {
+    const int j = threadIdx.x + k * kSoftmaxThreads;
+    if (j < n_keys) p[j] = __float2half(v[k]);
+  }
+  const float alpha = first ? 0.0f : __expf(m_old - m_new);
+  if (!first)
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) o_acc[col * hd_v + d] *= alpha;
+  if (threadIdx.x == 0) {
+    m_state[col] = m_new;
+    l_state[col] = first ? sum : l_state[col] * alpha + sum;
+  }
+}
+
+// out[row][h][:] = o_acc / l for the chunk's rows (o_acc and l in the [KV head][column] order).
+__global__ void prefill_finalize_kernel(const float* o_acc, const float* l_state, int gqa, int n_cols, int hd_v, int n_head,
+                                        float* out) {
+  wait_for_previous_kernel();
+  const int c = blockIdx.x, kvh = blockIdx.y;
+  const int64_t col = (int64_t)kvh * n_cols + c;
+  const float inv = 1.0f / l_state[col];
+  float* dst = out + ((int64_t)(c / gqa) * n_head + kvh * gqa + c % gqa) * hd_v;
+  for (int d = threadIdx.x; d < hd_v; d += blockDim.x) dst[d] = o_acc[col * hd_v + d] * inv;
+}
+
+void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS {} failed with status {}", what, (int)st);
+}
+
 }  // namespace
+
+int prefill_key_tile() {
+  const char* env = std::getenv("ROOFLINE_ATTN_KEY_TILE");
+  const int v = env ? std::atoi(env) : kMaxKeyTile;
+  return std::max(32, std::min(kMaxKeyTile, v / 32 * 32));
+}
+
+void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
+                       int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
+                       const PrefillScratch& scratch, float* out, cudaStream_t stream) {
+  if (runs.empty()) return;
+  const int gqa = n_head / n_head_kv;
+  const int kv_dim_k = n_head_kv * head_dim_k, kv_dim_v = n_head_kv * head_dim_v;
+  const int64_t n_q = (int64_t)n_rows * n_head * head_dim_k;
+  launch(queries_f16_kernel, dim3((unsigned)((n_q + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), q, n_rows, n_head,
+         n_head_kv, head_dim_k, scale, scratch.q16);
+  __half* k16 = scratch.kv16;
+  __half* v16 = scratch.kv16 + (size_t)scratch.key_tile * kv_dim_k;
+  for (const PrefillRun& run : runs) {
+    const int total_keys = run.first_pos + run.n_rows;
+    const int key_tile = std::min(scratch.key_tile, (total_keys + 31) / 32 * 32);
+    const int ld = key_tile;  // floats per score row
+    const int chunk = (int)std::min<int64_t>(run.n_rows, (int64_t)(scratch.score_floats / ((size_t)n_head * ld)));
+    if (chunk < 1) fail("internal error: the attention score scratch holds no row of {} keys", key_tile);
+    for (int c0 = 0; c0 < run.n_rows; c0 += chunk) {
+      const int rc = std::min(chunk, run.n_rows - c0);
+      const int n_cols = rc * gqa;
+      const int row0 = run.first_row + c0, pos0 = run.first_pos + c0;
+      const int chunk_keys = pos0 + rc;  // keys the chunk's last row sees
+      for (int key0 = 0; key0 < chunk_keys; key0 += key_tile) {
+        const int nk = std::min(key_tile, chunk_keys - key0);
+        const bool first = key0 == 0;
+        launch(gather_kv_f16_kernel, dim3(nk), dim3(128), 0, stream, pdl_enabled(), step, kv, run.seq, key0, kv_dim_k, kv_dim_v,
+               k16, v16);
+        // Scores of every KV head's group: S[kvh][col][key] = K[key] . Q[kvh][row0 + col / gqa][col % gqa].
+        const float one = 1.0f, zero = 0.0f;
+        check_cublas(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, n_cols, head_dim_k, &one, k16, CUDA_R_16F,
+                                                kv_dim_k, head_dim_k, scratch.q16 + (int64_t)row0 * gqa * head_dim_k, CUDA_R_16F,
+                                                head_dim_k, (int64_t)n_rows * gqa * head_dim_k, &zero, scratch.scores, CUDA_R_32F,
+                                                ld, (int64_t)n_cols * ld, n_head_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "attention scores");
+        launch(prefill_softmax_kernel, dim3(n_cols, n_head_kv), dim3(kSoftmaxThreads), 0, stream, pdl_enabled(), scratch.scores,
+               ld, nk, key0, pos0, gqa, n_cols, scratch.m_state, scratch.l_state, scratch.o_acc, head_dim_v, first);
+        // O[kvh][col][:] (+)= P[kvh][col][:] . V: P is f16 over the scores' rows (2 * ld halves apart).
+        const float beta = first ? 0.0f : 1.0f;
+        check_cublas(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, head_dim_v, n_cols, nk, &one, v16, CUDA_R_16F,
+                                                kv_dim_v, head_dim_v, reinterpret_cast<const __half*>(scratch.scores), CUDA_R_16F,
+                                                2 * ld, (int64_t)n_cols * ld * 2, &beta, scratch.o_acc, CUDA_R_32F, head_dim_v,
+                                                (int64_t)n_cols * head_dim_v, n_head_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "attention values");
+      }
+      launch(prefill_finalize_kernel, dim3(n_cols, n_head_kv), dim3(128), 0, stream, pdl_enabled(), scratch.o_acc,
+             scratch.l_state, gqa, n_cols, head_dim_v, n_head, out + (int64_t)row0 * n_head * head_dim_v);
+    }
+  }
+}
 
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits) {
   return (size_t)n_rows * n_head * max_splits * (head_dim_v + 2);
@@ -495,16 +659,17 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
 
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               cudaStream_t stream) {
+               const int* row_list, cudaStream_t stream) {
   if (head_dim_v % 32 != 0) out_act = ActQ8{};
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
   const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
+  if (n_rows == 0) return false;
   launch(pick_attention(kv.type_k, kv.type_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
-         pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial);
+         pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list);
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), 0, stream, pdl_enabled(), step, n_head, head_dim_v,
-         max_splits, partial, out, out_act);
+         max_splits, partial, out, out_act, row_list);
   return out_act.q != nullptr;
 }
 

@@ -4,6 +4,8 @@
 
 #include <cublas_v2.h>
 
+#include <vector>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace roofline::cuda {
@@ -85,11 +87,39 @@ __host__ __device__ inline int attention_splits(int n_keys, int min_span) {
   return (n_keys + span - 1) / span;
 }
 // Causal attention over each row's cached positions, split over the KV length (step header[2] keys per
-// split, or attention_span's when 0; at most max_splits), combined in a fixed order. out: [rows x n_head*head_dim_v]; with out_act.q
+// split, or attention_span's when 0; at most max_splits), combined in a fixed order. With row_list
+// (device), the n_rows rows it names; else rows 0..n_rows-1. out: [rows x n_head*head_dim_v]; with out_act.q
 // also its int8 form (when head_dim_v % 32 == 0; returns whether it was written).
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               cudaStream_t stream);
+               const int* row_list, cudaStream_t stream);
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
+
+// Prefill attention with tensor-core products: for each run of consecutive rows of one sequence
+// (consecutive positions), per KV head S = Q K^T over tiles of keys gathered from the paged cache as
+// f16, an online softmax per row (causal mask by position), O += P V, then O / l into out
+// [rows x n_head*head_dim_v]. Every K/V tile is read once per chunk of the run's rows, where the
+// split kernel reads each key once per row.
+struct PrefillRun {
+  int first_row = 0, n_rows = 0;
+  int seq = 0;  // index into the step's sequences (its block table)
+  int first_pos = 0;
+};
+struct PrefillScratch {
+  __half* q16 = nullptr;       // n_rows x n_head x head_dim_k
+  __half* kv16 = nullptr;      // 2 x key_tile x max(kv_dim_k, kv_dim_v)
+  float* scores = nullptr;     // score_floats
+  size_t score_floats = 0;     // holds n_head x key_tile scores of at least one row
+  float* m_state = nullptr;    // n_head x rows of a chunk, each
+  float* l_state = nullptr;
+  float* o_acc = nullptr;      // n_head x head_dim_v x rows of a chunk
+  int key_tile = 1024;         // prefill_key_tile()
+};
+void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
+                       int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
+                       const PrefillScratch& scratch, float* out, cudaStream_t stream);
+// Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),
+// read when a backend is created.
+int prefill_key_tile();
 
 }  // namespace roofline::cuda
