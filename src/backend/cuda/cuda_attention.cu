@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   if (r >= step.header[0]) return;
   const int n_keys = step.positions[r] + 1;
-  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3]);
+  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
   const int k_begin = split * split_len;
   if (k_begin >= n_keys) return;
   const int k_end = min(n_keys, k_begin + split_len);
@@ -420,7 +420,7 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
     return;
   }
   const int n_keys = step.positions[r] + 1;
-  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3]);
+  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
   const int n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   const float* base = partial + ((int64_t)r * n_head + h) * max_splits * (hd_v + 2);
   float m = -INFINITY;

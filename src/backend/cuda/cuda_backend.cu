@@ -133,7 +133,8 @@ class CudaBackend final : public Backend {
     const int T = std::max(1, options_.max_tokens);
     const int64_t max_cols = std::max<int64_t>({hp.n_embd, hp.n_ff, (int64_t)hp.n_head * hp.head_dim_v});
     min_span_ = attention_min_span();
-    max_splits_ = std::max(1, std::max(std::min(32, (options_.n_ctx + min_span_ - 1) / min_span_), (options_.n_ctx + 127) / 128));
+    span_splits_ = attention_span_splits();
+    max_splits_ = std::max(1, std::max(std::min(span_splits_, (options_.n_ctx + min_span_ - 1) / min_span_), (options_.n_ctx + 127) / 128));
     const size_t partial = attention_partial_floats(8, hp.n_head, hp.head_dim_v, max_splits_);
     int64_t max_rows_w = std::max<int64_t>({hp.q_dim(), hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd});
     if (layers.output) max_rows_w = std::max<int64_t>(max_rows_w, hp.n_vocab);
@@ -239,7 +240,7 @@ class CudaBackend final : public Backend {
     if (n > 8) {
       if (n > 32) min_span = 128;
       int need = 1;
-      for (int p : step.positions) need = std::max(need, attention_splits(p + 1, min_span));
+      for (int p : step.positions) need = std::max(need, attention_splits(p + 1, min_span, span_splits_));
       if ((int64_t)n * need <= 8 * (int64_t)max_splits_) {
         splits_ = need;
       } else {
@@ -254,6 +255,7 @@ class CudaBackend final : public Backend {
     h[1] = n_logit_;
     h[2] = split_len;
     h[3] = min_span;
+    h[4] = span_splits_;
     int* tokens = h + 8;
     int* positions = tokens + T;
     int* row_seq = positions + T;
@@ -630,7 +632,7 @@ class CudaBackend final : public Backend {
   int32_t* argmax_host_ = nullptr;
   std::vector<uint8_t> argmax_only_;  // the step's per-logit-row flags
   DeviceStep dstep_;
-  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, min_span_ = 32;
+  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, min_span_ = 32, span_splits_ = 32;
   // Prefill attention: runs of this step, the other rows (device list) and their count.
   static constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;
   bool prefill_ok_ = false;
@@ -681,6 +683,12 @@ bool pdl_enabled() {
     return major >= 9;
   }();
   return enabled;
+}
+
+int attention_span_splits() {
+  const char* env = std::getenv("ROOFLINE_ATTN_SPLITS");
+  const int v = env ? std::atoi(env) : 32;
+  return std::max(8, std::min(512, v));
 }
 
 int attention_min_span() {

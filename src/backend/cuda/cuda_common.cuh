@@ -59,6 +59,8 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 bool pdl_enabled();
 // Shortest span of keys per attention split (attention_span): 32, or ROOFLINE_ATTN_MIN_SPAN (16-128).
 int attention_min_span();
+// Splits per row before attention spans double (attention_span): 32, or ROOFLINE_ATTN_SPLITS (8-512).
+int attention_span_splits();
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

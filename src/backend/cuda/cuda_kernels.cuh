@@ -13,7 +13,8 @@ namespace roofline::cuda {
 // The per-step values kernels read (device pointers into one buffer the backend uploads per step).
 struct DeviceStep {
   // [0] n_tokens (real), [1] n_logit_rows, [2] attention split length (0: each row's own, see
-  // attention_span), [3] the shortest span attention_span gives
+  // attention_span), [3] the shortest span attention_span gives, [4] the splits per row before its
+  // spans double
   const int* header = nullptr;
   const int* tokens = nullptr;      // [max_tokens]
   const int* positions = nullptr;   // [max_tokens]
@@ -74,16 +75,16 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
                     cudaStream_t stream);
 // Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
 // get short spans (min_span, a power of two <= 128) so more CTAs share their keys, doubled while a row
-// would need more than 32 splits, up to 128. It depends on the row alone, so a row's result does not
-// depend on its batch-mates.
-__host__ __device__ inline int attention_span(int n_keys, int min_span) {
+// would need more than `splits` splits, up to 128. It depends on the row alone, so a row's result does
+// not depend on its batch-mates.
+__host__ __device__ inline int attention_span(int n_keys, int min_span, int splits) {
   int span = min_span;
-  while (span < 128 && n_keys > 32 * span) span *= 2;
+  while (span < 128 && n_keys > splits * span) span *= 2;
   return span;
 }
 // Splits a row of n_keys keys needs (header[2] == 0).
-__host__ __device__ inline int attention_splits(int n_keys, int min_span) {
-  const int span = attention_span(n_keys, min_span);
+__host__ __device__ inline int attention_splits(int n_keys, int min_span, int splits) {
+  const int span = attention_span(n_keys, min_span, splits);
   return (n_keys + span - 1) / span;
 }
 // Causal attention over each row's cached positions, split over the KV length (step header[2] keys per
