@@ -175,6 +175,7 @@ struct Server::Impl {
   httplib::Server svr;
   std::thread thread;
   int port = -1;
+  int listen_fd = -1;  // the listening socket (set by the socket-options hook when it is created)
   std::atomic<const ModelContext*> mc{nullptr};
   std::atomic<Scheduler*> sched{nullptr};
   std::atomic<Metrics*> metrics{nullptr};
@@ -309,6 +310,13 @@ void Server::Impl::setup() {
   const int base = opt.threads_http > 0 ? opt.threads_http : default_http_threads(opt.n_slots);
   const int max = std::max(base, 2 * (opt.n_slots + opt.queue_size) + 16);
   svr.new_task_queue = [base, max] { return new ElasticPool((size_t)base, (size_t)max); };
+  // SO_REUSEADDR only (restarts while old connections linger), not httplib's SO_REUSEPORT, which would
+  // let a second server bind the same port and take half of its connections.
+  svr.set_socket_options([this](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(opt.timeout_s, 0);
   svr.set_write_timeout(opt.timeout_s, 0);
@@ -468,6 +476,9 @@ int Server::bind() {
     if (!d.svr.bind_to_port(d.opt.host, d.opt.port)) fail("cannot bind to {}:{} (in use, or not an address of this host)", d.opt.host, d.opt.port);
     d.port = d.opt.port;
   }
+  // httplib listens with a backlog of 5: 64 clients connecting at once would see SYNs dropped and
+  // retried a second later. Listening again on the socket raises the backlog.
+  if (d.listen_fd >= 0) ::listen(d.listen_fd, SOMAXCONN);
   return d.port;
 }
 

@@ -5,9 +5,17 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <atomic>
-#include <thread>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
 #include "fake_runner.h"
 #include "model/model_file.h"
 #include "serve/server.h"
@@ -271,4 +279,33 @@ TEST_F(ServerTest, FullQueueIs503AndHealthStaysPrompt) {
   EXPECT_LT(ms, 500);
   for (auto& t : streams) t.join();
   EXPECT_EQ(ok, 4);
+}
+
+// A second server on a port in use fails to bind with a clear error (no SO_REUSEPORT sharing), and 200
+// clients connecting at once are all accepted promptly (the listen backlog is raised past httplib's 5).
+TEST_F(ServerTest, PortInUseIsAnErrorAndManyConnectsAreAccepted) {
+  ServerOptions other;
+  other.host = "127.0.0.1";
+  other.port = port;
+  Server second(other);
+  EXPECT_THROW(second.bind(), Error);
+
+  std::vector<std::thread> clients;
+  std::atomic<int> connected{0};
+  for (int i = 0; i < 200; ++i) {
+    clients.emplace_back([&] {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons((uint16_t)port);
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) ++connected;
+      ::close(fd);
+    });
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& t : clients) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(connected.load(), 200);
+  EXPECT_LT(s, 0.9) << "connections waited for SYN retries";
 }
