@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backend/gpu.h"
 #include "convert/convert.h"
 #include "engine/reference_forward.h"
 #include "engine/engine.h"
@@ -128,11 +129,12 @@ std::string converted(const std::string& src, const std::string& outtype, const 
   return cache[key] = out;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& path) {
+std::unique_ptr<Engine> make_engine(const std::string& path, int n_gpu_layers = 0) {
   EngineOptions o;
   o.type_k = o.type_v = DType::F32;
   o.n_threads = 2;
   o.n_ctx = 256;
+  o.n_gpu_layers = n_gpu_layers;
   return Engine::create(Model::load(gguf::GgufFile::open(path)), o);
 }
 
@@ -290,10 +292,14 @@ TEST(FixturesTest, QuantizeQ4KMMatchesTheMixTableByHand) {
       const auto& u = a->tensor(t.name);
       EXPECT_EQ(dtype_name(u.type), dtype_name(t.type)) << t.name;
       EXPECT_EQ(u.n_bytes, t.n_bytes) << t.name;
-      if (u.n_bytes == t.n_bytes) EXPECT_EQ(0, std::memcmp(u.data, t.data, t.n_bytes)) << t.name;
+      if (u.n_bytes == t.n_bytes) {
+        EXPECT_EQ(0, std::memcmp(u.data, t.data, t.n_bytes)) << t.name;
+      }
       k_quants += t.type == DType::Q4_K || t.type == DType::Q6_K;
     }
-    if (std::string(name) == "qwen3_kq_f16") EXPECT_EQ(k_quants, 15) << "every matrix of the 256-multiple fixture is a K-quant";
+    if (std::string(name) == "qwen3_kq_f16") {
+      EXPECT_EQ(k_quants, 15) << "every matrix of the 256-multiple fixture is a K-quant";
+    }
   }
 }
 
@@ -339,4 +345,34 @@ TEST(FixturesTest, Stories260KMatchesTransformersOracle) {
   const std::string text = tok->decode(all);
   EXPECT_EQ(text, fx.expected["greedy"]["text"].get<std::string>());
   EXPECT_EQ(text.rfind("Zoo was a little girl named Lily. She loved to play outside in the park.", 0), 0u) << text;
+}
+
+// The GPU against the CPU engine on every fixture (f32, q8_0, q4_k_m files) and on stories260K where
+// ../shared is present: the whole model on the GPU, and split with the CPU. Skipped without a GPU. The
+// bound is that of the GPU's f16 tensor-core paths (prompts of more than 8 rows), not the CPU's.
+TEST(FixturesTest, GpuMatchesCpuOnEveryFixture) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine";
+  auto check = [](const Fixture& fx, const std::string& path, const std::string& what) {
+    auto cpu = make_engine(path);
+    const auto want = engine_logits(fx, *cpu);
+    const int units = cpu->model().hparams().n_layer + 1;
+    for (int ngl : {EngineOptions::kGpuLayersAll, std::max(1, units / 2)}) {
+      auto gpu = make_engine(path, ngl);
+      const auto got = engine_logits(fx, *gpu);
+      const Errors e = compare(got, want, fx.n_vocab), h = compare(got, fx.logits, fx.n_vocab);
+      std::printf("[fixture, GPU] %-24s -ngl %3d GPU-vs-CPU NMSE %.2e | GPU-vs-HF NMSE %.2e\n", what.c_str(), ngl,
+                  e.worst_nmse, h.worst_nmse);
+      EXPECT_LE(e.worst_nmse, 1e-3) << what << " -ngl " << ngl;
+    }
+  };
+  for (const auto& name : fixture_names()) {
+    const Fixture fx = load_fixture(fixtures_dir() + "/hf/" + name);
+    for (const std::string outtype : {"f32", "q8_0", "q4_k_m"}) check(fx, converted(fx.dir, outtype), name + " " + outtype);
+  }
+  const std::string shared = test::shared_dir();
+  if (!shared.empty() && fs::exists(shared + "/testdata/models/stories260K/stories260K.bin")) {
+    const std::string dir = shared + "/testdata/models/stories260K";
+    check(load_fixture(fixtures_dir() + "/stories260K"), converted(dir + "/stories260K.bin", "f32", dir + "/tok512.bin"),
+          "stories260K f32");
+  }
 }

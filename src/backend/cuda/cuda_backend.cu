@@ -764,8 +764,9 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   const int64_t rows = w.rows(), cols = w.cols();
   DeviceArena arena;
   const size_t scratch = (size_t)rows * cols;
-  arena.reserve(device_weight_bytes(w) + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1) + rows * 4 + cols * 2) +
-                scratch * 2 + 16 * 256);
+  const size_t padded_tokens = (size_t)(n_tokens + 15) / 16 * 16;  // the batched kernel's activation layout
+  arena.reserve(device_weight_bytes(w) + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1) + rows * 4) +
+                padded_tokens * cols * 2 + scratch * 2 + 16 * 256);
   const DeviceWeight dw = upload_weight(w, arena, stream);
   float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
   float* dy = reinterpret_cast<float*>(arena.take((size_t)n_tokens * rows * 4));
@@ -774,7 +775,7 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   act.d = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
   act.s = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
   __half* sc = reinterpret_cast<__half*>(arena.take(scratch * 2));
-  __half* xh = reinterpret_cast<__half*>(arena.take((size_t)n_tokens * cols * 2));
+  __half* xh = reinterpret_cast<__half*>(arena.take(padded_tokens * cols * 2));
   ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   if (n_tokens <= 8) {
     if (matvec_uses_q8(dw.type)) quantize_rows(dx, n_tokens, (int)cols, act, stream);

@@ -36,7 +36,8 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream);
 // More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments
-// (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS.
+// (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS. x_f16
+// holds (n_tokens rounded up to 16) x cols halves (the fused kernel's activation layout pads the rows).
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
           __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream);
