@@ -35,6 +35,13 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].
 std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device = 0);
 
+// For tests: one row-wise op of the GPU over host rows a [n_rows x n]; b is the norm weight or the
+// bias [n], or up [n_rows x n] for the SwiGLU ops. The Int8 variants return the int8 activations the
+// op writes for the next product, times their block scales (n % 32 == 0); Argmax each row's index.
+enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, AddBias, Argmax };
+std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
+                                   float eps = 1e-6f, int device = 0);
+
 // Read bandwidth of device memory in GB/s, measured with a streaming kernel (bench's roofline).
 double measure_gpu_read_bandwidth(int device);
 

@@ -4,9 +4,11 @@
 // together; results are reproducible. Run on the GPU machine: roofline_tests --gtest_filter='Gpu*'.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/gpu.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -104,6 +106,55 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
     for (int n : {9, 24, 40, 64}) {
       const double e = gpu_matmul_nmse(type, 300, 2560, n, rng);
       EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n;
+    }
+}
+
+// The row-wise ops against the CPU's on random rows of odd sizes: RMSNorm, SwiGLU, bias, each with its
+// f32 output, the int8 activations RMSNorm and SwiGLU write for the next product (whole 32-blocks),
+// and the device argmax (ties to the lowest index, NaNs skipped) against argmax_logits.
+TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(11);
+  auto randoms = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)rng.normal();
+    return v;
+  };
+  for (int n_rows : {1, 3, 9})
+    for (int n : {1, 31, 100, 257, 4099, 160}) {
+      SCOPED_TRACE(std::to_string(n_rows) + " rows of " + std::to_string(n));
+      const auto a = randoms((size_t)n_rows * n), w = randoms((size_t)n), up = randoms((size_t)n_rows * n);
+      std::vector<float> norm((size_t)n_rows * n), swiglu((size_t)n_rows * n), biased((size_t)n_rows * n);
+      for (int r = 0; r < n_rows; ++r) {
+        cpu::rms_norm(a.data() + (size_t)r * n, w.data(), norm.data() + (size_t)r * n, n, 1e-5f);
+        for (int i = 0; i < n; ++i) {
+          const size_t k = (size_t)r * n + i;
+          swiglu[k] = cpu::silu(a[k]) * up[k];
+          biased[k] = a[k] + w[i];
+        }
+      }
+      const auto g_norm = gpu_op_for_test(GpuOpForTest::RmsNorm, a, w, n_rows, n, 1e-5f);
+      const auto g_swiglu = gpu_op_for_test(GpuOpForTest::Swiglu, a, up, n_rows, n);
+      const auto g_bias = gpu_op_for_test(GpuOpForTest::AddBias, a, w, n_rows, n);
+      EXPECT_LT(test::nmse(g_norm.data(), norm.data(), norm.size()), 1e-10);
+      EXPECT_LT(test::nmse(g_swiglu.data(), swiglu.data(), swiglu.size()), 1e-10);
+      EXPECT_EQ(g_bias, biased);
+      if (n % 32 == 0) {  // int8 rows: round-to-nearest in blocks of 32, so ~(1/127)^2 / 12 relative
+        const auto q_norm = gpu_op_for_test(GpuOpForTest::RmsNormInt8, a, w, n_rows, n, 1e-5f);
+        const auto q_swiglu = gpu_op_for_test(GpuOpForTest::SwigluInt8, a, up, n_rows, n);
+        EXPECT_LT(test::nmse(q_norm.data(), norm.data(), norm.size()), 1e-4);
+        EXPECT_LT(test::nmse(q_swiglu.data(), swiglu.data(), swiglu.size()), 1e-4);
+      }
+      // Argmax with a tie (the first maximum wins) and a NaN in every row.
+      auto x = a;
+      for (int r = 0; r < n_rows && n > 2; ++r) {
+        float* row = x.data() + (size_t)r * n;
+        const int m = (int)(std::max_element(row, row + n) - row);
+        row[(m + 1) % n] = row[m];
+        row[(m + 2) % n] = std::nanf("");
+      }
+      const auto g_arg = gpu_op_for_test(GpuOpForTest::Argmax, x, {}, n_rows, n);
+      for (int r = 0; r < n_rows; ++r) EXPECT_EQ((int)g_arg[r], argmax_logits(x.data() + (size_t)r * n, n)) << "row " << r;
     }
 }
 

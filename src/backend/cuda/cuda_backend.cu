@@ -753,6 +753,61 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options) {
   return std::make_unique<cuda::CudaBackend>(options);
 }
 
+std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
+                                   float eps, int device) {
+  using namespace cuda;
+  const bool int8 = op == GpuOpForTest::RmsNormInt8 || op == GpuOpForTest::SwigluInt8;
+  if (int8 && n % 32 != 0) fail("int8 activations need rows of whole 32-blocks ({} values)", n);
+  const size_t na = (size_t)n_rows * n;
+  if (a.size() != na) fail("gpu_op_for_test: {} values for {} rows of {}", a.size(), n_rows, n);
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  const size_t blocks = na / 32 + (size_t)n_rows;
+  arena.reserve(na * 4 * 2 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + 16 * 256);
+  float* da = reinterpret_cast<float*>(arena.take(na * 4));
+  float* db = reinterpret_cast<float*>(arena.take(std::max<size_t>(1, b.size()) * 4));
+  float* dy = reinterpret_cast<float*>(arena.take(na * 4));
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take(na));
+  act.d = reinterpret_cast<float*>(arena.take(blocks * 4));
+  act.s = reinterpret_cast<float*>(arena.take(blocks * 4));
+  int32_t* di = reinterpret_cast<int32_t*>(arena.take((size_t)n_rows * 4));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), na * 4, cudaMemcpyHostToDevice));
+  if (!b.empty()) ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+  switch (op) {
+    case GpuOpForTest::RmsNorm: rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream); break;
+    case GpuOpForTest::RmsNormInt8: rms_norm(da, db, eps, n_rows, n, nullptr, nullptr, act, stream); break;
+    case GpuOpForTest::Swiglu: swiglu(da, db, n_rows, n, dy, ActQ8{}, stream); break;
+    case GpuOpForTest::SwigluInt8: swiglu(da, db, n_rows, n, nullptr, act, stream); break;
+    case GpuOpForTest::AddBias:
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dy, da, na * 4, cudaMemcpyDeviceToDevice, stream));
+      add_bias(dy, db, n_rows, n, stream);
+      break;
+    case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, di, stream); break;
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> out;
+  if (op == GpuOpForTest::Argmax) {
+    std::vector<int32_t> idx((size_t)n_rows);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(idx.data(), di, idx.size() * 4, cudaMemcpyDeviceToHost));
+    out.assign(idx.begin(), idx.end());
+  } else if (int8) {
+    std::vector<int8_t> q(na);
+    std::vector<float> d(na / 32);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(q.data(), act.q, na, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(d.data(), act.d, d.size() * 4, cudaMemcpyDeviceToHost));
+    out.resize(na);
+    for (size_t i = 0; i < na; ++i) out[i] = (float)q[i] * d[i / 32];
+  } else {
+    out.resize(na);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), dy, na * 4, cudaMemcpyDeviceToHost));
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
+  return out;
+}
+
 std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device) {
   using namespace cuda;
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
