@@ -41,7 +41,12 @@ std::string shared_dir() {
   return exists(ROOFLINE_SHARED_DIR) ? ROOFLINE_SHARED_DIR : "";
 }
 
-std::string source_dir() { return ROOFLINE_SOURCE_DIR; }
+// ROOFLINE_SOURCE_DIR in the environment wins: binaries built here run from another checkout on the GPU
+// machine.
+std::string source_dir() {
+  if (const char* env = std::getenv("ROOFLINE_SOURCE_DIR")) return env;
+  return ROOFLINE_SOURCE_DIR;
+}
 std::string binary_path() { return ROOFLINE_BINARY; }
 
 std::string temp_dir() {

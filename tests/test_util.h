@@ -17,7 +17,7 @@ std::string shared_dir();
   if (var.empty()) GTEST_SKIP() << "../shared is absent; skipping " relative; \
   var += "/" relative
 
-std::string source_dir();
+std::string source_dir();  // the checkout (ROOFLINE_SOURCE_DIR overrides the one the tests were built in)
 std::string binary_path();  // the `roofline` executable
 // A fresh temporary directory for one test (removed at process exit is not guaranteed).
 std::string temp_dir();
