@@ -418,6 +418,38 @@ TEST(GpuEngineTest, PrefillAttentionMatchesCpuOverSeveralKeyTiles) {
   EXPECT_LT(test::nmse(b.data(), a.data(), a.size()), 3e-3);
 }
 
+// A decode bucket's graph is captured by its first step: here bucket 4 with 3 real rows, then replayed
+// with 4. Every real row of the replay must be computed: the 4th row's logits equal its sequence's
+// decoded alone (decode steps are batch-invariant).
+TEST(GpuEngineTest, BucketGraphsServeEveryRealRow) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-llama:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  auto batched = Engine::create(model, o), alone = Engine::create(model, o);
+  std::vector<int> seqs;
+  for (int i = 0; i < 4; ++i) {
+    seqs.push_back(batched->kv_cache().create_sequence());
+    const int32_t t = (int32_t)(7 + 13 * i);
+    batched->eval(seqs.back(), std::span<const int32_t>(&t, 1), false);
+  }
+  const int s_alone = alone->kv_cache().create_sequence();
+  const int32_t first = 7 + 13 * 3;
+  alone->eval(s_alone, std::span<const int32_t>(&first, 1), false);
+  std::vector<Engine::BatchRow> three;
+  for (int i = 0; i < 3; ++i) three.push_back({seqs[i], (int32_t)(100 + i), true});
+  batched->decode(three);  // captures bucket 4 with 3 real rows
+  std::vector<Engine::BatchRow> four;
+  for (int i = 0; i < 4; ++i) four.push_back({seqs[i], (int32_t)(200 + i), true});
+  four[3].token = 100 + 3;  // the 4th sequence's first decoded token: the alone run decodes the same
+  const auto got = batched->decode(four);
+  const int32_t t = 100 + 3;
+  const auto want = alone->eval(s_alone, std::span<const int32_t>(&t, 1), false);
+  ASSERT_EQ(got.size(), (size_t)4 * n_vocab);
+  EXPECT_EQ(0, std::memcmp(got.data() + 3 * n_vocab, want.data(), n_vocab * sizeof(float)));
+}
+
 TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");

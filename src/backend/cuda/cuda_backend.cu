@@ -266,7 +266,7 @@ class CudaBackend final : public Backend {
     // through prefill_attention (for short prompts the split kernel's single pass is as fast, without
     // five launches per run: on an H200, 16 prompts of 128 tokens in one step took 480 ms against 400).
     prefill_runs_.clear();
-    n_attn_rows_ = n;
+    n_attn_rows_ = n_tok_;  // decode buckets: every row of the bucket (the captured graph replays this grid)
     if (n > 8 && prefill_ok_) {
       for (int i = 0; i < n;) {
         int j = i + 1;
