@@ -76,7 +76,7 @@ if [ "$mode" = full ] || [ "$mode" = serve ]; then
   # The server under load (tests/load/load.py): generated tok/s at 1, 16 and 64 concurrent streams.
   echo "== serve load: synthetic:qwen3-32b:Q4_K_M" | tee -a "$out/serve.md"
   timeout 400 python3 tests/load/load.py --bin "$bin/roofline" --model synthetic:qwen3-32b:Q4_K_M \
-      --server-args "-np 64 -c 32768 -ngl all" --concurrency 1,16,64 --prompt-tokens 128 --max-tokens 128 \
+      --server-args "-np 64 -c 32768 -ngl all -b 2048" --concurrency 1,16,64 --prompt-tokens 128 --max-tokens 128 \
       --per-stream 1 --json "$out/serve_load.json" 2>&1 | tee -a "$out/serve.md"
 fi
 touch "$out/bench.log"; tail -5 "$out/bench.log"

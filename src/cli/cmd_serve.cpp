@@ -90,10 +90,10 @@ std::vector<std::string> fill_optional_values(std::vector<std::string> args) {
 int run(int argc, char** argv) {
   CLI::App app{"OpenAI-compatible server with parallel slots and continuous batching (a drop-in for llama-server)"};
   ModelArgs margs;
-  // Steps of up to 2048 tokens by default, as llama-server's -b: prompts of many requests share one
-  // dequantization of the weights (on an H200, qwen3-32b, 64 streams: 1376 tok/s with -b 512, 1459
-  // with 2048); -b 512 keeps decode steps shorter while prompts arrive.
-  margs.n_batch = 2048;
+  // Steps of up to -b tokens, 512 by default (llama-server's physical batch, -ub). Larger steps let the
+  // prompts of many requests share one dequantization of the weights (on an H200, qwen3-32b, 64
+  // streams: 1376 tok/s with -b 512, 1459 with -b 2048), but their buffers (logits for every row) come
+  // out of the GPU memory that -ngl auto would give to layers, so they are asked for, not the default.
   add_model_options(app, margs);
   serve::ServerOptions so;
   std::string api_key, api_key_file, alias, template_file, template_text, template_kwargs, flash_attn = "auto",
