@@ -28,6 +28,13 @@ bool have_gpu() { return !gpu_devices().empty(); }
 
 std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
 
+// Engine options with every unit on the GPU.
+EngineOptions all_on_gpu() {
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  return o;
+}
+
 std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
   std::vector<int32_t> t;
   for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
@@ -165,8 +172,7 @@ TEST(GpuEngineTest, FullOffloadMatchesCpuForEveryMix) {
                            "tiny-qwen2:Q4_0", "tiny-llama:Q5_0", "tiny-qwen3:BF16"}) {
     auto model = tiny(spec);
     const auto tokens = some_tokens(24, model->hparams().n_vocab);
-    EngineOptions cpu, gpu;
-    gpu.n_gpu_layers = EngineOptions::kGpuLayersAll;
+    EngineOptions cpu, gpu = all_on_gpu();
     const auto a = run_logits(model, cpu, tokens), b = run_logits(model, gpu, tokens);
     ASSERT_EQ(a.size(), b.size());
     const double e = test::nmse(b.data(), a.data(), a.size());
@@ -181,8 +187,7 @@ TEST(GpuEngineTest, LayerSplitOverTwoBackendsMatchesOne) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");  // 2 layers + output = 3 units
   const auto tokens = some_tokens(20, model->hparams().n_vocab);
-  EngineOptions one;
-  one.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions one = all_on_gpu();
   const auto ref = run_logits(model, one, tokens);
   for (auto [ngl, ts] : std::vector<std::pair<int, std::vector<double>>>{{3, {1, 1}}, {3, {1, 2}}, {3, {2, 1}}}) {
     EngineOptions o;
@@ -209,8 +214,7 @@ TEST(GpuEngineTest, LayerSplitOverTwoGpusMatchesOne) {
   if (gpu_devices().size() < 2) GTEST_SKIP() << "needs two GPUs";
   auto model = tiny("qwen3-0.6b:Q4_K_M");
   const auto tokens = some_tokens(40, model->hparams().n_vocab);
-  EngineOptions one, two;
-  one.n_gpu_layers = two.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions one = all_on_gpu(), two = all_on_gpu();
   one.gpu_ids = {0};
   two.gpu_ids = {0, 1};
   two.tensor_split = {1, 1};
@@ -223,8 +227,7 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");
   const int n_vocab = model->hparams().n_vocab;
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions o = all_on_gpu();
   auto a = Engine::create(model, o), b = Engine::create(model, o);
   std::vector<int> sa, sb;
   for (int i = 0; i < 3; ++i) {
@@ -261,9 +264,8 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
 TEST(GpuEngineTest, VramLimitCapsPlacement) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");
-  EngineOptions o;
+  EngineOptions o = all_on_gpu();
   o.gpu_margin_gib = 0;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
   o.vram_limit_gib = {0.0001};
   try {
     Engine::create(model, o);
@@ -293,9 +295,8 @@ TEST(GpuEngineTest, PartialOffloadAndKvTypes) {
     EXPECT_LT(test::nmse(l.data(), ref.data(), ref.size()), 2e-3) << "-ngl " << ngl;
   }
   for (DType kv : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
-    EngineOptions c, g;
+    EngineOptions c, g = all_on_gpu();
     c.type_k = c.type_v = g.type_k = g.type_v = kv;
-    g.n_gpu_layers = EngineOptions::kGpuLayersAll;
     const auto a = run_logits(model, c, tokens), b = run_logits(model, g, tokens);
     const double e = test::nmse(b.data(), a.data(), a.size());
     std::printf("KV %-5s GPU vs CPU logits NMSE %.3g\n", dtype_name(kv).c_str(), e);
@@ -307,8 +308,7 @@ TEST(GpuEngineTest, DecodeBatchesAreInvariantAndReproducible) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-llama:Q4_K_M");
   const int n_vocab = model->hparams().n_vocab;
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions o = all_on_gpu();
   const auto prompt_a = some_tokens(5, n_vocab, 1), prompt_b = some_tokens(6, n_vocab, 2);
   auto decode_alone = [&]() {
     auto e = Engine::create(model, o);
@@ -339,9 +339,8 @@ TEST(GpuEngineTest, DecodeAtDepthOverSeveralSplitsMatchesCpu) {
   auto model = tiny("tiny-qwen3:Q4_K_M");
   const int n_vocab = model->hparams().n_vocab;
   const auto tokens = some_tokens(300, n_vocab, 3);  // prefill 150, then 150 one-row decode steps
-  EngineOptions cpu, gpu;
+  EngineOptions cpu, gpu = all_on_gpu();
   cpu.n_ctx = gpu.n_ctx = 4096;  // the 12 sequences below hold ~2400 positions
-  gpu.n_gpu_layers = EngineOptions::kGpuLayersAll;
   const auto ref = run_logits(model, cpu, tokens), got = run_logits(model, gpu, tokens);
   EXPECT_LT(test::nmse(got.data(), ref.data(), ref.size()), 3e-3);
 
@@ -389,9 +388,8 @@ TEST(GpuEngineTest, PrefillAttentionMatchesCpuOverSeveralKeyTiles) {
   for (const char* tile : {"64", "1024"}) {
     setenv("ROOFLINE_ATTN_KEY_TILE", tile, 1);
     for (DType kv : {DType::F16, DType::Q8_0, DType::BF16}) {
-      EngineOptions c, g;
+      EngineOptions c, g = all_on_gpu();
       c.type_k = c.type_v = g.type_k = g.type_v = kv;
-      g.n_gpu_layers = EngineOptions::kGpuLayersAll;
       const auto a = prompt_logits(c), b = prompt_logits(g);
       ASSERT_EQ(a.size(), b.size());
       const double e = test::nmse(b.data(), a.data(), a.size());
@@ -401,8 +399,7 @@ TEST(GpuEngineTest, PrefillAttentionMatchesCpuOverSeveralKeyTiles) {
   }
   unsetenv("ROOFLINE_ATTN_KEY_TILE");
 
-  EngineOptions c, g;
-  g.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions c, g = all_on_gpu();
   auto mixed = [&](EngineOptions o) {
     auto e = Engine::create(model, o);
     const int sa = e->kv_cache().create_sequence(), sb = e->kv_cache().create_sequence();
@@ -425,8 +422,7 @@ TEST(GpuEngineTest, BucketGraphsServeEveryRealRow) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-llama:Q4_K_M");
   const int n_vocab = model->hparams().n_vocab;
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions o = all_on_gpu();
   auto batched = Engine::create(model, o), alone = Engine::create(model, o);
   std::vector<int> seqs;
   for (int i = 0; i < 4; ++i) {
@@ -453,8 +449,7 @@ TEST(GpuEngineTest, BucketGraphsServeEveryRealRow) {
 TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions o = all_on_gpu();
   const auto tokens = some_tokens(12, model->hparams().n_vocab);
   const auto with_graphs = run_logits(model, o, tokens);
   setenv("ROOFLINE_NO_CUDA_GRAPHS", "1", 1);
@@ -467,8 +462,7 @@ TEST(GpuEngineTest, ForkCopiesBlocksOnTheGpu) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q8_0");
   const int n_vocab = model->hparams().n_vocab;
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  EngineOptions o = all_on_gpu();
   o.kv_block_size = 16;
   const auto prefix = some_tokens(21, n_vocab), tail = some_tokens(3, n_vocab, 4);
   auto e = Engine::create(model, o);

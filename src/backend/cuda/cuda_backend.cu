@@ -268,21 +268,18 @@ class CudaBackend final : public Backend {
     prefill_runs_.clear();
     n_attn_rows_ = n_tok_;  // decode buckets: every row of the bucket (the captured graph replays this grid)
     if (n > 8 && prefill_ok_) {
+      int listed = 0;  // rows outside the runs, for the split-KV kernel
       for (int i = 0; i < n;) {
         int j = i + 1;
         while (j < n && step.row_seq[j] == step.row_seq[i] && step.positions[j] == step.positions[j - 1] + 1) ++j;
-        if (j - i >= kMinPrefillRun && step.positions[j - 1] + 1 >= kMinPrefillKeys) prefill_runs_.push_back({i, j - i, step.row_seq[i], step.positions[i]});
+        if (j - i >= kMinPrefillRun && step.positions[j - 1] + 1 >= kMinPrefillKeys) {
+          prefill_runs_.push_back({i, j - i, step.row_seq[i], step.positions[i]});
+        } else {
+          for (int r = i; r < j; ++r) attn_rows[listed++] = r;
+        }
         i = j;
       }
-      if (!prefill_runs_.empty()) {
-        n_attn_rows_ = 0;
-        size_t k = 0;
-        for (int i = 0; i < n; ++i) {
-          if (k < prefill_runs_.size() && i >= prefill_runs_[k].first_row + prefill_runs_[k].n_rows) ++k;
-          const bool in_run = k < prefill_runs_.size() && i >= prefill_runs_[k].first_row;
-          if (!in_run) attn_rows[n_attn_rows_++] = i;
-        }
-      }
+      if (!prefill_runs_.empty()) n_attn_rows_ = listed;
     }
     for (int i = 0; i < n_tok_; ++i) {
       tokens[i] = i < n ? step.tokens[i] : 0;
@@ -692,14 +689,11 @@ int attention_span_splits() {
 }
 
 int attention_min_span() {
-  static const int span = [] {
-    const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
-    const int v = env ? std::atoi(env) : 32;
-    for (int s : {16, 32, 64, 128})
-      if (v == s) return v;
-    return 32;
-  }();
-  return span;
+  const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
+  const int v = env ? std::atoi(env) : 32;
+  for (int s : {16, 32, 64, 128})
+    if (v == s) return v;
+  return 32;
 }
 
 }  // namespace cuda

@@ -57,9 +57,10 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 // wait_for_previous_kernel() before touching memory (a kernel that skipped it could finish before its
 // predecessor and release the next kernel early).
 bool pdl_enabled();
-// Shortest span of keys per attention split (attention_span): 32, or ROOFLINE_ATTN_MIN_SPAN (16-128).
+// Tunables of attention_span, read when a backend is created: the shortest span of keys per split
+// (32, or ROOFLINE_ATTN_MIN_SPAN: 16-128) and the splits per row before spans double (32, or
+// ROOFLINE_ATTN_SPLITS: 8-512).
 int attention_min_span();
-// Splits per row before attention spans double (attention_span): 32, or ROOFLINE_ATTN_SPLITS (8-512).
 int attention_span_splits();
 
 __device__ __forceinline__ float warp_sum(float v) {
