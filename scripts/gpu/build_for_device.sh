@@ -12,7 +12,7 @@ cp build-device/roofline build-device/tests/roofline_tests carry/bin/
 strip carry/bin/roofline carry/bin/roofline_tests
 if [ -d ../shared/testdata ]; then
   mkdir -p carry/shared/testdata/models
-  cp -r ../shared/testdata/models/stories260K ../shared/testdata/models/qwen3-tiny512-llamacpp carry/shared/testdata/models/ 2>/dev/null || true
+  cp -r ../shared/testdata/models/stories260K carry/shared/testdata/models/ 2>/dev/null || true
 fi
 # Debian's cpp-httplib is a shared library the GPU machine lacks: carry it (and brotli, which it links).
 mkdir -p carry/lib

@@ -16,6 +16,7 @@
 #include "engine/sampler.h"
 #include "formats/quant_ref.h"
 #include "model/model_file.h"
+#include "model/synthetic.h"
 #include "test_util.h"
 
 using namespace roofline;
@@ -365,6 +366,42 @@ TEST(GpuEngineTest, DecodeAtDepthOverSeveralSplitsMatchesCpu) {
     ASSERT_EQ(a.size(), (size_t)kRows * n_vocab);
     ASSERT_EQ(b.size(), a.size());
     EXPECT_LT(test::nmse(b.data(), a.data(), a.size()), 3e-3) << "step " << step;
+  }
+}
+
+// Decode attention's kernel variants: the vectorized value sums with 8 and with 16 accumulators per
+// chunk (groups of up to 8 and of 9-16 query heads, heads of 64 and 256), and the per-dimension kernel
+// for value heads whose 8-value chunks do not tile a warp (96), and a mixed K/V type pair (the
+// run-time-typed kernel). Tiny Qwen3 shapes with those head layouts (f16 weights, as the K-quants need
+// rows of 256), prefilled then decoded 400 keys deep (13 splits), against the CPU engine; every KV type
+// on the 12-head group.
+TEST(GpuEngineTest, DecodeAttentionVariantsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Variant {
+    int n_head, n_head_kv, head_dim;
+    const char* what;
+  };
+  for (const Variant v : {Variant{8, 1, 64, "group of 8, head 64"}, Variant{12, 1, 64, "group of 12, head 64"},
+                          Variant{6, 2, 96, "group of 3, head 96 (per-dimension kernel)"},
+                          Variant{16, 1, 256, "group of 16, head 256"}}) {
+    SyntheticSpec spec = parse_synthetic_spec("synthetic:tiny-qwen3:F16");
+    spec.shape.n_head = v.n_head;
+    spec.shape.n_head_kv = v.n_head_kv;
+    spec.shape.head_dim = v.head_dim;
+    auto model = Model::load(build_synthetic_model(spec));
+    const auto tokens = some_tokens(400, model->hparams().n_vocab, 5);  // prefill 200, then 200 decode steps
+    for (DType kv : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::F32}) {
+      if (kv != DType::F16 && v.n_head != 12) continue;
+      EngineOptions cpu, gpu = all_on_gpu();
+      cpu.n_ctx = gpu.n_ctx = 512;
+      cpu.type_k = gpu.type_k = kv;
+      cpu.type_v = gpu.type_v = kv == DType::F32 ? DType::Q8_0 : kv;  // the last: a mixed pair
+      const auto ref = run_logits(model, cpu, tokens), got = run_logits(model, gpu, tokens);
+      const double e = test::nmse(got.data(), ref.data(), ref.size());
+      const std::string types = dtype_name(gpu.type_k) + "/" + dtype_name(gpu.type_v);
+      std::printf("%-42s KV %-9s GPU vs CPU logits NMSE %.3g\n", v.what, types.c_str(), e);
+      EXPECT_LT(e, kv == DType::Q4_0 ? 2e-2 : 3e-3) << v.what << " KV " << types;
+    }
   }
 }
 

@@ -1,9 +1,9 @@
-// Attention on the paged KV cache: the per-row prologue (Q/K RMSNorm, RoPE, K/V store) and a
-// split-KV flash-decoding kernel. Each CTA takes one row, one KV head (the group's query heads share
-// every K/V read) and one span of keys (32-128 in decode, by the row's depth), with an online softmax
-// over tiles of 128 keys; the spans are
-// merged by a second kernel in a fixed order, so results are deterministic; that kernel can also
-// write the int8 form of the output that the attention output matrix reads.
+// Attention on the paged KV cache: the per-row prologue (Q/K RMSNorm, RoPE, K/V store), a split-KV
+// flash-decoding kernel, and prefill attention through cuBLAS for runs of prompt rows. Each decode CTA
+// takes one row, one KV head (the group's query heads share every K/V read) and one span of keys
+// (32-128, by the row's depth), with an online softmax over tiles of 128 keys; the spans are merged by
+// a second kernel in a fixed order, so results are deterministic; that kernel can also write the int8
+// form of the output that the attention output matrix reads.
 #include <cstdlib>
 #include <vector>
 
@@ -245,9 +245,94 @@ __device__ __forceinline__ float kv_load1(const uint8_t* vals, const uint8_t* sc
   else return kv_get(vals, scales, T, i);
 }
 
-// Split-KV attention for one (row, KV head, span of keys). Scores: one key per thread, its K row read
-// with 16-byte loads, all query heads of the group at once. Values: one output dimension per thread
-// (two when head_dim_v > 128), each V element loaded once for every query head of the group.
+// Scores of one tile of keys [t0, t0 + n_tile) of a split into p_s ([gqa x kTile]), their slots into
+// slot_s, then the online-softmax update: p_s becomes the probabilities, m_s/l_s the running max and
+// sum, a_s the factor by which each query head's earlier output must be rescaled. One key per thread,
+// its K row read with 16-byte loads for all query heads of the group at once; a short tile gives each
+// key several threads (tpk, adjacent lanes), each a share of the 8-value chunks, summed over the lanes in
+// a fixed order. Threads past the tile repeat its last key (the shuffles need every lane) and store
+// nothing. Ends with a barrier.
+template <DType KT>
+__device__ __forceinline__ void score_tile(const DeviceStep& step, const KvLayer& kv, int r, int kvh, int n_head_kv, int gqa, int hd_k,
+                                           int t0, int n_tile, const float* q_s, float* p_s, float* m_s, float* l_s,
+                                           float* a_s, int64_t* slot_s) {
+  const int tid = threadIdx.x;
+  const int kv_dim_k = n_head_kv * hd_k;
+  const bool vec_k = hd_k % 8 == 0;
+  const int tpk = !vec_k ? 1 : n_tile <= kTile / 4 ? 4 : n_tile <= kTile / 2 ? 2 : 1;
+  const int key = min(tid / tpk, n_tile - 1), part = tid % tpk;
+  const bool stores = tid / tpk < n_tile && part == 0;
+  if (tid / tpk < n_tile || tpk > 1) {
+    const int64_t slot = slot_of(step, r, t0 + key, kv.block_size);
+    if (stores) slot_s[key] = slot;
+    const int64_t base = slot * kv_dim_k + (int64_t)kvh * hd_k;
+    for (int g0 = 0; g0 < gqa; g0 += 8) {
+      const int ng = min(8, gqa - g0);
+      float s[8] = {};
+      if (vec_k) {
+#pragma unroll 4
+        for (int d = 8 * part; d < hd_k; d += 8 * tpk) {
+          float kd[8];
+          kv_load8<KT>(kv.k, kv.k_scales, base + d, kd, kv.type_k);
+#pragma unroll
+          for (int g = 0; g < 8; ++g)
+            if (g < ng) {
+              const float* qv = q_s + (g0 + g) * hd_k + d;
+#pragma unroll
+              for (int e = 0; e < 8; ++e) s[g] += qv[e] * kd[e];
+            }
+        }
+      } else {
+        for (int d = 0; d < hd_k; ++d) {
+          const float kd = kv_load1<KT>(kv.k, kv.k_scales, base + d, kv.type_k);
+#pragma unroll
+          for (int g = 0; g < 8; ++g)
+            if (g < ng) s[g] += q_s[(g0 + g) * hd_k + d] * kd;
+        }
+      }
+      for (int off = 1; off < tpk; off <<= 1)
+#pragma unroll
+        for (int g = 0; g < 8; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+      if (stores)
+        for (int g = 0; g < ng; ++g) p_s[(g0 + g) * kTile + key] = s[g];
+    }
+  }
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32;
+  for (int g = warp; g < gqa; g += kThreads / 32) {
+    float mx = -INFINITY;
+    for (int i = lane; i < n_tile; i += 32) mx = fmaxf(mx, p_s[g * kTile + i]);
+    mx = warp_max(mx);
+    const float m_new = fmaxf(m_s[g], mx);
+    float sum = 0;
+    for (int i = lane; i < n_tile; i += 32) {
+      const float p = __expf(p_s[g * kTile + i] - m_new);
+      p_s[g * kTile + i] = p;
+      sum += p;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      const float alpha = __expf(m_s[g] - m_new);
+      a_s[g] = alpha;
+      l_s[g] = l_s[g] * alpha + sum;
+      m_s[g] = m_new;
+    }
+  }
+  __syncthreads();
+}
+
+// Shared memory of the split kernels: m_s, l_s, a_s ([gqa] each, padded to 4 floats), then q_s
+// ([gqa x hd_k], pre-scaled queries) and p_s ([gqa x kTile]); the vectorized kernel reuses the region
+// after the padding for its cross-warp sums ([2 x gqa x hd_v]) once the keys are done.
+__host__ __device__ inline int split_state_floats(int gqa) { return (3 * gqa + 3) & ~3; }
+size_t split_smem_bytes(int gqa, int hd_k, int hd_v, bool vec) {
+  const int tiles = gqa * (hd_k + kTile), sums = vec ? 2 * gqa * hd_v : 0;
+  return (size_t)(split_state_floats(gqa) + (tiles > sums ? tiles : sums)) * sizeof(float);
+}
+
+// Split-KV attention for one (row, KV head, span of keys), any head size: scores by score_tile, values
+// one output dimension per thread (two when head_dim_v > 128), each V element loaded once for every
+// query head of the group. The fallback of attention_split_vec_kernel (head sizes it does not take).
 template <DType KT, DType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
@@ -263,11 +348,11 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   if (k_begin >= n_keys) return;
   const int k_end = min(n_keys, k_begin + split_len);
   const int gqa = n_head / n_head_kv;
-  float* q_s = smem;                   // [gqa x hd_k]
-  float* p_s = q_s + gqa * hd_k;       // [gqa x kTile]
-  float* m_s = p_s + gqa * kTile;      // [gqa]
-  float* l_s = m_s + gqa;              // [gqa]
-  float* a_s = l_s + gqa;              // [gqa] rescale factors
+  float* m_s = smem;                               // [gqa]
+  float* l_s = m_s + gqa;                          // [gqa]
+  float* a_s = l_s + gqa;                          // [gqa] rescale factors
+  float* q_s = smem + split_state_floats(gqa);     // [gqa x hd_k]
+  float* p_s = q_s + gqa * hd_k;                   // [gqa x kTile]
   const int tid = threadIdx.x;
   for (int i = tid; i < gqa * hd_k; i += kThreads) q_s[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
   for (int g = tid; g < gqa; g += kThreads) {
@@ -282,75 +367,12 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   for (int dd = 0; dd < kMaxDims; ++dd)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) acc[dd][g] = 0.0f;
-  const int kv_dim_k = n_head_kv * hd_k, kv_dim_v = n_head_kv * hd_v;
-  const bool vec_k = hd_k % 8 == 0;
+  const int kv_dim_v = n_head_kv * hd_v;
   __syncthreads();
 
   for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
     const int n_tile = min(kTile, k_end - t0);
-    // Scores: a short tile gives each key several threads (tpk, adjacent lanes), each a share of the
-    // 8-value chunks, summed over the lanes in a fixed order. Threads past the tile repeat its last key
-    // (the shuffles need every lane) and store nothing.
-    const int tpk = !vec_k ? 1 : n_tile <= kTile / 4 ? 4 : n_tile <= kTile / 2 ? 2 : 1;
-    const int key = min(tid / tpk, n_tile - 1), part = tid % tpk;
-    const bool stores = tid / tpk < n_tile && part == 0;
-    if (tid / tpk < n_tile || tpk > 1) {
-      const int64_t slot = slot_of(step, r, t0 + key, kv.block_size);
-      if (stores) slot_s[key] = slot;
-      const int64_t base = slot * kv_dim_k + (int64_t)kvh * hd_k;
-      for (int g0 = 0; g0 < gqa; g0 += 8) {
-        const int ng = min(8, gqa - g0);
-        float s[8] = {};
-        if (vec_k) {
-#pragma unroll 4
-          for (int d = 8 * part; d < hd_k; d += 8 * tpk) {
-            float kd[8];
-            kv_load8<KT>(kv.k, kv.k_scales, base + d, kd, kv.type_k);
-#pragma unroll
-            for (int g = 0; g < 8; ++g)
-              if (g < ng) {
-                const float* qv = q_s + (g0 + g) * hd_k + d;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) s[g] += qv[e] * kd[e];
-              }
-          }
-        } else {
-          for (int d = 0; d < hd_k; ++d) {
-            const float kd = kv_load1<KT>(kv.k, kv.k_scales, base + d, kv.type_k);
-#pragma unroll
-            for (int g = 0; g < 8; ++g)
-              if (g < ng) s[g] += q_s[(g0 + g) * hd_k + d] * kd;
-          }
-        }
-        for (int off = 1; off < tpk; off <<= 1)
-#pragma unroll
-          for (int g = 0; g < 8; ++g) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
-        if (stores)
-          for (int g = 0; g < ng; ++g) p_s[(g0 + g) * kTile + key] = s[g];
-      }
-    }
-    __syncthreads();
-    const int warp = tid / 32, lane = tid % 32;
-    for (int g = warp; g < gqa; g += kThreads / 32) {
-      float mx = -INFINITY;
-      for (int i = lane; i < n_tile; i += 32) mx = fmaxf(mx, p_s[g * kTile + i]);
-      mx = warp_max(mx);
-      const float m_new = fmaxf(m_s[g], mx);
-      float sum = 0;
-      for (int i = lane; i < n_tile; i += 32) {
-        const float p = __expf(p_s[g * kTile + i] - m_new);
-        p_s[g * kTile + i] = p;
-        sum += p;
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) {
-        const float alpha = __expf(m_s[g] - m_new);
-        a_s[g] = alpha;
-        l_s[g] = l_s[g] * alpha + sum;
-        m_s[g] = m_new;
-      }
-    }
-    __syncthreads();
+    score_tile<KT>(step, kv, r, kvh, n_head_kv, gqa, hd_k, t0, n_tile, q_s, p_s, m_s, l_s, a_s, slot_s);
 #pragma unroll
     for (int dd = 0; dd < kMaxDims; ++dd) {
       const int d = tid + dd * kThreads;
@@ -399,11 +421,157 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   }
 }
 
-// With act.q (head_dim_v % 32 == 0, 128 threads: each warp holds whole groups of 32), the output rows
-// are also written in the int8 form the next product (the attention output matrix) reads.
+// Whether attention_split_vec_kernel takes value heads of this size: rows of 8-value chunks whose
+// thread count (hd_v / 8) divides a warp, so each warp holds whole key lanes.
+__host__ __device__ inline bool vec_values_fit(int hd_v) { return hd_v % 8 == 0 && hd_v / 8 <= 32 && 32 % (hd_v / 8) == 0; }
+
+// Split-KV attention with the value sums laid out for bandwidth: each thread owns one 8-value chunk of
+// the value head (a 16-byte load for f16) for every query head of the group (G >= gqa accumulators
+// each), and the CTA's threads cover kThreads / (hd_v / 8) keys at once, each thread four of its keys'
+// loads in flight. At the end the key lanes' sums are added in a fixed order (within the warp by
+// shuffles, then across warps through shared memory), so results stay deterministic and do not depend
+// on the row's batch-mates. Scores as attention_split_kernel (score_tile).
+template <DType KT, DType VT, int G>
+__global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceStep step, const float* q, KvLayer kv,
+                                                                      int n_head, int n_head_kv, int hd_k, int hd_v,
+                                                                      float scale, int max_splits, float* partial,
+                                                                      const int* row_list) {
+  wait_for_previous_kernel();
+  extern __shared__ float smem[];
+  __shared__ int64_t slot_s[kTile];
+  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  if (r >= step.header[0]) return;
+  const int n_keys = step.positions[r] + 1;
+  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
+  const int k_begin = split * split_len;
+  if (k_begin >= n_keys) return;
+  const int k_end = min(n_keys, k_begin + split_len);
+  const int gqa = n_head / n_head_kv;
+  float* m_s = smem;
+  float* l_s = m_s + gqa;
+  float* a_s = l_s + gqa;
+  float* q_s = smem + split_state_floats(gqa);
+  float* p_s = q_s + gqa * hd_k;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  for (int i = tid; i < gqa * hd_k; i += kThreads) q_s[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
+  for (int g = tid; g < gqa; g += kThreads) {
+    m_s[g] = -INFINITY;
+    l_s[g] = 0.0f;
+  }
+  const int cols = hd_v / 8;                            // threads per value row
+  const int chunk = tid % cols, key_lane = tid / cols;  // dims 8*chunk.., keys key_lane + k*lanes
+  const int lanes = kThreads / cols;
+  float acc[8][G];
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+#pragma unroll
+    for (int g = 0; g < G; ++g) acc[e][g] = 0.0f;
+  const int kv_dim_v = n_head_kv * hd_v;
+  const int64_t col = (int64_t)kvh * hd_v + 8 * chunk;
+  __syncthreads();
+
+  for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
+    const int n_tile = min(kTile, k_end - t0);
+    score_tile<KT>(step, kv, r, kvh, n_head_kv, gqa, hd_k, t0, n_tile, q_s, p_s, m_s, l_s, a_s, slot_s);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (g < gqa) {
+        const float a = a_s[g];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e][g] *= a;
+      }
+    constexpr int kInFlight = 4;
+    int j = key_lane;
+    for (; j + (kInFlight - 1) * lanes < n_tile; j += kInFlight * lanes) {
+      float v[kInFlight][8];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) kv_load8<VT>(kv.v, kv.v_scales, slot_s[j + u * lanes] * kv_dim_v + col, v[u], kv.type_v);
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+          if (g < gqa) {
+            const float p = p_s[g * kTile + j + u * lanes];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e][g] += p * v[u][e];
+          }
+    }
+    for (; j < n_tile; j += lanes) {
+      float v[8];
+      kv_load8<VT>(kv.v, kv.v_scales, slot_s[j] * kv_dim_v + col, v, kv.type_v);
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        if (g < gqa) {
+          const float p = p_s[g * kTile + j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e][g] += p * v[e];
+        }
+    }
+    __syncthreads();
+  }
+  // Key lanes of one warp (lanes cols apart), then the warps' sums, pairwise down to warp 0.
+  for (int off = cols; off < 32; off <<= 1)
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+#pragma unroll
+      for (int g = 0; g < G; ++g) acc[e][g] += __shfl_xor_sync(0xffffffffu, acc[e][g], off);
+  float* sums = smem + split_state_floats(gqa);  // [2 x gqa x hd_v]; q_s and p_s are no longer read
+  for (int half = kThreads / 64; half >= 1; half /= 2) {
+    if (warp >= half && warp < 2 * half && lane < cols)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        if (g < gqa)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sums[((warp - half) * gqa + g) * hd_v + 8 * chunk + e] = acc[e][g];
+    __syncthreads();
+    if (warp < half && lane < cols)
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+        if (g < gqa)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e][g] += sums[(warp * gqa + g) * hd_v + 8 * chunk + e];
+    __syncthreads();
+  }
+  if (warp == 0 && lane < cols) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (g < gqa) {
+        const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
+        float* out = partial + idx * (hd_v + 2);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[2 + 8 * chunk + e] = acc[e][g];
+        if (chunk == 0) {
+          out[0] = m_s[g];
+          out[1] = l_s[g];
+        }
+      }
+  }
+}
+
+// Max (is_max) or sum of one value per thread over the CTA, in a fixed order (warps by shuffles, then
+// the warps' results in order); every thread gets the result. red: blockDim.x / 32 floats.
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
+  v = is_max ? warp_max(v) : warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = is_max ? -INFINITY : 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();
+  return r;
+}
+
+// Merges the splits of one (row, query head): the splits' maxima and sums are read by all threads at
+// once (thread s takes splits s, s + blockDim.x, ...) and each split's weight exp(m_s - m) goes to
+// shared memory; then each thread sums its output dimensions over the splits in split order, eight
+// splits' loads in flight. Fixed orders throughout, so the result depends only on the row. With act.q
+// (head_dim_v % 32 == 0, 128 threads: each warp holds whole groups of 32), the output rows are also
+// written in the int8 form the next product (the attention output matrix) reads.
 __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out,
                                          ActQ8 act, const int* row_list) {
   wait_for_previous_kernel();
+  extern __shared__ float weight_s[];  // [max_splits]
+  __shared__ float red[32];
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
   float* o = out + ((int64_t)r * n_head + h) * hd_v;
   const int lane = threadIdx.x % 32;
@@ -422,15 +590,32 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
   const int n_keys = step.positions[r] + 1;
   const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
   const int n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
-  const float* base = partial + ((int64_t)r * n_head + h) * max_splits * (hd_v + 2);
+  const int64_t stride = hd_v + 2;
+  const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
   float m = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, base[s * (hd_v + 2)]);
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, base[s * stride]);
+  m = block_reduce(m, true, red);
   float l = 0;
-  for (int s = 0; s < n_splits; ++s) l += base[s * (hd_v + 2) + 1] * __expf(base[s * (hd_v + 2)] - m);
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float w = __expf(base[s * stride] - m);
+    weight_s[s] = w;
+    l += base[s * stride + 1] * w;
+  }
+  l = block_reduce(l, false, red);  // its barrier also publishes weight_s
   const float inv = 1.0f / l;
+  constexpr int kSplitsInFlight = 8;
   for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+    const float* col = base + 2 + d;
     float a = 0;
-    for (int s = 0; s < n_splits; ++s) a += base[s * (hd_v + 2) + 2 + d] * __expf(base[s * (hd_v + 2)] - m);
+    int s = 0;
+    for (; s + kSplitsInFlight <= n_splits; s += kSplitsInFlight) {
+      float v[kSplitsInFlight];
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) v[u] = col[(s + u) * stride];
+#pragma unroll
+      for (int u = 0; u < kSplitsInFlight; ++u) a += v[u] * weight_s[s + u];
+    }
+    for (; s < n_splits; ++s) a += col[s * stride] * weight_s[s];
     o[d] = a * inv;
     quantize(d, a * inv);
   }
@@ -438,40 +623,48 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
 
 using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*);
 
-template <DType KT>
+// G: the accumulators per value chunk, the group size rounded up to 8 or 16.
+template <DType KT, int G>
 AttentionKernel pick_v(DType vt) {
   switch (vt) {
-    case DType::F32: return attention_split_kernel<KT, DType::F32>;
-    case DType::F16: return attention_split_kernel<KT, DType::F16>;
-    case DType::BF16: return attention_split_kernel<KT, DType::BF16>;
-    case DType::Q8_0: return attention_split_kernel<KT, DType::Q8_0>;
-    default: return attention_split_kernel<KT, DType::Q4_0>;
+    case DType::F32: return attention_split_vec_kernel<KT, DType::F32, G>;
+    case DType::F16: return attention_split_vec_kernel<KT, DType::F16, G>;
+    case DType::BF16: return attention_split_vec_kernel<KT, DType::BF16, G>;
+    case DType::Q8_0: return attention_split_vec_kernel<KT, DType::Q8_0, G>;
+    default: return attention_split_vec_kernel<KT, DType::Q4_0, G>;
   }
 }
 
-// Equal K and V types get a kernel compiled for them; mixed pairs run the run-time-typed kernel unless
-// the build sets ROOFLINE_CUDA_ALL_KV_PAIRS (every pair compiled: slower builds, faster mixed caches).
-AttentionKernel pick_attention(DType kt, DType vt) {
+template <int G>
+AttentionKernel pick_vec(DType kt, DType vt) {
 #ifdef ROOFLINE_CUDA_ALL_KV_PAIRS
   switch (kt) {
-    case DType::F32: return pick_v<DType::F32>(vt);
-    case DType::F16: return pick_v<DType::F16>(vt);
-    case DType::BF16: return pick_v<DType::BF16>(vt);
-    case DType::Q8_0: return pick_v<DType::Q8_0>(vt);
-    default: return pick_v<DType::Q4_0>(vt);
+    case DType::F32: return pick_v<DType::F32, G>(vt);
+    case DType::F16: return pick_v<DType::F16, G>(vt);
+    case DType::BF16: return pick_v<DType::BF16, G>(vt);
+    case DType::Q8_0: return pick_v<DType::Q8_0, G>(vt);
+    default: return pick_v<DType::Q4_0, G>(vt);
   }
 #else
   if (kt == vt) {
     switch (kt) {
-      case DType::F32: return attention_split_kernel<DType::F32, DType::F32>;
-      case DType::F16: return attention_split_kernel<DType::F16, DType::F16>;
-      case DType::BF16: return attention_split_kernel<DType::BF16, DType::BF16>;
-      case DType::Q8_0: return attention_split_kernel<DType::Q8_0, DType::Q8_0>;
-      default: return attention_split_kernel<DType::Q4_0, DType::Q4_0>;
+      case DType::F32: return attention_split_vec_kernel<DType::F32, DType::F32, G>;
+      case DType::F16: return attention_split_vec_kernel<DType::F16, DType::F16, G>;
+      case DType::BF16: return attention_split_vec_kernel<DType::BF16, DType::BF16, G>;
+      case DType::Q8_0: return attention_split_vec_kernel<DType::Q8_0, DType::Q8_0, G>;
+      default: return attention_split_vec_kernel<DType::Q4_0, DType::Q4_0, G>;
     }
   }
-  return attention_split_kernel<kRuntimeType, kRuntimeType>;
+  return attention_split_vec_kernel<kRuntimeType, kRuntimeType, G>;
 #endif
+}
+
+// Equal K and V types get kernels compiled for them; mixed pairs run the run-time-typed kernel unless
+// the build sets ROOFLINE_CUDA_ALL_KV_PAIRS (every pair compiled: slower builds, faster mixed caches).
+// Value heads the vectorized kernel does not take run the run-time-typed per-dimension kernel.
+AttentionKernel pick_attention(DType kt, DType vt, int gqa, int hd_v) {
+  if (!vec_values_fit(hd_v)) return attention_split_kernel<kRuntimeType, kRuntimeType>;
+  return gqa <= 8 ? pick_vec<8>(kt, vt) : pick_vec<16>(kt, vt);
 }
 
 // --- Prefill attention for runs of consecutive rows of one sequence (prefill_attention) ---
@@ -505,17 +698,6 @@ __global__ void gather_kv_f16_kernel(DeviceStep step, KvLayer kv, int seq, int k
 constexpr int kSoftmaxThreads = 256;
 constexpr int kMaxKeyTile = 1024;
 constexpr int kSoftmaxPerThread = kMaxKeyTile / kSoftmaxThreads;
-
-__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
-  v = is_max ? warp_max(v) : warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = is_max ? -INFINITY : 0.0f;
-  for (int w = 0; w < (int)(blockDim.x / 32); ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-  __syncthreads();
-  return r;
-}
 
 // One score row (a query head of one row, against one tile of n_keys keys starting at key0) per CTA:
 // online-softmax update of its running max m and sum l, the probabilities written as f16 over the
@@ -664,11 +846,12 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
-  const size_t smem = (size_t)(gqa * head_dim_k + gqa * kTile + 3 * gqa) * sizeof(float);
+  if (max_splits > 8192) fail("attention over {} splits per row is more than the GPU kernels take (8192)", max_splits);
+  const size_t smem = split_smem_bytes(gqa, head_dim_k, head_dim_v, vec_values_fit(head_dim_v));
   if (n_rows == 0) return false;
-  launch(pick_attention(kv.type_k, kv.type_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
+  launch(pick_attention(kv.type_k, kv.type_v, gqa, head_dim_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
          pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list);
-  launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), 0, stream, pdl_enabled(), step, n_head, head_dim_v,
+  launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
          max_splits, partial, out, out_act, row_list);
   return out_act.q != nullptr;
 }
