@@ -106,7 +106,9 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
 }
 
 // The batched-decode kernel (Q4_K, Q6_K; 9-64 rows) over several row tiles with a partial last one
-// and K split over CTAs.
+// and K split over CTAs; and the decode matvec (1-8 rows), whose warps take one, two or four weight
+// rows each, on rows long enough for several loop iterations with two super-blocks each, and row
+// counts that leave the last warp short.
 TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
   SKIP_WITHOUT_GPU();
   Rng rng(5);
@@ -115,6 +117,16 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
       const double e = gpu_matmul_nmse(type, 300, 2560, n, rng);
       EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n;
     }
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0})
+    for (int n : {1, 2, 5, 8}) {
+      const double e = gpu_matmul_nmse(type, 301, 5120, n, rng);
+      EXPECT_LT(e, 2e-4) << dtype_name(type) << " n=" << n;
+    }
+  // One token over rows of whole rounds of two super-blocks (Q8_0: blocks) per lane group.
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
+    const double e = gpu_matmul_nmse(type, 131, type == DType::Q8_0 ? 4096 : 6144, 1, rng);
+    EXPECT_LT(e, 2e-4) << dtype_name(type) << " whole rounds";
+  }
 }
 
 // The row-wise ops against the CPU's on random rows of odd sizes: RMSNorm, SwiGLU, bias, each with its

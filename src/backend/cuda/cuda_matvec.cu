@@ -1,8 +1,14 @@
 // Decode matrix-vector products (1-8 tokens), one launch per group of products sharing an input
-// (q/k/v, gate/up: fewer launches per layer). One warp per output row, streaming the row with 16-byte
-// loads; int8 activations and dp4a for Q4_K, Q5_K, Q6_K (planes) and Q8_0 (planes); float activations
-// for F16/BF16/F32; a generic dequantize-and-FMA kernel for the other types. Each output is reduced
-// by one warp in a fixed order, so results do not depend on the batch or on timing.
+// (q/k/v, gate/up: fewer launches per layer). Each warp streams its output rows with 16-byte loads.
+// Q4_K, Q6_K (planes) and Q8_0 (planes) use int8 activations and dp4a, with 1, 2 or 4 rows per warp
+// (row_shape): the activations, loaded once for the warp's rows, are larger than the 4.5-6.5-bit
+// weights, and the L1 rather than DRAM limits these kernels; Q5_K (int8) and F16/BF16/F32 (float
+// activations) one row per warp; a generic dequantize-and-FMA kernel for the other types. Each output
+// is reduced by one warp in a fixed order, so results do not depend on the batch, on the rows sharing
+// a warp, or on timing.
+#include <algorithm>
+#include <cstdlib>
+
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 
@@ -21,6 +27,27 @@ __device__ __forceinline__ int dot16(const int4 w, const int4 a, int acc) {
   return __dp4a(w.w, a.w, acc);
 }
 
+// Scale and min of sub-block j of a Q4_K/Q5_K super-block from its 12 packed scale bytes, held in
+// registers as three words (bytes 0-3, 4-7, 8-11): shifts instead of byte indexing, which with a
+// run-time j would put the header in local memory (and its traffic in the L1, this kernel's limit).
+__device__ __forceinline__ void k4_scale_min_words(int j, uint32_t lo, uint32_t mid, uint32_t hi, float& sc, float& m) {
+  if (j < 4) {
+    sc = (float)((lo >> (8 * j)) & 63);
+    m = (float)((mid >> (8 * j)) & 63);
+  } else {
+    const int k = 8 * (j - 4);
+    sc = (float)(((hi >> k) & 0xF) | (((lo >> k) >> 6 & 3) << 4));
+    m = (float)(((hi >> k) >> 4 & 0xF) | (((mid >> k) >> 6 & 3) << 4));
+  }
+}
+
+__device__ __forceinline__ void half2_floats(uint32_t bits, float& a, float& b) {
+  __half2 h;
+  memcpy(&h, &bits, 4);
+  a = __low2float(h);
+  b = __high2float(h);
+}
+
 template <int B>
 __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane) {
 #pragma unroll
@@ -33,55 +60,78 @@ __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int 
   }
 }
 
+// The R rows row0.. of a multi-row warp (those below n_rows).
+template <int B, int R>
+__device__ __forceinline__ void store_row_set(const float (&acc)[R][B], float* y, int ldy, int64_t row0, int64_t n_rows,
+                                              bool accumulate, int lane) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane);
+}
+
 // Q4_K (GGUF blocks of 144 B): 8 lanes per super-block; lane j reads 16 B of quants: chunk c = j/2,
 // half h = j%2 -> low nibbles are elements 16h..16h+15 of sub-block 2c, high nibbles of sub-block 2c+1.
-template <int B>
-__device__ __forceinline__ void q4_k_superblock(const int4 hdr_v, const int4 qv, int64_t i, int c, int h, const ActQ8& act,
-                                                int64_t cols, float (&acc)[B]) {
-  union {
-    int4 v;
-    uint8_t b[16];
-  } hdr;
-  hdr.v = hdr_v;
-  __half2 dm;
-  memcpy(&dm, hdr.b, 4);
-  const float d = __low2float(dm), dmin = __high2float(dm);
-  int sc0, m0, sc1, m1;
-  k4_scale_min(2 * c, hdr.b + 4, sc0, m0);
-  k4_scale_min(2 * c + 1, hdr.b + 4, sc1, m1);
-  const int4 lo = make_int4(qv.x & 0x0F0F0F0F, qv.y & 0x0F0F0F0F, qv.z & 0x0F0F0F0F, qv.w & 0x0F0F0F0F);
-  const int4 hi = make_int4((qv.x >> 4) & 0x0F0F0F0F, (qv.y >> 4) & 0x0F0F0F0F, (qv.z >> 4) & 0x0F0F0F0F,
-                            (qv.w >> 4) & 0x0F0F0F0F);
+// The activations of super-block i (and their scales) are loaded once for the R rows.
+template <int B, int R>
+__device__ __forceinline__ void q4_k_superblock(const int4 (&hdr_v)[R], const int4 (&qv)[R], int64_t i, int c, int h,
+                                                const ActQ8& act, int64_t cols, float (&acc)[R][B]) {
+  float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
+  int4 lo[R], hi[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int4 hdr = hdr_v[r];
+    half2_floats((uint32_t)hdr.x, d[r], dmin[r]);
+    k4_scale_min_words(2 * c, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc0[r], m0[r]);
+    k4_scale_min_words(2 * c + 1, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc1[r], m1[r]);
+    const int4 q = qv[r];
+    lo[r] = make_int4(q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F);
+    hi[r] = make_int4((q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F, (q.w >> 4) & 0x0F0F0F0F);
+  }
 #pragma unroll
   for (int t = 0; t < B; ++t) {
     const int8_t* a = act.q + (int64_t)t * cols + i * 256 + 64 * c + 16 * h;
-    const int dlo = dot16(lo, ld16(a), 0), dhi = dot16(hi, ld16(a + 32), 0);
+    const int4 a_lo = ld16(a), a_hi = ld16(a + 32);
     const int64_t s = (int64_t)t * (cols / 32) + 8 * i + 2 * c;
-    acc[t] += d * ((float)sc0 * act.d[s] * (float)dlo + (float)sc1 * act.d[s + 1] * (float)dhi);
-    if (h == 0) acc[t] -= dmin * ((float)m0 * act.s[s] + (float)m1 * act.s[s + 1]);
+    const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
+    float2 as = make_float2(0.0f, 0.0f);
+    if (h == 0) as = __ldg(reinterpret_cast<const float2*>(act.s + s));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int dlo = dot16(lo[r], a_lo, 0), dhi = dot16(hi[r], a_hi, 0);
+      acc[r][t] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
+      if (h == 0) acc[r][t] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+    }
   }
 }
 
-// Each lane group takes super-blocks i and i + 4 per iteration, both loads issued before either is used
-// (more bytes in flight per warp: the kernel is bound by memory latency otherwise).
-template <int B>
-__device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
+// Each lane group takes S super-blocks (i, i + 4, ..) of the R rows per iteration, all loads issued
+// before any is used (bytes in flight per warp: the kernel is bound by memory latency otherwise).
+template <int B, int R, int S>
+__device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
+                                            int64_t row0, int lane) {
   const int j = lane % 8, c = j / 2, h = j % 2;
   const int64_t n_sb = w.cols / 256;
-  const uint8_t* rowp = w.data + row * w.row_bytes;
-  float acc[B] = {};
-  for (int64_t i = lane / 8; i < n_sb; i += 8) {
-    const bool second = i + 4 < n_sb;
-    const int4 hdr0 = ld16(rowp + i * 144), q0 = ld16(rowp + i * 144 + 16 + 16 * j);
-    int4 hdr1 = make_int4(0, 0, 0, 0), q1 = hdr1;
-    if (second) {
-      hdr1 = ld16(rowp + (i + 4) * 144);
-      q1 = ld16(rowp + (i + 4) * 144 + 16 + 16 * j);
-    }
-    q4_k_superblock<B>(hdr0, q0, i, c, h, act, w.cols, acc);
-    if (second) q4_k_superblock<B>(hdr1, q1, i + 4, c, h, act, w.cols, acc);
+  const uint8_t* rowp[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
+  float acc[R][B] = {};
+  for (int64_t i = lane / 8; i < n_sb; i += 4 * S) {
+    int4 hdr[S][R], q[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        hdr[u][r] = q[u][r] = make_int4(0, 0, 0, 0);
+        if (u == 0 || i + 4 * u < n_sb) {
+          hdr[u][r] = ld16(rowp[r] + (i + 4 * u) * 144);
+          q[u][r] = ld16(rowp[r] + (i + 4 * u) * 144 + 16 + 16 * j);
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+      if (u == 0 || i + 4 * u < n_sb) q4_k_superblock<B, R>(hdr[u], q[u], i + 4 * u, c, h, act, w.cols, acc);
   }
-  store_rows<B>(acc, y, ldy, row, accumulate, lane);
+  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
 }
 
 // Q5_K (176 B): as Q4_K, plus the fifth bit of each quant from qh (bit 2c for low, 2c+1 for high nibbles).
@@ -93,19 +143,13 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
   float acc[B] = {};
   for (int64_t i = lane / 8; i < n_sb; i += 4) {
     const uint8_t* blk = rowp + i * 176;
-    union {
-      int4 v;
-      uint8_t b[16];
-    } hdr;
-    hdr.v = ld16(blk);
+    const int4 hdr = ld16(blk);
     const int4 qh = ld16(blk + 16 + 16 * h);
     const int4 qv = ld16(blk + 48 + 16 * j);
-    __half2 dm;
-    memcpy(&dm, hdr.b, 4);
-    const float d = __low2float(dm), dmin = __high2float(dm);
-    int sc0, m0, sc1, m1;
-    k4_scale_min(2 * c, hdr.b + 4, sc0, m0);
-    k4_scale_min(2 * c + 1, hdr.b + 4, sc1, m1);
+    float d, dmin, fsc0, fm0, fsc1, fm1;
+    half2_floats((uint32_t)hdr.x, d, dmin);
+    k4_scale_min_words(2 * c, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, fsc0, fm0);
+    k4_scale_min_words(2 * c + 1, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, fsc1, fm1);
     const int s0 = 2 * c, s1 = 2 * c + 1;
     const int4 lo = make_int4((qv.x & 0x0F0F0F0F) | (((qh.x >> s0) & 0x01010101) << 4),
                               (qv.y & 0x0F0F0F0F) | (((qh.y >> s0) & 0x01010101) << 4),
@@ -120,79 +164,132 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
       const int8_t* a = act.q + (int64_t)t * w.cols + i * 256 + 64 * c + 16 * h;
       const int dlo = dot16(lo, ld16(a), 0), dhi = dot16(hi, ld16(a + 32), 0);
       const int64_t s = (int64_t)t * (w.cols / 32) + 8 * i + 2 * c;
-      acc[t] += d * ((float)sc0 * act.d[s] * (float)dlo + (float)sc1 * act.d[s + 1] * (float)dhi);
-      if (h == 0) acc[t] -= dmin * ((float)m0 * act.s[s] + (float)m1 * act.s[s + 1]);
+      acc[t] += d * (fsc0 * act.d[s] * (float)dlo + fsc1 * act.d[s + 1] * (float)dhi);
+      if (h == 0) acc[t] -= dmin * (fm0 * act.s[s] + fm1 * act.s[s + 1]);
     }
   }
   store_rows<B>(acc, y, ldy, row, accumulate, lane);
 }
 
 // Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
-// 32j..32j+31 (sub-blocks 2j and 2j+1), giving signed 6-bit values (q - 32) for dp4a.
-template <int B>
-__device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
+// 32j..32j+31 (sub-blocks 2j and 2j+1), giving signed 6-bit values (q - 32) for dp4a. The activations
+// of each super-block are loaded once for the R rows.
+template <int B, int R, int S>
+__device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
+                                            int64_t row0, int lane) {
   const int j = lane % 8;
   const int64_t n_sb = w.cols / 256;
-  const uint8_t* lo_row = w.data + row * (w.cols / 2);
-  const uint8_t* hi_row = w.plane1 + row * (w.cols / 4);
-  const int8_t* sc_row = reinterpret_cast<const int8_t*>(w.plane2) + row * (w.cols / 16);
-  const __half* d_row = reinterpret_cast<const __half*>(w.plane3) + row * n_sb;
-  float acc[B] = {};
-  // One super-block's 32 elements for lane j (low nibbles lo, 2-bit highs hi).
-  auto superblock = [&](int64_t i, const int4 lo, const int2 hi) {
-    const float d = __half2float(d_row[i]);
-    const float sc0 = (float)sc_row[i * 16 + 2 * j], sc1 = (float)sc_row[i * 16 + 2 * j + 1];
-    const int l[4] = {lo.x, lo.y, lo.z, lo.w};
-    int4 w0, w1;
-    int* p0 = &w0.x;
-    int* p1 = &w1.x;
+  const uint8_t* lo_row[R];
+  const uint8_t* hi_row[R];
+  const int8_t* sc_row[R];
+  const __half* d_row[R];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      p0[k] = (int)__vsub4((unsigned)((l[k] & 0x0F0F0F0F) | (((hi.x >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
-      p1[k] = (int)__vsub4((unsigned)(((l[k] >> 4) & 0x0F0F0F0F) | (((hi.y >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, w.rows - 1);  // past the end: a repeat, not stored
+    lo_row[r] = w.data + row * (w.cols / 2);
+    hi_row[r] = w.plane1 + row * (w.cols / 4);
+    sc_row[r] = reinterpret_cast<const int8_t*>(w.plane2) + row * (w.cols / 16);
+    d_row[r] = reinterpret_cast<const __half*>(w.plane3) + row * n_sb;
+  }
+  float acc[R][B] = {};
+  // One super-block's 32 elements for lane j of each row (low nibbles lo, 2-bit highs hi).
+  auto superblock = [&](int64_t i, const int4 (&lo)[R], const int2 (&hi)[R]) {
+    float d[R], sc0[R], sc1[R];
+    int4 w0[R], w1[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      d[r] = __half2float(d_row[r][i]);
+      const short sc = __ldg(reinterpret_cast<const short*>(sc_row[r] + i * 16 + 2 * j));  // the lane's two int8 scales
+      sc0[r] = (float)(int8_t)(sc & 0xFF);
+      sc1[r] = (float)(int8_t)(sc >> 8);
+      const int l[4] = {lo[r].x, lo[r].y, lo[r].z, lo[r].w};
+      int* p0 = &w0[r].x;
+      int* p1 = &w1[r].x;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        p0[k] = (int)__vsub4((unsigned)((l[k] & 0x0F0F0F0F) | (((hi[r].x >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
+        p1[k] = (int)__vsub4((unsigned)(((l[k] >> 4) & 0x0F0F0F0F) | (((hi[r].y >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
+      }
     }
 #pragma unroll
     for (int t = 0; t < B; ++t) {
       const int8_t* a = act.q + (int64_t)t * w.cols + i * 256 + 32 * j;
-      const int d0 = dot16(w0, ld16(a), 0), d1 = dot16(w1, ld16(a + 16), 0);
-      acc[t] += d * act.d[(int64_t)t * (w.cols / 32) + 8 * i + j] * (sc0 * (float)d0 + sc1 * (float)d1);
+      const int4 a0 = ld16(a), a1 = ld16(a + 16);
+      const float ad = act.d[(int64_t)t * (w.cols / 32) + 8 * i + j];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int d0 = dot16(w0[r], a0, 0), d1 = dot16(w1[r], a1, 0);
+        acc[r][t] += d[r] * ad * (sc0[r] * (float)d0 + sc1[r] * (float)d1);
+      }
     }
   };
-  // Super-blocks i and i + 4 per iteration, both loaded before either is used.
-  for (int64_t i = lane / 8; i < n_sb; i += 8) {
-    const bool second = i + 4 < n_sb;
-    const int4 lo0 = ld16(lo_row + i * 128 + 16 * j);
-    const int2 hi0 = __ldg(reinterpret_cast<const int2*>(hi_row + i * 64 + 8 * j));
-    int4 lo1 = make_int4(0, 0, 0, 0);
-    int2 hi1 = make_int2(0, 0);
-    if (second) {
-      lo1 = ld16(lo_row + (i + 4) * 128 + 16 * j);
-      hi1 = __ldg(reinterpret_cast<const int2*>(hi_row + (i + 4) * 64 + 8 * j));
-    }
-    superblock(i, lo0, hi0);
-    if (second) superblock(i + 4, lo1, hi1);
+  // S super-blocks (i, i + 4, ..) per iteration, all loaded before any is used.
+  for (int64_t i = lane / 8; i < n_sb; i += 4 * S) {
+    int4 lo[S][R];
+    int2 hi[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        lo[u][r] = make_int4(0, 0, 0, 0);
+        hi[u][r] = make_int2(0, 0);
+        if (u == 0 || i + 4 * u < n_sb) {
+          lo[u][r] = ld16(lo_row[r] + (i + 4 * u) * 128 + 16 * j);
+          hi[u][r] = __ldg(reinterpret_cast<const int2*>(hi_row[r] + (i + 4 * u) * 64 + 8 * j));
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+      if (u == 0 || i + 4 * u < n_sb) superblock(i + 4 * u, lo[u], hi[u]);
   }
-  store_rows<B>(acc, y, ldy, row, accumulate, lane);
+  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
 }
 
-// Q8_0 planes: one lane per 32-element block.
-template <int B>
-__device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
+// Q8_0 planes: one lane per 32-element block of each of the R rows, S blocks (b, b + 32, ..) per iteration.
+template <int B, int R, int S>
+__device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
+                                            int64_t row0, int lane) {
   const int64_t n_blocks = w.cols / 32;
-  const int8_t* q_row = reinterpret_cast<const int8_t*>(w.data) + row * w.cols;
-  const __half* d_row = reinterpret_cast<const __half*>(w.plane1) + row * n_blocks;
-  float acc[B] = {};
-  for (int64_t b = lane; b < n_blocks; b += 32) {
-    const int4 q0 = ld16(q_row + b * 32), q1 = ld16(q_row + b * 32 + 16);
-    const float d = __half2float(d_row[b]);
+  const int8_t* q_row[R];
+  const __half* d_row[R];
 #pragma unroll
-    for (int t = 0; t < B; ++t) {
-      const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
-      const int dot = dot16(q1, ld16(a + 16), dot16(q0, ld16(a), 0));
-      acc[t] += d * act.d[(int64_t)t * n_blocks + b] * (float)dot;
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, w.rows - 1);  // past the end: a repeat, not stored
+    q_row[r] = reinterpret_cast<const int8_t*>(w.data) + row * w.cols;
+    d_row[r] = reinterpret_cast<const __half*>(w.plane1) + row * n_blocks;
+  }
+  float acc[R][B] = {};
+  for (int64_t b0 = lane; b0 < n_blocks; b0 += 32 * S) {
+    int4 q0[S][R], q1[S][R];
+    float d[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        q0[u][r] = q1[u][r] = make_int4(0, 0, 0, 0);
+        d[u][r] = 0.0f;
+        const int64_t b = b0 + 32 * u;
+        if (u == 0 || b < n_blocks) {
+          q0[u][r] = ld16(q_row[r] + b * 32);
+          q1[u][r] = ld16(q_row[r] + b * 32 + 16);
+          d[u][r] = __half2float(d_row[r][b]);
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int64_t b = b0 + 32 * u;
+      if (u > 0 && b >= n_blocks) break;
+#pragma unroll
+      for (int t = 0; t < B; ++t) {
+        const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
+        const int4 a0 = ld16(a), a1 = ld16(a + 16);
+        const float ad = act.d[(int64_t)t * n_blocks + b];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][t] += d[u][r] * ad * (float)dot16(q1[u][r], a1, dot16(q0[u][r], a0, 0));
+      }
     }
   }
-  store_rows<B>(acc, y, ldy, row, accumulate, lane);
+  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
 }
 
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
@@ -264,24 +361,60 @@ __device__ __forceinline__ void matvec_generic(const DeviceWeight& w, const floa
 }
 
 // The kernel behind every matvec launch: a group of products that share the input (q/k/v, gate/up),
-// all of one weight kind, their rows laid end to end over the grid (one warp per row).
+// all of one weight kind, their rows laid end to end over the grid (one warp per row_shape().rows rows).
 enum class Kind { Q4K, Q5K, Q6K, Q8_0, F16, BF16, F32, Generic };
+
+bool multi_row(Kind k) { return k == Kind::Q4K || k == Kind::Q6K || k == Kind::Q8_0; }
+// Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of the multi-row
+// kinds. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
+// would spill). One token: one row, with two super-blocks in flight per lane group where a row is one
+// or two whole rounds of eight (the four lane groups x 2; ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
+// else one. Measured on the H200 (tg128): qwen3-8b (rows of 16 and 48 super-blocks) R1/S1 everywhere
+// 299.5, S2 on the 16-super-block rows 304.7, also on the 48 309.1, R2/S2 297.1, R4/S1 235.0;
+// qwen3-32b (20, 32, 100) R1/S1 101.1, S2 on the 32-super-block rows 98.4, R2/S2 101.3, R4/S1 81.9.
+// ROOFLINE_MATVEC_ROWS1 (1, 2, 4) and ROOFLINE_MATVEC_SB1 (1, 2) override the one-token choice
+// (all read once).
+struct RowShape {
+  int rows = 1, sbs = 1;
+};
+RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
+  if (!multi_row(k)) return {};
+  if (n_tokens > 4) return {2, 1};
+  if (n_tokens > 1) return {4, k == Kind::Q8_0 ? 1 : 2};
+  static const RowShape forced = [] {
+    const char* r = std::getenv("ROOFLINE_MATVEC_ROWS1");
+    const char* sb = std::getenv("ROOFLINE_MATVEC_SB1");
+    RowShape shape{r ? std::atoi(r) : 0, sb ? std::atoi(sb) : 0};
+    if (shape.rows != 1 && shape.rows != 2 && shape.rows != 4) shape.rows = 0;
+    if (shape.sbs != 1 && shape.sbs != 2) shape.sbs = 0;
+    return shape;
+  }();
+  static const int64_t max_rounds = [] {
+    const char* env = std::getenv("ROOFLINE_MATVEC_SB2_ROUNDS");
+    return env ? std::max<int64_t>(0, std::atoll(env)) : 2;
+  }();
+  const int64_t per_round = k == Kind::Q8_0 ? 64 * 32 : 8 * 256;  // values a warp's lanes take in one round of S = 2
+  RowShape shape{1, cols % per_round == 0 && cols / per_round <= max_rounds ? 2 : 1};
+  if (forced.rows) shape.rows = forced.rows;
+  if (forced.sbs) shape.sbs = forced.sbs;
+  return shape;
+}
 
 struct MatvecGroup {
   static constexpr int kMax = 3;
   DeviceWeight w[kMax];
   float* y[kMax];
   int ldy[kMax];
-  int64_t first_row[kMax + 1];  // member m holds grid rows [first_row[m], first_row[m + 1])
+  int64_t first_unit[kMax + 1];  // member m holds the warps [first_unit[m], first_unit[m + 1]) of the grid
   int n = 0;
 };
 
-template <int B, Kind K>
+template <int B, Kind K, int R, int S>
 __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate) {
   const int lane = threadIdx.x % 32;
-  const int64_t grid_row = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
+  const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
   wait_for_previous_kernel();
-  if (grid_row >= g.first_row[g.n]) return;
+  if (unit >= g.first_unit[g.n]) return;
   // The member, picked with selects (a run-time index into the parameter arrays would copy them to
   // local memory).
   DeviceWeight w = g.w[0];
@@ -290,17 +423,17 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   int64_t first = 0;
 #pragma unroll
   for (int m = 1; m < MatvecGroup::kMax; ++m)
-    if (m < g.n && grid_row >= g.first_row[m]) {
+    if (m < g.n && unit >= g.first_unit[m]) {
       w = g.w[m];
       y = g.y[m];
       ldy = g.ldy[m];
-      first = g.first_row[m];
+      first = g.first_unit[m];
     }
-  const int64_t row = grid_row - first;
-  if constexpr (K == Kind::Q4K) matvec_q4_k<B>(w, act, y, ldy, accumulate, row, lane);
+  const int64_t row = (unit - first) * R;
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q6K) matvec_q6_k<B>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, accumulate, row, lane);
@@ -320,19 +453,42 @@ Kind kind_of(const DeviceWeight& w) {
   }
 }
 
+template <int B, Kind K>
+void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, const float* x, bool accumulate, cudaStream_t stream) {
+  const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
+  const bool pdl = pdl_enabled();
+  if constexpr (B == 1) {
+    const int key = shape.rows * 10 + shape.sbs;
+    switch (key) {
+      case 11: return launch(matvec_kernel<B, K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      case 12: return launch(matvec_kernel<B, K, 1, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      case 21: return launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      case 22: return launch(matvec_kernel<B, K, 2, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      case 41: return launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      default: return launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+    }
+  } else if constexpr (B > 4) {
+    launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+  } else if constexpr (K == Kind::Q8_0) {
+    launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+  } else {
+    launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+  }
+}
+
 template <int B>
-void launch_matvec(const MatvecGroup& g, Kind kind, const ActQ8& act, const float* x, bool accumulate, cudaStream_t stream) {
-  const dim3 grid((unsigned)((g.first_row[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
+void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8& act, const float* x, bool accumulate, cudaStream_t stream) {
+  const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
   const bool pdl = pdl_enabled();
   switch (kind) {
-    case Kind::Q4K: launch(matvec_kernel<B, Kind::Q4K>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::Q6K: launch(matvec_kernel<B, Kind::Q6K>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::Q8_0: launch(matvec_kernel<B, Kind::Q8_0>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::F16: launch(matvec_kernel<B, Kind::F16>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::BF16: launch(matvec_kernel<B, Kind::BF16>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::F32: launch(matvec_kernel<B, Kind::F32>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::Generic: launch(matvec_kernel<B, Kind::Generic>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Q4K: return launch_multi_row<B, Kind::Q4K>(g, shape, act, x, accumulate, stream);
+    case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, stream);
+    case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, stream);
+    case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::F16: launch(matvec_kernel<B, Kind::F16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::BF16: launch(matvec_kernel<B, Kind::BF16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::F32: launch(matvec_kernel<B, Kind::F32, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Generic: launch(matvec_kernel<B, Kind::Generic, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
   }
 }
 
@@ -351,24 +507,26 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   if (count < 1 || count > MatvecGroup::kMax) fail("internal error: a matvec group of {} products", count);
   MatvecGroup g;
   g.n = count;
-  g.first_row[0] = 0;
+  g.first_unit[0] = 0;
+  const Kind kind = kind_of(*ws[0]);
+  const RowShape shape = row_shape(kind, n_tokens, ws[0]->cols);
+  const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
     if (!matvec_can_group(*ws[0], *ws[m])) fail("internal error: grouped matvec over different weight kinds or widths");
     g.w[m] = *ws[m];
     g.y[m] = ys[m];
     g.ldy[m] = ldys[m];
-    g.first_row[m + 1] = g.first_row[m] + ws[m]->rows;
+    g.first_unit[m + 1] = g.first_unit[m] + (ws[m]->rows + rows_per_unit - 1) / rows_per_unit;
   }
-  const Kind kind = kind_of(*ws[0]);
   switch (n_tokens) {
-    case 1: launch_matvec<1>(g, kind, act, x, accumulate, stream); break;
-    case 2: launch_matvec<2>(g, kind, act, x, accumulate, stream); break;
-    case 3: launch_matvec<3>(g, kind, act, x, accumulate, stream); break;
-    case 4: launch_matvec<4>(g, kind, act, x, accumulate, stream); break;
-    case 5: launch_matvec<5>(g, kind, act, x, accumulate, stream); break;
-    case 6: launch_matvec<6>(g, kind, act, x, accumulate, stream); break;
-    case 7: launch_matvec<7>(g, kind, act, x, accumulate, stream); break;
-    case 8: launch_matvec<8>(g, kind, act, x, accumulate, stream); break;
+    case 1: launch_matvec<1>(g, kind, shape, act, x, accumulate, stream); break;
+    case 2: launch_matvec<2>(g, kind, shape, act, x, accumulate, stream); break;
+    case 3: launch_matvec<3>(g, kind, shape, act, x, accumulate, stream); break;
+    case 4: launch_matvec<4>(g, kind, shape, act, x, accumulate, stream); break;
+    case 5: launch_matvec<5>(g, kind, shape, act, x, accumulate, stream); break;
+    case 6: launch_matvec<6>(g, kind, shape, act, x, accumulate, stream); break;
+    case 7: launch_matvec<7>(g, kind, shape, act, x, accumulate, stream); break;
+    case 8: launch_matvec<8>(g, kind, shape, act, x, accumulate, stream); break;
     default: fail("internal error: matvec of {} tokens (at most 8)", n_tokens);
   }
 }
