@@ -330,6 +330,45 @@ size_t split_smem_bytes(int gqa, int hd_k, int hd_v, bool vec) {
   return (size_t)(split_state_floats(gqa) + (tiles > sums ? tiles : sums)) * sizeof(float);
 }
 
+// What one split CTA (blockIdx: row or row_list entry, KV head, split) works on: false when the row is
+// past the step's real rows or the split past the row's keys.
+struct SplitWork {
+  int r, kvh, split, k_begin, k_end;
+};
+__device__ __forceinline__ bool split_work(const DeviceStep& step, const int* row_list, SplitWork& w) {
+  w.r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x;
+  w.kvh = blockIdx.y;
+  w.split = blockIdx.z;
+  if (w.r >= step.header[0]) return false;
+  const int n_keys = step.positions[w.r] + 1;
+  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
+  w.k_begin = w.split * split_len;
+  if (w.k_begin >= n_keys) return false;
+  w.k_end = min(n_keys, w.k_begin + split_len);
+  return true;
+}
+
+// The split kernels' shared memory (split_smem_bytes): the online-softmax state reset, and the group's
+// queries loaded pre-scaled. The caller synchronizes before reading it.
+struct SplitSmem {
+  float *m, *l, *a, *q, *p;  // running max, sum, rescale factors [gqa]; queries [gqa x hd_k]; scores [gqa x kTile]
+};
+__device__ __forceinline__ SplitSmem split_smem_init(float* smem, const float* q, int r, int kvh, int n_head, int gqa, int hd_k,
+                                                     float scale) {
+  SplitSmem sm;
+  sm.m = smem;
+  sm.l = sm.m + gqa;
+  sm.a = sm.l + gqa;
+  sm.q = smem + split_state_floats(gqa);
+  sm.p = sm.q + gqa * hd_k;
+  for (int i = threadIdx.x; i < gqa * hd_k; i += kThreads) sm.q[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
+  for (int g = threadIdx.x; g < gqa; g += kThreads) {
+    sm.m[g] = -INFINITY;
+    sm.l[g] = 0.0f;
+  }
+  return sm;
+}
+
 // Split-KV attention for one (row, KV head, span of keys), any head size: scores by score_tile, values
 // one output dimension per thread (two when head_dim_v > 128), each V element loaded once for every
 // query head of the group. The fallback of attention_split_vec_kernel (head sizes it does not take).
@@ -340,25 +379,13 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   wait_for_previous_kernel();
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
-  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  if (r >= step.header[0]) return;
-  const int n_keys = step.positions[r] + 1;
-  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
-  const int k_begin = split * split_len;
-  if (k_begin >= n_keys) return;
-  const int k_end = min(n_keys, k_begin + split_len);
+  SplitWork work;
+  if (!split_work(step, row_list, work)) return;
+  const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
-  float* m_s = smem;                               // [gqa]
-  float* l_s = m_s + gqa;                          // [gqa]
-  float* a_s = l_s + gqa;                          // [gqa] rescale factors
-  float* q_s = smem + split_state_floats(gqa);     // [gqa x hd_k]
-  float* p_s = q_s + gqa * hd_k;                   // [gqa x kTile]
+  const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
+  float *m_s = sm.m, *l_s = sm.l, *a_s = sm.a, *q_s = sm.q, *p_s = sm.p;
   const int tid = threadIdx.x;
-  for (int i = tid; i < gqa * hd_k; i += kThreads) q_s[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
-  for (int g = tid; g < gqa; g += kThreads) {
-    m_s[g] = -INFINITY;
-    l_s[g] = 0.0f;
-  }
   // Accumulators acc[dd][g]: output dimension tid + dd * kThreads of query head g of the group. Every
   // index is a compile-time constant (unrolled loops, predicated on the real sizes), so they stay in
   // registers.
@@ -439,25 +466,13 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
   wait_for_previous_kernel();
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
-  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
-  if (r >= step.header[0]) return;
-  const int n_keys = step.positions[r] + 1;
-  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
-  const int k_begin = split * split_len;
-  if (k_begin >= n_keys) return;
-  const int k_end = min(n_keys, k_begin + split_len);
+  SplitWork work;
+  if (!split_work(step, row_list, work)) return;
+  const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
-  float* m_s = smem;
-  float* l_s = m_s + gqa;
-  float* a_s = l_s + gqa;
-  float* q_s = smem + split_state_floats(gqa);
-  float* p_s = q_s + gqa * hd_k;
+  const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
+  float *m_s = sm.m, *l_s = sm.l, *a_s = sm.a, *q_s = sm.q, *p_s = sm.p;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  for (int i = tid; i < gqa * hd_k; i += kThreads) q_s[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
-  for (int g = tid; g < gqa; g += kThreads) {
-    m_s[g] = -INFINITY;
-    l_s[g] = 0.0f;
-  }
   const int cols = hd_v / 8;                            // threads per value row
   const int chunk = tid % cols, key_lane = tid / cols;  // dims 8*chunk.., keys key_lane + k*lanes
   const int lanes = kThreads / cols;
