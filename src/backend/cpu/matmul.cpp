@@ -1,4 +1,4 @@
-// CPU matrix products: work split over output rows in fixed chunks; each thread streams its
+// CPU matrix products: work split over output rows in chunks (long ones for decode); each thread streams its
 // weight rows once and applies each to every activation row of the batch.
 #include "backend/cpu/matmul.h"
 
@@ -26,11 +26,16 @@ void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool) {
   const int n_act = act.n_rows();
   const uint8_t* wdata = w.data();
   if (!wdata) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
-  constexpr int64_t kRowChunk = 16;  // output rows per task
-  constexpr int kActTile = 16;       // activation rows per tile call (kept cache-resident)
-  const size_t n_chunks = (size_t)((n_out + kRowChunk - 1) / kRowChunk);
+  // Output rows per task. Decode (a few activation rows): large chunks, so each thread streams long
+  // runs of consecutive weight rows (the hardware prefetchers lose their stream at every jump to the
+  // next chunk; 256 rather than 16 rows gave qwen3-1.7b Q4_K_M tg32 ~10.5 -> ~12.0 tok/s on the 2-core
+  // machine), but at least 8 tasks per thread for balance. Prefill: 16 rows, whose weights stay in
+  // the L2 while every activation tile passes over them.
+  const int64_t rows_per_task = n_act <= 4 ? std::clamp<int64_t>(n_out / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : 16;
+  constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
+  const size_t n_chunks = (size_t)((n_out + rows_per_task - 1) / rows_per_task);
   pool.parallel_for(n_chunks, [&](size_t c) {
-    const int64_t r0 = (int64_t)c * kRowChunk, r1 = std::min(n_out, r0 + kRowChunk);
+    const int64_t r0 = (int64_t)c * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
     for (int t0 = 0; t0 < n_act; t0 += kActTile) {
       const int n_a = std::min(kActTile, n_act - t0);
       tile(wdata + (size_t)r0 * w_row_bytes, w_row_bytes, (int)(r1 - r0), act.row(t0), act.row_stride(), n_a, n_in,
