@@ -142,6 +142,20 @@ void CpuBackend::forward(int layer_begin, int layer_end) {
   for (int il = layer_begin; il < layer_end; ++il) forward_layer(il);
 }
 
+// Products of one input x (n rows of n_cols): the activations converted once per format, and the
+// products that read the same format run in one dispatch (matmul_multi), in the order given.
+void CpuBackend::products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols) {
+  const MatmulOut* begin = outs.begin();
+  while (begin != outs.end()) {
+    const ActFormat format = act_format_for(begin->w->type());
+    const MatmulOut* end = begin + 1;
+    while (end != outs.end() && act_format_for(end->w->type()) == format) ++end;
+    if (act_.format() != format || begin == outs.begin()) act_.prepare(format, x, n, n_cols, pool_);
+    matmul_multi(std::span<const MatmulOut>(begin, end), act_, pool_);
+    begin = end;
+  }
+}
+
 void CpuBackend::forward_layer(int il) {
   const HParams& hp = model_->hparams();
   const LayerWeights& L = model_->layer(il);
@@ -156,12 +170,7 @@ void CpuBackend::forward_layer(int il) {
   observe(L.wq, xn_.data(), n);
   observe(L.wk, xn_.data(), n);
   observe(L.wv, xn_.data(), n);
-  act_.prepare(act_format_for(L.wq.type()), xn_.data(), n, n_embd, pool_);
-  matmul(L.wq, act_, q_.data(), pool_);
-  if (act_format_for(L.wk.type()) != act_.format()) act_.prepare(act_format_for(L.wk.type()), xn_.data(), n, n_embd, pool_);
-  matmul(L.wk, act_, k_.data(), pool_);
-  if (act_format_for(L.wv.type()) != act_.format()) act_.prepare(act_format_for(L.wv.type()), xn_.data(), n, n_embd, pool_);
-  matmul(L.wv, act_, v_.data(), pool_);
+  products_of_one_input({{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, xn_.data(), n, n_embd);
   add_bias(q_.data(), d.bq, n);
   add_bias(k_.data(), d.bk, n);
   add_bias(v_.data(), d.bv, n);
@@ -192,11 +201,7 @@ void CpuBackend::forward_layer(int il) {
   });
   observe(L.ffn_gate, xn_.data(), n);
   observe(L.ffn_up, xn_.data(), n);
-  act_.prepare(act_format_for(L.ffn_gate.type()), xn_.data(), n, n_embd, pool_);
-  matmul(L.ffn_gate, act_, gate_.data(), pool_);
-  if (act_format_for(L.ffn_up.type()) != act_.format())
-    act_.prepare(act_format_for(L.ffn_up.type()), xn_.data(), n, n_embd, pool_);
-  matmul(L.ffn_up, act_, up_.data(), pool_);
+  products_of_one_input({{&L.ffn_gate, gate_.data()}, {&L.ffn_up, up_.data()}}, xn_.data(), n, n_embd);
   for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
   observe(L.ffn_down, gate_.data(), n);
   matmul(L.ffn_down, gate_.data(), n, xn_.data(), pool_);

@@ -2,6 +2,7 @@
 // layers' KV blocks in host memory, and runs layers with multithreaded kernels (matmul.h, cpu_ops.h).
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -39,6 +40,7 @@ class CpuBackend final : public Backend {
     std::vector<uint8_t> k_cache, v_cache;
   };
   void forward_layer(int il);
+  void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
     if (observer_) observer_(*w.tensor, x, n_rows, w.cols());
   }

@@ -1,5 +1,6 @@
-// CPU matrix products: work split over output rows in chunks (long ones for decode); each thread streams its
-// weight rows once and applies each to every activation row of the batch.
+// CPU matrix products: work split over output rows in chunks (long ones for decode), several products
+// of one input in one dispatch; each thread streams its weight rows once and applies each to every
+// activation row of the batch.
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
@@ -18,30 +19,46 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
   });
 }
 
-void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool) {
-  ROOFLINE_CHECK(act.format() == act_format_for(w.type()));
-  const int64_t n_out = w.rows(), n_in = w.cols();
-  const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
-  const VecDotTileFn tile = vec_dot_tile_fn(w.type());
+void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool) {
+  constexpr int kMaxOuts = 4;
+  ROOFLINE_CHECK(!outs.empty() && outs.size() <= kMaxOuts);
   const int n_act = act.n_rows();
-  const uint8_t* wdata = w.data();
-  if (!wdata) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
+  int64_t total_rows = 0;
+  for (const MatmulOut& o : outs) {
+    ROOFLINE_CHECK(act.format() == act_format_for(o.w->type()));
+    if (!o.w->data()) fail("tensor {} has no data (a layout-only model cannot run)", o.w->tensor->name);
+    total_rows += o.w->rows();
+  }
   // Output rows per task. Decode (a few activation rows): large chunks, so each thread streams long
   // runs of consecutive weight rows (the hardware prefetchers lose their stream at every jump to the
   // next chunk; 256 rather than 16 rows gave qwen3-1.7b Q4_K_M tg32 ~10.5 -> ~12.0 tok/s on the 2-core
   // machine), but at least 8 tasks per thread for balance. Prefill: 16 rows, whose weights stay in
   // the L2 while every activation tile passes over them.
-  const int64_t rows_per_task = n_act <= 4 ? std::clamp<int64_t>(n_out / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : 16;
+  const int64_t rows_per_task =
+      n_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : 16;
   constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
-  const size_t n_chunks = (size_t)((n_out + rows_per_task - 1) / rows_per_task);
-  pool.parallel_for(n_chunks, [&](size_t c) {
-    const int64_t r0 = (int64_t)c * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
+  size_t first_task[kMaxOuts + 1] = {0};  // product m owns tasks [first_task[m], first_task[m + 1])
+  for (size_t m = 0; m < outs.size(); ++m)
+    first_task[m + 1] = first_task[m] + (size_t)((outs[m].w->rows() + rows_per_task - 1) / rows_per_task);
+  pool.parallel_for(first_task[outs.size()], [&](size_t task) {
+    size_t m = 0;
+    while (task >= first_task[m + 1]) ++m;
+    const Weight& w = *outs[m].w;
+    const int64_t n_out = w.rows(), n_in = w.cols();
+    const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
+    const int64_t r0 = (int64_t)(task - first_task[m]) * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
+    const VecDotTileFn tile = vec_dot_tile_fn(w.type());
     for (int t0 = 0; t0 < n_act; t0 += kActTile) {
       const int n_a = std::min(kActTile, n_act - t0);
-      tile(wdata + (size_t)r0 * w_row_bytes, w_row_bytes, (int)(r1 - r0), act.row(t0), act.row_stride(), n_a, n_in,
-           y + (size_t)t0 * n_out + r0, (size_t)n_out);
+      tile(w.data() + (size_t)r0 * w_row_bytes, w_row_bytes, (int)(r1 - r0), act.row(t0), act.row_stride(), n_a, n_in,
+           outs[m].y + (size_t)t0 * n_out + r0, (size_t)n_out);
     }
   });
+}
+
+void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool) {
+  const MatmulOut out{&w, y};
+  matmul_multi(std::span<const MatmulOut>(&out, 1), act, pool);
 }
 
 void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/vec_dot.h"
@@ -31,6 +32,14 @@ class ActRows {
 
 // y: [n_rows x w.rows()], rows of the activations in `act` (prepared for act_format_for(w.type())).
 void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool);
+// Several products of the same activations (Q, K and V; gate and up) in one dispatch over the pool,
+// their output rows split into tasks together: one wait instead of one per product. Every weight's
+// act_format_for must be act.format().
+struct MatmulOut {
+  const Weight* w;
+  float* y;  // [n_rows x w->rows()]
+};
+void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool);
 // Convenience: converts x and multiplies.
 void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool);
 
