@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <nlohmann/json.hpp>
 
 #include "backend/gpu.h"
@@ -129,9 +130,9 @@ std::string converted(const std::string& src, const std::string& outtype, const 
   return cache[key] = out;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& path, int n_gpu_layers = 0) {
+std::unique_ptr<Engine> make_engine(const std::string& path, int n_gpu_layers = 0, DType kv_type = DType::F32) {
   EngineOptions o;
-  o.type_k = o.type_v = DType::F32;
+  o.type_k = o.type_v = kv_type;
   o.n_threads = 2;
   o.n_ctx = 256;
   o.n_gpu_layers = n_gpu_layers;
@@ -383,5 +384,39 @@ TEST(FixturesTest, GpuMatchesCpuOnEveryFixture) {
     const std::string dir = shared + "/testdata/models/stories260K";
     check(load_fixture(fixtures_dir() + "/stories260K"), converted(dir + "/stories260K.bin", "f32", dir + "/tok512.bin"),
           "f32", "stories260K f32");
+  }
+}
+
+// Every KV cache type on the GPU against the CPU engine with the same type, on the fixture whose heads
+// have 64 dimensions (qwen3_kq_f16, f32 file: only the cache and the GPU's f16 activations differ).
+// The first half of each sequence is prefilled, the rest decoded a token at a time, so both the prompt
+// and the decode attention read the cache. Skipped without a GPU.
+TEST(FixturesTest, GpuEveryKvTypeOnTheHead64Fixture) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine";
+  const Fixture fx = load_fixture(fixtures_dir() + "/hf/qwen3_kq_f16");
+  const std::string path = converted(fx.dir, "f32");
+  auto logits = [&](Engine& engine) {
+    std::vector<float> all;
+    for (const auto& seq_json : fx.expected["sequences"]) {
+      const auto tokens = seq_json.get<std::vector<int32_t>>();
+      const int seq = engine.kv_cache().create_sequence();
+      const size_t half = tokens.size() / 2;
+      auto got = engine.eval(seq, std::span<const int32_t>(tokens.data(), half), true);
+      for (size_t i = half; i < tokens.size(); ++i) {
+        const auto l = engine.eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
+        got.insert(got.end(), l.begin(), l.end());
+      }
+      engine.kv_cache().free_sequence(seq);
+      all.insert(all.end(), got.begin(), got.end());
+    }
+    return all;
+  };
+  for (DType kv : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    auto cpu = make_engine(path, 0, kv), gpu = make_engine(path, EngineOptions::kGpuLayersAll, kv);
+    ASSERT_EQ(cpu->model().hparams().head_dim_k, 64);
+    const Errors e = compare(logits(*gpu), logits(*cpu), fx.n_vocab);
+    std::printf("[fixture, GPU] qwen3_kq_f16 f32 KV %-5s GPU-vs-CPU NMSE %.2e\n", dtype_name(kv).c_str(), e.worst_nmse);
+    const double bound = kv == DType::Q4_0 ? 1e-2 : kv == DType::Q8_0 ? 1e-3 : 1e-4;
+    EXPECT_LE(e.worst_nmse, bound) << dtype_name(kv);
   }
 }
