@@ -410,5 +410,35 @@ std::string type_param_name(const ::testing::TestParamInfo<DType>& info) { retur
 
 INSTANTIATE_TEST_SUITE_P(VecDot, VecDotType, ::testing::ValuesIn(kTypes), type_param_name);
 
+// The KV row conversion (F16C where the CPU has it) gives the reference codec's exact floats for every
+// f16 bit pattern but NaNs (all 65536, so denormals, infinities and both zeros), at row lengths that
+// leave every tail size of the 8-wide loop.
+TEST(KvRowToF32, F16IsBitIdenticalToTheReferenceCodec) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = (uint16_t)i;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{64}, int64_t{65535}, int64_t{65536}}) {
+    std::vector<float> fast((size_t)n), ref((size_t)n);
+    kv_row_to_f32(DType::F16, all.data() + (65536 - n), fast.data(), n);
+    dequantize_row_ref(DType::F16, all.data() + (65536 - n), ref.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(ref[(size_t)i])) {
+        EXPECT_TRUE(std::isnan(fast[(size_t)i])) << "n=" << n << " i=" << i;
+        continue;
+      }
+      ASSERT_EQ(0, std::memcmp(&fast[(size_t)i], &ref[(size_t)i], sizeof(float)))
+          << "n=" << n << " bits 0x" << std::hex << all[(size_t)(65536 - n + i)];
+    }
+  }
+  // Other types go through the reference codec.
+  std::vector<float> x(64), back(64), ref(64);
+  Rng rng(7);
+  for (float& v : x) v = (float)rng.normal();
+  std::vector<uint8_t> q(dtype_row_bytes(DType::Q8_0, 64));
+  quantize_row_ref(DType::Q8_0, x.data(), q.data(), 64);
+  kv_row_to_f32(DType::Q8_0, q.data(), back.data(), 64);
+  dequantize_row_ref(DType::Q8_0, q.data(), ref.data(), 64);
+  EXPECT_EQ(0, std::memcmp(back.data(), ref.data(), 64 * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace roofline::cpu

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "backend/cpu/vec_dot.h"
 #include "core/error.h"
 #include "formats/quant_ref.h"
 
@@ -88,7 +89,7 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
     const float* qh = q + (size_t)r * n_head * head_dim_k + (size_t)kvh * n_gqa * head_dim_k;
     for (int j = 0; j < n_keys; ++j) {
       const size_t slot = (size_t)s.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
-      dequantize_row_ref(kv.type_k, kv.k + slot * kv.k_row_bytes + kvh * k_head_bytes, kbuf.data(), head_dim_k);
+      kv_row_to_f32(kv.type_k, kv.k + slot * kv.k_row_bytes + kvh * k_head_bytes, kbuf.data(), head_dim_k);
       for (int g = 0; g < n_gqa; ++g) {
         const float* qv = qh + (size_t)g * head_dim_k;
         float dot = 0;
@@ -113,7 +114,7 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
       for (int d = 0; d < head_dim_v; ++d) oh[(size_t)g * head_dim_v + d] = 0.0f;
     for (int j = 0; j < n_keys; ++j) {
       const size_t slot = (size_t)s.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
-      dequantize_row_ref(kv.type_v, kv.v + slot * kv.v_row_bytes + kvh * v_head_bytes, vbuf.data(), head_dim_v);
+      kv_row_to_f32(kv.type_v, kv.v + slot * kv.v_row_bytes + kvh * v_head_bytes, vbuf.data(), head_dim_v);
       for (int g = 0; g < n_gqa; ++g) {
         const float p = scores[(size_t)g * n_keys + j];
         float* o = oh + (size_t)g * head_dim_v;

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/quant_blocks.h"
+#include "formats/quant_ref.h"
 
 namespace roofline::cpu {
 
@@ -165,5 +166,11 @@ VecDotTileFn vec_dot_tile_fn(DType t) {
 }
 
 const char* cpu_simd_name() { return detail::avx2_supported() ? "AVX2" : "scalar"; }
+
+void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n) {
+  if (type == DType::F16 && detail::avx2_supported())
+    return detail::f16_row_to_f32_avx2(static_cast<const uint16_t*>(src), dst, n);
+  dequantize_row_ref(type, src, dst, n);
+}
 
 }  // namespace roofline::cpu

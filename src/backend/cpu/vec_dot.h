@@ -49,6 +49,11 @@ VecDotFn vec_dot_fn(DType weight_type);
 VecDotFn vec_dot_scalar_fn(DType weight_type);
 const char* cpu_simd_name();  // "AVX2" or "scalar"
 
+// n values of a KV cache row (or any tensor row of that type) as floats: F16 with the CPU's F16C
+// conversion where present (exact, so the same bits as the reference codec), every other type
+// through the reference codec (formats/quant_ref.h).
+void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n);
+
 // A tile of dots for prefill: y[c * ldy + r] = dot(weight row r, activation row c) for r < n_w,
 // c < n_a. Weight row r starts at w + r * w_stride bytes, activation row c at a + c * a_stride.
 // The SIMD tile decodes each weight block once and multiplies it with up to 4 activation rows, but
@@ -70,6 +75,7 @@ VecDotFn avx2_dot(DType t);
 VecDotTileFn avx2_tile(DType t);
 void quantize_act_row_scalar(ActFormat format, const float* x, void* dst, int64_t n);
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n);
+void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n);
 }  // namespace detail
 
 }  // namespace roofline::cpu

@@ -655,6 +655,12 @@ inline void sum16x2(__m256i p8, int* s0, int* s1) {
 
 }  // namespace
 
+void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(load128(src + i)));
+  for (; i < n; ++i) dst[i] = f16(src[i]);
+}
+
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n) {
   switch (format) {
     case ActFormat::F32: std::memcpy(dst, x, (size_t)n * sizeof(float)); return;
@@ -704,6 +710,8 @@ void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t 
 
 #else  // no AVX2 in this build: the dispatcher always takes the scalar kernels
 
+#include "formats/quant_ref.h"
+
 namespace roofline::cpu::detail {
 bool avx2_supported() { return false; }
 VecDotFn avx2_dot(DType) { return nullptr; }
@@ -711,6 +719,7 @@ VecDotTileFn avx2_tile(DType) { return nullptr; }
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n) {
   quantize_act_row_scalar(format, x, dst, n);
 }
+void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) { dequantize_row_ref(DType::F16, src, dst, n); }
 }  // namespace roofline::cpu::detail
 
 #endif
