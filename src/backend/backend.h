@@ -1,6 +1,7 @@
 // The backend interface: a backend holds some of a model's layers (and optionally the token
 // embedding and the output unit), owns its weights in whatever layout its kernels read best, owns
-// the KV blocks of its layers, and runs whole layer ranges of a step. The engine moves the hidden
+// the per-sequence memory of its layers (KV blocks of attention layers, recurrent-state cells of
+// DeltaNet layers), and runs whole layer ranges of a step. The engine moves the hidden
 // state between backends once per placement boundary, as host floats [n_tokens x n_embd].
 #pragma once
 
@@ -32,8 +33,13 @@ class Backend {
   virtual uint64_t weight_bytes(const Model& model, const LayerSet& layers) const = 0;
   virtual uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const = 0;
 
+  // Bytes of one sequence's recurrent state across these layers (0 when none is a DeltaNet layer).
+  virtual uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const = 0;
+
   virtual void load(std::shared_ptr<const Model> model, const LayerSet& layers) = 0;
   virtual void init_kv(const KvConfig& kv) = 0;
+  // Recurrent-state cells for the DeltaNet layers it holds (a no-op without such layers).
+  virtual void init_state(int n_cells) = 0;
 
   // One step: begin_step, then embed or set_hidden, forward over layer ranges, then get_hidden or output.
   virtual void begin_step(const StepDesc& step) = 0;
@@ -62,6 +68,9 @@ class Backend {
 
   // Copies one KV block (every layer this backend holds) to another, for forking a sequence.
   virtual void copy_kv_block(int src, int dst) = 0;
+  // Copies one recurrent-state cell (every DeltaNet layer it holds) to another: forks and snapshots.
+  // Ordered after the steps already launched, before later ones.
+  virtual void copy_state(int src, int dst) = 0;
 };
 
 }  // namespace roofline

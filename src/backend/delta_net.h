@@ -19,23 +19,11 @@
 #include <cstdint>
 #include <span>
 
+#include "model/hparams.h"
+
 namespace roofline {
 
-struct DeltaNetDims {
-  int n_k_heads = 0;    // ssm.group_count
-  int n_v_heads = 0;    // ssm.time_step_rank
-  int head_k = 0;       // ssm.state_size (dk)
-  int head_v = 0;       // ssm.inner_size / n_v_heads (dv)
-  int conv_kernel = 0;  // ssm.conv_kernel (K)
-
-  int key_dim() const { return n_k_heads * head_k; }
-  int value_dim() const { return n_v_heads * head_v; }
-  int conv_dim() const { return 2 * key_dim() + value_dim(); }
-  // A sequence's state in one layer, f32: the conv window, then the recurrent matrices.
-  size_t conv_state_floats() const { return (size_t)(conv_kernel - 1) * conv_dim(); }
-  size_t ssm_state_floats() const { return (size_t)n_v_heads * head_v * head_k; }
-  size_t state_floats() const { return conv_state_floats() + ssm_state_floats(); }
-};
+// DeltaNetDims (model/hparams.h): head counts and sizes, conv kernel, and the state size per layer.
 
 // State layout of one sequence in one layer (state_floats() floats):
 //   conv window [(K-1) x conv_dim]: the raw (pre-conv) qkv rows of the last K-1 tokens, oldest first

@@ -16,6 +16,9 @@ struct StepSequence {
   int32_t n_new = 0;        // tokens of this sequence in the step
   int32_t first_token = 0;  // index of its first token in the step
   std::vector<int32_t> block_table;  // KV blocks holding positions [0, n_past + n_new), in order
+  // The recurrent-state cell of the sequence (models with DeltaNet layers; -1 otherwise): read at the
+  // start of the step unless n_past == 0 (a new sequence starts from zero), written at its end.
+  int32_t state_cell = -1;
 };
 
 struct StepDesc {

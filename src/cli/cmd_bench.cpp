@@ -207,7 +207,7 @@ int run(int argc, char** argv) {
                 };
                 // One timed run: prefill `depth` (untimed), then n_prompt tokens or n_gen single steps.
                 auto run_once = [&](int depth, int n_prompt, int n_gen) {
-                  auto& kv = engine->kv_cache();
+                  auto& kv = engine->memory();
                   const int seq = kv.create_sequence();
                   if (depth > 0) feed(seq, random_tokens(depth));
                   const auto prompt = random_tokens(n_prompt), gen = random_tokens(n_gen);
@@ -221,7 +221,7 @@ int run(int argc, char** argv) {
                 };
                 // n_par sequences: prefill all (timed), then n_gen steps of n_par tokens (timed).
                 auto run_parallel = [&](int n_par, int n_prompt, int n_gen) {
-                  auto& kv = engine->kv_cache();
+                  auto& kv = engine->memory();
                   std::vector<int> seqs;
                   for (int i = 0; i < n_par; ++i) seqs.push_back(kv.create_sequence());
                   const auto t0 = std::chrono::steady_clock::now();

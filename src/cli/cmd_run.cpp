@@ -74,7 +74,7 @@ int run(int argc, char** argv) {
   if (tokens.empty()) fail("the prompt is empty after tokenization");
   const int n_ctx = engine->options().n_ctx;
   if ((int)tokens.size() >= n_ctx) fail("the prompt has {} tokens, the context only {}", tokens.size(), n_ctx);
-  const int seq = engine->kv_cache().create_sequence();
+  const int seq = engine->memory().create_sequence();
   Sampler sampler(sp, engine->n_vocab());
 
   const auto t0 = std::chrono::steady_clock::now();

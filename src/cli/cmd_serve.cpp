@@ -250,7 +250,7 @@ int run(int argc, char** argv) {
   scheduler.start();
   server.set_ready(mc.get(), &scheduler, &metrics);
   log_info("ready: model {}, {} slots, context {} tokens shared by all slots (KV blocks of {}), queue {}, batch {}", mc->model_id,
-           n_parallel, mc->n_ctx, engine->kv_cache().block_size(), queue_size, engine->options().n_batch);
+           n_parallel, mc->n_ctx, engine->memory().block_size(), queue_size, engine->options().n_batch);
 
   wait_signal(-1);
   log_info("shutting down: no new requests; waiting up to {} s for {} running ones", shutdown_grace,

@@ -156,7 +156,7 @@ std::vector<Expected> expected_tensors(const Hparams& hp, const ArchInfo& arch, 
     e.push_back({p + "self_attn.v_proj.weight", {kv, H}, b + "attn_v.weight"});
     if (with_biases) e.push_back({p + "self_attn.v_proj.bias", {kv}, b + "attn_v.bias"});
     e.push_back({p + "self_attn.o_proj.weight", {H, q}, b + "attn_output.weight"});
-    if (arch.qk_norm) {
+    if (arch.has(LayerTensor::AttnQNorm)) {
       e.push_back({p + "self_attn.q_norm.weight", {hp.head_dim}, b + "attn_q_norm.weight"});
       e.push_back({p + "self_attn.k_norm.weight", {hp.head_dim}, b + "attn_k_norm.weight"});
     }
@@ -205,7 +205,7 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   const safetensors::SafetensorsModel st = safetensors::SafetensorsModel::open_folder(options.source);
 
   // Biases on q/k/v: qwen2 always; llama when attention_bias (or when the files carry them).
-  bool with_biases = arch.qkv_bias_allowed && (hp.arch == "qwen2" || cfg.boolean_or("attention_bias", false) ||
+  bool with_biases = arch.has(LayerTensor::AttnQBias) && (hp.arch == "qwen2" || cfg.boolean_or("attention_bias", false) ||
                                                st.find("model.layers.0.self_attn.q_proj.bias") != nullptr);
   std::vector<Expected> expected = expected_tensors(hp, arch, with_biases);
 

@@ -14,6 +14,20 @@
 
 namespace roofline {
 
+class Engine::BackendCopies final : public SequenceMemory::Device {
+ public:
+  explicit BackendCopies(std::vector<std::unique_ptr<Backend>>& backends) : backends_(backends) {}
+  void copy_kv_block(int src, int dst) override {
+    for (auto& b : backends_) b->copy_kv_block(src, dst);
+  }
+  void copy_state(int src, int dst) override {
+    for (auto& b : backends_) b->copy_state(src, dst);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Backend>>& backends_;
+};
+
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const EngineOptions& options) {
@@ -36,7 +50,15 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   kv.n_blocks = (o.n_ctx + o.kv_block_size - 1) / o.kv_block_size;
   kv.type_k = o.type_k;
   kv.type_v = o.type_v;
-  engine->kv_ = std::make_unique<KvCache>(kv.n_blocks, kv.block_size);
+  SequenceMemory::Options mo;
+  mo.n_blocks = kv.n_blocks;
+  mo.block_size = kv.block_size;
+  mo.recurrent = hp.count_layers(MixerKind::DeltaNet) > 0;
+  mo.n_seq_max = o.n_seq_max;
+  mo.n_snapshots = o.n_state_snapshots;
+  if (mo.recurrent && o.n_seq_max < 1) fail("the number of parallel sequences {} must be at least 1", o.n_seq_max);
+  if (o.n_state_snapshots < 0) fail("the number of state snapshots {} cannot be negative", o.n_state_snapshots);
+  const int n_cells = SequenceMemory::state_cells(mo);
 
   // Placement: n_layer + 1 units; the last `units` of them on the GPUs (the output layer first).
   const int n_units = hp.n_layer + 1;
@@ -92,7 +114,8 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       // Bytes GPU i needs for model units [first, end): weights, plus KV blocks of its layers.
       auto cost = [&](int i, int first, int end) {
         LayerSet set{first, std::min(end, hp.n_layer), first == 0, end == n_units};
-        return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks;
+        return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks +
+               (double)gpus[i]->state_cell_bytes(*model, set) * n_cells;
       };
       if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
         units = n_units;
@@ -121,6 +144,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     LayerSet set{0, std::min(first_gpu_layer, hp.n_layer), true, units == 0};
     cpu->load(model, set);
     cpu->init_kv(kv);
+    cpu->init_state(n_cells);
     engine->placement_.push_back({cpu.get(), set});
     engine->backends_.push_back(std::move(cpu));
   }
@@ -132,6 +156,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       Backend* gpu = gpus[r.gpu].get();
       gpu->load(model, set);
       gpu->init_kv(kv);
+      gpu->init_state(n_cells);
       engine->placement_.push_back({gpu, set});
       engine->backends_.push_back(std::move(gpus[r.gpu]));
       shares += fmt::format("{}GPU {}: {}", shares.empty() ? "" : ", ", gpu_list[r.gpu], r.end_unit - r.first_unit);
@@ -143,6 +168,8 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       engine->report_.push_back(fmt::format("offloaded {}/{} layers to {} GPUs, split by layer ({})", units, n_units,
                                             n_shares, shares));
   }
+  engine->copies_ = std::make_unique<BackendCopies>(engine->backends_);
+  engine->memory_ = std::make_unique<SequenceMemory>(mo, engine->copies_.get());
   return engine;
 }
 
@@ -193,7 +220,7 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
   for (int r = 0; r < n; ++r) {
     const BatchRow& row = batch[r];
     if (row.token < 0 || row.token >= n_vocab) fail("token id {} is out of range [0, {})", row.token, n_vocab);
-    if (!kv_->has_sequence(row.seq)) fail("unknown sequence {}", row.seq);
+    if (!memory_->has_sequence(row.seq)) fail("unknown sequence {}", row.seq);
     if (r == 0 || batch[r - 1].seq != row.seq) {
       if (!seen.insert(row.seq).second) fail("the rows of sequence {} are not contiguous in the batch", row.seq);
       runs.push_back({row.seq, 0});
@@ -202,13 +229,13 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
   }
   int blocks = 0;
   for (auto& [seq, n_new] : runs) {
-    if (kv_->length(seq) + n_new > options_.n_ctx)
-      fail("sequence {} would reach {} positions, more than the context size {}", seq, kv_->length(seq) + n_new, options_.n_ctx);
-    blocks += kv_->blocks_needed(seq, n_new);
+    if (memory_->length(seq) + n_new > options_.n_ctx)
+      fail("sequence {} would reach {} positions, more than the context size {}", seq, memory_->length(seq) + n_new, options_.n_ctx);
+    blocks += memory_->blocks_needed(seq, n_new);
   }
-  if (blocks > kv_->free_blocks())
-    fail("the KV cache is full: this step needs {} more blocks, {} are free", blocks, kv_->free_blocks());
-  for (auto& [seq, n_new] : runs) ROOFLINE_CHECK(kv_->reserve(seq, n_new));
+  if (blocks > memory_->free_blocks())
+    fail("the KV cache is full: this step needs {} more blocks, {} are free", blocks, memory_->free_blocks());
+  for (auto& [seq, n_new] : runs) ROOFLINE_CHECK(memory_->reserve(seq, n_new));
   if (n == 0) {
     in_step_ = true;
     return;
@@ -218,10 +245,11 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
   for (auto& [seq, n_new] : runs) {
     StepSequence s;
     s.seq_id = seq;
-    s.n_past = kv_->length(seq);
+    s.n_past = memory_->length(seq);
     s.n_new = n_new;
     s.first_token = row;
-    s.block_table = kv_->block_table(seq);
+    s.block_table = memory_->block_table(seq);
+    s.state_cell = memory_->state_cell(seq);
     for (int i = 0; i < n_new; ++i, ++row) {
       step.tokens.push_back(batch[row].token);
       step.positions.push_back(s.n_past + i);
@@ -274,7 +302,7 @@ bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) 
   logits.resize((device_argmax ? n_logit - n_greedy : n_logit) * (size_t)n_vocab);
   if (device_argmax) out_backend->output_argmax(logits.data(), argmax->data());
   else out_backend->output(logits.data());
-  for (auto& [seq, n_new] : runs_) kv_->commit(seq, n_new);
+  for (auto& [seq, n_new] : runs_) memory_->commit(seq, n_new);
   if (argmax && n_greedy > 0 && !device_argmax)
     for (size_t i = 0; i < n_logit; ++i)
       if (step.argmax_only[i]) (*argmax)[i] = argmax_logits(logits.data() + i * (size_t)n_vocab, n_vocab);
@@ -294,13 +322,6 @@ std::vector<float> Engine::eval(int seq, std::span<const int32_t> tokens, bool a
   }
   if (!all_logits) ROOFLINE_CHECK(tokens.empty() || out.size() == n_vocab);
   return out;
-}
-
-int Engine::fork_sequence(int seq) {
-  const KvCache::Fork fork = kv_->fork_sequence(seq);
-  if (fork.copy_src >= 0)
-    for (auto& b : backends_) b->copy_kv_block(fork.copy_src, fork.copy_dst);
-  return fork.seq;
 }
 
 void Engine::set_matmul_observer(Backend::MatmulObserver observer) {
@@ -323,15 +344,26 @@ std::vector<std::string> Engine::report() const {
                                 p.backend->weight_bytes(*model_, p.layers) / 1048576.0));
   }
   KvConfig kv;
-  kv.block_size = kv_->block_size();
-  kv.n_blocks = kv_->n_blocks();
+  kv.block_size = memory_->block_size();
+  kv.n_blocks = memory_->n_blocks();
   kv.type_k = options_.type_k;
   kv.type_v = options_.type_v;
   uint64_t kv_bytes = 0;
   for (const Placement& p : placement_) kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
-  lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB", kv_->capacity_tokens(),
-                              kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0));
-  (void)hp;
+  lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB{}", memory_->capacity_tokens(),
+                              kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0,
+                              hp.count_layers(MixerKind::Attention) < hp.n_layer
+                                  ? fmt::format(" ({} of {} layers keep a KV cache)", hp.count_layers(MixerKind::Attention), hp.n_layer)
+                                  : ""));
+  if (memory_->recurrent()) {
+    const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
+    uint64_t cell_bytes = 0;
+    for (const Placement& p : placement_) cell_bytes += p.backend->state_cell_bytes(*model_, p.layers);
+    lines.push_back(fmt::format("recurrent state: {:.1f} MiB per sequence ({} DeltaNet layers), {} sequences{}, {:.1f} MiB",
+                                cell_bytes / 1048576.0, hp.count_layers(MixerKind::DeltaNet), options_.n_seq_max,
+                                options_.n_state_snapshots ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
+                                (double)cell_bytes * n_cells / 1048576.0));
+  }
   return lines;
 }
 

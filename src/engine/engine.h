@@ -1,5 +1,6 @@
-// The engine: a model placed on backends, a paged KV cache shared by sequences, and forward steps
-// over batches that mix prefill chunks and decode tokens of many sequences. Logits come back only
+// The engine: a model placed on backends, the memory sequences carry (a paged KV cache shared by
+// sequences, recurrent-state cells for DeltaNet layers: sequence_memory.h), and forward steps over
+// batches that mix prefill chunks and decode tokens of many sequences. Logits come back only
 // for the rows that want them. Sampling and generation loops sit on top (sampler.h, generate.h).
 #pragma once
 
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence_memory.h"
 #include "model/model.h"
 
 namespace roofline {
@@ -22,6 +23,10 @@ struct EngineOptions {
   DType type_v = DType::F16;
   int n_batch = 512;       // most tokens in one forward step
   int kv_block_size = 32;  // positions per KV block
+  // Models with recurrent layers: sequences alive at once (a state cell each), and state snapshots
+  // kept for prompt caching (sequence_memory.h; 0: prefixes are not reused).
+  int n_seq_max = 4;
+  int n_state_snapshots = 0;
   // Units on the GPU (n_layer + 1 units, the output layer counts as the last): the last N units go
   // to the GPU, as llama.cpp's -ngl. kGpuLayersAuto fits as many as memory allows; kGpuLayersAll all.
   int n_gpu_layers = 0;
@@ -48,8 +53,8 @@ class Engine {
   const Model& model() const { return *model_; }
   const EngineOptions& options() const { return options_; }
   int n_vocab() const { return model_->hparams().n_vocab; }
-  KvCache& kv_cache() { return *kv_; }
-  const KvCache& kv_cache() const { return *kv_; }
+  SequenceMemory& memory() { return *memory_; }
+  const SequenceMemory& memory() const { return *memory_; }
 
   // One row of a batch. Rows of one sequence are contiguous and continue its cached positions.
   struct BatchRow {
@@ -87,8 +92,8 @@ class Engine {
   std::vector<float> eval(int seq, std::span<const int32_t> tokens, bool all_logits = false);
 
   // A new sequence continuing `seq`'s cached tokens: full KV blocks are shared (reference-counted),
-  // the partial last block is copied on every backend.
-  int fork_sequence(int seq);
+  // the partial last block and the recurrent state are copied on every backend.
+  int fork_sequence(int seq) { return memory_->fork_sequence(seq); }
 
   // Observes the input rows of every matrix product (importance matrices); nullptr to stop.
   void set_matmul_observer(Backend::MatmulObserver observer);
@@ -112,7 +117,9 @@ class Engine {
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
-  std::unique_ptr<KvCache> kv_;
+  class BackendCopies;  // SequenceMemory::Device over the backends
+  std::unique_ptr<BackendCopies> copies_;
+  std::unique_ptr<SequenceMemory> memory_;
   struct Placement {
     Backend* backend;
     LayerSet layers;

@@ -95,7 +95,16 @@ void KvCache::cache_blocks(int seq, std::span<const int32_t> tokens) {
 }
 
 int KvCache::match_prefix(std::span<const int32_t> tokens, int max_blocks, int* unreferenced) const {
-  int n = 0, unref = 0;
+  const std::vector<int32_t> blocks = matched_blocks(tokens, max_blocks);
+  if (unreferenced) {
+    *unreferenced = 0;
+    for (int32_t b : blocks) *unreferenced += refs_[b] == 0 ? 1 : 0;
+  }
+  return (int)blocks.size();
+}
+
+std::vector<int32_t> KvCache::matched_blocks(std::span<const int32_t> tokens, int max_blocks) const {
+  std::vector<int32_t> out;
   uint64_t h = 0;
   for (size_t i = 0; (int)i < max_blocks && (i + 1) * block_size_ <= tokens.size(); ++i) {
     const auto block = tokens.subspan(i * block_size_, block_size_);
@@ -104,11 +113,9 @@ int KvCache::match_prefix(std::span<const int32_t> tokens, int max_blocks, int* 
     if (it == index_.end()) break;
     const auto& stored = block_tokens_[it->second];
     if (!std::equal(stored.begin(), stored.end(), block.begin(), block.end())) break;
-    ++n;
-    if (refs_[it->second] == 0) ++unref;
+    out.push_back(it->second);
   }
-  if (unreferenced) *unreferenced = unref;
-  return n;
+  return out;
 }
 
 int KvCache::adopt_prefix(int seq, std::span<const int32_t> tokens, int max_blocks) {

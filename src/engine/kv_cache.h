@@ -63,6 +63,10 @@ class KvCache {
   // `unreferenced` (optional) receives how many of those no sequence holds now (adopting them takes
   // them out of free_blocks()).
   int match_prefix(std::span<const int32_t> tokens, int max_blocks, int* unreferenced = nullptr) const;
+  // The blocks of that match, in order (its length is what match_prefix returns).
+  std::vector<int32_t> matched_blocks(std::span<const int32_t> tokens, int max_blocks) const;
+  // A block's place in the prefix index (0: not indexed); changes when the block is evicted or reused.
+  uint64_t block_hash(int block) const { return block_hash_[block]; }
   // Gives the empty sequence `seq` the cached blocks of the longest prefix of `tokens` (at most
   // max_blocks); returns the positions adopted (a multiple of block_size()).
   int adopt_prefix(int seq, std::span<const int32_t> tokens, int max_blocks);

@@ -159,8 +159,8 @@ WindowEvaluator::WindowEvaluator(Engine& engine, int n_ctx, int32_t bos, Rows ro
   const EngineOptions& o = engine.options();
   if (n_ctx > o.n_ctx) fail("a window of {} tokens does not fit the engine's context of {}", n_ctx, o.n_ctx);
   const int blocks_per_window = (n_ctx + o.kv_block_size - 1) / o.kv_block_size;
-  const int kv_windows = engine.kv_cache().free_blocks() / blocks_per_window;
-  n_seq_ = std::max(1, std::min(o.n_batch / n_ctx, kv_windows));
+  const int kv_windows = engine.memory().free_blocks() / blocks_per_window;
+  n_seq_ = std::max(1, std::min({o.n_batch / n_ctx, kv_windows, engine.memory().free_sequences()}));
 }
 
 std::vector<float> WindowEvaluator::eval(const std::vector<int32_t>& tokens, int w0, int n) {
@@ -170,7 +170,7 @@ std::vector<float> WindowEvaluator::eval(const std::vector<int32_t>& tokens, int
   std::vector<float> out;
   out.reserve((size_t)n * rows_returned() * n_vocab);
   std::vector<int> seqs;
-  for (int k = 0; k < n; ++k) seqs.push_back(engine_.kv_cache().create_sequence());
+  for (int k = 0; k < n; ++k) seqs.push_back(engine_.memory().create_sequence());
   try {
     std::vector<Engine::BatchRow> batch;
     auto flush = [&] {
@@ -191,10 +191,10 @@ std::vector<float> WindowEvaluator::eval(const std::vector<int32_t>& tokens, int
     }
     flush();
   } catch (...) {
-    for (int s : seqs) engine_.kv_cache().free_sequence(s);
+    for (int s : seqs) engine_.memory().free_sequence(s);
     throw;
   }
-  for (int s : seqs) engine_.kv_cache().free_sequence(s);
+  for (int s : seqs) engine_.memory().free_sequence(s);
   return out;
 }
 

@@ -1,30 +1,83 @@
-// The architecture table: one row per GGUF general.architecture roofline runs, with the structural
-// flags the forward pass branches on. Adding a family is a row here (plus a converter mapping), and
-// only a structurally different block needs code of its own.
+// The architecture table: one row per GGUF general.architecture roofline runs, with the flags the
+// forward pass branches on and the table of tensors a layer holds (name, shape from the
+// hyperparameters, required or optional, which layer kinds have it, how backends read it). That one
+// table drives model loading, synthetic models, conversion checks, memory plans and backend uploads.
+// Adding a family is a row here (plus a converter mapping); only a structurally different block
+// needs code of its own (docs/architecture.md, "Adding an architecture").
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "formats/gguf_metadata.h"
+#include "model/hparams.h"
 
 namespace roofline {
 
 enum class RopeStyle {
   Norm,  // rotate adjacent pairs (2i, 2i+1): llama (Q/K permuted at conversion)
-  Neox,  // rotate pairs (i, i + n_rot/2): qwen2, qwen3, gemma
+  Neox,  // rotate pairs (i, i + n_rot/2): qwen2, qwen3, qwen35, gemma
 };
+
+// Every tensor a layer can hold, by what it is for. GGUF names come from the arch's table.
+enum class LayerTensor : uint8_t {
+  AttnNorm,  // the mixer's input norm
+  AttnQ, AttnK, AttnV, AttnOut, AttnQBias, AttnKBias, AttnVBias, AttnQNorm, AttnKNorm,
+  FfnNorm,   // the FFN's input norm (qwen35 calls it post_attention_norm)
+  FfnGate, FfnUp, FfnDown,
+  SsmQkv, SsmGate, SsmConv, SsmDtBias, SsmA, SsmAlpha, SsmBeta, SsmNorm, SsmOut,  // DeltaNet
+  Count
+};
+constexpr size_t kLayerTensorCount = (size_t)LayerTensor::Count;
+
+// How a backend reads a tensor: a matrix product's weight (kept in its type, repacked as the
+// backend likes), or small values it reads as f32 (norms, biases, the conv taps, decays).
+enum class TensorUse : uint8_t { Matrix, Floats };
+
+// A shape in GGUF order (ne[0] = row length) computed from the hyperparameters.
+using ShapeFn = std::vector<int64_t> (*)(const HParams& hp);
+
+struct TensorRule {
+  LayerTensor role;
+  const char* name;     // after "blk.N.": "attn_q.weight"
+  ShapeFn shape;
+  bool required;
+  unsigned mixers;      // bit (1 << MixerKind) per layer kind that holds it
+  TensorUse use;
+};
+constexpr unsigned mixer_bit(MixerKind k) { return 1u << (unsigned)k; }
 
 struct ArchInfo {
   std::string name;        // general.architecture
   RopeStyle rope_style;
-  bool qkv_bias_allowed;   // attn_{q,k,v}.bias may be present (qwen2; optional for llama)
-  bool qk_norm;            // per-head RMSNorm of Q and K before RoPE (qwen3)
   bool rope_dims_must_equal_head_dim;
+  bool attn_output_gate;   // qwen35: the Q projection carries a gate per head
+  bool hybrid;             // layer kinds from full_attention_interval / attention.recurrent_layers (qwen35)
+  std::vector<TensorRule> layer_tensors;
+
+  // The table's rule for a role (nullptr when no layer of this arch holds it).
+  const TensorRule* rule(LayerTensor role) const;
+  bool has(LayerTensor role) const { return rule(role) != nullptr; }
 };
 
 const std::vector<ArchInfo>& supported_archs();
 // nullptr when the architecture is not supported.
 const ArchInfo* find_arch(std::string_view name);
-std::string supported_arch_names();  // "llama, qwen2, qwen3"
+std::string supported_arch_names();  // "llama, qwen2, qwen3, qwen35"
+
+// Hyperparameters from metadata with llama.cpp's defaults; throws Error naming the key on a missing
+// or out-of-range value. n_vocab is left 0 (it comes from the token embedding's shape).
+HParams read_hparams(const gguf::Metadata& md, const ArchInfo& arch);
+
+// The tensors layer il holds, in table order, with their GGUF names ("blk.7.attn_q.weight") and shapes.
+struct PlannedTensor {
+  const TensorRule* rule;
+  std::string name;
+  std::vector<int64_t> shape;
+};
+std::vector<PlannedTensor> layer_tensor_plan(const ArchInfo& arch, const HParams& hp, int il);
 
 }  // namespace roofline

@@ -1,8 +1,9 @@
 // A loaded model: hyperparameters read from GGUF metadata and every weight bound by name and checked
-// for shape. Weights are views into the GgufFile (mmap or memory); backends copy or repack what they
+// for shape, as the architecture's tensor table (arch.h) says. Weights are views into the GgufFile (mmap or memory); backends copy or repack what they
 // hold. Shapes are GGUF order: ne[0] is the row length (the input dimension of a matrix).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,29 +12,6 @@
 #include "model/arch.h"
 
 namespace roofline {
-
-struct HParams {
-  std::string arch;
-  int n_embd = 0;
-  int n_layer = 0;
-  int n_head = 0;
-  int n_head_kv = 0;
-  int head_dim_k = 0;  // attention.key_length
-  int head_dim_v = 0;  // attention.value_length
-  int n_ff = 0;
-  int n_vocab = 0;
-  int n_ctx_train = 0;
-  int n_rot = 0;       // rotary dims (rope.dimension_count), <= head_dim_k
-  float rope_freq_base = 10000.0f;
-  float rope_freq_scale = 1.0f;  // linear scaling: positions multiplied by this
-  float rms_eps = 1e-5f;
-  float attn_scale = 0;          // 0: 1/sqrt(head_dim_k)
-
-  int n_gqa() const { return n_head / n_head_kv; }
-  int q_dim() const { return n_head * head_dim_k; }
-  int kv_dim_k() const { return n_head_kv * head_dim_k; }
-  int kv_dim_v() const { return n_head_kv * head_dim_v; }
-};
 
 // A weight: a view of one GGUF tensor (nullptr data only for layout-only synthetic models).
 struct Weight {
@@ -46,13 +24,12 @@ struct Weight {
   size_t bytes() const { return tensor->n_bytes; }
 };
 
+// A layer's tensors by role (LayerTensor; absent ones are empty), and its kind.
 struct LayerWeights {
-  Weight attn_norm;
-  Weight wq, wk, wv, wo;
-  Weight bq, bk, bv;          // optional biases
-  Weight q_norm, k_norm;      // qwen3
-  Weight ffn_norm;
-  Weight ffn_gate, ffn_up, ffn_down;
+  MixerKind mixer = MixerKind::Attention;
+  std::array<Weight, kLayerTensorCount> tensors;
+  const Weight& operator[](LayerTensor t) const { return tensors[(size_t)t]; }
+  Weight& operator[](LayerTensor t) { return tensors[(size_t)t]; }
 };
 
 class Model {
@@ -73,6 +50,9 @@ class Model {
   const Weight& rope_freqs() const { return rope_freqs_; }  // llama3 factors (divisors), optional
   const LayerWeights& layer(int i) const { return layers_[i]; }
 
+  // MTP blocks stored after the main stack (hp.n_layer_nextn): their tensors, bound but not run.
+  const std::vector<Weight>& nextn_tensors() const { return nextn_; }
+
   // Bytes of the weights of layer i (all its tensors) and of the output unit (norm + output matrix).
   uint64_t layer_bytes(int i) const;
   uint64_t output_bytes() const;
@@ -86,6 +66,7 @@ class Model {
   Weight token_embd_, output_norm_, output_, rope_freqs_;
   bool tied_ = false;
   std::vector<LayerWeights> layers_;
+  std::vector<Weight> nextn_;
 };
 
 }  // namespace roofline

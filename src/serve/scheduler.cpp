@@ -137,8 +137,8 @@ Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions
   if (options_.queue_size < 0) fail("the queue size must not be negative (got {})", options_.queue_size);
   n_ctx_ = runner_.n_ctx();
   n_batch_ = runner_.n_batch();
-  block_size_ = runner_.kv().block_size();
-  n_blocks_ = runner_.kv().n_blocks();
+  block_size_ = runner_.memory().block_size();
+  n_blocks_ = runner_.memory().n_blocks();
   if (options_.max_prefill_per_step <= 0) options_.max_prefill_per_step = n_batch_;
   slot_owner_.assign(options_.n_slots, -1);
   publish_status();
@@ -228,7 +228,7 @@ int Scheduler::available_blocks() const {
     for (const Choice& c : a->choices) promised += c.promised;
     promised += a->fork_promise * (int)(a->params.n - a->choices.size());
   }
-  return runner_.kv().free_blocks() - promised;
+  return runner_.memory().free_blocks() - promised;
 }
 
 std::shared_ptr<Request> Scheduler::submit(GenParams p) {
@@ -292,7 +292,7 @@ void Scheduler::drop_cancelled_queued() {
 void Scheduler::admit() {
   std::lock_guard<std::mutex> lock(mutex_);
   drop_cancelled_queued();
-  KvCache& kv = runner_.kv();
+  SequenceMemory& mem = runner_.memory();
   while (!queue_.empty() && !cancel_running_) {
     Queued& q = queue_.front();
     const GenParams& p = q.params;
@@ -304,7 +304,7 @@ void Scheduler::admit() {
     const int gen = reservation_tokens(p);
     const int max_adopt = options_.prompt_cache && p.cache_prompt ? (P - 1) / block_size_ : 0;
     int unreferenced = 0;
-    const int matched = max_adopt > 0 ? kv.match_prefix(p.prompt, max_adopt, &unreferenced) : 0;
+    const int matched = max_adopt > 0 ? mem.match_prefix(p.prompt, max_adopt, &unreferenced) : 0;
     const int total0 = ceil_div(P + gen, block_size_);
     const int fork_promise = total0 - P / block_size_;
     const int need = (total0 - matched) + (p.n - 1) * fork_promise;
@@ -325,8 +325,8 @@ void Scheduler::admit() {
     }
     Choice c;
     c.index = 0;
-    c.seq = kv.create_sequence();
-    if (matched > 0) a->n_cached = kv.adopt_prefix(c.seq, a->params.prompt, matched);
+    c.seq = mem.create_sequence();
+    if (matched > 0) a->n_cached = mem.adopt_prefix(c.seq, a->params.prompt, matched);
     a->n_prompt_done = a->n_cached;
     c.promised = total0 - matched;
     SamplingParams sp = a->params.sampling;
@@ -344,12 +344,12 @@ void Scheduler::finish_choice(Active& a, Choice& c) {
   c.finished = true;
   c.promised = 0;
   if (c.seq >= 0) {
-    KvCache& kv = runner_.kv();
+    SequenceMemory& mem = runner_.memory();
     if (options_.prompt_cache && a.params.cache_prompt && !a.failed) {
-      const int len = kv.length(c.seq);
-      kv.cache_blocks(c.seq, std::span<const int32_t>(c.history.data(), std::min((size_t)len, c.history.size())));
+      const int len = mem.length(c.seq);
+      mem.cache_blocks(c.seq, std::span<const int32_t>(c.history.data(), std::min((size_t)len, c.history.size())));
     }
-    kv.free_sequence(c.seq);
+    mem.free_sequence(c.seq);
     c.seq = -1;
   }
 }
@@ -464,7 +464,7 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
   for (int i = 1; i < a.params.n; ++i) {
     Choice c;
     c.index = i;
-    c.seq = runner_.fork_sequence(first_seq);
+    c.seq = runner_.memory().fork_sequence(first_seq);
     c.promised = a.fork_promise - (P % block_size_ != 0 ? 1 : 0);
     SamplingParams sp = a.params.sampling;
     if (sp.seed != 0xFFFFFFFFu) sp.seed += (uint64_t)i;  // distinct, reproducible choices
@@ -507,11 +507,11 @@ void Scheduler::complete_step() {
   }
   steps_++;
   const Clock::time_point now = Clock::now();
-  KvCache& kv = runner_.kv();
+  SequenceMemory& mem = runner_.memory();
   for (auto& [a, chunk] : prefill_chunks_) {
     a->n_prompt_done += chunk;
     if (options_.prompt_cache && a->params.cache_prompt)
-      kv.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
+      mem.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
   }
   ROOFLINE_CHECK(out->argmax.size() == refs_.size() && out->logits.size() == refs_.size(), "step output rows mismatch");
   for (size_t r = 0; r < refs_.size(); ++r) {
@@ -527,7 +527,7 @@ void Scheduler::complete_step() {
 }
 
 bool Scheduler::step() {
-  KvCache& kv = runner_.kv();
+  SequenceMemory& mem = runner_.memory();
   // The step in flight: its tokens are picked now; their text and events are made once the next
   // step is launched, while it runs.
   if (in_flight_) complete_step();
@@ -572,7 +572,7 @@ bool Scheduler::step() {
     if (a.prefilling) continue;
     for (Choice& c : a.choices) {
       if (c.finished || decode_budget == 0) continue;
-      const int need = kv.blocks_needed(c.seq, 1);
+      const int need = mem.blocks_needed(c.seq, 1);
       if (need > 0) {
         const int from_promise = std::min(need, c.promised);
         const int extra = need - from_promise;
@@ -604,8 +604,18 @@ bool Scheduler::step() {
     if (!a.prefilling) continue;
     Choice& c = a.choices[0];
     const int P = (int)a.params.prompt.size();
-    const int chunk = std::min(P - a.n_prompt_done, prefill_budget);
-    const int need = kv.blocks_needed(c.seq, chunk);
+    int chunk = std::min(P - a.n_prompt_done, prefill_budget);
+    // Models with recurrent layers keep a state snapshot where a step ends on a block boundary: prompt
+    // chunks end on one, and the prompt's last boundary before its final token ends a chunk, so a later
+    // prompt with the same prefix can resume from there.
+    const int interval = mem.snapshot_interval();
+    if (interval > 0 && options_.prompt_cache && a.params.cache_prompt) {
+      const int end = a.n_prompt_done + chunk;
+      const int last = (P - 1) / interval * interval;
+      if (end == P && a.n_prompt_done < last) chunk = last - a.n_prompt_done;
+      else if (end < P && end / interval * interval > a.n_prompt_done) chunk = end / interval * interval - a.n_prompt_done;
+    }
+    const int need = mem.blocks_needed(c.seq, chunk);
     c.promised = std::max(0, c.promised - need);
     for (int i = 0; i < chunk; ++i) {
       const bool last = a.n_prompt_done + i + 1 == P;
@@ -637,7 +647,7 @@ bool Scheduler::step() {
     int high = 0;
     for (auto& a : active_)
       for (const Choice& c : a->choices)
-        if (c.seq >= 0) high = std::max(high, kv.length(c.seq));
+        if (c.seq >= 0) high = std::max(high, mem.length(c.seq));
     metrics_->on_context_high_water(high);
   }
   step_rows_done_ = 0;
@@ -656,13 +666,13 @@ bool Scheduler::step() {
 }
 
 void Scheduler::publish_status() {
-  const KvCache& kv = runner_.kv();
+  const SequenceMemory& mem = runner_.memory();
   SchedulerStatus s;
   s.n_slots = options_.n_slots;
-  s.kv_blocks_total = kv.n_blocks();
-  s.kv_blocks_used = kv.used_blocks();
-  s.kv_blocks_cached = kv.cached_blocks();
-  s.kv_block_size = kv.block_size();
+  s.kv_blocks_total = mem.n_blocks();
+  s.kv_blocks_used = mem.used_blocks();
+  s.kv_blocks_cached = mem.cached_blocks();
+  s.kv_block_size = mem.block_size();
   s.requests_processing = (int)active_.size();
   s.steps = steps_;
   for (int i = 0; i < options_.n_slots; ++i) {

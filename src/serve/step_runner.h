@@ -1,6 +1,6 @@
 // What the scheduler needs from a model: one forward step over a batch of rows (launched, then
-// finished, so host work can overlap the device), the paged KV cache's bookkeeping, forks, and token
-// text. The Engine implements it through EngineRunner; the scheduler's tests use a fake backend with
+// finished, so host work can overlap the device), the memory sequences carry (KV blocks, recurrent
+// states, prompt caching: engine/sequence_memory.h), forks, and token text. The Engine implements it through EngineRunner; the scheduler's tests use a fake backend with
 // scripted logits, so scheduling is tested without a model or HTTP.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "engine/kv_cache.h"
+#include "engine/sequence_memory.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,14 +25,14 @@ class StepRunner {
   virtual int n_vocab() const = 0;
   virtual int n_batch() const = 0;  // most rows in one step
   virtual int n_ctx() const = 0;    // most positions one sequence may hold
-  virtual KvCache& kv() = 0;
+  virtual SequenceMemory& memory() = 0;
   // One forward step; logits of the rows that want them, in row order ([rows x n_vocab]).
   virtual std::vector<float> decode(const std::vector<BatchRow>& rows) = 0;
   // The step as the scheduler runs it, in two halves so that it can do the previous step's host work
   // while the device computes: launch() starts it (throws, leaving nothing in flight, when it cannot
   // run), finish() returns its output, valid until the next launch(). Rows with argmax_only get their
   // greedy token in `argmax` (and may come back without logits). Between the two, nothing may change
-  // the KV cache. By default launch() runs decode() and picks greedy tokens on the host.
+  // the sequences' memory. By default launch() runs decode() and picks greedy tokens on the host.
   virtual void launch(const std::vector<BatchRow>& rows) {
     out_.buffer = decode(rows);
     out_.argmax.clear();
@@ -46,8 +46,6 @@ class StepRunner {
     }
   }
   virtual const StepOutput& finish() { return out_; }
-  // A sequence continuing `seq` (shares its full blocks, copies the partial one).
-  virtual int fork_sequence(int seq) = 0;
 
  private:
   StepOutput out_;
@@ -67,11 +65,10 @@ class EngineRunner final : public StepRunner {
   int n_vocab() const override { return engine_.n_vocab(); }
   int n_batch() const override { return engine_.options().n_batch; }
   int n_ctx() const override { return engine_.options().n_ctx; }
-  KvCache& kv() override { return engine_.kv_cache(); }
+  SequenceMemory& memory() override { return engine_.memory(); }
   std::vector<float> decode(const std::vector<BatchRow>& rows) override { return engine_.decode(rows); }
   void launch(const std::vector<BatchRow>& rows) override { engine_.launch(rows); }
   const StepOutput& finish() override { return engine_.finish(); }
-  int fork_sequence(int seq) override { return engine_.fork_sequence(seq); }
 
  private:
   Engine& engine_;

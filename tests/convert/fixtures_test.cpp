@@ -155,9 +155,9 @@ std::vector<float> engine_logits(const Fixture& fx, Engine& engine) {
   std::vector<float> all;
   for (const auto& seq_json : fx.expected["sequences"]) {
     const auto tokens = seq_json.get<std::vector<int32_t>>();
-    const int seq = engine.kv_cache().create_sequence();
+    const int seq = engine.memory().create_sequence();
     const auto got = engine.eval(seq, tokens, true);
-    engine.kv_cache().free_sequence(seq);
+    engine.memory().free_sequence(seq);
     EXPECT_EQ(got.size(), tokens.size() * (size_t)fx.n_vocab);
     all.insert(all.end(), got.begin(), got.end());
   }
@@ -191,7 +191,7 @@ std::pair<int, int> check_greedy(const Fixture& fx, Engine& engine, bool require
   std::vector<int32_t> prompt = g["prompt"].get<std::vector<int32_t>>();
   const auto tokens = g["tokens"].get<std::vector<int32_t>>();
   const auto margins = g["margins"].get<std::vector<double>>();
-  const int seq = engine.kv_cache().create_sequence();
+  const int seq = engine.memory().create_sequence();
   std::vector<float> logits = engine.eval(seq, prompt, false);
   int checked = 0, agreed = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -206,7 +206,7 @@ std::pair<int, int> check_greedy(const Fixture& fx, Engine& engine, bool require
     const int32_t next[1] = {tokens[i]};
     logits = engine.eval(seq, next, false);
   }
-  engine.kv_cache().free_sequence(seq);
+  engine.memory().free_sequence(seq);
   return {checked, agreed};
 }
 
@@ -329,7 +329,7 @@ TEST(FixturesTest, Stories260KMatchesTransformersOracle) {
   const auto prompt = tok->encode("Zoo", true);
   EXPECT_EQ(prompt, fx.expected["prompt_tokens"].get<std::vector<int32_t>>());
   const auto want = fx.expected["greedy"]["tokens"].get<std::vector<int32_t>>();
-  const int seq = engine->kv_cache().create_sequence();
+  const int seq = engine->memory().create_sequence();
   std::vector<float> logits = engine->eval(seq, prompt, false);
   std::vector<int32_t> got;
   while (got.size() < want.size()) {
@@ -399,14 +399,14 @@ TEST(FixturesTest, GpuEveryKvTypeOnTheHead64Fixture) {
     std::vector<float> all;
     for (const auto& seq_json : fx.expected["sequences"]) {
       const auto tokens = seq_json.get<std::vector<int32_t>>();
-      const int seq = engine.kv_cache().create_sequence();
+      const int seq = engine.memory().create_sequence();
       const size_t half = tokens.size() / 2;
       auto got = engine.eval(seq, std::span<const int32_t>(tokens.data(), half), true);
       for (size_t i = half; i < tokens.size(); ++i) {
         const auto l = engine.eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
         got.insert(got.end(), l.begin(), l.end());
       }
-      engine.kv_cache().free_sequence(seq);
+      engine.memory().free_sequence(seq);
       all.insert(all.end(), got.begin(), got.end());
     }
     return all;

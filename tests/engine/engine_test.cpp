@@ -38,7 +38,7 @@ double logits_nmse(const float* got, const std::vector<double>& want) {
 double max_nmse(const std::string& spec, EngineOptions options, int n_tokens) {
   auto model = tiny(spec);
   auto engine = Engine::create(model, options);
-  const int seq = engine->kv_cache().create_sequence();
+  const int seq = engine->memory().create_sequence();
   const auto tokens = some_tokens(n_tokens, model->hparams().n_vocab);
   const auto logits = engine->eval(seq, tokens, true);
   test::ReferenceForward ref(*model);
@@ -92,7 +92,7 @@ TEST(EngineTest, BatchInvariance) {
   o.n_threads = 2;
   // Alone.
   auto alone = Engine::create(model, o);
-  const int sa = alone->kv_cache().create_sequence();
+  const int sa = alone->memory().create_sequence();
   auto ref_prefill = alone->eval(sa, a, true);
   std::vector<float> ref_decode;
   for (int32_t t : c) {
@@ -104,8 +104,8 @@ TEST(EngineTest, BatchInvariance) {
   // with a different thread count.
   o.n_threads = 1;
   auto mixed = Engine::create(model, o);
-  const int sb = mixed->kv_cache().create_sequence();
-  const int sa2 = mixed->kv_cache().create_sequence();
+  const int sb = mixed->memory().create_sequence();
+  const int sa2 = mixed->memory().create_sequence();
   std::vector<Engine::BatchRow> batch;
   for (int32_t t : b) batch.push_back({sb, t, true});
   for (int32_t t : a) batch.push_back({sa2, t, true});
@@ -129,8 +129,8 @@ TEST(EngineTest, StepGivesDecodesLogitsAndGreedyTokens) {
   EngineOptions o;
   o.n_threads = 2;
   auto ref = Engine::create(model, o), eng = Engine::create(model, o);
-  const int ra = ref->kv_cache().create_sequence(), rb = ref->kv_cache().create_sequence();
-  const int ea = eng->kv_cache().create_sequence(), eb = eng->kv_cache().create_sequence();
+  const int ra = ref->memory().create_sequence(), rb = ref->memory().create_sequence();
+  const int ea = eng->memory().create_sequence(), eb = eng->memory().create_sequence();
   for (size_t i = 0; i < a.size(); ++i) {
     // Row 0: a's token, greedy; row 1: b's token, full logits (from the fourth step on).
     std::vector<Engine::BatchRow> rows = {{ra, a[i], true}, {rb, b[i % b.size()], i >= 3}};
@@ -169,14 +169,14 @@ TEST(EngineTest, ForkSharesPrefixBlocks) {
   const int n_vocab = model->hparams().n_vocab;
   const auto prefix = some_tokens(10, n_vocab);  // 2 full blocks + 2 positions
   const auto tail_a = some_tokens(6, n_vocab, 5), tail_b = some_tokens(7, n_vocab, 6);
-  auto& kv = engine->kv_cache();
+  auto& kv = engine->memory();
   const int s = kv.create_sequence();
   engine->eval(s, prefix, false);
   const int used = kv.used_blocks();
   const int f = engine->fork_sequence(s);
   EXPECT_EQ(kv.used_blocks(), used + 1) << "only the partial block is copied";
-  EXPECT_EQ(kv.block_refcount(kv.block_table(s)[0]), 2);
-  EXPECT_EQ(kv.block_refcount(kv.block_table(s)[2]), 1);
+  EXPECT_EQ(kv.kv().block_refcount(kv.block_table(s)[0]), 2);
+  EXPECT_EQ(kv.kv().block_refcount(kv.block_table(s)[2]), 1);
   EXPECT_EQ(kv.length(f), 10);
   const auto la = engine->eval(s, tail_a, true);
   const auto lb = engine->eval(f, tail_b, true);
@@ -185,12 +185,12 @@ TEST(EngineTest, ForkSharesPrefixBlocks) {
   std::vector<int32_t> full_a = prefix, full_b = prefix;
   full_a.insert(full_a.end(), tail_a.begin(), tail_a.end());
   full_b.insert(full_b.end(), tail_b.begin(), tail_b.end());
-  const auto ra = fresh->eval(fresh->kv_cache().create_sequence(), full_a, true);
-  const auto rb = fresh->eval(fresh->kv_cache().create_sequence(), full_b, true);
+  const auto ra = fresh->eval(fresh->memory().create_sequence(), full_a, true);
+  const auto rb = fresh->eval(fresh->memory().create_sequence(), full_b, true);
   EXPECT_EQ(0, std::memcmp(la.data(), ra.data() + prefix.size() * n_vocab, la.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(lb.data(), rb.data() + prefix.size() * n_vocab, lb.size() * sizeof(float)));
   kv.free_sequence(s);
-  EXPECT_EQ(kv.block_refcount(kv.block_table(f)[0]), 1);
+  EXPECT_EQ(kv.kv().block_refcount(kv.block_table(f)[0]), 1);
   kv.free_sequence(f);
   EXPECT_EQ(kv.used_blocks(), 0);
 }
@@ -214,17 +214,17 @@ TEST(EngineTest, FullCacheIsAnErrorThatChangesNothing) {
   o.kv_block_size = 16;
   auto engine = Engine::create(model, o);
   const int n_vocab = model->hparams().n_vocab;
-  const int s1 = engine->kv_cache().create_sequence();
-  const int s2 = engine->kv_cache().create_sequence();
+  const int s1 = engine->memory().create_sequence();
+  const int s2 = engine->memory().create_sequence();
   engine->eval(s1, some_tokens(40, n_vocab), false);
   EXPECT_THROW(engine->eval(s2, some_tokens(30, n_vocab), false), Error);
-  EXPECT_EQ(engine->kv_cache().length(s2), 0);
-  EXPECT_EQ(engine->kv_cache().length(s1), 40);
+  EXPECT_EQ(engine->memory().length(s2), 0);
+  EXPECT_EQ(engine->memory().length(s1), 40);
   EXPECT_THROW(engine->eval(s1, some_tokens(30, n_vocab), false), Error) << "past n_ctx";
   EXPECT_THROW(engine->decode({{s1, n_vocab, true}}), Error) << "token out of range";
   EXPECT_THROW(engine->decode({{99, 1, true}}), Error) << "unknown sequence";
   EXPECT_THROW(engine->decode({{s1, 1, true}, {s2, 1, true}, {s1, 2, true}}), Error) << "not contiguous";
-  engine->kv_cache().free_sequence(s1);
+  engine->memory().free_sequence(s1);
   EXPECT_NO_THROW(engine->eval(s2, some_tokens(30, n_vocab), false));
 }
 

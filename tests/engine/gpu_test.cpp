@@ -44,7 +44,7 @@ std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
 
 std::vector<float> run_logits(std::shared_ptr<const Model> model, EngineOptions o, const std::vector<int32_t>& tokens) {
   auto engine = Engine::create(model, o);
-  const int seq = engine->kv_cache().create_sequence();
+  const int seq = engine->memory().create_sequence();
   // A prefill chunk, then single decode steps.
   const size_t split = tokens.size() / 2;
   auto out = engine->eval(seq, std::span<const int32_t>(tokens.data(), split), true);
@@ -244,8 +244,8 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
   auto a = Engine::create(model, o), b = Engine::create(model, o);
   std::vector<int> sa, sb;
   for (int i = 0; i < 3; ++i) {
-    sa.push_back(a->kv_cache().create_sequence());
-    sb.push_back(b->kv_cache().create_sequence());
+    sa.push_back(a->memory().create_sequence());
+    sb.push_back(b->memory().create_sequence());
   }
   const auto prompt = some_tokens(12, n_vocab);
   for (int i = 0; i < 3; ++i) {
@@ -325,7 +325,7 @@ TEST(GpuEngineTest, DecodeBatchesAreInvariantAndReproducible) {
   const auto prompt_a = some_tokens(5, n_vocab, 1), prompt_b = some_tokens(6, n_vocab, 2);
   auto decode_alone = [&]() {
     auto e = Engine::create(model, o);
-    const int s = e->kv_cache().create_sequence();
+    const int s = e->memory().create_sequence();
     std::vector<float> out;
     for (int32_t t : prompt_a) {  // one row per step: matvec path throughout
       auto l = e->eval(s, std::span<const int32_t>(&t, 1), false);
@@ -336,7 +336,7 @@ TEST(GpuEngineTest, DecodeBatchesAreInvariantAndReproducible) {
   const auto alone = decode_alone();
   EXPECT_EQ(alone, decode_alone()) << "reproducible";
   auto e = Engine::create(model, o);
-  const int sb = e->kv_cache().create_sequence(), sa = e->kv_cache().create_sequence();
+  const int sb = e->memory().create_sequence(), sa = e->memory().create_sequence();
   for (size_t i = 0; i < prompt_a.size(); ++i) {
     std::vector<Engine::BatchRow> batch = {{sb, prompt_b[i], false}, {sa, prompt_a[i], true}};
     auto l = e->decode(batch);
@@ -362,8 +362,8 @@ TEST(GpuEngineTest, DecodeAtDepthOverSeveralSplitsMatchesCpu) {
   std::vector<int> seq_c, seq_g;
   for (int i = 0; i < kRows; ++i) {
     const auto prompt = some_tokens(120 + 13 * i, n_vocab, 10 + i);
-    seq_c.push_back(c->kv_cache().create_sequence());
-    seq_g.push_back(g->kv_cache().create_sequence());
+    seq_c.push_back(c->memory().create_sequence());
+    seq_g.push_back(g->memory().create_sequence());
     c->eval(seq_c.back(), prompt, false);
     g->eval(seq_g.back(), prompt, false);
   }
@@ -428,7 +428,7 @@ TEST(GpuEngineTest, PrefillAttentionMatchesCpuOverSeveralKeyTiles) {
   const auto tokens = some_tokens(300, n_vocab, 5);
   auto prompt_logits = [&](EngineOptions o) {
     auto e = Engine::create(model, o);
-    const int s = e->kv_cache().create_sequence();
+    const int s = e->memory().create_sequence();
     auto out = e->eval(s, std::span<const int32_t>(tokens.data(), 100), true);
     auto more = e->eval(s, std::span<const int32_t>(tokens.data() + 100, 200), true);
     out.insert(out.end(), more.begin(), more.end());
@@ -451,7 +451,7 @@ TEST(GpuEngineTest, PrefillAttentionMatchesCpuOverSeveralKeyTiles) {
   EngineOptions c, g = all_on_gpu();
   auto mixed = [&](EngineOptions o) {
     auto e = Engine::create(model, o);
-    const int sa = e->kv_cache().create_sequence(), sb = e->kv_cache().create_sequence();
+    const int sa = e->memory().create_sequence(), sb = e->memory().create_sequence();
     e->eval(sa, std::span<const int32_t>(tokens.data(), 50), false);
     e->eval(sb, std::span<const int32_t>(tokens.data() + 50, 250), false);
     std::vector<Engine::BatchRow> rows = {{sa, tokens[50], true}};
@@ -475,11 +475,11 @@ TEST(GpuEngineTest, BucketGraphsServeEveryRealRow) {
   auto batched = Engine::create(model, o), alone = Engine::create(model, o);
   std::vector<int> seqs;
   for (int i = 0; i < 4; ++i) {
-    seqs.push_back(batched->kv_cache().create_sequence());
+    seqs.push_back(batched->memory().create_sequence());
     const int32_t t = (int32_t)(7 + 13 * i);
     batched->eval(seqs.back(), std::span<const int32_t>(&t, 1), false);
   }
-  const int s_alone = alone->kv_cache().create_sequence();
+  const int s_alone = alone->memory().create_sequence();
   const int32_t first = 7 + 13 * 3;
   alone->eval(s_alone, std::span<const int32_t>(&first, 1), false);
   std::vector<Engine::BatchRow> three;
@@ -515,14 +515,14 @@ TEST(GpuEngineTest, ForkCopiesBlocksOnTheGpu) {
   o.kv_block_size = 16;
   const auto prefix = some_tokens(21, n_vocab), tail = some_tokens(3, n_vocab, 4);
   auto e = Engine::create(model, o);
-  const int s = e->kv_cache().create_sequence();
+  const int s = e->memory().create_sequence();
   e->eval(s, prefix, false);
   const int f = e->fork_sequence(s);
   const auto lf = e->eval(f, tail, true);
   auto fresh = Engine::create(model, o);
   std::vector<int32_t> full = prefix;
   full.insert(full.end(), tail.begin(), tail.end());
-  const int s2 = fresh->kv_cache().create_sequence();
+  const int s2 = fresh->memory().create_sequence();
   fresh->eval(s2, prefix, false);
   const auto lr = fresh->eval(s2, tail, true);
   EXPECT_EQ(lf, lr);

@@ -1,6 +1,7 @@
 // A plain double-precision forward pass (no paging, no batching, no quantized activations) for the
-// llama / qwen2 / qwen3 block, written from the architecture description independently of the
-// engine: the oracle the engine's logits are compared with.
+// llama / qwen2 / qwen3 block and Qwen3.5's gated attention and Gated DeltaNet layers, written from
+// the architecture description independently of the engine: the oracle the engine's logits are
+// compared with.
 #pragma once
 
 #include <cmath>
@@ -16,58 +17,144 @@ class ReferenceForward {
   explicit ReferenceForward(const Model& model) : m_(model), hp_(model.hparams()) {
     kcache_.resize(hp_.n_layer);
     vcache_.resize(hp_.n_layer);
+    conv_window_.resize(hp_.n_layer);
+    ssm_state_.resize(hp_.n_layer);
   }
 
   // Feeds one token at the next position; returns its logits.
   std::vector<double> step(int32_t token) {
     const int pos = n_past_++;
     std::vector<double> x = row(m_.token_embd(), token);
+    using LT = LayerTensor;
     for (int il = 0; il < hp_.n_layer; ++il) {
       const LayerWeights& L = m_.layer(il);
-      std::vector<double> xn = norm(x, vec(L.attn_norm));
-      std::vector<double> q = matvec(L.wq, xn), k = matvec(L.wk, xn), v = matvec(L.wv, xn);
-      add(q, L.bq);
-      add(k, L.bk);
-      add(v, L.bv);
-      if (L.q_norm) {
-        const auto qw = vec(L.q_norm), kw = vec(L.k_norm);
-        for (int h = 0; h < hp_.n_head; ++h) head_norm(q, h, qw);
-        for (int h = 0; h < hp_.n_head_kv; ++h) head_norm(k, h, kw);
-      }
-      rope(q, hp_.n_head, pos);
-      rope(k, hp_.n_head_kv, pos);
-      kcache_[il].push_back(k);
-      vcache_[il].push_back(v);
-      std::vector<double> attn((size_t)hp_.n_head * hp_.head_dim_v, 0.0);
-      const double scale = hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt((double)hp_.head_dim_k);
-      for (int h = 0; h < hp_.n_head; ++h) {
-        const int kvh = h / hp_.n_gqa();
-        std::vector<double> s(pos + 1);
-        double mx = -1e300;
-        for (int j = 0; j <= pos; ++j) {
-          double d = 0;
-          for (int i = 0; i < hp_.head_dim_k; ++i) d += q[h * hp_.head_dim_k + i] * kcache_[il][j][kvh * hp_.head_dim_k + i];
-          s[j] = d * scale;
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (double& e : s) sum += e = std::exp(e - mx);
-        for (int j = 0; j <= pos; ++j)
-          for (int i = 0; i < hp_.head_dim_v; ++i)
-            attn[h * hp_.head_dim_v + i] += s[j] / sum * vcache_[il][j][kvh * hp_.head_dim_v + i];
-      }
-      std::vector<double> o = matvec(L.wo, attn);
+      std::vector<double> xn = norm(x, vec(L[LT::AttnNorm]));
+      const std::vector<double> o = L.mixer == MixerKind::Attention ? attention(L, il, xn, pos) : delta_net(L, il, xn);
       for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-      xn = norm(x, vec(L.ffn_norm));
-      std::vector<double> g = matvec(L.ffn_gate, xn), u = matvec(L.ffn_up, xn);
+      xn = norm(x, vec(L[LT::FfnNorm]));
+      std::vector<double> g = matvec(L[LT::FfnGate], xn), u = matvec(L[LT::FfnUp], xn);
       for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      std::vector<double> d = matvec(L.ffn_down, g);
+      std::vector<double> d = matvec(L[LT::FfnDown], g);
       for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
     }
     return matvec(m_.output(), norm(x, vec(m_.output_norm())));
   }
 
  private:
+  std::vector<double> attention(const LayerWeights& L, int il, const std::vector<double>& xn, int pos) {
+    using LT = LayerTensor;
+    const int hd = hp_.head_dim_k;
+    std::vector<double> qg = matvec(L[LT::AttnQ], xn), k = matvec(L[LT::AttnK], xn), v = matvec(L[LT::AttnV], xn);
+    std::vector<double> q = qg, gate;
+    if (hp_.attn_output_gate) {  // per head [q_h | gate_h]
+      q.assign((size_t)hp_.q_dim(), 0.0);
+      gate.assign((size_t)hp_.q_dim(), 0.0);
+      for (int h = 0; h < hp_.n_head; ++h)
+        for (int i = 0; i < hd; ++i) {
+          q[(size_t)h * hd + i] = qg[(size_t)h * 2 * hd + i];
+          gate[(size_t)h * hd + i] = qg[(size_t)h * 2 * hd + hd + i];
+        }
+    }
+    add(q, L[LT::AttnQBias]);
+    add(k, L[LT::AttnKBias]);
+    add(v, L[LT::AttnVBias]);
+    if (L[LT::AttnQNorm]) {
+      const auto qw = vec(L[LT::AttnQNorm]), kw = vec(L[LT::AttnKNorm]);
+      for (int h = 0; h < hp_.n_head; ++h) head_norm(q, h, qw);
+      for (int h = 0; h < hp_.n_head_kv; ++h) head_norm(k, h, kw);
+    }
+    rope(q, hp_.n_head, pos);
+    rope(k, hp_.n_head_kv, pos);
+    kcache_[il].push_back(k);
+    vcache_[il].push_back(v);
+    std::vector<double> attn((size_t)hp_.n_head * hp_.head_dim_v, 0.0);
+    const double scale = hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt((double)hd);
+    for (int h = 0; h < hp_.n_head; ++h) {
+      const int kvh = h / hp_.n_gqa();
+      std::vector<double> s(pos + 1);
+      double mx = -1e300;
+      for (int j = 0; j <= pos; ++j) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += q[h * hd + i] * kcache_[il][j][kvh * hd + i];
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (double& e : s) sum += e = std::exp(e - mx);
+      for (int j = 0; j <= pos; ++j)
+        for (int i = 0; i < hp_.head_dim_v; ++i)
+          attn[h * hp_.head_dim_v + i] += s[j] / sum * vcache_[il][j][kvh * hp_.head_dim_v + i];
+    }
+    if (!gate.empty())
+      for (size_t i = 0; i < attn.size(); ++i) attn[i] /= 1.0 + std::exp(-gate[i]);
+    return matvec(L[LT::AttnOut], attn);
+  }
+
+  // Gated DeltaNet: conv over the raw qkv channels (kept window), L2-normalised q/k, the gated delta
+  // rule per value head (key head h % n_k_heads), gated RMSNorm, output projection.
+  std::vector<double> delta_net(const LayerWeights& L, int il, const std::vector<double>& xn) {
+    using LT = LayerTensor;
+    const DeltaNetDims& d = hp_.delta_net;
+    const int K = d.conv_kernel, C = d.conv_dim(), dk = d.head_k, dv = d.head_v;
+    const std::vector<double> raw = matvec(L[LT::SsmQkv], xn), z = matvec(L[LT::SsmGate], xn);
+    const std::vector<double> alpha = matvec(L[LT::SsmAlpha], xn), beta = matvec(L[LT::SsmBeta], xn);
+    const std::vector<double> conv = vec(L[LT::SsmConv]), dt = vec(L[LT::SsmDtBias]), a = vec(L[LT::SsmA]);
+    const std::vector<double> nw = vec(L[LT::SsmNorm]);
+    auto& window = conv_window_[il];
+    auto& S = ssm_state_[il];
+    if (window.empty()) window.assign((size_t)(K - 1) * C, 0.0);
+    if (S.empty()) S.assign((size_t)d.n_v_heads * dk * dv, 0.0);  // S[h][i][j], i: key, j: value
+    std::vector<double> c(C);
+    for (int ch = 0; ch < C; ++ch) {
+      double acc = conv[(size_t)ch * K + K - 1] * raw[ch];
+      for (int k = 0; k < K - 1; ++k) acc += conv[(size_t)ch * K + k] * window[(size_t)k * C + ch];
+      c[ch] = acc / (1.0 + std::exp(-acc));
+    }
+    for (int k = 0; k + 1 < K - 1; ++k)
+      for (int ch = 0; ch < C; ++ch) window[(size_t)k * C + ch] = window[(size_t)(k + 1) * C + ch];
+    if (K > 1)
+      for (int ch = 0; ch < C; ++ch) window[(size_t)(K - 2) * C + ch] = raw[ch];
+    auto l2 = [&](double* p) {
+      double ss = 0;
+      for (int i = 0; i < dk; ++i) ss += p[i] * p[i];
+      for (int i = 0; i < dk; ++i) p[i] /= std::sqrt(ss + 1e-6);
+    };
+    for (int h = 0; h < d.n_k_heads; ++h) {
+      l2(c.data() + (size_t)h * dk);
+      l2(c.data() + d.key_dim() + (size_t)h * dk);
+    }
+    std::vector<double> out((size_t)d.value_dim());
+    for (int h = 0; h < d.n_v_heads; ++h) {
+      const double* q = c.data() + (size_t)(h % d.n_k_heads) * dk;
+      const double* kk = c.data() + d.key_dim() + (size_t)(h % d.n_k_heads) * dk;
+      const double* v = c.data() + 2 * d.key_dim() + (size_t)h * dv;
+      const double sp = alpha[h] + dt[h] > 20 ? alpha[h] + dt[h] : std::log1p(std::exp(alpha[h] + dt[h]));
+      const double decay = std::exp(sp * a[h]), b = 1.0 / (1.0 + std::exp(-beta[h]));
+      double* Sh = S.data() + (size_t)h * dk * dv;
+      for (size_t e = 0; e < (size_t)dk * dv; ++e) Sh[e] *= decay;
+      std::vector<double> o(dv);
+      for (int j = 0; j < dv; ++j) {
+        double kv = 0;
+        for (int i = 0; i < dk; ++i) kv += Sh[(size_t)i * dv + j] * kk[i];
+        const double delta = b * (v[j] - kv);
+        for (int i = 0; i < dk; ++i) Sh[(size_t)i * dv + j] += kk[i] * delta;
+      }
+      double ss = 0;
+      for (int j = 0; j < dv; ++j) {
+        double acc = 0;
+        for (int i = 0; i < dk; ++i) acc += Sh[(size_t)i * dv + j] * q[i];
+        o[j] = acc / std::sqrt((double)dk);
+        ss += o[j] * o[j];
+      }
+      const double inv = 1.0 / std::sqrt(ss / dv + hp_.rms_eps);
+      for (int j = 0; j < dv; ++j) {
+        const double zj = z[(size_t)h * dv + j];
+        out[(size_t)h * dv + j] = o[j] * inv * nw[j] * zj / (1.0 + std::exp(-zj));
+      }
+    }
+    return matvec(L[LT::SsmOut], out);
+  }
+
   std::vector<double> vec(const Weight& w) const {
     std::vector<float> f((size_t)w.tensor->n_elements());
     dequantize_rows_ref(w.type(), w.data(), f.data(), w.tensor->n_rows(), w.tensor->row_length());
@@ -131,6 +218,7 @@ class ReferenceForward {
   const HParams& hp_;
   int n_past_ = 0;
   std::vector<std::vector<std::vector<double>>> kcache_, vcache_;
+  std::vector<std::vector<double>> conv_window_, ssm_state_;  // DeltaNet layers
 };
 
 }  // namespace roofline::test

@@ -31,7 +31,7 @@ std::vector<float> all_logits(const std::string& path, const std::vector<int32_t
   o.n_ctx = 256;
   o.n_threads = 2;
   auto engine = Engine::create(model, o);
-  return engine->eval(engine->kv_cache().create_sequence(), tokens, true);
+  return engine->eval(engine->memory().create_sequence(), tokens, true);
 }
 
 // Mean KL(p_base || p) over positions.

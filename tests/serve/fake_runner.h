@@ -1,7 +1,9 @@
-// A fake model backend for the scheduler tests: a real KvCache whose blocks store token ids, and
-// logits that are a deterministic function of every token a sequence's block table reads (like
-// attention does), so wrong block sharing, forks or prefix adoption change the output. Every step's
-// batch is logged for the batching tests.
+// A fake model backend for the scheduler tests: a real SequenceMemory whose KV blocks store token ids,
+// and logits that are a deterministic function of every token a sequence's block table reads (like
+// attention does), so wrong block sharing, forks or prefix adoption change the output. In recurrent
+// mode each state cell holds every token the sequence has fed (as a recurrent state summarizes them)
+// and the logits are computed from the cell, so a wrong snapshot, restore or fork changes the output
+// too. Every step's batch is logged for the batching tests.
 #pragma once
 
 #include <chrono>
@@ -17,16 +19,24 @@
 
 namespace roofline::serve::test {
 
-class FakeRunner : public StepRunner {
+struct FakeRecurrent {
+  int n_seq_max = 0;  // 0: no recurrent state (attention-only model)
+  int n_snapshots = 0;
+};
+
+class FakeRunner : public StepRunner, private SequenceMemory::Device {
  public:
-  FakeRunner(int n_vocab = 64, int n_blocks = 64, int block_size = 4, int n_batch = 32, int n_ctx = 0)
-      : n_vocab_(n_vocab), n_batch_(n_batch), n_ctx_(n_ctx > 0 ? n_ctx : n_blocks * block_size), kv_(n_blocks, block_size),
-        store_((size_t)n_blocks * block_size, -1) {}
+  using Recurrent = FakeRecurrent;
+  FakeRunner(int n_vocab = 64, int n_blocks = 64, int block_size = 4, int n_batch = 32, int n_ctx = 0, Recurrent rec = {})
+      : n_vocab_(n_vocab), n_batch_(n_batch), n_ctx_(n_ctx > 0 ? n_ctx : n_blocks * block_size),
+        kv_(memory_options(n_blocks, block_size, rec), this), store_((size_t)n_blocks * block_size, -1),
+        cells_((size_t)SequenceMemory::state_cells(memory_options(n_blocks, block_size, rec))) {}
 
   int n_vocab() const override { return n_vocab_; }
   int n_batch() const override { return n_batch_; }
   int n_ctx() const override { return n_ctx_; }
-  KvCache& kv() override { return kv_; }
+  SequenceMemory& memory() override { return kv_; }
+  int state_copies = 0;  // copy_state calls (snapshots, restores, forks)
 
   // Next-token rule: by default a hash of all tokens the sequence holds; tests may script it.
   std::function<int32_t(const std::vector<int32_t>& content)> next_token;
@@ -61,16 +71,24 @@ class FakeRunner : public StepRunner {
     for (auto& [seq, n] : runs) {
       const int base = kv_.length(seq);
       const auto& table = kv_.block_table(seq);
+      std::vector<int32_t>* cell = nullptr;
+      if (kv_.recurrent()) {
+        cell = &cells_[(size_t)kv_.state_cell(seq)];
+        if (base == 0) cell->clear();  // a new sequence starts from a zero state, whatever the cell held
+        if ((int)cell->size() != base) fail("state of sequence {} holds {} tokens at position {}", seq, cell->size(), base);
+      }
       for (int i = 0; i < n; ++i, ++r) {
         const int pos = base + i;
         // A sequence only writes into blocks it owns alone.
         const int32_t block = table[pos / kv_.block_size()];
-        if (kv_.block_refcount(block) != 1) fail("write into shared block {}", block);
+        if (kv_.kv().block_refcount(block) != 1) fail("write into shared block {}", block);
         store_[(size_t)block * kv_.block_size() + pos % kv_.block_size()] = rows[r].token;
+        if (cell) cell->push_back(rows[r].token);
         if (rows[r].want_logits) {
           std::vector<int32_t> content;
           for (int p = 0; p <= pos; ++p) content.push_back(store_[(size_t)table[p / kv_.block_size()] * kv_.block_size() + p % kv_.block_size()]);
-          append_logits(content, logits);
+          if (cell && *cell != content) fail("the state of sequence {} disagrees with its KV blocks", seq);
+          append_logits(cell ? *cell : content, logits);
         }
       }
       kv_.commit(seq, n);
@@ -78,12 +96,13 @@ class FakeRunner : public StepRunner {
     return logits;
   }
 
-  int fork_sequence(int seq) override {
-    const KvCache::Fork f = kv_.fork_sequence(seq);
-    if (f.copy_src >= 0)
-      for (int i = 0; i < kv_.block_size(); ++i)
-        store_[(size_t)f.copy_dst * kv_.block_size() + i] = store_[(size_t)f.copy_src * kv_.block_size() + i];
-    return f.seq;
+  void copy_kv_block(int src, int dst) override {
+    for (int i = 0; i < kv_.block_size(); ++i)
+      store_[(size_t)dst * kv_.block_size() + i] = store_[(size_t)src * kv_.block_size() + i];
+  }
+  void copy_state(int src, int dst) override {
+    cells_.at((size_t)dst) = cells_.at((size_t)src);
+    ++state_copies;
   }
 
   // Logits for a content: a smooth spread plus a clear winner (the next-token rule's pick).
@@ -100,9 +119,19 @@ class FakeRunner : public StepRunner {
   std::vector<std::vector<BatchRow>> steps;
 
  private:
+  static SequenceMemory::Options memory_options(int n_blocks, int block_size, Recurrent rec) {
+    SequenceMemory::Options o;
+    o.n_blocks = n_blocks;
+    o.block_size = block_size;
+    o.recurrent = rec.n_seq_max > 0;
+    o.n_seq_max = rec.n_seq_max;
+    o.n_snapshots = rec.n_snapshots;
+    return o;
+  }
   int n_vocab_, n_batch_, n_ctx_;
-  KvCache kv_;
+  SequenceMemory kv_;
   std::vector<int32_t> store_;
+  std::vector<std::vector<int32_t>> cells_;  // recurrent: per state cell, the tokens it has seen
 };
 
 // Token t prints as pieces[t] when given, else as one letter; eog is end of generation.

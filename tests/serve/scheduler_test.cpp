@@ -99,8 +99,8 @@ TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
   EXPECT_EQ(out[0].text[0].size(), 6u);
   EXPECT_EQ(out[0].timings.n_prompt, 10);
   EXPECT_EQ(out[0].timings.n_generated, 6);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
-  EXPECT_GT(runner.kv().cached_blocks(), 0);  // the prompt (and output) blocks stay cached
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
+  EXPECT_GT(runner.memory().cached_blocks(), 0);  // the prompt (and output) blocks stay cached
 }
 
 TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
@@ -124,7 +124,7 @@ TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
   for (int i = 0; i < n; ++i) reqs.push_back(s.submit(greedy(prompt_of(3 + i * 5, i), 12)));
   auto out = run_all(s, reqs, std::vector<int>(n, 1));
   for (int i = 0; i < n; ++i) EXPECT_EQ(out[i].tokens[0], alone[i]) << "request " << i;
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
   // Steps mixed prefill chunks with decode rows of other sequences.
   bool mixed = false;
   for (const auto& step : runner.steps) {
@@ -216,7 +216,7 @@ TEST(SchedulerTest, AdmissionWaitsForKvBlocks) {
   auto out = run_all(s, {a, b, c}, {1, 1, 1});
   for (auto& x : out) EXPECT_EQ(x.tokens[0].size(), 8u);
   EXPECT_GT(out[2].timings.queue_ms, 0.0);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
 }
 
 TEST(SchedulerTest, QueueFullIs503AndNeverFitsIs400) {
@@ -274,13 +274,13 @@ TEST(SchedulerTest, CancelFreesTheSlotAtTheNextStep) {
   auto b = s.submit(greedy(prompt_of(6, 2), 3));
   for (int i = 0; i < 5; ++i) s.step();
   EXPECT_EQ(s.status().queue_depth, 1);
-  EXPECT_GT(runner.kv().used_blocks(), 0);
+  EXPECT_GT(runner.memory().used_blocks(), 0);
   a->cancel();
   auto out = run_all(s, {a, b}, {1, 1});
   EXPECT_EQ(out[0].finish[0], Finish::Cancelled);
   EXPECT_LT(out[0].tokens[0].size(), 10u);
   EXPECT_EQ(out[1].tokens[0].size(), 3u);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
   // A queued request cancelled before admission never runs.
   auto c = s.submit(greedy(prompt_of(6, 3), 3));
   c->cancel();
@@ -317,7 +317,7 @@ TEST(SchedulerTest, PrefixReuseGivesTheSameOutputWithFewerPromptTokens) {
   size_t rows_after = 0;
   for (auto& st : runner.steps) rows_after += st.size();
   EXPECT_EQ(rows_after - rows_before, (size_t)(39 - 28 + 9));  // prompt tail + 9 decode rows
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
   // The same prompt again: everything but the last block's worth comes from the cache.
   auto again = run_all(s, {s.submit(greedy(second, 10))}, {1});
   EXPECT_EQ(again[0].tokens[0], expected);
@@ -340,7 +340,7 @@ TEST(SchedulerTest, ConcurrentRequestsShareACommonPrefix) {
   auto second = s.submit(greedy(with_suffix(1), 30));
   auto out = run_all(s, {first, second}, {1, 1});
   EXPECT_EQ(out[1].timings.n_cached, 24);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
 }
 
 TEST(SchedulerTest, ForkedChoicesShareThePromptAndFinishIndependently) {
@@ -358,7 +358,7 @@ TEST(SchedulerTest, ForkedChoicesShareThePromptAndFinishIndependently) {
   EXPECT_EQ(out[0].tokens[0], out[0].tokens[1]);  // greedy: identical choices
   EXPECT_EQ(out[0].tokens[0], out[0].tokens[2]);
   EXPECT_EQ(out[0].timings.n_generated, 21);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
   // Sampled with a seed: reproducible, and the choices differ from each other.
   auto sampled = [&] {
     FakeRunner rr;
@@ -444,7 +444,7 @@ TEST(SchedulerTest, UnlimitedRequestsStopWithLengthWhenThePoolRunsOut) {
   EXPECT_EQ(lo, 13u);
   EXPECT_GT(hi, 13u);
   EXPECT_LE(hi, 29u);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
 }
 
 TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
@@ -455,7 +455,7 @@ TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
   runner.fail_next_step = true;
   auto out = run_all(s, {a}, {1});
   EXPECT_EQ(out[0].finish[0], Finish::Error);
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
   auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
 }
@@ -591,6 +591,6 @@ TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
   for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i].size(), 10u) << i;
   s.stop(false);
   s.join();
-  EXPECT_EQ(runner.kv().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
   EXPECT_THROW(s.submit(greedy(prompt_of(5, 1), 5)), SubmitError);
 }

@@ -1,11 +1,14 @@
-// CpuBackend: one transformer layer is norm -> QKV (+bias) -> QK-norm -> RoPE -> KV store ->
-// paged attention -> output projection + residual -> norm -> SwiGLU FFN + residual.
+// CpuBackend: one transformer layer is norm -> mixer -> residual -> norm -> SwiGLU FFN -> residual,
+// the mixer either attention (QKV (+bias) -> QK-norm -> RoPE -> KV store -> paged attention (-> output
+// gate) -> output projection) or Gated DeltaNet (in-projections -> conv, delta rule, gated norm
+// (backend/delta_net.h) -> output projection).
 #include "backend/cpu/cpu_backend.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "backend/delta_net.h"
 #include "formats/quant_ref.h"
 
 namespace roofline::cpu {
@@ -42,8 +45,13 @@ uint64_t CpuBackend::weight_bytes(const Model& model, const LayerSet& layers) co
 
 uint64_t CpuBackend::kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
   const HParams& hp = model.hparams();
-  return (uint64_t)layers.n_layers() * kv.block_size *
+  return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) * kv.block_size *
          (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+}
+
+uint64_t CpuBackend::state_cell_bytes(const Model& model, const LayerSet& layers) const {
+  const HParams& hp = model.hparams();
+  return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * hp.delta_net.state_floats() * 4;
 }
 
 void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers) {
@@ -51,19 +59,19 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
   layers_ = layers;
   layer_data_.clear();
   layer_data_.resize(layers.n_layers());
+  const ArchInfo& arch = model_->arch();
   for (int il = layers.begin; il < layers.end; ++il) {
     const LayerWeights& L = model_->layer(il);
     LayerData& d = layer_data_[il - layers.begin];
-    d.attn_norm = to_floats(L.attn_norm);
-    d.ffn_norm = to_floats(L.ffn_norm);
-    d.q_norm = to_floats(L.q_norm);
-    d.k_norm = to_floats(L.k_norm);
-    d.bq = to_floats(L.bq);
-    d.bk = to_floats(L.bk);
-    d.bv = to_floats(L.bv);
-    for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
-      if (!w->data()) fail("tensor {} has no data (a layout-only model cannot run)", w->tensor->name);
-      vec_dot_fn(w->type());  // throws for a type without a CPU kernel
+    for (const PlannedTensor& t : layer_tensor_plan(arch, model_->hparams(), il)) {
+      const Weight& w = L[t.rule->role];
+      if (!w) continue;
+      if (t.rule->use == TensorUse::Floats) {
+        d.floats[(size_t)t.rule->role] = to_floats(w);
+      } else {
+        if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
+        vec_dot_fn(w.type());  // throws for a type without a CPU kernel
+      }
     }
   }
   if (layers.output) {
@@ -88,10 +96,20 @@ void CpuBackend::init_kv(const KvConfig& kv) {
   k_row_bytes_ = dtype_row_bytes(kv.type_k, hp.kv_dim_k());
   v_row_bytes_ = dtype_row_bytes(kv.type_v, hp.kv_dim_v());
   const size_t slots = (size_t)kv.n_blocks * kv.block_size;
-  for (LayerData& d : layer_data_) {
+  for (int il = layers_.begin; il < layers_.end; ++il) {
+    if (!hp.has_kv(il)) continue;
+    LayerData& d = layer_data_[il - layers_.begin];
     d.k_cache.assign(slots * k_row_bytes_, 0);
     d.v_cache.assign(slots * v_row_bytes_, 0);
   }
+}
+
+void CpuBackend::init_state(int n_cells) {
+  const HParams& hp = model_->hparams();
+  n_state_cells_ = n_cells;
+  for (int il = layers_.begin; il < layers_.end; ++il)
+    if (hp.mixer(il) == MixerKind::DeltaNet)
+      layer_data_[il - layers_.begin].state.assign((size_t)n_cells * hp.delta_net.state_floats(), 0.0f);
 }
 
 KvLayerView CpuBackend::kv_view(int il) {
@@ -114,14 +132,31 @@ void CpuBackend::begin_step(const StepDesc& step) {
   x_.resize(n * hp.n_embd);
   xn_.resize(n * hp.n_embd);
   if (layers_.n_layers() > 0) {
+    gate_.resize(n * hp.n_ff);
+    up_.resize(n * hp.n_ff);
+  }
+  if (hp.count_layers(MixerKind::Attention, layers_.begin, layers_.end) > 0) {
     q_.resize(n * hp.q_dim());
     k_.resize(n * hp.kv_dim_k());
     v_.resize(n * hp.kv_dim_v());
     attn_.resize(n * hp.n_head * hp.head_dim_v);
-    gate_.resize(n * hp.n_ff);
-    up_.resize(n * hp.n_ff);
+    if (hp.attn_output_gate) {
+      q_full_.resize(n * hp.q_dim() * 2);
+      attn_gate_.resize(n * hp.q_dim());
+    }
     rope_ = rope_table(step.positions, hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale,
                        rope_factors_.empty() ? nullptr : rope_factors_.data());
+  }
+  if (hp.count_layers(MixerKind::DeltaNet, layers_.begin, layers_.end) > 0) {
+    const DeltaNetDims& dn = hp.delta_net;
+    dn_qkv_.resize(n * dn.conv_dim());
+    dn_z_.resize(n * dn.value_dim());
+    dn_alpha_.resize(n * dn.n_v_heads);
+    dn_beta_.resize(n * dn.n_v_heads);
+    dn_out_.resize(n * dn.value_dim());
+    for (const StepSequence& sq : step.sequences)
+      if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
+        fail("internal error: sequence {} has no recurrent-state cell (cell {} of {})", sq.seq_id, sq.state_cell, n_state_cells_);
   }
 }
 
@@ -159,53 +194,103 @@ void CpuBackend::products_of_one_input(std::initializer_list<MatmulOut> outs, co
 void CpuBackend::forward_layer(int il) {
   const HParams& hp = model_->hparams();
   const LayerWeights& L = model_->layer(il);
-  const LayerData& d = layer_data_[il - layers_.begin];
+  LayerData& d = layer_data_[il - layers_.begin];
   const int n = step_.n_tokens();
   const int n_embd = hp.n_embd;
+  using LT = LayerTensor;
 
-  // Attention block.
+  // Mixer block.
   pool_.parallel_for((size_t)n, [&](size_t r) {
-    rms_norm(x_.data() + r * n_embd, d.attn_norm.data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
+    rms_norm(x_.data() + r * n_embd, d[LT::AttnNorm].data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
-  observe(L.wq, xn_.data(), n);
-  observe(L.wk, xn_.data(), n);
-  observe(L.wv, xn_.data(), n);
-  products_of_one_input({{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}}, xn_.data(), n, n_embd);
-  add_bias(q_.data(), d.bq, n);
-  add_bias(k_.data(), d.bk, n);
-  add_bias(v_.data(), d.bv, n);
-  const RopeStyle style = model_->arch().rope_style;
-  pool_.parallel_for((size_t)n, [&](size_t r) {
-    float* qr = q_.data() + r * hp.q_dim();
-    float* kr = k_.data() + r * hp.kv_dim_k();
-    if (!d.q_norm.empty()) {
-      for (int h = 0; h < hp.n_head; ++h) rms_norm(qr + h * hp.head_dim_k, d.q_norm.data(), qr + h * hp.head_dim_k, hp.head_dim_k, hp.rms_eps);
-      for (int h = 0; h < hp.n_head_kv; ++h) rms_norm(kr + h * hp.head_dim_k, d.k_norm.data(), kr + h * hp.head_dim_k, hp.head_dim_k, hp.rms_eps);
-    }
-    const float* c = rope_.cos.data() + r * rope_.half;
-    const float* s = rope_.sin.data() + r * rope_.half;
-    rope_row(qr, hp.n_head, hp.head_dim_k, hp.n_rot, style, c, s);
-    rope_row(kr, hp.n_head_kv, hp.head_dim_k, hp.n_rot, style, c, s);
-  });
-  const KvLayerView kv = kv_view(il);
-  kv_store(kv, step_, k_.data(), v_.data(), hp.kv_dim_k(), hp.kv_dim_v(), pool_);
-  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
-  attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale, pool_);
-  observe(L.wo, attn_.data(), n);
-  matmul(L.wo, attn_.data(), n, xn_.data(), pool_);
+  if (L.mixer == MixerKind::Attention) attention_block(il, L, d);
+  else delta_net_block(L, d);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
 
   // Feed-forward block.
   pool_.parallel_for((size_t)n, [&](size_t r) {
-    rms_norm(x_.data() + r * n_embd, d.ffn_norm.data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
+    rms_norm(x_.data() + r * n_embd, d[LT::FfnNorm].data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
-  observe(L.ffn_gate, xn_.data(), n);
-  observe(L.ffn_up, xn_.data(), n);
-  products_of_one_input({{&L.ffn_gate, gate_.data()}, {&L.ffn_up, up_.data()}}, xn_.data(), n, n_embd);
+  const Weight &w_gate = L[LT::FfnGate], &w_up = L[LT::FfnUp], &w_down = L[LT::FfnDown];
+  observe(w_gate, xn_.data(), n);
+  observe(w_up, xn_.data(), n);
+  products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, n_embd);
   for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
-  observe(L.ffn_down, gate_.data(), n);
-  matmul(L.ffn_down, gate_.data(), n, xn_.data(), pool_);
+  observe(w_down, gate_.data(), n);
+  matmul(w_down, gate_.data(), n, xn_.data(), pool_);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
+}
+
+void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData& d) {
+  const HParams& hp = model_->hparams();
+  const int n = step_.n_tokens();
+  const int n_embd = hp.n_embd;
+  using LT = LayerTensor;
+  const Weight &wq = L[LT::AttnQ], &wk = L[LT::AttnK], &wv = L[LT::AttnV], &wo = L[LT::AttnOut];
+  observe(wq, xn_.data(), n);
+  observe(wk, xn_.data(), n);
+  observe(wv, xn_.data(), n);
+  const bool gated = hp.attn_output_gate;
+  products_of_one_input({{&wq, gated ? q_full_.data() : q_.data()}, {&wk, k_.data()}, {&wv, v_.data()}}, xn_.data(), n,
+                        n_embd);
+  add_bias(q_.data(), d[LT::AttnQBias], n);
+  add_bias(k_.data(), d[LT::AttnKBias], n);
+  add_bias(v_.data(), d[LT::AttnVBias], n);
+  const int hd = hp.head_dim_k;
+  if (gated) {  // per head [q_h | gate_h] -> q and the output gate
+    for (int r = 0; r < n; ++r)
+      for (int h = 0; h < hp.n_head; ++h) {
+        const float* src = q_full_.data() + ((size_t)r * hp.n_head + h) * 2 * hd;
+        std::memcpy(q_.data() + ((size_t)r * hp.n_head + h) * hd, src, hd * sizeof(float));
+        std::memcpy(attn_gate_.data() + ((size_t)r * hp.n_head + h) * hd, src + hd, hd * sizeof(float));
+      }
+  }
+  const RopeStyle style = model_->arch().rope_style;
+  const std::vector<float>&q_norm = d[LT::AttnQNorm], &k_norm = d[LT::AttnKNorm];
+  pool_.parallel_for((size_t)n, [&](size_t r) {
+    float* qr = q_.data() + r * hp.q_dim();
+    float* kr = k_.data() + r * hp.kv_dim_k();
+    if (!q_norm.empty()) {
+      for (int h = 0; h < hp.n_head; ++h) rms_norm(qr + h * hd, q_norm.data(), qr + h * hd, hd, hp.rms_eps);
+      for (int h = 0; h < hp.n_head_kv; ++h) rms_norm(kr + h * hd, k_norm.data(), kr + h * hd, hd, hp.rms_eps);
+    }
+    const float* c = rope_.cos.data() + r * rope_.half;
+    const float* s = rope_.sin.data() + r * rope_.half;
+    rope_row(qr, hp.n_head, hd, hp.n_rot, style, c, s);
+    rope_row(kr, hp.n_head_kv, hd, hp.n_rot, style, c, s);
+  });
+  const KvLayerView kv = kv_view(il);
+  kv_store(kv, step_, k_.data(), v_.data(), hp.kv_dim_k(), hp.kv_dim_v(), pool_);
+  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hd);
+  attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hd, hp.head_dim_v, scale, pool_);
+  if (gated)
+    for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-attn_gate_[i]));
+  observe(wo, attn_.data(), n);
+  matmul(wo, attn_.data(), n, xn_.data(), pool_);
+}
+
+void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
+  const HParams& hp = model_->hparams();
+  const DeltaNetDims& dn = hp.delta_net;
+  const int n = step_.n_tokens();
+  using LT = LayerTensor;
+  const Weight &w_qkv = L[LT::SsmQkv], &w_z = L[LT::SsmGate], &w_alpha = L[LT::SsmAlpha], &w_beta = L[LT::SsmBeta];
+  for (const Weight* w : {&w_qkv, &w_z, &w_alpha, &w_beta}) observe(*w, xn_.data(), n);
+  products_of_one_input({{&w_qkv, dn_qkv_.data()}, {&w_z, dn_z_.data()}, {&w_alpha, dn_alpha_.data()}, {&w_beta, dn_beta_.data()}},
+                        xn_.data(), n, hp.n_embd);
+  std::vector<DeltaNetSeq> seqs;
+  seqs.reserve(step_.sequences.size());
+  for (const StepSequence& s : step_.sequences)
+    seqs.push_back({s.first_token, s.n_new, s.n_past == 0, d.state.data() + (size_t)s.state_cell * dn.state_floats()});
+  DeltaNetWeights w;
+  w.conv = d[LT::SsmConv].data();
+  w.dt_bias = d[LT::SsmDtBias].data();
+  w.a = d[LT::SsmA].data();
+  w.norm = d[LT::SsmNorm].data();
+  delta_net_reference(dn, w, hp.rms_eps, seqs, dn_qkv_.data(), dn_z_.data(), dn_alpha_.data(), dn_beta_.data(), dn_out_.data());
+  const Weight& w_out = L[LT::SsmOut];
+  observe(w_out, dn_out_.data(), n);
+  matmul(w_out, dn_out_.data(), n, xn_.data(), pool_);
 }
 
 void CpuBackend::output(float* logits) {
@@ -225,9 +310,17 @@ void CpuBackend::output(float* logits) {
 void CpuBackend::copy_kv_block(int src, int dst) {
   const size_t bs = (size_t)kv_.block_size;
   for (LayerData& d : layer_data_) {
+    if (d.k_cache.empty()) continue;
     std::memcpy(d.k_cache.data() + dst * bs * k_row_bytes_, d.k_cache.data() + src * bs * k_row_bytes_, bs * k_row_bytes_);
     std::memcpy(d.v_cache.data() + dst * bs * v_row_bytes_, d.v_cache.data() + src * bs * v_row_bytes_, bs * v_row_bytes_);
   }
+}
+
+void CpuBackend::copy_state(int src, int dst) {
+  ROOFLINE_CHECK(src >= 0 && dst >= 0 && src < n_state_cells_ && dst < n_state_cells_, "state cell out of range");
+  const size_t n = model_->hparams().delta_net.state_floats();
+  for (LayerData& d : layer_data_)
+    if (!d.state.empty()) std::memcpy(d.state.data() + (size_t)dst * n, d.state.data() + (size_t)src * n, n * sizeof(float));
 }
 
 }  // namespace roofline::cpu

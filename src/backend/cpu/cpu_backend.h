@@ -1,7 +1,9 @@
 // The CPU backend: reads weights in place from the model file's mapping (no copy), keeps its
-// layers' KV blocks in host memory, and runs layers with multithreaded kernels (matmul.h, cpu_ops.h).
+// layers' KV blocks and recurrent-state cells in host memory, and runs layers with multithreaded
+// kernels (matmul.h, cpu_ops.h, the DeltaNet mixer).
 #pragma once
 
+#include <array>
 #include <initializer_list>
 #include <memory>
 #include <vector>
@@ -21,8 +23,10 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "CPU"; }
   uint64_t weight_bytes(const Model& model, const LayerSet& layers) const override;
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
+  uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override;
   void load(std::shared_ptr<const Model> model, const LayerSet& layers) override;
   void init_kv(const KvConfig& kv) override;
+  void init_state(int n_cells) override;
   void begin_step(const StepDesc& step) override;
   void embed() override;
   void set_hidden(const float* hidden) override;
@@ -30,16 +34,21 @@ class CpuBackend final : public Backend {
   void forward(int layer_begin, int layer_end) override;
   void output(float* logits) override;
   void copy_kv_block(int src, int dst) override;
+  void copy_state(int src, int dst) override;
   void set_matmul_observer(MatmulObserver observer) override { observer_ = std::move(observer); }
 
   int n_threads() const { return pool_.size(); }
 
  private:
   struct LayerData {
-    std::vector<float> attn_norm, ffn_norm, q_norm, k_norm, bq, bk, bv;
-    std::vector<uint8_t> k_cache, v_cache;
+    std::array<std::vector<float>, kLayerTensorCount> floats;  // the tensors read as f32 (TensorUse::Floats)
+    const std::vector<float>& operator[](LayerTensor t) const { return floats[(size_t)t]; }
+    std::vector<uint8_t> k_cache, v_cache;  // attention layers
+    std::vector<float> state;               // DeltaNet layers: n_cells x state_floats
   };
   void forward_layer(int il);
+  void attention_block(int il, const LayerWeights& L, const LayerData& d);  // xn_ -> xn_ (the block's output)
+  void delta_net_block(const LayerWeights& L, LayerData& d);               // xn_ -> xn_
   void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
     if (observer_) observer_(*w.tensor, x, n_rows, w.cols());
@@ -56,8 +65,11 @@ class CpuBackend final : public Backend {
 
   StepDesc step_;
   RopeTable rope_;
+  int n_state_cells_ = 0;
   // Work buffers, sized per step.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<float> q_full_, attn_gate_;  // gated attention: the Q projection, and the gate split from it
+  std::vector<float> dn_qkv_, dn_z_, dn_alpha_, dn_beta_, dn_out_;  // DeltaNet layers
   ActRows act_;
   MatmulObserver observer_;
 };

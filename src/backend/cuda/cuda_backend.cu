@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -70,8 +71,10 @@ class CudaBackend final : public Backend {
     uint64_t n = 0;
     for (int il = layers.begin; il < layers.end; ++il) {
       const LayerWeights& L = model.layer(il);
-      for (const Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) n += device_weight_bytes(*w);
-      for (const Weight* w : {&L.attn_norm, &L.ffn_norm, &L.q_norm, &L.k_norm, &L.bq, &L.bk, &L.bv}) n += floats_bytes(*w);
+      for (const PlannedTensor& t : layer_tensor_plan(model.arch(), model.hparams(), il)) {
+        const Weight& w = L[t.rule->role];
+        n += t.rule->use == TensorUse::Matrix ? device_weight_bytes(w) : floats_bytes(w);
+      }
     }
     if (layers.embedding) n += device_weight_bytes(model.token_embd());
     if (layers.output) {
@@ -85,8 +88,13 @@ class CudaBackend final : public Backend {
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
     const HParams& hp = model.hparams();
     const int64_t nk = (int64_t)kv.block_size * hp.kv_dim_k(), nv = (int64_t)kv.block_size * hp.kv_dim_v();
-    return (uint64_t)layers.n_layers() * (kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) +
+    return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) * (kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) +
                                          kv_values_bytes(kv.type_v, nv) + kv_scales_bytes(kv.type_v, nv) + 4 * 256);
+  }
+
+  uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override {
+    const HParams& hp = model.hparams();
+    return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * (hp.delta_net.state_floats() * 4 + 256);
   }
 
   void load(std::shared_ptr<const Model> model, const LayerSet& layers) override {
@@ -99,27 +107,20 @@ class CudaBackend final : public Backend {
     for (int il = layers.begin; il < layers.end; ++il) {
       const LayerWeights& L = model_->layer(il);
       LayerDev& d = layer_dev_[il - layers.begin];
-      d.wq = upload_weight(L.wq, weights_, stream_);
-      d.wk = upload_weight(L.wk, weights_, stream_);
-      d.wv = upload_weight(L.wv, weights_, stream_);
-      d.wo = upload_weight(L.wo, weights_, stream_);
-      d.gate = upload_weight(L.ffn_gate, weights_, stream_);
-      d.up = upload_weight(L.ffn_up, weights_, stream_);
-      d.down = upload_weight(L.ffn_down, weights_, stream_);
-      d.wq_bytes = L.wq.bytes();
-      d.wk_bytes = L.wk.bytes();
-      d.wv_bytes = L.wv.bytes();
-      d.wo_bytes = L.wo.bytes();
-      d.gate_bytes = L.ffn_gate.bytes();
-      d.up_bytes = L.ffn_up.bytes();
-      d.down_bytes = L.ffn_down.bytes();
-      d.attn_norm = upload_floats(to_floats(L.attn_norm), weights_, stream_);
-      d.ffn_norm = upload_floats(to_floats(L.ffn_norm), weights_, stream_);
-      d.q_norm = upload_floats(to_floats(L.q_norm), weights_, stream_);
-      d.k_norm = upload_floats(to_floats(L.k_norm), weights_, stream_);
-      d.bq = upload_floats(to_floats(L.bq), weights_, stream_);
-      d.bk = upload_floats(to_floats(L.bk), weights_, stream_);
-      d.bv = upload_floats(to_floats(L.bv), weights_, stream_);
+      d.mixer = L.mixer;
+      for (const PlannedTensor& t : layer_tensor_plan(model_->arch(), hp, il)) {
+        const Weight& w = L[t.rule->role];
+        const size_t i = (size_t)t.rule->role;
+        if (t.rule->use == TensorUse::Matrix) {
+          d.mats[i] = upload_weight(w, weights_, stream_);
+          d.mat_bytes[i] = w ? w.bytes() : 0;
+        } else {
+          d.vecs[i] = upload_floats(to_floats(w), weights_, stream_);
+        }
+      }
+      if (L.mixer != MixerKind::Attention)
+        fail("{} layers do not run on the GPU yet in this build; use -ngl {} or fewer (CPU) for this model",
+             mixer_kind_name(L.mixer), 0);
     }
     if (layers.embedding) embd_ = upload_weight(model_->token_embd(), weights_, stream_);
     if (layers.output) {
@@ -204,6 +205,7 @@ class CudaBackend final : public Backend {
     kv_arena_.reserve((kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) + kv_values_bytes(kv.type_v, nv) +
                        kv_scales_bytes(kv.type_v, nv) + 4 * 256) * (size_t)layers_.n_layers() + 256);
     for (LayerDev& d : layer_dev_) {
+      if (d.mixer != MixerKind::Attention) continue;
       d.kv.type_k = kv.type_k;
       d.kv.type_v = kv.type_v;
       d.kv.block_size = kv.block_size;
@@ -212,6 +214,19 @@ class CudaBackend final : public Backend {
       if (kv_scales_bytes(kv.type_k, nk)) d.kv.k_scales = kv_arena_.take(kv_scales_bytes(kv.type_k, nk));
       if (kv_scales_bytes(kv.type_v, nv)) d.kv.v_scales = kv_arena_.take(kv_scales_bytes(kv.type_v, nv));
     }
+  }
+
+  void init_state(int n_cells) override {
+    ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
+    const size_t cell_bytes = model_->hparams().delta_net.state_floats() * 4;
+    size_t total = 0;
+    for (const LayerDev& d : layer_dev_)
+      if (d.mixer == MixerKind::DeltaNet) total += (cell_bytes * n_cells + 255) / 256 * 256;
+    n_state_cells_ = n_cells;
+    if (total == 0) return;
+    state_arena_.reserve(total + 256);
+    for (LayerDev& d : layer_dev_)
+      if (d.mixer == MixerKind::DeltaNet) d.state = reinterpret_cast<float*>(state_arena_.take(cell_bytes * n_cells));
   }
 
   void begin_step(const StepDesc& step) override {
@@ -410,6 +425,7 @@ class CudaBackend final : public Backend {
                                           cudaMemcpyDeviceToDevice, stream_));
     };
     for (LayerDev& d : layer_dev_) {
+      if (d.mixer != MixerKind::Attention) continue;
       copy(d.kv.k, kv_values_bytes(kv_.type_k, bk));
       copy(d.kv.v, kv_values_bytes(kv_.type_v, bv));
       copy(d.kv.k_scales, kv_scales_bytes(kv_.type_k, bk));
@@ -418,17 +434,32 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  void copy_state(int src, int dst) override {
+    ROOFLINE_CHECK(src >= 0 && dst >= 0 && src < n_state_cells_ && dst < n_state_cells_, "state cell out of range");
+    ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
+    const size_t floats = model_->hparams().delta_net.state_floats();
+    for (LayerDev& d : layer_dev_)
+      if (d.state)
+        ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(d.state + (size_t)dst * floats, d.state + (size_t)src * floats, floats * 4,
+                                            cudaMemcpyDeviceToDevice, stream_));
+  }
+
   void set_matmul_observer(MatmulObserver observer) override {
     if (observer) fail("importance matrices are collected on the CPU backend (run imatrix with -ngl 0)");
   }
 
  private:
+  // A layer on the device: its matrices (uploaded in the kernels' layout) and f32 vectors by role.
   struct LayerDev {
-    DeviceWeight wq, wk, wv, wo, gate, up, down;
-    size_t wq_bytes = 0, wk_bytes = 0, wv_bytes = 0, wo_bytes = 0, gate_bytes = 0, up_bytes = 0, down_bytes = 0;
-    float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-    float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+    MixerKind mixer = MixerKind::Attention;
+    std::array<DeviceWeight, kLayerTensorCount> mats{};
+    std::array<size_t, kLayerTensorCount> mat_bytes{};  // bytes in the file (what a product reads)
+    std::array<float*, kLayerTensorCount> vecs{};
     KvLayer kv;
+    float* state = nullptr;  // DeltaNet layers: n_cells x state_floats
+    const DeviceWeight& m(LayerTensor t) const { return mats[(size_t)t]; }
+    double bytes(LayerTensor t) const { return (double)mat_bytes[(size_t)t]; }
+    float* v(LayerTensor t) const { return vecs[(size_t)t]; }
   };
 
   static int bucket_of(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
@@ -553,6 +584,7 @@ class CudaBackend final : public Backend {
   }
 
   void forward_layer(LayerDev& L) {
+    using LT = LayerTensor;
     const HParams& hp = model_->hparams();
     const int n = n_tok_;
     const bool small = n <= 8;
@@ -563,44 +595,44 @@ class CudaBackend final : public Backend {
       return false;
     };
     // Attention block.
-    const bool q8_in = needs_q8({&L.wq, &L.wk, &L.wv}) && hp.n_embd % 32 == 0;
+    const bool q8_in = needs_q8({&L.m(LT::AttnQ), &L.m(LT::AttnK), &L.m(LT::AttnV)}) && hp.n_embd % 32 == 0;
     mark("attn norm + quantize", 0);
-    rms_norm(x_, L.attn_norm, hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
+    rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
-    project_group({{"q", &L.wq, (double)L.wq_bytes, q_, hp.q_dim()},
-                   {"k", &L.wk, (double)L.wk_bytes, k_, hp.kv_dim_k()},
-                   {"v", &L.wv, (double)L.wv_bytes, v_, hp.kv_dim_v()}},
+    project_group({{"q", &L.m(LT::AttnQ), L.bytes(LT::AttnQ), q_, hp.q_dim()},
+                   {"k", &L.m(LT::AttnK), L.bytes(LT::AttnK), k_, hp.kv_dim_k()},
+                   {"v", &L.m(LT::AttnV), L.bytes(LT::AttnV), v_, hp.kv_dim_v()}},
                   xn_, n);
     mark("bias + rope + kv store", 0);
-    add_bias(q_, L.bq, n, hp.q_dim(), stream_);
-    add_bias(k_, L.bk, n, hp.kv_dim_k(), stream_);
-    add_bias(v_, L.bv, n, hp.kv_dim_v(), stream_);
-    rope_and_store(dstep_, q_, k_, v_, L.q_norm, L.k_norm, rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+    add_bias(q_, L.v(LT::AttnQBias), n, hp.q_dim(), stream_);
+    add_bias(k_, L.v(LT::AttnKBias), n, hp.kv_dim_k(), stream_);
+    add_bias(v_, L.v(LT::AttnVBias), n, hp.kv_dim_v(), stream_);
+    rope_and_store(dstep_, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_freq_base,
                    hp.rope_freq_scale, hp.rms_eps, L.kv, stream_);
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
-    const bool q8_attn = needs_q8({&L.wo});
+    const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
     prefill_attention(cublas_, dstep_, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                       prefill_, attn_, stream_);
     const bool quantized = attention(dstep_, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                      splits_, partial_, attn_, q8_attn ? act_ : ActQ8{}, attn_rows_dev_, stream_);
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
-    mark(op_name("matvec o", L.wo).c_str(), (double)L.wo_bytes);
-    project(L.wo, attn_, n, x_, hp.n_embd, true);
+    mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
+    project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
     // Feed-forward block.
-    const bool q8_ffn = needs_q8({&L.gate, &L.up}) && hp.n_embd % 32 == 0;
+    const bool q8_ffn = needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && hp.n_embd % 32 == 0;
     mark("ffn norm + quantize", 0);
-    rms_norm(x_, L.ffn_norm, hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
+    rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
-    project_group({{"gate", &L.gate, (double)L.gate_bytes, gate_, hp.n_ff}, {"up", &L.up, (double)L.up_bytes, up_, hp.n_ff}},
+    project_group({{"gate", &L.m(LT::FfnGate), L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &L.m(LT::FfnUp), L.bytes(LT::FfnUp), up_, hp.n_ff}},
                   xn_, n);
-    const bool q8_down = needs_q8({&L.down}) && hp.n_ff % 32 == 0;
+    const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
     mark("swiglu + quantize", 0);
     swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_down ? hp.n_ff : -1;
-    mark(op_name("matvec down", L.down).c_str(), (double)L.down_bytes);
-    project(L.down, gate_, n, x_, hp.n_embd, true);
+    mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
+    project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
     n_quantized_cols_ = -1;
   }
 
@@ -610,7 +642,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<const Model> model_;
   LayerSet layers_;
   KvConfig kv_;
-  DeviceArena weights_, work_, kv_arena_;
+  DeviceArena weights_, work_, kv_arena_, state_arena_;
+  int n_state_cells_ = 0;
   std::vector<LayerDev> layer_dev_;
   DeviceWeight embd_, out_;
   float* out_norm_ = nullptr;

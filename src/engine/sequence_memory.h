@@ -1,0 +1,115 @@
+// What a sequence carries from step to step, as one interface the engine owns and the server uses:
+// the paged KV cache of the attention layers (blocks shared between sequences, prompt caching by
+// prefix, kv_cache.h) and, for models with recurrent (Gated DeltaNet) layers, a state cell per live
+// sequence. A recurrent state cannot be cut back to an earlier position, so prompt caching on such
+// models keeps state snapshots taken when a sequence's length reaches a block boundary, and a later
+// prompt reuses a cached prefix only up to a block that has one: never a wrong answer, at most a
+// shorter reuse. Copies of blocks and states are asked of the backends through Device.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "engine/kv_cache.h"
+
+namespace roofline {
+
+class SequenceMemory {
+ public:
+  // What the memory asks of the backends (every backend copies the layers it holds).
+  class Device {
+   public:
+    virtual ~Device() = default;
+    virtual void copy_kv_block(int src, int dst) = 0;
+    virtual void copy_state(int src, int dst) = 0;
+  };
+  struct Options {
+    int n_blocks = 0;
+    int block_size = 32;
+    bool recurrent = false;  // the model has recurrent layers: sequences need state cells
+    int n_seq_max = 1;       // recurrent: sequences that may live at once (one state cell each)
+    int n_snapshots = 0;     // recurrent: state cells kept for prompt caching (0: no reuse of prefixes)
+  };
+  // State cells the backends need: n_seq_max + n_snapshots for recurrent models, else 0.
+  static int state_cells(const Options& o) { return o.recurrent ? o.n_seq_max + o.n_snapshots : 0; }
+
+  SequenceMemory(const Options& options, Device* device);
+
+  // --- geometry and accounting ---
+  bool recurrent() const { return options_.recurrent; }
+  int block_size() const { return kv_.block_size(); }
+  int n_blocks() const { return kv_.n_blocks(); }
+  int free_blocks() const { return kv_.free_blocks(); }
+  int used_blocks() const { return kv_.used_blocks(); }
+  int capacity_tokens() const { return kv_.capacity_tokens(); }
+  int cached_blocks() const { return kv_.cached_blocks(); }
+  int evictable_blocks() const { return kv_.evictable_blocks(); }
+  // Sequences that can still be created (unbounded for models without recurrent layers).
+  int free_sequences() const;
+  int n_state_snapshots() const;  // snapshots held (cached or taken by live sequences)
+
+  // --- sequences ---
+  int create_sequence();  // throws Error when every state cell is taken
+  bool has_sequence(int seq) const { return kv_.has_sequence(seq); }
+  void free_sequence(int seq);
+  // A new sequence continuing `seq`: full KV blocks shared, the partial one and the state copied.
+  int fork_sequence(int seq);
+  int length(int seq) const { return kv_.length(seq); }
+  const std::vector<int32_t>& block_table(int seq) const { return kv_.block_table(seq); }
+  int state_cell(int seq) const;  // -1 without recurrent layers
+  // Drops positions >= length (models without recurrent layers only; see KvCache::truncate).
+  int truncate(int seq, int length);
+
+  // --- a step ---
+  int blocks_needed(int seq, int n_new) const { return kv_.blocks_needed(seq, n_new); }
+  bool reserve(int seq, int n_new) { return kv_.reserve(seq, n_new); }
+  // Marks n tokens written after a step; on recurrent models with snapshots, a sequence whose length
+  // lands on a block boundary gets its state snapshot there (a state copy on the backends).
+  void commit(int seq, int n_new);
+
+  // --- prompt caching ---
+  // Indexes the full blocks of `seq` holding tokens[0, n) (and attaches its snapshot when its block is
+  // indexed), so later prompts with the same prefix can adopt them.
+  void cache_blocks(int seq, std::span<const int32_t> tokens);
+  // Cached blocks of the longest block-aligned prefix of `tokens` that can be reused (recurrent: ending
+  // at a block with a state snapshot), at most max_blocks; `unreferenced` as KvCache::match_prefix.
+  int match_prefix(std::span<const int32_t> tokens, int max_blocks, int* unreferenced = nullptr) const;
+  // Gives the empty sequence `seq` that prefix (and its state); returns the positions adopted.
+  int adopt_prefix(int seq, std::span<const int32_t> tokens, int max_blocks);
+  void clear_prefix_cache();
+  // Positions at which a prompt chunk should end so the state there can be kept (recurrent models
+  // with snapshots: the block size; 0 otherwise).
+  int snapshot_interval() const { return options_.recurrent && options_.n_snapshots > 0 ? kv_.block_size() : 0; }
+
+  const KvCache& kv() const { return kv_; }
+
+ private:
+  struct SeqState {
+    int cell = -1;       // live state
+    int snap = -1;       // a snapshot cell this sequence took and still owns (-1: none)
+    int snap_pos = 0;    // the length at which it was taken
+  };
+  struct Snapshot {      // a cached snapshot, valid while its block keeps the same index hash
+    int cell = -1;
+    uint64_t hash = 0;
+    std::list<int32_t>::iterator lru;
+  };
+  int take_snapshot_cell();                  // a free snapshot cell, evicting the oldest cached one; -1 if none
+  void attach_snapshot(int seq);             // hands the sequence's snapshot to the cache if its block is indexed
+  int reusable_blocks(const std::vector<int32_t>& chain) const;  // prefix length ending at a valid snapshot
+  const Snapshot* valid_snapshot(int32_t block) const;
+
+  Options options_;
+  Device* device_;
+  KvCache kv_;
+  std::map<int, SeqState> seqs_;
+  std::vector<int> free_cells_;          // live-state cells
+  std::vector<int> free_snap_cells_;     // snapshot cells nobody holds
+  std::map<int32_t, Snapshot> snapshots_;  // block -> cached snapshot of the state after it
+  std::list<int32_t> snapshot_lru_;        // blocks with cached snapshots, least recently used first
+};
+
+}  // namespace roofline
