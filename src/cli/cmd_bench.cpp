@@ -184,6 +184,7 @@ int run(int argc, char** argv) {
                 margs.split_mode = split_mode;
                 margs.tensor_split = tensor_split;
                 margs.vram_limit = vram_limit;
+                margs.n_seq_max = npl.empty() ? 1 : *std::max_element(npl.begin(), npl.end());
                 auto engine = create_engine(model, margs);
                 for (const std::string& line : engine->report()) log_info("{}", line);
                 const int units = engine->gpu_units();

@@ -68,6 +68,7 @@ int run(int argc, char** argv) {
   ModelArgs eargs = margs;
   eargs.n_ctx = n_seq * ((n_ctx + 255) / 256 * 256);
   eargs.n_batch = std::max(1, std::min(margs.n_batch, n_seq * n_ctx));
+  eargs.n_seq_max = n_seq;
   auto engine = create_engine(model, eargs);
 
   ImatrixRunOptions o;

@@ -27,6 +27,7 @@ std::unique_ptr<Engine> window_engine(std::shared_ptr<const Model> model, ModelA
   const int n_seq = std::max(1, args.n_batch / n_ctx);
   args.n_batch = std::max(1, std::min(args.n_batch, n_seq * n_ctx));
   args.n_ctx = n_seq * ((n_ctx + 255) / 256 * 256);
+  args.n_seq_max = n_seq;
   return create_engine(std::move(model), args);
 }
 

@@ -89,6 +89,8 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   o.type_v = parse_cache_type(a.cache_type_v);
   o.n_gpu_layers = parse_gpu_layers(a.n_gpu_layers);
   o.main_gpu = a.main_gpu;
+  o.n_seq_max = a.n_seq_max;
+  o.n_state_snapshots = a.n_state_snapshots;
   apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
   return Engine::create(std::move(model), o);
 }

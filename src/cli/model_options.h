@@ -26,6 +26,10 @@ struct ModelArgs {
   std::string split_mode = "layer";   // -sm: none, layer or row
   std::string tensor_split;           // -ts: proportions per GPU, e.g. 3,1
   std::string vram_limit;             // --vram-limit: GiB per GPU (one value: every GPU)
+  // Set by the command (not flags): sequences alive at once and state snapshots kept for prompt
+  // caching, for models with recurrent layers (EngineOptions::n_seq_max, n_state_snapshots).
+  int n_seq_max = 1;
+  int n_state_snapshots = 0;
 };
 
 // -sm/-ts/--vram-limit into engine options (Error on bad values).

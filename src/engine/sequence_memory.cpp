@@ -24,8 +24,9 @@ int SequenceMemory::n_state_snapshots() const {
   return options_.recurrent ? options_.n_snapshots - (int)free_snap_cells_.size() : 0;
 }
 
-int SequenceMemory::create_sequence() {
+int SequenceMemory::create_sequence(bool snapshots) {
   SeqState st;
+  st.snapshots = snapshots;
   if (options_.recurrent) {
     if (free_cells_.empty())
       fail("all {} sequence states are in use (this model keeps a recurrent state per sequence; allow more parallel "
@@ -55,6 +56,7 @@ int SequenceMemory::fork_sequence(int seq) {
   const KvCache::Fork fork = kv_.fork_sequence(seq);
   if (fork.copy_src >= 0 && device_) device_->copy_kv_block(fork.copy_src, fork.copy_dst);
   SeqState st;
+  st.snapshots = it->second.snapshots;
   if (options_.recurrent) {
     st.cell = free_cells_.back();
     free_cells_.pop_back();
@@ -82,6 +84,7 @@ void SequenceMemory::commit(int seq, int n_new) {
   const int len = kv_.length(seq);
   if (len % kv_.block_size() != 0) return;
   SeqState& st = seqs_.at(seq);
+  if (!st.snapshots) return;
   if (st.snap < 0) st.snap = take_snapshot_cell();
   if (st.snap < 0) return;  // every snapshot cell is held by a live sequence
   if (device_) device_->copy_state(st.cell, st.snap);

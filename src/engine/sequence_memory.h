@@ -52,10 +52,13 @@ class SequenceMemory {
   int n_state_snapshots() const;  // snapshots held (cached or taken by live sequences)
 
   // --- sequences ---
-  int create_sequence();  // throws Error when every state cell is taken
+  // Throws Error when every state cell is taken. `snapshots`: the sequence leaves state snapshots for
+  // prompt caching (recurrent models with snapshot cells); off for sequences that will not be cached.
+  int create_sequence(bool snapshots = true);
   bool has_sequence(int seq) const { return kv_.has_sequence(seq); }
   void free_sequence(int seq);
-  // A new sequence continuing `seq`: full KV blocks shared, the partial one and the state copied.
+  // A new sequence continuing `seq`: full KV blocks shared, the partial one and the state copied
+  // (it leaves snapshots when `seq` does).
   int fork_sequence(int seq);
   int length(int seq) const { return kv_.length(seq); }
   const std::vector<int32_t>& block_table(int seq) const { return kv_.block_table(seq); }
@@ -91,6 +94,7 @@ class SequenceMemory {
     int cell = -1;       // live state
     int snap = -1;       // a snapshot cell this sequence took and still owns (-1: none)
     int snap_pos = 0;    // the length at which it was taken
+    bool snapshots = true;
   };
   struct Snapshot {      // a cached snapshot, valid while its block keeps the same index hash
     int cell = -1;

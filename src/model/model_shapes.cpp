@@ -26,6 +26,35 @@ static ModelShape qwen3(const char* name, const char* display, int n_embd, int n
   return s;
 }
 
+// Qwen3.5: gated attention every 4th layer (head 256, rotary 64 of it, theta 1e7), Gated DeltaNet
+// layers between (conv kernel 4, head dims 128), vocabulary 248320.
+static ModelShape qwen35(const char* name, const char* display, int n_embd, int n_layer, int n_head, int n_head_kv, int n_ff,
+                        int n_k_heads, int n_v_heads, bool tied) {
+  ModelShape s;
+  s.name = name;
+  s.arch = "qwen35";
+  s.display_name = display;
+  s.n_embd = n_embd;
+  s.n_layer = n_layer;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.head_dim = 256;
+  s.n_rot = 64;
+  s.n_ff = n_ff;
+  s.n_vocab = 248320;
+  s.n_ctx_train = 262144;
+  s.rope_freq_base = 10000000.0f;
+  s.rms_eps = 1e-6f;
+  s.tied_embeddings = tied;
+  s.qk_norm = true;
+  s.full_attention_interval = 4;
+  s.ssm_conv_kernel = 4;
+  s.ssm_n_k_heads = n_k_heads;
+  s.ssm_n_v_heads = n_v_heads;
+  s.ssm_head_dim = 128;
+  return s;
+}
+
 const std::vector<ModelShape>& model_shapes() {
   static const std::vector<ModelShape> shapes = [] {
     std::vector<ModelShape> v;
@@ -75,6 +104,7 @@ const std::vector<ModelShape>& model_shapes() {
       s.rope_scaling_factor = 8; s.rope_low_freq_factor = 1; s.rope_high_freq_factor = 4; s.rope_original_context = 8192;
       v.push_back(s);
     }
+    v.push_back(qwen35("qwen3.5-27b", "Qwen3.5-27B", 5120, 64, 24, 4, 17408, 16, 48, false));
     // Tiny shapes for tests and the demo (rows are multiples of 256 so every K-quant applies).
     {
       ModelShape s = qwen3("tiny-qwen3", "tiny Qwen3-shaped model", 256, 2, 4, 768, false, 2048);
@@ -97,6 +127,14 @@ const std::vector<ModelShape>& model_shapes() {
       s.display_name = "tiny Qwen2-shaped model";
       s.n_embd = 256; s.n_layer = 2; s.n_head = 4; s.n_head_kv = 2; s.head_dim = 64; s.n_ff = 768;
       s.n_vocab = 512; s.n_ctx_train = 2048; s.rope_freq_base = 1000000.0f; s.rms_eps = 1e-6f; s.qkv_bias = true;
+      v.push_back(s);
+    }
+    {
+      // Layers [DeltaNet, attention] x 2; 2 key heads / 4 value heads of 64 (the tiled head order
+      // matters), attention 4 / 2 heads of 64 with 16 rotary dims.
+      ModelShape s = qwen35("tiny-qwen35", "tiny Qwen3.5-shaped model", 256, 4, 4, 2, 768, 2, 4, false);
+      s.head_dim = 64; s.n_rot = 16; s.n_vocab = 512; s.n_ctx_train = 4096; s.full_attention_interval = 2;
+      s.ssm_head_dim = 64;
       v.push_back(s);
     }
     return v;

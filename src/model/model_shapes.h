@@ -10,7 +10,7 @@ namespace roofline {
 
 struct ModelShape {
   std::string name;          // "qwen3-32b"
-  std::string arch;          // GGUF general.architecture: llama, qwen2, qwen3
+  std::string arch;          // GGUF general.architecture: llama, qwen2, qwen3, qwen35
   std::string display_name;  // "Qwen3-32B"
   int n_embd = 0;
   int n_layer = 0;
@@ -30,6 +30,10 @@ struct ModelShape {
   float rope_low_freq_factor = 1;
   float rope_high_freq_factor = 4;
   int rope_original_context = 8192;
+  // Qwen3.5 (hybrid): every full_attention_interval-th layer is attention, the others Gated DeltaNet.
+  int n_rot = 0;                    // rotary dims (0: head_dim)
+  int full_attention_interval = 0;  // 0: every layer is attention
+  int ssm_conv_kernel = 0, ssm_n_k_heads = 0, ssm_n_v_heads = 0, ssm_head_dim = 0;
 };
 
 const std::vector<ModelShape>& model_shapes();

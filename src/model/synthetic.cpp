@@ -16,6 +16,7 @@
 #include "core/thread_pool.h"
 #include "formats/hf_tokenizer.h"
 #include "formats/quant_blocks.h"
+#include "model/arch.h"
 
 namespace roofline {
 
@@ -197,6 +198,16 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
     md.set(a + ".rope.dimension_count", gguf::Value::u32(s.head_dim));
     md.set(a + ".vocab_size", gguf::Value::u32(s.n_vocab));
   }
+  if (s.n_rot > 0 && s.n_rot != s.head_dim) md.set(a + ".rope.dimension_count", gguf::Value::u32(s.n_rot));
+  if (s.full_attention_interval > 0) {  // qwen35, as llama.cpp's converter writes it
+    md.set(a + ".rope.dimension_sections", gguf::Value::i32_array({11, 11, 10, 0}));
+    md.set(a + ".ssm.conv_kernel", gguf::Value::u32(s.ssm_conv_kernel));
+    md.set(a + ".ssm.state_size", gguf::Value::u32(s.ssm_head_dim));
+    md.set(a + ".ssm.group_count", gguf::Value::u32(s.ssm_n_k_heads));
+    md.set(a + ".ssm.time_step_rank", gguf::Value::u32(s.ssm_n_v_heads));
+    md.set(a + ".ssm.inner_size", gguf::Value::u32(s.ssm_head_dim * s.ssm_n_v_heads));
+    md.set(a + ".full_attention_interval", gguf::Value::u32(s.full_attention_interval));
+  }
   if (spec.tokenizer_path.empty()) {
     add_byte_level_tokenizer(md, s.n_vocab);
   } else if (spec.tokenizer_path.size() > 5 && spec.tokenizer_path.substr(spec.tokenizer_path.size() - 5) == ".gguf") {
@@ -211,27 +222,18 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
     std::vector<int64_t> shape;
   };
   std::vector<Planned> planned;
-  const int64_t q_dim = (int64_t)s.n_head * s.head_dim, kv_dim = (int64_t)s.n_head_kv * s.head_dim;
+  const ArchInfo* arch = find_arch(a);
+  ROOFLINE_CHECK(arch != nullptr, "shape {} names an unknown architecture {}", s.name, a);
+  const HParams hp = read_hparams(md, *arch);
   planned.push_back({"token_embd.weight", {s.n_embd, s.n_vocab}});
   if (s.rope_scaling_factor > 0) planned.push_back({"rope_freqs.weight", {s.head_dim / 2}});
-  for (int il = 0; il < s.n_layer; ++il) {
-    const std::string p = "blk." + std::to_string(il) + ".";
-    planned.push_back({p + "attn_norm.weight", {s.n_embd}});
-    planned.push_back({p + "attn_q.weight", {s.n_embd, q_dim}});
-    if (s.qkv_bias) planned.push_back({p + "attn_q.bias", {q_dim}});
-    planned.push_back({p + "attn_k.weight", {s.n_embd, kv_dim}});
-    if (s.qkv_bias) planned.push_back({p + "attn_k.bias", {kv_dim}});
-    planned.push_back({p + "attn_v.weight", {s.n_embd, kv_dim}});
-    if (s.qkv_bias) planned.push_back({p + "attn_v.bias", {kv_dim}});
-    planned.push_back({p + "attn_output.weight", {q_dim, s.n_embd}});
-    if (s.qk_norm) {
-      planned.push_back({p + "attn_q_norm.weight", {s.head_dim}});
-      planned.push_back({p + "attn_k_norm.weight", {s.head_dim}});
+  for (int il = 0; il < hp.n_layer; ++il) {
+    for (const PlannedTensor& t : layer_tensor_plan(*arch, hp, il)) {
+      if (!t.rule->required && !(s.qkv_bias && (t.rule->role == LayerTensor::AttnQBias || t.rule->role == LayerTensor::AttnKBias ||
+                                                  t.rule->role == LayerTensor::AttnVBias)))
+        continue;
+      planned.push_back({t.name, t.shape});
     }
-    planned.push_back({p + "ffn_norm.weight", {s.n_embd}});
-    planned.push_back({p + "ffn_gate.weight", {s.n_embd, s.n_ff}});
-    planned.push_back({p + "ffn_up.weight", {s.n_embd, s.n_ff}});
-    planned.push_back({p + "ffn_down.weight", {s.n_ff, s.n_embd}});
   }
   planned.push_back({"output_norm.weight", {s.n_embd}});
   if (!s.tied_embeddings) planned.push_back({"output.weight", {s.n_embd, s.n_vocab}});
@@ -253,9 +255,10 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
     t.name = p.name;
     t.n_dims = (int)p.shape.size();
     for (size_t i = 0; i < p.shape.size(); ++i) t.ne[i] = p.shape[i];
-    const DType source = t.n_dims == 1 ? DType::F32 : DType::F16;
+    // Source types as llama.cpp's converter writes them: f32 for 1-D tensors and the conv taps.
+    const DType source = t.n_dims == 1 || t.name.find("ssm_conv1d") != std::string::npos ? DType::F32 : DType::F16;
     t.type = spec.mix->file_type == FileType::ALL_F32 ? DType::F32 : planner.type_for(t.name, source, t.ne, t.n_dims);
-    if (t.n_dims == 1) t.type = DType::F32;
+    if (source == DType::F32) t.type = DType::F32;
     t.n_bytes = gguf::tensor_bytes(t.type, t.ne);
     layout.tensors.push_back(std::move(t));
   }
@@ -315,11 +318,13 @@ void fill_synthetic_tensor(const SyntheticSpec& spec, const gguf::TensorInfo& t,
     std::memcpy(dst, f.data(), t.n_bytes);
     return;
   }
-  if (t.n_dims == 1) {  // norms are ~1, biases ~0
+  if (t.n_dims == 1) {  // norms are ~1, biases ~0, DeltaNet decays ssm_a = -exp(A_log) in [-2, -0.2]
     const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_decay = name.size() >= 5 && name.compare(name.size() - 5, 5, "ssm_a") == 0;
     Rng rng(tensor_seed);
     float* out = reinterpret_cast<float*>(dst);
-    for (int64_t i = 0; i < t.ne[0]; ++i) out[i] = (is_norm ? 1.0f : 0.0f) + (float)(rng.uniform() - 0.5) * 0.02f;
+    for (int64_t i = 0; i < t.ne[0]; ++i)
+      out[i] = is_decay ? -(0.2f + 1.8f * (float)rng.uniform()) : (is_norm ? 1.0f : 0.0f) + (float)(rng.uniform() - 0.5) * 0.02f;
     return;
   }
 

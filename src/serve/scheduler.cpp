@@ -325,7 +325,7 @@ void Scheduler::admit() {
     }
     Choice c;
     c.index = 0;
-    c.seq = mem.create_sequence();
+    c.seq = mem.create_sequence(options_.prompt_cache && a->params.cache_prompt);
     if (matched > 0) a->n_cached = mem.adopt_prefix(c.seq, a->params.prompt, matched);
     a->n_prompt_done = a->n_cached;
     c.promised = total0 - matched;

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/model_file.h"
+#include "model/model_shapes.h"
 #include "reference_forward.h"
 #include "test_util.h"
 
@@ -50,12 +51,19 @@ double max_nmse(const std::string& spec, EngineOptions options, int n_tokens) {
 
 }  // namespace
 
-TEST(EngineTest, F32MatchesReference) {
+// Every row of the architecture table has a tiny synthetic shape, and its CPU forward (f32 weights and
+// KV, fed in chunks so recurrent states and KV cross steps) matches the reference.
+TEST(EngineTest, EveryArchitectureRowMatchesReference) {
   EngineOptions o;
   o.type_k = o.type_v = DType::F32;
   o.n_batch = 7;  // several chunks with a ragged last one
-  for (const char* spec : {"tiny-llama:F32", "tiny-qwen2:F32", "tiny-qwen3:F32"}) {
+  for (const ArchInfo& arch : supported_archs()) {
+    std::string spec;
+    for (const ModelShape& s : model_shapes())
+      if (s.arch == arch.name && s.name.rfind("tiny-", 0) == 0) spec = s.name + ":F32";
+    ASSERT_FALSE(spec.empty()) << "architecture " << arch.name << " has no tiny synthetic shape";
     const double e = max_nmse(spec, o, 20);
+    std::printf("%-20s NMSE %.3g\n", spec.c_str(), e);
     EXPECT_LT(e, 1e-10) << spec;
   }
 }
@@ -73,6 +81,7 @@ TEST(EngineTest, QuantizedWeightsAndKvTypesWithinBounds) {
       {"tiny-qwen3:Q4_K_M", DType::F16, DType::F16, 8e-4}, {"tiny-llama:Q6_K", DType::BF16, DType::BF16, 1e-3},
       {"tiny-qwen2:Q5_K_M", DType::Q8_0, DType::Q8_0, 1e-3}, {"tiny-qwen3:Q4_0", DType::Q4_0, DType::Q4_0, 3e-3},
       {"tiny-llama:Q2_K", DType::Q8_0, DType::F16, 1.5e-3}, {"tiny-qwen3:IQ4_XS", DType::F16, DType::Q4_0, 3e-2},
+      {"tiny-qwen35:Q4_K_M", DType::F16, DType::F16, 5e-3}, {"tiny-qwen35:Q8_0", DType::Q8_0, DType::Q8_0, 1e-3},
   };
   for (const Case& c : cases) {
     EngineOptions o;
@@ -84,8 +93,11 @@ TEST(EngineTest, QuantizedWeightsAndKvTypesWithinBounds) {
   }
 }
 
-TEST(EngineTest, BatchInvariance) {
-  auto model = tiny("tiny-qwen3:Q4_K_M");
+class EngineArchTest : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Archs, EngineArchTest, ::testing::Values("tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M"));
+
+TEST_P(EngineArchTest, BatchInvariance) {
+  auto model = tiny(GetParam());
   const int n_vocab = model->hparams().n_vocab;
   const auto a = some_tokens(9, n_vocab, 1), b = some_tokens(13, n_vocab, 2), c = some_tokens(5, n_vocab, 3);
   EngineOptions o;
@@ -193,6 +205,74 @@ TEST(EngineTest, ForkSharesPrefixBlocks) {
   EXPECT_EQ(kv.kv().block_refcount(kv.block_table(f)[0]), 1);
   kv.free_sequence(f);
   EXPECT_EQ(kv.used_blocks(), 0);
+}
+
+// Qwen3.5: a fork copies the recurrent state (and the partial KV block), so both continuations give
+// the logits of sequences fed the whole text from scratch; sequences beyond n_seq_max and truncation
+// are refused with an error.
+TEST(EngineTest, RecurrentStateForksAndLimits) {
+  auto model = tiny("tiny-qwen35:Q8_0");
+  EngineOptions o;
+  o.kv_block_size = 4;
+  o.n_seq_max = 3;
+  auto engine = Engine::create(model, o);
+  const int n_vocab = model->hparams().n_vocab;
+  const auto prefix = some_tokens(10, n_vocab), tail_a = some_tokens(6, n_vocab, 5), tail_b = some_tokens(7, n_vocab, 6);
+  SequenceMemory& mem = engine->memory();
+  ASSERT_TRUE(mem.recurrent());
+  const int s = mem.create_sequence();
+  engine->eval(s, prefix, false);
+  const int f = engine->fork_sequence(s);
+  EXPECT_NE(mem.state_cell(f), mem.state_cell(s));
+  EXPECT_THROW(mem.truncate(s, 4), Error);
+  const auto la = engine->eval(s, tail_a, true);
+  const auto lb = engine->eval(f, tail_b, true);
+  const int third = mem.create_sequence();
+  EXPECT_THROW(mem.create_sequence(), Error) << "n_seq_max is 3";
+  EXPECT_THROW(engine->fork_sequence(s), Error);
+  mem.free_sequence(third);
+  std::vector<int32_t> full_a = prefix, full_b = prefix;
+  full_a.insert(full_a.end(), tail_a.begin(), tail_a.end());
+  full_b.insert(full_b.end(), tail_b.begin(), tail_b.end());
+  auto fresh = Engine::create(model, o);
+  const auto ra = fresh->eval(fresh->memory().create_sequence(), full_a, true);
+  const auto rb = fresh->eval(fresh->memory().create_sequence(), full_b, true);
+  EXPECT_EQ(0, std::memcmp(la.data(), ra.data() + prefix.size() * n_vocab, la.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(lb.data(), rb.data() + prefix.size() * n_vocab, lb.size() * sizeof(float)));
+}
+
+// Qwen3.5 prompt caching: a sequence that reaches a block boundary leaves a state snapshot; a later
+// prompt with the same prefix adopts the blocks up to the last snapshot (not beyond) and continues
+// with the logits a fresh evaluation gives.
+TEST(EngineTest, RecurrentPrefixReuseResumesFromASnapshot) {
+  auto model = tiny("tiny-qwen35:Q8_0");
+  EngineOptions o;
+  o.kv_block_size = 4;
+  o.n_seq_max = 2;
+  o.n_state_snapshots = 2;
+  auto engine = Engine::create(model, o);
+  const int n_vocab = model->hparams().n_vocab;
+  SequenceMemory& mem = engine->memory();
+  const auto prompt = some_tokens(14, n_vocab, 7);  // blocks of 4: boundaries at 4, 8, 12
+  const int s = mem.create_sequence();
+  const std::vector<int32_t> first(prompt.begin(), prompt.begin() + 8), rest(prompt.begin() + 8, prompt.end());
+  engine->eval(s, first, false);  // ends on the boundary at 8: a snapshot
+  engine->eval(s, rest, false);   // 14: no boundary reached at the end of the step
+  mem.cache_blocks(s, prompt);
+  mem.free_sequence(s);
+  EXPECT_EQ(mem.n_state_snapshots(), 1);
+  auto longer = prompt;
+  const auto more = some_tokens(5, n_vocab, 8);
+  longer.insert(longer.end(), more.begin(), more.end());
+  EXPECT_EQ(mem.kv().match_prefix(longer, 100), 3) << "three full blocks are cached";
+  EXPECT_EQ(mem.match_prefix(longer, 100), 2) << "but the state is only known after the second";
+  const int t = mem.create_sequence();
+  ASSERT_EQ(mem.adopt_prefix(t, longer, 100), 8);
+  const std::vector<int32_t> tail(longer.begin() + 8, longer.end());
+  const auto got = engine->eval(t, tail, true);
+  auto fresh = Engine::create(model, o);
+  const auto want = fresh->eval(fresh->memory().create_sequence(), longer, true);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data() + 8 * (size_t)n_vocab, got.size() * sizeof(float)));
 }
 
 TEST(EngineTest, TruncateInsideASharedBlockFallsBackToTheBlockStart) {

@@ -594,3 +594,74 @@ TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   EXPECT_THROW(s.submit(greedy(prompt_of(5, 1), 5)), SubmitError);
 }
+
+// Models with recurrent layers (the fake's state cells hold every token fed, and logits come from
+// them): the same greedy output alone and under load with forks, prompt chunks that end on block
+// boundaries so the state there is kept, and prefix reuse only up to a kept state.
+TEST(SchedulerTest, RecurrentStatesUnderLoadWithForks) {
+  const FakeRunner::Recurrent rec{4, 4};
+  std::vector<std::vector<int32_t>> alone;
+  const int n = 6;
+  for (int i = 0; i < n; ++i) {
+    FakeRunner runner(64, 64, 4, 32, 0, rec);
+    FakeText text;
+    Scheduler s(runner, text, {});
+    alone.push_back(run_all(s, {s.submit(greedy(prompt_of(3 + i * 7, i), 10))}, {1})[0].tokens[0]);
+  }
+  FakeRunner runner(64, 128, 4, 8, 0, rec);
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  Scheduler s(runner, text, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  std::vector<int> choices;
+  for (int i = 0; i < n; ++i) {
+    GenParams p = greedy(prompt_of(3 + i * 7, i), 10);
+    p.n = i == 2 ? 2 : 1;  // one request forks its sequence (and its state)
+    choices.push_back(p.n);
+    reqs.push_back(s.submit(p));
+  }
+  auto out = run_all(s, reqs, choices);
+  for (int i = 0; i < n; ++i)
+    for (int c = 0; c < choices[i]; ++c) EXPECT_EQ(out[i].tokens[c], alone[i]) << "request " << i << " choice " << c;
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
+  EXPECT_EQ(runner.memory().free_sequences(), 4);
+}
+
+TEST(SchedulerTest, RecurrentPrefixReuseResumesOnlyFromKeptStates) {
+  const FakeRunner::Recurrent rec{4, 4};
+  std::vector<int32_t> first = prompt_of(37, 1);
+  std::vector<int32_t> second(first.begin(), first.begin() + 30);
+  for (int i = 0; i < 9; ++i) second.push_back((int32_t)(5 + i));
+  std::vector<int32_t> expected;
+  {
+    FakeRunner runner(64, 64, 4, 32, 0, rec);
+    FakeText text;
+    SchedulerOptions o;
+    o.prompt_cache = false;
+    Scheduler s(runner, text, o);
+    expected = run_all(s, {s.submit(greedy(second, 10))}, {1})[0].tokens[0];
+    EXPECT_EQ(runner.state_copies, 0) << "no snapshots without prompt caching";
+  }
+  FakeRunner runner(64, 64, 4, 32, 0, rec);
+  FakeText text;
+  Scheduler s(runner, text, {});
+  run_all(s, {s.submit(greedy(first, 5))}, {1});
+  // The 37-token prompt ran as chunks ending at 32 and 36 (block boundaries), then its last token.
+  std::vector<size_t> chunk_rows;
+  for (const auto& st : runner.steps) chunk_rows.push_back(st.size());
+  ASSERT_GE(chunk_rows.size(), 3u);
+  EXPECT_EQ(chunk_rows[0], 32u);
+  EXPECT_EQ(chunk_rows[1], 4u);
+  EXPECT_EQ(chunk_rows[2], 1u);
+  // The second prompt shares 30 tokens (7 full blocks) but no state was kept inside them: no reuse.
+  auto out = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  EXPECT_EQ(out[0].tokens[0], expected);
+  EXPECT_EQ(out[0].timings.n_cached, 0);
+  // The same prompt again resumes from the state kept at 36.
+  auto again = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  EXPECT_EQ(again[0].tokens[0], expected);
+  EXPECT_EQ(again[0].timings.n_cached, 36);
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
+  EXPECT_LE(runner.memory().n_state_snapshots(), 4);
+}
