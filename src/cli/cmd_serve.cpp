@@ -208,9 +208,10 @@ int run(int argc, char** argv) {
       log_warn("-c {} is more than the model's trained context {}; using {}", margs.n_ctx, hp.n_ctx_train, hp.n_ctx_train);
       margs.n_ctx = hp.n_ctx_train;
     }
-    // A recurrent state per slot, and as many snapshots again for prompt caching (sequence_memory.h).
+    // Models with recurrent layers: a state per slot, and for prompt caching twice as many snapshots
+    // (one each running slot takes at block boundaries, as many again kept for later prompts).
     margs.n_seq_max = n_parallel;
-    margs.n_state_snapshots = no_prompt_cache ? 0 : n_parallel;
+    margs.n_state_snapshots = no_prompt_cache ? 0 : 2 * n_parallel;
     engine = create_engine(model, margs);
     for (const std::string& line : engine->report()) log_info("{}", line);
     mc->tokenizer = load_tokenizer(*model);
