@@ -88,11 +88,24 @@ cat "$work/logs/env.txt" >&2
 
 for name in $names; do
   hf=""
-  for d in "$fixtures/$name" "tests/fixtures/hf/$name"; do [ -f "$d/config.json" ] && { hf=$d; break; }; done
+  for d in "$fixtures/$name" "tests/fixtures/hf/$name"; do
+    [ -f "$d/config.json" ] && ls "$d"/*.safetensors > /dev/null 2>&1 && { hf=$d; break; }
+  done
   if [ -z "$hf" ]; then
     log "$name: no HF folder in $fixtures or tests/fixtures/hf"; row "$name" - - - "no fixture folder" -; failed=1; continue
   fi
-  dtype=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("source_dtype","float32"))' "$hf/expected.json" 2>/dev/null || echo float32)
+  [ -f "$hf/expected.json" ] || log "$name: $hf has no expected.json (fixture build incomplete?)"
+  dtype=$(python3 - "$hf" <<'PY' 2>/dev/null || echo float32
+import json, os, sys
+d = sys.argv[1]
+try:
+    print(json.load(open(os.path.join(d, "expected.json")))["source_dtype"])
+except Exception:
+    c = json.load(open(os.path.join(d, "config.json")))
+    c = c.get("text_config", c) if not (c.get("dtype") or c.get("torch_dtype")) else c
+    print(c.get("dtype") or c.get("torch_dtype") or "float32")
+PY
+)
   case "$dtype" in float32) ot=f32 ;; bfloat16) ot=bf16 ;; float16) ot=f16 ;; *) ot=f32 ;; esac
   pre=qwen2; case "$name" in llama*) pre=llama-bpe ;; esac
   L="$work/logs/$name"
