@@ -205,6 +205,8 @@ HParams read_hparams(const gguf::Metadata& md, const ArchInfo& arch) {
   }
   hp.attn_scale = (float)md.get_float_or(a + "attention.scale", 0.0);
   hp.attn_output_gate = arch.attn_output_gate;
+  if (hp.attn_output_gate && hp.head_dim_k != hp.head_dim_v)
+    fail("attention.key_length {} and value_length {} must be equal for gated attention", hp.head_dim_k, hp.head_dim_v);
   if (arch.hybrid) {
     read_layer_kinds(md, a, n_layer_all, hp);
     if (hp.count_layers(MixerKind::DeltaNet) > 0) read_delta_net(md, a, hp);

@@ -137,13 +137,15 @@ class CudaBackend final : public Backend {
     span_splits_ = attention_span_splits();
     max_splits_ = std::max(1, std::max(std::min(span_splits_, (options_.n_ctx + min_span_ - 1) / min_span_), (options_.n_ctx + 127) / 128));
     const size_t partial = attention_partial_floats(8, hp.n_head, hp.head_dim_v, max_splits_);
-    int64_t max_rows_w = std::max<int64_t>({hp.q_dim(), hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd});
+    const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);
+    int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd});
     if (layers.output) max_rows_w = std::max<int64_t>(max_rows_w, hp.n_vocab);
     gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, (size_t)64 << 20);
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
     const size_t floats = (size_t)T * (2 * hp.n_embd + hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v() +
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
-                          partial + (layers.output ? (size_t)T * hp.n_vocab : 0);
+                          partial + (layers.output ? (size_t)T * hp.n_vocab : 0) +
+                          (hp.attn_output_gate ? (size_t)T * 3 * hp.q_dim() : 0);
     const size_t act_bytes = (size_t)T * max_cols + 2 * (size_t)T * (max_cols / 32 + 1) * 4;
     const size_t half_bytes = (gemm_scratch_elems_ + (size_t)(T + 15) / 16 * 16 * max_cols) * 2;
     const size_t step_ints = step_capacity_ints();
@@ -165,6 +167,10 @@ class CudaBackend final : public Backend {
     gate_ = take_f((size_t)T * hp.n_ff);
     up_ = take_f((size_t)T * hp.n_ff);
     partial_ = take_f(partial);
+    if (hp.attn_output_gate) {
+      q_full_ = take_f((size_t)T * 2 * hp.q_dim());
+      attn_gate_ = take_f((size_t)T * hp.q_dim());
+    }
     if (layers.output) logits_ = take_f((size_t)T * hp.n_vocab);
     act_.q = reinterpret_cast<int8_t*>(work_.take((size_t)T * max_cols));
     act_.d = take_f((size_t)T * (max_cols / 32 + 1));
@@ -599,11 +605,13 @@ class CudaBackend final : public Backend {
     mark("attn norm + quantize", 0);
     rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
-    project_group({{"q", &L.m(LT::AttnQ), L.bytes(LT::AttnQ), q_, hp.q_dim()},
+    const bool gated = hp.attn_output_gate;
+    project_group({{"q", &L.m(LT::AttnQ), L.bytes(LT::AttnQ), gated ? q_full_ : q_, gated ? 2 * hp.q_dim() : hp.q_dim()},
                    {"k", &L.m(LT::AttnK), L.bytes(LT::AttnK), k_, hp.kv_dim_k()},
                    {"v", &L.m(LT::AttnV), L.bytes(LT::AttnV), v_, hp.kv_dim_v()}},
                   xn_, n);
     mark("bias + rope + kv store", 0);
+    if (gated) split_q_gate(q_full_, n, hp.n_head, hp.head_dim_k, q_, attn_gate_, stream_);
     add_bias(q_, L.v(LT::AttnQBias), n, hp.q_dim(), stream_);
     add_bias(k_, L.v(LT::AttnKBias), n, hp.kv_dim_k(), stream_);
     add_bias(v_, L.v(LT::AttnVBias), n, hp.kv_dim_v(), stream_);
@@ -615,8 +623,13 @@ class CudaBackend final : public Backend {
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
     prefill_attention(cublas_, dstep_, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                       prefill_, attn_, stream_);
-    const bool quantized = attention(dstep_, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
-                                     splits_, partial_, attn_, q8_attn ? act_ : ActQ8{}, attn_rows_dev_, stream_);
+    bool quantized = attention(dstep_, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
+                               splits_, partial_, attn_, q8_attn && !gated ? act_ : ActQ8{}, attn_rows_dev_, stream_);
+    if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
+      mark("output gate (+quantize)", 0);
+      quantized = q8_attn && hp.q_dim() % 32 == 0;
+      output_gate(attn_gate_, attn_, n, hp.q_dim(), quantized ? act_ : ActQ8{}, stream_);
+    }
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
     project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
@@ -650,6 +663,7 @@ class CudaBackend final : public Backend {
   float* rope_factors_ = nullptr;
   float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,
         *up_ = nullptr, *partial_ = nullptr, *logits_ = nullptr;
+  float *q_full_ = nullptr, *attn_gate_ = nullptr;  // gated attention: the Q projection, the gate split from it
   ActQ8 act_;
   int n_quantized_cols_ = -1;  // act_ holds the current input quantized (row length), or -1
   __half* gemm_scratch_ = nullptr;
@@ -690,84 +704,8 @@ class CudaBackend final : public Backend {
   std::map<uint64_t, cudaGraphExec_t> graphs_;
 };
 
-__global__ void read_bandwidth_kernel(const int4* data, int64_t n, int* sink) {
-  int acc = 0;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int4 v = __ldg(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x7fffffff) sink[0] = acc;  // keeps the loads alive
-}
-
-__global__ void probe_kernel() {}
-
 }  // namespace
-
-bool pdl_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("ROOFLINE_PDL");
-    if (env && env[0] == '0') return false;
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    return major >= 9;
-  }();
-  return enabled;
-}
-
-int attention_span_splits() {
-  const char* env = std::getenv("ROOFLINE_ATTN_SPLITS");
-  const int v = env ? std::atoi(env) : 32;
-  return std::max(8, std::min(512, v));
-}
-
-int attention_min_span() {
-  const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
-  const int v = env ? std::atoi(env) : 32;
-  for (int s : {16, 32, 64, 128})
-    if (v == s) return v;
-  return 32;
-}
-
 }  // namespace cuda
-
-bool gpu_support_compiled() { return true; }
-
-std::vector<GpuInfo> gpu_devices() {
-  std::vector<GpuInfo> out;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return out;
-  }
-  for (int i = 0; i < count; ++i) {
-    cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-    GpuInfo g;
-    g.index = i;
-    g.name = p.name;
-    g.cc_major = p.major;
-    g.cc_minor = p.minor;
-    g.sm_count = p.multiProcessorCount;
-    g.total_bytes = p.totalGlobalMem;
-    size_t free_b = 0, total_b = 0;
-    cudaSetDevice(i);
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
-    cudaFuncAttributes attr{};
-    g.has_kernel_image = cudaFuncGetAttributes(&attr, cuda::probe_kernel) == cudaSuccess;
-    cudaGetLastError();
-    out.push_back(g);
-  }
-  return out;
-}
-
-std::string gpu_build_info() {
-  int rt = 0, drv = 0;
-  cudaRuntimeGetVersion(&rt);
-  cudaDriverGetVersion(&drv);
-  return fmt::format("CUDA runtime {}.{}, driver {}.{}, compiled for sm {}", rt / 1000, (rt % 1000) / 10, drv / 1000,
-                     (drv % 1000) / 10, ROOFLINE_CUDA_ARCHS);
-}
 
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options) {
   auto devices = gpu_devices();
@@ -778,132 +716,6 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options) {
     fail("this binary has no kernels for {} (compute capability {}.{}): rebuild with -DROOFLINE_CUDA_ARCHITECTURES={}{}",
          g.name, g.cc_major, g.cc_minor, g.cc_major, g.cc_minor);
   return std::make_unique<cuda::CudaBackend>(options);
-}
-
-std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
-                                   float eps, int device) {
-  using namespace cuda;
-  const bool int8 = op == GpuOpForTest::RmsNormInt8 || op == GpuOpForTest::SwigluInt8;
-  if (int8 && n % 32 != 0) fail("int8 activations need rows of whole 32-blocks ({} values)", n);
-  const size_t na = (size_t)n_rows * n;
-  if (a.size() != na) fail("gpu_op_for_test: {} values for {} rows of {}", a.size(), n_rows, n);
-  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
-  cudaStream_t stream;
-  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
-  DeviceArena arena;
-  const size_t blocks = na / 32 + (size_t)n_rows;
-  arena.reserve(na * 4 * 2 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + 16 * 256);
-  float* da = reinterpret_cast<float*>(arena.take(na * 4));
-  float* db = reinterpret_cast<float*>(arena.take(std::max<size_t>(1, b.size()) * 4));
-  float* dy = reinterpret_cast<float*>(arena.take(na * 4));
-  ActQ8 act;
-  act.q = reinterpret_cast<int8_t*>(arena.take(na));
-  act.d = reinterpret_cast<float*>(arena.take(blocks * 4));
-  act.s = reinterpret_cast<float*>(arena.take(blocks * 4));
-  int32_t* di = reinterpret_cast<int32_t*>(arena.take((size_t)n_rows * 4));
-  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), na * 4, cudaMemcpyHostToDevice));
-  if (!b.empty()) ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
-  switch (op) {
-    case GpuOpForTest::RmsNorm: rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream); break;
-    case GpuOpForTest::RmsNormInt8: rms_norm(da, db, eps, n_rows, n, nullptr, nullptr, act, stream); break;
-    case GpuOpForTest::Swiglu: swiglu(da, db, n_rows, n, dy, ActQ8{}, stream); break;
-    case GpuOpForTest::SwigluInt8: swiglu(da, db, n_rows, n, nullptr, act, stream); break;
-    case GpuOpForTest::AddBias:
-      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dy, da, na * 4, cudaMemcpyDeviceToDevice, stream));
-      add_bias(dy, db, n_rows, n, stream);
-      break;
-    case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, di, stream); break;
-  }
-  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<float> out;
-  if (op == GpuOpForTest::Argmax) {
-    std::vector<int32_t> idx((size_t)n_rows);
-    ROOFLINE_CUDA_CHECK(cudaMemcpy(idx.data(), di, idx.size() * 4, cudaMemcpyDeviceToHost));
-    out.assign(idx.begin(), idx.end());
-  } else if (int8) {
-    std::vector<int8_t> q(na);
-    std::vector<float> d(na / 32);
-    ROOFLINE_CUDA_CHECK(cudaMemcpy(q.data(), act.q, na, cudaMemcpyDeviceToHost));
-    ROOFLINE_CUDA_CHECK(cudaMemcpy(d.data(), act.d, d.size() * 4, cudaMemcpyDeviceToHost));
-    out.resize(na);
-    for (size_t i = 0; i < na; ++i) out[i] = (float)q[i] * d[i / 32];
-  } else {
-    out.resize(na);
-    ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), dy, na * 4, cudaMemcpyDeviceToHost));
-  }
-  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
-  return out;
-}
-
-std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device) {
-  using namespace cuda;
-  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
-  cudaStream_t stream;
-  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
-  cublasHandle_t cublas;
-  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
-  cublasSetStream(cublas, stream);
-  const int64_t rows = w.rows(), cols = w.cols();
-  DeviceArena arena;
-  const size_t scratch = (size_t)rows * cols;
-  const size_t padded_tokens = (size_t)(n_tokens + 15) / 16 * 16;  // the batched kernel's activation layout
-  arena.reserve(device_weight_bytes(w) + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1) + rows * 4) +
-                padded_tokens * cols * 2 + scratch * 2 + 16 * 256);
-  const DeviceWeight dw = upload_weight(w, arena, stream);
-  float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
-  float* dy = reinterpret_cast<float*>(arena.take((size_t)n_tokens * rows * 4));
-  ActQ8 act;
-  act.q = reinterpret_cast<int8_t*>(arena.take((size_t)n_tokens * cols));
-  act.d = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
-  act.s = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
-  __half* sc = reinterpret_cast<__half*>(arena.take(scratch * 2));
-  __half* xh = reinterpret_cast<__half*>(arena.take(padded_tokens * cols * 2));
-  ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  if (n_tokens <= 8) {
-    if (matvec_uses_q8(dw.type)) quantize_rows(dx, n_tokens, (int)cols, act, stream);
-    matvec(dw, act, dx, n_tokens, dy, (int)rows, false, stream);
-  } else {
-    gemm(cublas, dw, dx, n_tokens, dy, (int)rows, false, sc, scratch, xh, stream);
-  }
-  std::vector<float> y((size_t)n_tokens * rows);
-  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost, stream));
-  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cublasDestroy(cublas);
-  cudaStreamDestroy(stream);
-  return y;
-}
-
-double measure_gpu_read_bandwidth(int device) {
-  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
-  size_t free_b = 0, total_b = 0;
-  ROOFLINE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  size_t bytes = std::min<size_t>((size_t)8 << 30, free_b / 4);
-  bytes = bytes / 16 * 16;
-  int4* data = nullptr;
-  int* sink = nullptr;
-  ROOFLINE_CUDA_CHECK(cudaMalloc(&data, bytes));
-  ROOFLINE_CUDA_CHECK(cudaMalloc(&sink, 4));
-  ROOFLINE_CUDA_CHECK(cudaMemset(data, 1, bytes));
-  cudaDeviceProp p{};
-  ROOFLINE_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  double best = 0;
-  for (int pass = 0; pass < 6; ++pass) {
-    cudaEventRecord(a);
-    cuda::read_bandwidth_kernel<<<p.multiProcessorCount * 8, 512>>>(data, (int64_t)(bytes / 16), sink);
-    cudaEventRecord(b);
-    ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    if (pass > 0) best = std::max(best, bytes / (ms * 1e-3) / 1e9);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaFree(data);
-  cudaFree(sink);
-  return best;
 }
 
 }  // namespace roofline

@@ -54,6 +54,10 @@ void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_
 // h = silu(gate) * up, written as f32 (if out) and int8 activations (if act.q).
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream);
+// Gated attention: [q_h | gate_h] rows of the Q projection split into q and gate ([n_rows x n_head*hd]
+// each), and x = x * sigmoid(gate) after attention (x in place, and its int8 form when act.q).
+void split_q_gate(const float* q_full, int n_rows, int n_head, int hd, float* q, float* gate, cudaStream_t stream);
+void output_gate(const float* gate, float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream);
 // Per row of x [n_rows x n]: the index of its largest value, the lowest on ties, NaNs skipped (0 if the
 // first value is NaN), as the CPU's argmax_logits picks it.
 void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream);

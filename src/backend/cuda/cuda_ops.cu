@@ -1,6 +1,6 @@
 // Elementwise kernels of the CUDA backend: embedding lookup, RMSNorm fused with the int8 activation
-// quantization of the next matrix product, SwiGLU (same fusion), bias add, and the greedy argmax of
-// logit rows. Reductions go thread -> warp -> CTA in a fixed order.
+// quantization of the next matrix product, SwiGLU (same fusion), gated attention's Q/gate split and
+// output gate (same fusion), bias add, and the greedy argmax of logit rows. Reductions go thread -> warp -> CTA in a fixed order.
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 
@@ -78,8 +78,10 @@ __global__ void quantize_rows_kernel(const float* x, int n, ActQ8 act) {
   warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
 }
 
-// silu(gate) * up, one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
-__global__ void swiglu_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act) {
+// silu(gate) * up (or, with sigmoid_gate, sigmoid(gate) * up: gated attention's output gate), one warp
+// per 32-element group (grid.y = rows), with the int8 form of whole groups.
+template <bool sigmoid_gate>
+__global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act) {
   wait_for_previous_kernel();
   const int r = blockIdx.y;
   const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -89,12 +91,25 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int n, float* 
   float v = 0.0f;
   if (i < n) {
     const float a = gate[at];
-    v = a / (1.0f + __expf(-a)) * up[at];
+    v = (sigmoid_gate ? 1.0f : a) / (1.0f + __expf(-a)) * up[at];
   }
   if (out && i < n) out[at] = v;
   if (act.q && g < n / 32) {  // int8 activations only exist for rows that are whole 32-blocks
     const int64_t gi = (int64_t)r * (n / 32) + g;
     warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
+  }
+}
+
+// Gated attention's Q projection holds [q_h | gate_h] per head: split into q and gate rows
+// [n_head x hd] each (grid: rows x heads).
+__global__ void split_q_gate_kernel(const float* q_full, int n_head, int hd, float* q, float* gate) {
+  wait_for_previous_kernel();
+  const int r = blockIdx.x, h = blockIdx.y;
+  const float* src = q_full + ((int64_t)r * n_head + h) * 2 * hd;
+  const int64_t dst = ((int64_t)r * n_head + h) * hd;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    q[dst + i] = src[i];
+    gate[dst + i] = src[hd + i];
   }
 }
 
@@ -178,7 +193,19 @@ void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t st
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(swiglu_kernel, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+  launch(gated_product_kernel<false>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+}
+
+void output_gate(const float* gate, float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
+  launch(gated_product_kernel<true>, grid, dim3(256), 0, stream, pdl_enabled(), gate, (const float*)x, n, x, act);
+}
+
+void split_q_gate(const float* q_full, int n_rows, int n_head, int hd, float* q, float* gate, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  launch(split_q_gate_kernel, dim3((unsigned)n_rows, (unsigned)n_head), dim3(128), 0, stream, pdl_enabled(), q_full, n_head, hd, q,
+         gate);
 }
 
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream) {

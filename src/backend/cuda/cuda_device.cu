@@ -1,0 +1,223 @@
+// The CUDA side of backend/gpu.h that needs no backend object: which devices exist and whether this
+// binary has kernels for them, launch settings read once (programmatic dependent launch, attention
+// tunables), the read-bandwidth probe bench uses for its roofline, and the single-op test hooks.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_weights.cuh"
+#include "backend/gpu.h"
+
+namespace roofline {
+namespace cuda {
+namespace {
+
+__global__ void read_bandwidth_kernel(const int4* data, int64_t n, int* sink) {
+  int acc = 0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int4 v = __ldg(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) sink[0] = acc;  // keeps the loads alive
+}
+
+__global__ void probe_kernel() {}
+
+}  // namespace
+
+bool pdl_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("ROOFLINE_PDL");
+    if (env && env[0] == '0') return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return enabled;
+}
+
+int attention_span_splits() {
+  const char* env = std::getenv("ROOFLINE_ATTN_SPLITS");
+  const int v = env ? std::atoi(env) : 32;
+  return std::max(8, std::min(512, v));
+}
+
+int attention_min_span() {
+  const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
+  const int v = env ? std::atoi(env) : 32;
+  for (int s : {16, 32, 64, 128})
+    if (v == s) return v;
+  return 32;
+}
+
+}  // namespace cuda
+
+bool gpu_support_compiled() { return true; }
+
+std::vector<GpuInfo> gpu_devices() {
+  std::vector<GpuInfo> out;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    GpuInfo g;
+    g.index = i;
+    g.name = p.name;
+    g.cc_major = p.major;
+    g.cc_minor = p.minor;
+    g.sm_count = p.multiProcessorCount;
+    g.total_bytes = p.totalGlobalMem;
+    size_t free_b = 0, total_b = 0;
+    cudaSetDevice(i);
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) g.free_bytes = free_b;
+    cudaFuncAttributes attr{};
+    g.has_kernel_image = cudaFuncGetAttributes(&attr, cuda::probe_kernel) == cudaSuccess;
+    cudaGetLastError();
+    out.push_back(g);
+  }
+  return out;
+}
+
+std::string gpu_build_info() {
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  return fmt::format("CUDA runtime {}.{}, driver {}.{}, compiled for sm {}", rt / 1000, (rt % 1000) / 10, drv / 1000,
+                     (drv % 1000) / 10, ROOFLINE_CUDA_ARCHS);
+}
+
+
+std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
+                                   float eps, int device) {
+  using namespace cuda;
+  const bool int8 = op == GpuOpForTest::RmsNormInt8 || op == GpuOpForTest::SwigluInt8;
+  if (int8 && n % 32 != 0) fail("int8 activations need rows of whole 32-blocks ({} values)", n);
+  const size_t na = (size_t)n_rows * n;
+  if (a.size() != na) fail("gpu_op_for_test: {} values for {} rows of {}", a.size(), n_rows, n);
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  const size_t blocks = na / 32 + (size_t)n_rows;
+  arena.reserve(na * 4 * 2 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + 16 * 256);
+  float* da = reinterpret_cast<float*>(arena.take(na * 4));
+  float* db = reinterpret_cast<float*>(arena.take(std::max<size_t>(1, b.size()) * 4));
+  float* dy = reinterpret_cast<float*>(arena.take(na * 4));
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take(na));
+  act.d = reinterpret_cast<float*>(arena.take(blocks * 4));
+  act.s = reinterpret_cast<float*>(arena.take(blocks * 4));
+  int32_t* di = reinterpret_cast<int32_t*>(arena.take((size_t)n_rows * 4));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), na * 4, cudaMemcpyHostToDevice));
+  if (!b.empty()) ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+  switch (op) {
+    case GpuOpForTest::RmsNorm: rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream); break;
+    case GpuOpForTest::RmsNormInt8: rms_norm(da, db, eps, n_rows, n, nullptr, nullptr, act, stream); break;
+    case GpuOpForTest::Swiglu: swiglu(da, db, n_rows, n, dy, ActQ8{}, stream); break;
+    case GpuOpForTest::SwigluInt8: swiglu(da, db, n_rows, n, nullptr, act, stream); break;
+    case GpuOpForTest::AddBias:
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dy, da, na * 4, cudaMemcpyDeviceToDevice, stream));
+      add_bias(dy, db, n_rows, n, stream);
+      break;
+    case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, di, stream); break;
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> out;
+  if (op == GpuOpForTest::Argmax) {
+    std::vector<int32_t> idx((size_t)n_rows);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(idx.data(), di, idx.size() * 4, cudaMemcpyDeviceToHost));
+    out.assign(idx.begin(), idx.end());
+  } else if (int8) {
+    std::vector<int8_t> q(na);
+    std::vector<float> d(na / 32);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(q.data(), act.q, na, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(d.data(), act.d, d.size() * 4, cudaMemcpyDeviceToHost));
+    out.resize(na);
+    for (size_t i = 0; i < na; ++i) out[i] = (float)q[i] * d[i / 32];
+  } else {
+    out.resize(na);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), dy, na * 4, cudaMemcpyDeviceToHost));
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
+  return out;
+}
+
+std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device) {
+  using namespace cuda;
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
+  cublasSetStream(cublas, stream);
+  const int64_t rows = w.rows(), cols = w.cols();
+  DeviceArena arena;
+  const size_t scratch = (size_t)rows * cols;
+  const size_t padded_tokens = (size_t)(n_tokens + 15) / 16 * 16;  // the batched kernel's activation layout
+  arena.reserve(device_weight_bytes(w) + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1) + rows * 4) +
+                padded_tokens * cols * 2 + scratch * 2 + 16 * 256);
+  const DeviceWeight dw = upload_weight(w, arena, stream);
+  float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
+  float* dy = reinterpret_cast<float*>(arena.take((size_t)n_tokens * rows * 4));
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take((size_t)n_tokens * cols));
+  act.d = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
+  act.s = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
+  __half* sc = reinterpret_cast<__half*>(arena.take(scratch * 2));
+  __half* xh = reinterpret_cast<__half*>(arena.take(padded_tokens * cols * 2));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  if (n_tokens <= 8) {
+    if (matvec_uses_q8(dw.type)) quantize_rows(dx, n_tokens, (int)cols, act, stream);
+    matvec(dw, act, dx, n_tokens, dy, (int)rows, false, stream);
+  } else {
+    gemm(cublas, dw, dx, n_tokens, dy, (int)rows, false, sc, scratch, xh, stream);
+  }
+  std::vector<float> y((size_t)n_tokens * rows);
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost, stream));
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cublasDestroy(cublas);
+  cudaStreamDestroy(stream);
+  return y;
+}
+
+double measure_gpu_read_bandwidth(int device) {
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  ROOFLINE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  size_t bytes = std::min<size_t>((size_t)8 << 30, free_b / 4);
+  bytes = bytes / 16 * 16;
+  int4* data = nullptr;
+  int* sink = nullptr;
+  ROOFLINE_CUDA_CHECK(cudaMalloc(&data, bytes));
+  ROOFLINE_CUDA_CHECK(cudaMalloc(&sink, 4));
+  ROOFLINE_CUDA_CHECK(cudaMemset(data, 1, bytes));
+  cudaDeviceProp p{};
+  ROOFLINE_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  double best = 0;
+  for (int pass = 0; pass < 6; ++pass) {
+    cudaEventRecord(a);
+    cuda::read_bandwidth_kernel<<<p.multiProcessorCount * 8, 512>>>(data, (int64_t)(bytes / 16), sink);
+    cudaEventRecord(b);
+    ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (pass > 0) best = std::max(best, bytes / (ms * 1e-3) / 1e9);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFree(data);
+  cudaFree(sink);
+  return best;
+}
+
+}  // namespace roofline
