@@ -154,3 +154,70 @@ TEST(SyntheticTest, CarriesAGgufVocabulary) {
   spec.shape.n_vocab = 1000;  // too small for the vocabulary
   EXPECT_THROW(synthetic_layout(spec), Error);
 }
+
+// Qwen3.5-27B: llama.cpp's Q4_K_M of that shape has 851 tensors; DeltaNet and attention layers hold
+// their own tables; types as its quantizer gives them (../shared/reference/model-configs.md).
+TEST(SyntheticTest, Qwen35_27bLayout) {
+  auto layout = synthetic_layout(parse_synthetic_spec("qwen3.5-27b:Q4_K_M"));
+  const auto& md = layout.metadata;
+  EXPECT_EQ(md.get_int("qwen35.ssm.inner_size"), 6144);
+  EXPECT_EQ(md.get_int("qwen35.rope.dimension_count"), 64);
+  EXPECT_EQ(md.get_int("qwen35.full_attention_interval"), 4);
+  std::map<std::string, const gguf::TensorInfo*> by_name;
+  std::map<std::string, int> count_by_type;  // "attn_qkv q6_K" -> n
+  for (const auto& t : layout.tensors) {
+    by_name[t.name] = &t;
+    const size_t dot = t.name.find('.', 4);
+    const std::string base = t.name.rfind("blk.", 0) == 0 ? t.name.substr(dot + 1) : t.name;
+    count_by_type[base + " " + dtype_name(t.type)]++;
+  }
+  EXPECT_EQ(layout.tensors.size(), 851u);
+  EXPECT_EQ(by_name["blk.0.attn_qkv.weight"]->ne[1], 10240);
+  EXPECT_EQ(by_name["blk.0.ssm_conv1d.weight"]->ne[0], 4);
+  EXPECT_EQ(by_name["blk.0.ssm_conv1d.weight"]->type, DType::F32);
+  EXPECT_EQ(by_name["blk.3.attn_q.weight"]->ne[1], 2 * 24 * 256) << "query and gate";
+  EXPECT_EQ(by_name.count("blk.3.attn_qkv.weight"), 0u);
+  EXPECT_EQ(by_name.count("blk.0.attn_q.weight"), 0u);
+  EXPECT_EQ(count_by_type["attn_qkv.weight Q6_K"], 24);
+  EXPECT_EQ(count_by_type["attn_qkv.weight Q4_K"], 24);
+  EXPECT_EQ(count_by_type["attn_v.weight Q6_K"], 8);
+  EXPECT_EQ(count_by_type["ffn_down.weight Q6_K"], 32);
+  EXPECT_EQ(count_by_type["ssm_out.weight Q4_K"], 48);
+  EXPECT_EQ(count_by_type["output.weight Q6_K"], 1);
+  EXPECT_EQ(count_by_type["token_embd.weight Q4_K"], 1);
+}
+
+// A qwen35 file with a missing or mis-shaped tensor, or a missing key, is refused in one line naming it.
+TEST(SyntheticTest, Qwen35BadFilesNameTheProblem) {
+  auto good = open_model_file("synthetic:tiny-qwen35:Q8_0");
+  auto remake = [&](auto edit_md, auto edit_tensors) {
+    gguf::Metadata md = good->metadata();
+    std::vector<gguf::TensorInfo> tensors = good->tensors();
+    edit_md(md);
+    edit_tensors(tensors);
+    return gguf::GgufFile::from_parts("bad.gguf", std::move(md), std::move(tensors), nullptr, good->alignment());
+  };
+  auto message = [](std::shared_ptr<gguf::GgufFile> f) {
+    try {
+      Model::load(f);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  const auto none = [](auto&) {};
+  std::string m = message(remake(none, [](std::vector<gguf::TensorInfo>& t) {
+    t.erase(std::find_if(t.begin(), t.end(), [](const auto& x) { return x.name == "blk.0.ssm_a"; }));
+  }));
+  EXPECT_NE(m.find("missing blk.0.ssm_a"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos);
+  m = message(remake(none, [](std::vector<gguf::TensorInfo>& t) {
+    for (auto& x : t)
+      if (x.name == "blk.1.attn_q.weight") x.ne[1] /= 2;
+  }));
+  EXPECT_NE(m.find("blk.1.attn_q.weight has shape"), std::string::npos) << m;
+  m = message(remake([](gguf::Metadata& md) { md.erase("qwen35.ssm.state_size"); }, none));
+  EXPECT_NE(m.find("qwen35.ssm.state_size"), std::string::npos) << m;
+  m = message(remake([](gguf::Metadata& md) { md.set("qwen35.ssm.time_step_rank", gguf::Value::u32(3)); }, none));
+  EXPECT_NE(m.find("time_step_rank"), std::string::npos) << m;
+}
