@@ -66,7 +66,8 @@ struct DeltaNetKernels {
   // x *= scale / sqrt(sum x^2 + 1e-6)
   void (*l2_normalize)(float* x, int n, float scale);
   // The recurrent delta rule over n_tokens tokens of one head (updates the state in place).
-  void (*recurrent)(const DeltaNetRecurrentArgs& a);
+  using RecurrentFn = void (*)(const DeltaNetRecurrentArgs& a);
+  RecurrentFn recurrent;
   // C[r*ldc + n] = (accumulate ? C : 0) + alpha * sum_k A[r*rsa + k*ksa] * B[k*ldb + n] for r < M,
   // n < N, the sum in ascending k.
   void (*gemm)(int M, int N, int K, const float* A, size_t rsa, size_t ksa, const float* B, size_t ldb, float* C,

@@ -115,15 +115,22 @@ void gated_rms_norm(float* o, const float* z, const float* w, int n, float eps) 
   }
 }
 
-// R (<= 4) rows of the state (columns j0.. of S) through all the tokens: per token two dots per row
-// (S^T k, S^T q, one accumulator each, keys ascending in 8-lane steps, then one fixed reduction
-// tree), then the rank-1 update. The rows stay in L1 across the tokens. dk % 8 == 0.
+// The recurrence works on groups of R (<= 4) state rows (columns j0.. of S), kept in L1 across the
+// tokens. Per token and group: two dots per row (S^T k, S^T q: one accumulator each, keys ascending
+// in 8-lane steps, then one fixed reduction tree), the scalar delta step, then the rank-1 update.
+// dk % 8 == 0.
 template <int R>
-void recurrent_rows(const DeltaNetRecurrentArgs& a, int j0) {
-  const int dk = a.dk;
+struct RowGroup {
   float* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = a.state + (size_t)(j0 + r) * dk;
-  for (int t = 0; t < a.n_tokens; ++t) {
+  float delta[4];
+
+  RowGroup(const DeltaNetRecurrentArgs& a, int j0) {
+    for (int r = 0; r < R; ++r) rows[r] = a.state + (size_t)(j0 + r) * a.dk;
+  }
+
+  // Dots with k and q, then delta_r = beta (v_r - d S_r.k) and o_r = d S_r.q + delta_r (k.q).
+  void dots_and_delta(const DeltaNetRecurrentArgs& a, int t, int j0) {
+    const int dk = a.dk;
     const float* q = a.q + (size_t)t * a.qk_stride;
     const float* k = a.k + (size_t)t * a.qk_stride;
     __m256 acc[8];
@@ -131,9 +138,9 @@ void recurrent_rows(const DeltaNetRecurrentArgs& a, int j0) {
     for (int i = 0; i < dk; i += 8) {
       const __m256 kv = _mm256_loadu_ps(k + i), qv = _mm256_loadu_ps(q + i);
       for (int r = 0; r < R; ++r) {
-        const __m256 s = _mm256_loadu_ps(rows[r] + i);
-        acc[r] = _mm256_fmadd_ps(s, kv, acc[r]);
-        acc[4 + r] = _mm256_fmadd_ps(s, qv, acc[4 + r]);
+        const __m256 sv = _mm256_loadu_ps(rows[r] + i);
+        acc[r] = _mm256_fmadd_ps(sv, kv, acc[r]);
+        acc[4 + r] = _mm256_fmadd_ps(sv, qv, acc[4 + r]);
       }
     }
     const __m256 sums = hsum8(acc);  // lanes 0-3: S^T k, lanes 4-7: S^T q
@@ -142,17 +149,22 @@ void recurrent_rows(const DeltaNetRecurrentArgs& a, int j0) {
     float vbuf[4] = {0, 0, 0, 0};
     for (int r = 0; r < R; ++r) vbuf[r] = v[r];
     const __m128 d = _mm_set1_ps(a.decay[t]);
-    const __m128 delta = _mm_mul_ps(_mm_set1_ps(a.beta[t]), _mm_sub_ps(_mm_loadu_ps(vbuf), _mm_mul_ps(d, kvs)));
-    const __m128 o = _mm_add_ps(_mm_mul_ps(d, sqs), _mm_mul_ps(delta, _mm_set1_ps(a.kq[t])));
-    float dbuf[4], obuf[4];
-    _mm_storeu_ps(dbuf, delta);
+    const __m128 del = _mm_mul_ps(_mm_set1_ps(a.beta[t]), _mm_sub_ps(_mm_loadu_ps(vbuf), _mm_mul_ps(d, kvs)));
+    const __m128 o = _mm_add_ps(_mm_mul_ps(d, sqs), _mm_mul_ps(del, _mm_set1_ps(a.kq[t])));
+    float obuf[4];
+    _mm_storeu_ps(delta, del);
     _mm_storeu_ps(obuf, o);
     float* out = a.o + (size_t)t * a.o_stride + j0;
     for (int r = 0; r < R; ++r) out[r] = obuf[r];
+  }
+
+  // S_r <- d S_r + delta_r k
+  void update(const DeltaNetRecurrentArgs& a, int t) {
+    const float* k = a.k + (size_t)t * a.qk_stride;
     const __m256 dd = _mm256_set1_ps(a.decay[t]);
     __m256 del[R];
-    for (int r = 0; r < R; ++r) del[r] = _mm256_set1_ps(dbuf[r]);
-    for (int i = 0; i < dk; i += 8) {
+    for (int r = 0; r < R; ++r) del[r] = _mm256_set1_ps(delta[r]);
+    for (int i = 0; i < a.dk; i += 8) {
       const __m256 kv = _mm256_loadu_ps(k + i);
       for (int r = 0; r < R; ++r) {
         float* p = rows[r] + i;
@@ -160,60 +172,94 @@ void recurrent_rows(const DeltaNetRecurrentArgs& a, int j0) {
       }
     }
   }
+};
+
+// Two groups of rows in step, so the scalar part of one (a chain of dependent operations) overlaps
+// the dots of the other. The groups are independent: the order changes no result.
+template <int RA, int RB>
+void recurrent_groups(const DeltaNetRecurrentArgs& a, int j0) {
+  RowGroup<RA> ga(a, j0);
+  if constexpr (RB == 0) {
+    for (int t = 0; t < a.n_tokens; ++t) {
+      ga.dots_and_delta(a, t, j0);
+      ga.update(a, t);
+    }
+  } else {
+    RowGroup<RB> gb(a, j0 + RA);
+    for (int t = 0; t < a.n_tokens; ++t) {
+      ga.dots_and_delta(a, t, j0);
+      gb.dots_and_delta(a, t, j0 + RA);
+      ga.update(a, t);
+      gb.update(a, t);
+    }
+  }
 }
 
 void recurrent(const DeltaNetRecurrentArgs& a) {
   int j0 = 0;
-  for (; j0 + 4 <= a.dv; j0 += 4) recurrent_rows<4>(a, j0);
+  for (; j0 + 8 <= a.dv; j0 += 8) recurrent_groups<4, 4>(a, j0);
   switch (a.dv - j0) {
-    case 3: recurrent_rows<3>(a, j0); break;
-    case 2: recurrent_rows<2>(a, j0); break;
-    case 1: recurrent_rows<1>(a, j0); break;
+    case 7: recurrent_groups<4, 3>(a, j0); break;
+    case 6: recurrent_groups<4, 2>(a, j0); break;
+    case 5: recurrent_groups<4, 1>(a, j0); break;
+    case 4: recurrent_groups<4, 0>(a, j0); break;
+    case 3: recurrent_groups<3, 0>(a, j0); break;
+    case 2: recurrent_groups<2, 0>(a, j0); break;
+    case 1: recurrent_groups<1, 0>(a, j0); break;
     default: break;
   }
 }
 
-// R rows x 16 columns of C (m0, m1: the lanes of the two column vectors in range).
-template <int R>
+// R rows x 16 columns of C; kMasked: only the first `cols` (< 16) columns are in range. Each output is
+// one FMA chain over k ascending, then * alpha (+ C).
+template <int R, bool kMasked>
 void gemm_tile(int K, const float* A, size_t rsa, size_t ksa, const float* B, size_t ldb, float* C, size_t ldc,
                float alpha, bool accumulate, int cols) {
   __m256 acc0[R], acc1[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
-  if (cols >= 16) {
-    for (int k = 0; k < K; ++k) {
-      const float* b = B + (size_t)k * ldb;
-      const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-      const float* ak = A + (size_t)k * ksa;
-      for (int r = 0; r < R; ++r) {
-        const __m256 av = _mm256_broadcast_ss(ak + (size_t)r * rsa);
-        acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
-        acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
-      }
-    }
-  } else {
-    const __m256i m0 = tail_mask(cols), m1 = tail_mask(cols - 8);
-    for (int k = 0; k < K; ++k) {
-      const float* b = B + (size_t)k * ldb;
-      const __m256 b0 = _mm256_maskload_ps(b, m0), b1 = _mm256_maskload_ps(b + 8, m1);
-      const float* ak = A + (size_t)k * ksa;
-      for (int r = 0; r < R; ++r) {
-        const __m256 av = _mm256_broadcast_ss(ak + (size_t)r * rsa);
-        acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
-        acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
-      }
+  const __m256i m0 = tail_mask(cols), m1 = tail_mask(cols - 8);
+  for (int k = 0; k < K; ++k) {
+    const float* b = B + (size_t)k * ldb;
+    const __m256 b0 = kMasked ? _mm256_maskload_ps(b, m0) : _mm256_loadu_ps(b);
+    const __m256 b1 = kMasked ? _mm256_maskload_ps(b + 8, m1) : _mm256_loadu_ps(b + 8);
+    const float* ak = A + (size_t)k * ksa;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(ak + (size_t)r * rsa);
+      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
     }
   }
   const __m256 va = _mm256_set1_ps(alpha);
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     float* c = C + (size_t)r * ldc;
-    __m256 y0 = _mm256_mul_ps(acc0[r], va), y1 = _mm256_mul_ps(acc1[r], va);
-    if (accumulate) {
-      y0 = _mm256_add_ps(load_part(c, cols), y0);
-      if (cols > 8) y1 = _mm256_add_ps(load_part(c + 8, cols - 8), y1);
+    if (kMasked) {
+      __m256 y0 = _mm256_mul_ps(acc0[r], va), y1 = _mm256_mul_ps(acc1[r], va);
+      if (accumulate) {
+        y0 = _mm256_fmadd_ps(acc0[r], va, _mm256_maskload_ps(c, m0));
+        y1 = _mm256_fmadd_ps(acc1[r], va, _mm256_maskload_ps(c + 8, m1));
+      }
+      _mm256_maskstore_ps(c, m0, y0);
+      _mm256_maskstore_ps(c + 8, m1, y1);
+    } else {
+      __m256 y0 = _mm256_mul_ps(acc0[r], va), y1 = _mm256_mul_ps(acc1[r], va);
+      if (accumulate) {
+        y0 = _mm256_fmadd_ps(acc0[r], va, _mm256_loadu_ps(c));
+        y1 = _mm256_fmadd_ps(acc1[r], va, _mm256_loadu_ps(c + 8));
+      }
+      _mm256_storeu_ps(c, y0);
+      _mm256_storeu_ps(c + 8, y1);
     }
-    store_part(c, y0, cols);
-    if (cols > 8) store_part(c + 8, y1, cols - 8);
   }
+}
+
+template <int R>
+void gemm_rows(int K, const float* A, size_t rsa, size_t ksa, const float* B, size_t ldb, float* C, size_t ldc,
+               float alpha, bool accumulate, int cols) {
+  if (cols >= 16) gemm_tile<R, false>(K, A, rsa, ksa, B, ldb, C, ldc, alpha, accumulate, cols);
+  else gemm_tile<R, true>(K, A, rsa, ksa, B, ldb, C, ldc, alpha, accumulate, cols);
 }
 
 void gemm(int M, int N, int K, const float* A, size_t rsa, size_t ksa, const float* B, size_t ldb, float* C, size_t ldc,
@@ -224,12 +270,12 @@ void gemm(int M, int N, int K, const float* A, size_t rsa, size_t ksa, const flo
       const float* a = A + (size_t)r0 * rsa;
       float* c = C + (size_t)r0 * ldc + n0;
       switch (M - r0 < 6 ? M - r0 : 6) {
-        case 6: gemm_tile<6>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
-        case 5: gemm_tile<5>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
-        case 4: gemm_tile<4>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
-        case 3: gemm_tile<3>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
-        case 2: gemm_tile<2>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
-        default: gemm_tile<1>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
+        case 6: gemm_rows<6>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
+        case 5: gemm_rows<5>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
+        case 4: gemm_rows<4>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
+        case 3: gemm_rows<3>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
+        case 2: gemm_rows<2>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
+        default: gemm_rows<1>(K, a, rsa, ksa, B + n0, ldb, c, ldc, alpha, accumulate, cols); break;
       }
     }
   }
