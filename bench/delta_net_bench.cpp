@@ -77,7 +77,7 @@ void BM_DeltaNet(benchmark::State& state) {
 void Args(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int shape : {0, 1}) {
-      for (int rows : {1, 8, 64, 128, 512})
+      for (int rows : {1, 8, 16, 32, 64, 128, 512})
         for (int form : {1, 2}) b->Args({shape, 1, rows, form, threads});
       b->Args({shape, 16, 1, 1, threads});  // 16 decoding sequences
     }

@@ -162,6 +162,13 @@ class FlushDenormals {
 #endif
 };
 
+// Rows of one sequence are a whole qkv/z/out row apart (tens of KB): too far for the hardware
+// prefetchers, so the loops that walk a head's slice down the rows prefetch a few rows ahead.
+constexpr int kPrefetchRows = 4;
+inline void prefetch(const float* p, int n) {
+  for (int i = 0; i < n; i += 16) __builtin_prefetch(p + i);
+}
+
 // Products below this are flushed to zero (no denormals in the decay products; their share of any
 // output is far below float precision).
 constexpr float kTinyDecay = 1e-30f;
@@ -192,6 +199,7 @@ void conv_segment(const DeltaNetKernels& kr, const DeltaNetDims& d, const DeltaN
   };
   for (int m = 0; m < K - 1; ++m) std::memcpy(new_window + (size_t)m * width, raw_row(T - (K - 1) + m), width * sizeof(float));
   for (int r = T - 1; r >= 0; --r) {
+    if (r - (K - 1) - kPrefetchRows >= 0) prefetch(raw_row(r - (K - 1) - kPrefetchRows), width);
     for (int k = 0; k < K; ++k) tap_rows[k] = raw_row(r - (K - 1) + k);
     float* row = qkv + (size_t)(s.first_row + r) * C + seg.c0;
     kr.conv_silu(tap_rows.data(), wt, K, width, row);
@@ -210,8 +218,8 @@ void chunked_head(const DeltaNetKernels& kr, int dk, int dv, int T, float* state
   const int uw = dv + dk;     // [U | W] row
   const int ld_S = padded_ld(dv), ld_k = padded_ld(dk), ld_c = padded_ld(CH), ld_uw = padded_ld(uw);
   const size_t n_S = (size_t)dk * ld_S, n_qk = (size_t)CH * ld_k, n_kt = (size_t)dk * ld_c, n_cc = (size_t)CH * ld_c,
-               n_uw = (size_t)CH * ld_uw;
-  float* S = thread_scratch(n_S + 2 * n_qk + n_kt + 4 * n_cc + 2 * n_uw);  // S[i][j], i: key index
+               n_uw = (size_t)CH * ld_uw, n_o = (size_t)CH * ld_S;
+  float* S = thread_scratch(n_S + 2 * n_qk + n_kt + 4 * n_cc + 2 * n_uw + n_o);  // S[i][j], i: key index
   float* Q = S + n_S;      // [CH x dk]
   float* Kc = Q + n_qk;    // [CH x dk]
   float* Kt = Kc + n_qk;   // [dk x CH]
@@ -221,6 +229,7 @@ void chunked_head(const DeltaNetKernels& kr, int dk, int dv, int T, float* state
   float* P = Tm + n_cc;    // [CH x CH] q.k D, lower with the diagonal
   float* RHS = P + n_cc;   // [CH x uw] [beta v | beta e k]
   float* UW = RHS + n_uw;  // [CH x uw] [U | W], then [V' | W]
+  float* O = UW + n_uw;    // [CH x dv] the chunk's outputs (out's rows are far apart in memory)
   float e[CH];
 
   for (int j = 0; j < dv; ++j)
@@ -231,16 +240,27 @@ void chunked_head(const DeltaNetKernels& kr, int dk, int dv, int T, float* state
     for (int t = 0; t < c; ++t) {
       const float* q = q0 + (size_t)(c0 + t) * in_stride;
       const float* k = k0 + (size_t)(c0 + t) * in_stride;
+      if (t + kPrefetchRows < c) {
+        prefetch(q + kPrefetchRows * in_stride, dk);
+        prefetch(k + kPrefetchRows * in_stride, dk);
+        prefetch(v0 + (size_t)(c0 + t + kPrefetchRows) * in_stride, dv);
+      }
       std::memcpy(Q + (size_t)t * ld_k, q, dk * sizeof(float));
       std::memcpy(Kc + (size_t)t * ld_k, k, dk * sizeof(float));
       for (int i = 0; i < dk; ++i) Kt[(size_t)i * ld_c + t] = k[i];
-      float p = 1.0f;
-      for (int s = t; s >= 0; --s) {
-        D[(size_t)t * ld_c + s] = p;
-        p *= decay[c0 + s];
-        if (p < kTinyDecay) p = 0.0f;
+      // D[t][s] = D[t-1][s] decay_t (s < t), D[t][t] = 1; e_t = e_{t-1} decay_t.
+      const float dt = decay[c0 + t];
+      float* drow = D + (size_t)t * ld_c;
+      if (t > 0) {
+        const float* prev = drow - ld_c;
+        for (int s = 0; s < t; ++s) {
+          const float x = prev[s] * dt;
+          drow[s] = x < kTinyDecay ? 0.0f : x;
+        }
       }
-      e[t] = p;
+      drow[t] = 1.0f;
+      const float et = (t > 0 ? e[t - 1] : 1.0f) * dt;
+      e[t] = et < kTinyDecay ? 0.0f : et;
     }
     // N = strictly lower beta_t (k_t . k_s) D[t][s]; P = lower (q_t . k_s) D[t][s].
     for (int r0 = 0; r0 < c; r0 += kStrip) {
@@ -257,17 +277,12 @@ void chunked_head(const DeltaNetKernels& kr, int dk, int dv, int T, float* state
       for (int s = 0; s <= t; ++s) prow[s] *= drow[s];
       for (int s = t + 1; s < c; ++s) prow[s] = 0.0f;
     }
-    // T = (I + N)^-1: row t = e_t - sum_{m<t} N[t][m] T[m].
+    // T = (I + N)^-1: row t = e_t - sum_{m<t} N[t][m] T[m] (T[m][s] = 0 for s > m).
     for (int t = 0; t < c; ++t) {
       float* trow = Tm + (size_t)t * ld_c;
-      std::fill(trow, trow + c, 0.0f);
-      const float* nrow = Nm + (size_t)t * ld_c;
-      for (int m = 0; m < t; ++m) {
-        const float coef = -nrow[m];
-        const float* mrow = Tm + (size_t)m * ld_c;
-        for (int s = 0; s <= m; ++s) trow[s] += coef * mrow[s];
-      }
+      kr.gemm(1, t, t, Nm + (size_t)t * ld_c, 0, 1, Tm, ld_c, trow, ld_c, -1.0f, false);
       trow[t] = 1.0f;
+      std::fill(trow + t + 1, trow + c, 0.0f);
     }
     for (int t = 0; t < c; ++t) {
       const float b = beta[c0 + t], be = b * e[t];
@@ -287,14 +302,15 @@ void chunked_head(const DeltaNetKernels& kr, int dk, int dv, int T, float* state
       float* q = Q + (size_t)t * ld_k;
       for (int i = 0; i < dk; ++i) q[i] *= e[t];
     }
-    float* o = o0 + (size_t)c0 * o_stride;
-    kr.gemm(c, dv, dk, Q, ld_k, 1, S, ld_S, o, o_stride, 1.0f, false);            // O = (e q) S
+    kr.gemm(c, dv, dk, Q, ld_k, 1, S, ld_S, O, ld_S, 1.0f, false);                // O = (e q) S
     kr.gemm(c, dv, dk, UW + dv, ld_uw, 1, S, ld_S, UW, ld_uw, -1.0f, true);       // V' = U - W S
     for (int r0 = 0; r0 < c; r0 += kStrip) {                                       // O += P V'
       const int rn = std::min(kStrip, c - r0);
-      kr.gemm(rn, dv, std::min(c, r0 + rn), P + (size_t)r0 * ld_c, ld_c, 1, UW, ld_uw, o + (size_t)r0 * o_stride,
-              o_stride, 1.0f, true);
+      kr.gemm(rn, dv, std::min(c, r0 + rn), P + (size_t)r0 * ld_c, ld_c, 1, UW, ld_uw, O + (size_t)r0 * ld_S, ld_S,
+              1.0f, true);
     }
+    for (int t = 0; t < c; ++t)
+      std::memcpy(o0 + (size_t)(c0 + t) * o_stride, O + (size_t)t * ld_S, dv * sizeof(float));
     // S <- e_last S + (D[last][t] k_t)^T V'
     const float* dlast = D + (size_t)(c - 1) * ld_c;
     for (int t = 0; t < c; ++t) {
@@ -311,23 +327,33 @@ void chunked_head(const DeltaNetKernels& kr, int dk, int dv, int T, float* state
     for (int i = 0; i < dk; ++i) state[(size_t)j * dk + i] = S[(size_t)i * ld_S + j];
 }
 
-// The recurrent form over one head's run, in blocks of tokens whose q and k are first copied next to
-// each other (the kernel rereads them once per group of state rows; rows of qkv are far apart).
+// The recurrent form over one head's run, in blocks of tokens whose q, k and v are first copied next
+// to each other and whose outputs go out after the block: rows of qkv and out are a multiple of 4 KB
+// apart, so a head's slices of successive rows would all fall in the same few L1 sets.
 void recurrent_head(DeltaNetKernels::RecurrentFn recurrent, int dk, int dv, int T, float* state, const float* q0,
                     const float* k0, const float* v0, size_t in_stride, const float* decay, const float* beta,
                     float* o0, size_t o_stride) {
   constexpr int kTokenBlock = 32;
-  const int ld = padded_ld(dk);
-  float* qb = thread_scratch((size_t)2 * kTokenBlock * ld + kTokenBlock);
-  float* kb = qb + (size_t)kTokenBlock * ld;
-  float* kq = kb + (size_t)kTokenBlock * ld;
+  const int ld_k = padded_ld(dk), ld_v = padded_ld(dv);
+  float* qb = thread_scratch((size_t)kTokenBlock * (2 * ld_k + 2 * ld_v + 1));
+  float* kb = qb + (size_t)kTokenBlock * ld_k;
+  float* vb = kb + (size_t)kTokenBlock * ld_k;
+  float* ob = vb + (size_t)kTokenBlock * ld_v;
+  float* kq = ob + (size_t)kTokenBlock * ld_v;
   for (int t0 = 0; t0 < T; t0 += kTokenBlock) {
     const int tb = std::min(kTokenBlock, T - t0);
     for (int t = 0; t < tb; ++t) {
       const float* q = q0 + (size_t)(t0 + t) * in_stride;
       const float* k = k0 + (size_t)(t0 + t) * in_stride;
-      std::memcpy(qb + (size_t)t * ld, q, dk * sizeof(float));
-      std::memcpy(kb + (size_t)t * ld, k, dk * sizeof(float));
+      const float* v = v0 + (size_t)(t0 + t) * in_stride;
+      if (t0 + t + kPrefetchRows < T) {
+        prefetch(q + kPrefetchRows * in_stride, dk);
+        prefetch(k + kPrefetchRows * in_stride, dk);
+        prefetch(v + kPrefetchRows * in_stride, dv);
+      }
+      std::memcpy(qb + (size_t)t * ld_k, q, dk * sizeof(float));
+      std::memcpy(kb + (size_t)t * ld_k, k, dk * sizeof(float));
+      std::memcpy(vb + (size_t)t * ld_v, v, dv * sizeof(float));
       float acc = 0;
       for (int i = 0; i < dk; ++i) acc += k[i] * q[i];
       kq[t] = acc;
@@ -339,15 +365,16 @@ void recurrent_head(DeltaNetKernels::RecurrentFn recurrent, int dk, int dv, int 
     a.state = state;
     a.q = qb;
     a.k = kb;
-    a.qk_stride = ld;
-    a.v = v0 + (size_t)t0 * in_stride;
-    a.v_stride = in_stride;
+    a.qk_stride = ld_k;
+    a.v = vb;
+    a.v_stride = ld_v;
     a.decay = decay + t0;
     a.beta = beta + t0;
     a.kq = kq;
-    a.o = o0 + (size_t)t0 * o_stride;
-    a.o_stride = o_stride;
+    a.o = ob;
+    a.o_stride = ld_v;
     recurrent(a);
+    for (int t = 0; t < tb; ++t) std::memcpy(o0 + (size_t)(t0 + t) * o_stride, ob + (size_t)t * ld_v, dv * sizeof(float));
   }
 }
 
@@ -409,6 +436,10 @@ void delta_net_forward(const DeltaNetDims& d, const DeltaNetWeights& w, float ep
     else recurrent_head(recurrent, dk, dv, T, S, q0, k0, v0, C, dec, bet, o0, value_dim);
     for (int t = 0; t < T; ++t) {
       const size_t row = (size_t)(s.first_row + t);
+      if (t + kPrefetchRows < T) {
+        prefetch(out + (row + kPrefetchRows) * value_dim + (size_t)h * dv, dv);
+        prefetch(z + (row + kPrefetchRows) * value_dim + (size_t)h * dv, dv);
+      }
       kr.gated_rms_norm(out + row * value_dim + (size_t)h * dv, z + row * value_dim + (size_t)h * dv, w.norm, dv, eps);
     }
   });
