@@ -15,8 +15,20 @@
 //   U  = T (beta v);   W = T (beta e k);   V' = U - W S
 //   O  = (e q) S + lower_incl_diag(q_t.k_s D[t][s]) V'
 //   S <- e_last S + (D[last][t] k_t)^T V'
-// Its cost per token is about the recurrent form's (three dk x dv products per token either way) plus
-// the chunk-local terms, so it only pays where its matrix products run faster than the recurrence.
+// Its cost per token is the recurrent form's (three dk x dv products per token either way) plus the
+// chunk-local terms (~35% more multiply-adds at dk = dv = 128), so it only pays where its matrix
+// products run much faster than the recurrence.
+//
+// Measured (bench/delta_net_bench.cpp and an interleaved A/B, min of repeats, Xeon 2-core VM shared
+// with other jobs, AVX2), microseconds per call for one sequence of T rows, recurrent / chunked:
+//   27B shape (n_k 16, n_v 48, 128/128, K 4), 1 thread:
+//     T=1 208/926  T=8 1014/1547  T=16 2102/2358  T=32 4200/4343  T=64 7595/9880
+//     T=128 15810/16765  T=512 71485/66187  (A/B: chunked/recurrent 1.09-1.13 for T = 32..512)
+//   27B shape, 2 threads (A/B, quiet machine): T=1 185/551  T=8 647/867  T=32 2293/2155
+//     T=64 4566/4587  T=128 8967/8878  T=256 16317/18300  T=512 35652/38191  T=1024 79231/77533
+//   small shape (n_k 4, n_v 8, 64/64), 1 thread: chunked 1.15-1.45x slower at every T.
+// The chunked form wins nowhere by more than the noise (about 10%), and the recurrent one gives the
+// same bits however a sequence's rows are split into calls, so Auto never takes the chunked form.
 #include "backend/cpu/delta_net_cpu.h"
 
 #include <algorithm>

@@ -1,10 +1,13 @@
 // The Gated DeltaNet mixer on the CPU (the contract and the double-precision oracle are in
 // backend/delta_net.h): float32, multithreaded, batch invariant. Two forms of the delta rule:
-//   recurrent: token by token, each state row kept hot in L1 across the tokens (decode, short runs);
+//   recurrent: token by token, each state row kept hot in L1 across a block of tokens;
 //   chunked:   64-token chunks in the WY/UT form (a triangular solve and small matrix products per
-//              chunk), for long runs of one sequence (prefill).
-// The form is picked per sequence from its own row count, so a sequence's outputs and state never
-// depend on the other sequences of the call nor on the thread count.
+//              chunk, as transformers' torch_chunk_gated_delta_rule).
+// On the 2-core AVX2 machine the chunked form was never reliably faster (see delta_net_cpu.cpp), so
+// Auto takes the recurrent form for every run; the chunked one stays selectable and tested.
+// A sequence's outputs and state never depend on the other sequences of the call nor on the thread
+// count (the form is picked from the sequence's own row count). With the recurrent form they do not
+// depend on how a sequence's rows are split into calls either.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +21,8 @@ class ThreadPool;
 
 namespace roofline::cpu {
 
-// Rows per chunk of the chunked form, and the shortest run of one sequence that takes it (measured
-// on the 2-core AVX2 machine with bench/delta_net_bench.cpp; see delta_net_cpu.cpp).
+// Rows per chunk of the chunked form, and the shortest run of one sequence for which Auto takes it:
+// never, from the measurements (bench/delta_net_bench.cpp; table in delta_net_cpu.cpp).
 inline constexpr int kDeltaNetChunk = 64;
 inline constexpr int kDeltaNetChunkedMinRows = 1 << 30;
 
