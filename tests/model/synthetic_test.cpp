@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "formats/quant_ref.h"
+#include "model/model.h"
 #include "model/model_file.h"
 #include "model/synthetic.h"
 #include "test_util.h"

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "backend/delta_net.h"
+#include "backend/cpu/delta_net_cpu.h"
 #include "formats/quant_ref.h"
 
 namespace roofline::cpu {
@@ -287,7 +287,8 @@ void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
   w.dt_bias = d[LT::SsmDtBias].data();
   w.a = d[LT::SsmA].data();
   w.norm = d[LT::SsmNorm].data();
-  delta_net_reference(dn, w, hp.rms_eps, seqs, dn_qkv_.data(), dn_z_.data(), dn_alpha_.data(), dn_beta_.data(), dn_out_.data());
+  delta_net_forward(dn, w, hp.rms_eps, seqs, dn_qkv_.data(), dn_z_.data(), dn_alpha_.data(), dn_beta_.data(), dn_out_.data(),
+                    pool_);
   const Weight& w_out = L[LT::SsmOut];
   observe(w_out, dn_out_.data(), n);
   matmul(w_out, dn_out_.data(), n, xn_.data(), pool_);
