@@ -42,6 +42,32 @@ enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, AddBias, Arg
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps = 1e-6f, int device = 0);
 
+// For tests: the DeltaNet mixer (backend/delta_net.h) by the CUDA kernels over host data, as
+// delta_net_reference takes it (here in plain types: the CUDA sources compile as C++17, without
+// delta_net.h's spans): each seqs[i].state (state_floats() host floats) is read unless fresh and
+// updated. The launch is padded like a decode bucket: two more rows than n_rows (no sequence owns
+// them; their outputs must come back zero) and two more sequence records than seqs (garbage beyond the
+// count, which the kernels must skip); cells are in reverse order with a padded stride, and fresh
+// sequences' cells hold NaNs. Returns out [(n_rows + 2) x value_dim]; with int8_out, also the int8
+// activations times their block scales (value_dim % 32 == 0). graph: the launches are captured in a
+// CUDA graph while the records say "no sequences", then the records are uploaded and the graph replayed.
+enum class GpuDeltaNetForm { Recurrent, Chunked, ChunkedPrecise };
+struct GpuDeltaNetSeq {  // as DeltaNetSeq
+  int first_row = 0, n_rows = 0;
+  bool fresh = false;
+  float* state = nullptr;
+};
+std::vector<float> gpu_delta_net_for_test(const DeltaNetDims& dims, const float* conv, const float* dt_bias, const float* a,
+                                          const float* norm, float eps, const std::vector<GpuDeltaNetSeq>& seqs,
+                                          const float* qkv, const float* z, const float* alpha, const float* beta, int n_rows,
+                                          GpuDeltaNetForm form, bool graph, std::vector<float>* int8_out, int device = 0);
+// Whether GpuDeltaNetForm::Chunked runs as such on this device for these dims (else it runs recurrent).
+bool gpu_delta_net_chunked_supported(const DeltaNetDims& dims, int device = 0);
+// For tests: microseconds per layer of the DeltaNet mixer's launches (prepare, rule, output with f32
+// and int8 outputs) on random data: n_seqs sequences of rows_per_seq rows each, carried states.
+double gpu_delta_net_time_for_test(const DeltaNetDims& dims, int n_seqs, int rows_per_seq, GpuDeltaNetForm form, int reps,
+                                   int device = 0);
+
 // Read bandwidth of device memory in GB/s, measured with a streaming kernel (bench's roofline).
 double measure_gpu_read_bandwidth(int device);
 

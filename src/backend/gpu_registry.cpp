@@ -18,6 +18,15 @@ std::vector<float> gpu_matmul_for_test(const Weight&, const std::vector<float>&,
 std::vector<float> gpu_op_for_test(GpuOpForTest, const std::vector<float>&, const std::vector<float>&, int, int, float, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<float> gpu_delta_net_for_test(const DeltaNetDims&, const float*, const float*, const float*, const float*, float,
+                                          const std::vector<GpuDeltaNetSeq>&, const float*, const float*, const float*,
+                                          const float*, int, GpuDeltaNetForm, bool, std::vector<float>*, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
+bool gpu_delta_net_chunked_supported(const DeltaNetDims&, int) { return false; }
+double gpu_delta_net_time_for_test(const DeltaNetDims&, int, int, GpuDeltaNetForm, int, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 double measure_gpu_read_bandwidth(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 
 }  // namespace roofline

@@ -1,0 +1,101 @@
+// The Gated DeltaNet mixer on the GPU (kernels in cuda_delta_net.cu and cuda_delta_net_chunked.cu):
+// what delta_net_reference (backend/delta_net.h) computes, from the step's projected rows to the input
+// of ssm_out, with the per-sequence states in a device arena.
+//
+// A layer's step runs as three launches (delta_net_forward does all three):
+//   1. prepare:  causal conv1d + SiLU over the raw qkv rows (the conv window of each sequence for the
+//                rows before its first one), q/k L2-normalised (q also times 1/sqrt(dk)), and the gates
+//                g = softplus(alpha + dt_bias) * a, beta = sigmoid(beta)       -> scratch xc, gb
+//   2. the gated delta rule, one of two forms, each also sliding the sequence's conv window:
+//      recurrent: token by token with the state in registers (decode; any run length)  -> scratch o
+//      chunked:   runs in chunks of 64 tokens, the intra-chunk products on tensor cores (tf32, fp32
+//                 accumulation; sm_80+, dk and dv <= 128), two kernels                 -> scratch o
+//   3. output:   RMSNorm(o) * norm * SiLU(z) per head, written as f32 and/or int8 activations (ActQ8)
+//
+// Per-step values come from device memory (the sequence records and their count), so the launches of
+// a decode bucket can be captured in a CUDA graph: grids are sized for the bucket's maxima (rows,
+// sequences) and the kernels skip rows and records beyond the real ones. Rows no sequence owns get
+// zero outputs. A record with `fresh` set never reads its cell (it may hold garbage).
+//
+// Shape constraints (delta_net_unsupported says which one fails): dk % 4 == 0 and dk <= 256 (16-byte
+// state rows), n_v % n_k == 0, conv_state_floats() % 4 == 0 (n_v * dv % 4 == 0: the recurrent part of a
+// cell starts 16-byte aligned), the cell stride a multiple of 4 floats and the arena 16-byte aligned.
+#pragma once
+
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "model/hparams.h"
+
+namespace roofline::cuda {
+
+// One sequence of the step in a DeltaNet layer, in device memory (an array, plus the count in device
+// memory). Every record's rows are disjoint; records of one launch name distinct cells.
+struct DeltaNetSeqDev {
+  int first_row = 0;  // the sequence's rows are [first_row, first_row + n_rows) of the step's buffers
+  int n_rows = 0;
+  int fresh = 0;      // nonzero: no earlier tokens; the state is taken as zero and the cell not read
+  int cell = 0;       // its state is at state + cell * cell_stride (layout: delta_net.h)
+};
+
+// The sequences one launch covers: records [0, *count) of `seqs`, at most max_seqs (the grid bound).
+struct DeltaNetSeqs {
+  const DeltaNetSeqDev* seqs = nullptr;  // device [max_seqs]
+  const int* count = nullptr;            // device, <= max_seqs
+  int max_seqs = 0;                      // host: grid bound
+};
+
+// One layer's mixer weights (f32, device) and its state arena.
+struct DeltaNetLayerDev {
+  const float* conv = nullptr;     // [conv_dim x K]
+  const float* dt_bias = nullptr;  // [n_v]
+  const float* a = nullptr;        // [n_v]
+  const float* norm = nullptr;     // [dv]
+  float* state = nullptr;          // cell c at state + c * cell_stride (16-byte aligned)
+  int64_t cell_stride = 0;         // floats, a multiple of 4, >= state_floats()
+};
+
+// Work buffers of one step (device floats), for up to max_rows rows.
+struct DeltaNetScratch {
+  float* xc = nullptr;  // [rows x conv_dim]: conv + SiLU, q (normalised, scaled) | k (normalised) | v
+  float* gb = nullptr;  // [rows x 2 n_v]: g (log decay) then beta (after the sigmoid)
+  float* o = nullptr;   // [rows x value_dim]: the rule's output before the norm
+  // Chunked form only (null otherwise), per row and v-head: W (dk), U (dv), P (64), G (1).
+  float* w = nullptr;
+  float* u = nullptr;
+  float* p = nullptr;
+  float* g = nullptr;
+};
+size_t delta_net_scratch_floats(const DeltaNetDims& d, int max_rows, bool chunked);
+// Carves the buffers out of `base` (delta_net_scratch_floats floats, 16-byte aligned).
+DeltaNetScratch delta_net_scratch(const DeltaNetDims& d, int max_rows, bool chunked, float* base);
+
+// Empty when the kernels take this shape; else why not (one line, for the backend's error).
+std::string delta_net_unsupported(const DeltaNetDims& d);
+// Whether the chunked form runs here (current device sm_80+, dk and dv <= 128).
+bool delta_net_chunked_supported(const DeltaNetDims& d);
+
+enum class DeltaNetForm { Recurrent, Chunked };
+
+// 1. Rows [0, n_rows) of the buffers (n_rows: the grid bound; rows outside every record are skipped).
+void delta_net_prepare(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int n_rows,
+                       const float* qkv, const float* alpha, const float* beta, const DeltaNetScratch& s,
+                       cudaStream_t stream);
+// 2a. Token by token; each record's state read once (unless fresh) and written once, its window slid.
+void delta_net_recurrent(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs,
+                         const float* qkv, const DeltaNetScratch& s, cudaStream_t stream);
+// 2b. Chunks of 64; max_seq_rows (host) bounds every record's n_rows (the grid of the first kernel).
+// precise: each tf32 product as three (error-compensated split), for accuracy checks.
+void delta_net_chunked(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,
+                       const float* qkv, const DeltaNetScratch& s, bool precise, cudaStream_t stream);
+// 3. out [n_rows x value_dim] (if out) and its int8 form (if out_act.q; whole 32-blocks of the row, as
+// rms_norm writes them); rows outside every record are written as zeros.
+void delta_net_output(const DeltaNetDims& d, const DeltaNetLayerDev& layer, float eps, const DeltaNetSeqs& seqs, int n_rows,
+                      const float* z, const DeltaNetScratch& s, float* out, ActQ8 out_act, cudaStream_t stream);
+
+// All three. Chunked falls back to recurrent where delta_net_chunked_supported is false.
+void delta_net_forward(const DeltaNetDims& d, const DeltaNetLayerDev& layer, float eps, const DeltaNetSeqs& seqs, int n_rows,
+                       DeltaNetForm form, int max_seq_rows, const float* qkv, const float* z, const float* alpha,
+                       const float* beta, const DeltaNetScratch& s, float* out, ActQ8 out_act, cudaStream_t stream);
+
+}  // namespace roofline::cuda
