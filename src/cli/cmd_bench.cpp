@@ -68,15 +68,16 @@ std::string human_size(uint64_t bytes) {
 std::string human_params(uint64_t n) { return n >= 1000000000ull ? fmt::format("{:.2f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6); }
 
 // Bytes a decode token reads from each backend's memory (weights of its layers, KV to `depth`, the
-// embedding row where it holds the embedding), in layer order.
+// recurrent state read and written, the embedding row where it holds the embedding), in layer order.
 std::vector<double> bytes_per_backend(const Model& m, const std::vector<Engine::PlacedRange>& placed, double depth, DType tk,
                                       DType tv) {
   const HParams& hp = m.hparams();
-  const double kv_per_layer = kv_bytes_per_position(m, tk, tv) / hp.n_layer * depth;
+  const int n_attn = std::max(1, hp.count_layers(MixerKind::Attention));
+  const double kv_per_layer = kv_bytes_per_position(m, tk, tv) / n_attn * depth;
   std::vector<double> bytes;
   for (const Engine::PlacedRange& p : placed) {
-    double b = 0;
-    for (int il = p.layers.begin; il < p.layers.end; ++il) b += (double)m.layer_bytes(il) + kv_per_layer;
+    double b = state_bytes_per_token(m, p.layers.begin, p.layers.end);
+    for (int il = p.layers.begin; il < p.layers.end; ++il) b += (double)m.layer_bytes(il) + (hp.has_kv(il) ? kv_per_layer : 0.0);
     if (p.layers.output) b += (double)m.output_bytes();
     if (p.layers.embedding) b += (double)dtype_row_bytes(m.token_embd().type(), hp.n_embd);
     bytes.push_back(b);

@@ -13,7 +13,13 @@ namespace roofline {
 
 double kv_bytes_per_position(const Model& model, DType type_k, DType type_v) {
   const HParams& hp = model.hparams();
-  return (double)hp.n_layer * (double)(dtype_row_bytes(type_k, hp.kv_dim_k()) + dtype_row_bytes(type_v, hp.kv_dim_v()));
+  return (double)hp.count_layers(MixerKind::Attention) *
+         (double)(dtype_row_bytes(type_k, hp.kv_dim_k()) + dtype_row_bytes(type_v, hp.kv_dim_v()));
+}
+
+double state_bytes_per_token(const Model& model, int layer_begin, int layer_end) {
+  const HParams& hp = model.hparams();
+  return 2.0 * 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, layer_begin, layer_end);
 }
 
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v) {
@@ -22,17 +28,22 @@ double decode_bytes_per_token(const Model& model, double depth, DType type_k, DT
   for (int il = 0; il < hp.n_layer; ++il) bytes += (double)model.layer_bytes(il);
   bytes += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
   bytes += depth * kv_bytes_per_position(model, type_k, type_v);
+  bytes += state_bytes_per_token(model, 0, hp.n_layer);
   return bytes;
 }
 
 double flops_per_token(const Model& model, double depth) {
   const HParams& hp = model.hparams();
+  const int n_attn = hp.count_layers(MixerKind::Attention), n_delta = hp.count_layers(MixerKind::DeltaNet);
+  const DeltaNetDims& d = hp.delta_net;
   double weights = (double)hp.n_embd * hp.n_vocab;  // output matrix
-  weights += (double)hp.n_layer *
-             ((double)hp.n_embd * (hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v()) + (double)hp.n_head * hp.head_dim_v * hp.n_embd +
-              3.0 * hp.n_embd * hp.n_ff);
-  const double attention = (double)hp.n_layer * hp.n_head * (hp.head_dim_k + hp.head_dim_v) * (depth + 1);
-  return 2.0 * (weights + attention);
+  weights += (double)hp.n_layer * 3.0 * hp.n_embd * hp.n_ff;
+  weights += (double)n_attn * ((double)hp.n_embd * (hp.q_dim() * (hp.attn_output_gate ? 2 : 1) + hp.kv_dim_k() + hp.kv_dim_v()) +
+                               (double)hp.n_head * hp.head_dim_v * hp.n_embd);
+  weights += (double)n_delta * (double)hp.n_embd * (d.conv_dim() + 2.0 * d.value_dim() + 2.0 * d.n_v_heads);
+  const double attention = (double)n_attn * hp.n_head * (hp.head_dim_k + hp.head_dim_v) * (depth + 1);
+  const double delta_rule = (double)n_delta * 3.0 * d.ssm_state_floats();  // decay + delta update, output
+  return 2.0 * (weights + attention + delta_rule);
 }
 
 double measure_host_read_bandwidth(int n_threads, size_t bytes) {

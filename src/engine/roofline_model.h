@@ -1,6 +1,7 @@
 // The roofline of decode: tok/s <= read bandwidth / bytes a token reads, where a token reads every
-// weight once (layers and output matrix), one row of the token embedding, and the KV cache up to its
-// depth. bench prints measured speed against this bound.
+// weight once (layers and output matrix), one row of the token embedding, the KV cache of the
+// attention layers up to its depth, and the recurrent state of the DeltaNet layers (read and written
+// once: counted twice). bench prints measured speed against this bound.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +13,10 @@ namespace roofline {
 
 // Bytes one decode token reads at KV depth `depth` (positions already cached).
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v);
-// KV bytes per cached position across all layers.
+// KV bytes per cached position across the attention layers.
 double kv_bytes_per_position(const Model& model, DType type_k, DType type_v);
+// Recurrent-state bytes one token moves in layers [layer_begin, layer_end) (read + write).
+double state_bytes_per_token(const Model& model, int layer_begin, int layer_end);
 // Matmul and attention FLOPs of one token at KV depth `depth` (for prefill rates).
 double flops_per_token(const Model& model, double depth);
 

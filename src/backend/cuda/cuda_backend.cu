@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 
+#include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/gpu.h"
@@ -94,7 +95,7 @@ class CudaBackend final : public Backend {
 
   uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override {
     const HParams& hp = model.hparams();
-    return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * (hp.delta_net.state_floats() * 4 + 256);
+    return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * ((hp.delta_net.state_floats() + 3) / 4 * 16 + 256);
   }
 
   void load(std::shared_ptr<const Model> model, const LayerSet& layers) override {
@@ -118,9 +119,11 @@ class CudaBackend final : public Backend {
           d.vecs[i] = upload_floats(to_floats(w), weights_, stream_);
         }
       }
-      if (L.mixer != MixerKind::Attention)
-        fail("{} layers do not run on the GPU yet in this build; use -ngl {} or fewer (CPU) for this model",
-             mixer_kind_name(L.mixer), 0);
+    }
+    const bool has_delta = hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) > 0;
+    if (has_delta) {
+      const std::string why = delta_net_unsupported(hp.delta_net);
+      if (!why.empty()) fail("the GPU cannot run this model's Gated DeltaNet layers: {}", why);
     }
     if (layers.embedding) embd_ = upload_weight(model_->token_embd(), weights_, stream_);
     if (layers.output) {
@@ -132,13 +135,14 @@ class CudaBackend final : public Backend {
 
     // Work buffers for up to max_tokens rows.
     const int T = std::max(1, options_.max_tokens);
-    const int64_t max_cols = std::max<int64_t>({hp.n_embd, hp.n_ff, (int64_t)hp.n_head * hp.head_dim_v});
+    const DeltaNetDims& dn = hp.delta_net;
+    const int64_t max_cols = std::max<int64_t>({hp.n_embd, hp.n_ff, (int64_t)hp.n_head * hp.head_dim_v, has_delta ? dn.value_dim() : 0});
     min_span_ = attention_min_span();
     span_splits_ = attention_span_splits();
     max_splits_ = std::max(1, std::max(std::min(span_splits_, (options_.n_ctx + min_span_ - 1) / min_span_), (options_.n_ctx + 127) / 128));
     const size_t partial = attention_partial_floats(8, hp.n_head, hp.head_dim_v, max_splits_);
     const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);
-    int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd});
+    int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd, has_delta ? dn.conv_dim() : 0});
     if (layers.output) max_rows_w = std::max<int64_t>(max_rows_w, hp.n_vocab);
     gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, (size_t)64 << 20);
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
@@ -146,6 +150,11 @@ class CudaBackend final : public Backend {
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
                           partial + (layers.output ? (size_t)T * hp.n_vocab : 0) +
                           (hp.attn_output_gate ? (size_t)T * 3 * hp.q_dim() : 0);
+    // DeltaNet layers: their four in-projections, the mixer's output and its scratch.
+    dn_chunked_ = has_delta && delta_net_chunked_supported(dn);
+    const size_t dn_floats = has_delta ? (size_t)T * (dn.conv_dim() + 2 * dn.value_dim() + 2 * dn.n_v_heads) +
+                                             delta_net_scratch_floats(dn, T, dn_chunked_) + 64
+                                       : 0;
     const size_t act_bytes = (size_t)T * max_cols + 2 * (size_t)T * (max_cols / 32 + 1) * 4;
     const size_t half_bytes = (gemm_scratch_elems_ + (size_t)(T + 15) / 16 * 16 * max_cols) * 2;
     const size_t step_ints = step_capacity_ints();
@@ -156,7 +165,7 @@ class CudaBackend final : public Backend {
     prefill_.key_tile = (int)std::min<int64_t>(cuda::prefill_key_tile(), (int64_t)(gemm_scratch_elems_ / 2 / hp.n_head) / 32 * 32);
     prefill_ok_ = prefill_.key_tile >= 32 && hp.q_dim() <= max_cols && hp.n_ff >= (int64_t)hp.n_head * hp.head_dim_v;
     const size_t prefill_bytes = prefill_ok_ ? (size_t)2 * prefill_.key_tile * kv_dim * 2 + (size_t)2 * T * hp.n_head * 4 : 0;
-    work_.reserve(floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes + 36 * 256);
+    work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes + 36 * 256);
     auto take_f = [&](size_t n) { return reinterpret_cast<float*>(work_.take(n * 4)); };
     x_ = take_f((size_t)T * hp.n_embd);
     xn_ = take_f((size_t)T * hp.n_embd);
@@ -172,6 +181,14 @@ class CudaBackend final : public Backend {
       attn_gate_ = take_f((size_t)T * hp.q_dim());
     }
     if (layers.output) logits_ = take_f((size_t)T * hp.n_vocab);
+    if (has_delta) {
+      dn_qkv_ = take_f((size_t)T * dn.conv_dim());
+      dn_z_ = take_f((size_t)T * dn.value_dim());
+      dn_alpha_ = take_f((size_t)T * dn.n_v_heads);
+      dn_beta_ = take_f((size_t)T * dn.n_v_heads);
+      dn_out_ = take_f((size_t)T * dn.value_dim());
+      dn_scratch_ = delta_net_scratch(dn, T, dn_chunked_, take_f(delta_net_scratch_floats(dn, T, dn_chunked_)));
+    }
     act_.q = reinterpret_cast<int8_t*>(work_.take((size_t)T * max_cols));
     act_.d = take_f((size_t)T * (max_cols / 32 + 1));
     act_.s = take_f((size_t)T * (max_cols / 32 + 1));
@@ -224,7 +241,8 @@ class CudaBackend final : public Backend {
 
   void init_state(int n_cells) override {
     ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
-    const size_t cell_bytes = model_->hparams().delta_net.state_floats() * 4;
+    cell_stride_ = (int64_t)(model_->hparams().delta_net.state_floats() + 3) / 4 * 4;
+    const size_t cell_bytes = (size_t)cell_stride_ * 4;
     size_t total = 0;
     for (const LayerDev& d : layer_dev_)
       if (d.mixer == MixerKind::DeltaNet) total += (cell_bytes * n_cells + 255) / 256 * 256;
@@ -312,7 +330,34 @@ class CudaBackend final : public Backend {
       const auto& bt = step.sequences[s].block_table;
       std::memcpy(tables + s * stride, bt.data(), bt.size() * 4);
     }
-    const size_t used = (size_t)(tables - h) + step.sequences.size() * stride;
+    size_t used = ((size_t)(tables - h) + step.sequences.size() * stride + 3) / 4 * 4;
+    // DeltaNet layers: one record per sequence {first_row, n_rows, fresh, cell} and their count, read by
+    // the mixer's kernels (a decode bucket's graph is sized for the bucket: no more sequences than rows).
+    dn_seqs_ = {};
+    if (dn_qkv_) {
+      int* count = h + used;
+      int* recs = count + 4;  // 16-byte aligned records
+      int n_seqs = 0, max_rows = 1;
+      for (const StepSequence& sq : step.sequences) {
+        if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
+          fail("internal error: sequence {} has no recurrent-state cell (cell {} of {})", sq.seq_id, sq.state_cell, n_state_cells_);
+        recs[4 * n_seqs + 0] = sq.first_token;
+        recs[4 * n_seqs + 1] = sq.n_new;
+        recs[4 * n_seqs + 2] = sq.n_past == 0 ? 1 : 0;
+        recs[4 * n_seqs + 3] = sq.state_cell;
+        max_rows = std::max(max_rows, sq.n_new);
+        ++n_seqs;
+      }
+      count[0] = n_seqs;
+      dn_real_seqs_ = n_seqs;
+      const size_t count_at = used;
+      used += 4 + 4 * (size_t)n_tok_;
+      dn_seqs_.count = step_dev_ + count_at;
+      dn_seqs_.seqs = reinterpret_cast<const DeltaNetSeqDev*>(step_dev_ + count_at + 4);
+      dn_seqs_.max_seqs = std::max(n_seqs, n_tok_ <= 8 ? n_tok_ : 1);
+      dn_max_seq_rows_ = max_rows;
+      dn_form_ = dn_chunked_ && max_rows >= kDeltaNetChunkedMinRows ? DeltaNetForm::Chunked : DeltaNetForm::Recurrent;
+    }
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_, h, used * 4, cudaMemcpyHostToDevice, stream_));
     dstep_.header = step_dev_;
     dstep_.tokens = step_dev_ + 8;
@@ -446,7 +491,7 @@ class CudaBackend final : public Backend {
     const size_t floats = model_->hparams().delta_net.state_floats();
     for (LayerDev& d : layer_dev_)
       if (d.state)
-        ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(d.state + (size_t)dst * floats, d.state + (size_t)src * floats, floats * 4,
+        ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(d.state + (size_t)dst * cell_stride_, d.state + (size_t)src * cell_stride_, floats * 4,
                                             cudaMemcpyDeviceToDevice, stream_));
   }
 
@@ -476,7 +521,7 @@ class CudaBackend final : public Backend {
   }
   size_t step_capacity_ints() const {
     const size_t T = (size_t)std::max(1, options_.max_tokens);
-    return 8 + 5 * T + T * (size_t)table_capacity_blocks();
+    return 8 + 5 * T + T * (size_t)table_capacity_blocks() + 8 + 4 * T;
   }
 
   // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off): an event before each op of decode steps; the time
@@ -589,17 +634,24 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // A layer: norm -> mixer (attention or Gated DeltaNet) -> residual, then the FFN block.
   void forward_layer(LayerDev& L) {
+    if (L.mixer == MixerKind::Attention) attention_block(L);
+    else delta_net_block(L);
+    ffn_block(L);
+  }
+
+  bool needs_q8(std::initializer_list<const DeviceWeight*> ws) const {
+    if (n_tok_ > 8) return false;
+    for (auto* w : ws)
+      if (matvec_uses_q8(w->type)) return true;
+    return false;
+  }
+
+  void attention_block(LayerDev& L) {
     using LT = LayerTensor;
     const HParams& hp = model_->hparams();
     const int n = n_tok_;
-    const bool small = n <= 8;
-    auto needs_q8 = [&](std::initializer_list<const DeviceWeight*> ws) {
-      if (!small) return false;
-      for (auto* w : ws)
-        if (matvec_uses_q8(w->type)) return true;
-      return false;
-    };
     // Attention block.
     const bool q8_in = needs_q8({&L.m(LT::AttnQ), &L.m(LT::AttnK), &L.m(LT::AttnV)}) && hp.n_embd % 32 == 0;
     mark("attn norm + quantize", 0);
@@ -633,7 +685,13 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
     project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
-    // Feed-forward block.
+  }
+
+  // Feed-forward block: norm -> gate/up -> SwiGLU -> down (+ residual).
+  void ffn_block(LayerDev& L) {
+    using LT = LayerTensor;
+    const HParams& hp = model_->hparams();
+    const int n = n_tok_;
     const bool q8_ffn = needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && hp.n_embd % 32 == 0;
     mark("ffn norm + quantize", 0);
     rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
@@ -646,6 +704,41 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
     project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
+    n_quantized_cols_ = -1;
+  }
+
+
+  // Gated DeltaNet: norm -> qkv/z/alpha/beta projections -> the mixer (cuda_delta_net.cuh; the
+  // sequences' states in their cells) -> ssm_out (+ residual).
+  void delta_net_block(LayerDev& L) {
+    using LT = LayerTensor;
+    const HParams& hp = model_->hparams();
+    const DeltaNetDims& d = hp.delta_net;
+    const int n = n_tok_;
+    const bool q8_in = needs_q8({&L.m(LT::SsmQkv), &L.m(LT::SsmGate), &L.m(LT::SsmAlpha), &L.m(LT::SsmBeta)}) && hp.n_embd % 32 == 0;
+    mark("attn norm + quantize", 0);
+    rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
+    n_quantized_cols_ = q8_in ? hp.n_embd : -1;
+    project_group({{"qkv", &L.m(LT::SsmQkv), L.bytes(LT::SsmQkv), dn_qkv_, d.conv_dim()},
+                   {"z", &L.m(LT::SsmGate), L.bytes(LT::SsmGate), dn_z_, d.value_dim()},
+                   {"alpha", &L.m(LT::SsmAlpha), L.bytes(LT::SsmAlpha), dn_alpha_, d.n_v_heads},
+                   {"beta", &L.m(LT::SsmBeta), L.bytes(LT::SsmBeta), dn_beta_, d.n_v_heads}},
+                  xn_, n);
+    DeltaNetLayerDev layer;
+    layer.conv = L.v(LT::SsmConv);
+    layer.dt_bias = L.v(LT::SsmDtBias);
+    layer.a = L.v(LT::SsmA);
+    layer.norm = L.v(LT::SsmNorm);
+    layer.state = L.state;
+    layer.cell_stride = cell_stride_;
+    const bool q8_out = needs_q8({&L.m(LT::SsmOut)}) && d.value_dim() % 32 == 0;
+    mark(dn_form_ == DeltaNetForm::Chunked ? "delta net (chunked)" : "delta net (recurrent)",
+         (double)dn_real_seqs_ * d.ssm_state_floats() * 8);
+    delta_net_forward(d, layer, hp.rms_eps, dn_seqs_, n, dn_form_, dn_max_seq_rows_, dn_qkv_, dn_z_, dn_alpha_, dn_beta_,
+                      dn_scratch_, dn_out_, q8_out ? act_ : ActQ8{}, stream_);
+    n_quantized_cols_ = q8_out ? d.value_dim() : -1;
+    mark(op_name("matvec ssm_out", L.m(LT::SsmOut)).c_str(), L.bytes(LT::SsmOut));
+    project(L.m(LT::SsmOut), dn_out_, n, x_, hp.n_embd, true);
     n_quantized_cols_ = -1;
   }
 
@@ -664,6 +757,16 @@ class CudaBackend final : public Backend {
   float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,
         *up_ = nullptr, *partial_ = nullptr, *logits_ = nullptr;
   float *q_full_ = nullptr, *attn_gate_ = nullptr;  // gated attention: the Q projection, the gate split from it
+  // DeltaNet layers: in-projections, the mixer's output and scratch, the step's sequence records.
+  float *dn_qkv_ = nullptr, *dn_z_ = nullptr, *dn_alpha_ = nullptr, *dn_beta_ = nullptr, *dn_out_ = nullptr;
+  DeltaNetScratch dn_scratch_;
+  DeltaNetSeqs dn_seqs_;
+  bool dn_chunked_ = false;
+  DeltaNetForm dn_form_ = DeltaNetForm::Recurrent;
+  int dn_max_seq_rows_ = 1, dn_real_seqs_ = 0;
+  int64_t cell_stride_ = 0;  // floats between state cells (16-byte aligned)
+  // Runs of at least this many rows of one sequence take the chunked (tensor-core) form.
+  static constexpr int kDeltaNetChunkedMinRows = 64;
   ActQ8 act_;
   int n_quantized_cols_ = -1;  // act_ holds the current input quantized (row length), or -1
   __half* gemm_scratch_ = nullptr;

@@ -1,0 +1,148 @@
+// Qwen3.5 on the CUDA backend against the CPU engine (skipped without a GPU): gated attention and
+// Gated DeltaNet layers, full and partial offload (mixed layer kinds on both devices), prompt chunks
+// that take the chunked (tensor-core) form of the delta rule, decode buckets replayed as CUDA graphs
+// with the sequences' states in their cells, batch invariance among decode steps, and forks and
+// prefix reuse that copy states on the GPU.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backend/gpu.h"
+#include "engine/engine.h"
+#include "model/model_file.h"
+#include "test_util.h"
+
+using namespace roofline;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine"
+
+std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
+
+std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
+  return t;
+}
+
+// A 100-token prompt in one step (chunked form), then 12 decode steps; logits of every position.
+std::vector<float> prompt_then_decode(Engine& engine, const std::vector<int32_t>& tokens, size_t prompt) {
+  const int seq = engine.memory().create_sequence();
+  auto out = engine.eval(seq, std::span<const int32_t>(tokens.data(), prompt), true);
+  for (size_t i = prompt; i < tokens.size(); ++i) {
+    auto l = engine.eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  engine.memory().free_sequence(seq);
+  return out;
+}
+
+}  // namespace
+
+TEST(GpuQwen35Test, MatchesTheCpuFullAndPartialOffload) {
+  SKIP_WITHOUT_GPU();
+  for (const char* spec : {"tiny-qwen35:F32", "tiny-qwen35:Q8_0", "tiny-qwen35:Q4_K_M"}) {
+    auto model = tiny(spec);
+    const auto tokens = some_tokens(112, model->hparams().n_vocab);
+    EngineOptions o;
+    o.n_ctx = 512;
+    o.type_k = o.type_v = DType::F32;
+    auto cpu = Engine::create(model, o);
+    const auto want = prompt_then_decode(*cpu, tokens, 100);
+    // Units: 4 layers + output. 5 = all, 3 = the output and the last two layers (one of each kind).
+    for (int units : {5, 3}) {
+      o.n_gpu_layers = units;
+      auto gpu = Engine::create(model, o);
+      ASSERT_EQ(gpu->gpu_units(), units);
+      const auto got = prompt_then_decode(*gpu, tokens, 100);
+      ASSERT_EQ(got.size(), want.size());
+      const double e = test::nmse(got.data(), want.data(), got.size());
+      std::printf("%-20s %d units on the GPU: NMSE vs CPU %.3g\n", spec, units, e);
+      // Measured on the H200: see docs/performance.md (prefill rows go through f16 GEMMs and the
+      // tf32 delta rule; quantized files add the CPU's int8 activation rounding).
+      EXPECT_LT(e, std::string(spec).find("F32") != std::string::npos ? 1e-4 : 5e-3) << spec << " units " << units;
+    }
+  }
+}
+
+TEST(GpuQwen35Test, DecodeBatchesAreBitIdenticalToEachSequenceAlone) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen35:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.n_ctx = 1024;
+  o.n_seq_max = 6;
+  // Alone: each sequence's prompt, then decode steps of its own.
+  std::vector<std::vector<float>> alone;
+  std::vector<std::vector<int32_t>> prompts, gens;
+  for (int k = 0; k < 5; ++k) {
+    prompts.push_back(some_tokens(9 + 7 * k, n_vocab, k));
+    gens.push_back(some_tokens(10, n_vocab, 40 + k));
+  }
+  for (int k = 0; k < 5; ++k) {
+    auto e = Engine::create(model, o);
+    const int s = e->memory().create_sequence();
+    e->eval(s, prompts[k], false);
+    std::vector<float> l;
+    for (int32_t t : gens[k]) {
+      const int32_t one[1] = {t};
+      auto r = e->eval(s, one, false);
+      l.insert(l.end(), r.begin(), r.end());
+    }
+    alone.push_back(l);
+  }
+  // Together: one decode row of each of the 5 sequences per step (bucket of 8, one graph replayed).
+  auto e = Engine::create(model, o);
+  std::vector<int> seqs;
+  for (int k = 0; k < 5; ++k) {
+    seqs.push_back(e->memory().create_sequence());
+    e->eval(seqs[k], prompts[k], false);
+  }
+  for (size_t i = 0; i < gens[0].size(); ++i) {
+    std::vector<Engine::BatchRow> rows;
+    for (int k = 0; k < 5; ++k) rows.push_back({seqs[k], gens[k][i], true});
+    const auto l = e->decode(rows);
+    for (int k = 0; k < 5; ++k)
+      EXPECT_EQ(0, std::memcmp(l.data() + (size_t)k * n_vocab, alone[k].data() + i * n_vocab, n_vocab * sizeof(float)))
+          << "sequence " << k << " step " << i;
+  }
+}
+
+TEST(GpuQwen35Test, ForksAndPrefixReuseCopyStatesOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen35:Q8_0");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.kv_block_size = 16;
+  o.n_seq_max = 3;
+  o.n_state_snapshots = 2;
+  auto engine = Engine::create(model, o);
+  SequenceMemory& mem = engine->memory();
+  const auto prompt = some_tokens(40, n_vocab, 3), tail = some_tokens(6, n_vocab, 9);
+  const int s = mem.create_sequence();
+  engine->eval(s, std::span<const int32_t>(prompt.data(), 32), false);  // a snapshot at 32
+  engine->eval(s, std::span<const int32_t>(prompt.data() + 32, 8), false);
+  const int f = engine->fork_sequence(s);
+  const auto via_fork = engine->eval(f, tail, true);
+  const auto via_parent = engine->eval(s, tail, true);
+  EXPECT_EQ(0, std::memcmp(via_fork.data(), via_parent.data(), via_fork.size() * sizeof(float))) << "decode rows alone: same bits";
+  mem.cache_blocks(s, prompt);
+  mem.free_sequence(s);
+  mem.free_sequence(f);
+  const int t = mem.create_sequence();
+  ASSERT_EQ(mem.adopt_prefix(t, prompt, 100), 32);
+  std::vector<int32_t> rest(prompt.begin() + 32, prompt.end());
+  rest.insert(rest.end(), tail.begin(), tail.end());
+  const auto resumed = engine->eval(t, rest, true);
+  auto fresh = Engine::create(model, o);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), tail.begin(), tail.end());
+  const auto want = fresh->eval(fresh->memory().create_sequence(), full, true);
+  const double e = test::nmse(resumed.data(), want.data() + 32 * (size_t)n_vocab, resumed.size());
+  std::printf("resumed from a GPU snapshot vs a fresh evaluation: NMSE %.3g\n", e);
+  EXPECT_LT(e, 1e-3);  // the same maths; the fresh run's prompt takes other (f16 GEMM) paths
+}
