@@ -1,5 +1,5 @@
-// `roofline convert SRC -o OUT.gguf [--outtype auto|f32|f16|bf16|q8_0] [--pre NAME] [--tokenizer FILE]`:
-// a Hugging Face folder (llama, qwen2, qwen3) or a llama2.c checkpoint (with --tokenizer tok.bin) to GGUF.
+// `roofline convert SRC -o OUT.gguf [--outtype auto|f32|f16|bf16|q8_0] [--pre NAME] [--tokenizer FILE] [--no-mtp]`:
+// a Hugging Face folder (llama, qwen2, qwen3, Qwen3.5) or a llama2.c checkpoint (with --tokenizer tok.bin) to GGUF.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -12,7 +12,7 @@ namespace roofline::cli {
 namespace {
 
 int run(int argc, char** argv) {
-  CLI::App app{"Convert a Hugging Face model folder (llama, qwen2, qwen3) or a llama2.c checkpoint to GGUF"};
+  CLI::App app{"Convert a Hugging Face model folder (llama, qwen2, qwen3, Qwen3.5) or a llama2.c checkpoint to GGUF"};
   convert::ConvertOptions opt;
   app.add_option("source", opt.source, "Hugging Face folder (config.json, *.safetensors, tokenizer.json) or llama2.c model.bin")
       ->required();
@@ -23,6 +23,7 @@ int run(int argc, char** argv) {
   app.add_option("--pre", opt.pre, "tokenizer.ggml.pre to write instead of the one detected (e.g. qwen2, llama-bpe)");
   app.add_option("--tokenizer", opt.tokenizer, "llama2.c: the tok.bin tokenizer (required); HF: another tokenizer.json");
   app.add_option("-t,--threads", opt.n_threads, "threads (default: all cores)");
+  app.add_flag("--no-mtp,--no-nextn", opt.no_mtp, "Qwen3.5: leave out the MTP (NextN) block, as llama.cpp's --no-mtp");
   bool quiet = false;
   app.add_flag("--no-progress", quiet, "no progress line");
   try {

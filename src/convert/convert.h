@@ -1,10 +1,11 @@
-// `roofline convert`: Hugging Face folders (llama, qwen2, qwen3) and llama2.c checkpoints to GGUF, in
+// `roofline convert`: Hugging Face folders (llama, qwen2, qwen3, qwen35) and llama2.c checkpoints to GGUF, in
 // llama.cpp's conventions (tensor names, metadata keys, Q/K permutation for llama, F32 norms and biases).
 // Tensors stream one at a time through GgufWriter (temporary file renamed at the end).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct ConvertOptions {
   int n_threads = 0;              // 0: all cores
   bool progress = true;           // a progress line on stderr (only when it is a terminal)
   int64_t chunk_elements = 1 << 22;  // rows converted per step: about this many values (bounds memory)
+  bool no_mtp = false;            // Qwen3.5: leave out the MTP (NextN) block (llama.cpp's --no-mtp)
 };
 
 struct ConvertResult {
@@ -43,6 +45,8 @@ struct ConvertResult {
 ConvertResult convert_model(const ConvertOptions& options);
 ConvertResult convert_hf(const ConvertOptions& options);
 ConvertResult convert_llama2c(const ConvertOptions& options);
+// Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM (llama.cpp arch qwen35); `config` is config.json.
+ConvertResult convert_qwen35(const ConvertOptions& options, const nlohmann::json& config, const std::string& hf_arch);
 
 // ---- shared pieces (used by both converters; exposed for tests) ----
 

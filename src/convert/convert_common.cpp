@@ -9,7 +9,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fstream>
+
 #include "convert/convert.h"
+#include "convert/convert_hf_util.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -17,6 +20,56 @@
 #include "formats/quant_ref.h"
 
 namespace roofline::convert {
+
+nlohmann::json read_json_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("{}: cannot open", p.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail("{}: not valid JSON: {}", p.string(), e.what());
+  }
+}
+
+int64_t HfConfig::integer(const char* key) const {
+  if (!has(key)) fail("{}: \"{}\" is missing", where, key);
+  if (!j[key].is_number_integer()) fail("{}: \"{}\" is not an integer", where, key);
+  const int64_t v = j[key].get<int64_t>();
+  if (v <= 0 || v > (1ll << 31)) fail("{}: \"{}\" = {} is out of range", where, key, v);
+  return v;
+}
+
+double HfConfig::number(const char* key) const {
+  if (!has(key)) fail("{}: \"{}\" is missing", where, key);
+  if (!j[key].is_number()) fail("{}: \"{}\" is not a number", where, key);
+  return j[key].get<double>();
+}
+
+double HfConfig::number_or(const nlohmann::json& obj, const char* key, double fallback) const {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
+  if (!obj[key].is_number()) fail("{}: \"{}\" is not a number", where, key);
+  return obj[key].get<double>();
+}
+
+bool HfConfig::boolean_or(const char* key, bool fallback) const {
+  if (!has(key)) return fallback;
+  if (!j[key].is_boolean()) fail("{}: \"{}\" is not true or false", where, key);
+  return j[key].get<bool>();
+}
+
+std::string shape_string(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+void fail_with_problems(const std::string& prefix, const std::vector<std::string>& problems, size_t shown) {
+  std::string list;
+  const size_t n = std::min(problems.size(), shown);
+  for (size_t i = 0; i < n; ++i) list += (i ? "; " : "") + problems[i];
+  if (problems.size() > n) list += fmt::format("; and {} more", problems.size() - n);
+  fail("{}: {}", prefix, list);
+}
 
 std::optional<DType> parse_outtype(const std::string& name) {
   std::string n = name;
@@ -44,7 +97,8 @@ DType tensor_type_for(const std::string& name, int n_dims, int64_t row_length, D
     const size_t n = std::strlen(s);
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
-  if (n_dims <= 1 || ends_with("_norm.weight") || !ends_with(".weight")) return DType::F32;
+  // llama.cpp (conversion/base.py prepare_tensors): 1-D, *_norm.weight, SSM_CONV1D and non-".weight" names stay F32.
+  if (n_dims <= 1 || ends_with("_norm.weight") || ends_with(".ssm_conv1d.weight") || !ends_with(".weight")) return DType::F32;
   if (outtype == DType::Q8_0 && row_length % dtype_block_size(DType::Q8_0) != 0) {
     if (note) *note = fmt::format("{}: row length {} is not a multiple of 32, stored as F16 instead of Q8_0", name, row_length);
     return DType::F16;

@@ -1,6 +1,7 @@
 // Hugging Face folder -> GGUF for LlamaForCausalLM (and Mistral), Qwen2ForCausalLM and Qwen3ForCausalLM:
 // config.json to llama.cpp's metadata keys, tensor names mapped and checked (missing, unexpected and
 // mis-shaped tensors are listed in one error), Q/K permuted for llama, llama3 rope factors generated.
+// Qwen3.5 folders are handed to convert_qwen35.cpp.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <set>
 
 #include "convert/convert.h"
+#include "convert/convert_hf_util.h"
 #include "core/error.h"
 #include "formats/hf_tokenizer.h"
 #include "formats/safetensors.h"
@@ -32,41 +34,7 @@ constexpr HfArch kArchs[] = {
     {"Qwen3ForCausalLM", "qwen3"},
 };
 
-json read_json_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot open", p.string());
-  try {
-    return json::parse(in);
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON: {}", p.string(), e.what());
-  }
-}
-
-// Typed config.json access with one-line errors naming the key.
-struct Config {
-  json j;
-  std::string where;
-
-  bool has(const char* key) const { return j.contains(key) && !j[key].is_null(); }
-  int64_t integer(const char* key) const {
-    if (!has(key)) fail("{}: \"{}\" is missing", where, key);
-    if (!j[key].is_number_integer()) fail("{}: \"{}\" is not an integer", where, key);
-    const int64_t v = j[key].get<int64_t>();
-    if (v <= 0 || v > (1ll << 31)) fail("{}: \"{}\" = {} is out of range", where, key, v);
-    return v;
-  }
-  int64_t integer_or(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
-  double number_or(const json& obj, const char* key, double fallback) const {
-    if (!obj.contains(key) || obj[key].is_null()) return fallback;
-    if (!obj[key].is_number()) fail("{}: \"{}\" is not a number", where, key);
-    return obj[key].get<double>();
-  }
-  bool boolean_or(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j[key].is_boolean()) fail("{}: \"{}\" is not true or false", where, key);
-    return j[key].get<bool>();
-  }
-};
+using Config = HfConfig;
 
 struct Hparams {
   std::string arch;
@@ -170,12 +138,6 @@ std::vector<Expected> expected_tensors(const Hparams& hp, const ArchInfo& arch, 
   return e;
 }
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 }  // namespace
 
 ConvertResult convert_hf(const ConvertOptions& options) {
@@ -185,16 +147,24 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   Config cfg{read_json_file(config_path), config_path.string()};
   if (!cfg.j.is_object()) fail("{}: not a JSON object", cfg.where);
 
+  // The architecture: architectures[0], or text_config's when it names one (as llama.cpp decides).
   std::string hf_arch;
-  if (cfg.has("architectures") && cfg.j["architectures"].is_array() && !cfg.j["architectures"].empty() &&
-      cfg.j["architectures"][0].is_string())
-    hf_arch = cfg.j["architectures"][0].get<std::string>();
+  auto first_arch = [&](const json& obj) {
+    if (obj.is_object() && obj.contains("architectures") && obj["architectures"].is_array() &&
+        !obj["architectures"].empty() && obj["architectures"][0].is_string())
+      hf_arch = obj["architectures"][0].get<std::string>();
+  };
+  first_arch(cfg.j);
+  if (cfg.has("text_config")) first_arch(cfg.j["text_config"]);
+  if (hf_arch == "Qwen3_5ForConditionalGeneration" || hf_arch == "Qwen3_5ForCausalLM")
+    return convert_qwen35(options, cfg.j, hf_arch);
   const char* arch_name = nullptr;
   std::string known;
   for (const auto& a : kArchs) {
     known += (known.empty() ? "" : ", ") + std::string(a.hf_name);
     if (hf_arch == a.hf_name) arch_name = a.arch;
   }
+  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM";
   if (!arch_name)
     fail("{}: architecture '{}' is not supported by convert (supported: {})", cfg.where, hf_arch.empty() ? "(none)" : hf_arch,
          known);
@@ -235,13 +205,9 @@ ConvertResult convert_hf(const ConvertOptions& options) {
     if (t->name.size() > 22 && t->name.substr(t->name.size() - 22) == ".rotary_emb.inv_freq") continue;  // computed, not stored
     problems.push_back("unexpected " + t->name);
   }
-  if (!problems.empty()) {
-    std::string list;
-    const size_t shown = std::min<size_t>(problems.size(), 8);
-    for (size_t i = 0; i < shown; ++i) list += (i ? "; " : "") + problems[i];
-    if (problems.size() > shown) list += fmt::format("; and {} more", problems.size() - shown);
-    fail("{}: the tensors do not match a {} model with this config.json: {}", options.source, hf_arch, list);
-  }
+  if (!problems.empty())
+    fail_with_problems(fmt::format("{}: the tensors do not match a {} model with this config.json", options.source, hf_arch),
+                       problems);
   if (!hp.tied && !have_output)
     result.notes.push_back("lm_head.weight is absent: the output layer reuses the token embedding (tied)");
 

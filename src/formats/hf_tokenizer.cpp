@@ -205,7 +205,7 @@ void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_
       if (pre.empty()) {
         std::string list;
         for (const auto& r : regexes) list += (list.empty() ? "" : " , ") + r;
-        fail("{}: unknown pre-tokenizer regex {} (known: gpt2, llama-bpe, qwen2); pass the name to use", where,
+        fail("{}: unknown pre-tokenizer regex {} (known: gpt2, llama-bpe, qwen2, qwen35); pass the name to use", where,
              list.empty() ? "(none)" : list);
       }
     }

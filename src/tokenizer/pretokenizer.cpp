@@ -19,6 +19,11 @@ const std::vector<PreTokenizerSpec>& specs() {
       {"qwen2",
        {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
        true, false},
+      // Qwen3.5: qwen2's, with combining marks (\p{M}) inside letter runs and out of the punctuation run
+      // (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35; the regex of Qwen3.5's tokenizer.json).
+      {"qwen35",
+       {R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
+       true, false},
       // llama.cpp's fallback for vocabularies without a known pre-tokenizer.
       {"default",
        {R"([\p{P}\$\+<=>\^~\|]+)", R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))",

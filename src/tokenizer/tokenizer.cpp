@@ -132,7 +132,7 @@ void Tokenizer::load(const gguf::Metadata& md) {
   if (kind_ == VocabKind::ByteLevelBpe) {
     pre_ = md.get_string_or("tokenizer.ggml.pre", "default");
     const PreTokenizerSpec* spec = find_pre_tokenizer(pre_);
-    if (!spec) fail("tokenizer.ggml.pre '{}' is not supported (known: gpt2, llama-bpe, qwen2, default)", pre_);
+    if (!spec) fail("tokenizer.ggml.pre '{}' is not supported (known: gpt2, llama-bpe, qwen2, qwen35, default)", pre_);
     im.pre = std::make_unique<PreTokenizer>(*spec);
     im.nfc = spec->nfc;
     im.ignore_merges = spec->ignore_merges;
