@@ -232,7 +232,13 @@ void run_fixture(const std::string& name) {
     SCOPED_TRACE(name + " " + outtype);
     const bool lossless = outtype == "f32" || outtype == native;
     if (!lossless && outtype != "q8_0" && outtype != "q4_k_m" && native != "f32") continue;  // f16 <-> bf16: not a case
-    const Bounds& b = kBounds.at(lossless ? "lossless" : outtype);
+    const bool qwen35 = name.rfind("qwen35", 0) == 0;
+    const Bounds& b = kBounds.at(lossless ? (qwen35 ? "lossless_qwen35" : "lossless") : outtype);
+    // The Qwen3.5 fixtures (8 random layers) turn a relative change of the weights into ~4000x that
+    // in the logits (f16 rounding: NMSE 3.6e-2; transformers' own float32 run: 2e-4 max abs), so lossy
+    // types say nothing about the converter or the kernels there: printed, not bounded. Quantized
+    // qwen35 kernels are bounded on the synthetic tiny-qwen35 models (EngineTest).
+    const bool bounded = lossless || !qwen35;
     const std::string path = converted(fx.dir, outtype);
     auto engine = make_engine(path);
     const auto got = engine_logits(fx, *engine);
@@ -244,6 +250,7 @@ void run_fixture(const std::string& name) {
     std::printf("[fixture] %-16s %-7s engine-vs-HF NMSE %.2e max_abs %.2e (rel %.2e) | weights-vs-HF NMSE %.2e | "
                 "engine-vs-ref NMSE %.2e | greedy %d/%d\n",
                 name.c_str(), outtype.c_str(), e.worst_nmse, e.max_abs, e.rel(), w.worst_nmse, k.worst_nmse, agreed, checked);
+    if (!bounded) continue;
     EXPECT_LE(e.worst_nmse, b.engine_nmse);
     EXPECT_LE(e.rel(), b.engine_rel_max_abs);
     EXPECT_LE(w.worst_nmse, b.weights_nmse);
@@ -264,14 +271,17 @@ TEST(FixturesTest, AllFixturesPresent) {
 
 TEST(FixturesTest, ConvertedMetadataAndTokenizer) {
   for (const auto& name : fixture_names()) {
-    if (name.rfind("qwen35", 0) == 0) continue;  // qwen35_converted_test.cpp
     SCOPED_TRACE(name);
     const Fixture fx = load_fixture(fixtures_dir() + "/hf/" + name);
     auto f = gguf::GgufFile::open(converted(fx.dir, "f32"));
     const auto& md = f->metadata();
     const std::string arch = md.get_string("general.architecture");
     const json& cfg = fx.expected["config"];
-    EXPECT_EQ(arch, fx.expected["hf_class"] == "LlamaForCausalLM" ? "llama" : (fx.expected["hf_class"] == "Qwen2ForCausalLM" ? "qwen2" : "qwen3"));
+    const std::string hf_class = fx.expected["hf_class"];
+    EXPECT_EQ(arch, hf_class == "LlamaForCausalLM"   ? "llama"
+                    : hf_class == "Qwen2ForCausalLM" ? "qwen2"
+                    : hf_class == "Qwen3ForCausalLM" ? "qwen3"
+                                                     : "qwen35");
     EXPECT_EQ(md.get_int(arch + ".embedding_length"), cfg["hidden_size"].get<int>());
     EXPECT_EQ(md.get_int(arch + ".block_count"), cfg["num_hidden_layers"].get<int>());
     EXPECT_EQ(md.get_int(arch + ".attention.head_count_kv"), cfg["num_key_value_heads"].get<int>());
@@ -336,11 +346,55 @@ TEST(FixturesTest, Qwen35LlamaCppConversionsMatchTransformers) {
   }
 }
 
+// `roofline convert` of the Qwen3.5 fixtures is llama.cpp's conversion tensor for tensor: the same
+// names in the same order, shapes, types and bytes (the transforms: ssm_a = -exp(A_log), +1 on the
+// (1+w) norms but not the gated one, the value heads in tiled order, conv taps squeezed), and the same
+// qwen35.* metadata. (llama.cpp's files were written with --no-mtp; the tokenizer keys differ only by
+// its fallback pre-tokenizer name for these home-trained vocabularies.)
+TEST(FixturesTest, Qwen35ConversionEqualsLlamaCpps) {
+  for (const char* name : {"qwen35_f32", "qwen35_bf16", "qwen35_vl_bf16"}) {
+    SCOPED_TRACE(name);
+    const Fixture fx = load_fixture(fixtures_dir() + "/hf/" + name);
+    const std::string src_dtype = fx.expected["source_dtype"];
+    auto ours = gguf::GgufFile::open(converted(fx.dir, src_dtype == "float32" ? "f32" : "bf16"));
+    auto theirs = gguf::GgufFile::open(fixtures_dir() + "/llamacpp/" + name + ".gguf");
+    ASSERT_EQ(ours->tensors().size(), theirs->tensors().size());
+    for (size_t i = 0; i < ours->tensors().size(); ++i) {
+      const auto &a = ours->tensors()[i], &b = theirs->tensors()[i];
+      EXPECT_EQ(a.name, b.name) << "tensor " << i;
+      EXPECT_EQ(a.ne, b.ne) << a.name;
+      EXPECT_EQ(dtype_name(a.type), dtype_name(b.type)) << a.name;
+      ASSERT_EQ(a.n_bytes, b.n_bytes) << a.name;
+      if (a.type == DType::F32 && a.name.size() > 5 && a.name.compare(a.name.size() - 5, 5, "ssm_a") == 0) {
+        // -exp(A_log) of an f32 source: torch's vectorized expf is within 1 ulp, not correctly rounded
+        // (ours is), so a value may differ in its last bit.
+        const uint32_t* x = reinterpret_cast<const uint32_t*>(a.data);
+        const uint32_t* y = reinterpret_cast<const uint32_t*>(b.data);
+        for (size_t k = 0; k < a.n_bytes / 4; ++k) EXPECT_LE(x[k] > y[k] ? x[k] - y[k] : y[k] - x[k], 1u) << a.name << "[" << k << "]";
+        continue;
+      }
+      EXPECT_EQ(0, std::memcmp(a.data, b.data, a.n_bytes)) << a.name << " differs";
+    }
+    for (const auto& [key, value] : theirs->metadata().entries()) {
+      if (key.rfind("qwen35.", 0) != 0 && key != "general.architecture" && key != "general.file_type") continue;
+      const gguf::Value* v = ours->metadata().find(key);
+      ASSERT_NE(v, nullptr) << key;
+      EXPECT_EQ(v->type(), value.type()) << key;
+      EXPECT_EQ(v->to_display(64), value.to_display(64)) << key;
+    }
+    for (const auto& [key, value] : ours->metadata().entries())
+      if (key.rfind("qwen35.", 0) == 0) EXPECT_NE(theirs->metadata().find(key), nullptr) << key << " only in ours";
+  }
+}
+
 TEST(FixturesTest, LlamaF32) { run_fixture("llama_f32"); }
 TEST(FixturesTest, Llama3RopeBf16) { run_fixture("llama3rope_bf16"); }
 TEST(FixturesTest, Qwen2F16LinearRope) { run_fixture("qwen2_f16"); }
 TEST(FixturesTest, Qwen3F32) { run_fixture("qwen3_f32"); }
 TEST(FixturesTest, Qwen3KQuantsF16) { run_fixture("qwen3_kq_f16"); }
+TEST(FixturesTest, Qwen35F32) { run_fixture("qwen35_f32"); }
+TEST(FixturesTest, Qwen35Bf16) { run_fixture("qwen35_bf16"); }
+TEST(FixturesTest, Qwen35VisionLanguageBf16) { run_fixture("qwen35_vl_bf16"); }
 
 TEST(FixturesTest, Stories260KMatchesTransformersOracle) {
   ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/stories260K");
@@ -388,13 +442,16 @@ TEST(FixturesTest, Stories260KMatchesTransformersOracle) {
 // one), and on f32 files within the rounding of f16 activations. GPU-vs-CPU is then at most their sum.
 TEST(FixturesTest, GpuMatchesCpuOnEveryFixture) {
   if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine";
-  auto check = [](const Fixture& fx, const std::string& path, const std::string& outtype, const std::string& what) {
+  // bounded = false: printed only (the Qwen3.5 fixtures amplify the GPU's f16 prompt activations ~4000x,
+  // see run_fixture; GpuQwen35Test bounds qwen35 on the GPU on well-conditioned synthetic models).
+  auto check = [](const Fixture& fx, const std::string& path, const std::string& outtype, const std::string& what,
+                  bool bounded = true) {
     auto cpu = make_engine(path);
     const auto want = engine_logits(fx, *cpu);
     const auto ref = reference_logits(fx, cpu->model());
     const double cpu_vs_ref = compare(want, ref, fx.n_vocab).worst_nmse;
     const double bound = outtype == "f32" ? 1e-4 : kBounds.at(outtype).engine_vs_ref_nmse;
-    EXPECT_LE(cpu_vs_ref, std::max(bound, kBounds.at("lossless").engine_vs_ref_nmse)) << what << " (CPU)";
+    if (bounded) EXPECT_LE(cpu_vs_ref, std::max(bound, kBounds.at("lossless").engine_vs_ref_nmse)) << what << " (CPU)";
     const int units = cpu->model().hparams().n_layer + 1;
     for (int ngl : {EngineOptions::kGpuLayersAll, std::max(1, units / 2)}) {
       auto gpu = make_engine(path, ngl);
@@ -403,13 +460,16 @@ TEST(FixturesTest, GpuMatchesCpuOnEveryFixture) {
       const double gpu_vs_cpu = compare(got, want, fx.n_vocab).worst_nmse;
       std::printf("[fixture, GPU] %-24s -ngl %3d GPU-vs-CPU NMSE %.2e | GPU-vs-ref %.2e, CPU-vs-ref %.2e | GPU-vs-HF %.2e\n",
                   what.c_str(), ngl, gpu_vs_cpu, gpu_vs_ref, cpu_vs_ref, compare(got, fx.logits, fx.n_vocab).worst_nmse);
+      if (!bounded) continue;
       EXPECT_LE(gpu_vs_ref, bound) << what << " -ngl " << ngl;
       EXPECT_LE(gpu_vs_cpu, 2 * (bound + cpu_vs_ref)) << what << " -ngl " << ngl;
     }
   };
   for (const auto& name : fixture_names()) {
     const Fixture fx = load_fixture(fixtures_dir() + "/hf/" + name);
-    for (const std::string outtype : {"f32", "q8_0", "q4_k_m"}) check(fx, converted(fx.dir, outtype), outtype, name + " " + outtype);
+    const bool qwen35 = name.rfind("qwen35", 0) == 0;
+    for (const std::string outtype : {"f32", "q8_0", "q4_k_m"})
+      check(fx, converted(fx.dir, outtype), outtype, name + " " + outtype, !qwen35);
   }
   const std::string shared = test::shared_dir();
   if (!shared.empty() && fs::exists(shared + "/testdata/models/stories260K/stories260K.bin")) {
