@@ -300,7 +300,10 @@ class CudaBackend final : public Backend {
     int* row_seq = positions + T;
     int* logit_rows = row_seq + T;
     int* attn_rows = logit_rows + T;  // rows the split-KV attention kernel takes when prefill runs exist
-    int* tables = attn_rows + T;
+    // DeltaNet layers: the sequence count and one record {first_row, n_rows, fresh, cell} per sequence, at
+    // a fixed place (a decode bucket's captured graph keeps these addresses), 16-byte aligned.
+    const int dn_at = (int)((attn_rows + T - h + 3) / 4 * 4);
+    int* tables = h + dn_at + 4 + 4 * T;
     // Runs of at least kMinPrefillRun consecutive rows of one sequence that reach kMinPrefillKeys keys go
     // through prefill_attention (for short prompts the split kernel's single pass is as fast, without
     // five launches per run: on an H200, 16 prompts of 128 tokens in one step took 480 ms against 400).
@@ -330,13 +333,11 @@ class CudaBackend final : public Backend {
       const auto& bt = step.sequences[s].block_table;
       std::memcpy(tables + s * stride, bt.data(), bt.size() * 4);
     }
-    size_t used = ((size_t)(tables - h) + step.sequences.size() * stride + 3) / 4 * 4;
-    // DeltaNet layers: one record per sequence {first_row, n_rows, fresh, cell} and their count, read by
-    // the mixer's kernels (a decode bucket's graph is sized for the bucket: no more sequences than rows).
+    const size_t used = (size_t)(tables - h) + step.sequences.size() * stride;
     dn_seqs_ = {};
     if (dn_qkv_) {
-      int* count = h + used;
-      int* recs = count + 4;  // 16-byte aligned records
+      int* count = h + dn_at;
+      int* recs = count + 4;
       int n_seqs = 0, max_rows = 1;
       for (const StepSequence& sq : step.sequences) {
         if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
@@ -350,11 +351,10 @@ class CudaBackend final : public Backend {
       }
       count[0] = n_seqs;
       dn_real_seqs_ = n_seqs;
-      const size_t count_at = used;
-      used += 4 + 4 * (size_t)n_tok_;
-      dn_seqs_.count = step_dev_ + count_at;
-      dn_seqs_.seqs = reinterpret_cast<const DeltaNetSeqDev*>(step_dev_ + count_at + 4);
-      dn_seqs_.max_seqs = std::max(n_seqs, n_tok_ <= 8 ? n_tok_ : 1);
+      dn_seqs_.count = step_dev_ + dn_at;
+      dn_seqs_.seqs = reinterpret_cast<const DeltaNetSeqDev*>(step_dev_ + dn_at + 4);
+      // A decode bucket's grid covers as many sequences as the bucket has rows (graphs replay it).
+      dn_seqs_.max_seqs = n_tok_ <= 8 ? std::max(n_seqs, n_tok_) : n_seqs;
       dn_max_seq_rows_ = max_rows;
       dn_form_ = dn_chunked_ && max_rows >= kDeltaNetChunkedMinRows ? DeltaNetForm::Chunked : DeltaNetForm::Recurrent;
     }
@@ -365,7 +365,7 @@ class CudaBackend final : public Backend {
     dstep_.row_seq = dstep_.positions + T;
     dstep_.logit_rows = dstep_.row_seq + T;
     attn_rows_dev_ = prefill_runs_.empty() ? nullptr : dstep_.logit_rows + T;
-    dstep_.block_tables = dstep_.logit_rows + 2 * T;
+    dstep_.block_tables = step_dev_ + (tables - h);
     dstep_.table_stride = stride;
     (void)hp;
   }
@@ -521,7 +521,7 @@ class CudaBackend final : public Backend {
   }
   size_t step_capacity_ints() const {
     const size_t T = (size_t)std::max(1, options_.max_tokens);
-    return 8 + 5 * T + T * (size_t)table_capacity_blocks() + 8 + 4 * T;
+    return 8 + 5 * T + 4 + 4 + 4 * T + T * (size_t)table_capacity_blocks();
   }
 
   // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off): an event before each op of decode steps; the time
