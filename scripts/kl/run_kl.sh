@@ -108,6 +108,7 @@ PY
 )
   case "$dtype" in float32) ot=f32 ;; bfloat16) ot=bf16 ;; float16) ot=f16 ;; *) ot=f32 ;; esac
   pre=qwen2; case "$name" in llama*) pre=llama-bpe ;; esac
+  lcpp_extra=(); case "$name" in qwen35*) lcpp_extra=(--no-mtp) ;; esac  # its converter asserts an MTP block otherwise
   L="$work/logs/$name"
   base="$work/$name.kld"
   log "$name ($hf, $ot): transformers float32 base"
@@ -126,7 +127,7 @@ PY
   if [ -n "$lsrc" ]; then
     log "$name: llama.cpp convert_hf_to_gguf.py --outtype $ot"
     if PYTHONPATH="$lsrc/gguf-py:${PYTHONPATH:-}" timeout 300 python3 scripts/kl/llamacpp_convert.py "$lsrc" "$hf" \
-         --outfile "$work/$name.llamacpp.gguf" --outtype "$ot" --pre "$pre" > "$L.convert_llamacpp.log" 2>&1; then
+         --outfile "$work/$name.llamacpp.gguf" --outtype "$ot" --pre "$pre" "${lcpp_extra[@]}" > "$L.convert_llamacpp.log" 2>&1; then
       files+=(llamacpp)
     else
       log "$name: llama.cpp convert failed"; tail -3 "$L.convert_llamacpp.log" >&2
