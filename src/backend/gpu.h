@@ -63,10 +63,12 @@ std::vector<float> gpu_delta_net_for_test(const DeltaNetDims& dims, const float*
                                           GpuDeltaNetForm form, bool graph, std::vector<float>* int8_out, int device = 0);
 // Whether GpuDeltaNetForm::Chunked runs as such on this device for these dims (else it runs recurrent).
 bool gpu_delta_net_chunked_supported(const DeltaNetDims& dims, int device = 0);
-// For tests: microseconds per layer of the DeltaNet mixer's launches (prepare, rule, output with f32
-// and int8 outputs) on random data: n_seqs sequences of rows_per_seq rows each, carried states.
-double gpu_delta_net_time_for_test(const DeltaNetDims& dims, int n_seqs, int rows_per_seq, GpuDeltaNetForm form, int reps,
-                                   int device = 0);
+// For tests: microseconds per layer of the DeltaNet mixer's launches on random data (n_seqs sequences
+// of rows_per_seq rows each, carried states; f32 and int8 outputs), each measured as a CUDA graph of
+// `reps` repetitions: {all, prepare, rule (recurrent, or the chunked form's first kernel), the chunked
+// form's second kernel (0 for recurrent), output}.
+std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims& dims, int n_seqs, int rows_per_seq, GpuDeltaNetForm form,
+                                                int reps, int device = 0);
 
 // Read bandwidth of device memory in GB/s, measured with a streaming kernel (bench's roofline).
 double measure_gpu_read_bandwidth(int device);

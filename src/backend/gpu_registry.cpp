@@ -24,7 +24,7 @@ std::vector<float> gpu_delta_net_for_test(const DeltaNetDims&, const float*, con
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 bool gpu_delta_net_chunked_supported(const DeltaNetDims&, int) { return false; }
-double gpu_delta_net_time_for_test(const DeltaNetDims&, int, int, GpuDeltaNetForm, int, int) {
+std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims&, int, int, GpuDeltaNetForm, int, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 double measure_gpu_read_bandwidth(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }

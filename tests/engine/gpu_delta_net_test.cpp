@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend/delta_net.h"
@@ -213,16 +214,30 @@ TEST(GpuDeltaNet, Qwen35_27B) {
   const Problem p(d, {1, 1, 130}, {false, true, false}, 41);
   for (GpuDeltaNetForm f : forms(d)) expect_close(p, f, false, true, "27B shape");
   const double state_mb = d.ssm_state_floats() * 4.0 / 1e6;
+  auto show = [&](const char* what, const std::vector<double>& t, double mb) {
+    std::printf("  27B %-34s %7.1f us per layer (prepare %.1f, rule %.1f + %.1f, output %.1f)", what, t[0], t[1], t[2], t[3],
+                t[4]);
+    if (mb > 0) std::printf(", rule at %.0f GB/s", mb * 1e3 / t[2]);
+    std::printf("\n");
+  };
   for (int n : {1, 8, 64}) {
-    const double us = gpu_delta_net_time_for_test(d, n, 1, GpuDeltaNetForm::Recurrent, 50);
-    std::printf("  27B decode, %2d sequences: %7.1f us per layer (%.0f GB/s of state read + written)\n", n, us,
-                2 * n * state_mb * 1e3 / us);
+    const std::string what = "decode, " + std::to_string(n) + " sequences:";
+    show(what.c_str(), gpu_delta_net_time_for_test(d, n, 1, GpuDeltaNetForm::Recurrent, 20), 2 * n * state_mb);
   }
   for (GpuDeltaNetForm f : forms(d)) {
-    const double us = gpu_delta_net_time_for_test(d, 1, 512, f, 10);
-    std::printf("  27B prefill 512 tokens, %-16s %7.1f us per layer\n", form_name(f), us);
+    const std::string what = std::string("prefill 512, ") + form_name(f) + ":";
+    show(what.c_str(), gpu_delta_net_time_for_test(d, 1, 512, f, 5), 0);
   }
   const GpuDeltaNetForm prefill = gpu_delta_net_chunked_supported(d) ? GpuDeltaNetForm::Chunked : GpuDeltaNetForm::Recurrent;
-  std::printf("  27B prefill 4 x 512 tokens, %s: %7.1f us per layer\n", form_name(prefill),
-              gpu_delta_net_time_for_test(d, 4, 512, prefill, 5));
+  show((std::string("prefill 4 x 512, ") + form_name(prefill) + ":").c_str(), gpu_delta_net_time_for_test(d, 4, 512, prefill, 3), 0);
+}
+
+// One launch of each kernel on the 27B shape (decode 64, prefill 512 both forms), for a profiler:
+// roofline_tests --gtest_also_run_disabled_tests --gtest_filter='GpuDeltaNet.DISABLED_ProfileTarget'.
+TEST(GpuDeltaNet, DISABLED_ProfileTarget) {
+  SKIP_WITHOUT_GPU();
+  const DeltaNetDims d = dims(16, 3, 128, 128, 4);
+  gpu_delta_net_time_for_test(d, 64, 1, GpuDeltaNetForm::Recurrent, 0);
+  gpu_delta_net_time_for_test(d, 1, 512, GpuDeltaNetForm::Recurrent, 0);
+  gpu_delta_net_time_for_test(d, 1, 512, GpuDeltaNetForm::Chunked, 0);
 }

@@ -29,65 +29,90 @@ namespace {
 // ---------------------------------------------------------------------------------------------------
 // 1. prepare: one warp per (row, head unit); units are the n_k q heads, the n_k k heads, then the n_v
 // v heads (whose warp also computes the head's gates). Lane l holds channels l, l + 32, ... of its head.
+// The taps are loaded from the step's rows before the row's record is known (a row at least K-1 deep
+// in its run needs nothing else); only the first K-1 rows of a run then load window values.
 constexpr int kPrepWarps = 4;
 
-template <int MAXDK>  // >= dk, multiple of 32
+template <int MAXDK, int KMAX>  // MAXDK >= dk, a multiple of 32; KMAX >= K
 __global__ void __launch_bounds__(kPrepWarps * 32) prepare_kernel(Shape sh, DeltaNetLayerDev L, DeltaNetSeqs seqs,
-                                                                  const float* qkv, const float* alpha, const float* beta,
-                                                                  float* xc, float* gb) {
+                                                                  const float* __restrict__ qkv, const float* __restrict__ alpha,
+                                                                  const float* __restrict__ beta, float* __restrict__ xc,
+                                                                  float* __restrict__ gb) {
+  constexpr int CPL = MAXDK / 32;  // channels per lane of a q/k unit (v units loop in groups of 4)
+  constexpr int NCH = CPL > 4 ? CPL : 4;
   wait_for_previous_kernel();
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int unit = blockIdx.x * kPrepWarps + warp;
   if (unit >= 2 * sh.n_k + sh.n_v) return;  // whole warps
-  const int si = dn::find_seq(seqs, row);
-  if (si < 0) return;
-  const DeltaNetSeqDev rec = seqs.seqs[si];
-  const int t = row - rec.first_row;
-  const float* win = rec.fresh ? nullptr : L.state + (int64_t)rec.cell * L.cell_stride;
   const int K = sh.K;
-  // conv + SiLU of channel ch at this row: taps over times t-K+1 .. t, oldest first.
-  auto conv = [&](int ch) {
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k) {
-      const int tau = t - (K - 1) + k;
-      float x;
-      if (tau >= 0) x = qkv[(int64_t)(rec.first_row + tau) * sh.C + ch];
-      else x = win ? win[(int64_t)(tau + K - 1) * sh.C + ch] : 0.0f;
-      acc += L.conv[(int64_t)ch * K + k] * x;
-    }
-    return dn::silu(acc);
-  };
-  float* out = xc + (int64_t)row * sh.C;
-  if (unit < 2 * sh.n_k) {
-    const bool is_q = unit < sh.n_k;
-    const int ch0 = is_q ? unit * sh.dk : sh.key_dim + (unit - sh.n_k) * sh.dk;
-    float v[MAXDK / 32];
-    float ss = 0.0f;
+  const bool qk = unit < 2 * sh.n_k, is_q = unit < sh.n_k;
+  const int h = unit - 2 * sh.n_k;
+  const int ch0 = is_q ? unit * sh.dk : qk ? sh.key_dim + (unit - sh.n_k) * sh.dk : 2 * sh.key_dim + h * sh.dv;
+  const int width = qk ? sh.dk : sh.dv;
+  float* __restrict__ out = xc + (int64_t)row * sh.C;
+  // Gates (v units), issued early too.
+  float a_in = 0.0f, b_in = 0.0f, a_h = 0.0f;
+  if (!qk && lane == 0) {
+    a_in = alpha[(int64_t)row * sh.n_v + h] + L.dt_bias[h];
+    b_in = beta[(int64_t)row * sh.n_v + h];
+    a_h = L.a[h];
+  }
+  float ss = 0.0f, v[NCH];
+  int si = -2;
+  DeltaNetSeqDev rec{};
+  const float* __restrict__ taps = qkv + (int64_t)(row - (K - 1)) * sh.C + ch0;  // tap k of channel c: taps[k C + c]
+  const float* __restrict__ wts = L.conv + (int64_t)ch0 * K;
+  for (int c0 = 0; c0 < width; c0 += 32 * NCH) {
+    float x[NCH][KMAX], w[NCH][KMAX];
 #pragma unroll
-    for (int m = 0; m < MAXDK / 32; ++m) {
-      const int c = lane + 32 * m;
-      v[m] = c < sh.dk ? conv(ch0 + c) : 0.0f;
-      ss += v[m] * v[m];
+    for (int m = 0; m < NCH; ++m)
+#pragma unroll
+      for (int k = 0; k < KMAX; ++k) {
+        const int c = c0 + lane + 32 * m;
+        const bool ok = k < K && c < width;
+        x[m][k] = ok && row - (K - 1) + k >= 0 ? taps[k * sh.C + c] : 0.0f;
+        w[m][k] = ok ? wts[c * K + k] : 0.0f;
+      }
+    if (si == -2) {
+      si = dn::find_seq(seqs, row, &rec);
+      if (si < 0) return;
     }
+    const int t = row - rec.first_row;
+    if (t < K - 1) {  // taps before the run: the window (zero when fresh)
+      const float* win = L.state + (int64_t)rec.cell * L.cell_stride;
+#pragma unroll
+      for (int m = 0; m < NCH; ++m)
+#pragma unroll
+        for (int k = 0; k < KMAX; ++k) {
+          const int c = c0 + lane + 32 * m, tau = t - (K - 1) + k;
+          if (k < K && tau < 0) x[m][k] = (rec.fresh || c >= width) ? 0.0f : win[(int64_t)(tau + K - 1) * sh.C + ch0 + c];
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < NCH; ++m) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int k = 0; k < KMAX; ++k) acc += w[m][k] * x[m][k];
+      const int c = c0 + lane + 32 * m;
+      v[m] = c < width ? dn::silu(acc) : 0.0f;
+      ss += v[m] * v[m];
+      if (!qk && c < width) out[ch0 + c] = v[m];
+    }
+  }
+  if (qk) {  // one pass covers the head (NCH * 32 >= MAXDK >= dk)
     ss = warp_sum(ss);
     // transformers' l2norm: x / sqrt(sum x^2 + 1e-6); q also carries the 1/sqrt(dk) of o = S^T q / sqrt(dk).
     const float inv = (is_q ? 1.0f / sqrtf((float)sh.dk) : 1.0f) / sqrtf(ss + 1e-6f);
 #pragma unroll
-    for (int m = 0; m < MAXDK / 32; ++m) {
+    for (int m = 0; m < NCH; ++m) {
       const int c = lane + 32 * m;
       if (c < sh.dk) out[ch0 + c] = v[m] * inv;
     }
-  } else {
-    const int h = unit - 2 * sh.n_k;
-    const int ch0 = 2 * sh.key_dim + h * sh.dv;
-    for (int c = lane; c < sh.dv; c += 32) out[ch0 + c] = conv(ch0 + c);
-    if (lane == 0) {
-      const float x = alpha[(int64_t)row * sh.n_v + h] + L.dt_bias[h];
-      const float sp = x > 20.0f ? x : log1pf(expf(x));
-      gb[(int64_t)row * 2 * sh.n_v + h] = sp * L.a[h];
-      gb[(int64_t)row * 2 * sh.n_v + sh.n_v + h] = 1.0f / (1.0f + expf(-beta[(int64_t)row * sh.n_v + h]));
-    }
+  } else if (lane == 0) {
+    const float sp = a_in > 20.0f ? a_in : log1pf(expf(a_in));
+    gb[(int64_t)row * 2 * sh.n_v + h] = sp * a_h;
+    gb[(int64_t)row * 2 * sh.n_v + sh.n_v + h] = 1.0f / (1.0f + expf(-b_in));
   }
 }
 
@@ -95,33 +120,48 @@ __global__ void __launch_bounds__(kPrepWarps * 32) prepare_kernel(Shape sh, Delt
 // 2a. The recurrent form. A CTA owns RPC rows (value indices j) of one v-head of one sequence; LPR lanes
 // share a row, each holding 4*F4 of its dk elements (float4 f = ll + LPR*m, so a row's lanes read
 // consecutive 16-byte pieces and every access to the state is a coalesced 16-byte one). The rows'
-// state stays in registers for the whole run: read once (unless fresh), written once.
-// Per token:  a = S_j.k, b = S_j.q (one pass, reduced over the row's lanes together)
-//             delta = beta (v_j - gamma a);  o_j = gamma b + delta (k.q);  S_j = gamma S_j + delta k
-// (o_j = S'_j.q expanded, so both reductions are independent). Tokens are staged in shared memory
-// TB at a time (k, q of the k-head, v of the CTA's rows, gamma, beta, k.q).
+// state stays in registers for the whole run: read once (unless fresh), written once. For dk = 128 a
+// thread holds 32 state floats (a CTA 32 KB), so an SM keeps ~100 KB of state loads in flight.
+// Per token:  a = S_j.k, b = S_j.q, c = k.q (one pass, reduced over the row's lanes together)
+//             delta = beta (v_j - gamma a);  o_j = gamma b + delta c;  S_j = gamma S_j + delta k
+// (o_j = S'_j.q expanded, so the reductions are independent). Tokens are staged in shared memory TB at a
+// time by cp.async (k, q of the k-head, v of the CTA's rows, g, beta): no registers, and with PREFETCH
+// (long runs) the next block lands in a second buffer while the current one is computed. Without it
+// (decode) the CTA's share of the conv window is also fetched up front, so a decode CTA's life is two
+// dependent round trips: its record, then the state, the token and the window together.
 template <int MAXDK>
 struct Rec {
-  static constexpr int LPR = MAXDK <= 32 ? 4 : MAXDK <= 128 ? 8 : 16;  // lanes per row
-  static constexpr int F4 = MAXDK / (4 * LPR);                         // float4 per lane
-  static constexpr int RPW = 32 / LPR;                                 // rows per warp
+  static constexpr int LPR = MAXDK / 32 < 4 ? 4 : MAXDK / 32;  // lanes per row
+  static constexpr int F4 = MAXDK / (4 * LPR);                  // float4 per lane
+  static constexpr int RPW = 32 / LPR;                          // rows per warp
   static constexpr int WARPS = 8;
   static constexpr int RPC = WARPS * RPW;  // rows per CTA
-  static constexpr int TB = 16;            // tokens per staged block
+  static constexpr int TB = MAXDK >= 256 ? 8 : 16;  // tokens per staged block
+  static constexpr int KV4 = MAXDK / 4;
+  static constexpr int WCH = WARPS * 32;  // window channels per CTA fetched up front (one per thread)
 };
 
 template <int MAXDK>
+struct RecBlock {  // one staged block of tokens
+  float4 k[Rec<MAXDK>::TB][Rec<MAXDK>::KV4], q[Rec<MAXDK>::TB][Rec<MAXDK>::KV4];
+  float v[Rec<MAXDK>::TB][Rec<MAXDK>::RPC];
+  float g[Rec<MAXDK>::TB], beta[Rec<MAXDK>::TB];
+};
+
+template <int MAXDK, bool PREFETCH>
 __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape sh, DeltaNetLayerDev L, DeltaNetSeqs seqs,
-                                                                           const float* qkv, const float* xc, const float* gb,
-                                                                           float* o) {
+                                                                           const float* __restrict__ qkv,
+                                                                           const float* __restrict__ xc,
+                                                                           const float* __restrict__ gb, float* __restrict__ o) {
   using R = Rec<MAXDK>;
-  constexpr int LPR = R::LPR, F4 = R::F4, RPC = R::RPC, TB = R::TB, KV4 = MAXDK / 4;
-  __shared__ float4 sk[TB][KV4], sq[TB][KV4];
-  __shared__ float sv[TB][RPC], so[TB][RPC];
-  __shared__ float sgam[TB], sbeta[TB], skq[TB];
+  constexpr int LPR = R::LPR, F4 = R::F4, RPC = R::RPC, TB = R::TB, KV4 = R::KV4, NT = R::WARPS * 32;
+  constexpr int NBUF = PREFETCH ? 2 : 1, WCH = PREFETCH ? 1 : R::WCH;
+  __shared__ RecBlock<MAXDK> blk[NBUF];
+  __shared__ float so[TB][RPC];
+  __shared__ float swin[dn::kMaxConv - 1][WCH];
   wait_for_previous_kernel();
+  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.y];  // (loaded together with the count)
   if ((int)blockIdx.y >= *seqs.count) return;
-  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.y];
   float* cell = L.state + (int64_t)rec.cell * L.cell_stride;
   const int cph = (sh.dv + RPC - 1) / RPC;  // CTAs per head
   const int h = blockIdx.x / cph, j0 = (blockIdx.x % cph) * RPC, hk = h % sh.n_k;
@@ -136,77 +176,88 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
     const int f = ll + LPR * m;
     s[m] = (!rec.fresh && row_ok && f < dk4) ? srow[f] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  dn::slide_window(sh, rec, cell, qkv, blockIdx.x, gridDim.x);
-
-  const int64_t ldx = sh.C, ldg = 2 * sh.n_v;
-  for (int t0 = 0; t0 < rec.n_rows; t0 += TB) {
-    const int nt = min(TB, rec.n_rows - t0);
-    const int64_t row0 = rec.first_row + t0;
-    for (int idx = tid; idx < TB * KV4; idx += blockDim.x) {
-      const int tt = idx / KV4, f = idx % KV4;
-      float4 kk = make_float4(0.f, 0.f, 0.f, 0.f), qq = kk;
-      if (tt < nt && f < dk4) {
-        const float* x = xc + (row0 + tt) * ldx;
-        kk = reinterpret_cast<const float4*>(x + sh.key_dim + hk * sh.dk)[f];
-        qq = reinterpret_cast<const float4*>(x + hk * sh.dk)[f];
-      }
-      sk[tt][f] = kk;
-      sq[tt][f] = qq;
+  // This CTA's window channels [w_begin, w_end); the first WCH of them are fetched now (decode).
+  const int w_per = (sh.C + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int w_begin = blockIdx.x * w_per, w_end = min(sh.C, w_begin + w_per);
+  const int w_ch = w_begin + tid;
+  if (!PREFETCH && w_ch < w_end && tid < WCH) {
+    for (int k = 0; k < sh.K - 1; ++k) {
+      const int p = rec.n_rows + k;  // index into [old window, the run's rows]
+      const float* src = p < sh.K - 1 ? cell + (int64_t)p * sh.C + w_ch
+                                      : qkv + (int64_t)(rec.first_row + p - (sh.K - 1)) * sh.C + w_ch;
+      dn::copy4(&swin[k][tid], src, p >= sh.K - 1 || !rec.fresh);
     }
-    for (int idx = tid; idx < TB * RPC; idx += blockDim.x) {
+  }
+  dn::copy_commit();
+  auto stage = [&](RecBlock<MAXDK>& b, int t0) {  // tokens [t0, t0 + TB) of the run (zeros past its end)
+    const int nt = min(TB, rec.n_rows - t0);
+    const float* x0 = xc + (int64_t)(rec.first_row + t0) * sh.C;
+    for (int idx = tid; idx < TB * KV4; idx += NT) {
+      const int tt = idx / KV4, f = idx % KV4;
+      const bool ok = tt < nt && f < dk4;
+      const float* x = x0 + (ok ? (int64_t)tt * sh.C + hk * sh.dk + 4 * f : 0);
+      dn::copy16(&b.k[tt][f], x + sh.key_dim, ok);
+      dn::copy16(&b.q[tt][f], x, ok);
+    }
+    for (int idx = tid; idx < TB * RPC; idx += NT) {
       const int tt = idx / RPC, rr = idx % RPC;
-      sv[tt][rr] = (tt < nt && j0 + rr < sh.dv) ? xc[(row0 + tt) * ldx + 2 * sh.key_dim + h * sh.dv + j0 + rr] : 0.0f;
+      const bool ok = tt < nt && j0 + rr < sh.dv;
+      dn::copy4(&b.v[tt][rr], x0 + (ok ? (int64_t)tt * sh.C + 2 * sh.key_dim + h * sh.dv + j0 + rr : 0), ok);
     }
     if (tid < TB) {
       const bool ok = tid < nt;
-      sgam[tid] = ok ? expf(gb[(row0 + tid) * ldg + h]) : 1.0f;
-      sbeta[tid] = ok ? gb[(row0 + tid) * ldg + sh.n_v + h] : 0.0f;
+      const float* gr = gb + (int64_t)(rec.first_row + t0 + (ok ? tid : 0)) * 2 * sh.n_v + h;
+      dn::copy4(&b.g[tid], gr, ok);
+      dn::copy4(&b.beta[tid], gr + sh.n_v, ok);
     }
+    dn::copy_commit();
+  };
+
+  if (rec.n_rows > 0) stage(blk[0], 0);
+  int cur = 0;
+  for (int t0 = 0; t0 < rec.n_rows; t0 += TB) {
+    const int nt = min(TB, rec.n_rows - t0);
+    dn::copy_wait<0>();
     __syncthreads();
-    for (int tt = warp; tt < TB; tt += R::WARPS) {
-      float acc = 0.0f;
-      for (int f = lane; f < KV4; f += 32) {
-        const float4 a = sk[tt][f], b = sq[tt][f];
-        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-      }
-      acc = warp_sum(acc);
-      if (lane == 0) skq[tt] = acc;
-    }
-    __syncthreads();
+    if (PREFETCH && t0 + TB < rec.n_rows) stage(blk[cur ^ 1], t0 + TB);  // lands while this block is computed
+    const RecBlock<MAXDK>& b = blk[cur];
     for (int tt = 0; tt < nt; ++tt) {
-      float4 kk[F4];
-      float a = 0.0f, b = 0.0f;
+      const float gam = expf(b.g[tt]);
+      float a = 0.0f, bq = 0.0f, kq = 0.0f;
 #pragma unroll
       for (int m = 0; m < F4; ++m) {
         const int f = ll + LPR * m;
-        kk[m] = sk[tt][f];
-        const float4 qq = sq[tt][f];
-        a += s[m].x * kk[m].x + s[m].y * kk[m].y + s[m].z * kk[m].z + s[m].w * kk[m].w;
-        b += s[m].x * qq.x + s[m].y * qq.y + s[m].z * qq.z + s[m].w * qq.w;
+        const float4 kk = b.k[tt][f], qq = b.q[tt][f];
+        a += (s[m].x * kk.x + s[m].y * kk.y) + (s[m].z * kk.z + s[m].w * kk.w);
+        bq += (s[m].x * qq.x + s[m].y * qq.y) + (s[m].z * qq.z + s[m].w * qq.w);
+        kq += (kk.x * qq.x + kk.y * qq.y) + (kk.z * qq.z + kk.w * qq.w);
       }
 #pragma unroll
       for (int off = LPR / 2; off > 0; off >>= 1) {
         a += __shfl_xor_sync(0xffffffffu, a, off);
-        b += __shfl_xor_sync(0xffffffffu, b, off);
+        bq += __shfl_xor_sync(0xffffffffu, bq, off);
+        kq += __shfl_xor_sync(0xffffffffu, kq, off);
       }
-      const float gam = sgam[tt];
-      const float delta = sbeta[tt] * (sv[tt][r] - gam * a);
+      const float delta = b.beta[tt] * (b.v[tt][r] - gam * a);
 #pragma unroll
       for (int m = 0; m < F4; ++m) {
-        s[m].x = s[m].x * gam + kk[m].x * delta;
-        s[m].y = s[m].y * gam + kk[m].y * delta;
-        s[m].z = s[m].z * gam + kk[m].z * delta;
-        s[m].w = s[m].w * gam + kk[m].w * delta;
+        const float4 kk = b.k[tt][ll + LPR * m];
+        s[m].x = s[m].x * gam + kk.x * delta;
+        s[m].y = s[m].y * gam + kk.y * delta;
+        s[m].z = s[m].z * gam + kk.z * delta;
+        s[m].w = s[m].w * gam + kk.w * delta;
       }
-      if (ll == 0) so[tt][r] = gam * b + delta * skq[tt];
+      if (ll == 0) so[tt][r] = gam * bq + delta * kq;
     }
     __syncthreads();
-    for (int idx = tid; idx < nt * RPC; idx += blockDim.x) {
+    const int64_t row0 = rec.first_row + t0;
+    for (int idx = tid; idx < nt * RPC; idx += NT) {
       const int tt = idx / RPC, rr = idx % RPC;
       if (j0 + rr < sh.dv) o[(row0 + tt) * sh.value_dim + h * sh.dv + j0 + rr] = so[tt][rr];
     }
-    // The next block's staging writes sk..sbeta, read above before the barrier; so is rewritten only
-    // after the next block's two barriers.
+    if (PREFETCH) cur ^= 1;
+    else if (t0 + TB < rec.n_rows) stage(blk[0], t0 + TB);  // every read of blk[0] is before the barrier
+    // so is rewritten only after the next block's barrier, which follows every read of it above.
   }
   if (row_ok) {
 #pragma unroll
@@ -215,45 +266,66 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
       if (f < dk4) srow[f] = s[m];
     }
   }
+  // The window: the fetched channels (this thread's own copies, complete after the wait), then the rest.
+  dn::copy_wait<0>();
+  if (!PREFETCH && w_ch < w_end && tid < WCH)
+    for (int k = 0; k < sh.K - 1; ++k) cell[(int64_t)k * sh.C + w_ch] = swin[k][tid];
+  if (sh.K > 1) {
+    float v[dn::kMaxConv - 1];
+    for (int ch = w_begin + (PREFETCH ? 0 : WCH) + tid; ch < w_end; ch += NT) {
+      dn::window_load(sh, rec, cell, qkv, ch, v);
+      dn::window_store(sh, cell, ch, v);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------
 // 3. output: a CTA per (row, group of heads); a warp per head: sum of squares over dv, then
 // y = o * rsqrt(mean + eps) * norm * SiLU(z), kept in shared memory for the int8 pass (whole 32-blocks
-// of the row inside the CTA's channels: the host makes the groups start at multiples of 32).
-__global__ void __launch_bounds__(256) output_kernel(Shape sh, const float* norm, float eps, DeltaNetSeqs seqs,
-                                                     int heads_per_cta, const float* o, const float* z, float* out,
-                                                     ActQ8 act) {
+// of the row inside the CTA's channels: the host makes the groups start at multiples of 32). A lane
+// holds VPL values of its head (dv <= 32 VPL), loaded before the row's record is known.
+template <int VPL>
+__global__ void __launch_bounds__(256) output_kernel(Shape sh, const float* __restrict__ norm, float eps, DeltaNetSeqs seqs,
+                                                     int heads_per_cta, const float* __restrict__ o,
+                                                     const float* __restrict__ z, float* __restrict__ out, ActQ8 act) {
   extern __shared__ float sy[];
   wait_for_previous_kernel();
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
   const int h0 = blockIdx.x * heads_per_cta, h1 = min(sh.n_v, h0 + heads_per_cta);
-  const int c0 = h0 * sh.dv, c1 = h1 * sh.dv;
   const int64_t base = (int64_t)row * sh.value_dim;
-  const bool valid = dn::find_seq(seqs, row) >= 0;
-  if (!valid) {
-    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-      if (out) out[base + c] = 0.0f;
-      sy[c - c0] = 0.0f;
+  float ov[VPL], zv[VPL], nw[VPL];
+  auto load = [&](int h) {
+#pragma unroll
+    for (int m = 0; m < VPL; ++m) {
+      const int jj = lane + 32 * m;
+      const bool ok = jj < sh.dv;
+      ov[m] = ok ? o[base + (int64_t)h * sh.dv + jj] : 0.0f;
+      zv[m] = ok ? z[base + (int64_t)h * sh.dv + jj] : 0.0f;
+      nw[m] = ok ? norm[jj] : 0.0f;
     }
-  } else {
-    for (int h = h0 + warp; h < h1; h += n_warps) {
-      const float* oh = o + base + (int64_t)h * sh.dv;
-      float ss = 0.0f;
-      for (int jj = lane; jj < sh.dv; jj += 32) ss += oh[jj] * oh[jj];
-      ss = warp_sum(ss);
-      const float inv = 1.0f / sqrtf(ss / (float)sh.dv + eps);
-      for (int jj = lane; jj < sh.dv; jj += 32) {
-        const float y = oh[jj] * inv * norm[jj] * dn::silu(z[base + (int64_t)h * sh.dv + jj]);
-        if (out) out[base + (int64_t)h * sh.dv + jj] = y;
-        sy[(h - h0) * sh.dv + jj] = y;
-      }
+  };
+  if (h0 + warp < h1) load(h0 + warp);
+  const bool valid = dn::find_seq(seqs, row) >= 0;
+  for (int h = h0 + warp; h < h1; h += n_warps) {
+    if (h != h0 + warp) load(h);
+    float ss = 0.0f;
+#pragma unroll
+    for (int m = 0; m < VPL; ++m) ss += ov[m] * ov[m];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)sh.dv + eps);
+#pragma unroll
+    for (int m = 0; m < VPL; ++m) {
+      const int jj = lane + 32 * m;
+      if (jj >= sh.dv) break;
+      const float y = valid ? ov[m] * inv * nw[m] * dn::silu(zv[m]) : 0.0f;
+      if (out) out[base + (int64_t)h * sh.dv + jj] = y;
+      sy[(h - h0) * sh.dv + jj] = y;
     }
   }
   if (act.q) {
     __syncthreads();
-    const int groups = sh.value_dim / 32;
+    const int groups = sh.value_dim / 32, c0 = h0 * sh.dv, c1 = h1 * sh.dv;
     for (int g = c0 / 32 + warp; g < groups && (g + 1) * 32 <= c1; g += n_warps) {
       const int64_t gi = (int64_t)row * groups + g;
       warp_quantize32(sy[g * 32 + lane - c0], lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi,
@@ -275,6 +347,8 @@ std::string delta_net_unsupported(const DeltaNetDims& d) {
                        d.conv_kernel);
   if (d.n_v_heads % d.n_k_heads) return fmt::format("DeltaNet v heads ({}) are not a multiple of k heads ({})", d.n_v_heads, d.n_k_heads);
   if (d.head_k % 4 || d.head_k > 256) return fmt::format("the GPU DeltaNet kernels need dk % 4 == 0 and dk <= 256 (dk = {})", d.head_k);
+  if (d.head_v > 256) return fmt::format("the GPU DeltaNet kernels need dv <= 256 (dv = {})", d.head_v);
+  if (d.conv_kernel > dn::kMaxConv) return fmt::format("the GPU DeltaNet kernels take conv kernels up to {} (K = {})", dn::kMaxConv, d.conv_kernel);
   if (d.conv_state_floats() % 4)
     return fmt::format("the GPU DeltaNet kernels need a conv window of whole 16-byte groups (n_v * dv = {} % 4 != 0)", d.value_dim());
   return "";
@@ -284,9 +358,7 @@ size_t delta_net_scratch_floats(const DeltaNetDims& d, int max_rows, bool chunke
   auto up = [](size_t n) { return (n + 63) / 64 * 64; };
   const size_t rows = (size_t)std::max(1, max_rows);
   size_t n = up(rows * d.conv_dim()) + up(rows * 2 * d.n_v_heads) + up(rows * d.value_dim());
-  if (chunked)
-    n += up(rows * d.n_v_heads * d.head_k) + up(rows * d.n_v_heads * d.head_v) + up(rows * d.n_v_heads * dn::kChunk) +
-         up(rows * d.n_v_heads);
+  if (chunked) n += 3 * up(rows * d.n_v_heads * d.head_k) + 2 * up(rows * d.n_v_heads * d.head_v) + up(rows * d.n_v_heads);
   return n;
 }
 
@@ -305,11 +377,23 @@ DeltaNetScratch delta_net_scratch(const DeltaNetDims& d, int max_rows, bool chun
   s.o = take(rows * d.value_dim());
   if (chunked) {
     s.w = take(rows * d.n_v_heads * d.head_k);
+    s.qp = take(rows * d.n_v_heads * d.head_k);
+    s.kp = take(rows * d.n_v_heads * d.head_k);
     s.u = take(rows * d.n_v_heads * d.head_v);
-    s.p = take(rows * d.n_v_heads * dn::kChunk);
+    s.oi = take(rows * d.n_v_heads * d.head_v);
     s.g = take(rows * d.n_v_heads);
   }
   return s;
+}
+
+template <int MAXDK>
+void launch_prepare(const Shape& sh, dim3 grid, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, const float* qkv,
+                    const float* alpha, const float* beta, const DeltaNetScratch& s, cudaStream_t stream) {
+  const dim3 block(kPrepWarps * 32);
+  if (sh.K <= 4)
+    launch(prepare_kernel<MAXDK, 4>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, alpha, beta, s.xc, s.gb);
+  else
+    launch(prepare_kernel<MAXDK, dn::kMaxConv>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, alpha, beta, s.xc, s.gb);
 }
 
 void delta_net_prepare(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int n_rows,
@@ -317,29 +401,35 @@ void delta_net_prepare(const DeltaNetDims& d, const DeltaNetLayerDev& layer, con
   if (n_rows <= 0) return;
   const Shape sh = dn::shape_of(d);
   const dim3 grid((unsigned)((2 * sh.n_k + sh.n_v + kPrepWarps - 1) / kPrepWarps), (unsigned)n_rows);
-  const dim3 block(kPrepWarps * 32);
   switch (std::max(32, pad_dk(d.head_k))) {
-    case 32: launch(prepare_kernel<32>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, alpha, beta, s.xc, s.gb); break;
-    case 64: launch(prepare_kernel<64>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, alpha, beta, s.xc, s.gb); break;
-    case 128: launch(prepare_kernel<128>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, alpha, beta, s.xc, s.gb); break;
-    default: launch(prepare_kernel<256>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, alpha, beta, s.xc, s.gb); break;
+    case 32: launch_prepare<32>(sh, grid, layer, seqs, qkv, alpha, beta, s, stream); break;
+    case 64: launch_prepare<64>(sh, grid, layer, seqs, qkv, alpha, beta, s, stream); break;
+    case 128: launch_prepare<128>(sh, grid, layer, seqs, qkv, alpha, beta, s, stream); break;
+    default: launch_prepare<256>(sh, grid, layer, seqs, qkv, alpha, beta, s, stream); break;
   }
 }
 
-void delta_net_recurrent(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, const float* qkv,
-                         const DeltaNetScratch& s, cudaStream_t stream) {
+template <int MAXDK>
+void launch_recurrent(const Shape& sh, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,
+                      const float* qkv, const DeltaNetScratch& s, cudaStream_t stream) {
+  constexpr int rpc = Rec<MAXDK>::RPC;
+  const dim3 grid((unsigned)(sh.n_v * ((sh.dv + rpc - 1) / rpc)), (unsigned)seqs.max_seqs), block(Rec<MAXDK>::WARPS * 32);
+  if (max_seq_rows > Rec<MAXDK>::TB)
+    launch(recurrent_kernel<MAXDK, true>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, s.xc, s.gb, s.o);
+  else
+    launch(recurrent_kernel<MAXDK, false>, grid, block, 0, stream, pdl_enabled(), sh, layer, seqs, qkv, s.xc, s.gb, s.o);
+}
+
+void delta_net_recurrent(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,
+                         const float* qkv, const DeltaNetScratch& s, cudaStream_t stream) {
   if (seqs.max_seqs <= 0) return;
   const Shape sh = dn::shape_of(d);
-  auto go = [&](auto kernel, int rpc) {
-    const dim3 grid((unsigned)(sh.n_v * ((sh.dv + rpc - 1) / rpc)), (unsigned)seqs.max_seqs);
-    launch(kernel, grid, dim3(Rec<16>::WARPS * 32), 0, stream, pdl_enabled(), sh, layer, seqs, qkv, s.xc, s.gb, s.o);
-  };
   switch (pad_dk(d.head_k)) {
-    case 16: go(recurrent_kernel<16>, Rec<16>::RPC); break;
-    case 32: go(recurrent_kernel<32>, Rec<32>::RPC); break;
-    case 64: go(recurrent_kernel<64>, Rec<64>::RPC); break;
-    case 128: go(recurrent_kernel<128>, Rec<128>::RPC); break;
-    default: go(recurrent_kernel<256>, Rec<256>::RPC); break;
+    case 16: launch_recurrent<16>(sh, layer, seqs, max_seq_rows, qkv, s, stream); break;
+    case 32: launch_recurrent<32>(sh, layer, seqs, max_seq_rows, qkv, s, stream); break;
+    case 64: launch_recurrent<64>(sh, layer, seqs, max_seq_rows, qkv, s, stream); break;
+    case 128: launch_recurrent<128>(sh, layer, seqs, max_seq_rows, qkv, s, stream); break;
+    default: launch_recurrent<256>(sh, layer, seqs, max_seq_rows, qkv, s, stream); break;
   }
 }
 
@@ -354,9 +444,14 @@ void delta_net_output(const DeltaNetDims& d, const DeltaNetLayerDev& layer, floa
   const size_t smem = (size_t)hpc * sh.dv * 4;  // <= 48 KB: no attribute to set (none during graph capture)
   if (smem > 48 * 1024)
     fail("DeltaNet int8 output with dv % 32 != 0 needs value_dim <= 12288 (value_dim {})", sh.value_dim);
-  const dim3 grid((unsigned)((sh.n_v + hpc - 1) / hpc), (unsigned)n_rows);
-  launch(output_kernel, grid, dim3(whole_row ? 256 : 128), smem, stream, pdl_enabled(), sh, layer.norm, eps, seqs, hpc, s.o,
-         z, out, out_act);
+  const dim3 grid((unsigned)((sh.n_v + hpc - 1) / hpc), (unsigned)n_rows), block(whole_row ? 256 : 128);
+  auto go = [&](auto kernel) {
+    launch(kernel, grid, block, smem, stream, pdl_enabled(), sh, layer.norm, eps, seqs, hpc, s.o, z, out, out_act);
+  };
+  if (sh.dv <= 32) go(output_kernel<1>);
+  else if (sh.dv <= 64) go(output_kernel<2>);
+  else if (sh.dv <= 128) go(output_kernel<4>);
+  else go(output_kernel<8>);
 }
 
 void delta_net_forward(const DeltaNetDims& d, const DeltaNetLayerDev& layer, float eps, const DeltaNetSeqs& seqs, int n_rows,
@@ -366,7 +461,7 @@ void delta_net_forward(const DeltaNetDims& d, const DeltaNetLayerDev& layer, flo
   if (form == DeltaNetForm::Chunked && s.w && delta_net_chunked_supported(d))
     delta_net_chunked(d, layer, seqs, max_seq_rows, qkv, s, false, stream);
   else
-    delta_net_recurrent(d, layer, seqs, qkv, s, stream);
+    delta_net_recurrent(d, layer, seqs, max_seq_rows, qkv, s, stream);
   delta_net_output(d, layer, eps, seqs, n_rows, z, s, out, out_act, stream);
 }
 

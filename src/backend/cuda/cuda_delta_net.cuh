@@ -9,7 +9,7 @@
 //   2. the gated delta rule, one of two forms, each also sliding the sequence's conv window:
 //      recurrent: token by token with the state in registers (decode; any run length)  -> scratch o
 //      chunked:   runs in chunks of 64 tokens, the intra-chunk products on tensor cores (tf32, fp32
-//                 accumulation; sm_80+, dk and dv <= 128), two kernels                 -> scratch o
+//                 accumulation; sm_80+, dk and dv <= 128, dv % 4 == 0), two kernels    -> scratch o
 //   3. output:   RMSNorm(o) * norm * SiLU(z) per head, written as f32 and/or int8 activations (ActQ8)
 //
 // Per-step values come from device memory (the sequence records and their count), so the launches of
@@ -18,7 +18,7 @@
 // zero outputs. A record with `fresh` set never reads its cell (it may hold garbage).
 //
 // Shape constraints (delta_net_unsupported says which one fails): dk % 4 == 0 and dk <= 256 (16-byte
-// state rows), n_v % n_k == 0, conv_state_floats() % 4 == 0 (n_v * dv % 4 == 0: the recurrent part of a
+// state rows), conv kernel <= 8, n_v % n_k == 0, conv_state_floats() % 4 == 0 (n_v * dv % 4 == 0: the recurrent part of a
 // cell starts 16-byte aligned), the cell stride a multiple of 4 floats and the arena 16-byte aligned.
 #pragma once
 
@@ -60,10 +60,12 @@ struct DeltaNetScratch {
   float* xc = nullptr;  // [rows x conv_dim]: conv + SiLU, q (normalised, scaled) | k (normalised) | v
   float* gb = nullptr;  // [rows x 2 n_v]: g (log decay) then beta (after the sigmoid)
   float* o = nullptr;   // [rows x value_dim]: the rule's output before the norm
-  // Chunked form only (null otherwise), per row and v-head: W (dk), U (dv), P (64), G (1).
+  // Chunked form only (null otherwise), per row and v-head: W, Q', K' (dk each), U, P U (dv each), G.
   float* w = nullptr;
+  float* qp = nullptr;
+  float* kp = nullptr;
   float* u = nullptr;
-  float* p = nullptr;
+  float* oi = nullptr;
   float* g = nullptr;
 };
 size_t delta_net_scratch_floats(const DeltaNetDims& d, int max_rows, bool chunked);
@@ -72,7 +74,7 @@ DeltaNetScratch delta_net_scratch(const DeltaNetDims& d, int max_rows, bool chun
 
 // Empty when the kernels take this shape; else why not (one line, for the backend's error).
 std::string delta_net_unsupported(const DeltaNetDims& d);
-// Whether the chunked form runs here (current device sm_80+, dk and dv <= 128).
+// Whether the chunked form runs here (current device sm_80+, dk <= 128, dv <= 128, dv % 4 == 0).
 bool delta_net_chunked_supported(const DeltaNetDims& d);
 
 enum class DeltaNetForm { Recurrent, Chunked };
@@ -82,18 +84,22 @@ void delta_net_prepare(const DeltaNetDims& d, const DeltaNetLayerDev& layer, con
                        const float* qkv, const float* alpha, const float* beta, const DeltaNetScratch& s,
                        cudaStream_t stream);
 // 2a. Token by token; each record's state read once (unless fresh) and written once, its window slid.
-void delta_net_recurrent(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs,
+// max_seq_rows (host): a bound on the records' n_rows that picks the variant (any run length works with
+// either; decode buckets pass 1).
+void delta_net_recurrent(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,
                          const float* qkv, const DeltaNetScratch& s, cudaStream_t stream);
 // 2b. Chunks of 64; max_seq_rows (host) bounds every record's n_rows (the grid of the first kernel).
-// precise: each tf32 product as three (error-compensated split), for accuracy checks.
+// precise: each tf32 product as three (error-compensated split), for accuracy checks. kernels: which of
+// its two kernels to launch (bit 0 the chunk products, bit 1 the scan over chunks; timing only).
 void delta_net_chunked(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,
-                       const float* qkv, const DeltaNetScratch& s, bool precise, cudaStream_t stream);
+                       const float* qkv, const DeltaNetScratch& s, bool precise, cudaStream_t stream, int kernels = 3);
 // 3. out [n_rows x value_dim] (if out) and its int8 form (if out_act.q; whole 32-blocks of the row, as
 // rms_norm writes them); rows outside every record are written as zeros.
 void delta_net_output(const DeltaNetDims& d, const DeltaNetLayerDev& layer, float eps, const DeltaNetSeqs& seqs, int n_rows,
                       const float* z, const DeltaNetScratch& s, float* out, ActQ8 out_act, cudaStream_t stream);
 
-// All three. Chunked falls back to recurrent where delta_net_chunked_supported is false.
+// All three. Chunked falls back to recurrent where delta_net_chunked_supported is false. max_seq_rows:
+// a host bound on the records' n_rows (grid of the chunked form; variant of the recurrent one).
 void delta_net_forward(const DeltaNetDims& d, const DeltaNetLayerDev& layer, float eps, const DeltaNetSeqs& seqs, int n_rows,
                        DeltaNetForm form, int max_seq_rows, const float* qkv, const float* z, const float* alpha,
                        const float* beta, const DeltaNetScratch& s, float* out, ActQ8 out_act, cudaStream_t stream);

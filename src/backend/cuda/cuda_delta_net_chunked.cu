@@ -5,15 +5,17 @@
 //   A[t][s] = beta_t exp(G_t - G_s) k_t.k_s  (s < t),   T = (I + A)^-1  (unit lower triangular)
 //   W = T diag(beta Gamma) K,   U = T diag(beta) V,   P[t][s] = exp(G_t - G_s) q_t.k_s  (s <= t)
 //   Delta = U - W S   (the rows delta_t of the token-by-token rule, unrolled over the chunk)
-//   O = diag(Gamma) Q S + P Delta,   S <- Gamma_last S + sum_t exp(G_last - G_t) k_t delta_t^T
+//   O = diag(Gamma) Q S + P Delta = Q' S + P U,   Q' = diag(Gamma) Q - P W
+//   S <- Gamma_last S + K'^T Delta,   K'_t = exp(G_last - G_t) k_t
 // Every exponent is <= 0, so nothing overflows. Two kernels: chunk_prep (one CTA per chunk and v-head,
-// all chunks at once: A, T, W, U, P, G into scratch) and chunk_scan (one CTA per v-head and 64 value
-// columns of a sequence, the chunks in order with its state block in shared memory: the state
-// columns are independent given W, K, U, P). T is solved in fp32 on the CUDA cores (16 x 16 diagonal
-// blocks, then the blocks below them); everything else is mma.
+// all chunks at once: A, T, then W, U, Q', K', P U and G into scratch) and chunk_scan (one CTA per
+// v-head and 64 value columns of a sequence, the chunks in order with its state block in shared
+// memory; the state columns are independent given W, Q', K'). chunk_scan copies each chunk's tiles to
+// shared memory with cp.async while it computes on the previous ones. T is solved in fp32 on the CUDA
+// cores (16 x 16 diagonal blocks, then the blocks below them); everything else is mma.
 //
-// 27B shape (48 v-heads, dk = dv = 128), 512 tokens: chunk_prep 384 CTAs x ~2k mma, chunk_scan 96 CTAs
-// x 8 chunks x ~1.7k mma and ~130 KB of L2 reads per chunk: ~15-30 us for both on an H200, against
+// 27B shape (48 v-heads, dk = dv = 128), 512 tokens: chunk_prep 384 CTAs x ~3k mma; chunk_scan 96 CTAs
+// x 8 chunks x ~1.5k mma and ~130 KB of tiles per chunk: ~15-30 us for both on an H200, against
 // ~60-100 us for the recurrent kernel's 512 dependent steps.
 #include "backend/cuda/cuda_delta_net_impl.cuh"
 
@@ -72,16 +74,48 @@ __device__ __forceinline__ void mma(float (&c)[4], const float (&a)[4], const fl
 
 // ---------------------------------------------------------------------------------------------------
 // chunk_prep: one CTA per (chunk, v-head, sequence). Shared memory (floats):
-//   ks [64][LDK]  k rows (zero past the chunk / past dk), later diag(beta Gamma) K
-//   qv [64][LDK]  q rows, later diag(beta) V
-//   as [64][LDA]  A;  ts [64][LDA]  T;  xs [3][16][16] block products;  gs [64] G;  bs [64] beta
+//   ks [64][LDK]  k rows (zero past the chunk / past dk), then diag(beta Gamma) K, then W
+//   qv [64][LDK]  q rows, then diag(beta) V, then U
+//   as [64][LDA]  A, then P;  ts [64][LDA]  T;  xs [3][16][16] block products;  gs [64] G;  bs [64] beta
 // LDK = 132 and LDA = 68 are 4 mod 32: the A-operand reads (row g, column t) hit 32 distinct banks.
 constexpr int LDK = kMaxD + 4, LDA = CH + 4;
 constexpr size_t kPrepSmemFloats = 2 * CH * LDK + 2 * CH * LDA + 3 * 256 + 2 * CH;
 
+// Per row and v-head of the step, what chunk_scan reads (DeltaNetScratch's chunked buffers).
+struct ChunkTiles {
+  float* w;   // [rows][n_v][dk]  W
+  float* qp;  // [rows][n_v][dk]  Q' = diag(Gamma) Q - P W
+  float* kp;  // [rows][n_v][dk]  K' = diag(exp(G_last - G)) K
+  float* u;   // [rows][n_v][dv]  U
+  float* oi;  // [rows][n_v][dv]  P U
+  float* g;   // [rows][n_v]      G
+};
+
+// acc (warp tile: rows 16 mt .. +15, column tiles nb .. nb+7) = A[64 x 64] (lower triangular, rows
+// and k up to 16 mt + 15) times B[64 x width]; A and B in shared memory (row-major, lda / ldb).
 template <bool PRECISE>
-__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNetSeqs seqs, const float* xc, const float* gb,
-                                                              float* w_out, float* u_out, float* p_out, float* g_out) {
+__device__ __forceinline__ void tri_product(float (&acc)[8][4], const float* a_sm, int lda, const float* b_sm, int ldb, int mt,
+                                            int nb, int width, int g, int tl) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  for (int kk = 0; kk < 16 * mt + 16; kk += 8) {
+    const float* ar = a_sm + (16 * mt + g) * lda + kk + tl;
+    const float a[4] = {ar[0], ar[8 * lda], ar[4], ar[8 * lda + 4]};
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      if (8 * (nb + n) >= width) break;
+      const float* br = b_sm + (kk + tl) * ldb + 8 * (nb + n) + g;
+      const float b[2] = {br[0], br[4 * ldb]};
+      mma<PRECISE>(acc[n], a, b);
+    }
+  }
+}
+
+template <bool PRECISE>
+__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNetSeqs seqs, const float* __restrict__ xc,
+                                                              const float* __restrict__ gb, ChunkTiles out) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* ks = smem;
@@ -92,15 +126,16 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNet
   float* gs = xs + 3 * 256;
   float* bs = gs + CH;
   wait_for_previous_kernel();
+  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.z];  // (loaded together with the count)
   if ((int)blockIdx.z >= *seqs.count) return;
-  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.z];
   const int c0 = blockIdx.x * CH;
   if (c0 >= rec.n_rows) return;
   const int cn = min(CH, rec.n_rows - c0);
-  const int64_t r0 = rec.first_row + c0;
+  const int64_t r0 = rec.first_row + c0, nv = sh.n_v;
   const int h = blockIdx.y, hk = h % sh.n_k;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tl = lane % 4;
   const int dk4 = sh.dk / 4, dkp = (sh.dk + 7) / 8 * 8, dvp = (sh.dv + 7) / 8 * 8;
+  const int mt = warp / 2;  // the warp's 16 rows in every product below
 
   // k, q rows (float4; zero-padded to 128 columns and 64 rows).
   for (int idx = tid; idx < CH * (kMaxD / 4); idx += kThreads) {
@@ -116,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNet
   }
   // G: inclusive prefix sum of g over the chunk (warp 0: two values per lane, then a shuffle scan).
   if (warp == 0) {
-    const int64_t stride = 2 * sh.n_v;
+    const int64_t stride = 2 * nv;
     const float ga = 2 * lane < cn ? gb[(r0 + 2 * lane) * stride + h] : 0.0f;
     const float gc = 2 * lane + 1 < cn ? gb[(r0 + 2 * lane + 1) * stride + h] : 0.0f;
     float sum = ga + gc;
@@ -128,15 +163,17 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNet
     const float before = sum - (ga + gc);
     gs[2 * lane] = before + ga;
     gs[2 * lane + 1] = sum;
-    bs[2 * lane] = 2 * lane < cn ? gb[(r0 + 2 * lane) * stride + sh.n_v + h] : 0.0f;
-    bs[2 * lane + 1] = 2 * lane + 1 < cn ? gb[(r0 + 2 * lane + 1) * stride + sh.n_v + h] : 0.0f;
+    bs[2 * lane] = 2 * lane < cn ? gb[(r0 + 2 * lane) * stride + nv + h] : 0.0f;
+    bs[2 * lane + 1] = 2 * lane + 1 < cn ? gb[(r0 + 2 * lane + 1) * stride + nv + h] : 0.0f;
   }
   __syncthreads();
 
-  // K K^T and Q K^T: warp w owns rows 16 (w / 2) .. +15 and columns 32 (w % 2) .. +31 of both.
+  // K K^T and Q K^T: warp w owns rows 16 (w / 2) .. +15 and columns 32 (w % 2) .. +31 of both. A goes
+  // to shared memory; P stays in registers (cq) until A's buffer is free.
+  float cq[4][4] = {};
   {
-    const int mt = warp / 2, nb = (warp % 2) * 4;
-    float ck[4][4] = {}, cq[4][4] = {};
+    const int nb = (warp % 2) * 4;
+    float ck[4][4] = {};
     for (int kk = 0; kk < dkp; kk += 8) {
       const float* kr = ks + (16 * mt + g) * LDK + kk + tl;
       const float* qr = qv + (16 * mt + g) * LDK + kk + tl;
@@ -157,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNet
         const int t = 16 * mt + g + 8 * (e / 2), s = 8 * (nb + n) + 2 * tl + (e % 2);
         const float decay = s <= t ? expf(gs[t] - gs[s]) : 0.0f;
         as[t * LDA + s] = s < t ? bs[t] * decay * ck[n][e] : 0.0f;
-        if (t < cn) p_out[((r0 + t) * sh.n_v + h) * CH + s] = decay * cq[n][e];
+        cq[n][e] *= decay;
       }
   }
   __syncthreads();
@@ -173,9 +210,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNet
     kk.x *= sk, kk.y *= sk, kk.z *= sk, kk.w *= sk;
     *kp = kk;
     float4 vv = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < cn && 4 * f < sh.dv) {
-      const float* x = xc + (r0 + t) * sh.C + 2 * sh.key_dim + h * sh.dv + 4 * f;
-      vv = make_float4(x[0], 4 * f + 1 < sh.dv ? x[1] : 0.f, 4 * f + 2 < sh.dv ? x[2] : 0.f, 4 * f + 3 < sh.dv ? x[3] : 0.f);
+    if (t < cn && 4 * f < sh.dv) {  // dv % 4 == 0 in this form
+      vv = *reinterpret_cast<const float4*>(xc + (r0 + t) * sh.C + 2 * sh.key_dim + h * sh.dv + 4 * f);
       const float b = bs[t];
       vv.x *= b, vv.y *= b, vv.z *= b, vv.w *= b;
     }
@@ -222,73 +258,137 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Shape sh, DeltaNet
     __syncthreads();
   }
 
-  // W = T (diag(beta Gamma) K) and U = T (diag(beta) V): warp w owns rows 16 (w / 2) .. +15 and column
-  // tiles 8 (w % 2) .. +7 (of 8 columns each); T is lower triangular, so k stops at the rows' end.
-  {
-    const int mt = warp / 2, nb = (warp % 2) * 8;
-    for (int which = 0; which < 2; ++which) {
-      const float* xsrc = which == 0 ? ks : qv;
-      const int width = which == 0 ? dkp : dvp, real = which == 0 ? sh.dk : sh.dv;
-      float acc[8][4] = {};
-      for (int kk = 0; kk < 16 * mt + 16; kk += 8) {
-        const float* tr = ts + (16 * mt + g) * LDA + kk + tl;
-        const float a[4] = {tr[0], tr[8 * LDA], tr[4], tr[8 * LDA + 4]};
+  // W = T (diag(beta Gamma) K) and U = T (diag(beta) V), each over its operand (after a barrier: every
+  // warp reads all of it), P then into A's buffer; then P W and P U. Warp w: rows 16 (w / 2) .. +15,
+  // column tiles 8 (w % 2) .. +7. Results leave through shared memory as whole 16-byte rows.
+  const int nb = (warp % 2) * 8;
+  float acc[8][4], acc2[8][4];
+  auto put = [&](float* sm, const float (&v)[8][4], float sign) {
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          if (8 * (nb + n) >= width) break;
-          const float* br = xsrc + (kk + tl) * LDK + 8 * (nb + n) + g;
-          const float b[2] = {br[0], br[4 * LDK]};
-          mma<PRECISE>(acc[n], a, b);
-        }
-      }
-      float* dst = which == 0 ? w_out : u_out;
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = 16 * mt + g + 8 * (e / 2), col = 8 * (nb + n) + 2 * tl + (e % 2);
-          if (t < cn && col < real) dst[((r0 + t) * sh.n_v + h) * real + col] = acc[n][e];
-        }
+      for (int e = 0; e < 4; ++e) sm[(16 * mt + g + 8 * (e / 2)) * LDK + 8 * (nb + n) + 2 * tl + (e % 2)] = sign * v[n][e];
+  };
+  auto rows_out = [&](const float* sm, float* dst, int real) {  // rows < cn, columns < real (% 4 == 0)
+    const int r4 = real / 4;
+    for (int idx = tid; idx < cn * r4; idx += kThreads) {
+      const int t = idx / r4, f = idx % r4;
+      *reinterpret_cast<float4*>(dst + ((r0 + t) * nv + h) * real + 4 * f) = *reinterpret_cast<const float4*>(sm + t * LDK + 4 * f);
     }
+  };
+  tri_product<PRECISE>(acc, ts, LDA, ks, LDK, mt, nb, dkp, g, tl);
+  __syncthreads();
+  put(ks, acc, 1.0f);
+  tri_product<PRECISE>(acc, ts, LDA, qv, LDK, mt, nb, dvp, g, tl);
+  __syncthreads();
+  put(qv, acc, 1.0f);
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) as[(16 * mt + g + 8 * (e / 2)) * LDA + 8 * ((warp % 2) * 4 + n) + 2 * tl + (e % 2)] = cq[n][e];
+  __syncthreads();
+  rows_out(ks, out.w, sh.dk);
+  rows_out(qv, out.u, sh.dv);
+  tri_product<PRECISE>(acc, as, LDA, ks, LDK, mt, nb, dkp, g, tl);   // P W
+  tri_product<PRECISE>(acc2, as, LDA, qv, LDK, mt, nb, dvp, g, tl);  // P U
+  __syncthreads();
+  put(ks, acc, -1.0f);
+  put(qv, acc2, 1.0f);
+  __syncthreads();
+  // Q' = diag(Gamma) Q - P W, P U, and K' = diag(exp(G_last - G)) K (q and k rows from xc again).
+  const float g_last = gs[cn - 1];
+  for (int idx = tid; idx < cn * dk4; idx += kThreads) {
+    const int t = idx / dk4, f = idx % dk4;
+    const float* x = xc + (r0 + t) * sh.C + hk * sh.dk + 4 * f;
+    const float4 qq = *reinterpret_cast<const float4*>(x);
+    float4 kk = *reinterpret_cast<const float4*>(x + sh.key_dim);
+    const float4 pw = *reinterpret_cast<const float4*>(ks + t * LDK + 4 * f);
+    const float gam = expf(gs[t]), sc = expf(g_last - gs[t]);
+    kk.x *= sc, kk.y *= sc, kk.z *= sc, kk.w *= sc;
+    const int64_t at = ((r0 + t) * nv + h) * sh.dk + 4 * f;
+    *reinterpret_cast<float4*>(out.qp + at) = make_float4(gam * qq.x + pw.x, gam * qq.y + pw.y, gam * qq.z + pw.z, gam * qq.w + pw.w);
+    *reinterpret_cast<float4*>(out.kp + at) = kk;
   }
-  if (tid < cn) g_out[(r0 + tid) * sh.n_v + h] = gs[tid];
+  rows_out(qv, out.oi, sh.dv);
+  if (tid < cn) out.g[(r0 + tid) * nv + h] = gs[tid];
 }
 
 // ---------------------------------------------------------------------------------------------------
 // chunk_scan: one CTA per (v-head, block of BV value columns, sequence). Shared memory: the state block
-// ss [128][LDS] (row = key index i, column = value index j - j0) and delta ds [64][LDS]; LDS = BV + 8
-// is 8 mod 32, so the B-operand reads (row t, column g) hit 32 distinct banks. Per chunk:
-//   1. warp w: X = W S and Y = Q S for rows 16 (w % 4) .. +15, column tiles (w / 4) NT/2 .. +NT/2-1
-//   2. Delta = U - X -> ds                                                   | barrier
-//   3. the same warp: O = diag(Gamma) Y + P Delta -> o (global)
-//   4. warp w: S rows 16 w .. +15 <- Gamma_last S + K'^T Delta, K'_t = exp(G_last - G_t) k_t  | barrier
-// A operands (W, Q, P, K) come straight from global memory (L2; each element read once per CTA).
+// ss [128][LDS] (row = key index i, column = value index j - j0), delta ds [64][LDS], and the chunk's
+// tiles: W and Q' [64][LDW], K' [64][LDKT], U and P U [64][LDU]. LDS = BV + 8 and LDKT = 136 are 8 mod
+// 32 and LDW = 132 is 4 mod 32, so every operand read hits 32 distinct banks. Per chunk:
+//   wait for W, Q', U, P U (copied during the previous chunk's step 3)
+//   1. warp w: X = W S and Y = Q' S for rows 16 (w % 4) .. +15, column tiles (w / 4) NT/2 .. +NT/2-1
+//   2. Delta = U - X -> ds;  O = Y + P U -> obuf                   | barrier; O out; copy the next W, Q', U, P U
+//   wait for K' (copied during steps 1-2)
+//   3. warp w: S rows 16 w .. +15 <- Gamma_last S + K'^T Delta      | barrier; copy the next K'
 template <int BV>
-constexpr int scan_lds() {
-  return BV + 8;
-}
-template <int BV>
-constexpr size_t scan_smem_floats() {
-  return (size_t)(kMaxD + CH) * scan_lds<BV>();
-}
+struct Scan {
+  static constexpr int LDS = BV + 8, LDW = kMaxD + 4, LDKT = kMaxD + 8, LDU = BV + 4;
+  static constexpr size_t kFloats = (size_t)kMaxD * LDS + CH * LDS + 2 * CH * LDW + CH * LDKT + 3 * CH * LDU;
+};
 
 template <bool PRECISE, int BV>
-__global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNetLayerDev L, DeltaNetSeqs seqs, const float* qkv,
-                                                              const float* xc, const float* w_in, const float* u_in,
-                                                              const float* p_in, const float* g_in, float* o) {
-  constexpr int LDS = scan_lds<BV>(), NT = BV / 8, NTW = NT / 2;
+__global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNetLayerDev L, DeltaNetSeqs seqs,
+                                                              const float* __restrict__ qkv, ChunkTiles in, float* __restrict__ o) {
+  using SC = Scan<BV>;
+  constexpr int LDS = SC::LDS, LDW = SC::LDW, LDKT = SC::LDKT, LDU = SC::LDU, NT = BV / 8, NTW = NT / 2;
   extern __shared__ float4 smem4[];
   float* ss = reinterpret_cast<float*>(smem4);
   float* ds = ss + kMaxD * LDS;
+  float* wsm = ds + CH * LDS;
+  float* qsm = wsm + CH * LDW;
+  float* ksm = qsm + CH * LDW;
+  float* usm = ksm + CH * LDKT;
+  float* osm = usm + CH * LDU;
+  float* obuf = osm + CH * LDU;  // O of the chunk, written out as whole 16-byte rows
   wait_for_previous_kernel();
+  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.y];  // (loaded together with the count)
   if ((int)blockIdx.y >= *seqs.count) return;
-  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.y];
   float* cell = L.state + (int64_t)rec.cell * L.cell_stride;
   const int bph = (sh.dv + BV - 1) / BV;
-  const int h = blockIdx.x / bph, j0 = (blockIdx.x % bph) * BV, hk = h % sh.n_k;
+  const int h = blockIdx.x / bph, j0 = (blockIdx.x % bph) * BV;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, tl = lane % 4;
-  const int dkp = (sh.dk + 7) / 8 * 8;
-  dn::slide_window(sh, rec, cell, qkv, blockIdx.x, gridDim.x);
+  const int dk4 = sh.dk / 4, dkp = (sh.dk + 7) / 8 * 8;
+  const int64_t nv = sh.n_v;
+
+  // The tiles of the chunk at c0 (rows past the run and columns past dk / dv are zero-filled).
+  auto copy_wquo = [&](int c0) {
+    const int cn = min(CH, rec.n_rows - c0);
+    const int64_t r0 = rec.first_row + c0;
+    for (int idx = tid; idx < CH * (kMaxD / 4); idx += kThreads) {
+      const int t = idx / (kMaxD / 4), f = idx % (kMaxD / 4);
+      const bool ok = t < cn && f < dk4;
+      const int64_t at = ((r0 + (ok ? t : 0)) * nv + h) * sh.dk + (ok ? 4 * f : 0);
+      dn::copy16(wsm + t * LDW + 4 * f, in.w + at, ok);
+      dn::copy16(qsm + t * LDW + 4 * f, in.qp + at, ok);
+    }
+    for (int idx = tid; idx < CH * (BV / 4); idx += kThreads) {
+      const int t = idx / (BV / 4), f = idx % (BV / 4);
+      const bool ok = t < cn && j0 + 4 * f < sh.dv;
+      const int64_t at = ((r0 + (ok ? t : 0)) * nv + h) * sh.dv + (ok ? j0 + 4 * f : 0);
+      dn::copy16(usm + t * LDU + 4 * f, in.u + at, ok);
+      dn::copy16(osm + t * LDU + 4 * f, in.oi + at, ok);
+    }
+  };
+  auto copy_k = [&](int c0) {
+    const int cn = min(CH, rec.n_rows - c0);
+    const int64_t r0 = rec.first_row + c0;
+    for (int idx = tid; idx < CH * (kMaxD / 4); idx += kThreads) {
+      const int t = idx / (kMaxD / 4), f = idx % (kMaxD / 4);
+      const bool ok = t < cn && f < dk4;
+      dn::copy16(ksm + t * LDKT + 4 * f, in.kp + ((r0 + (ok ? t : 0)) * nv + h) * sh.dk + (ok ? 4 * f : 0), ok);
+    }
+  };
+  if (rec.n_rows > 0) {
+    copy_wquo(0);
+    dn::copy_commit();
+    copy_k(0);
+  } else {
+    dn::copy_commit();
+  }
+  dn::copy_commit();
 
   // The state block, transposed into ss: thread (j, i8) moves S[h][j][8 i8 .. 8 i8 + 7] (two float4).
   float* srec = cell + sh.conv_floats + (int64_t)h * sh.dv * sh.dk;
@@ -307,74 +407,51 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss[(8 * i8 + e) * LDS + jl] = v[e];
   }
-  __syncthreads();
 
-  const int64_t nv = sh.n_v;
+  const int mt = warp % 4, nb = (warp / 4) * NTW;
   for (int c0 = 0; c0 < rec.n_rows; c0 += CH) {
     const int cn = min(CH, rec.n_rows - c0);
     const int64_t r0 = rec.first_row + c0;
-    const int mt = warp % 4, nb = (warp / 4) * NTW;
-    const int ta = 16 * mt + g, tb = ta + 8;  // this lane's rows in steps 1-3
-    const bool oka = ta < cn, okb = tb < cn;
+    const float g_last = in.g[(r0 + cn - 1) * nv + h];  // used in step 3: its load overlaps steps 1-2
+    dn::copy_wait<1>();
+    __syncthreads();
+    // 1. X = W S, Y = Q' S.
     float cx[NTW][4] = {}, cy[NTW][4] = {};
-    {
-      const float* wa = w_in + ((r0 + ta) * nv + h) * sh.dk;
-      const float* wb = w_in + ((r0 + tb) * nv + h) * sh.dk;
-      const float* qa = xc + (r0 + ta) * sh.C + hk * sh.dk;
-      const float* qb = xc + (r0 + tb) * sh.C + hk * sh.dk;
-#pragma unroll 2
-      for (int kk = 0; kk < dkp; kk += 8) {
-        const int i0 = kk + tl, i1 = i0 + 4;
-        const bool k0 = i0 < sh.dk, k1 = i1 < sh.dk;
-        const float aw[4] = {oka && k0 ? wa[i0] : 0.f, okb && k0 ? wb[i0] : 0.f, oka && k1 ? wa[i1] : 0.f, okb && k1 ? wb[i1] : 0.f};
-        const float aq[4] = {oka && k0 ? qa[i0] : 0.f, okb && k0 ? qb[i0] : 0.f, oka && k1 ? qa[i1] : 0.f, okb && k1 ? qb[i1] : 0.f};
+    for (int kk = 0; kk < dkp; kk += 8) {
+      const float* wr = wsm + (16 * mt + g) * LDW + kk + tl;
+      const float* qr = qsm + (16 * mt + g) * LDW + kk + tl;
+      const float aw[4] = {wr[0], wr[8 * LDW], wr[4], wr[8 * LDW + 4]};
+      const float aq[4] = {qr[0], qr[8 * LDW], qr[4], qr[8 * LDW + 4]};
 #pragma unroll
-        for (int n = 0; n < NTW; ++n) {
-          const float* br = ss + i0 * LDS + 8 * (nb + n) + g;
-          const float b[2] = {br[0], br[4 * LDS]};
-          mma<PRECISE>(cx[n], aw, b);
-          mma<PRECISE>(cy[n], aq, b);
-        }
+      for (int n = 0; n < NTW; ++n) {
+        const float* br = ss + (kk + tl) * LDS + 8 * (nb + n) + g;
+        const float b[2] = {br[0], br[4 * LDS]};
+        mma<PRECISE>(cx[n], aw, b);
+        mma<PRECISE>(cy[n], aq, b);
       }
     }
-    // 2. Delta = U - X (zero past the chunk and past dv).
+    // 2. Delta = U - X (zero past the chunk: U and W are zero-filled there) and O = Y + P U.
 #pragma unroll
     for (int n = 0; n < NTW; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int t = e < 2 ? ta : tb, cl = 8 * (nb + n) + 2 * tl + (e % 2), j = j0 + cl;
-        float d = 0.0f;
-        if (t < cn && j < sh.dv) d = u_in[((r0 + t) * nv + h) * sh.dv + j] - cx[n][e];
-        ds[t * LDS + cl] = d;
+        const int t = 16 * mt + g + 8 * (e / 2), cl = 8 * (nb + n) + 2 * tl + (e % 2);
+        ds[t * LDS + cl] = usm[t * LDU + cl] - cx[n][e];
+        obuf[t * LDU + cl] = cy[n][e] + osm[t * LDU + cl];
       }
     __syncthreads();
-    // 3. O = diag(Gamma) Y + P Delta for the same tiles (P is zero above the diagonal: k stops there).
-    {
-      float cp[NTW][4] = {};
-      const float* pa = p_in + ((r0 + ta) * nv + h) * CH;
-      const float* pb = p_in + ((r0 + tb) * nv + h) * CH;
-      for (int kk = 0; kk < 16 * mt + 16; kk += 8) {
-        const int s0 = kk + tl, s1 = s0 + 4;
-        const float a[4] = {oka ? pa[s0] : 0.f, okb ? pb[s0] : 0.f, oka ? pa[s1] : 0.f, okb ? pb[s1] : 0.f};
-#pragma unroll
-        for (int n = 0; n < NTW; ++n) {
-          const float* br = ds + s0 * LDS + 8 * (nb + n) + g;
-          const float b[2] = {br[0], br[4 * LDS]};
-          mma<PRECISE>(cp[n], a, b);
-        }
-      }
-      const float gam_a = oka ? expf(g_in[(r0 + ta) * nv + h]) : 0.f, gam_b = okb ? expf(g_in[(r0 + tb) * nv + h]) : 0.f;
-#pragma unroll
-      for (int n = 0; n < NTW; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int t = e < 2 ? ta : tb, j = j0 + 8 * (nb + n) + 2 * tl + (e % 2);
-          if (t < cn && j < sh.dv) o[(r0 + t) * sh.value_dim + (int64_t)h * sh.dv + j] = (e < 2 ? gam_a : gam_b) * cy[n][e] + cp[n][e];
-        }
+    for (int idx = tid; idx < cn * (BV / 4); idx += kThreads) {
+      const int t = idx / (BV / 4), f = idx % (BV / 4);
+      if (j0 + 4 * f < sh.dv)  // dv % 4 == 0 in this form
+        *reinterpret_cast<float4*>(o + (r0 + t) * sh.value_dim + (int64_t)h * sh.dv + j0 + 4 * f) =
+            *reinterpret_cast<const float4*>(obuf + t * LDU + 4 * f);
     }
-    // 4. S rows 16 w .. 16 w + 15 <- Gamma_last S + K'^T Delta.
+    if (c0 + CH < rec.n_rows) copy_wquo(c0 + CH);
+    dn::copy_commit();
+    dn::copy_wait<1>();
+    __syncthreads();
+    // 3. S rows 16 w .. 16 w + 15 <- Gamma_last S + K'^T Delta (rows past dk stay zero).
     if (16 * warp < dkp) {
-      const float g_last = g_in[(r0 + cn - 1) * nv + h];
       const float gam_last = expf(g_last);
       const int ia = 16 * warp + g, ib = ia + 8;
       float acc[NT][4];
@@ -383,17 +460,11 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[n][e] = gam_last * ss[(e < 2 ? ia : ib) * LDS + 8 * n + 2 * tl + (e % 2)];
       for (int kk = 0; kk < cn; kk += 8) {
-        const int t0 = kk + tl, t1 = t0 + 4;
-        const float f0 = t0 < cn ? expf(g_last - g_in[(r0 + t0) * nv + h]) : 0.f;
-        const float f1 = t1 < cn ? expf(g_last - g_in[(r0 + t1) * nv + h]) : 0.f;
-        const float* k0 = xc + (r0 + t0) * sh.C + sh.key_dim + hk * sh.dk;
-        const float* k1 = xc + (r0 + t1) * sh.C + sh.key_dim + hk * sh.dk;
-        const bool i_a = ia < sh.dk, i_b = ib < sh.dk;
-        const float a[4] = {f0 != 0.f && i_a ? f0 * k0[ia] : 0.f, f0 != 0.f && i_b ? f0 * k0[ib] : 0.f,
-                            f1 != 0.f && i_a ? f1 * k1[ia] : 0.f, f1 != 0.f && i_b ? f1 * k1[ib] : 0.f};
+        const float* kr = ksm + (kk + tl) * LDKT + ia;
+        const float a[4] = {kr[0], kr[8], kr[4 * LDKT], kr[4 * LDKT + 8]};
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const float* br = ds + t0 * LDS + 8 * n + g;
+          const float* br = ds + (kk + tl) * LDS + 8 * n + g;
           const float b[2] = {br[0], br[4 * LDS]};
           mma<PRECISE>(acc[n], a, b);
         }
@@ -404,8 +475,11 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
         for (int e = 0; e < 4; ++e) ss[(e < 2 ? ia : ib) * LDS + 8 * n + 2 * tl + (e % 2)] = acc[n][e];
     }
     __syncthreads();
+    if (c0 + CH < rec.n_rows) copy_k(c0 + CH);
+    dn::copy_commit();
   }
 
+  __syncthreads();  // (with no rows, the loop above had no barrier after ss was filled)
   for (int idx = tid; idx < BV * (kMaxD / 8); idx += kThreads) {
     const int jl = idx % BV, i8 = idx / BV, j = j0 + jl;
     if (j >= sh.dv || 8 * i8 >= sh.dk) continue;
@@ -416,32 +490,45 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
     dst[0] = make_float4(v[0], v[1], v[2], v[3]);
     if (8 * i8 + 4 < sh.dk) dst[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
+  dn::WindowSlide slide;
+  slide.begin(sh, rec, cell, qkv, blockIdx.x, gridDim.x);
+  slide.finish(sh, rec, cell, qkv);
 }
 
-template <typename Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+// The opt-in shared-memory size, once per kernel and device (outside graph captures: the first call
+// of a form is a prefill step, which the backend does not capture).
+template <auto Kernel>
+void set_smem_once(size_t bytes) {
+  static uint64_t done = 0;
+  int device = 0;
+  ROOFLINE_CUDA_CHECK(cudaGetDevice(&device));
+  if (done >> (device & 63) & 1) return;
+  ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  done |= 1ull << (device & 63);
 }
 
 template <bool PRECISE>
 void run_chunked(const Shape& sh, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows, const float* qkv,
-                 const DeltaNetScratch& s, cudaStream_t stream) {
+                 const DeltaNetScratch& s, cudaStream_t stream, int kernels) {
   constexpr int BV = 64;
-  const size_t prep_bytes = kPrepSmemFloats * 4, scan_bytes = scan_smem_floats<BV>() * 4;
-  set_smem(chunk_prep_kernel<PRECISE>, prep_bytes);
-  set_smem(chunk_scan_kernel<PRECISE, BV>, scan_bytes);
+  const size_t prep_bytes = kPrepSmemFloats * 4, scan_bytes = Scan<BV>::kFloats * 4;
+  set_smem_once<chunk_prep_kernel<PRECISE>>(prep_bytes);
+  set_smem_once<chunk_scan_kernel<PRECISE, BV>>(scan_bytes);
+  const ChunkTiles tiles{s.w, s.qp, s.kp, s.u, s.oi, s.g};
   const int chunks = (max_seq_rows + CH - 1) / CH;
-  launch(chunk_prep_kernel<PRECISE>, dim3((unsigned)chunks, (unsigned)sh.n_v, (unsigned)seqs.max_seqs), dim3(kThreads), prep_bytes,
-         stream, pdl_enabled(), sh, seqs, s.xc, s.gb, s.w, s.u, s.p, s.g);
+  if (kernels & 1)
+    launch(chunk_prep_kernel<PRECISE>, dim3((unsigned)chunks, (unsigned)sh.n_v, (unsigned)seqs.max_seqs), dim3(kThreads),
+           prep_bytes, stream, pdl_enabled(), sh, seqs, s.xc, s.gb, tiles);
   const int bph = (sh.dv + BV - 1) / BV;
-  launch(chunk_scan_kernel<PRECISE, BV>, dim3((unsigned)(sh.n_v * bph), (unsigned)seqs.max_seqs), dim3(kThreads), scan_bytes,
-         stream, pdl_enabled(), sh, layer, seqs, qkv, s.xc, s.w, s.u, s.p, s.g, s.o);
+  if (kernels & 2)
+    launch(chunk_scan_kernel<PRECISE, BV>, dim3((unsigned)(sh.n_v * bph), (unsigned)seqs.max_seqs), dim3(kThreads), scan_bytes,
+           stream, pdl_enabled(), sh, layer, seqs, qkv, tiles, s.o);
 }
 
 }  // namespace
 
 bool delta_net_chunked_supported(const DeltaNetDims& d) {
-  if (d.head_k > kMaxD || d.head_v > kMaxD) return false;
+  if (d.head_k > kMaxD || d.head_v > kMaxD || d.head_v % 4) return false;
   int device = 0, major = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
@@ -449,13 +536,13 @@ bool delta_net_chunked_supported(const DeltaNetDims& d) {
 }
 
 void delta_net_chunked(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,
-                       const float* qkv, const DeltaNetScratch& s, bool precise, cudaStream_t stream) {
+                       const float* qkv, const DeltaNetScratch& s, bool precise, cudaStream_t stream, int kernels) {
   if (seqs.max_seqs <= 0 || max_seq_rows <= 0) return;
-  ROOFLINE_CHECK(s.w && s.u && s.p && s.g, "the chunked DeltaNet form needs the chunked scratch");
-  ROOFLINE_CHECK(delta_net_chunked_supported(d), "the chunked DeltaNet form needs sm_80+ and dk, dv <= 128");
+  ROOFLINE_CHECK(s.w && s.u && s.qp && s.kp && s.oi && s.g, "the chunked DeltaNet form needs the chunked scratch");
+  ROOFLINE_CHECK(delta_net_chunked_supported(d), "the chunked DeltaNet form needs sm_80+, dk <= 128, dv <= 128, dv % 4 == 0");
   const Shape sh = dn::shape_of(d);
-  if (precise) run_chunked<true>(sh, layer, seqs, max_seq_rows, qkv, s, stream);
-  else run_chunked<false>(sh, layer, seqs, max_seq_rows, qkv, s, stream);
+  if (precise) run_chunked<true>(sh, layer, seqs, max_seq_rows, qkv, s, stream, kernels);
+  else run_chunked<false>(sh, layer, seqs, max_seq_rows, qkv, s, stream, kernels);
 }
 
 }  // namespace roofline::cuda

@@ -27,49 +27,117 @@ inline Shape shape_of(const DeltaNetDims& d) {
   return s;
 }
 
-// Rows of one chunk of the chunked form (and the P row length of its scratch).
+// Rows of one chunk of the chunked form.
 constexpr int kChunk = 64;
 
-// The record owning `row`, or -1 (padding rows of a bucket). Every lane of the warp must call it (the
-// lanes test records lane, lane + 32, ... and the lowest match wins; records' rows are disjoint).
-__device__ __forceinline__ int find_seq(const DeltaNetSeqs& seqs, int row) {
+// The record owning `row` (its index, and the record in *out), or -1 (padding rows of a bucket). Every
+// lane of the warp must call it (the lanes test records lane, lane + 32, ... and the lowest match wins;
+// records' rows are disjoint). The records are read together with the count (one round trip).
+__device__ __forceinline__ int find_seq(const DeltaNetSeqs& seqs, int row, DeltaNetSeqDev* out = nullptr) {
   const int lane = threadIdx.x % 32;
   const int count = *seqs.count;
-  for (int base = 0; base < count; base += 32) {
+  for (int base = 0; base < seqs.max_seqs; base += 32) {
     const int i = base + lane;
-    bool hit = false;
-    if (i < count) {
-      const DeltaNetSeqDev r = seqs.seqs[i];
-      hit = row >= r.first_row && row < r.first_row + r.n_rows;
-    }
+    DeltaNetSeqDev r{0, 0, 0, 0};
+    if (i < seqs.max_seqs) r = seqs.seqs[i];
+    const bool hit = i < count && row >= r.first_row && row < r.first_row + r.n_rows;
     const unsigned mask = __ballot_sync(0xffffffffu, hit);
-    if (mask) return base + __ffs(mask) - 1;
+    if (mask) {
+      const int src = __ffs(mask) - 1;
+      if (out) {
+        out->first_row = __shfl_sync(0xffffffffu, r.first_row, src);
+        out->n_rows = __shfl_sync(0xffffffffu, r.n_rows, src);
+        out->fresh = __shfl_sync(0xffffffffu, r.fresh, src);
+        out->cell = __shfl_sync(0xffffffffu, r.cell, src);
+      }
+      return base + src;
+    }
+    if (base + 32 >= count) break;
   }
   return -1;
 }
 
+// Conv kernels up to this size (the loads of a channel's taps are unrolled).
+constexpr int kMaxConv = 8;
+
 // The window after the record's rows: window'[k] = the raw row of (sequence) time n + k - (K-1), from
-// the old window (zero when fresh) or the step's qkv rows. Channels [part * per, ...) of conv_dim, per
-// = ceil(C / n_parts), by the calling CTA's threads. In place: window'[k] reads window[k + n] with n >= 1
-// before any later k writes, and each channel is one thread's. Must run after every read of the old
-// window (the prepare kernel's), i.e. in a later kernel.
-__device__ __forceinline__ void slide_window(const Shape& sh, const DeltaNetSeqDev& rec, float* cell, const float* qkv,
-                                             int part, int n_parts) {
-  if (sh.K <= 1) return;
-  const int per = (sh.C + n_parts - 1) / n_parts;
-  const int c_end = min(sh.C, (part + 1) * per);
-  const int n = rec.n_rows;
-  for (int ch = part * per + (int)threadIdx.x; ch < c_end; ch += (int)blockDim.x) {
-    for (int k = 0; k < sh.K - 1; ++k) {
-      const int p = n + k;  // index into [old window (K-1 rows), the run's rows]
-      float v;
-      if (p < sh.K - 1) v = rec.fresh ? 0.0f : cell[(int64_t)p * sh.C + ch];
-      else v = qkv[(int64_t)(rec.first_row + p - (sh.K - 1)) * sh.C + ch];
-      cell[(int64_t)k * sh.C + ch] = v;
-    }
+// the old window (zero when fresh) or the step's qkv rows. A channel's K-1 new values are loaded (into
+// v) before any is stored, so sliding in place is safe channel by channel. Must run after every read
+// of the old window (the prepare kernel's), i.e. in a later kernel.
+__device__ __forceinline__ void window_load(const Shape& sh, const DeltaNetSeqDev& rec, const float* cell, const float* qkv,
+                                            int ch, float (&v)[kMaxConv - 1]) {
+#pragma unroll
+  for (int k = 0; k < kMaxConv - 1; ++k) {
+    if (k >= sh.K - 1) break;
+    const int p = rec.n_rows + k;  // index into [old window (K-1 rows), the run's rows]
+    if (p < sh.K - 1) v[k] = rec.fresh ? 0.0f : cell[(int64_t)p * sh.C + ch];
+    else v[k] = qkv[(int64_t)(rec.first_row + p - (sh.K - 1)) * sh.C + ch];
+  }
+}
+__device__ __forceinline__ void window_store(const Shape& sh, float* cell, int ch, const float (&v)[kMaxConv - 1]) {
+#pragma unroll
+  for (int k = 0; k < kMaxConv - 1; ++k) {
+    if (k >= sh.K - 1) break;
+    cell[(int64_t)k * sh.C + ch] = v[k];
   }
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+// The calling CTA's share of a record's window: channels [part * per, ...), per = ceil(C / n_parts).
+// begin() loads the thread's first channel early (its loads overlap the kernel's main work), finish()
+// stores it and slides the rest.
+struct WindowSlide {
+  int ch = 0, end = 0;
+  float v[kMaxConv - 1];
+  __device__ __forceinline__ void begin(const Shape& sh, const DeltaNetSeqDev& rec, const float* cell, const float* qkv,
+                                        int part, int n_parts) {
+    const int per = (sh.C + n_parts - 1) / n_parts;
+    ch = part * per + (int)threadIdx.x;
+    end = min(sh.C, (part + 1) * per);
+    if (sh.K > 1 && ch < end) window_load(sh, rec, cell, qkv, ch, v);
+  }
+  __device__ __forceinline__ void finish(const Shape& sh, const DeltaNetSeqDev& rec, float* cell, const float* qkv) {
+    if (sh.K <= 1) return;
+    if (ch < end) window_store(sh, cell, ch, v);
+    for (int c = ch + (int)blockDim.x; c < end; c += (int)blockDim.x) {
+      window_load(sh, rec, cell, qkv, c, v);
+      window_store(sh, cell, c, v);
+    }
+  }
+};
+
+// Asynchronous global -> shared copies of 16 or 4 bytes, zero-filled when !ok (cp.async, sm_80+; a plain
+// copy before). Each thread's copies form groups (commit); copy_wait<N> returns when at most N of its
+// newest groups are still in flight, and a thread sees its own copies after it.
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0));
+#else
+  *reinterpret_cast<float4*>(dst) = ok ? *reinterpret_cast<const float4*>(src) : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+}
+__device__ __forceinline__ void copy4(void* dst, const void* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0));
+#else
+  *reinterpret_cast<float*>(dst) = ok ? *reinterpret_cast<const float*>(src) : 0.0f;
+#endif
+}
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// x * sigmoid(x) with the fast exponential and division (relative error ~1e-6 where |x| < 10; 0 for
+// x below -88, where the exponential overflows).
+__device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
 }  // namespace roofline::cuda::dn

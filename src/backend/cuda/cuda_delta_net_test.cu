@@ -192,8 +192,8 @@ std::vector<float> gpu_delta_net_for_test(const DeltaNetDims& d, const float* co
   return out;
 }
 
-double gpu_delta_net_time_for_test(const DeltaNetDims& d, int n_seqs, int rows_per_seq, GpuDeltaNetForm form, int reps,
-                                   int device) {
+std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims& d, int n_seqs, int rows_per_seq, GpuDeltaNetForm form,
+                                                int reps, int device) {
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   const int rows = n_seqs * rows_per_seq;
   const size_t C = d.conv_dim(), VD = d.value_dim(), nv = d.n_v_heads;
@@ -217,28 +217,55 @@ double gpu_delta_net_time_for_test(const DeltaNetDims& d, int n_seqs, int rows_p
   for (int i = 0; i < n_seqs; ++i) recs[(size_t)i] = DeltaNetSeqDev{i * rows_per_seq, rows_per_seq, 0, i};
   ROOFLINE_CUDA_CHECK(cudaMemcpy(rig.recs, recs.data(), recs.size() * sizeof(DeltaNetSeqDev), cudaMemcpyHostToDevice));
   ROOFLINE_CUDA_CHECK(cudaMemcpy(rig.count, &n_seqs, 4, cudaMemcpyHostToDevice));
-  DeltaNetSeqs dseqs;
-  dseqs.seqs = rig.recs;
-  dseqs.count = rig.count;
-  dseqs.max_seqs = n_seqs;
+  DeltaNetSeqs seqs;
+  seqs.seqs = rig.recs;
+  seqs.count = rig.count;
+  seqs.max_seqs = n_seqs;
   cudaStream_t stream;
   ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const bool int8 = VD % 32 == 0;
-  // The states decay towards zero over repetitions; the timing does not depend on their values.
-  run_step(d, rig, 1e-6f, dseqs, rows, form, rows_per_seq, int8, stream);
-  cudaEvent_t a, b;
-  ROOFLINE_CUDA_CHECK(cudaEventCreate(&a));
-  ROOFLINE_CUDA_CHECK(cudaEventCreate(&b));
-  ROOFLINE_CUDA_CHECK(cudaEventRecord(a, stream));
-  for (int r = 0; r < reps; ++r) run_step(d, rig, 1e-6f, dseqs, rows, form, rows_per_seq, int8, stream);
-  ROOFLINE_CUDA_CHECK(cudaEventRecord(b, stream));
-  ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  ROOFLINE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const ActQ8 act = VD % 32 == 0 ? rig.act : ActQ8{};
+  const bool chunked = form != GpuDeltaNetForm::Recurrent && delta_net_chunked_supported(d);
+  const bool precise = form == GpuDeltaNetForm::ChunkedPrecise;
+  const DeltaNetScratch& s = rig.scratch;
+  // The states decay towards zero over the repetitions; the timing does not depend on their values.
+  auto phase = [&](int which) {
+    if (which & 1) delta_net_prepare(d, rig.layer, seqs, rows, rig.qkv, rig.alpha, rig.beta, s, stream);
+    if (which & 2) {
+      if (chunked) delta_net_chunked(d, rig.layer, seqs, rows_per_seq, rig.qkv, s, precise, stream, 1);
+      else delta_net_recurrent(d, rig.layer, seqs, rows_per_seq, rig.qkv, s, stream);
+    }
+    if ((which & 4) && chunked) delta_net_chunked(d, rig.layer, seqs, rows_per_seq, rig.qkv, s, precise, stream, 2);
+    if (which & 8) delta_net_output(d, rig.layer, 1e-6f, seqs, rows, rig.z, s, rig.out, act, stream);
+  };
+  phase(15);  // fills every buffer (and sets the chunked kernels' shared-memory limits outside a capture)
+  auto time_graph = [&](int which) {
+    cudaGraph_t g = nullptr;
+    ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int r = 0; r < reps; ++r) phase(which);
+    ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    cudaGraphExec_t exec = nullptr;
+    ROOFLINE_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    cudaGraphDestroy(g);
+    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    cudaEvent_t a, b;
+    ROOFLINE_CUDA_CHECK(cudaEventCreate(&a));
+    ROOFLINE_CUDA_CHECK(cudaEventCreate(&b));
+    ROOFLINE_CUDA_CHECK(cudaEventRecord(a, stream));
+    for (int i = 0; i < 3; ++i) ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    ROOFLINE_CUDA_CHECK(cudaEventRecord(b, stream));
+    ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    ROOFLINE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(exec);
+    return ms * 1000.0 / (3.0 * std::max(1, reps));
+  };
+  std::vector<double> t(5, 0.0);
+  if (reps > 0) t = {time_graph(15), time_graph(1), time_graph(2), chunked ? time_graph(4) : 0.0, time_graph(8)};
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
-  return ms * 1000.0 / std::max(1, reps);
+  return t;
 }
 
 }  // namespace roofline
