@@ -234,7 +234,7 @@ void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_
       fail("{}: a merge is neither \"a b\" nor [\"a\", \"b\"]: {}", where, m.dump());
     }
   }
-  md.set("tokenizer.ggml.merges", gguf::Value::string_array(std::move(merges)));
+  if (!merges.empty()) md.set("tokenizer.ggml.merges", gguf::Value::string_array(std::move(merges)));  // as llama.cpp: no empty arrays
 
   // Special tokens: tokenizer_config.json first, then the post-processor, then config.json ids.
   int64_t add_bos = -1, add_eos = -1;
