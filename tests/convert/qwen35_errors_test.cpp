@@ -211,3 +211,23 @@ TEST(Qwen35PreTokenizerTest, TokenizerFromQwen35TokenizerJson) {
   const auto tok2 = Tokenizer::from_metadata(md);
   EXPECT_EQ(tok2->encode("q\xCC\x81", false, false), (std::vector<int32_t>{'q', 0xCC, 0x81}));
 }
+
+TEST(Qwen35PreTokenizerTest, SpecialIdsInLlamaCppsOrderWithTextConfigFallback) {
+  // tokenizer_config.json names eos and pad; bos comes from config.json's text_config (as gguf-py's
+  // SpecialVocab does for multimodal configs), and is written after them.
+  const std::string dir = fresh("q35-specials");
+  test::write_byte_level_tokenizer(dir, test::kQwen35Regex);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": null})";
+  std::ofstream(dir + "/config.json") << R"({"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {"bos_token_id": 257, "eos_token_id": 256, "pad_token_id": [1]}})";
+  gguf::Metadata md;
+  add_hf_tokenizer_metadata(md, dir + "/tokenizer.json");
+  std::vector<std::string> ids;
+  for (const auto& [k, v] : md.entries())
+    if (k.size() > 9 && k.compare(k.size() - 9, 9, "_token_id") == 0) ids.push_back(k);
+  EXPECT_EQ(ids, (std::vector<std::string>{"tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
+                                           "tokenizer.ggml.bos_token_id"}));
+  EXPECT_EQ(md.get_int("tokenizer.ggml.eos_token_id"), 258);
+  EXPECT_EQ(md.get_int("tokenizer.ggml.padding_token_id"), 256);
+  EXPECT_EQ(md.get_int("tokenizer.ggml.bos_token_id"), 257);
+  EXPECT_FALSE(md.contains("tokenizer.ggml.merges"));  // no merges: no empty array (llama.cpp writes none)
+}
