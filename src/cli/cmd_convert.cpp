@@ -18,7 +18,7 @@ int run(int argc, char** argv) {
       ->required();
   app.add_option("-o,--output,--outfile", opt.output, "output GGUF file")->required();
   app.add_option("--outtype", opt.outtype,
-                 "type of the matrices: auto (default: f16 for f16 weights, else bf16, as llama.cpp's auto; f32 for llama2.c), "
+                 "type of the matrices: auto (default: f16 for f16 weights, else bf16, as llama.cpp's auto (Qwen3.5: the first bf16/f16 matrix decides, f16 when all are f32); f32 for llama2.c), "
                  "f32, f16, bf16, q8_0");
   app.add_option("--pre", opt.pre, "tokenizer.ggml.pre to write instead of the one detected (e.g. qwen2, llama-bpe)");
   app.add_option("--tokenizer", opt.tokenizer, "llama2.c: the tok.bin tokenizer (required); HF: another tokenizer.json");

@@ -234,7 +234,7 @@ void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_
       fail("{}: a merge is neither \"a b\" nor [\"a\", \"b\"]: {}", where, m.dump());
     }
   }
-  md.set("tokenizer.ggml.merges", gguf::Value::string_array(std::move(merges)));
+  if (!merges.empty()) md.set("tokenizer.ggml.merges", gguf::Value::string_array(std::move(merges)));  // as llama.cpp: no empty arrays
 
   // Special tokens: tokenizer_config.json first, then the post-processor, then config.json ids.
   int64_t add_bos = -1, add_eos = -1;
@@ -252,24 +252,29 @@ void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_
   if (bos < 0) bos = find_id(tp_bos);
   if (eos < 0 && add_eos == 1) eos = find_id(tp_eos);
   if (unk < 0 && !byte_level) unk = find_id(unk_text);
+  // llama.cpp's SpecialVocab order: the ids found in the tokenizer files (bos, eos, unk, pad), then the
+  // ones only config.json gives ("<typ>_token_id": an integer at the top level, else in text_config).
+  auto in_range = [&](int64_t id) { return id >= 0 && id < size; };
+  std::vector<std::pair<const char*, int64_t>> ids = {{"tokenizer.ggml.bos_token_id", bos},
+                                                       {"tokenizer.ggml.eos_token_id", eos},
+                                                       {"tokenizer.ggml.unknown_token_id", unk},
+                                                       {"tokenizer.ggml.padding_token_id", pad}};
+  for (const auto& [key, id] : ids)
+    if (in_range(id)) md.set(key, gguf::Value::u32((uint32_t)id));
   if (model_cfg.is_object()) {
     auto id_of = [&](const char* k) -> int64_t {
       const json& v = model_cfg.value(k, json());
       if (v.is_number_integer()) return v.get<int64_t>();
-      if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
+      if (v.is_null() && model_cfg.contains("text_config") && model_cfg["text_config"].is_object()) {
+        const json& t = model_cfg["text_config"].value(k, json());
+        if (t.is_number_integer()) return t.get<int64_t>();
+      }
       return -1;
     };
-    if (bos < 0) bos = id_of("bos_token_id");
-    if (eos < 0) eos = id_of("eos_token_id");
-    if (pad < 0) pad = id_of("pad_token_id");
+    const char* names[] = {"bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"};
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!in_range(ids[i].second) && in_range(id_of(names[i]))) md.set(ids[i].first, gguf::Value::u32((uint32_t)id_of(names[i])));
   }
-  auto set_id = [&](const char* key, int64_t id) {
-    if (id >= 0 && id < size) md.set(key, gguf::Value::u32((uint32_t)id));
-  };
-  set_id("tokenizer.ggml.bos_token_id", bos);
-  set_id("tokenizer.ggml.eos_token_id", eos);
-  set_id("tokenizer.ggml.unknown_token_id", unk);
-  set_id("tokenizer.ggml.padding_token_id", pad);
   if (add_bos >= 0) md.set("tokenizer.ggml.add_bos_token", gguf::Value::boolean(add_bos == 1));
   if (add_eos >= 0) md.set("tokenizer.ggml.add_eos_token", gguf::Value::boolean(add_eos == 1));
   if (!byte_level)
