@@ -82,7 +82,7 @@ void write_converted(const ConvertOptions& options, const gguf::Metadata& metada
 // reduction by ln 2, a degree-6 polynomial, scaling by 2^q), which llama.cpp's converter runs for
 // ssm_a = -exp(A_log). Bit-identical to it for every float (checked exhaustively against libsleef);
 // it differs from a correctly rounded expf in about 9% of inputs, by one ulp.
-float torch_cpu_expf(float x);
+
 
 // Converts n f32 values to `type` (F32, F16, BF16; n a multiple of row_length for Q8_0), counting
 // f16 saturation. dst receives dtype_row_bytes(type, n) bytes.

@@ -106,27 +106,6 @@ DType tensor_type_for(const std::string& name, int n_dims, int64_t row_length, D
   return outtype;
 }
 
-float torch_cpu_expf(float d) {
-  // SLEEF expf_u10 (the constants are its ln 2 split and minimax coefficients), with fused multiply-adds.
-  const float q = std::nearbyint(d * 1.442695040888963407359924681001892137426645954152985934135449406931f);
-  const int qi = (int)q;
-  float s = std::fma(q, -0.693145751953125f, d);
-  s = std::fma(q, -1.428606765330187045e-06f, s);
-  float u = 0.000198527617612853646278381f;
-  u = std::fma(u, s, 0.00139304355252534151077271f);
-  u = std::fma(u, s, 0.00833336077630519866943359f);
-  u = std::fma(u, s, 0.0416664853692054748535156f);
-  u = std::fma(u, s, 0.166666671633720397949219f);
-  u = std::fma(u, s, 0.5f);
-  const float ss = s * s;
-  u = 1.0f + std::fma(ss, u, s);
-  auto pow2 = [](int e) { return f32_from_bits((uint32_t)(e + 127) << 23); };
-  u = u * pow2(qi >> 1) * pow2(qi - (qi >> 1));
-  if (d < -104.0f) u = 0.0f;
-  if (d > 104.0f) u = INFINITY;
-  return u;
-}
-
 void permute_qk_rows(const float* src, float* dst, int64_t n_head, int64_t head_dim, int64_t row_length) {
   const int64_t half = head_dim / 2;
   for (int64_t h = 0; h < n_head; ++h)

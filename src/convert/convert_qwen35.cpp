@@ -306,7 +306,7 @@ PlannedTensor plan_tensor(const Bound& b, const Hparams& hp, DType outtype, Conv
   }
   const Op op = e.op;
   // llama.cpp does this arithmetic in torch: f16 sources stay f16 (the f32 result rounded to f16), bf16
-  // goes to f32 first; exp is torch's (torch_cpu_expf).
+  // goes to f32 first; exp is correctly rounded (std::exp; torch's CPU exp is within 1 ulp of it).
   const bool f16_math = t->type == DType::F16;
   auto fill = [t, row, row_src, col_src, op, f16_math](float* dst, int64_t r0, int64_t nr) {
     if (!row_src && !col_src) {
@@ -326,7 +326,7 @@ PlannedTensor plan_tensor(const Bound& b, const Hparams& hp, DType outtype, Conv
     }
     if (op == Op::Copy) return;
     for (int64_t i = 0; i < nr * row; ++i) {
-      float v = op == Op::PlusOne ? dst[i] + 1.0f : torch_cpu_expf(dst[i]);
+      float v = op == Op::PlusOne ? dst[i] + 1.0f : std::exp(dst[i]);
       if (f16_math) v = round_to_fp16(v);
       dst[i] = op == Op::NegExp ? -v : v;
     }
