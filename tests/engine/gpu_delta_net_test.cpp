@@ -196,6 +196,19 @@ TEST(GpuDeltaNet, ShapesAndRuns) {
   }
 }
 
+// More than 32 sequences in one call (the kernels look a row's record up 32 records at a time).
+TEST(GpuDeltaNet, ManySequences) {
+  SKIP_WITHOUT_GPU();
+  const DeltaNetDims d = dims(2, 2, 64, 64, 4);
+  std::vector<int> runs(40, 1);
+  runs[7] = 3, runs[33] = 70, runs[39] = 2;
+  std::vector<bool> fresh(runs.size(), false);
+  for (size_t i = 0; i < fresh.size(); i += 3) fresh[i] = true;
+  const Problem p(d, runs, fresh, 51);
+  for (GpuDeltaNetForm f : forms(d)) expect_close(p, f, false, true, "40 sequences");
+  expect_close(p, GpuDeltaNetForm::Recurrent, true, true, "40 sequences in a graph");
+}
+
 // The int8 activations for ssm_out, with heads of whole 32-blocks and with blocks across heads.
 TEST(GpuDeltaNet, Int8Output) {
   SKIP_WITHOUT_GPU();

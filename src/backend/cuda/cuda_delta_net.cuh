@@ -18,8 +18,30 @@
 // zero outputs. A record with `fresh` set never reads its cell (it may hold garbage).
 //
 // Shape constraints (delta_net_unsupported says which one fails): dk % 4 == 0 and dk <= 256 (16-byte
-// state rows), conv kernel <= 8, n_v % n_k == 0, conv_state_floats() % 4 == 0 (n_v * dv % 4 == 0: the recurrent part of a
-// cell starts 16-byte aligned), the cell stride a multiple of 4 floats and the arena 16-byte aligned.
+// state rows), dv <= 256, conv kernel <= 8, n_v % n_k == 0, conv_state_floats() % 4 == 0 (n_v dv % 4
+// == 0: the recurrent part of a cell starts 16-byte aligned); the cell stride a multiple of 4 floats
+// and the arena 16-byte aligned.
+//
+// How the backend runs a DeltaNet layer's step (after the qkv, z, alpha, beta projections):
+//   - once (load/init): DeltaNetLayerDev per layer: the f32 vectors (ssm_conv1d as [conv_dim x K],
+//     ssm_dt.bias, ssm_a, ssm_norm), state = the layer's cell arena, cell_stride = state_floats()
+//     (already a multiple of 4 when delta_net_unsupported is empty); a scratch of
+//     delta_net_scratch_floats(d, max_tokens, chunked) floats (shared by all layers); check
+//     delta_net_unsupported(d) and fail with its line.
+//   - per step, in device memory (uploaded with the step descriptor): an array of DeltaNetSeqDev, one
+//     per sequence of the step in row order, {first_row, n_rows, fresh = (n_past == 0), cell =
+//     state_cell}, with room for max_seqs records (the kernels read all max_seqs entries, so the
+//     array must hold that many, whatever the ones past the count contain), and the count.
+//   - per layer: delta_net_forward(d, layer, rms_eps, seqs, n_rows = the step's (bucket's) rows,
+//     form, max_seq_rows, qkv, z, alpha, beta, scratch, out, out_act, stream). Decode buckets:
+//     Recurrent, max_seqs = the bucket size, max_seq_rows = 1 (graph-capturable: nothing per step on
+//     the host side; for the recurrent form max_seq_rows only picks a variant, any run length works).
+//     Larger steps: Chunked when a sequence has a long run (falls back to recurrent where not
+//     supported), max_seq_rows = the longest run (for the chunked form it must bound every record's
+//     n_rows: it sizes the grid of the chunk kernel). out/out_act as rms_norm's (out_act needs
+//     value_dim % 32 == 0).
+//   The qkv rows must stay unchanged until the rule kernel has run (it slides the windows from them);
+//   records of one launch must name distinct cells.
 #pragma once
 
 #include <string>
