@@ -78,12 +78,6 @@ struct PlannedTensor {
 void write_converted(const ConvertOptions& options, const gguf::Metadata& metadata,
                      const std::vector<PlannedTensor>& tensors, ConvertResult& result);
 
-// exp(x) exactly as PyTorch's CPU float kernel computes it (SLEEF's expf_u10 with FMA: Cody-Waite
-// reduction by ln 2, a degree-6 polynomial, scaling by 2^q), which llama.cpp's converter runs for
-// ssm_a = -exp(A_log). Bit-identical to it for every float (checked exhaustively against libsleef);
-// it differs from a correctly rounded expf in about 9% of inputs, by one ulp.
-
-
 // Converts n f32 values to `type` (F32, F16, BF16; n a multiple of row_length for Q8_0), counting
 // f16 saturation. dst receives dtype_row_bytes(type, n) bytes.
 void convert_values(const float* src, int64_t n, int64_t row_length, DType type, uint8_t* dst, int64_t* saturated,
