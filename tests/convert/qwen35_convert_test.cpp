@@ -13,6 +13,7 @@
 #include "convert/convert_hf_util.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "engine/engine.h"
 #include "formats/gguf.h"
 #include "formats/quant_ref.h"
 #include "qwen35_test_util.h"
@@ -500,4 +501,25 @@ TEST(Qwen35ConvertTest, TiedEmbeddingsAndQ8_0) {
   EXPECT_EQ(f->tensor("blk.0.ssm_conv1d.weight").type, DType::F32);
   EXPECT_EQ(f->tensor("blk.0.ssm_alpha.weight").type, DType::Q8_0);
   EXPECT_EQ(f->metadata().get_int("general.file_type"), 7);
+}
+
+// A converted checkpoint with its MTP block (blk.N.nextn.* and the block's own layer tensors after the
+// main stack) loads and runs: the block is bound, not run, and never fails the load.
+TEST(Qwen35ConvertTest, AFileWithAnMtpBlockLoadsAndRuns) {
+  const std::string dir = test::temp_dir() + "/q35-mtp-load";
+  test::SynthQ35 s;
+  test::write_q35(dir, s);
+  auto file = convert_q35(dir, "f32");
+  ASSERT_NE(file->find_tensor("blk.4.nextn.eh_proj.weight"), nullptr);
+  auto model = Model::load(file);
+  EXPECT_EQ(model->hparams().n_layer, 4);
+  EXPECT_EQ(model->hparams().n_layer_nextn, 1);
+  EXPECT_GE(model->nextn_tensors().size(), 5u);
+  EngineOptions o;
+  o.n_ctx = 64;
+  auto engine = Engine::create(model, o);
+  const std::vector<int32_t> tokens = {1, 5, 9, 2, 7, 3};
+  const auto logits = engine->eval(engine->memory().create_sequence(), tokens, true);
+  ASSERT_EQ(logits.size(), tokens.size() * (size_t)model->hparams().n_vocab);
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
