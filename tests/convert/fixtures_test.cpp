@@ -382,8 +382,11 @@ TEST(FixturesTest, Qwen35ConversionEqualsLlamaCpps) {
       EXPECT_EQ(v->type(), value.type()) << key;
       EXPECT_EQ(v->to_display(64), value.to_display(64)) << key;
     }
-    for (const auto& [key, value] : ours->metadata().entries())
-      if (key.rfind("qwen35.", 0) == 0) EXPECT_NE(theirs->metadata().find(key), nullptr) << key << " only in ours";
+    for (const auto& [key, value] : ours->metadata().entries()) {
+      if (key.rfind("qwen35.", 0) == 0) {
+        EXPECT_NE(theirs->metadata().find(key), nullptr) << key << " only in ours";
+      }
+    }
   }
 }
 
@@ -451,7 +454,9 @@ TEST(FixturesTest, GpuMatchesCpuOnEveryFixture) {
     const auto ref = reference_logits(fx, cpu->model());
     const double cpu_vs_ref = compare(want, ref, fx.n_vocab).worst_nmse;
     const double bound = outtype == "f32" ? 1e-4 : kBounds.at(outtype).engine_vs_ref_nmse;
-    if (bounded) EXPECT_LE(cpu_vs_ref, std::max(bound, kBounds.at("lossless").engine_vs_ref_nmse)) << what << " (CPU)";
+    if (bounded) {
+      EXPECT_LE(cpu_vs_ref, std::max(bound, kBounds.at("lossless").engine_vs_ref_nmse)) << what << " (CPU)";
+    }
     const int units = cpu->model().hparams().n_layer + 1;
     for (int ngl : {EngineOptions::kGpuLayersAll, std::max(1, units / 2)}) {
       auto gpu = make_engine(path, ngl);

@@ -609,16 +609,16 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < count;) {
       size_t j = i + 1;
       if (n <= 8)
-        while (j < count && j - i < 3 && matvec_can_group(*p[i].w, *p[j].w)) ++j;
+        while (j < count && j - i < kMatvecGroupMax && matvec_can_group(*p[i].w, *p[j].w)) ++j;
       if (j - i == 1) {
         mark(op_name(fmt::format("matvec {}", p[i].what).c_str(), *p[i].w).c_str(), p[i].bytes);
         project(*p[i].w, x, n, p[i].y, p[i].ldy, false);
       } else {
         std::string names;
         double bytes = 0;
-        const DeviceWeight* ws[3];
-        float* ys[3];
-        int lds[3];
+        const DeviceWeight* ws[kMatvecGroupMax];
+        float* ys[kMatvecGroupMax];
+        int lds[kMatvecGroupMax];
         for (size_t k = i; k < j; ++k) {
           names += (k > i ? "+" : "") + std::string(p[k].what);
           bytes += p[k].bytes;

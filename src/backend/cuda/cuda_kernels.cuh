@@ -30,9 +30,11 @@ struct DeviceStep {
 bool matvec_uses_q8(DType type);
 void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
             cudaStream_t stream);
-// Up to 3 products of one input in one launch (ys[m] = W_m x), for weights where matvec_can_group holds
+// Up to kMatvecGroupMax products of one input in one launch (ys[m] = W_m x: q/k/v, gate/up, a DeltaNet
+// layer's qkv/z/alpha/beta), for weights where matvec_can_group holds
 // pairwise (same kernel kind and row length).
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
+constexpr int kMatvecGroupMax = 4;
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream);
 // More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments

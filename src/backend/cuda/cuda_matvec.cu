@@ -401,7 +401,7 @@ RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
 }
 
 struct MatvecGroup {
-  static constexpr int kMax = 3;
+  static constexpr int kMax = kMatvecGroupMax;
   DeviceWeight w[kMax];
   float* y[kMax];
   int ldy[kMax];
