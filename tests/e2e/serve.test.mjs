@@ -6,10 +6,13 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { readFileSync } from 'node:fs';
 import { startServer } from './server.mjs';
 
 const BIN = process.env.ROOFLINE_BIN;
-const MODEL = process.env.ROOFLINE_E2E_MODEL;
+const MODEL = process.env.ROOFLINE_E2E_MODEL;  // tests/fixtures/hf/qwen3_f32 converted to GGUF (f32)
+// What transformers computed for that fixture (float64): its greedy continuation of a prompt.
+const EXPECTED = JSON.parse(readFileSync(new URL('../fixtures/hf/qwen3_f32/expected.json', import.meta.url), 'utf8'));
 const KEY = 'e2e-secret';
 let server;
 let client;
@@ -84,9 +87,13 @@ test('chat completion: content, usage, finish reason', async () => {
   assert.match(r.id, /^chatcmpl-/);
   assert.equal(r.choices.length, 1);
   assert.equal(r.choices[0].message.role, 'assistant');
-  assert.equal(typeof r.choices[0].message.content, 'string');
-  assert.ok(r.choices[0].message.content.length > 0);
   assert.equal(r.choices[0].finish_reason, 'length');
+  // The chat template of the fixture (ChatML, tokenizer_config.json) rendered by hand: the same text as
+  // a raw completion of that prompt.
+  const prompt = '<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nTell me a story.<|im_end|>\n<|im_start|>assistant\n';
+  const raw = await client.completions.create({ model: 'x', prompt, temperature: 0, max_tokens: 24, ignore_eos: true });
+  assert.equal(r.choices[0].message.content, raw.choices[0].text);
+  assert.equal(r.usage.prompt_tokens, raw.usage.prompt_tokens);
   assert.equal(r.usage.completion_tokens, 24);
   assert.ok(r.usage.prompt_tokens > 5);
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 24);
@@ -106,6 +113,16 @@ test('chat stream: role first, content deltas, finish, usage chunk, same text as
   assert.equal(finish.length, 1);
   assert.equal(finish[0].choices[0].finish_reason, 'length');
   for (const c of chunks.slice(0, -1)) assert.equal(c.usage, null);
+});
+
+test('greedy completion of token ids is transformers\' greedy continuation', async () => {
+  const { prompt, tokens } = EXPECTED.greedy;  // 10 prompt ids, 16 greedy ids (float64 margins >= 0.08)
+  const r = await client.completions.create({ model: 'x', prompt, temperature: 0, max_tokens: tokens.length, ignore_eos: true });
+  const auth = { headers: { Authorization: `Bearer ${KEY}` } };
+  const detok = await (await fetch(`${server.base}/detokenize`, { ...auth, method: 'POST', body: JSON.stringify({ tokens }) })).json();
+  assert.equal(r.choices[0].text, detok.content);
+  assert.equal(r.usage.prompt_tokens, prompt.length);
+  assert.equal(r.usage.completion_tokens, tokens.length);
 });
 
 test('completions: whole, streamed, default max_tokens 16, echo', async () => {
@@ -168,11 +185,20 @@ test('16 concurrent streams on 4 slots give the same greedy text as alone', asyn
   assert.ok((await metric('llamacpp:n_busy_slots_per_decode')) > 1, 'requests were batched together');
 });
 
+// 3000 tokens take ~3 s uncancelled on a 2-core machine, so the time alone proves little: the tokens
+// the request generated (llamacpp:tokens_predicted_total counts a cancelled request's too) must be a
+// small part of them.
 test('cancelling mid-stream frees the slot', async () => {
+  assert.ok(await waitIdle());
+  const before = await metric('llamacpp:tokens_predicted_total');
   let seen = 0;
   const { chunks } = await collectChatStream(chat('Go on forever.', { max_tokens: 3000 }), () => ++seen < 3);
+  const left = Date.now();
   assert.ok(chunks.length <= 5);
   assert.ok(await waitIdle(3000), 'the cancelled request still runs');
+  const generated = (await metric('llamacpp:tokens_predicted_total')) - before;
+  console.log(`# cancelled stream: idle ${Date.now() - left} ms after the client left, ${generated} of 3000 tokens generated`);
+  assert.ok(generated < 1000, `the cancelled request generated ${generated} of 3000 tokens`);
   const after = await client.chat.completions.create(chat('Still there?', { max_tokens: 4 }));
   assert.equal(after.usage.completion_tokens, 4);
 });

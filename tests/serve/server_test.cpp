@@ -217,11 +217,25 @@ TEST_F(ServerTest, ChatAndCompletionsWholeAndStreamed) {
   EXPECT_EQ(c.Get("/props")->status, 200);
 }
 
+// A client that leaves mid-request cancels it: its slot is free long before the request could have
+// finished by itself. Each request asks for 1800 tokens at >= 5 ms a step (>= 9 s uncancelled); the
+// slot must be idle within 3 s of the client leaving and the request must have run far fewer steps.
 TEST_F(ServerTest, DisconnectedClientsFreeTheirSlots) {
   runner->step_delay_ms = 5;
   ready();
-  const std::string body = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":400,"stream":true})";
+  constexpr int kMaxTokens = 1800;
+  constexpr int kIdleWaitMs = 3000;  // a third of the uncancelled run
+  auto check_cancelled = [&](const char* what, uint64_t steps_before, std::chrono::steady_clock::time_point left) {
+    const bool idle = wait_idle(kIdleWaitMs);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - left).count();
+    const uint64_t steps = scheduler->status().steps - steps_before;
+    std::printf("  %s: idle %.0f ms after the client left, %llu steps of %d\n", what, ms, (unsigned long long)steps, kMaxTokens);
+    EXPECT_TRUE(idle) << what << ": the request still runs " << kIdleWaitMs << " ms after its client left";
+    EXPECT_LT(steps, (uint64_t)kMaxTokens / 3) << what << ": the request was not cancelled";
+  };
+  const std::string body = json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", kMaxTokens}, {"stream", true}}.dump();
   // Streaming client that stops reading after a few chunks.
+  uint64_t before = scheduler->status().steps;
   std::thread t([&] {
     httplib::Client c("127.0.0.1", port);
     c.set_default_headers({{"Authorization", "Bearer secret"}});
@@ -235,15 +249,17 @@ TEST_F(ServerTest, DisconnectedClientsFreeTheirSlots) {
     c.send(req);
   });
   t.join();
-  EXPECT_TRUE(wait_idle(2000));
-  // A non-streaming client that gives up.
+  check_cancelled("stream", before, std::chrono::steady_clock::now());
+  // A non-streaming client that gives up after 300 ms.
+  before = scheduler->status().steps;
   {
     auto c = client();
     c.set_read_timeout(0, 300000);
-    auto r = c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":400})", "application/json");
+    auto r = c.Post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", kMaxTokens}}.dump(),
+                    "application/json");
     EXPECT_FALSE(r);
   }
-  EXPECT_TRUE(wait_idle(2000));
+  check_cancelled("whole", before, std::chrono::steady_clock::now());
 }
 
 TEST_F(ServerTest, FullQueueIs503AndHealthStaysPrompt) {
