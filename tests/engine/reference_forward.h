@@ -21,6 +21,13 @@ class ReferenceForward {
     ssm_state_.resize(hp_.n_layer);
   }
 
+  // Rounds every K and V row stored from now on through that type's reference codec, as a KV cache of
+  // that type stores them (whole rows of n_head_kv * head_dim; F32: exact).
+  void set_kv_types(DType k, DType v) {
+    kv_type_k_ = k;
+    kv_type_v_ = v;
+  }
+
   // Feeds one token at the next position; returns its logits.
   std::vector<double> step(int32_t token) {
     const int pos = n_past_++;
@@ -65,8 +72,8 @@ class ReferenceForward {
     }
     rope(q, hp_.n_head, pos);
     rope(k, hp_.n_head_kv, pos);
-    kcache_[il].push_back(k);
-    vcache_[il].push_back(v);
+    kcache_[il].push_back(round_through(kv_type_k_, k));
+    vcache_[il].push_back(round_through(kv_type_v_, v));
     std::vector<double> attn((size_t)hp_.n_head * hp_.head_dim_v, 0.0);
     const double scale = hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt((double)hd);
     for (int h = 0; h < hp_.n_head; ++h) {
@@ -160,6 +167,14 @@ class ReferenceForward {
     dequantize_rows_ref(w.type(), w.data(), f.data(), w.tensor->n_rows(), w.tensor->row_length());
     return std::vector<double>(f.begin(), f.end());
   }
+  static std::vector<double> round_through(DType type, const std::vector<double>& x) {
+    if (type == DType::F32) return x;
+    std::vector<float> f(x.begin(), x.end()), back(x.size());
+    std::vector<uint8_t> q(dtype_row_bytes(type, (int64_t)x.size()));
+    quantize_row_ref(type, f.data(), q.data(), (int64_t)x.size());
+    dequantize_row_ref(type, q.data(), back.data(), (int64_t)x.size());
+    return std::vector<double>(back.begin(), back.end());
+  }
   std::vector<double> row(const Weight& w, int64_t r) const {
     std::vector<float> f((size_t)w.cols());
     dequantize_row_ref(w.type(), w.data() + r * dtype_row_bytes(w.type(), w.cols()), f.data(), w.cols());
@@ -217,6 +232,7 @@ class ReferenceForward {
   const Model& m_;
   const HParams& hp_;
   int n_past_ = 0;
+  DType kv_type_k_ = DType::F32, kv_type_v_ = DType::F32;
   std::vector<std::vector<std::vector<double>>> kcache_, vcache_;
   std::vector<std::vector<double>> conv_window_, ssm_state_;  // DeltaNet layers
 };

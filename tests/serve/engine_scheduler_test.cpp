@@ -116,3 +116,54 @@ TEST(EngineSchedulerTest, Qwen35ConcurrentSharedPrefixesMatchEachRequestAlone) {
   EXPECT_EQ(engine->memory().used_blocks(), 0);
   EXPECT_EQ(engine->memory().free_sequences(), 4);
 }
+
+// The same on an attention-only model (tiny-qwen3): prompts adopt every cached full block they match
+// (the shared 70-token prefix diverges inside the fifth block of 16, so 64 positions at least; a
+// repeated prompt adopts more), and each request's greedy tokens are those it gets alone on a fresh
+// engine without prompt caching.
+TEST(EngineSchedulerTest, Qwen3ConcurrentSharedPrefixesMatchEachRequestAlone) {
+  auto model = Model::load(open_model_file("synthetic:tiny-qwen3:Q8_0"));
+  const int n_vocab = model->hparams().n_vocab;
+  std::vector<int32_t> system;
+  for (int i = 0; i < 70; ++i) system.push_back((i * 37 + 11) % n_vocab);
+  std::vector<GenParams> params;
+  for (int k = 0; k < 7; ++k) {
+    std::vector<int32_t> p = system;
+    for (int i = 0; i < 5 + 9 * k; ++i) p.push_back((i * 53 + 7 * k + 3) % n_vocab);
+    params.push_back(greedy(p, 12, k == 3 ? 2 : 1));
+  }
+  params.push_back(params[1]);
+  params.push_back(greedy(std::vector<int32_t>(system.begin(), system.begin() + 40), 6));  // a prefix of the prefix
+
+  std::vector<std::vector<int32_t>> alone;
+  for (const GenParams& p : params) {
+    auto engine = engine_for(model, 4, false);
+    EngineRunner runner(*engine);
+    NoText text;
+    SchedulerOptions o;
+    o.prompt_cache = false;
+    Scheduler s(runner, text, o);
+    alone.push_back(run(s, {s.submit(greedy(p.prompt, p.max_tokens))})[0][0]);
+  }
+
+  auto engine = engine_for(model, 4, true);
+  EngineRunner runner(*engine);
+  NoText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  o.queue_size = 16;
+  Scheduler s(runner, text, o);
+  run(s, {s.submit(params[0])});
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const GenParams& p : params) reqs.push_back(s.submit(p));
+  const auto out = run(s, reqs);
+  for (size_t k = 0; k < params.size(); ++k) {
+    ASSERT_EQ((int)out[k].size(), params[k].n) << "request " << k;
+    for (int c = 0; c < params[k].n; ++c) EXPECT_EQ(out[k][c], alone[k]) << "request " << k << " choice " << c;
+    const int n_cached = reqs[k]->timings().n_cached;
+    std::printf("  request %zu: prompt %zu, cached %d\n", k, params[k].prompt.size(), n_cached);
+    EXPECT_GE(n_cached, k + 1 == params.size() ? 32 : 64) << "request " << k;
+    EXPECT_EQ(n_cached % 16, 0) << "request " << k;
+  }
+  EXPECT_EQ(engine->memory().used_blocks(), 0);
+}
