@@ -26,6 +26,12 @@ std::vector<char> file_bytes(const std::string& path) {
   return std::vector<char>(std::istreambuf_iterator<char>(in), {});
 }
 
+uint64_t fnv1a64(const std::vector<char>& bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : bytes) h = (h ^ (uint8_t)c) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace
 
 TEST(QuantizeLlamaCppTest, SameTypesOrderMetadataAndBytes) {
@@ -105,8 +111,51 @@ TEST(QuantizeLlamaCppTest, Q8_0IsAFixedPoint) {
   EXPECT_EQ(std::memcmp(again.data(), t.data, t.n_bytes), 0);
 }
 
-// The other mixes of the issue (no llama.cpp file here): they quantize, load back, and are smaller
-// than F16 in the expected order.
+// Mixes without a llama.cpp file in ../shared: llama-quantize (CPU build of the llama.cpp snapshot in
+// this workspace, the one scripts/gpu/build_llamacpp.sh builds; it reproduces ../shared's Q4_K_M file
+// byte for byte) was run on the same F16 base with 2 threads and no imatrix, and its files' sizes and
+// FNV-1a 64 hashes of their bytes are written down here. roofline's file must be the same bytes, with
+// the tensor types llama.cpp chose (every matrix of the mix's type, output.weight Q6_K; Q3_K_L: attn_v,
+// attn_output and ffn_down Q5_K).
+TEST(QuantizeLlamaCppTest, MoreMixesEqualLlamaQuantizeByHash) {
+  ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
+  auto base = gguf::GgufFile::open(dir + "/qwen3-tiny512-F16.gguf");
+  const std::string out_dir = test::temp_dir();
+  struct Case {
+    const char* mix;
+    DType matrices;
+    uint64_t size, fnv;
+  };
+  const Case cases[] = {
+      {"Q4_1", DType::Q4_1, 1191552, 0x8bac2fe7dc8908e3ull},   {"Q5_1", DType::Q5_1, 1404544, 0xb55b1efe5f65513full},
+      {"IQ4_NL", DType::IQ4_NL, 1085056, 0x16737d2bea19abd4ull}, {"Q5_K_S", DType::Q5_K, 1298048, 0x6367892554d9087full},
+      {"Q3_K_L", DType::Q3_K, 1010816, 0x40aac576cd6c9821ull},   {"Q3_K_S", DType::Q3_K, 858752, 0xf7bdbd9cebf33319ull},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.mix);
+    QuantizeOptions o;
+    o.mix = find_mix(c.mix);
+    o.n_threads = 2;
+    const std::string path = out_dir + "/" + c.mix + ".gguf";
+    quantize_model(*base, path, o);
+    auto f = gguf::GgufFile::open(path);
+    EXPECT_EQ(f->metadata().get_int("general.file_type"), (int64_t)find_mix(c.mix)->file_type);
+    for (const auto& t : f->tensors()) {
+      DType want = c.matrices;
+      if (t.n_dims == 1) want = DType::F32;
+      else if (t.name == "output.weight") want = DType::Q6_K;
+      else if (std::string(c.mix) == "Q3_K_L" && (t.name.find("attn_v") != std::string::npos || t.name.find("attn_output") != std::string::npos ||
+                                                   t.name.find("ffn_down") != std::string::npos))
+        want = DType::Q5_K;
+      EXPECT_EQ(dtype_name(t.type), dtype_name(want)) << t.name;
+    }
+    const auto bytes = file_bytes(path);
+    EXPECT_EQ(bytes.size(), c.size);
+    EXPECT_EQ(fnv1a64(bytes), c.fnv) << "not the bytes llama-quantize wrote";
+  }
+}
+
+// Every mix quantizes and loads back, smaller than F16 in the expected order; F16 from F16 copies.
 TEST(QuantizeLlamaCppTest, EveryMixQuantizes) {
   ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
   auto base = gguf::GgufFile::open(dir + "/qwen3-tiny512-F16.gguf");
