@@ -178,6 +178,37 @@ TEST(ImatrixTest, CollectsFromTheEngine) {
     EXPECT_EQ(im.chunk_count(), 3);
     // q, k and v see the same input.
     EXPECT_EQ(im.entries().at("blk.1.attn_q.weight").sums, im.entries().at("blk.1.attn_v.weight").sums);
+    // Layer 0's attention input, computed here in float64 from the file: per column, the sum over the 3
+    // windows of 128 tokens (the first of each replaced by BOS, as llama-imatrix does) of
+    // (rmsnorm(token_embd[t]) * attn_norm)^2.
+    {
+      const auto& md = model->metadata();
+      const double eps = md.get_float("qwen3.attention.layer_norm_rms_epsilon");
+      const auto& embd = model->file().tensor("token_embd.weight");
+      const auto& norm_t = model->file().tensor("blk.0.attn_norm.weight");
+      const int n = (int)embd.row_length();
+      std::vector<float> norm_w((size_t)n), row((size_t)n);
+      dequantize_row_ref(norm_t.type, norm_t.data, norm_w.data(), n);
+      std::vector<double> want((size_t)n, 0.0);
+      for (int c = 0; c < 3; ++c)
+        for (int i = 0; i < 128; ++i) {
+          const int32_t t = i == 0 && tok->add_bos() ? tok->bos() : tokens[(size_t)c * 128 + i];
+          dequantize_row_ref(embd.type, embd.data + (size_t)t * dtype_row_bytes(embd.type, n), row.data(), n);
+          double ss = 0;
+          for (float v : row) ss += (double)v * v;
+          const double k = 1.0 / std::sqrt(ss / n + eps);
+          for (int j = 0; j < n; ++j) {
+            const double x = row[(size_t)j] * k * norm_w[(size_t)j];
+            want[(size_t)j] += x * x;
+          }
+        }
+      const auto& got = im.entries().at("blk.0.attn_q.weight").sums;
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (int j = 0; j < n; ++j) worst = std::max(worst, std::fabs(got[(size_t)j] - want[(size_t)j]) / want[(size_t)j]);
+      std::printf("  blk.0.attn_q.weight in_sum2 vs float64: worst relative difference %.3g\n", worst);
+      EXPECT_LT(worst, 1e-6);  // measured 2.67e-7 (float32 sums in the engine)
+    }
   }
 }
 
@@ -197,8 +228,12 @@ TEST(ImatrixTest, ImatrixLowersTheErrorItWeights) {
   ro.n_ctx = 128;
   collect_imatrix(*engine, *tok, perplexity_tokens(*tok, gpl_text()), im, ro);
   const ImportanceData imp = im.importance("gpl.imatrix");
-  int improved = 0, total = 0;
-  for (DType type : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::IQ4_XS}) {
+  // Every tensor's weighted error goes down, by at least about half the smallest gain measured for its
+  // type on this build (worst weighted/plain ratio: Q2_K 0.812, Q3_K 0.924, Q4_K 0.972, IQ4_XS 0.965;
+  // geometric means 0.76, 0.89, 0.92, 0.93).
+  const std::pair<DType, double> cases[] = {{DType::Q2_K, 0.90}, {DType::Q3_K, 0.96}, {DType::Q4_K, 0.985}, {DType::IQ4_XS, 0.98}};
+  for (auto [type, max_ratio] : cases) {
+    double worst_ratio = 0, sum_log_ratio = 0;
     for (const auto& [name, w] : imp.values) {
       const auto& t = file->tensor(name);
       std::vector<float> x((size_t)t.n_elements()), y(x.size()), z(x.size());
@@ -211,13 +246,14 @@ TEST(ImatrixTest, ImatrixLowersTheErrorItWeights) {
         for (size_t i = 0; i < x.size(); ++i) e += w[i % t.row_length()] * (double)(x[i] - out[i]) * (x[i] - out[i]);
         return e;
       };
-      const double plain = err(nullptr, y), weighted = err(w.data(), z);
-      improved += weighted < plain;
-      ++total;
-      EXPECT_LT(weighted, 1.02 * plain) << dtype_name(type) << " " << name;
+      const double ratio = err(w.data(), z) / err(nullptr, y);
+      worst_ratio = std::max(worst_ratio, ratio);
+      sum_log_ratio += std::log(ratio);
+      EXPECT_LT(ratio, max_ratio) << dtype_name(type) << " " << name;
     }
+    std::printf("  %-7s weighted/plain error over %zu tensors: worst %.4f (bound %.3f), geometric mean %.4f\n", dtype_name(type).c_str(),
+                imp.values.size(), worst_ratio, max_ratio, std::exp(sum_log_ratio / (double)imp.values.size()));
   }
-  EXPECT_GE(improved, total * 9 / 10);
 }
 
 // quantize --imatrix through the library: the metadata records it, the rules change, it loads back.
@@ -238,6 +274,10 @@ TEST(ImatrixTest, QuantizeWithImatrix) {
   auto q = gguf::GgufFile::open(out + "/q.gguf");
   EXPECT_EQ(q->metadata().get_string("quantize.imatrix.file"), out + "/im.gguf");
   EXPECT_EQ(q->metadata().get_int("quantize.imatrix.entries_count"), 14);
-  EXPECT_GT(q->metadata().get_int("quantize.imatrix.chunks_count"), 20);
+  // The GPL text's tokens in windows of 128 (-c 128), every whole window.
+  const auto tok = Tokenizer::from_metadata(file->metadata());
+  const int64_t windows = (int64_t)perplexity_tokens(*tok, gpl_text()).size() / 128;
+  EXPECT_GT(windows, 10);
+  EXPECT_EQ(q->metadata().get_int("quantize.imatrix.chunks_count"), windows);
   EXPECT_NO_THROW(Model::load(q));
 }
