@@ -429,15 +429,47 @@ TEST(KvRowToF32, F16IsBitIdenticalToTheReferenceCodec) {
           << "n=" << n << " bits 0x" << std::hex << all[(size_t)(65536 - n + i)];
     }
   }
-  // Other types go through the reference codec.
-  std::vector<float> x(64), back(64), ref(64);
-  Rng rng(7);
-  for (float& v : x) v = (float)rng.normal();
-  std::vector<uint8_t> q(dtype_row_bytes(DType::Q8_0, 64));
-  quantize_row_ref(DType::Q8_0, x.data(), q.data(), 64);
-  kv_row_to_f32(DType::Q8_0, q.data(), back.data(), 64);
-  dequantize_row_ref(DType::Q8_0, q.data(), ref.data(), 64);
-  EXPECT_EQ(0, std::memcmp(back.data(), ref.data(), 64 * sizeof(float)));
+}
+
+// The quantized KV row types, from blocks written by hand (f16 scales given as bits, little endian) and
+// values worked out here: Q8_0 is d * q, Q4_0 is d * (nibble - 8) with element j in the low nibble of
+// byte j and element j + 16 in its high nibble; BF16 is the top half of an f32.
+TEST(KvRowToF32, QuantizedRowsFromBlocksWrittenByHand) {
+  {  // Q8_0: two blocks, d = 0.5 (0x3800) and d = -0.25 (0xB400), q = j - 16 and 3 * (j % 5) - 6.
+    std::vector<uint8_t> q(2 * 34);
+    std::vector<float> want(64);
+    q[0] = 0x00, q[1] = 0x38, q[34] = 0x00, q[35] = 0xB4;
+    for (int j = 0; j < 32; ++j) {
+      const int8_t a = (int8_t)(j - 16), b = (int8_t)(3 * (j % 5) - 6);
+      q[2 + j] = (uint8_t)a;
+      q[36 + j] = (uint8_t)b;
+      want[j] = 0.5f * a;
+      want[32 + j] = -0.25f * b;
+    }
+    std::vector<float> got(64);
+    kv_row_to_f32(DType::Q8_0, q.data(), got.data(), 64);
+    for (int j = 0; j < 64; ++j) EXPECT_EQ(got[j], want[j]) << "Q8_0 element " << j;
+  }
+  {  // Q4_0: one block, d = 3.0 (0x4200); byte j holds nibbles lo = j and hi = 15 - j.
+    std::vector<uint8_t> q(18);
+    std::vector<float> want(32);
+    q[0] = 0x00, q[1] = 0x42;
+    for (int j = 0; j < 16; ++j) {
+      q[2 + j] = (uint8_t)(j | (15 - j) << 4);
+      want[j] = 3.0f * (j - 8);
+      want[16 + j] = 3.0f * (15 - j - 8);
+    }
+    std::vector<float> got(32);
+    kv_row_to_f32(DType::Q4_0, q.data(), got.data(), 32);
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(got[j], want[j]) << "Q4_0 element " << j;
+  }
+  {  // BF16: 1.0 (0x3F80), -3.0 (0xC040), 0.5 (0x3F00), 2^-7 (0x3C00).
+    const uint16_t bits[4] = {0x3F80, 0xC040, 0x3F00, 0x3C00};
+    const float want[4] = {1.0f, -3.0f, 0.5f, 0.0078125f};
+    float got[4];
+    kv_row_to_f32(DType::BF16, bits, got, 4);
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(got[j], want[j]) << "BF16 element " << j;
+  }
 }
 
 }  // namespace

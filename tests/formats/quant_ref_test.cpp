@@ -148,6 +148,7 @@ TEST(QuantRef, RowFunctionMatchesRowLoop) {
   const std::vector<float> x = gaussian((size_t)(kRows * kRowLen), 3);
   for (const TypeBounds& b : bounds()) {
     const std::vector<uint8_t> all = quantize(b.type, x, kRows, kRowLen);
+    const std::vector<float> all_back = dequantize(b.type, all, kRows, kRowLen);
     const size_t rb = dtype_row_bytes(b.type, kRowLen);
     std::vector<uint8_t> one(rb);
     std::vector<float> y(kRowLen);
@@ -155,6 +156,7 @@ TEST(QuantRef, RowFunctionMatchesRowLoop) {
       quantize_row_ref(b.type, x.data() + r * kRowLen, one.data(), kRowLen);
       ASSERT_EQ(0, std::memcmp(one.data(), all.data() + r * rb, rb)) << dtype_name(b.type) << " row " << r;
       dequantize_row_ref(b.type, one.data(), y.data(), kRowLen);
+      ASSERT_EQ(0, std::memcmp(y.data(), all_back.data() + r * kRowLen, kRowLen * sizeof(float))) << dtype_name(b.type) << " row " << r;
     }
   }
 }

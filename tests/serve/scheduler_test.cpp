@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <thread>
@@ -96,7 +97,9 @@ TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
   auto out = run_all(s, {r}, {1});
   ASSERT_EQ(out[0].tokens[0].size(), 6u);
   EXPECT_EQ(out[0].finish[0], Finish::Length);
-  EXPECT_EQ(out[0].text[0].size(), 6u);
+  std::string pieces;
+  for (int32_t t : out[0].tokens[0]) pieces += text.piece(t);
+  EXPECT_EQ(out[0].text[0], pieces);
   EXPECT_EQ(out[0].timings.n_prompt, 10);
   EXPECT_EQ(out[0].timings.n_generated, 6);
   EXPECT_EQ(runner.memory().used_blocks(), 0);
@@ -570,6 +573,13 @@ TEST(SchedulerTest, EventsOfAStepAreMadeWhileTheNextRuns) {
 
 TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
   FakeRunner runner(64, 256, 4, 16);
+  // A rule whose outputs can be worked out here: 1 + (sum of the sequence's tokens + its length) % 63.
+  auto rule = [](const std::vector<int32_t>& content) {
+    int64_t sum = 0;
+    for (int32_t t : content) sum += t;
+    return (int32_t)(1 + (sum + (int64_t)content.size()) % 63);
+  };
+  runner.next_token = rule;
   FakeText text;
   SchedulerOptions o;
   o.n_slots = 4;
@@ -588,11 +598,69 @@ TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int i = 0; i < 16; ++i) EXPECT_EQ(got[i].size(), 10u) << i;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<int32_t> content = prompt_of(5 + i, i), want;
+    for (int k = 0; k < 10; ++k) {
+      want.push_back(rule(content));
+      content.push_back(want.back());
+    }
+    EXPECT_EQ(got[i], want) << i;
+  }
   s.stop(false);
   s.join();
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   EXPECT_THROW(s.submit(greedy(prompt_of(5, 1), 5)), SubmitError);
+}
+
+// cancel() from another thread while the loop runs (as the HTTP threads do): the request ends with
+// Finish::Cancelled within a few steps, long before its 5000 tokens (1 ms a step: >= 5 s uncancelled),
+// its blocks are freed, and the request queued behind it on the single slot then runs to the end.
+TEST(SchedulerTest, CancelFromAnotherThreadWhileTheLoopRuns) {
+  FakeRunner runner(64, 2048, 4, 16);
+  runner.step_delay_ms = 1;
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 1;
+  o.queue_size = 4;
+  Scheduler s(runner, text, o);
+  s.start();
+  auto a = s.submit(greedy(prompt_of(6, 1), 5000));
+  auto b = s.submit(greedy(prompt_of(6, 2), 3));
+  std::vector<int32_t> a_tokens;
+  Finish a_finish = Finish::None;
+  std::atomic<uint64_t> steps_at_cancel{0};
+  std::thread canceller([&] {
+    // Wait until a has produced 20 tokens, then cancel it from this thread.
+    while (s.status().slots.empty() || s.status().slots[0].n_generated < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    steps_at_cancel = s.status().steps;
+    a->cancel();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Event> ev;
+  bool done = false;
+  while (!(done = a->poll(ev, std::chrono::milliseconds(50))) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4)) {
+  }
+  canceller.join();
+  EXPECT_TRUE(done) << "the cancelled request still runs 4 s later";
+  for (const Event& e : ev) {
+    a_tokens.insert(a_tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (e.finish != Finish::None) a_finish = e.finish;
+  }
+  const uint64_t steps_after = s.status().steps - steps_at_cancel;
+  std::printf("  cancelled after %zu tokens, %llu steps after cancel()\n", a_tokens.size(), (unsigned long long)steps_after);
+  EXPECT_EQ(a_finish, Finish::Cancelled);
+  EXPECT_GE(a_tokens.size(), 20u);
+  EXPECT_LT(a_tokens.size(), 200u);
+  EXPECT_LT(steps_after, 20u);
+  std::vector<Event> evb;
+  while (!b->poll(evb, std::chrono::milliseconds(50))) {
+  }
+  size_t nb = 0;
+  for (const Event& e : evb) nb += e.tokens.size();
+  EXPECT_EQ(nb, 3u);
+  s.stop(false);
+  s.join();
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
 }
 
 // Models with recurrent layers (the fake's state cells hold every token fed, and logits come from

@@ -177,7 +177,15 @@ TEST_F(ServerTest, ChatAndCompletionsWholeAndStreamed) {
   ASSERT_EQ(r->status, 200) << r->body;
   const json j = json::parse(r->body);
   const std::string content = j["choices"][0]["message"]["content"];
-  EXPECT_EQ(content.size(), 5u);
+  // The fake model's rule: the token after a sequence of n tokens is 'a' + n % 26.
+  auto letters = [&](int n_prompt, int n) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back((int32_t)('a' + (n_prompt + i) % 26));
+    return mc.tokenizer->decode(ids);
+  };
+  const int n_prompt = j["usage"]["prompt_tokens"];
+  EXPECT_EQ(n_prompt, (int)mc.tokenizer->encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", false, true).size());
+  EXPECT_EQ(content, letters(n_prompt, 5));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["usage"]["completion_tokens"], 5);
   EXPECT_EQ(j["model"], "tiny");
@@ -203,7 +211,8 @@ TEST_F(ServerTest, ChatAndCompletionsWholeAndStreamed) {
   // Completions and the native endpoint.
   r = c.Post("/v1/completions", R"({"prompt":"abc","max_tokens":3,"temperature":0})", "application/json");
   ASSERT_EQ(r->status, 200) << r->body;
-  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"].get<std::string>().size(), 3u);
+  const json jc = json::parse(r->body);
+  EXPECT_EQ(jc["choices"][0]["text"], letters(jc["usage"]["prompt_tokens"], 3));
   r = c.Post("/completion", R"({"prompt":"abc","n_predict":3})", "application/json");
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(json::parse(r->body)["timings"]["predicted_n"], 3);
