@@ -4,6 +4,8 @@
 # Build here first:  scripts/gpu/build_for_device.sh   (puts binaries in carry/bin)
 # Then, with the device tool: command "scripts/gpu/device_run.sh [quick|profile|full|extras|serve|split]",
 # carry ["carry"] (split: on the nvidia-h200-x2 kind).
+# Exit status: 1 when a GPU test run failed (non-zero exit, or no test ran), after everything else has
+# run and been written; benchmarks that fail are reported in bench.log and in the last lines.
 set -uo pipefail
 mode="${1:-full}"
 out="${OUT:-/tmp/out}"
@@ -22,13 +24,24 @@ cat "$out/env.txt"
 # of this checkout, hence ROOFLINE_SOURCE_DIR).
 [ "$mode" = extras ] || ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 300 "$bin/roofline_tests" \
     --gtest_filter='Gpu*:*.Gpu*' > "$out/gpu_tests.txt" 2>&1
-echo "gpu tests exit $?"; tail -30 "$out/gpu_tests.txt"
+gpu_rc=$?
+failed=()
+check_tests() {  # name, exit status, log: a failing or empty gtest run fails the whole script
+  if [ "$2" -ne 0 ] || ! grep -q '^\[  PASSED  \] [1-9]' "$3"; then failed+=("$1 (exit $2)"); fi
+}
+if [ "$mode" != extras ]; then
+  echo "gpu tests exit $gpu_rc"; tail -30 "$out/gpu_tests.txt"
+  check_tests "GPU tests" "$gpu_rc" "$out/gpu_tests.txt"
+fi
 
+bench_failed=()
 run_bench() {  # name, args...
   local name="$1"; shift
   echo "== bench $name: $*" | tee -a "$out/bench.log"
   timeout "${BENCH_TIMEOUT:-170}" "$bin/roofline" bench "$@" -o json > "$out/bench_$name.json" 2>> "$out/bench.log"
-  echo "exit $?" >> "$out/bench.log"
+  local rc=$?
+  echo "exit $rc" >> "$out/bench.log"
+  [ "$rc" -eq 0 ] || bench_failed+=("$name (exit $rc)")
   python3 - "$out/bench_$name.json" <<'PY' | tee -a "$out/bench.md"
 import json, sys
 try:
@@ -67,7 +80,11 @@ fi
 if [ "$mode" = split ]; then
   # Several GPUs (kind nvidia-h200-x2): layer split against one GPU, and a model over one GPU's limit.
   export NCCL_NVLS_ENABLE=0
-  ROOFLINE_SHARED_DIR=carry/shared timeout 150 "$bin/roofline_tests" --gtest_filter='GpuEngine*Split*:GpuEngine*Vram*' >> "$out/gpu_tests.txt" 2>&1
+  ROOFLINE_SHARED_DIR=carry/shared timeout 150 "$bin/roofline_tests" --gtest_filter='GpuEngine*Split*:GpuEngine*Vram*' > "$out/gpu_split_tests.txt" 2>&1
+  split_rc=$?
+  cat "$out/gpu_split_tests.txt" >> "$out/gpu_tests.txt"
+  echo "gpu split tests exit $split_rc"
+  check_tests "GPU split tests" "$split_rc" "$out/gpu_split_tests.txt"
   run_bench q32b_sm_none -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 2 -sm none
   run_bench q32b_sm_layer -m synthetic:qwen3-32b:Q4_K_M -p 512 -n 128 -r 2 -sm layer
   run_bench q32b_q8_vram24 -m synthetic:qwen3-32b:Q8_0 -p 512 -n 128 -r 2 --vram-limit 24
@@ -80,3 +97,9 @@ if [ "$mode" = full ] || [ "$mode" = serve ]; then
       --per-stream 1 --json "$out/serve_load.json" 2>&1 | tee -a "$out/serve.md"
 fi
 touch "$out/bench.log"; tail -5 "$out/bench.log"
+[ ${#bench_failed[@]} -eq 0 ] || echo "benchmarks that failed: ${bench_failed[*]}"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "device_run.sh: FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "device_run.sh: GPU tests passed"

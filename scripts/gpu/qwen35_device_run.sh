@@ -12,6 +12,7 @@
 # Everything lands in $OUT (summary.md, logs, a tarball of small files worth keeping).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+check_failed=0
 stage="${1:-check}"
 out="${OUT:-/tmp/out}"
 mkdir -p "$out" build-q35
@@ -34,7 +35,10 @@ if [ "$stage" = check ]; then
   stamp "GPU tests"
   ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 330 "$bin/roofline_tests" \
       --gtest_filter='Gpu*:*.Gpu*:*GpuDeltaNet*:*GpuQwen35*' > "$out/gpu_tests.txt" 2>&1
-  stamp "GPU tests exit $?"
+  gpu_rc=$?
+  stamp "GPU tests exit $gpu_rc"
+  # A failing (or empty) GPU test run fails this script, after the rest of the check stage has run.
+  { [ "$gpu_rc" -eq 0 ] && grep -q '^\[  PASSED  \] [1-9]' "$out/gpu_tests.txt"; } || check_failed=1
   grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure|NMSE vs CPU|resumed|\[fixture, GPU\] qwen35|NMSE" "$out/gpu_tests.txt" | head -60
   python3 scripts/kl/make_kl_model.py "$work/fx/qwen35_kl_bf16" > "$out/kl_model.log" 2>&1 || { stamp "make_kl_model failed"; tail -20 "$out/kl_model.log"; }
   if [ -n "$bpid" ]; then stamp "waiting for llama.cpp"; wait "$bpid"; fi
@@ -71,4 +75,8 @@ if [ "$stage" = bench ]; then
   timeout 240 "$lcpp/build/bin/llama-batched-bench" -m "$model" -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
       -npl 16,64 2>&1 | grep -E "^\|" | tee -a "$out/summary.md"
   stamp "done"
+fi
+if [ "$check_failed" -ne 0 ]; then
+  stamp "FAILED: the GPU tests (gpu_tests.txt)"
+  exit 1
 fi
