@@ -1,0 +1,301 @@
+// `roofline serve` as a process (the binary, its flags and environment), over HTTP: --api-key-file,
+// --alias, --chat-template / --chat-template-file / --chat-template-kwargs, --reasoning-format,
+// --no-cache-prompt, --queue-size, and llama-server's LLAMA_ARG_* environment variables (a flag on the
+// command line wins over its variable). The model is synthetic:tiny-qwen3 (ChatML, byte-level vocab).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "test_util.h"
+
+using json = nlohmann::json;
+
+namespace {
+
+// A running `roofline serve -m synthetic:tiny-qwen3:Q8_0 --host 127.0.0.1 --port 0 ARGS` with ENV added;
+// ready once /health answers 200; SIGTERM on destruction.
+class ServeProcess {
+ public:
+  ServeProcess(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+    log_path_ = roofline::test::temp_dir() + "/serve.log";
+    std::vector<std::string> argv = {roofline::test::binary_path(), "serve", "-m", "synthetic:tiny-qwen3:Q8_0", "--host", "127.0.0.1",
+                                     "--port", "0", "-t", "1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      dup2(out[1], 1);
+      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(log, 2);
+      close(out[0]);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execv(cargv[0], cargv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    // Read stdout until "listening on HOST:PORT".
+    std::string text;
+    char buf[256];
+    const std::regex re(R"(listening on [^\s:]+:(\d+))");
+    std::smatch m;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!std::regex_search(text, m, re) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+      const ssize_t n = read(out[0], buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, (size_t)n);
+    }
+    stdout_fd_ = out[0];
+    if (!std::regex_search(text, m, re)) return;
+    port_ = std::stoi(m[1]);
+    httplib::Client c("127.0.0.1", port_);
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {
+      auto r = c.Get("/health");
+      if (r && r->status == 200) {
+        ready_ = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~ServeProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      for (int i = 0; i < 200 && waitpid(pid_, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      if (waitpid(pid_, &status, WNOHANG) == 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+      }
+    }
+    if (stdout_fd_ >= 0) close(stdout_fd_);
+  }
+  bool ready() const { return ready_; }
+  std::string log() const {
+    std::ifstream in(log_path_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  httplib::Client client(const std::string& key = "") const {
+    httplib::Client c("127.0.0.1", port_);
+    if (!key.empty()) c.set_default_headers({{"Authorization", "Bearer " + key}});
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int stdout_fd_ = -1;
+  bool ready_ = false;
+  std::string log_path_;
+};
+
+json post(httplib::Client& c, const std::string& path, const json& body, int* status = nullptr) {
+  auto r = c.Post(path, body.dump(), "application/json");
+  if (!r) return json{{"no_response", true}};
+  if (status) *status = r->status;
+  return json::parse(r->body, nullptr, false);
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = roofline::test::temp_dir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+const json kHi = json::array({json{{"role", "user"}, {"content", "hi"}}});
+
+}  // namespace
+
+TEST(ServeCliTest, ApiKeyFileAndAlias) {
+  const std::string keys = write_file("keys.txt", "first-key\nsecond-key\n");
+  ServeProcess s({"--api-key-file", keys, "--alias", "my-model"});
+  ASSERT_TRUE(s.ready()) << s.log();
+  for (const char* key : {"first-key", "second-key"}) {
+    auto c = s.client(key);
+    auto r = c.Get("/v1/models");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << key;
+    EXPECT_EQ(json::parse(r->body)["data"][0]["id"], "my-model");
+    const json chat = post(c, "/v1/chat/completions", {{"messages", kHi}, {"max_tokens", 2}});
+    EXPECT_EQ(chat["model"], "my-model");
+  }
+  for (const char* key : {"", "third-key", "first-key\nsecond-key"}) {
+    auto c = s.client(key);
+    auto r = c.Get("/v1/models");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << "key '" << key << "'";
+  }
+  EXPECT_EQ(s.client().Get("/health")->status, 200) << "/health needs no key";
+}
+
+TEST(ServeCliTest, ChatTemplateFlags) {
+  const std::string tmpl =
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if greeting is defined %}[{{ greeting }}]{% endif %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}";
+  {
+    ServeProcess s({"--chat-template", tmpl});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    EXPECT_EQ(post(c, "/apply-template", {{"messages", kHi}})["prompt"], "<user>hi<assistant>");
+    EXPECT_EQ(json::parse(c.Get("/props")->body)["chat_template"], tmpl);
+    // The chat endpoint uses it too: its prompt is the tokens of the rendered text.
+    const json chat = post(c, "/v1/chat/completions", {{"messages", kHi}, {"max_tokens", 1}});
+    const json tok = post(c, "/tokenize", {{"content", "<user>hi<assistant>"}});
+    EXPECT_EQ(chat["usage"]["prompt_tokens"], tok["tokens"].size());
+  }
+  {
+    ServeProcess s({"--chat-template-file", write_file("t.jinja", tmpl), "--chat-template-kwargs", R"({"greeting":"hello"})"});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    EXPECT_EQ(post(c, "/apply-template", {{"messages", kHi}})["prompt"], "<user>hi[hello]<assistant>");
+    // A request's own kwargs win over the server's.
+    EXPECT_EQ(post(c, "/apply-template", {{"messages", kHi}, {"chat_template_kwargs", {{"greeting", "yo"}}}})["prompt"],
+              "<user>hi[yo]<assistant>");
+  }
+}
+
+// A template whose generation prompt opens a <think> block: with the default reasoning format the
+// generated text (no </think> follows from a random model) is reasoning_content; with
+// --reasoning-format none it is all content; both are the same tokens.
+TEST(ServeCliTest, ReasoningFormat) {
+  const std::string tmpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant><think>\n";
+  std::string reasoning, content;
+  {
+    ServeProcess s({"--chat-template", tmpl});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    EXPECT_EQ(json::parse(c.Get("/props")->body)["chat_template_caps"]["supports_thinking"], true);
+    const json r = post(c, "/v1/chat/completions", {{"messages", kHi}, {"max_tokens", 6}, {"temperature", 0}});
+    const json& msg = r["choices"][0]["message"];
+    ASSERT_TRUE(msg.contains("reasoning_content")) << r.dump();
+    reasoning = msg["reasoning_content"];
+    EXPECT_TRUE(msg["content"].is_null() || msg["content"] == "") << r.dump();
+  }
+  {
+    ServeProcess s({"--chat-template", tmpl, "--reasoning-format", "none"});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    EXPECT_EQ(json::parse(c.Get("/props")->body)["chat_template_caps"]["supports_thinking"], false);
+    const json r = post(c, "/v1/chat/completions", {{"messages", kHi}, {"max_tokens", 6}, {"temperature", 0}});
+    const json& msg = r["choices"][0]["message"];
+    EXPECT_FALSE(msg.contains("reasoning_content")) << r.dump();
+    content = msg["content"];
+  }
+  EXPECT_FALSE(content.empty());
+  EXPECT_EQ(reasoning, content);
+  // A bad value is refused at startup with one line.
+  const auto bad = roofline::test::run_cli({"serve", "-m", "synthetic:tiny-qwen3:Q8_0", "--port", "0", "--reasoning-format", "sometimes"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--reasoning-format 'sometimes'"), std::string::npos) << bad.err;
+}
+
+// The same 100-token prompt twice: with prompt caching the second reuses its full KV blocks (3 of 32);
+// with --no-cache-prompt it reuses nothing.
+TEST(ServeCliTest, NoCachePrompt) {
+  std::vector<int> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back(10 + (i * 7) % 200);
+  for (bool cache : {true, false}) {
+    SCOPED_TRACE(cache ? "cache" : "--no-cache-prompt");
+    std::vector<std::string> args;
+    if (!cache) args.push_back("--no-cache-prompt");
+    ServeProcess s(args);
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    const json body = {{"prompt", prompt}, {"max_tokens", 2}, {"temperature", 0}};
+    const json first = post(c, "/v1/completions", body), second = post(c, "/v1/completions", body);
+    EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], cache ? 96 : 0) << second.dump();
+    EXPECT_EQ(first["choices"][0]["text"], second["choices"][0]["text"]);
+  }
+}
+
+// One slot and --queue-size 1: while a long request runs and one waits, a third is refused with 503.
+TEST(ServeCliTest, QueueSize) {
+  ServeProcess s({"-np", "1", "--queue-size", "1", "-c", "8192", "--metrics"});
+  ASSERT_TRUE(s.ready()) << s.log();
+  std::atomic<bool> stop{false};
+  std::thread running([&] {  // streams until told to stop
+    auto c = s.client();
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{{"prompt", "a"}, {"max_tokens", 8000}, {"stream", true}, {"ignore_eos", true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return !stop.load(); };
+    c.send(req);
+  });
+  auto metric = [&](const std::string& name) {
+    auto r = s.client().Get("/metrics");
+    const std::regex re("\n" + std::regex_replace(name, std::regex(":"), "\\:") + " ([0-9.]+)");
+    std::smatch m;
+    return r && std::regex_search(r->body, m, re) ? std::stod(m[1]) : -1.0;
+  };
+  auto wait_for = [&](const std::string& name, double value) {
+    for (int i = 0; i < 500; ++i) {
+      if (metric(name) == value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for("llamacpp:requests_processing", 1)) << s.log();
+  int queued_status = 0;
+  std::thread queued([&] {
+    auto c = s.client();
+    post(c, "/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}}, &queued_status);
+  });
+  const bool deferred = wait_for("llamacpp:requests_deferred", 1);
+  int refused = 0;
+  auto c = s.client();
+  auto r = c.Post("/v1/completions", json{{"prompt", "c"}, {"max_tokens", 2}}.dump(), "application/json");
+  if (r) refused = r->status;
+  stop = true;
+  running.join();
+  queued.join();
+  EXPECT_TRUE(deferred);
+  EXPECT_EQ(refused, 503);
+  EXPECT_EQ(queued_status, 200) << "the queued request runs once the slot is free";
+}
+
+// llama-server's environment variables, and the command line over them.
+TEST(ServeCliTest, LlamaArgEnvironment) {
+  ServeProcess s({}, {{"LLAMA_ARG_ALIAS", "env-alias"},
+                      {"LLAMA_ARG_N_PARALLEL", "3"},
+                      {"LLAMA_API_KEY", "env-key"},
+                      {"LLAMA_ARG_ENDPOINT_METRICS", "1"},
+                      {"LLAMA_ARG_CTX_SIZE", "1024"},
+                      {"LLAMA_ARG_N_PREDICT", "3"}});
+  ASSERT_TRUE(s.ready()) << s.log();
+  auto c = s.client("env-key");
+  EXPECT_EQ(s.client("other").Get("/v1/models")->status, 401);
+  const json props = json::parse(c.Get("/props")->body);
+  EXPECT_EQ(props["total_slots"], 3);
+  EXPECT_EQ(props["model_alias"], "env-alias");
+  EXPECT_EQ(props["default_generation_settings"]["n_ctx"], 1024);
+  EXPECT_EQ(c.Get("/metrics")->status, 200);
+  const json r = post(c, "/v1/chat/completions", {{"messages", kHi}, {"ignore_eos", true}});
+  EXPECT_EQ(r["usage"]["completion_tokens"], 3) << "LLAMA_ARG_N_PREDICT sets the default of chat requests";
+
+  ServeProcess t({"--alias", "flag-alias", "-np", "2"}, {{"LLAMA_ARG_ALIAS", "env-alias"}, {"LLAMA_ARG_N_PARALLEL", "3"}});
+  ASSERT_TRUE(t.ready()) << t.log();
+  const json p2 = json::parse(t.client().Get("/props")->body);
+  EXPECT_EQ(p2["model_alias"], "flag-alias");
+  EXPECT_EQ(p2["total_slots"], 2);
+}
