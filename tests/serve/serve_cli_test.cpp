@@ -34,21 +34,30 @@ class ServeProcess {
     std::vector<std::string> argv = {roofline::test::binary_path(), "serve", "-m", "synthetic:tiny-qwen3:Q8_0", "--host", "127.0.0.1",
                                      "--port", "0", "-t", "1"};
     argv.insert(argv.end(), args.begin(), args.end());
+    // Everything the child needs is built before fork(): it only redirects and execs.
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      if (!env.count(kv.substr(0, kv.find('=')))) envs.push_back(kv);
+    }
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (auto& e : envs) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int out[2];
-    if (pipe(out) != 0) return;
+    if (log < 0 || pipe(out) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
-      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       dup2(out[1], 1);
-      const int log = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(log, 2);
       close(out[0]);
-      std::vector<char*> cargv;
-      for (auto& a : argv) cargv.push_back(a.data());
-      cargv.push_back(nullptr);
-      execv(cargv[0], cargv.data());
+      execve(cargv[0], cargv.data(), cenv.data());
       _exit(127);
     }
+    close(log);
     close(out[1]);
     // Read stdout until "listening on HOST:PORT".
     std::string text;
