@@ -158,7 +158,7 @@ void parse_sampling(const json& body, const ModelContext& mc, ApiRequest& r, boo
   if (const char* n = first_present(body, {"repeat_penalty", "repetition_penalty"}))
     sp.repeat_penalty = (float)get_number(body, n, 1e-6, 100.0, sp.repeat_penalty);
   sp.repeat_last_n = (int)get_int(body, "repeat_last_n", -1, INT32_MAX, sp.repeat_last_n);
-  for (const char* n : {"typical_p", "typ_p"}) (void)get_number(body, n, 0.0, 1.0, 1.0);  // accepted, not applied
+  if (const char* n = first_present(body, {"typical_p", "typ_p"})) sp.typical_p = (float)get_number(body, n, 0.0, 1.0, sp.typical_p);
   if (field(body, "seed")) {
     const int64_t seed = get_int(body, "seed", INT64_MIN, INT64_MAX, -1);
     sp.seed = seed == -1 ? 0xFFFFFFFFu : (uint64_t)seed;
@@ -369,6 +369,7 @@ ApiRequest parse_completion_request(const json& body, const ModelContext& mc, En
                                  {"temperature", sp.temperature},
                                  {"top_k", sp.top_k},
                                  {"top_p", sp.top_p},
+                                 {"typical_p", sp.typical_p},
                                  {"min_p", sp.min_p},
                                  {"repeat_penalty", sp.repeat_penalty},
                                  {"repeat_last_n", sp.repeat_last_n},

@@ -340,9 +340,9 @@ json models_body(const ModelContext& mc, long created) {
 
 json props_body(const ModelContext& mc, const SchedulerStatus& st) {
   const SamplingParams& sp = mc.default_sampling;
-  json params{{"n_predict", mc.default_n_predict}, {"temperature", sp.temperature}, {"top_k", sp.top_k},
-              {"top_p", sp.top_p},               {"min_p", sp.min_p},             {"repeat_penalty", sp.repeat_penalty},
-              {"repeat_last_n", sp.repeat_last_n}};
+  json params{{"n_predict", mc.default_n_predict}, {"temperature", sp.temperature},       {"top_k", sp.top_k},
+              {"top_p", sp.top_p},                     {"typical_p", sp.typical_p},           {"min_p", sp.min_p},
+              {"repeat_penalty", sp.repeat_penalty},   {"repeat_last_n", sp.repeat_last_n}};
   json j;
   j["default_generation_settings"] = json{{"n_ctx", mc.n_ctx}, {"params", params}};
   j["total_slots"] = st.n_slots;

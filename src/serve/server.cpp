@@ -180,6 +180,7 @@ struct Server::Impl {
   std::atomic<Scheduler*> sched{nullptr};
   std::atomic<Metrics*> metrics{nullptr};
   std::atomic<bool> shutting_down{false};
+  std::atomic<bool> listener_done{false};
   std::atomic<uint64_t> next_request{0};
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {}
@@ -484,7 +485,15 @@ int Server::bind() {
 
 void Server::start() {
   if (impl_->thread.joinable()) return;
-  impl_->thread = std::thread([this] { impl_->svr.listen_after_bind(); });
+  impl_->listener_done = false;
+  impl_->thread = std::thread([this] {
+    impl_->svr.listen_after_bind();
+    impl_->listener_done = true;
+  });
+  // httplib's stop() does nothing until the listener thread has marked itself running, so a stop()
+  // right after start() (a model that fails to load at once) would be lost and join() would wait
+  // forever in accept(). Return only once stop() is sure to reach it.
+  while (!impl_->svr.is_running() && !impl_->listener_done) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 void Server::set_ready(const ModelContext* mc, Scheduler* scheduler, Metrics* metrics) {
