@@ -149,6 +149,8 @@ int run(int argc, char** argv) {
   app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI to turn off)");
   app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
   app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
+  bool embeddings = false;
+  app.add_flag("--embedding,--embeddings", embeddings, "refused: roofline serves generation only (/v1/embeddings answers 501)");
   app.add_option("--shutdown-grace", shutdown_grace, "seconds running requests may take to finish after SIGINT/SIGTERM")
       ->capture_default_str();
   app.add_option("-n,--n-predict", n_predict, "default most tokens to generate (-1: until end of generation)")
@@ -167,6 +169,7 @@ int run(int argc, char** argv) {
 
   // Everything that can be checked without the model is checked before listening, so a bad value
   // exits at once with one line (and never leaves a server answering "Loading model").
+  if (embeddings) fail("--embeddings: roofline serves generation only (/v1/embeddings answers 501)");
   if (so.port < 0 || so.port > 65535) fail("--port {}: expected 0..65535 (0: any free port)", so.port);
   if (n_parallel == -1) n_parallel = 4;  // llama-server: -1 means auto (4 slots)
   if (n_parallel <= 0) fail("-np {}: expected at least 1 slot (or -1: auto, 4)", n_parallel);
