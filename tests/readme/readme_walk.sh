@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ctest entry (readme_walk): walks README.md as a newcomer would, on a fresh clone of this checkout
-# (its uncommitted changes to tracked files applied): every command of its ```sh blocks runs in order
+# (its uncommitted changes to tracked files applied; a plain copy where the tree is not a git clone): every command of its ```sh blocks runs in order
 # from the clone's root, stdin from /dev/null, and must exit 0 within 120 s. Lines marked
 # "# needs: ..." (a build, a GPU, a download, a server of their own) are listed and skipped; the
 # build is the binary under test, placed where the README's build puts it (build/roofline), and
@@ -11,8 +11,12 @@ bin="$(realpath "${1:?usage: readme_walk.sh ROOFLINE_BINARY}")"
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-git clone -q "$src" "$work/roofline" || { echo "readme_walk: cannot clone $src"; exit 1; }
-git -C "$src" diff HEAD --binary | git -C "$work/roofline" apply --allow-empty - || { echo "readme_walk: cannot apply local changes"; exit 1; }
+if git -C "$src" rev-parse --git-dir > /dev/null 2>&1; then
+  git clone -q "$src" "$work/roofline" || { echo "readme_walk: cannot clone $src"; exit 1; }
+  git -C "$src" diff HEAD --binary | git -C "$work/roofline" apply --allow-empty - || { echo "readme_walk: cannot apply local changes"; exit 1; }
+else  # a source tree without git: a copy of it, build folders left out
+  mkdir "$work/roofline" && tar -C "$src" --exclude='./build*' -cf - . | tar -C "$work/roofline" -xf -
+fi
 [ -d "$src/../shared" ] && ln -s "$(realpath "$src/../shared")" "$work/shared"
 cd "$work/roofline"
 mkdir -p build
