@@ -118,8 +118,8 @@ int run(int argc, char** argv) {
   int64_t seed = -1;
   double body_mib = 16;
   app.add_option("--host", so.host, "address to listen on")->capture_default_str()->envname("LLAMA_ARG_HOST");
-  app.add_option("--port", so.port, "port to listen on (0: any free port)")->capture_default_str()->envname("LLAMA_ARG_PORT");
-  app.add_option("--parallel", n_parallel, "parallel slots (-np)")->capture_default_str()->envname("LLAMA_ARG_N_PARALLEL");
+  app.add_option("--port", so.port, "port to listen on, 0..65535 (0: any free port)")->capture_default_str()->envname("LLAMA_ARG_PORT");
+  app.add_option("--parallel", n_parallel, "parallel slots (-np; -1: auto, 4)")->capture_default_str()->envname("LLAMA_ARG_N_PARALLEL");
   app.add_option("--queue-size", queue_size, "requests that may wait for a slot (default 4 x slots); beyond: 503")
       ->envname("LLAMA_ARG_QUEUE_SIZE");
   app.add_option("--api-key", api_key, "API key(s), comma-separated; clients send Authorization: Bearer KEY")->envname("LLAMA_API_KEY");
