@@ -35,10 +35,11 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
   for (const std::string& item : split_list(s)) {
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end || v < 0 || v > (1 << 24)) fail("bad {} value '{}' (a comma-separated list of numbers)", what, item);
+    if (item.empty() || *end) usage_fail("{} '{}': expected a comma-separated list of numbers", what, s);
+    if (v < 0 || v > (1 << 24)) fail("{} {}: out of range (0..{})", what, item, 1 << 24);
     out.push_back((int)v);
   }
-  if (out.empty()) fail("{} needs at least one value", what);
+  if (out.empty()) usage_fail("{} needs at least one value", what);
   return out;
 }
 
@@ -103,7 +104,10 @@ int run(int argc, char** argv) {
   app.add_option("--ubatch-size", ubatch_list, "micro-batch sizes (-ub; a step is min(b, ub) tokens)");
   app.add_option("--cache-type-k", ctk, "K cache types (-ctk)")->capture_default_str();
   app.add_option("--cache-type-v", ctv, "V cache types (-ctv)")->capture_default_str();
-  app.add_option("--n-gpu-layers", ngl, "units on the GPU (-ngl): numbers, auto or all")->capture_default_str();
+  auto* ngl_opt = app.add_option("--n-gpu-layers", ngl,
+                                 "units on the GPU (-ngl): numbers, auto or all; the default 99 offloads every unit (as "
+                                 "llama-bench's), or runs on the CPU (ngl 0) where there is no GPU")
+                      ->capture_default_str();
   std::string split_mode = "layer", tensor_split, vram_limit;
   app.add_option("--split-mode", split_mode, "several GPUs: none, layer or row (-sm)")->capture_default_str();
   app.add_option("--tensor-split", tensor_split, "share of the offloaded layers per GPU, e.g. 1,1 (-ts)");
@@ -128,10 +132,12 @@ int run(int argc, char** argv) {
   std::vector<std::pair<int, int>> pg_tests;
   if (!pg.empty()) {
     const auto v = parse_int_list(pg, "-pg");
-    if (v.size() != 2) fail("-pg expects pp,tg");
+    if (v.size() != 2) usage_fail("-pg expects pp,tg");
     pg_tests.push_back({v[0], v[1]});
   }
   const std::vector<int> t_list = threads_list.empty() ? std::vector<int>{ThreadPool::default_thread_count()} : parse_int_list(threads_list, "-t");
+  // Without a GPU the default means the CPU (no warning); an -ngl given on such a machine is warned about.
+  if (ngl_opt->count() == 0 && gpu_devices().empty()) ngl = "0";
   const auto ngl_list = split_list(ngl);
 
   const bool use_gpu = !gpu_devices().empty() && std::any_of(ngl_list.begin(), ngl_list.end(), [](const std::string& s) { return s != "0"; });

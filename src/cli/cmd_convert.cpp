@@ -26,11 +26,7 @@ int run(int argc, char** argv) {
   app.add_flag("--no-mtp,--no-nextn", opt.no_mtp, "Qwen3.5: leave out the MTP (NextN) block, as llama.cpp's --no-mtp");
   bool quiet = false;
   app.add_flag("--no-progress", quiet, "no progress line");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   opt.progress = !quiet;
   const auto t0 = std::chrono::steady_clock::now();
   const convert::ConvertResult r = convert::convert_model(opt);

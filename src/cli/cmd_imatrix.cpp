@@ -53,12 +53,12 @@ int run(int argc, char** argv) {
     log_info("merged {}", f);
   }
   if (text_file.empty()) {
-    if (in_files.empty()) fail("give a calibration text (-f FILE) or imatrix files to merge (--in-file)");
+    if (in_files.empty()) usage_fail("give a calibration text (-f FILE) or imatrix files to merge (--in-file)");
     imatrix.save(out, fmt_out);
     log_info("wrote {} ({} entries, {} chunks)", out, imatrix.entries().size(), imatrix.chunk_count());
     return 0;
   }
-  if (margs.model.empty()) fail("-m MODEL is required with -f");
+  if (margs.model.empty()) usage_fail("-m MODEL is required with -f");
   const std::string text = read_text(text_file);
 
   auto model = load_model(margs);

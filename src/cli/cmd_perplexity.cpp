@@ -45,8 +45,8 @@ int run(int argc, char** argv) {
   app.add_option("--kl-divergence-base", kld_file, "base log-probabilities: written here, or read with --kl-divergence");
   app.add_flag("--kl-divergence", kl_divergence, "compare against --kl-divergence-base instead of writing it");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
-  if (kl_divergence && kld_file.empty()) fail("--kl-divergence needs --kl-divergence-base FILE (written by a run without --kl-divergence)");
-  if (!kl_divergence && text_file.empty()) fail("give the text to evaluate with -f FILE");
+  if (kl_divergence && kld_file.empty()) usage_fail("--kl-divergence needs --kl-divergence-base FILE (written by a run without --kl-divergence)");
+  if (!kl_divergence && text_file.empty()) usage_fail("give the text to evaluate with -f FILE");
 
   auto model = load_model(margs);
   auto tokenizer = load_tokenizer(*model);

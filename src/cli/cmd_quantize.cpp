@@ -74,12 +74,12 @@ int run(int argc, char** argv) {
   // left out (IN's folder/ggml-model-TYPE.gguf).
   std::string in_path = positional[0], out_path, type_name;
   size_t next = 1;
-  if (positional.size() < 2) fail("usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS]");
+  if (positional.size() < 2) usage_fail("usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS]");
   if (parse_mix(positional[1])) {
     type_name = positional[next++];
   } else {
     out_path = positional[next++];
-    if (next >= positional.size()) fail("no quantization type given (one of: {})", mix_names());
+    if (next >= positional.size()) usage_fail("no quantization type given (one of: {})", mix_names());
     type_name = positional[next++];
   }
   if (next < positional.size()) {
@@ -89,7 +89,7 @@ int run(int argc, char** argv) {
     threads = (int)n;
     ++next;
   }
-  if (next < positional.size()) fail("unexpected argument '{}' (usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS])", positional[next]);
+  if (next < positional.size()) usage_fail("unexpected argument '{}' (usage: roofline quantize IN.gguf [OUT.gguf] TYPE [NTHREADS])", positional[next]);
   const QuantMix* mix = parse_mix(type_name);
   if (!mix) fail("unknown quantization type '{}' (one of: {})", type_name, mix_names());
   if (out_path.empty()) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -24,10 +25,11 @@ namespace {
 
 using serve::json;
 
-int g_signal_pipe[2] = {-1, -1};  // the signal handler's only way out (async-signal-safe)
+int g_signal_pipe[2] = {-1, -1};  // the signal handler's only way out (async-signal-safe): the signal number
+int g_loaded_pipe[2] = {-1, -1};  // the loader thread's "done" (loaded or failed)
 
-void on_signal(int) {
-  const char c = 1;
+void on_signal(int sig) {
+  const char c = (char)sig;
   const ssize_t n = write(g_signal_pipe[1], &c, 1);
   (void)n;
 }
@@ -46,9 +48,25 @@ bool wait_signal(int timeout_ms) {
   }
 }
 
-std::string read_text_file(const std::string& path) {
+// Waits for the loader thread or a signal, whichever comes first: the signal's number, or 0 when the
+// loader is done.
+int wait_signal_or_loaded() {
+  pollfd p[2] = {{g_signal_pipe[0], POLLIN, 0}, {g_loaded_pipe[0], POLLIN, 0}};
+  for (;;) {
+    const int r = poll(p, 2, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (p[0].revents & POLLIN) {
+      char c = 0;
+      const ssize_t n = read(g_signal_pipe[0], &c, 1);
+      return n == 1 && c > 0 ? (int)c : SIGTERM;
+    }
+    if (p[1].revents & POLLIN) return 0;
+  }
+}
+
+std::string read_text_file(const std::string& path, const char* flag) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
+  if (!f) fail("{} {}: cannot open ({})", flag, path, std::strerror(errno));
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -65,11 +83,6 @@ std::vector<std::string> split_keys(const std::string& s) {
   }
   return out;
 }
-
-// A ChatML template for models that carry none (llama-server falls back to chatml too).
-const char* kChatMlTemplate =
-    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
 // llama.cpp's `-fa` and `-cb` may stand alone or take on/off/auto: give the bare form a value.
 std::vector<std::string> fill_optional_values(std::vector<std::string> args) {
@@ -105,8 +118,8 @@ int run(int argc, char** argv) {
   int64_t seed = -1;
   double body_mib = 16;
   app.add_option("--host", so.host, "address to listen on")->capture_default_str()->envname("LLAMA_ARG_HOST");
-  app.add_option("--port", so.port, "port to listen on (0: any free port)")->capture_default_str()->envname("LLAMA_ARG_PORT");
-  app.add_option("--parallel", n_parallel, "parallel slots (-np)")->capture_default_str()->envname("LLAMA_ARG_N_PARALLEL");
+  app.add_option("--port", so.port, "port to listen on, 0..65535 (0: any free port)")->capture_default_str()->envname("LLAMA_ARG_PORT");
+  app.add_option("--parallel", n_parallel, "parallel slots (-np; -1: auto, 4)")->capture_default_str()->envname("LLAMA_ARG_N_PARALLEL");
   app.add_option("--queue-size", queue_size, "requests that may wait for a slot (default 4 x slots); beyond: 503")
       ->envname("LLAMA_ARG_QUEUE_SIZE");
   app.add_option("--api-key", api_key, "API key(s), comma-separated; clients send Authorization: Bearer KEY")->envname("LLAMA_API_KEY");
@@ -133,9 +146,11 @@ int run(int argc, char** argv) {
   app.add_option("--cont-batching", cont_batching, "continuous batching is always on (-cb)")->envname("LLAMA_ARG_CONT_BATCHING");
   app.add_flag("--no-cont-batching", [](int64_t) {}, "ignored: continuous batching is always on");
   app.add_flag("--jinja,!--no-jinja", jinja, "Jinja chat templates (always on)");
-  app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI)");
+  app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI to turn off)");
   app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
   app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
+  bool embeddings = false;
+  app.add_flag("--embedding,--embeddings", embeddings, "refused: roofline serves generation only (/v1/embeddings answers 501)");
   app.add_option("--shutdown-grace", shutdown_grace, "seconds running requests may take to finish after SIGINT/SIGTERM")
       ->capture_default_str();
   app.add_option("-n,--n-predict", n_predict, "default most tokens to generate (-1: until end of generation)")
@@ -144,25 +159,48 @@ int run(int argc, char** argv) {
   app.add_option("--top-k", sp.top_k, "default top-k (0: off)")->capture_default_str();
   app.add_option("--top-p", sp.top_p, "default top-p")->capture_default_str();
   app.add_option("--min-p", sp.min_p, "default min-p")->capture_default_str();
+  app.add_option("--typical", sp.typical_p, "default locally typical sampling p (1: off)")->capture_default_str();
   app.add_option("--repeat-penalty", sp.repeat_penalty, "default repetition penalty")->capture_default_str();
   app.add_option("--repeat-last-n", sp.repeat_last_n, "default penalty window")->capture_default_str();
   app.add_option("--presence-penalty", sp.presence_penalty, "default presence penalty")->capture_default_str();
   app.add_option("--frequency-penalty", sp.frequency_penalty, "default frequency penalty")->capture_default_str();
   app.add_option("-s,--seed", seed, "default seed (-1: random)")->capture_default_str();
   if (int rc = parse_args(app, fill_optional_values(normalize_llama_flags(argc, argv))); rc >= 0) return rc;
-  (void)ubatch;
-  (void)jinja;
-  (void)no_webui;
-  (void)kv_unified;
-  if (n_parallel <= 0) n_parallel = 4;  // llama-server: -1 means auto (4)
+
+  // Everything that can be checked without the model is checked before listening, so a bad value
+  // exits at once with one line (and never leaves a server answering "Loading model").
+  if (embeddings) fail("--embeddings: roofline serves generation only (/v1/embeddings answers 501)");
+  if (so.port < 0 || so.port > 65535) fail("--port {}: expected 0..65535 (0: any free port)", so.port);
+  if (n_parallel == -1) n_parallel = 4;  // llama-server: -1 means auto (4 slots)
+  if (n_parallel <= 0) fail("-np {}: expected at least 1 slot (or -1: auto, 4)", n_parallel);
   if (queue_size < 0) queue_size = 4 * n_parallel;
+  if (so.timeout_s <= 0) fail("--timeout {}: expected at least 1 second", so.timeout_s);
+  if (so.threads_http < 0) fail("--threads-http {}: expected 0 (auto) or more", so.threads_http);
+  if (!(body_mib > 0)) fail("--max-body-size {}: expected a positive size in MiB", body_mib);
+  if (n_predict < -2) fail("-n {}: expected a count, -1 (until the end of generation) or -2 (until the context is full)", n_predict);
   if (seed != -1) sp.seed = (uint64_t)seed;
+  check_sampling(sp);
+  (void)engine_options(margs);  // -c, -b, -ctk/-ctv, -ngl, -sm, -ts, --vram-limit
+  // llama-server flags roofline takes but that change nothing here: one line naming them.
+  std::vector<std::string> ignored;
+  auto is_off = [](const std::string& v) { return v == "off" || v == "0" || v == "false" || v == "disabled"; };
+  if (app.count("--flash-attn") && is_off(flash_attn)) ignored.push_back("-fa " + flash_attn + " (attention is always the fused kernel)");
+  if (app.count("--ubatch-size")) ignored.push_back(fmt::format("-ub {} (steps are sized by -b)", ubatch));
+  if ((app.count("--cont-batching") && is_off(cont_batching)) || app.count("--no-cont-batching"))
+    ignored.push_back("--no-cont-batching (continuous batching is always on)");
+  if (!jinja) ignored.push_back("--no-jinja (chat templates are always Jinja)");
+  if (!kv_unified) ignored.push_back("--no-kv-unified (one KV pool serves every slot)");
+  if (!ignored.empty()) {
+    std::string list;
+    for (const std::string& i : ignored) list += (list.empty() ? "" : ", ") + i;
+    log_warn("ignored (llama-server flags without effect in roofline): {}", list);
+  }
   so.n_slots = n_parallel;
   so.queue_size = queue_size;
   so.max_body_bytes = (size_t)(std::max(0.001, body_mib) * 1048576.0);
   so.api_keys = split_keys(api_key);
   if (!api_key_file.empty()) {
-    std::stringstream ss(read_text_file(api_key_file));
+    std::stringstream ss(read_text_file(api_key_file, "--api-key-file"));
     std::string line;
     while (std::getline(ss, line))
       for (auto& k : split_keys(line)) so.api_keys.push_back(k);
@@ -178,8 +216,19 @@ int run(int argc, char** argv) {
     }
     if (!kwargs.is_object()) fail("--chat-template-kwargs must be a JSON object");
   }
+  // A template given on the command line is read and parsed now; the model's own once it is loaded.
+  std::string template_override;
+  if (!template_file.empty()) template_override = read_text_file(template_file, "--chat-template-file");
+  else if (!template_text.empty()) template_override = template_text;
+  if (!template_override.empty()) {
+    try {
+      ChatTemplate check(template_override);
+    } catch (const Error& e) {
+      fail("{}: {}", template_file.empty() ? "--chat-template" : "--chat-template-file " + template_file, e.what());
+    }
+  }
 
-  if (pipe(g_signal_pipe) != 0) fail("cannot create the signal pipe");
+  if (pipe(g_signal_pipe) != 0 || pipe(g_loaded_pipe) != 0) fail("cannot create the signal pipes");
   std::signal(SIGPIPE, SIG_IGN);
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -195,52 +244,66 @@ int run(int argc, char** argv) {
   std::fprintf(stdout, "roofline serve: listening on %s:%d\n", so.host.c_str(), port);
   std::fflush(stdout);
 
-  // Load the model while /health says 503.
+  // Load the model on a thread while /health says 503; this thread waits for it or for a signal.
   std::shared_ptr<const Model> model;
   std::unique_ptr<Engine> engine;
   auto mc = std::make_unique<serve::ModelContext>();
-  try {
-    model = load_model(margs);
-    const HParams& hp = model->hparams();
-    if (margs.n_ctx == 0) {
-      margs.n_ctx = std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 16384);
-    } else if (hp.n_ctx_train > 0 && margs.n_ctx > hp.n_ctx_train) {
-      log_warn("-c {} is more than the model's trained context {}; using {}", margs.n_ctx, hp.n_ctx_train, hp.n_ctx_train);
-      margs.n_ctx = hp.n_ctx_train;
+  std::exception_ptr load_error;
+  std::thread loader([&] {
+    try {
+      model = load_model(margs);
+      const HParams& hp = model->hparams();
+      fit_context(margs, hp, 16384);
+      // Models with recurrent layers: a state per slot, and for prompt caching twice as many snapshots
+      // (one each running slot takes at block boundaries, as many again kept for later prompts).
+      margs.n_seq_max = n_parallel;
+      margs.n_state_snapshots = no_prompt_cache ? 0 : 2 * n_parallel;
+      engine = create_engine(model, margs);
+      for (const std::string& line : engine->report()) log_info("{}", line);
+      mc->tokenizer = load_tokenizer(*model);
+      std::string source = template_override.empty() ? chat_template_from_metadata(model->metadata()) : template_override;
+      if (source.empty()) {
+        log_warn("the model has no chat template; using ChatML");
+        source = kChatMlTemplate;
+      }
+      try {
+        mc->chat_template = std::make_unique<ChatTemplate>(source);
+      } catch (const Error& e) {
+        fail("the model's chat template: {} (give another with --chat-template-file)", e.what());
+      }
+      mc->chat_template_source = source;
+      mc->thinking_template = reasoning_format != "none" && source.find("<think>") != std::string::npos;
+      mc->default_template_kwargs = kwargs;
+      mc->model_path = margs.model;
+      mc->model_id = alias.empty() ? margs.model : alias;
+      mc->n_ctx = engine->options().n_ctx;
+      mc->n_ctx_train = hp.n_ctx_train;
+      mc->n_vocab = hp.n_vocab;
+      mc->n_embd = hp.n_embd;
+      mc->n_params = model->n_params();
+      mc->size_bytes = model->file().file_size();
+      mc->n_slots = n_parallel;
+      mc->default_sampling = sp;
+      mc->default_n_predict = n_predict;
+    } catch (...) {
+      load_error = std::current_exception();
     }
-    // Models with recurrent layers: a state per slot, and for prompt caching twice as many snapshots
-    // (one each running slot takes at block boundaries, as many again kept for later prompts).
-    margs.n_seq_max = n_parallel;
-    margs.n_state_snapshots = no_prompt_cache ? 0 : 2 * n_parallel;
-    engine = create_engine(model, margs);
-    for (const std::string& line : engine->report()) log_info("{}", line);
-    mc->tokenizer = load_tokenizer(*model);
-    std::string source = chat_template_from_metadata(model->metadata());
-    if (!template_file.empty()) source = read_text_file(template_file);
-    else if (!template_text.empty()) source = template_text;
-    if (source.empty()) {
-      log_warn("the model has no chat template; using ChatML");
-      source = kChatMlTemplate;
-    }
-    mc->chat_template = std::make_unique<ChatTemplate>(source);
-    mc->chat_template_source = source;
-    mc->thinking_template = reasoning_format != "none" && source.find("<think>") != std::string::npos;
-    mc->default_template_kwargs = kwargs;
-    mc->model_path = margs.model;
-    mc->model_id = alias.empty() ? margs.model : alias;
-    mc->n_ctx = engine->options().n_ctx;
-    mc->n_ctx_train = hp.n_ctx_train;
-    mc->n_vocab = hp.n_vocab;
-    mc->n_embd = hp.n_embd;
-    mc->n_params = model->n_params();
-    mc->size_bytes = model->file().file_size();
-    mc->n_slots = n_parallel;
-    mc->default_sampling = sp;
-    mc->default_n_predict = n_predict;
-  } catch (const std::exception& e) {
-    log_error("cannot load the model: {}", e.what());
+    const char c = 1;
+    const ssize_t n = write(g_loaded_pipe[1], &c, 1);
+    (void)n;
+  });
+  if (const int sig = wait_signal_or_loaded(); sig > 0) {
+    // The load cannot be interrupted half-way; the process ends now, by the signal, as it asked.
+    log_info("{} while loading the model: exiting", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    std::fflush(stdout);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    std::_Exit(128 + sig);
+  }
+  loader.join();
+  if (load_error) {
     server.stop();
-    return 1;
+    std::rethrow_exception(load_error);  // "error: ..." and exit status 1 (run_guarded)
   }
 
   serve::EngineRunner runner(*engine);

@@ -22,11 +22,7 @@ int run(int argc, char** argv) {
   app.add_option("--seed", seed, "random seed (default 1, or the spec's)");
   app.add_option("-t,--threads", threads, "threads (default: all cores)");
   app.add_flag("--list", list, "list the known shapes and mixes");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   if (list) {
     std::printf("shapes:\n");
     for (const ModelShape& s : model_shapes())
@@ -38,10 +34,8 @@ int run(int argc, char** argv) {
     std::printf("\n");
     return 0;
   }
-  if (spec_text.empty() || output.empty()) {
-    std::fprintf(stderr, "error: usage: roofline synth SHAPE:MIX -o FILE.gguf (roofline synth --list shows shapes and mixes)\n");
-    return 1;
-  }
+  if (spec_text.empty() || output.empty())
+    usage_fail("usage: roofline synth SHAPE:MIX -o FILE.gguf (roofline synth --list shows shapes and mixes)");
   SyntheticSpec spec = parse_synthetic_spec(spec_text);
   if (seed) spec.seed = seed;
   spec.tokenizer_path = tokenizer;

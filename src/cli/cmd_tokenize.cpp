@@ -33,7 +33,7 @@ int run(int argc, char** argv) {
   app.add_flag("--no-parse-special", no_parse_special, "treat special-token text as plain text");
   app.add_flag("--add-special", add_special, "add BOS/EOS as the vocabulary says");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
-  if (p->count() == 0 && f->count() == 0) fail("give the text with -p TEXT or -f FILE");
+  if (p->count() == 0 && f->count() == 0) usage_fail("give the text with -p TEXT or -f FILE");
   if (f->count()) {
     std::ifstream in(file, std::ios::binary);
     if (!in) fail("{}: cannot open", file);

@@ -17,14 +17,14 @@ std::vector<Command>& command_registry() {
 
 namespace {
 
-void print_help() {
+void print_help(FILE* out) {
   auto commands = command_registry();
   std::sort(commands.begin(), commands.end(), [](const Command& a, const Command& b) { return a.order < b.order; });
-  std::printf("roofline %s: run large language models at the memory-bandwidth limit\n\n", ROOFLINE_VERSION);
-  std::printf("usage: roofline <command> [options]   (roofline <command> --help for its options)\n\ncommands:\n");
-  for (const Command& c : commands) std::printf("  %-12s %s\n", c.name.c_str(), c.summary.c_str());
-  std::printf("\nModels: -m FILE.gguf, or -m synthetic:SHAPE:MIX for a random model of a known shape\n");
-  std::printf("(roofline synth --list shows the shapes and mixes).\n");
+  std::fprintf(out, "roofline %s: run large language models at the memory-bandwidth limit\n\n", ROOFLINE_VERSION);
+  std::fprintf(out, "usage: roofline <command> [options]   (roofline <command> --help for its options)\n\ncommands:\n");
+  for (const Command& c : commands) std::fprintf(out, "  %-12s %s\n", c.name.c_str(), c.summary.c_str());
+  std::fprintf(out, "\nModels: -m FILE.gguf, or -m synthetic:SHAPE:MIX for a random model of a known shape\n");
+  std::fprintf(out, "(roofline synth --list shows the shapes and mixes).\n\n%s\n", kExitStatusHelp);
 }
 
 }  // namespace
@@ -33,8 +33,8 @@ void print_help() {
 int main(int argc, char** argv) {
   using namespace roofline::cli;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
-    print_help();
-    return argc < 2 ? 1 : 0;
+    print_help(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;  // no command at all is a usage error
   }
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
     std::printf("roofline %s (commit %s)\n%s\n", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT, roofline::gpu_build_info().c_str());

@@ -1,9 +1,19 @@
-// Shared model options: flag definitions and loading.
+// Shared model options: flag definitions, parsing (llama.cpp's habits, one exit-status rule), checks
+// of the values before anything is loaded, and loading.
 #include "cli/model_options.h"
 
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "backend/gpu.h"
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/placement.h"
+#include "engine/roofline_model.h"
 #include "model/model_file.h"
 
 namespace roofline::cli {
@@ -35,8 +45,8 @@ void apply_split_options(EngineOptions& o, const std::string& split_mode, const 
                          const std::string& vram_limit) {
   if (split_mode == "none") o.split_mode = EngineOptions::SplitMode::None;
   else if (split_mode == "layer") o.split_mode = EngineOptions::SplitMode::Layer;
-  else if (split_mode == "row") o.split_mode = EngineOptions::SplitMode::Row;
-  else fail("-sm '{}': expected none, layer or row", split_mode);
+  else if (split_mode == "row") fail("-sm row (tensor parallel) is not available; use -sm layer (each GPU holds a range of layers)");
+  else fail("-sm '{}': expected none or layer (row is not available)", split_mode);
   o.tensor_split = parse_proportions(tensor_split, "-ts");
   if (!vram_limit.empty()) {
     o.vram_limit_gib.clear();
@@ -49,22 +59,65 @@ int parse_gpu_layers(const std::string& text) {
   if (text == "all") return EngineOptions::kGpuLayersAll;
   char* end = nullptr;
   const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end || v < 0 || v > 100000) fail("-ngl '{}': expected a number, auto or all", text);
+  if (text.empty() || *end) usage_fail("-ngl '{}': expected a number, auto or all", text);
+  if (v == -1) return EngineOptions::kGpuLayersAuto;  // llama.cpp's default value
+  if (v < 0 || v > 100000) fail("-ngl {}: expected 0..100000, auto or all", text);
   return (int)v;
 }
 
-int parse_args(CLI::App& app, int argc, char** argv) { return parse_args(app, normalize_llama_flags(argc, argv)); }
-
-int parse_args(CLI::App& app, const std::vector<std::string>& args) {
-  std::vector<const char*> cargs;
-  for (auto& s : args) cargs.push_back(s.c_str());
-  try {
-    app.parse((int)cargs.size(), cargs.data());
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+int resolve_threads(int n_threads) {
+  const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+  if (n_threads <= 0) return 0;  // every core
+  if (n_threads > cores) {
+    log_warn("-t {} is more than the {} cores of this machine; using {}", n_threads, cores, cores);
+    return cores;
   }
-  return -1;
+  return n_threads;
 }
+
+EngineOptions engine_options(const ModelArgs& a) {
+  EngineOptions o;
+  if (a.n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's)", a.n_ctx);
+  if (a.n_batch <= 0) fail("-b {}: the batch size must be at least 1", a.n_batch);
+  o.n_ctx = a.n_ctx;
+  o.n_threads = a.n_threads;
+  o.n_batch = a.n_batch;
+  o.type_k = parse_cache_type(a.cache_type_k);
+  o.type_v = parse_cache_type(a.cache_type_v);
+  o.n_gpu_layers = parse_gpu_layers(a.n_gpu_layers);
+  if (a.main_gpu < 0) fail("-mg {}: expected a GPU index (0, 1, ...)", a.main_gpu);
+  o.main_gpu = a.main_gpu;
+  o.n_seq_max = a.n_seq_max;
+  o.n_state_snapshots = a.n_state_snapshots;
+  apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
+  return o;
+}
+
+void fit_context(ModelArgs& a, const HParams& hp, int default_cap) {
+  if (a.n_ctx == 0) {
+    a.n_ctx = std::min(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, default_cap);
+  } else if (hp.n_ctx_train > 0 && a.n_ctx > hp.n_ctx_train) {
+    log_warn("-c {} is more than the model's trained context {}; using {}", a.n_ctx, hp.n_ctx_train, hp.n_ctx_train);
+    a.n_ctx = hp.n_ctx_train;
+  }
+}
+
+void check_sampling(const SamplingParams& sp) {
+  if (!std::isfinite(sp.temperature)) fail("--temp {}: expected a number (0 or below: greedy)", sp.temperature);
+  if (sp.top_k < 0) fail("--top-k {}: expected 0 (off) or a positive count", sp.top_k);
+  if (!(sp.top_p >= 0 && sp.top_p <= 1)) fail("--top-p {}: expected 0..1 (1: off)", sp.top_p);
+  if (!(sp.min_p >= 0 && sp.min_p <= 1)) fail("--min-p {}: expected 0..1 (0: off)", sp.min_p);
+  if (!(sp.typical_p >= 0 && sp.typical_p <= 1)) fail("--typical {}: expected 0..1 (1: off)", sp.typical_p);
+  if (!(sp.repeat_penalty > 0) || !std::isfinite(sp.repeat_penalty))
+    fail("--repeat-penalty {}: expected a positive number (1: off)", sp.repeat_penalty);
+  if (sp.repeat_last_n < -1) fail("--repeat-last-n {}: expected -1 (the whole context), 0 (off) or a count", sp.repeat_last_n);
+  if (!std::isfinite(sp.presence_penalty)) fail("--presence-penalty {}: expected a number", sp.presence_penalty);
+  if (!std::isfinite(sp.frequency_penalty)) fail("--frequency-penalty {}: expected a number", sp.frequency_penalty);
+}
+
+const char* const kChatMlTemplate =
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
 DType parse_cache_type(const std::string& name) {
   auto t = dtype_from_name(name);
@@ -81,18 +134,30 @@ std::shared_ptr<const Model> load_model(const ModelArgs& a) {
 }
 
 std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const ModelArgs& a) {
-  EngineOptions o;
-  o.n_ctx = a.n_ctx;
-  o.n_threads = a.n_threads;
-  o.n_batch = a.n_batch;
-  o.type_k = parse_cache_type(a.cache_type_k);
-  o.type_v = parse_cache_type(a.cache_type_v);
-  o.n_gpu_layers = parse_gpu_layers(a.n_gpu_layers);
-  o.main_gpu = a.main_gpu;
-  o.n_seq_max = a.n_seq_max;
-  o.n_state_snapshots = a.n_state_snapshots;
-  apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
-  return Engine::create(std::move(model), o);
+  EngineOptions o = engine_options(a);
+  o.n_threads = resolve_threads(a.n_threads);
+  // The KV cache of the whole context, wherever it goes, must fit the machine's memory at least: a
+  // context far beyond it is refused with the size it needs, not an allocator's message.
+  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(model->hparams().n_ctx_train, 4096);
+  const double per_pos = kv_bytes_per_position(*model, o.type_k, o.type_v);
+  const double need = per_pos * n_ctx;
+  double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (o.n_gpu_layers != 0)
+    for (const GpuInfo& g : gpu_devices()) memory += (double)g.total_bytes;
+  auto too_big = [&] {
+    fail("-c {} needs {:.1f} GiB of KV cache ({:.1f} KiB per position with K {} and V {}), more than this machine's {:.1f} GiB "
+         "of memory; lower -c, or use -ctk/-ctv q8_0",
+         n_ctx, need / 1073741824.0, per_pos / 1024.0, a.cache_type_k, a.cache_type_v, memory / 1073741824.0);
+  };
+  if (memory > 0 && need > memory) too_big();
+  try {
+    return Engine::create(std::move(model), o);
+  } catch (const std::bad_alloc&) {
+    fail("out of memory creating the engine (-c {}: {:.2f} GiB of KV cache, {:.1f} KiB per position); lower -c or -ngl",
+         n_ctx, need / 1073741824.0, per_pos / 1024.0);
+  } catch (const std::length_error&) {
+    too_big();
+  }
 }
 
 std::shared_ptr<const Tokenizer> load_tokenizer(const Model& model) { return Tokenizer::from_metadata(model.metadata()); }

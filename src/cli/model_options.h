@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "cli/command.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -32,9 +34,21 @@ struct ModelArgs {
   int n_state_snapshots = 0;
 };
 
-// -sm/-ts/--vram-limit into engine options (Error on bad values).
+// -sm/-ts/--vram-limit into engine options (Error on bad values; -sm row is refused on every machine).
 void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
                          const std::string& vram_limit);
+
+// The engine options the flags ask for, every value checked (Error naming the flag otherwise): what
+// commands call before loading a model, so a bad value fails at once.
+EngineOptions engine_options(const ModelArgs& args);
+
+// -t as llama.cpp takes it: 0 or negative means every core; more threads than cores are capped (a
+// warning says so), since the thread pool's workers spin and oversubscription only slows them.
+int resolve_threads(int n_threads);
+
+// The context for a model (run, chat, serve): 0 takes the trained context capped at `default_cap`;
+// more than the trained context is capped to it with a warning, as llama-server does.
+void fit_context(ModelArgs& args, const HParams& hp, int default_cap);
 
 // "auto" -> kGpuLayersAuto, "all" -> kGpuLayersAll, else a non-negative number (Error otherwise).
 int parse_gpu_layers(const std::string& text);
@@ -44,13 +58,16 @@ int parse_gpu_layers(const std::string& text);
 // --vram-limit.
 void add_model_options(CLI::App& app, ModelArgs& args, bool model_required = true);
 
-// Parses argv with llama.cpp's single-dash spellings allowed; returns -1 to continue, else an exit code.
-int parse_args(CLI::App& app, int argc, char** argv);
-// The same for an argv already normalized (program name first), e.g. after a command's own rewriting.
-int parse_args(CLI::App& app, const std::vector<std::string>& args);
+// Sampling flags checked against llama.cpp's conventions (--top-k 0 is off, --top-p 1 is off, --temp
+// 0 or below is greedy): a value outside them is an Error naming the flag.
+void check_sampling(const SamplingParams& sp);
+
+// A ChatML template for models that carry none (llama-server falls back to ChatML too).
+extern const char* const kChatMlTemplate;
 
 DType parse_cache_type(const std::string& name);  // f32|f16|bf16|q8_0|q4_0, else Error
 std::shared_ptr<const Model> load_model(const ModelArgs& args);
+// The engine for `model`; a KV cache larger than the machine's memory is refused with the size it needs.
 std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const ModelArgs& args);
 std::shared_ptr<const Tokenizer> load_tokenizer(const Model& model);
 

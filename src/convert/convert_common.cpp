@@ -227,8 +227,22 @@ ConvertResult convert_model(const ConvertOptions& options) {
   if (options.source.empty()) fail("convert: no source given");
   if (options.output.empty()) fail("convert: no output given (-o OUT.gguf)");
   namespace fs = std::filesystem;
+  // The output's folder is checked first: a typo there should not cost a whole conversion.
+  std::error_code ec;
+  const fs::path out_dir = fs::absolute(fs::path(options.output), ec).parent_path();
+  if (!fs::is_directory(out_dir, ec)) fail("-o {}: the folder {} does not exist", options.output, out_dir.string());
+  if (access(out_dir.c_str(), W_OK) != 0) fail("-o {}: the folder {} is not writable", options.output, out_dir.string());
+  if (fs::is_directory(options.output, ec)) fail("-o {}: is a folder; give the output file's name", options.output);
   if (fs::is_directory(options.source)) return convert_hf(options);
   if (!fs::exists(options.source)) fail("{}: no such file or folder", options.source);
+  {  // A GGUF file needs no conversion (llama2.c checkpoints start with their header, never "GGUF").
+    std::ifstream f(options.source, std::ios::binary);
+    char magic[4] = {0, 0, 0, 0};
+    f.read(magic, 4);
+    if (f && std::memcmp(magic, "GGUF", 4) == 0)
+      fail("{}: already a GGUF file; nothing to convert (roofline quantize changes its type, roofline inspect shows it)",
+           options.source);
+  }
   return convert_llama2c(options);
 }
 

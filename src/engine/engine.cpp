@@ -39,6 +39,8 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   if (o.n_ctx < 0) fail("context size {} is negative", o.n_ctx);
   if (o.n_ctx == 0) o.n_ctx = std::min(hp.n_ctx_train, 4096);
   if (o.n_batch <= 0) fail("batch size {} must be positive", o.n_batch);
+  if (o.split_mode == EngineOptions::SplitMode::Row)  // refused on every machine, GPUs or not
+    fail("-sm row (tensor parallel) is not available; use -sm layer (each GPU holds a range of layers)");
   if (o.kv_block_size <= 0 || o.kv_block_size > 4096) fail("KV block size {} is out of range", o.kv_block_size);
   for (DType t : {o.type_k, o.type_v}) {
     if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0 && t != DType::Q4_0)
@@ -70,12 +72,11 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     const auto devices = gpu_devices();
     if (devices.empty()) {
       if (o.n_gpu_layers != EngineOptions::kGpuLayersAuto)
-        log_warn("-ngl {}: {}; running on the CPU", o.n_gpu_layers,
+        log_warn("-ngl {}: {}; running on the CPU",
+                 o.n_gpu_layers == EngineOptions::kGpuLayersAll ? std::string("all") : std::to_string(o.n_gpu_layers),
                  gpu_support_compiled() ? "no CUDA GPU was found" : "this build has no GPU backend");
     } else {
       if (o.main_gpu < 0 || o.main_gpu >= (int)devices.size()) fail("--main-gpu {}: {} GPUs found", o.main_gpu, devices.size());
-      if (o.split_mode == EngineOptions::SplitMode::Row)
-        fail("-sm row (tensor parallel) is not available yet; use -sm layer (each GPU holds a range of layers)");
       gpu_list = o.gpu_ids;
       if (gpu_list.empty()) {
         if (o.split_mode == EngineOptions::SplitMode::None || devices.size() == 1) gpu_list = {o.main_gpu};

@@ -66,7 +66,7 @@ void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const 
 Sampler::Sampler(const SamplingParams& params, int n_vocab) : params_(params), n_vocab_(n_vocab) {
   if (n_vocab <= 0) fail("sampler needs a vocabulary");
   if (std::isnan(params.temperature) || std::isnan(params.top_p) || std::isnan(params.min_p) ||
-      std::isnan(params.repeat_penalty))
+      std::isnan(params.typical_p) || std::isnan(params.repeat_penalty))
     fail("sampling parameters must be numbers");
   if (params.repeat_penalty <= 0) fail("repeat_penalty must be positive");
   if (params_.temperature < 0) params_.temperature = 0;  // negative means greedy, as in llama.cpp
@@ -98,12 +98,42 @@ SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& hi
   } else {
     std::sort(candidates_.begin(), candidates_.end(), better);
   }
-  // Softmax at temperature 1 for top-p and min-p (llama.cpp applies temperature last).
+  // Softmax at temperature 1 for typical, top-p and min-p (llama.cpp applies temperature last).
   std::vector<double> prob(n);
-  const double mx = candidates_[0].first;
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp((double)candidates_[i].first - mx);
-  for (double& p : prob) p /= sum;
+  double mx = candidates_[0].first;
+  auto softmax = [&] {
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp((double)candidates_[i].first - mx);
+    for (size_t i = 0; i < n; ++i) prob[i] /= sum;
+  };
+  softmax();
+  if (params_.typical_p < 1.0f && n > 1) {
+    // Locally typical (llama.cpp's typical sampler): keep the tokens whose surprise -log p is closest to
+    // the entropy, until their probabilities add up to more than typical_p; then by logit again.
+    double entropy = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (prob[i] > 0) entropy -= prob[i] * std::log(prob[i]);
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    auto shift = [&](size_t i) { return prob[i] > 0 ? std::fabs(-std::log(prob[i]) - entropy) : HUGE_VAL; };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return shift(a) < shift(b); });
+    size_t keep = n;
+    double cum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      cum += prob[order[i]];
+      if (cum > params_.typical_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    std::vector<std::pair<float, int32_t>> kept;
+    for (size_t i = 0; i < keep; ++i) kept.push_back(candidates_[order[i]]);
+    std::sort(kept.begin(), kept.end(), better);
+    std::copy(kept.begin(), kept.end(), candidates_.begin());
+    n = keep;
+    mx = candidates_[0].first;
+    softmax();  // over the kept tokens, as llama.cpp's next sampler sees them
+  }
   if (params_.top_p < 1.0f) {
     double cum = 0;
     size_t keep = n;

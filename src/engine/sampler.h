@@ -1,5 +1,5 @@
 // Token sampling: repetition/presence/frequency penalties, logit bias, then greedy (temperature <= 0)
-// or top-k -> top-p -> min-p -> temperature -> a seeded draw (llama.cpp's default order). The same
+// or top-k -> typical -> top-p -> min-p -> temperature -> a seeded draw (llama.cpp's default order). The same
 // seed, logits and history always give the same token.
 #pragma once
 
@@ -13,6 +13,7 @@ namespace roofline {
 struct SamplingParams {
   float temperature = 0.8f;
   int top_k = 40;            // <= 0: off
+  float typical_p = 1.0f;    // >= 1: off (locally typical sampling, llama.cpp's --typical)
   float top_p = 0.95f;       // >= 1: off
   float min_p = 0.05f;       // <= 0: off
   float repeat_penalty = 1.0f;  // 1: off (llama.cpp: divide positive logits, multiply negative ones)

@@ -26,7 +26,7 @@ struct ApiError : std::runtime_error {
       : std::runtime_error(message), status(status), param(std::move(param)), code(std::move(code)) {}
   int status;
   std::string param;
-  std::string code;  // "" -> the status number (llama-server style)
+  std::string code;  // "" -> null (OpenAI's envelope: code is a string or null, never a number)
 };
 
 // OpenAI error type for an HTTP status: 400 invalid_request_error, 401 authentication_error, ...
@@ -76,6 +76,11 @@ struct ApiRequest {
   bool start_in_reasoning = false;
   bool return_tokens = false;     // native: token ids in the response
   std::string prompt_text;        // the rendered / given prompt
+  // /v1/completions with an array of prompts: each prompt's tokens and text (gen.prompt is the first);
+  // empty for a single prompt. Prompt i's choices are numbered i * gen.n + j, as OpenAI numbers them.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> prompt_texts;
+  int n_choices() const { return gen.n * (prompts.empty() ? 1 : (int)prompts.size()); }
   json generation_settings;       // native: echoed back
 };
 
@@ -136,6 +141,7 @@ class ResponseBuilder {
   json timings(const Timings& t) const;
   json native_final(const Timings& t, const ChoiceState& c, bool stream) const;
   std::string token_text(int32_t t) const;
+  const std::string& prompt_of(size_t choice) const;  // the prompt text of a choice (echo)
 
   const ApiRequest& req_;
   const ModelContext& mc_;

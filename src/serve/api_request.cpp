@@ -1,6 +1,7 @@
 // Request bodies of /v1/chat/completions, /v1/completions and /completion validated (wrong types and
 // out-of-range values are 400s naming the field; unknown fields are ignored) and translated into the
 // scheduler's GenParams: chat messages rendered through the chat template, prompts tokenized.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -158,7 +159,7 @@ void parse_sampling(const json& body, const ModelContext& mc, ApiRequest& r, boo
   if (const char* n = first_present(body, {"repeat_penalty", "repetition_penalty"}))
     sp.repeat_penalty = (float)get_number(body, n, 1e-6, 100.0, sp.repeat_penalty);
   sp.repeat_last_n = (int)get_int(body, "repeat_last_n", -1, INT32_MAX, sp.repeat_last_n);
-  for (const char* n : {"typical_p", "typ_p"}) (void)get_number(body, n, 0.0, 1.0, 1.0);  // accepted, not applied
+  if (const char* n = first_present(body, {"typical_p", "typ_p"})) sp.typical_p = (float)get_number(body, n, 0.0, 1.0, sp.typical_p);
   if (field(body, "seed")) {
     const int64_t seed = get_int(body, "seed", INT64_MIN, INT64_MAX, -1);
     sp.seed = seed == -1 ? 0xFFFFFFFFu : (uint64_t)seed;
@@ -197,7 +198,11 @@ json normalize_messages(const json& messages) {
     const std::string role = m["role"].get<std::string>();
     if (role == "developer") msg["role"] = "system";
     if (!m.contains("content") || m["content"].is_null()) {
-      if (!(role == "assistant" && m.contains("tool_calls"))) msg["content"] = "";
+      // As OpenAI: only an assistant message that calls tools (or a function) may come without content.
+      const bool calls = role == "assistant" && ((m.contains("tool_calls") && !m["tool_calls"].is_null()) ||
+                                                 (m.contains("function_call") && !m["function_call"].is_null()));
+      if (!calls)
+        throw ApiError(400, fmt::format("'{}.content' is required (a string or an array of content parts)", where), "messages");
     } else if (m["content"].is_array()) {
       std::string text;
       for (const json& part : m["content"]) {
@@ -260,8 +265,9 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
   parse_sampling(body, mc, r, true);
   r.gen.max_tokens = mc.default_n_predict;
   if (const char* n = first_present(body, {"max_completion_tokens", "max_tokens", "n_predict"})) {
-    const int64_t v = get_int(body, n, -1, INT32_MAX, -1);
-    if (v == 0) throw ApiError(400, fmt::format("'{}' must be at least 1", n), n);
+    const int64_t v = get_int(body, n, INT64_MIN, INT64_MAX, -1);
+    if (v != -1 && (v < 1 || v > INT32_MAX))
+      throw ApiError(400, fmt::format("'{}' must be between 1 and {}, or -1 for no limit (got {})", n, INT32_MAX, v), n);
     r.gen.max_tokens = (int)v;
   }
   r.want_logprobs = get_bool(body, "logprobs", false);
@@ -331,14 +337,21 @@ ApiRequest parse_completion_request(const json& body, const ModelContext& mc, En
           throw ApiError(400, "'prompt' must be a string, token ids, or a mix of them", "prompt");
         }
       }
-    } else if (p[0].is_string() || p[0].is_array()) {
-      throw ApiError(400, "only one prompt per request is supported", "prompt");
+    } else if (std::all_of(p.begin(), p.end(), [](const json& x) { return x.is_string() || x.is_array(); })) {
+      // Several prompts (OpenAI): each a string or token ids; prompt i's choices come at i * n + j.
+      for (const json& x : p) {
+        std::vector<int32_t> ids = x.is_string() ? tok.encode(x.get<std::string>(), true, true) : tokens_from_json(x, mc, "prompt");
+        if (ids.empty()) throw ApiError(400, "a prompt of the array is empty", "prompt");
+        r.prompt_texts.push_back(x.is_string() ? x.get<std::string>() : tok.decode(ids));
+        r.prompts.push_back(std::move(ids));
+      }
+      r.gen.prompt = r.prompts[0];
     } else {
       throw ApiError(400, "'prompt' must be a string or an array of token ids", "prompt");
     }
-    r.prompt_text = tok.decode(r.gen.prompt);
+    r.prompt_text = r.prompt_texts.empty() ? tok.decode(r.gen.prompt) : r.prompt_texts[0];
   } else {
-    throw ApiError(400, "'prompt' must be a non-empty string or array of token ids", "prompt");
+    throw ApiError(400, "'prompt' must be a non-empty string, token ids, or an array of those", "prompt");
   }
   if (r.gen.prompt.empty()) throw ApiError(400, "the prompt is empty", "prompt");
   if (openai) {
@@ -355,6 +368,8 @@ ApiRequest parse_completion_request(const json& body, const ModelContext& mc, En
       r.want_logprobs = r.gen.logprobs >= 0;
     }
     (void)get_int(body, "best_of", 1, 128, 1);
+    if (!r.prompts.empty() && r.prompts.size() * (size_t)r.gen.n > 128)
+      throw ApiError(400, fmt::format("{} prompts x n = {} choices; at most 128 per request", r.prompts.size(), r.gen.n), "prompt");
   } else {
     r.gen.max_tokens = mc.default_n_predict;
     if (const char* n = first_present(body, {"n_predict", "max_tokens"})) r.gen.max_tokens = (int)get_int(body, n, -1, INT32_MAX, -1);
@@ -369,6 +384,7 @@ ApiRequest parse_completion_request(const json& body, const ModelContext& mc, En
                                  {"temperature", sp.temperature},
                                  {"top_k", sp.top_k},
                                  {"top_p", sp.top_p},
+                                 {"typical_p", sp.typical_p},
                                  {"min_p", sp.min_p},
                                  {"repeat_penalty", sp.repeat_penalty},
                                  {"repeat_last_n", sp.repeat_last_n},

@@ -37,7 +37,7 @@ json error_body(int status, const std::string& message, const std::string& param
   e["message"] = utf8_sanitize(message);
   e["type"] = error_type(status);
   e["param"] = param.empty() ? json(nullptr) : json(param);
-  e["code"] = code.empty() ? json(status) : json(code);
+  e["code"] = code.empty() ? json(nullptr) : json(code);  // OpenAI's: a string, or null
   return json{{"error", e}};
 }
 
@@ -49,7 +49,7 @@ std::string sse_data(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelContext& mc, std::string id, long created)
     : req_(request), mc_(mc), id_(std::move(id)), created_(created) {
-  for (int i = 0; i < request.gen.n; ++i) {
+  for (int i = 0; i < request.n_choices(); ++i) {
     ChoiceState c;
     c.splitter = ReasoningSplitter(request.start_in_reasoning);
     choices_.push_back(std::move(c));
@@ -59,6 +59,10 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelContext& 
 ResponseBuilder::ChoiceState& ResponseBuilder::state(int choice) {
   if (choice < 0 || choice >= (int)choices_.size()) choice = 0;
   return choices_[choice];
+}
+
+const std::string& ResponseBuilder::prompt_of(size_t choice) const {
+  return req_.prompt_texts.empty() ? req_.prompt_text : req_.prompt_texts[choice / (size_t)req_.gen.n];
 }
 
 std::string ResponseBuilder::token_text(int32_t t) const { return utf8_sanitize(mc_.tokenizer->token_to_piece(t, false)); }
@@ -176,7 +180,7 @@ std::string ResponseBuilder::stream_begin() {
   } else if (req_.endpoint == Endpoint::Completions && req_.echo) {
     for (size_t i = 0; i < choices_.size(); ++i) {
       json j = chunk_base("text_completion");
-      j["choices"] = json::array({json{{"text", req_.prompt_text}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+      j["choices"] = json::array({json{{"text", prompt_of(i)}, {"index", i}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
       if (req_.include_usage) j["usage"] = nullptr;
       out += sse_data(j);
     }
@@ -312,8 +316,8 @@ json ResponseBuilder::response(const Timings& t) {
                              {"logprobs", req_.want_logprobs ? logprobs_chat(c.logprobs) : json(nullptr)},
                              {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}});
     } else {
-      size_t offset = req_.echo ? req_.prompt_text.size() : 0;
-      choices.push_back(json{{"text", req_.echo ? req_.prompt_text + c.content : c.content},
+      size_t offset = req_.echo ? prompt_of(i).size() : 0;
+      choices.push_back(json{{"text", req_.echo ? prompt_of(i) + c.content : c.content},
                              {"index", i},
                              {"logprobs", req_.want_logprobs ? logprobs_completion(c.logprobs, offset) : json(nullptr)},
                              {"finish_reason", c.finish_reason.empty() ? json(nullptr) : json(c.finish_reason)}});
@@ -340,9 +344,9 @@ json models_body(const ModelContext& mc, long created) {
 
 json props_body(const ModelContext& mc, const SchedulerStatus& st) {
   const SamplingParams& sp = mc.default_sampling;
-  json params{{"n_predict", mc.default_n_predict}, {"temperature", sp.temperature}, {"top_k", sp.top_k},
-              {"top_p", sp.top_p},               {"min_p", sp.min_p},             {"repeat_penalty", sp.repeat_penalty},
-              {"repeat_last_n", sp.repeat_last_n}};
+  json params{{"n_predict", mc.default_n_predict}, {"temperature", sp.temperature},       {"top_k", sp.top_k},
+              {"top_p", sp.top_p},                     {"typical_p", sp.typical_p},           {"min_p", sp.min_p},
+              {"repeat_penalty", sp.repeat_penalty},   {"repeat_last_n", sp.repeat_last_n}};
   json j;
   j["default_generation_settings"] = json{{"n_ctx", mc.n_ctx}, {"params", params}};
   j["total_slots"] = st.n_slots;

@@ -163,6 +163,50 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   send_json(res, status, error_body(status, message, param, code));
 }
 
+// The scheduler requests of one HTTP call: one, or one per prompt of a /v1/completions prompt array,
+// read as one stream whose choices are numbered prompt by prompt (prompt i's choice j is i * n + j).
+class RequestGroup {
+ public:
+  RequestGroup(std::vector<std::shared_ptr<Request>> parts, int n) : parts_(std::move(parts)), done_(parts_.size(), false), n_(n) {}
+
+  // As Request::poll: appends what is there (waiting up to `timeout` on the first unfinished part);
+  // true once every part has finished and all their events are in `out`.
+  bool poll(std::vector<Event>& out, std::chrono::milliseconds timeout) {
+    bool waited = false;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      if (done_[i]) continue;
+      const size_t before = out.size();
+      done_[i] = parts_[i]->poll(out, waited ? std::chrono::milliseconds(0) : timeout);
+      waited = true;
+      for (size_t k = before; k < out.size(); ++k) out[k].choice += (int)i * n_;
+      if (out.size() > before) timeout = std::chrono::milliseconds(0);
+    }
+    return std::all_of(done_.begin(), done_.end(), [](bool d) { return d; });
+  }
+  void cancel() {
+    for (auto& p : parts_) p->cancel();
+  }
+  Timings timings() const {
+    Timings t = parts_[0]->timings();
+    for (size_t i = 1; i < parts_.size(); ++i) {
+      const Timings u = parts_[i]->timings();
+      t.n_prompt += u.n_prompt;
+      t.n_cached += u.n_cached;
+      t.n_generated += u.n_generated;
+      t.queue_ms = std::max(t.queue_ms, u.queue_ms);
+      t.prompt_ms = std::max(t.prompt_ms, u.prompt_ms);
+      t.generate_ms = std::max(t.generate_ms, u.generate_ms);
+      t.ttft_ms = std::max(t.ttft_ms, u.ttft_ms);
+    }
+    return t;
+  }
+
+ private:
+  std::vector<std::shared_ptr<Request>> parts_;
+  std::vector<bool> done_;
+  int n_;
+};
+
 }  // namespace
 
 int default_http_threads(int n_slots) {
@@ -180,6 +224,7 @@ struct Server::Impl {
   std::atomic<Scheduler*> sched{nullptr};
   std::atomic<Metrics*> metrics{nullptr};
   std::atomic<bool> shutting_down{false};
+  std::atomic<bool> listener_done{false};
   std::atomic<uint64_t> next_request{0};
 
   explicit Impl(ServerOptions o) : opt(std::move(o)) {}
@@ -237,7 +282,23 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
                                                                      : parse_completion_request(body, m, endpoint));
   const std::string id = random_id(endpoint == Endpoint::Chat ? "chatcmpl-" : "cmpl-");
   ar->gen.id = fmt::format("{}", next_request++);
-  std::shared_ptr<Request> handle = s.submit(ar->gen);  // throws SubmitError (400/503)
+  std::vector<std::shared_ptr<Request>> parts;
+  if (ar->prompts.empty()) {
+    parts.push_back(s.submit(ar->gen));  // throws SubmitError (400/503)
+  } else {
+    try {
+      for (size_t i = 0; i < ar->prompts.size(); ++i) {
+        GenParams g = ar->gen;
+        g.prompt = ar->prompts[i];
+        g.id = fmt::format("{}.{}", ar->gen.id, i);
+        parts.push_back(s.submit(g));
+      }
+    } catch (...) {
+      for (auto& p : parts) p->cancel();  // all or none
+      throw;
+    }
+  }
+  auto handle = std::make_shared<RequestGroup>(std::move(parts), ar->gen.n);
   auto builder = std::make_shared<ResponseBuilder>(*ar, m, id, (long)std::time(nullptr));
   const int fd = find_request_socket(req);
 
@@ -265,7 +326,7 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   struct StreamState {
     std::shared_ptr<ApiRequest> ar;
     std::shared_ptr<ResponseBuilder> builder;
-    std::shared_ptr<Request> handle;
+    std::shared_ptr<RequestGroup> handle;
     int fd;
     bool begun = false;
     bool ended = false;
@@ -461,6 +522,13 @@ void Server::Impl::setup() {
   svr.Post("/v1/completions", generation(Endpoint::Completions));
   svr.Post("/completions", generation(Endpoint::Native));
   svr.Post("/completion", generation(Endpoint::Native));
+  // Embeddings are not computed by this server (generation only): a clear 501 in the error envelope.
+  auto embeddings = [](const httplib::Request&, httplib::Response& res) {
+    send_error(res, 501, "embeddings are not supported by this server (roofline serves generation only)");
+  };
+  svr.Post("/v1/embeddings", embeddings);
+  svr.Post("/embeddings", embeddings);
+  svr.Post("/embedding", embeddings);
 }
 
 Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) { impl_->setup(); }
@@ -484,7 +552,15 @@ int Server::bind() {
 
 void Server::start() {
   if (impl_->thread.joinable()) return;
-  impl_->thread = std::thread([this] { impl_->svr.listen_after_bind(); });
+  impl_->listener_done = false;
+  impl_->thread = std::thread([this] {
+    impl_->svr.listen_after_bind();
+    impl_->listener_done = true;
+  });
+  // httplib's stop() does nothing until the listener thread has marked itself running, so a stop()
+  // right after start() (a model that fails to load at once) would be lost and join() would wait
+  // forever in accept(). Return only once stop() is sure to reach it.
+  while (!impl_->svr.is_running() && !impl_->listener_done) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 void Server::set_ready(const ModelContext* mc, Scheduler* scheduler, Metrics* metrics) {

@@ -1,0 +1,215 @@
+// The command line as llama.cpp users type it: values out of range refused in one line (--port, -np,
+// sampling flags, -n), -c capped at the trained context and a context beyond the machine refused with
+// the size it needs, -t capped at the cores, a repeated flag's last value winning, oversized numbers
+// and unknown flags as one "error:" line with exit status 2 for every command, -ngl all named as
+// such, bench's stated -ngl default, -sm row refused on the CPU, serve's ignored llama-server flags
+// named in one warning, and convert's messages for a GGUF input and a missing output folder.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "backend/gpu.h"
+#include "test_util.h"
+
+namespace roofline::test {
+namespace {
+
+const char* kTiny = "synthetic:tiny-qwen3:Q8_0";
+
+int lines(const std::string& s) { return (int)std::count(s.begin(), s.end(), '\n'); }
+
+#define EXPECT_CONTAINS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(CliArgs, ServeRefusesBadPortsAndSlotCountsBeforeListening) {
+  for (const char* port : {"70000", "-1", "65536"}) {
+    auto r = run_cli({"serve", "-m", kTiny, "--port", port});
+    EXPECT_EQ(r.exit_code, 1) << port;
+    EXPECT_EQ(r.err, fmt::format("error: --port {}: expected 0..65535 (0: any free port)\n", port));
+    EXPECT_EQ(r.out, "");  // never said it listens
+  }
+  for (const char* np : {"0", "-3"}) {
+    auto r = run_cli({"serve", "-m", kTiny, "--port", "0", "-np", np});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err, fmt::format("error: -np {}: expected at least 1 slot (or -1: auto, 4)\n", np));
+  }
+  // -np -1 is llama-server's "auto": accepted (this start then fails on the model, not on -np).
+  auto r = run_cli({"serve", "-m", "/nonexistent.gguf", "--port", "0", "-np", "-1"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_CONTAINS(r.err, "/nonexistent.gguf: cannot open");
+}
+
+TEST(CliArgs, RunCapsTheContextAtTheTrainedOne) {
+  auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-c", "100000"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_CONTAINS(r.err, "warning: -c 100000 is more than the model's trained context 2048; using 2048");
+  EXPECT_CONTAINS(r.err, "KV cache: 2048 positions");
+  r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-c", "2147483647"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_CONTAINS(r.err, "using 2048");
+}
+
+// A model trained on a long context (16M positions, the most a GGUF may state) whose KV cache this
+// machine cannot hold: refused with the size it needs, not an allocator's message.
+TEST(CliArgs, AContextBeyondTheMachineIsRefusedWithItsSize) {
+  namespace fs = std::filesystem;
+  // 2 layers x 2 KV heads x 64 x (K + V) x 4 bytes (f32) = 2 KiB a position; 2^24 positions = 32 GiB.
+  const double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (ram >= 32.0 * 1073741824.0 || !gpu_devices().empty()) GTEST_SKIP() << "this machine could hold a 32 GiB KV cache";
+  const std::string dir = temp_dir();
+  fs::copy(source_dir() + "/tests/fixtures/hf/qwen3_kq_f16", dir + "/hf", fs::copy_options::recursive);
+  std::ifstream in(dir + "/hf/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string key = "\"max_position_embeddings\": 4096";
+  ASSERT_NE(config.find(key), std::string::npos);
+  config.replace(config.find(key), key.size(), "\"max_position_embeddings\": 16777216");
+  std::ofstream(dir + "/hf/config.json") << config;
+  ASSERT_EQ(run_cli({"convert", dir + "/hf", "-o", dir + "/long.gguf", "--no-progress"}).exit_code, 0);
+  for (const char* c : {"16777216", "2147483647"}) {  // the second is capped to the first, with a warning
+    auto r = run_cli({"run", "-m", dir + "/long.gguf", "-p", "hi", "-n", "1", "-c", c, "-ctk", "f32", "-ctv", "f32"});
+    EXPECT_EQ(r.exit_code, 1) << c;
+    EXPECT_CONTAINS(r.err, "error: -c 16777216 needs 32.0 GiB of KV cache (2.0 KiB per position with K f32 and V f32), more "
+                           "than this machine's ");
+    EXPECT_CONTAINS(r.err, "lower -c, or use -ctk/-ctv q8_0\n");
+  }
+}
+
+TEST(CliArgs, RunRefusesSamplingValuesLlamaCppGivesNoMeaning) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--top-k", "-5"}, "error: --top-k -5: expected 0 (off) or a positive count\n"},
+      {{"--top-p", "2"}, "error: --top-p 2: expected 0..1 (1: off)\n"},
+      {{"--min-p", "-0.5"}, "error: --min-p -0.5: expected 0..1 (0: off)\n"},
+      {{"--typical", "1.5"}, "error: --typical 1.5: expected 0..1 (1: off)\n"},
+      {{"--repeat-penalty", "0"}, "error: --repeat-penalty 0: expected a positive number (1: off)\n"},
+      {{"-n", "-100"}, "error: -n -100: expected a count, -1 (until the end of generation) or -2 (until the context is full)\n"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> args = {"run", "-m", kTiny, "-p", "hi"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 1) << flags[0];
+    EXPECT_EQ(r.err, message);
+  }
+  // llama.cpp's conventions are accepted: -n -1, --top-k 0, --top-p 1, a negative temperature (greedy).
+  auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "-1", "-c", "64", "--top-k", "0", "--top-p", "1", "--temp", "-1"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(CliArgs, ThreadsBeyondTheCoresAreCapped) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-t", "1000"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_CONTAINS(r.err, fmt::format("warning: -t 1000 is more than the {} cores of this machine; using {}", cores, cores));
+}
+
+TEST(CliArgs, ARepeatedFlagTakesItsLastValue) {
+  auto greedy = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "12", "--temp", "0"});
+  auto repeated = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "3", "-n", "12", "--seed", "7", "--temp", "5", "--temp", "0"});
+  auto hot = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "12", "--seed", "7", "--temp", "5"});
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  ASSERT_EQ(repeated.exit_code, 0) << repeated.err;
+  EXPECT_EQ(repeated.out, greedy.out);
+  EXPECT_NE(hot.out, greedy.out);  // the first value would have sampled
+  // Flags and the single-dash spellings of llama.cpp alike.
+  auto ngl = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-ngl", "bogus", "-ngl", "0"});
+  EXPECT_EQ(ngl.exit_code, 0) << ngl.err;
+}
+
+// One rule for every command: 2 for a command line that does not parse, with one "error:" line.
+TEST(CliArgs, UsageErrorsExitTwoWithOneLineForEveryCommand) {
+  for (const char* cmd : {"convert", "quantize", "run", "chat", "serve", "bench", "inspect", "tokenize", "template",
+                          "perplexity", "imatrix", "synth"}) {
+    auto r = run_cli({cmd, "--no-such-flag"});
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << cmd << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << cmd << ": " << r.err;
+    auto help = run_cli({cmd, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << cmd;
+    EXPECT_CONTAINS(help.out, "Exit status: 0 success; 1 an error while running");
+  }
+  for (const char* flag : {"-c", "-n", "-b", "--top-k"}) {
+    auto r = run_cli({"run", "-m", kTiny, "-p", "hi", flag, "99999999999"});
+    EXPECT_EQ(r.exit_code, 2) << flag;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_CONTAINS(r.err, "'99999999999' is not a valid value");
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  }
+  auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-c", "lots"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(run_cli({"no-such-command"}).exit_code, 2);
+  EXPECT_EQ(run_cli({}).exit_code, 2);
+  r = run_cli({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_CONTAINS(r.out, "Exit status: 0 success");
+  EXPECT_CONTAINS(r.out, "A flag given twice takes its last value.");
+  // Missing arguments are usage errors too; values out of range are errors while running.
+  EXPECT_EQ(run_cli({"run", "-p", "hi"}).exit_code, 2);
+  EXPECT_EQ(run_cli({"tokenize", "-m", kTiny}).exit_code, 2);
+  EXPECT_EQ(run_cli({"quantize", "in.gguf"}).exit_code, 2);
+  EXPECT_EQ(run_cli({"synth", "tiny-qwen3:Q8_0"}).exit_code, 2);
+  EXPECT_EQ(run_cli({"run", "-m", kTiny, "-p", "hi", "-ngl", "lots"}).exit_code, 2);
+  EXPECT_EQ(run_cli({"run", "-m", kTiny, "-p", "hi", "-ngl", "-7"}).exit_code, 1);
+}
+
+TEST(CliArgs, NglAllIsNamedAndBenchStatesTheDefaultItUses) {
+  const bool gpu = !gpu_devices().empty();
+  auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-ngl", "all"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("-2"), std::string::npos) << r.err;
+  if (!gpu) EXPECT_CONTAINS(r.err, "warning: -ngl all: ");
+  auto help = run_cli({"bench", "--help"});
+  EXPECT_CONTAINS(help.out, "--n-gpu-layers TEXT=99");
+  EXPECT_CONTAINS(help.out, "or runs on the CPU (ngl 0) where there is no GPU");
+  if (!gpu) {  // the default on a machine without a GPU: the CPU, as the help says, without a warning
+    auto b = run_cli({"bench", "-m", kTiny, "-p", "8", "-n", "2", "-r", "1", "--no-warmup"});
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_EQ(b.err.find("-ngl"), std::string::npos) << b.err;
+    EXPECT_CONTAINS(b.out, "| CPU | 0 |");
+  }
+}
+
+TEST(CliArgs, SplitModeRowIsRefusedOnEveryMachine) {
+  const std::string message = "error: -sm row (tensor parallel) is not available; use -sm layer (each GPU holds a range of layers)\n";
+  auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-sm", "row", "-ngl", "0"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, message);
+  r = run_cli({"serve", "-m", kTiny, "--port", "0", "-sm", "row"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, message);
+  r = run_cli({"bench", "-m", kTiny, "-p", "8", "-n", "2", "-r", "1", "-sm", "row"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_CONTAINS(r.err, message);
+}
+
+TEST(CliArgs, ServeNamesTheLlamaServerFlagsItIgnores) {
+  auto r = run_cli({"serve", "-m", "/nonexistent.gguf", "--port", "0", "-fa", "off", "-ub", "256", "--no-cont-batching",
+                    "--no-jinja", "--no-kv-unified", "--no-webui", "-cb"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_CONTAINS(r.err, "warning: ignored (llama-server flags without effect in roofline): -fa off (attention is always the "
+                         "fused kernel), -ub 256 (steps are sized by -b), --no-cont-batching (continuous batching is always "
+                         "on), --no-jinja (chat templates are always Jinja), --no-kv-unified (one KV pool serves every slot)\n");
+  // What roofline does anyway draws no warning.
+  r = run_cli({"serve", "-m", "/nonexistent.gguf", "--port", "0", "-fa", "on", "-cb", "--jinja", "--no-webui"});
+  EXPECT_EQ(r.err.find("warning: ignored"), std::string::npos) << r.err;
+}
+
+TEST(CliArgs, ConvertSaysWhatIsWrongBeforeConverting) {
+  const std::string dir = temp_dir();
+  ASSERT_EQ(run_cli({"synth", "tiny-qwen3:Q8_0", "-o", dir + "/m.gguf"}).exit_code, 0);
+  auto r = run_cli({"convert", dir + "/m.gguf", "-o", dir + "/out.gguf"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: " + dir + "/m.gguf: already a GGUF file; nothing to convert (roofline quantize changes its type, "
+                   "roofline inspect shows it)\n");
+  r = run_cli({"convert", source_dir() + "/tests/fixtures/hf/llama_f32", "-o", "/nonexistent/dir/x.gguf"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: -o /nonexistent/dir/x.gguf: the folder /nonexistent/dir does not exist\n");  // nothing converted first
+}
+
+}  // namespace
+}  // namespace roofline::test
