@@ -108,7 +108,8 @@ TEST(BenchCliTest, RooflineArithmeticFromHandCountedBytes) {
 }
 
 // `roofline run` on llama2.c's stories260K: greedy from "Zoo" prints the text llama2.c's run.c prints
-// (tests/fixtures/README.md; transformers' float64 oracle gives the same 60 tokens), then the speeds.
+// (tests/fixtures/README.md; transformers' float64 oracle gives the same 60 tokens) after the echoed
+// prompt, and the speeds on stderr.
 TEST(RunCliTest, StoriesGreedyTextIsLlama2cs) {
   ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/stories260K");
   const std::string gguf = test::temp_dir() + "/stories260K.gguf";
@@ -117,15 +118,16 @@ TEST(RunCliTest, StoriesGreedyTextIsLlama2cs) {
   const auto r = test::run_cli({"run", "-m", gguf, "-p", "Zoo", "-n", "60", "--temp", "0", "-t", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string story =
-      " was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to "
+      "Zoo was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to "
       "play with it, but she didn't want to play with it.";
   EXPECT_EQ(r.out.substr(0, story.size()), story);
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\nprompt: 4 tokens in [0-9.]+ s, [0-9.]+ tok/s \| generation: 60 tokens in [0-9.]+ s, [0-9.]+ tok/s\n$)")))
-      << r.out;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(prompt: 4 tokens in [0-9.]+ s, [0-9.]+ tok/s \| generation: 60 tokens in [0-9.]+ s, [0-9.]+ tok/s\n)")))
+      << r.err;
+  EXPECT_EQ(r.out.find("tok/s"), std::string::npos) << "the speed line is not part of the text";
   // Fewer tokens: a prefix of the same story; a prompt over the context: one error line.
   const auto shorter = test::run_cli({"run", "-m", gguf, "-p", "Zoo", "-n", "5", "--temp", "0", "-t", "1"});
   const std::string five = shorter.out.substr(0, shorter.out.find('\n'));
-  EXPECT_GT(five.size(), 5u);
+  EXPECT_GT(five.size(), 8u);
   EXPECT_EQ(five, story.substr(0, five.size()));
   const auto too_long = test::run_cli({"run", "-m", gguf, "-p", std::string(200, 'a'), "-c", "16", "-t", "1"});
   EXPECT_EQ(too_long.exit_code, 1);
