@@ -2,6 +2,7 @@
 // of the values before anything is loaded, and loading.
 #include "cli/model_options.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -142,11 +143,14 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   const double per_pos = kv_bytes_per_position(*model, o.type_k, o.type_v);
   const double need = per_pos * n_ctx;
   double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  struct rlimit as_limit {};
+  if (getrlimit(RLIMIT_AS, &as_limit) == 0 && as_limit.rlim_cur != RLIM_INFINITY)
+    memory = std::min(memory, (double)as_limit.rlim_cur);  // ulimit -v: what this process may map
   if (o.n_gpu_layers != 0)
     for (const GpuInfo& g : gpu_devices()) memory += (double)g.total_bytes;
   auto too_big = [&] {
-    fail("-c {} needs {:.1f} GiB of KV cache ({:.1f} KiB per position with K {} and V {}), more than this machine's {:.1f} GiB "
-         "of memory; lower -c, or use -ctk/-ctv q8_0",
+    fail("-c {} needs {:.1f} GiB of KV cache ({:.1f} KiB per position with K {} and V {}), more than the {:.1f} GiB of "
+         "memory this process may use; lower -c, or use -ctk/-ctv q8_0",
          n_ctx, need / 1073741824.0, per_pos / 1024.0, a.cache_type_k, a.cache_type_v, memory / 1073741824.0);
   };
   if (memory > 0 && need > memory) too_big();
