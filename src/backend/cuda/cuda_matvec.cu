@@ -69,67 +69,67 @@ __device__ __forceinline__ void store_row_set(const float (&acc)[R][B], float* y
     if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane);
 }
 
-// Q4_K (GGUF blocks of 144 B): 8 lanes per super-block; lane j reads 16 B of quants: chunk c = j/2,
-// half h = j%2 -> low nibbles are elements 16h..16h+15 of sub-block 2c, high nibbles of sub-block 2c+1.
-// The activations of super-block i (and their scales) are loaded once for the R rows.
-template <int B, int R>
-__device__ __forceinline__ void q4_k_superblock(const int4 (&hdr_v)[R], const int4 (&qv)[R], int64_t i, int c, int h,
-                                                const ActQ8& act, int64_t cols, float (&acc)[R][B]) {
-  float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
-  int4 lo[R], hi[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int4 hdr = hdr_v[r];
-    half2_floats((uint32_t)hdr.x, d[r], dmin[r]);
-    k4_scale_min_words(2 * c, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc0[r], m0[r]);
-    k4_scale_min_words(2 * c + 1, (uint32_t)hdr.y, (uint32_t)hdr.z, (uint32_t)hdr.w, sc1[r], m1[r]);
-    const int4 q = qv[r];
-    lo[r] = make_int4(q.x & 0x0F0F0F0F, q.y & 0x0F0F0F0F, q.z & 0x0F0F0F0F, q.w & 0x0F0F0F0F);
-    hi[r] = make_int4((q.x >> 4) & 0x0F0F0F0F, (q.y >> 4) & 0x0F0F0F0F, (q.z >> 4) & 0x0F0F0F0F, (q.w >> 4) & 0x0F0F0F0F);
-  }
-#pragma unroll
-  for (int t = 0; t < B; ++t) {
-    const int8_t* a = act.q + (int64_t)t * cols + i * 256 + 64 * c + 16 * h;
-    const int4 a_lo = ld16(a), a_hi = ld16(a + 32);
-    const int64_t s = (int64_t)t * (cols / 32) + 8 * i + 2 * c;
-    const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
-    float2 as = make_float2(0.0f, 0.0f);
-    if (h == 0) as = __ldg(reinterpret_cast<const float2*>(act.s + s));
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int dlo = dot16(lo[r], a_lo, 0), dhi = dot16(hi[r], a_hi, 0);
-      acc[r][t] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
-      if (h == 0) acc[r][t] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
-    }
-  }
+// Scale and min of sub-block j (0-7) of a Q4_K super-block without branches (lanes of one warp take
+// different j; k4_scale_min_words branches on j < 4).
+__device__ __forceinline__ void k4_scale_min_select(int j, uint32_t lo, uint32_t mid, uint32_t hi, float& sc, float& m) {
+  const int k = 8 * (j & 3);
+  const uint32_t a = lo >> k, b = mid >> k, c = hi >> k;
+  const uint32_t sc_lo = a & 63, m_lo = b & 63;
+  const uint32_t sc_hi = (c & 0xF) | ((a >> 6 & 3) << 4), m_hi = (c >> 4 & 0xF) | ((b >> 6 & 3) << 4);
+  sc = (float)(j < 4 ? sc_lo : sc_hi);
+  m = (float)(j < 4 ? m_lo : m_hi);
 }
 
-// Each lane group takes S super-blocks (i, i + 4, ..) of the R rows per iteration, all loads issued
-// before any is used (bytes in flight per warp: the kernel is bound by memory latency otherwise).
-template <int B, int R, int S>
+// Q4_K, one token, 4 lanes per super-block: lane c of a group reads the 32 B of quants of chunk c
+// (low nibbles: sub-block 2c, high: 2c+1), so the per-lane work that does not scale with the bytes
+// (scales, activation scales, the float sums) is spread over twice the bytes of matvec_q4_k. A warp
+// takes 8 super-blocks of each of its R rows per round; the activations are loaded once for the R rows.
+template <int B, int R>
 __device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
                                             int64_t row0, int lane) {
-  const int j = lane % 8, c = j / 2, h = j % 2;
+  const int g = lane / 4, c = lane % 4;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* rowp[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
   float acc[R][B] = {};
-  for (int64_t i = lane / 8; i < n_sb; i += 4 * S) {
-    int4 hdr[S][R], q[S][R];
+  for (int64_t i = g; i < n_sb; i += 8) {
+    int4 hdr[R], q0[R], q1[R];
 #pragma unroll
-    for (int u = 0; u < S; ++u)
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = rowp[r] + i * 144;
+      hdr[r] = ld16(blk);
+      q0[r] = ld16(blk + 16 + 32 * c);
+      q1[r] = ld16(blk + 32 + 32 * c);
+    }
+    float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
+    int4 lo0[R], lo1[R], hi0[R], hi1[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      half2_floats((uint32_t)hdr[r].x, d[r], dmin[r]);
+      k4_scale_min_select(2 * c, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc0[r], m0[r]);
+      k4_scale_min_select(2 * c + 1, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc1[r], m1[r]);
+      const int4 a = q0[r], b = q1[r];
+      lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
+      lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
+      hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
+      hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
+    }
+#pragma unroll
+    for (int t = 0; t < B; ++t) {
+      const int8_t* x = act.q + (int64_t)t * w.cols + i * 256 + 64 * c;
+      const int4 x0 = ld16(x), x1 = ld16(x + 16), x2 = ld16(x + 32), x3 = ld16(x + 48);
+      const int64_t s = (int64_t)t * (w.cols / 32) + 8 * i + 2 * c;
+      const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
+      const float2 as = __ldg(reinterpret_cast<const float2*>(act.s + s));
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        hdr[u][r] = q[u][r] = make_int4(0, 0, 0, 0);
-        if (u == 0 || i + 4 * u < n_sb) {
-          hdr[u][r] = ld16(rowp[r] + (i + 4 * u) * 144);
-          q[u][r] = ld16(rowp[r] + (i + 4 * u) * 144 + 16 + 16 * j);
-        }
+        const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
+        const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
+        acc[r][t] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
+        acc[r][t] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
       }
-#pragma unroll
-    for (int u = 0; u < S; ++u)
-      if (u == 0 || i + 4 * u < n_sb) q4_k_superblock<B, R>(hdr[u], q[u], i + 4 * u, c, h, act, w.cols, acc);
+    }
   }
   store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
 }
@@ -364,9 +364,8 @@ __device__ __forceinline__ void matvec_generic(const DeviceWeight& w, const floa
 // all of one weight kind, their rows laid end to end over the grid (one warp per row_shape().rows rows).
 enum class Kind { Q4K, Q5K, Q6K, Q8_0, F16, BF16, F32, Generic };
 
-bool multi_row(Kind k) { return k == Kind::Q4K || k == Kind::Q6K || k == Kind::Q8_0; }
-// Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of the multi-row
-// kinds. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
+bool multi_row(Kind k) { return k == Kind::Q6K || k == Kind::Q8_0; }
+// Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of Q6_K and Q8_0. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
 // would spill). One token: one row, with two super-blocks in flight per lane group where a row is one
 // or two whole rounds of eight (the four lane groups x 2; ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
 // else one. Measured on the H200 (tg128): qwen3-8b (rows of 16 and 48 super-blocks) R1/S1 everywhere
@@ -377,7 +376,30 @@ bool multi_row(Kind k) { return k == Kind::Q4K || k == Kind::Q6K || k == Kind::Q
 struct RowShape {
   int rows = 1, sbs = 1;
 };
-RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
+// Q4_K (4 lanes per super-block, loads one round ahead at most) takes one or two rows per warp: two share
+// each activation load (the L1 limits one row per warp: ncu, qwen3-32b gate+up at 2.6 TB/s with the L1
+// at 91%), one where two would leave too few warps to fill the GPU (the 5120-row products of qwen3-32b:
+// 2560 warps for ~3700 places). 2-4 tokens: two; 5-8: one. ROOFLINE_MATVEC_Q4K_ROWS (1, 2) forces it.
+int q4k_rows_per_warp(int n_tokens, int64_t total_rows) {
+  static const int forced = [] {
+    const char* env = std::getenv("ROOFLINE_MATVEC_Q4K_ROWS");
+    const int v = env ? std::atoi(env) : 0;
+    return v == 1 || v == 2 ? v : 0;
+  }();
+  if (forced) return forced;
+  if (n_tokens > 4) return 1;
+  if (n_tokens > 1) return 2;
+  static const int64_t warps_that_fit = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return int64_t{0};
+    return (int64_t)sms * 28;  // 7 CTAs of 4 warps per SM at the two-row kernel's 72 registers
+  }();
+  return total_rows / 2 >= warps_that_fit ? 2 : 1;
+}
+
+RowShape row_shape(Kind k, int n_tokens, int64_t cols, int64_t total_rows) {
+  if (k == Kind::Q4K) return {q4k_rows_per_warp(n_tokens, total_rows), 1};
   if (!multi_row(k)) return {};
   if (n_tokens > 4) return {2, 1};
   if (n_tokens > 1) return {4, k == Kind::Q8_0 ? 1 : 2};
@@ -430,7 +452,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
       first = g.first_unit[m];
     }
   const int64_t row = (unit - first) * R;
-  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S>(w, act, y, ldy, accumulate, row, lane);
@@ -481,7 +503,10 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
   const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
   const bool pdl = pdl_enabled();
   switch (kind) {
-    case Kind::Q4K: return launch_multi_row<B, Kind::Q4K>(g, shape, act, x, accumulate, stream);
+    case Kind::Q4K:
+      if (shape.rows == 2) launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      else launch(matvec_kernel<B, Kind::Q4K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      return;
     case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, stream);
     case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, stream);
     case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
@@ -509,7 +534,9 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   g.n = count;
   g.first_unit[0] = 0;
   const Kind kind = kind_of(*ws[0]);
-  const RowShape shape = row_shape(kind, n_tokens, ws[0]->cols);
+  int64_t total_rows = 0;
+  for (int m = 0; m < count; ++m) total_rows += ws[m]->rows;
+  const RowShape shape = row_shape(kind, n_tokens, ws[0]->cols, total_rows);
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
     if (!matvec_can_group(*ws[0], *ws[m])) fail("internal error: grouped matvec over different weight kinds or widths");
@@ -519,7 +546,9 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
     g.first_unit[m + 1] = g.first_unit[m] + (ws[m]->rows + rows_per_unit - 1) / rows_per_unit;
   }
   switch (n_tokens) {
-    case 1: launch_matvec<1>(g, kind, shape, act, x, accumulate, stream); break;
+    case 1:
+      launch_matvec<1>(g, kind, shape, act, x, accumulate, stream);
+      break;
     case 2: launch_matvec<2>(g, kind, shape, act, x, accumulate, stream); break;
     case 3: launch_matvec<3>(g, kind, shape, act, x, accumulate, stream); break;
     case 4: launch_matvec<4>(g, kind, shape, act, x, accumulate, stream); break;
