@@ -389,7 +389,12 @@ void Scheduler::finish_request(Active& a) {
   }
   const int evaluated = t.n_prompt - t.n_cached;
   const int after_first = t.n_generated - (int)a.choices.size();
-  log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s, {}",
+  if (a.params.embedding)
+    log_info("request {}: embedding of {} tokens (pooling {}), queued {:.1f} ms, {:.1f} ms, {:.1f} tok/s, {}", a.params.id, t.n_prompt,
+             pooling_name(a.params.pooling), t.queue_ms, t.prompt_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
+             a.failed ? "error" : cancelled ? "cancelled" : "ok");
+  else
+    log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s, {}",
            a.params.id, t.n_prompt, t.n_cached, t.n_generated, t.ttft_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
            t.generate_ms > 0 && after_first > 0 ? after_first * 1000.0 / t.generate_ms : 0.0,
            a.failed ? "error" : cancelled ? "cancelled" : "ok");
