@@ -11,6 +11,8 @@ namespace roofline::serve {
 
 namespace {
 
+constexpr size_t kMaxEmbeddingInputs = 2048;  // OpenAI's limit per request
+
 bool is_token_id(const json& x) { return x.is_number_integer(); }
 
 int32_t checked_token(const json& x, const ModelContext& mc, const char* param) {
@@ -118,6 +120,8 @@ EmbeddingRequest parse_embedding_request(const json& body, const ModelContext& m
   // A string, or an array holding token ids (with or without strings), is one input; any other
   // array is a list of inputs.
   const bool one = input->is_string() || (input->is_array() && std::any_of(input->begin(), input->end(), is_token_id));
+  if (!one && input->is_array() && input->size() > kMaxEmbeddingInputs)
+    throw ApiError(400, fmt::format("'{}' has {} inputs; at most {} per request", param, input->size(), kMaxEmbeddingInputs), param);
   if (one) {
     r.inputs.push_back(one_input(*input, mc, param));
   } else if (input->is_array() && !input->empty()) {
@@ -171,45 +175,58 @@ json embedding_response(const EmbeddingRequest& r, const ModelContext& mc, const
 
 json run_embeddings(const EmbeddingRequest& r, const ModelContext& mc, Scheduler& scheduler, const std::string& id,
                     const std::function<bool()>& alive) {
-  std::vector<std::shared_ptr<Request>> parts;
-  try {
-    for (size_t i = 0; i < r.inputs.size(); ++i) {
-      GenParams g;
-      g.id = r.inputs.size() > 1 ? fmt::format("{}.{}", id, i) : id;
-      g.prompt = r.inputs[i];
-      g.embedding = true;
-      g.pooling = mc.pooling;
-      g.embd_normalize = r.normalize;
-      parts.push_back(scheduler.submit(std::move(g)));
-    }
-  } catch (...) {
-    for (auto& p : parts) p->cancel();  // all or none
-    throw;
-  }
-  std::vector<std::vector<std::vector<float>>> vectors(parts.size());
-  std::string error;
-  int error_status = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    std::vector<Event> events;
-    bool done = false;
-    while (!done) {
-      done = parts[i]->poll(events, std::chrono::milliseconds(100));
-      if (!done && !alive()) {
-        for (auto& p : parts) p->cancel();
-        for (auto& p : parts)
-          while (!p->poll(events, std::chrono::milliseconds(100))) events.clear();
-        return nullptr;
+  // Inputs go to the scheduler a window at a time (as many as it has slots), so a long list neither
+  // fills its queue (503 for everyone) nor holds every slot while generation waits.
+  const size_t n = r.inputs.size(), window = (size_t)std::max(1, mc.n_slots);
+  std::vector<std::shared_ptr<Request>> parts(n);
+  size_t submitted = 0;
+  auto cancel_all = [&] {
+    for (size_t k = 0; k < submitted; ++k) parts[k]->cancel();
+  };
+  auto submit_up_to = [&](size_t limit) {
+    try {
+      for (; submitted < std::min(limit, n); ++submitted) {
+        GenParams g;
+        g.id = n > 1 ? fmt::format("{}.{}", id, submitted) : id;
+        g.prompt = r.inputs[submitted];
+        g.embedding = true;
+        g.pooling = mc.pooling;
+        g.embd_normalize = r.normalize;
+        parts[submitted] = scheduler.submit(std::move(g));
       }
+    } catch (...) {
+      cancel_all();  // all or none
+      throw;
+    }
+  };
+  submit_up_to(window);
+  std::vector<std::vector<std::vector<float>>> vectors(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<Event> events;
+    while (!parts[i]->poll(events, std::chrono::milliseconds(100))) {
+      if (alive()) continue;
+      cancel_all();  // the client went away: nothing more to compute
+      for (size_t k = 0; k < submitted; ++k)
+        while (!parts[k]->poll(events, std::chrono::milliseconds(100))) events.clear();
+      return nullptr;
     }
     for (Event& e : events) {
-      if (e.finish == Finish::Error && error_status == 0) error_status = 500, error = e.error;
-      if (e.finish == Finish::Cancelled && error_status == 0)
-        error_status = 503, error = e.error.empty() ? "the request was cancelled" : e.error;
+      if (e.finish == Finish::Error) {
+        cancel_all();
+        throw ApiError(500, e.error.empty() ? "the forward step failed" : e.error);
+      }
+      if (e.finish == Finish::Cancelled) {
+        cancel_all();
+        throw ApiError(503, e.error.empty() ? "the request was cancelled" : e.error);
+      }
       if (!e.embedding.empty()) vectors[i] = std::move(e.embedding);
     }
-    if (error_status == 0 && vectors[i].empty()) error_status = 500, error = "the embedding of an input did not come back";
+    if (vectors[i].empty()) {
+      cancel_all();
+      throw ApiError(500, "the embedding of an input did not come back");
+    }
+    submit_up_to(i + 1 + window);
   }
-  if (error_status) throw ApiError(error_status, error);
   return embedding_response(r, mc, vectors);
 }
 

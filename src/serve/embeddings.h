@@ -27,14 +27,15 @@ struct EmbeddingRequest {
 // ids, a mix of strings and ids (one input), or an array of those (several); strings get the model's
 // BOS/EOS as a completion prompt does, token ids are taken as they are. `encoding_format` float or
 // base64; `dimensions` only as the model's width; `embd_normalize` as the server's option.
-// ApiError 400 on anything else, and for the OpenAI form when the server pools nothing (pooling none).
+// ApiError 400 on anything else (also: more than 2048 inputs, an input longer than the context), and
+// for the OpenAI form when the server pools nothing (pooling none).
 EmbeddingRequest parse_embedding_request(const json& body, const ModelContext& mc, EmbeddingRoute route);
 
 // The response for the vectors of each input (one each, or one per token with pooling none).
 json embedding_response(const EmbeddingRequest& r, const ModelContext& mc, const std::vector<std::vector<std::vector<float>>>& vectors);
 
-// Submits every input (all or none: SubmitError as generation requests), waits for their vectors,
-// and returns the response. `alive` is polled while waiting: false cancels the request (the client
+// Submits the inputs (a window of mc.n_slots at a time; all or none: SubmitError as generation
+// requests, the rest cancelled), waits for their vectors, and returns the response. `alive` is polled while waiting: false cancels the request (the client
 // went away) and returns null. A failed or cancelled step is an ApiError (500, 503).
 json run_embeddings(const EmbeddingRequest& r, const ModelContext& mc, Scheduler& scheduler, const std::string& id,
                     const std::function<bool()>& alive);

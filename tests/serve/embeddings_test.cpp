@@ -149,6 +149,7 @@ TEST(EmbeddingsApi, BadRequestsAreClear400s) {
       {R"({"input":"a","encoding_format":1})", "encoding_format", "\"float\" or \"base64\""},
       {R"({"input":"a","dimensions":8})", "dimensions", "'dimensions' is not supported"},
       {R"({"input":"a","embd_normalize":"x"})", "embd_normalize", "must be an integer"},
+      {R"({"input":"a","embd_normalize":99})", "embd_normalize", "between -1 and 64"},
   };
   for (const Case& c : cases) {
     const ApiError e = parse_error(c.body, *mc);
@@ -156,6 +157,16 @@ TEST(EmbeddingsApi, BadRequestsAreClear400s) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << c.body << ": " << e.what();
   }
+  json many = json::array();
+  for (int i = 0; i < 2049; ++i) many.push_back("x");
+  const ApiError too_many = parse_error(json{{"input", many}}.dump(), *mc);
+  EXPECT_EQ(too_many.status, 400);
+  EXPECT_STREQ(too_many.what(), "'input' has 2049 inputs; at most 2048 per request");
+  auto short_ctx = make_context(Pooling::Mean, 4);
+  const ApiError too_long = parse_error(R"({"input":["ab",[1,2,3,4,5]]})", *short_ctx);
+  EXPECT_EQ(too_long.status, 400);
+  EXPECT_EQ(too_long.code, "context_length_exceeded");
+  EXPECT_STREQ(too_long.what(), "input 1 has 5 tokens, more than the context size of 4 tokens: shorten it or start the server with a larger -c");
   // Pooling none: no single vector per input, so the OpenAI form is refused; the native one is not.
   auto none = make_context(Pooling::None, 256);
   const ApiError e = parse_error(R"({"input":"a"})", *none);
@@ -210,6 +221,8 @@ class EmbeddingsServer : public ::testing::Test {
     text = std::make_unique<TokenizerText>(mc->tokenizer);
     SchedulerOptions so;
     so.n_slots = 4;
+    so.queue_size = 4;
+    mc->n_slots = 2;  // inputs go in windows of two
     scheduler = std::make_unique<Scheduler>(*runner, *text, so, &metrics);
     ServerOptions opt;
     opt.port = 0;
@@ -349,6 +362,23 @@ TEST_F(EmbeddingsServer, PoolingNoneGivesPerTokenVectorsOnTheNativeRoutes) {
   EXPECT_EQ(nat[0]["embedding"].size(), mc->tokenizer->encode("hello there", true, true).size());
   EXPECT_EQ(nat[0]["embedding"][0].size(), (size_t)mc->n_embd);
   EXPECT_EQ(nat[1]["index"], 1);
+}
+
+// A list longer than the queue runs (a window at a time), in order.
+TEST_F(EmbeddingsServer, ListsLongerThanTheQueue) {
+  start(Pooling::Last);
+  json inputs = json::array();
+  for (int i = 0; i < 40; ++i) inputs.push_back("input number " + std::to_string(i));
+  int st = 0;
+  const json r = post("/v1/embeddings", json{{"input", inputs}}.dump(), &st);
+  ASSERT_EQ(st, 200) << r.dump();
+  ASSERT_EQ(r["data"].size(), 40u);
+  for (int i : {0, 17, 39}) {
+    EXPECT_EQ(r["data"][i]["index"], i);
+    const json one = post("/v1/embeddings", json{{"input", inputs[i]}}.dump(), &st);
+    EXPECT_TRUE(close(r["data"][i]["embedding"], one["data"][0]["embedding"])) << i;
+  }
+  EXPECT_EQ(engine->memory().used_blocks(), 0);
 }
 
 // Embeddings and a completion at once: both answer, the completion as it does alone.
