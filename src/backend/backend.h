@@ -41,7 +41,8 @@ class Backend {
   // Recurrent-state cells for the DeltaNet layers it holds (a no-op without such layers).
   virtual void init_state(int n_cells) = 0;
 
-  // One step: begin_step, then embed or set_hidden, forward over layer ranges, then get_hidden or output.
+  // One step: begin_step, then embed or set_hidden, forward over layer ranges, then get_hidden or output
+  // (and output_hidden).
   virtual void begin_step(const StepDesc& step) = 0;
   virtual void embed() = 0;
   virtual void set_hidden(const float* hidden) = 0;
@@ -49,6 +50,9 @@ class Backend {
   virtual void forward(int layer_begin, int layer_end) = 0;
   // Final norm and output matrix for the step's logit rows: [logit_rows.size() x n_vocab].
   virtual void output(float* logits) = 0;
+  // Final norm only, for the step's hidden rows (embeddings): [hidden_rows.size() x n_embd]. Called
+  // after forward() and before or after output(), which it leaves as it was.
+  virtual void output_hidden(float* hidden) = 0;
   // Greedy sampling where the logits are (optional; backends that offer it return true here). Like
   // output(), but for logit row i with step.argmax_only[i] set it writes only tokens[i], the row's
   // argmax as argmax_logits() (engine/sampler.h) picks it: the lowest id among the largest logits,

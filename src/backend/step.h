@@ -29,6 +29,9 @@ struct StepDesc {
   // Per logit row (empty: all 0): 1 when only its greedy token is wanted, the row's argmax, so a
   // backend that picks it where the logits are (Backend::output_argmax) need not copy them back.
   std::vector<uint8_t> argmax_only;
+  // Rows whose final hidden state (after the output norm, what the output matrix would read) is
+  // wanted instead of, or besides, logits: embeddings. Ascending.
+  std::vector<int32_t> hidden_rows;
   std::vector<StepSequence> sequences;
 
   int n_tokens() const { return (int)tokens.size(); }

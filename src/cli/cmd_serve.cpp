@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/pooling.h"
 #include "serve/server.h"
 
 namespace roofline::cli {
@@ -149,8 +151,14 @@ int run(int argc, char** argv) {
   app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI to turn off)");
   app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
   app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
-  bool embeddings = false;
-  app.add_flag("--embedding,--embeddings", embeddings, "refused: roofline serves generation only (/v1/embeddings answers 501)");
+  std::string pooling;
+  int embd_normalize = 2;
+  app.add_flag("--embedding,--embeddings", so.embeddings, "serve POST /v1/embeddings, /embeddings and /embedding (beside generation)")
+      ->envname("LLAMA_ARG_EMBEDDINGS");
+  app.add_option("--pooling", pooling, "embeddings: none, mean, cls or last (default: the model's pooling_type key, else none)")
+      ->envname("LLAMA_ARG_POOLING");
+  app.add_option("--embd-normalize", embd_normalize,
+                 "embeddings: -1 none, 0 max absolute (int16 range), 1 taxicab, 2 Euclidean, >2 p-norm")->capture_default_str();
   app.add_option("--shutdown-grace", shutdown_grace, "seconds running requests may take to finish after SIGINT/SIGTERM")
       ->capture_default_str();
   app.add_option("-n,--n-predict", n_predict, "default most tokens to generate (-1: until end of generation)")
@@ -169,7 +177,17 @@ int run(int argc, char** argv) {
 
   // Everything that can be checked without the model is checked before listening, so a bad value
   // exits at once with one line (and never leaves a server answering "Loading model").
-  if (embeddings) fail("--embeddings: roofline serves generation only (/v1/embeddings answers 501)");
+  std::optional<Pooling> pooling_override;
+  if (!pooling.empty()) {
+    try {
+      pooling_override = parse_pooling(pooling);
+    } catch (const Error& e) {
+      usage_fail("{}", e.what());  // not one of the flag's values: exit status 2
+    }
+  }
+  if (embd_normalize < -1 || embd_normalize > 64) fail("--embd-normalize {}: expected -1..64", embd_normalize);
+  if (!so.embeddings && (pooling_override || app.count("--embd-normalize")))
+    log_warn("--pooling and --embd-normalize only matter with --embeddings");
   if (so.port < 0 || so.port > 65535) fail("--port {}: expected 0..65535 (0: any free port)", so.port);
   if (n_parallel == -1) n_parallel = 4;  // llama-server: -1 means auto (4 slots)
   if (n_parallel <= 0) fail("-np {}: expected at least 1 slot (or -1: auto, 4)", n_parallel);
@@ -285,6 +303,8 @@ int run(int argc, char** argv) {
       mc->n_slots = n_parallel;
       mc->default_sampling = sp;
       mc->default_n_predict = n_predict;
+      mc->pooling = pooling_override ? *pooling_override : model_default_pooling(*model);
+      mc->embd_normalize = embd_normalize;
     } catch (...) {
       load_error = std::current_exception();
     }
@@ -318,6 +338,9 @@ int run(int argc, char** argv) {
   server.set_ready(mc.get(), &scheduler, &metrics);
   log_info("ready: model {}, {} slots, context {} tokens shared by all slots (KV blocks of {}), queue {}, batch {}", mc->model_id,
            n_parallel, mc->n_ctx, engine->memory().block_size(), queue_size, engine->options().n_batch);
+  if (so.embeddings)
+    log_info("embeddings: pooling {}{}, normalisation {}{}", pooling_name(mc->pooling), pooling_override ? "" : " (the model's default)",
+             embd_normalize, mc->pooling == Pooling::None ? "; /v1/embeddings needs --pooling mean, last or cls" : "");
 
   wait_signal(-1);
   log_info("shutting down: no new requests; waiting up to {} s for {} running ones", shutdown_grace,

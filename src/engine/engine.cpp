@@ -199,6 +199,12 @@ const Engine::StepOutput& Engine::finish() {
   size_t k = 0;
   for (const BatchRow& row : launched_)
     if (row.want_logits) out.logits.push_back(packed && row.argmax_only ? nullptr : out.buffer.data() + n_vocab * k++);
+  out.hidden.clear();
+  out.hidden_buffer.swap(hidden_out_);
+  const size_t n_embd = (size_t)model_->hparams().n_embd;
+  k = 0;
+  for (const BatchRow& row : launched_)
+    if (row.want_hidden) out.hidden.push_back(out.hidden_buffer.data() + n_embd * k++);
   return out;
 }
 
@@ -214,6 +220,7 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
   step.row_seq.clear();
   step.logit_rows.clear();
   step.argmax_only.clear();
+  step.hidden_rows.clear();
   step.sequences.clear();
   std::set<int> seen;
   std::vector<std::pair<int, int>>& runs = runs_;  // (seq, n_new) in batch order
@@ -259,6 +266,7 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
         step.logit_rows.push_back(row);
         step.argmax_only.push_back(allow_argmax && batch[row].argmax_only ? 1 : 0);
       }
+      if (batch[row].want_hidden) step.hidden_rows.push_back(row);
     }
     step.sequences.push_back(std::move(s));
   }
@@ -290,15 +298,20 @@ bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) 
   const int n_vocab = model_->hparams().n_vocab;
   const size_t n_logit = step.logit_rows.size();
   if (argmax) argmax->assign(n_logit, -1);
+  hidden_out_.clear();
   if (step.tokens.empty()) {
     logits.clear();
     return false;
+  }
+  Backend* out_backend = placement_.back().backend;
+  if (!step.hidden_rows.empty()) {
+    hidden_out_.resize(step.hidden_rows.size() * (size_t)model_->hparams().n_embd);
+    out_backend->output_hidden(hidden_out_.data());
   }
   // Greedy rows: picked by the output backend when it can (their logits then stay on the device),
   // else here from the logits.
   size_t n_greedy = 0;
   for (uint8_t g : step.argmax_only) n_greedy += g;
-  Backend* out_backend = placement_.back().backend;
   const bool device_argmax = argmax && n_greedy > 0 && out_backend->supports_output_argmax();
   logits.resize((device_argmax ? n_logit - n_greedy : n_logit) * (size_t)n_vocab);
   if (device_argmax) out_backend->output_argmax(logits.data(), argmax->data());
@@ -322,6 +335,20 @@ std::vector<float> Engine::eval(int seq, std::span<const int32_t> tokens, bool a
     else if (end == tokens.size()) out = std::move(logits);
   }
   if (!all_logits) ROOFLINE_CHECK(tokens.empty() || out.size() == n_vocab);
+  return out;
+}
+
+std::vector<float> Engine::eval_hidden(int seq, std::span<const int32_t> tokens) {
+  std::vector<float> out;
+  out.reserve(tokens.size() * (size_t)model_->hparams().n_embd);
+  for (size_t start = 0; start < tokens.size(); start += (size_t)options_.n_batch) {
+    const size_t end = std::min(tokens.size(), start + (size_t)options_.n_batch);
+    std::vector<BatchRow> batch;
+    for (size_t i = start; i < end; ++i) batch.push_back({seq, tokens[i], false, false, true});
+    launch(batch);
+    finish();
+    out.insert(out.end(), step_out_.hidden_buffer.begin(), step_out_.hidden_buffer.end());
+  }
   return out;
 }
 

@@ -64,6 +64,8 @@ class Engine {
     // With want_logits, for step(): only the row's greedy token (argmax_logits) is needed; a backend
     // that picks it on the device then sends no logits back for the row.
     bool argmax_only = false;
+    // The row's final hidden state (after the output norm) is wanted: embeddings (step(), launch()).
+    bool want_hidden = false;
   };
   // Runs one forward step (at most n_batch rows); returns logits [rows wanting them x n_vocab] in row
   // order. Throws Error (leaving the cache as it was) if a sequence cannot get KV blocks.
@@ -74,6 +76,8 @@ class Engine {
     std::vector<int32_t> argmax;       // per logit row: its greedy token if it asked for argmax_only, else -1
     std::vector<const float*> logits;  // per logit row: its n_vocab logits; nullptr where only the argmax came back
     std::vector<float> buffer;         // holds the logits (reused from step to step)
+    std::vector<const float*> hidden;  // per row with want_hidden, in row order: its n_embd final hidden state
+    std::vector<float> hidden_buffer;  // holds them
   };
   // decode() for loops that step many times: argmax_only rows get their greedy token (picked on the
   // device when the output backend can, else here), and the buffers are reused (no allocation or
@@ -90,6 +94,10 @@ class Engine {
   // Convenience for one sequence: feeds `tokens` in chunks of n_batch; returns the logits of every
   // token ([tokens x n_vocab]) when all_logits, else of the last token only.
   std::vector<float> eval(int seq, std::span<const int32_t> tokens, bool all_logits = false);
+
+  // Convenience for one sequence: feeds `tokens` in chunks of n_batch and returns every token's final
+  // hidden state after the output norm ([tokens x n_embd]), what embeddings pool.
+  std::vector<float> eval_hidden(int seq, std::span<const int32_t> tokens);
 
   // A new sequence continuing `seq`'s cached tokens: full KV blocks are shared (reference-counted),
   // the partial last block and the recurrent state are copied on every backend.
@@ -134,10 +142,12 @@ class Engine {
   bool in_step_ = false;
   // The forward step behind decode() and step(): start_step() validates, reserves KV blocks and runs
   // every backend up to the output; end_step() runs the output and commits: logits of the wanted rows
-  // into `logits`, greedy tokens into `argmax` when given (else argmax_only is ignored). Returns
+  // into `logits`, greedy tokens into `argmax` when given (else argmax_only is ignored), the final
+  // hidden states of want_hidden rows into hidden_out_. Returns
   // whether the logits are packed (the rows whose argmax the output backend picked are left out).
   void start_step(const std::vector<BatchRow>& batch, bool allow_argmax);
   bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
+  std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement
   int gpu_units_ = 0;
 };

@@ -61,6 +61,8 @@ struct ModelContext {
   bool thinking_template = false;  // the template knows <think>
   SamplingParams default_sampling;  // server defaults (--temp, --top-k, ...)
   int default_n_predict = -1;       // -n
+  Pooling pooling = Pooling::None;  // embeddings: --pooling, else the model's default (pooling.h)
+  int embd_normalize = 2;           // embeddings: llama-server's default normalisation (Euclidean)
 };
 
 enum class Endpoint { Chat, Completions, Native };

@@ -125,6 +125,7 @@ struct Scheduler::Active {
   int n_cached = 0;
   int max_gen = 0;
   int fork_promise = 0;   // blocks each not-yet-forked choice may allocate
+  std::unique_ptr<PromptPooler> pooler;  // embedding requests
   bool greedy = false;    // its tokens are the argmax of the raw logits (the step may pick them)
   bool prefilling = true;
   bool failed = false;
@@ -208,6 +209,7 @@ void Scheduler::loop() {
 }
 
 int Scheduler::reservation_tokens(const GenParams& p) const {
+  if (p.embedding) return 0;
   const int P = (int)p.prompt.size();
   const int room = std::max(0, n_ctx_ - P);
   if (p.max_tokens >= 0) return std::min(p.max_tokens, room);
@@ -237,11 +239,21 @@ std::shared_ptr<Request> Scheduler::submit(GenParams p) {
     if (metrics_) metrics_->on_request_rejected();
     throw SubmitError(status, code, message);
   };
-  if (P == 0) reject(400, "invalid_request_error", "the prompt is empty");
+  if (P == 0) reject(400, "invalid_request_error", p.embedding ? "the input is empty" : "the prompt is empty");
+  if (p.embedding) {
+    if (runner_.n_embd() <= 0) reject(501, "not_supported", "this model runner gives no hidden states (embeddings)");
+    if (P > n_ctx_)
+      reject(400, "context_length_exceeded",
+             fmt::format("the input has {} tokens, more than the context size of {} tokens: shorten it or start the server with a larger -c",
+                         P, n_ctx_));
+    p.n = 1;
+    p.max_tokens = 0;
+    p.cache_prompt = false;  // its own sequence: no prefix adopted (every position must be evaluated), no KV kept
+  }
   if (p.n < 1) reject(400, "invalid_request_error", "n must be at least 1");
   if (p.n > options_.n_slots)
     reject(400, "invalid_request_error", fmt::format("n = {} is more than the server's {} parallel slots", p.n, options_.n_slots));
-  if (P >= n_ctx_)
+  if (!p.embedding && P >= n_ctx_)
     reject(400, "context_length_exceeded",
            fmt::format("the prompt has {} tokens; the context is {} tokens and must leave room for at least one more", P, n_ctx_));
   for (int32_t t : p.prompt)
@@ -334,6 +346,7 @@ void Scheduler::admit() {
     c.history = a->params.prompt;
     c.text = TextStream(a->params.stop);
     a->choices.push_back(std::move(c));
+    if (a->params.embedding) a->pooler = std::make_unique<PromptPooler>(a->params.pooling, P, runner_.n_embd());
     queue_.pop_front();
     active_.push_back(std::move(a));
   }
@@ -376,11 +389,28 @@ void Scheduler::finish_request(Active& a) {
   }
   const int evaluated = t.n_prompt - t.n_cached;
   const int after_first = t.n_generated - (int)a.choices.size();
-  log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s, {}",
+  if (a.params.embedding)
+    log_info("request {}: embedding of {} tokens (pooling {}), queued {:.1f} ms, {:.1f} ms, {:.1f} tok/s, {}", a.params.id, t.n_prompt,
+             pooling_name(a.params.pooling), t.queue_ms, t.prompt_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
+             a.failed ? "error" : cancelled ? "cancelled" : "ok");
+  else
+    log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s, {}",
            a.params.id, t.n_prompt, t.n_cached, t.n_generated, t.ttft_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
            t.generate_ms > 0 && after_first > 0 ? after_first * 1000.0 / t.generate_ms : 0.0,
            a.failed ? "error" : cancelled ? "cancelled" : "ok");
   a.request->finish(t);
+}
+
+void Scheduler::finish_embedding(Active& a, Clock::time_point now) {
+  a.prefilling = false;
+  a.t_first = a.t_last = now;
+  if (metrics_)
+    metrics_->on_prompt((int)a.params.prompt.size() - a.n_cached, std::chrono::duration<double>(now - a.t_admit).count(), a.n_cached);
+  Event e;
+  e.finish = Finish::Eos;
+  e.embedding = a.pooler->result(a.params.embd_normalize);
+  a.request->push(std::move(e));
+  finish_choice(a, a.choices[0]);
 }
 
 void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* logits, Clock::time_point now) {
@@ -514,6 +544,10 @@ void Scheduler::complete_step() {
       mem.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
   }
   ROOFLINE_CHECK(out->argmax.size() == refs_.size() && out->logits.size() == refs_.size(), "step output rows mismatch");
+  ROOFLINE_CHECK(out->hidden.size() == hidden_refs_.size(), "step hidden rows mismatch");
+  for (size_t r = 0; r < hidden_refs_.size(); ++r) hidden_refs_[r].first->pooler->add(hidden_refs_[r].second, out->hidden[r]);
+  for (auto& [a, chunk] : prefill_chunks_)
+    if (a->params.embedding && a->n_prompt_done == (int)a->params.prompt.size() && !a->request->cancelled()) finish_embedding(*a, now);
   for (size_t r = 0; r < refs_.size(); ++r) {
     Active& a = *refs_[r].a;
     if (refs_[r].choice < 0) {
@@ -561,6 +595,7 @@ bool Scheduler::step() {
   rows_.clear();
   refs_.clear();
   prefill_chunks_.clear();
+  hidden_refs_.clear();
   int budget = n_batch_;
   int overflow = 0;  // blocks taken beyond reservations this step
   const int n_active = (int)active_.size();
@@ -618,8 +653,15 @@ bool Scheduler::step() {
     const int need = mem.blocks_needed(c.seq, chunk);
     c.promised = std::max(0, c.promised - need);
     for (int i = 0; i < chunk; ++i) {
-      const bool last = a.n_prompt_done + i + 1 == P;
-      rows_.push_back({c.seq, a.params.prompt[a.n_prompt_done + i], last, last && a.greedy});
+      const int pos = a.n_prompt_done + i;
+      if (a.pooler) {  // embeddings: the final hidden states pooling takes, no logits
+        const bool hidden = a.pooler->wants(pos);
+        rows_.push_back({c.seq, a.params.prompt[pos], false, false, hidden});
+        if (hidden) hidden_refs_.push_back({&a, pos});
+        continue;
+      }
+      const bool last = pos + 1 == P;
+      rows_.push_back({c.seq, a.params.prompt[pos], last, last && a.greedy});
       if (last) refs_.push_back({&a, -1});
     }
     prefill_chunks_.push_back({&a, chunk});

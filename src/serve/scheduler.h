@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/pooling.h"
 #include "engine/sampler.h"
 #include "serve/metrics.h"
 #include "serve/step_runner.h"
@@ -46,6 +47,8 @@ struct Event {
   Finish finish = Finish::None;
   std::string stop_word;
   std::string error;
+  // Embedding requests: the prompt's pooled embedding (one vector), or one per token (pooling none).
+  std::vector<std::vector<float>> embedding;
 };
 
 // What a request cost, llama-server's `timings` and the log line.
@@ -70,6 +73,12 @@ struct GenParams {
   bool ignore_eos = false;
   int logprobs = -1;    // -1: none; k >= 0: the sampled token's logprob and the top k
   bool cache_prompt = true;
+  // An embedding request: the prompt is evaluated in a sequence of its own (never taken from or left in
+  // the prompt cache), its final hidden states pooled, and the result sent in one event; nothing is
+  // generated (n 1, max_tokens 0). The prompt may fill the whole context.
+  bool embedding = false;
+  Pooling pooling = Pooling::Last;
+  int embd_normalize = 2;  // llama-server's embd_normalize (normalize_embedding)
 };
 
 // The channel between the scheduler (producer) and the HTTP thread (consumer) of one request.
@@ -173,6 +182,7 @@ class Scheduler {
   void admit();
   void finish_choice(Active& a, Choice& c);  // frees its KV (caching its blocks first)
   void finish_request(Active& a);
+  void finish_embedding(Active& a, std::chrono::steady_clock::time_point now);  // its event, then frees its KV
   // A generated token whose text and event are made after the next step is launched.
   struct Emission {
     Active* a = nullptr;
@@ -222,6 +232,7 @@ class Scheduler {
   std::vector<BatchRow> rows_;
   std::vector<LogitRef> refs_;
   std::vector<std::pair<Active*, int>> prefill_chunks_;
+  std::vector<std::pair<Active*, int>> hidden_refs_;  // embedding requests: the prompt position of each hidden row
   bool in_flight_ = false;
   int step_rows_done_ = 0;           // rows of the step just finished (metrics)
   std::vector<Emission> pending_;    // tokens picked whose text and events are not out yet

@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/embeddings.h"
 
 namespace roofline::serve {
 
@@ -242,6 +243,7 @@ struct Server::Impl {
 
   void setup();
   void handle_generation(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void handle_embeddings(const httplib::Request& req, httplib::Response& res, EmbeddingRoute route);
   template <typename F>
   void guarded(const httplib::Request& req, httplib::Response& res, F&& body);
 };
@@ -522,13 +524,41 @@ void Server::Impl::setup() {
   svr.Post("/v1/completions", generation(Endpoint::Completions));
   svr.Post("/completions", generation(Endpoint::Native));
   svr.Post("/completion", generation(Endpoint::Native));
-  // Embeddings are not computed by this server (generation only): a clear 501 in the error envelope.
-  auto embeddings = [](const httplib::Request&, httplib::Response& res) {
-    send_error(res, 501, "embeddings are not supported by this server (roofline serves generation only)");
+  auto embeddings = [this](EmbeddingRoute route) {
+    return [this, route](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, [&] { handle_embeddings(req, res, route); });
+    };
   };
-  svr.Post("/v1/embeddings", embeddings);
-  svr.Post("/embeddings", embeddings);
-  svr.Post("/embedding", embeddings);
+  svr.Post("/v1/embeddings", embeddings(EmbeddingRoute::OpenAI));
+  svr.Post("/embeddings", embeddings(EmbeddingRoute::Native));
+  svr.Post("/embedding", embeddings(EmbeddingRoute::Native));
+}
+
+// Embedding requests go through the scheduler (a sequence each, beside generation); without
+// --embeddings the answer is llama-server's: 501 not_supported_error.
+void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Response& res, EmbeddingRoute route) {
+  if (!ready()) {
+    send_error(res, 503, "Loading model");
+    res.set_header("Retry-After", "1");
+    return;
+  }
+  if (!opt.embeddings) {
+    send_error(res, 501, "This server does not support embeddings. Start it with `--embeddings`");
+    return;
+  }
+  if (shutting_down) {
+    send_error(res, 503, "the server is shutting down");
+    return;
+  }
+  const ModelContext& m = *mc.load();
+  const EmbeddingRequest r = parse_embedding_request(parse_body(req.body), m, route);
+  const int fd = find_request_socket(req);
+  const json out = run_embeddings(r, m, *sched.load(), fmt::format("{}", next_request++), [fd] { return socket_alive(fd); });
+  if (out.is_null()) {
+    res.status = 499;  // the client went away
+    return;
+  }
+  send_json(res, 200, out);
 }
 
 Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) { impl_->setup(); }

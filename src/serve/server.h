@@ -19,6 +19,7 @@ struct ServerOptions {
   std::vector<std::string> api_keys;
   bool metrics = false;            // GET /metrics (llama-server: --metrics)
   bool slots = true;               // GET /slots
+  bool embeddings = false;         // POST /v1/embeddings, /embeddings, /embedding (llama-server: --embeddings)
   int threads_http = 0;            // resident HTTP workers (0: max(n_slots + 4, cores - 1))
   int n_slots = 4;                 // to size the worker pool
   int queue_size = 16;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "engine/sequence_memory.h"
 #include "engine/sampler.h"
@@ -25,6 +26,8 @@ class StepRunner {
   virtual int n_vocab() const = 0;
   virtual int n_batch() const = 0;  // most rows in one step
   virtual int n_ctx() const = 0;    // most positions one sequence may hold
+  // Width of the final hidden states rows with want_hidden get (embeddings); 0: this runner gives none.
+  virtual int n_embd() const { return 0; }
   virtual SequenceMemory& memory() = 0;
   // One forward step; logits of the rows that want them, in row order ([rows x n_vocab]).
   virtual std::vector<float> decode(const std::vector<BatchRow>& rows) = 0;
@@ -34,7 +37,10 @@ class StepRunner {
   // greedy token in `argmax` (and may come back without logits). Between the two, nothing may change
   // the sequences' memory. By default launch() runs decode() and picks greedy tokens on the host.
   virtual void launch(const std::vector<BatchRow>& rows) {
+    for (const BatchRow& r : rows)
+      if (r.want_hidden) fail("this model runner gives no hidden states (embeddings)");
     out_.buffer = decode(rows);
+    out_.hidden.clear();
     out_.argmax.clear();
     out_.logits.clear();
     const size_t n = (size_t)n_vocab();
@@ -65,6 +71,7 @@ class EngineRunner final : public StepRunner {
   int n_vocab() const override { return engine_.n_vocab(); }
   int n_batch() const override { return engine_.options().n_batch; }
   int n_ctx() const override { return engine_.options().n_ctx; }
+  int n_embd() const override { return engine_.model().hparams().n_embd; }
   SequenceMemory& memory() override { return engine_.memory(); }
   std::vector<float> decode(const std::vector<BatchRow>& rows) override { return engine_.decode(rows); }
   void launch(const std::vector<BatchRow>& rows) override { engine_.launch(rows); }

@@ -218,5 +218,18 @@ TEST(CliArgs, ConvertSaysWhatIsWrongBeforeConverting) {
   EXPECT_EQ(r.err, "error: -o /nonexistent/dir/x.gguf: the folder /nonexistent/dir does not exist\n");  // nothing converted first
 }
 
+TEST(CliArgs, ServePoolingTakesLlamaServerValues) {
+  auto r = run_cli({"serve", "-m", kTiny, "--port", "0", "--embeddings", "--pooling", "max"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "error: --pooling 'max': use none, mean, cls or last\n");
+  EXPECT_EQ(r.out, "");
+  r = run_cli({"serve", "-m", kTiny, "--port", "0", "--embeddings", "--pooling", "rank"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_CONTAINS(r.err, "--pooling rank: reranking needs a model with a classification head");
+  r = run_cli({"serve", "-m", kTiny, "--port", "0", "--embeddings", "--embd-normalize", "-5"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "error: --embd-normalize -5: expected -1..64\n");
+}
+
 }  // namespace
 }  // namespace roofline::test

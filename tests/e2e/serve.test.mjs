@@ -1,7 +1,7 @@
 // End-to-end tests of `roofline serve` driven by the official openai client (openai@6, Node 20):
 // chat and completions, whole and streamed, usage, stop strings, n > 1 and logprobs, 16 concurrent
 // streams on 4 slots giving the same greedy text as alone, cancel mid-stream, bad inputs, auth,
-// metrics, and a graceful SIGTERM. Run by run.sh (ctest: serve_e2e) with ROOFLINE_BIN and
+// metrics, embeddings (client.embeddings.create: base64 by default, float, lists), and a graceful SIGTERM. Run by run.sh (ctest: serve_e2e) with ROOFLINE_BIN and
 // ROOFLINE_E2E_MODEL set.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -19,7 +19,7 @@ let client;
 
 before(async () => {
   assert.ok(BIN && MODEL, 'ROOFLINE_BIN and ROOFLINE_E2E_MODEL must be set');
-  server = await startServer({ bin: BIN, model: MODEL, args: ['-np', '4', '-c', '4096', '--api-key', KEY, '--metrics', '-t', '2'] });
+  server = await startServer({ bin: BIN, model: MODEL, args: ['-np', '4', '-c', '4096', '--api-key', KEY, '--metrics', '-t', '2', '--embeddings', '--pooling', 'mean'] });
   client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: KEY, maxRetries: 0, timeout: 120000 });
 });
 
@@ -233,6 +233,30 @@ test('bad inputs are 400s with the OpenAI error envelope', async () => {
   assert.equal(unknown.usage.completion_tokens, 2);
   // The server is still healthy.
   assert.equal((await fetch(`${server.base}/health`)).status, 200);
+});
+
+test('embeddings: base64 (the client default) and float agree, unit norm, lists, token ids, errors', async () => {
+  const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+  const b64 = await client.embeddings.create({ model: 'any-name', input: 'The quick brown fox' });
+  assert.equal(b64.object, 'list');
+  assert.equal(b64.data.length, 1);
+  assert.equal(b64.data[0].object, 'embedding');
+  const v = b64.data[0].embedding;
+  assert.ok(Array.isArray(v) && v.length > 0);
+  assert.ok(Math.abs(norm(v) - 1) < 1e-5, `norm ${norm(v)}`);
+  assert.ok(b64.usage.prompt_tokens > 0 && b64.usage.total_tokens === b64.usage.prompt_tokens);
+  const flt = await client.embeddings.create({ model: 'any-name', input: 'The quick brown fox', encoding_format: 'float' });
+  assert.deepEqual(flt.data[0].embedding.map((x) => Math.fround(x)), v.map((x) => Math.fround(x)));
+  const list = await client.embeddings.create({ model: 'any-name', input: ['The quick brown fox', 'jumps over'], encoding_format: 'float' });
+  assert.deepEqual(list.data.map((d) => d.index), [0, 1]);
+  assert.ok(list.data[0].embedding.every((x, i) => Math.abs(x - v[i]) < 1e-5));
+  const ids = await client.embeddings.create({ model: 'any-name', input: [[1, 2, 3], [4, 5]] });
+  assert.equal(ids.data.length, 2);
+  assert.equal(ids.usage.prompt_tokens, 5);
+  await assert.rejects(client.embeddings.create({ model: 'any-name', input: 'x', dimensions: 3 }),
+    (e) => e.status === 400 && /dimensions/.test(e.message));
+  await assert.rejects(client.embeddings.create({ model: 'any-name', input: 'word '.repeat(5000) }),
+    (e) => e.status === 400 && /context/.test(e.message));
 });
 
 test('metrics, slots, props, tokenize', async () => {

@@ -44,8 +44,12 @@ class ReferenceForward {
       std::vector<double> d = matvec(L[LT::FfnDown], g);
       for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
     }
-    return matvec(m_.output(), norm(x, vec(m_.output_norm())));
+    hidden_ = norm(x, vec(m_.output_norm()));
+    return matvec(m_.output(), hidden_);
   }
+
+  // The final hidden state of the last step(), after the output norm (what embeddings pool).
+  const std::vector<double>& last_hidden() const { return hidden_; }
 
  private:
   std::vector<double> attention(const LayerWeights& L, int il, const std::vector<double>& xn, int pos) {
@@ -232,6 +236,7 @@ class ReferenceForward {
   const Model& m_;
   const HParams& hp_;
   int n_past_ = 0;
+  std::vector<double> hidden_;  // the last step's final hidden state (normed)
   DType kv_type_k_ = DType::F32, kv_type_v_ = DType::F32;
   std::vector<std::vector<std::vector<double>>> kcache_, vcache_;
   std::vector<std::vector<double>> conv_window_, ssm_state_;  // DeltaNet layers

@@ -308,3 +308,42 @@ TEST(ServeCliTest, LlamaArgEnvironment) {
   EXPECT_EQ(p2["model_alias"], "flag-alias");
   EXPECT_EQ(p2["total_slots"], 2);
 }
+
+// --embeddings (or LLAMA_ARG_EMBEDDINGS) serves the embedding routes with --pooling, else the model's
+// default: none for a generative model, so only the native routes answer (per-token vectors);
+// without the flag they are llama-server's 501.
+TEST(ServeCliTest, EmbeddingsFlagPoolingAndEnvironment) {
+  {
+    ServeProcess s({"--embeddings", "--pooling", "last"});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    int status = 0;
+    const json r = post(c, "/v1/embeddings", json{{"input", {"hello", "world"}}}, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    ASSERT_EQ(r["data"].size(), 2u);
+    double norm = 0;
+    for (const json& x : r["data"][1]["embedding"]) norm += x.get<double>() * x.get<double>();
+    EXPECT_NEAR(norm, 1.0, 1e-5);
+    EXPECT_NE(s.log().find("embeddings: pooling last, normalisation 2"), std::string::npos) << s.log();
+  }
+  {
+    ServeProcess s({}, {{"LLAMA_ARG_EMBEDDINGS", "1"}});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    int status = 0;
+    const json e = post(c, "/v1/embeddings", json{{"input", "hello"}}, &status);
+    EXPECT_EQ(status, 400) << e.dump();
+    const json r = post(c, "/embedding", json{{"content", "hello"}}, &status);
+    ASSERT_EQ(status, 200) << r.dump();
+    EXPECT_GE(r[0]["embedding"].size(), 1u);
+    EXPECT_NE(s.log().find("pooling none (the model's default)"), std::string::npos) << s.log();
+  }
+  {
+    ServeProcess s({});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto c = s.client();
+    int status = 0;
+    post(c, "/v1/embeddings", json{{"input", "hello"}}, &status);
+    EXPECT_EQ(status, 501);
+  }
+}

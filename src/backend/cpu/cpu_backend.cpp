@@ -308,6 +308,14 @@ void CpuBackend::output(float* logits) {
   matmul(model_->output(), normed.data(), n_out, logits, pool_);
 }
 
+void CpuBackend::output_hidden(float* hidden) {
+  ROOFLINE_CHECK(layers_.output, "the CPU backend does not hold the output layer");
+  const HParams& hp = model_->hparams();
+  const int n_embd = hp.n_embd;
+  for (size_t i = 0; i < step_.hidden_rows.size(); ++i)
+    rms_norm(x_.data() + (size_t)step_.hidden_rows[i] * n_embd, output_norm_.data(), hidden + i * n_embd, n_embd, hp.rms_eps);
+}
+
 void CpuBackend::copy_kv_block(int src, int dst) {
   const size_t bs = (size_t)kv_.block_size;
   for (LayerData& d : layer_data_) {

@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
   void get_hidden(float* hidden) override;
   void forward(int layer_begin, int layer_end) override;
   void output(float* logits) override;
+  void output_hidden(float* hidden) override;
   void copy_kv_block(int src, int dst) override;
   void copy_state(int src, int dst) override;
   void set_matmul_observer(MatmulObserver observer) override { observer_ = std::move(observer); }

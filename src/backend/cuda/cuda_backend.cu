@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
     if (step_host_) cudaFreeHost(step_host_);
     if (logits_host_) cudaFreeHost(logits_host_);
     if (argmax_host_) cudaFreeHost(argmax_host_);
+    if (hidden_rows_dev_) cudaFree(hidden_rows_dev_);
   }
 
   std::string name() const override { return fmt::format("CUDA{}", options_.device); }
@@ -266,6 +267,7 @@ class CudaBackend final : public Backend {
     n_logit_ = (int)step.logit_rows.size();
     argmax_only_ = step.argmax_only;
     argmax_only_.resize(n_logit_, 0);
+    hidden_rows_ = step.hidden_rows;
     int stride = 1, max_keys = 1;
     for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
     for (int p : step.positions) max_keys = std::max(max_keys, p + 1);
@@ -464,6 +466,20 @@ class CudaBackend final : public Backend {
     collect_profile();
     for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
     if (packed > 0) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
+  }
+
+  // Embeddings: the output norm of the step's hidden rows (gathered), copied back; no output matrix.
+  void output_hidden(float* hidden) override {
+    ROOFLINE_CHECK(layers_.output, "the GPU backend does not hold the output layer");
+    const int n = (int)hidden_rows_.size();
+    if (n == 0) return;
+    ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
+    const HParams& hp = model_->hparams();
+    if (!hidden_rows_dev_) ROOFLINE_CUDA_CHECK(cudaMalloc(&hidden_rows_dev_, (size_t)std::max(1, options_.max_tokens) * 4));
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(hidden_rows_dev_, hidden_rows_.data(), (size_t)n * 4, cudaMemcpyHostToDevice, stream_));
+    rms_norm(x_, out_norm_, hp.rms_eps, n, hp.n_embd, hidden_rows_dev_, xn_, ActQ8{}, stream_);
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(hidden, xn_, (size_t)n * hp.n_embd * 4, cudaMemcpyDeviceToHost, stream_));
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void copy_kv_block(int src, int dst) override {
@@ -778,6 +794,8 @@ class CudaBackend final : public Backend {
   int32_t* argmax_dev_ = nullptr;   // per logit row: its greedy token (output_argmax)
   int32_t* argmax_host_ = nullptr;
   std::vector<uint8_t> argmax_only_;  // the step's per-logit-row flags
+  std::vector<int32_t> hidden_rows_;  // the step's rows wanting their final hidden state (output_hidden)
+  int* hidden_rows_dev_ = nullptr;    // their device copy (allocated on first use)
   DeviceStep dstep_;
   int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, min_span_ = 32, span_splits_ = 32;
   // Prefill attention: runs of this step, the other rows (device list) and their count.
