@@ -44,3 +44,7 @@ if [ -n "${NCU_DETAIL:-}" ]; then
     echo "ncu detail $k [$v] exit $?" | tee -a "$out/summary.txt"
   done
 fi
+# NPL="1,2,4,8": bench -npl on qwen3-32b (short-batch decode, 1-8 rows per step).
+if [ -n "${NPL:-}" ]; then
+  "$bin/roofline" bench -m synthetic:qwen3-32b:Q4_K_M -p 128 -n 64 -npl "$NPL" -r 1 2>&1 | grep -E "npl|pp|tg" | tee -a "$out/summary.txt"
+fi
