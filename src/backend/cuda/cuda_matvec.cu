@@ -1,8 +1,8 @@
 // Decode matrix-vector products (1-8 tokens), one launch per group of products sharing an input
 // (q/k/v, gate/up: fewer launches per layer). Each warp streams its output rows with 16-byte loads.
 // Q4_K, Q6_K (planes) and Q8_0 (planes) use int8 activations and dp4a, with 1, 2 or 4 rows per warp
-// (row_shape): the activations, loaded once for the warp's rows, are larger than the 4.5-6.5-bit
-// weights, and the L1 rather than DRAM limits these kernels; Q5_K (int8) and F16/BF16/F32 (float
+// (row_shape; Q4_K two, with 4 lanes per super-block): the activations, loaded once for the warp's rows,
+// are larger than the 4.5-6.5-bit weights, and the L1 rather than DRAM limits these kernels; Q5_K (int8) and F16/BF16/F32 (float
 // activations) one row per warp; a generic dequantize-and-FMA kernel for the other types. Each output
 // is reduced by one warp in a fixed order, so results do not depend on the batch, on the rows sharing
 // a warp, or on timing.
@@ -376,30 +376,12 @@ bool multi_row(Kind k) { return k == Kind::Q6K || k == Kind::Q8_0; }
 struct RowShape {
   int rows = 1, sbs = 1;
 };
-// Q4_K (4 lanes per super-block, loads one round ahead at most) takes one or two rows per warp: two share
-// each activation load (the L1 limits one row per warp: ncu, qwen3-32b gate+up at 2.6 TB/s with the L1
-// at 91%), one where two would leave too few warps to fill the GPU (the 5120-row products of qwen3-32b:
-// 2560 warps for ~3700 places). 2-4 tokens: two; 5-8: one. ROOFLINE_MATVEC_Q4K_ROWS (1, 2) forces it.
-int q4k_rows_per_warp(int n_tokens, int64_t total_rows) {
-  static const int forced = [] {
-    const char* env = std::getenv("ROOFLINE_MATVEC_Q4K_ROWS");
-    const int v = env ? std::atoi(env) : 0;
-    return v == 1 || v == 2 ? v : 0;
-  }();
-  if (forced) return forced;
-  if (n_tokens > 4) return 1;
-  if (n_tokens > 1) return 2;
-  static const int64_t warps_that_fit = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return int64_t{0};
-    return (int64_t)sms * 28;  // 7 CTAs of 4 warps per SM at the two-row kernel's 72 registers
-  }();
-  return total_rows / 2 >= warps_that_fit ? 2 : 1;
-}
-
-RowShape row_shape(Kind k, int n_tokens, int64_t cols, int64_t total_rows) {
-  if (k == Kind::Q4K) return {q4k_rows_per_warp(n_tokens, total_rows), 1};
+// Q4_K (4 lanes per super-block) takes two rows per warp at every token count: they share each
+// activation load, which the L1 limits (ncu, qwen3-32b gate+up with one row per warp: 2.6 TB/s with the
+// L1 at 91%). Measured on the H200 (tg128, one run): qwen3-32b 115.2 against 114.0 with one row per warp
+// where two would leave fewer warps than fit the GPU, qwen3-8b 348.7 / 341.8, qwen3.5-27b 138.7 / 136.4.
+RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
+  if (k == Kind::Q4K) return {2, 1};
   if (!multi_row(k)) return {};
   if (n_tokens > 4) return {2, 1};
   if (n_tokens > 1) return {4, k == Kind::Q8_0 ? 1 : 2};
@@ -504,8 +486,7 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
   const bool pdl = pdl_enabled();
   switch (kind) {
     case Kind::Q4K:
-      if (shape.rows == 2) launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      else launch(matvec_kernel<B, Kind::Q4K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
       return;
     case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, stream);
     case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, stream);
@@ -534,9 +515,7 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   g.n = count;
   g.first_unit[0] = 0;
   const Kind kind = kind_of(*ws[0]);
-  int64_t total_rows = 0;
-  for (int m = 0; m < count; ++m) total_rows += ws[m]->rows;
-  const RowShape shape = row_shape(kind, n_tokens, ws[0]->cols, total_rows);
+  const RowShape shape = row_shape(kind, n_tokens, ws[0]->cols);
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
     if (!matvec_can_group(*ws[0], *ws[m])) fail("internal error: grouped matvec over different weight kinds or widths");
