@@ -4,7 +4,7 @@
 // with transformers' float64 logits: mean KL divergence <= 1e-4 and the same top token on >= 98% of rows,
 // and the double reference forward over the converted file within float rounding of transformers. The
 // fixtures' routing gaps (expected.json) say how close any top-k choice came to a tie. Skipped (with a
-// message) while the fixtures are absent.
+// message) while the fixtures are absent; the Gpu* variants run the same with every layer on the GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/gpu.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
 #include "engine/reference_forward.h"
@@ -117,7 +118,7 @@ void run(const std::string& name, int n_gpu_layers) {
   const std::string src = f.expected["source_dtype"];
   const std::string native = src == "bfloat16" ? "bf16" : src == "float16" ? "f16" : "f32";
   for (const std::string outtype : {std::string("f32"), native}) {
-    if (outtype == "f32" && native != "f32" && n_gpu_layers > 0) continue;
+    if (outtype == "f32" && native != "f32" && n_gpu_layers != 0) continue;
     SCOPED_TRACE(name + " " + outtype);
     const std::string path = convert_fixture(f, outtype);
     const Agreement e = agreement(engine_logits(f, path, n_gpu_layers), f.logits, f.n_vocab);
@@ -125,7 +126,7 @@ void run(const std::string& name, int n_gpu_layers) {
                 outtype.c_str(), n_gpu_layers ? " GPU" : "", e.mean_kld, e.worst_kld, e.same_top, e.rows);
     EXPECT_LE(e.mean_kld, kMaxMeanKld);
     EXPECT_GE(e.same_top, kMinSameTop);
-    if (n_gpu_layers > 0 || outtype != "f32") continue;
+    if (n_gpu_layers != 0 || outtype != "f32") continue;
     // The double reference over the converted weights: transformers' maths, up to float rounding.
     auto model = Model::load(gguf::GgufFile::open(path));
     std::vector<float> ref;
@@ -145,3 +146,12 @@ void run(const std::string& name, int n_gpu_layers) {
 
 TEST(MoeFixturesTest, Qwen3MoeF32) { run("qwen3moe_f32", 0); }
 TEST(MoeFixturesTest, Qwen35MoeBf16) { run("qwen35moe_bf16", 0); }
+
+TEST(MoeFixturesTest, GpuQwen3MoeF32) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine";
+  run("qwen3moe_f32", EngineOptions::kGpuLayersAll);
+}
+TEST(MoeFixturesTest, GpuQwen35MoeBf16) {
+  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine";
+  run("qwen35moe_bf16", EngineOptions::kGpuLayersAll);
+}

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/gpu.h"
 #include "core/log.h"
@@ -209,6 +210,7 @@ class CudaBackend final : public Backend {
       prefill_.o_acc = gate_;
     }
     ROOFLINE_CUDA_CHECK(cudaMallocHost(&argmax_host_, (size_t)T * 4));
+    if (hp.is_moe()) moe_ = std::make_unique<MoeFfn>(hp, T, stream_);  // MoE hook (cuda_moe.cuh)
   }
 
   void init_kv(const KvConfig& kv) override {
@@ -692,6 +694,16 @@ class CudaBackend final : public Backend {
     using LT = LayerTensor;
     const HParams& hp = model_->hparams();
     const int n = n_tok_;
+    if (moe_) {  // MoE hook: norm, then routing, experts and shared expert on the device (cuda_moe.cuh)
+      mark("moe ffn", 0);
+      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, ActQ8{}, stream_);
+      const bool shared = L.m(LT::FfnGateShexp).data != nullptr;
+      moe_->forward({&L.m(LT::FfnGateInp), &L.m(LT::FfnGateExps), &L.m(LT::FfnUpExps), &L.m(LT::FfnDownExps),
+                     shared ? &L.m(LT::FfnGateShexp) : nullptr, shared ? &L.m(LT::FfnUpShexp) : nullptr,
+                     shared ? &L.m(LT::FfnDownShexp) : nullptr, L.v(LT::FfnGateInpShexp)},
+                    xn_, n, x_, stream_);
+      return;
+    }
     const bool q8_ffn = needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && hp.n_embd % 32 == 0;
     mark("ffn norm + quantize", 0);
     rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
@@ -805,6 +817,7 @@ class CudaBackend final : public Backend {
   std::map<int, int> profiled_steps_;
   size_t out_bytes_ = 0;
   std::map<uint64_t, cudaGraphExec_t> graphs_;
+  std::unique_ptr<MoeFfn> moe_;  // MoE hook: mixture-of-experts models only
 };
 
 }  // namespace
