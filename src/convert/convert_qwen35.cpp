@@ -300,7 +300,7 @@ struct Bound {
   const safetensors::Tensor* t;
   const Expected* e;
   const LayerExperts* experts = nullptr;  // a layer's stacked experts (e null; t its first source tensor)
-  std::string blk;                        // their "blk.N."
+  std::string blk = "";                   // their "blk.N."
 };
 
 // "model.layers.3.mlp.experts." for a tensor inside a layer's experts.
