@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/reference_forward.h"
 #include "formats/gguf.h"
+#include "convert_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
@@ -35,8 +36,8 @@ struct MoeFixture {
   int n_vocab = 0;
 };
 
-bool load(const std::string& name, MoeFixture& f) {
-  f.dir = test::source_dir() + "/tests/fixtures/hf/" + name;
+bool load(const std::string& dir, MoeFixture& f) {
+  f.dir = dir;
   if (!fs::exists(f.dir + "/expected.json")) return false;
   std::ifstream in(f.dir + "/expected.json");
   f.expected = json::parse(in);
@@ -111,9 +112,10 @@ std::vector<float> engine_logits(const MoeFixture& f, const std::string& path, i
   return all;
 }
 
-void run(const std::string& name, int n_gpu_layers) {
+void run_dir(const std::string& dir, int n_gpu_layers) {
+  const std::string name = fs::path(dir).filename().string();
   MoeFixture f;
-  if (!load(name, f)) GTEST_SKIP() << "tests/fixtures/hf/" << name << " is absent (scripts/fixtures/make_moe_fixtures.py makes it)";
+  ASSERT_TRUE(load(dir, f)) << dir;
   std::printf("%s: routing gaps per sequence %s\n", name.c_str(), f.expected["routing_min_gap"].dump().c_str());
   const std::string src = f.expected["source_dtype"];
   const std::string native = src == "bfloat16" ? "bf16" : src == "float16" ? "f16" : "f32";
@@ -142,7 +144,70 @@ void run(const std::string& name, int n_gpu_layers) {
   }
 }
 
+void run(const std::string& name, int n_gpu_layers) {
+  const std::string dir = test::source_dir() + "/tests/fixtures/hf/" + name;
+  if (!fs::exists(dir + "/expected.json"))
+    GTEST_SKIP() << "tests/fixtures/hf/" << name << " is absent (scripts/fixtures/make_moe_fixtures.py makes it)";
+  run_dir(dir, n_gpu_layers);
+}
+
 }  // namespace
+
+// The comparison itself, on a fixture-shaped folder whose expected logits are the double reference's
+// over its own conversion (a synthetic Qwen3-MoE folder): what the transformers fixtures will go through.
+TEST(MoeFixturesTest, ComparisonRunsOnAFixtureShapedFolder) {
+  test::SynthHf s;
+  s.hf_class = "Qwen3ForCausalLM";
+  s.layers = 2;
+  std::vector<test::StTensor> tensors;
+  uint32_t seed = 900;
+  for (const auto& t : test::synth_tensors(s)) {
+    const size_t at = t.name.find("mlp.gate_proj.weight");
+    if (t.name.find("mlp.up_proj") != std::string::npos || t.name.find("mlp.down_proj") != std::string::npos) continue;
+    if (at == std::string::npos) {
+      tensors.push_back(t);
+      continue;
+    }
+    const std::string p = t.name.substr(0, at) + "mlp.";
+    tensors.push_back({p + "gate.weight", "F32", {4, 64}, test::test_values(4 * 64, seed++, 0.5f)});
+    for (int e = 0; e < 4; ++e)
+      for (const char* part : {"gate_proj", "up_proj", "down_proj"}) {
+        const bool down = std::string(part) == "down_proj";
+        tensors.push_back({p + "experts." + std::to_string(e) + "." + part + ".weight", "F32",
+                           down ? std::vector<int64_t>{64, 32} : std::vector<int64_t>{32, 64}, test::test_values(64 * 32, seed++, 0.3f)});
+      }
+  }
+  s.hf_class = "Qwen3MoeForCausalLM";
+  s.extra_config = {{"num_experts", 4}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}, {"norm_topk_prob", true}};
+  const std::string dir = test::temp_dir() + "/moe_fixture_shaped";
+  fs::remove_all(dir);
+  test::write_synth_hf(dir, s, tensors);
+  MoeFixture f;
+  f.dir = dir;
+  const std::vector<std::vector<int32_t>> seqs = {{1, 5, 9, 200, 17, 3}, {250, 4, 4}};
+  auto model = Model::load(gguf::GgufFile::open(convert_fixture(f, "f32")));
+  std::vector<float> logits;
+  for (const auto& sq : seqs) {
+    test::ReferenceForward r(*model);
+    for (int32_t t : sq)
+      for (double x : r.step(t)) logits.push_back((float)x);
+  }
+  std::ofstream(dir + "/expected_logits.f32", std::ios::binary)
+      .write(reinterpret_cast<const char*>(logits.data()), (std::streamsize)(logits.size() * 4));
+  json ex = {{"source_dtype", "float32"}, {"logits_file", "expected_logits.f32"}, {"sequences", seqs},
+             {"logits_shape", {logits.size() / 300, 300}}, {"routing_min_gap", {0.0, 0.0}}};
+  std::ofstream(dir + "/expected.json") << ex.dump();
+  run_dir(dir, 0);
+  // A wrong expected row fails it.
+  for (size_t i = 0; i < 300; ++i) logits[i] = -logits[i];
+  std::ofstream(dir + "/expected_logits.f32", std::ios::binary)
+      .write(reinterpret_cast<const char*>(logits.data()), (std::streamsize)(logits.size() * 4));
+  MoeFixture bad;
+  ASSERT_TRUE(load(dir, bad));
+  const Agreement a = agreement(engine_logits(bad, convert_fixture(bad, "f32"), 0), bad.logits, bad.n_vocab);
+  EXPECT_GT(a.mean_kld, kMaxMeanKld);
+  EXPECT_LT(a.same_top, 1.0);
+}
 
 TEST(MoeFixturesTest, Qwen3MoeF32) { run("qwen3moe_f32", 0); }
 TEST(MoeFixturesTest, Qwen35MoeBf16) { run("qwen35moe_bf16", 0); }
