@@ -2,7 +2,8 @@
 // double-precision routing on random logits of odd sizes; the grouped expert products against a
 // per-row double reference on random stacked tensors (f32 and quantized), and batch independence;
 // loading llama.cpp-style qwen3moe / qwen35moe files (the shared-expert gate as [n_embd] or [n_embd, 1],
-// clear errors for missing keys and mis-shaped experts); llama.cpp's Q4_K_M mix on the real MoE shapes.
+// clear errors for missing keys and mis-shaped experts); llama.cpp's Q4_K_M mix on the real MoE shapes;
+// which layers --cpu-moe / --n-cpu-moe / -ot keep in host memory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,8 +13,10 @@
 #include <functional>
 #include <random>
 
+#include "backend/cpu/host_experts.h"
 #include "backend/cpu/moe_cpu.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "formats/quant_ref.h"
 #include "model/model.h"
 #include "model/quant_mix.h"
@@ -334,4 +337,49 @@ TEST(MoeTest, Q4KMixOfTheRealShapes) {
   for (const auto& t : l.tensors) bytes += t.n_bytes;
   EXPECT_GT(bytes, 17.0e9);
   EXPECT_LT(bytes, 19.0e9);
+}
+
+// Which layers keep their experts in host memory (--cpu-moe, --n-cpu-moe, -ot REGEX=CPU): the first N,
+// all, or those a pattern names; patterns that reach other tensors, and bad regexes, are refused.
+TEST(MoeTest, ExpertPlacementFlagsPickLayers) {
+  auto m = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-qwen35moe:F32")));
+  auto count = [](const std::vector<bool>& v) { return (int)std::count(v.begin(), v.end(), true); };
+  EXPECT_EQ(count(experts_on_host(*m, 0, {})), 0);
+  EXPECT_EQ(experts_on_host(*m, 1, {}), (std::vector<bool>{true, false, false, false}));
+  EXPECT_EQ(count(experts_on_host(*m, EngineOptions::kAllLayers, {})), 4);
+  std::string note;
+  EXPECT_EQ(experts_on_host(*m, 0, {"blk\\.[23]\\.ffn_.*_exps"}, &note), (std::vector<bool>{false, false, true, true}));
+  EXPECT_TRUE(note.empty()) << note;
+  EXPECT_EQ(experts_on_host(*m, 1, {"blk\\.3\\.ffn_down_exps"}, &note), (std::vector<bool>{true, false, false, true}));
+  EXPECT_NE(note.find("layer 3: -ot matches 1 of its 3 expert tensors"), std::string::npos) << note;
+  EXPECT_EQ(count(experts_on_host(*m, 0, {"exps"})), 4);  // llama.cpp's usual -ot exps=CPU
+  auto refused = [&](const std::string& pattern, const std::string& part) {
+    try {
+      experts_on_host(*m, 0, {pattern});
+      ADD_FAILURE() << pattern;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  refused("ffn_.*shexp", "is not a stacked expert tensor: only experts (ffn_*_exps) can be kept in host memory");
+  refused("blk\\.0\\.", "matches blk.0.");
+  refused("exps[", "not a valid regular expression");
+  // A dense model: nothing to place, and experts-only patterns match nothing.
+  auto dense = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-qwen3:F32")));
+  EXPECT_EQ(count(experts_on_host(*dense, EngineOptions::kAllLayers, {"exps"})), 0);
+
+  // The command line: -cmoe / -ncmoe / -ot spellings, =CPU only.
+  auto r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3moe:F32", "-p", "hi", "-n", "2", "-ot", "blk.0.ffn_gate=CPU"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("-ot 'blk.0.ffn_gate=CPU' matches blk.0.ffn_gate_inp.weight, which is not a stacked expert tensor"),
+            std::string::npos) << r.err;
+  r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3moe:F32", "-p", "hi", "-n", "2", "-ot", "exps=CUDA0"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("only CPU is supported as the buffer type"), std::string::npos) << r.err;
+  r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3moe:F32", "-p", "hi", "-n", "2", "-ncmoe", "-3"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--n-cpu-moe -3"), std::string::npos) << r.err;
+  r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3moe:F32", "-p", "hi", "-n", "2", "-cmoe", "-ncmoe", "1", "-ot",
+                     "blk\\.1\\.ffn_up_exps=cpu,blk\\.0\\.ffn_down_exps=CPU"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }

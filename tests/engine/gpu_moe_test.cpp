@@ -115,3 +115,47 @@ TEST(GpuMoeTest, DecodeBatchesAreBitIdenticalToEachSequenceAlone) {
     }
   }
 }
+
+// --cpu-moe / --n-cpu-moe / -ot: the experts of some layers stay in host memory and run on the CPU while
+// the rest of each layer runs on the GPU; the logits match the CPU engine's as with every expert on the
+// GPU, the report says where the experts went, and the GPU holds fewer weight bytes.
+TEST(GpuMoeTest, ExpertsInHostMemoryMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* spec;
+    int n_cpu_moe;
+    std::vector<std::string> patterns;
+    double bound;
+  };
+  for (const Case& c : {Case{"tiny-qwen3moe:F32", EngineOptions::kAllLayers, {}, 1e-6}, Case{"tiny-qwen35moe:F32", 1, {}, 1e-5},
+                        Case{"tiny-qwen35moe:Q8_0", 0, {"blk\\.[13]\\.ffn_.*_exps"}, 1e-2},
+                        Case{"tiny-qwen3moe:Q4_K_M", 0, {"exps"}, 2e-2}}) {
+    auto model = tiny(c.spec);
+    const auto tokens = some_tokens(40, model->hparams().n_vocab, 5);
+    EngineOptions o;
+    o.n_ctx = 256;
+    o.type_k = o.type_v = DType::F32;
+    auto cpu = Engine::create(model, o);
+    const auto want = prompt_then_decode(*cpu, tokens, 30);
+    o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+    auto all_gpu = Engine::create(model, o);
+    o.n_cpu_moe = c.n_cpu_moe;
+    o.cpu_tensor_patterns = c.patterns;
+    auto hybrid = Engine::create(model, o);
+    const auto got = prompt_then_decode(*hybrid, tokens, 30);
+    ASSERT_EQ(got.size(), want.size());
+    const double e = test::nmse(got.data(), want.data(), got.size());
+    std::printf("%-22s experts partly in host memory: NMSE vs CPU %.3g (bound %.0e)\n", c.spec, e, c.bound);
+    EXPECT_LT(e, c.bound) << c.spec;
+    std::string report;
+    for (const std::string& line : hybrid->report()) report += line + "\n";
+    EXPECT_NE(report.find("MoE experts of"), std::string::npos) << report;
+    auto gpu_bytes = [](const Engine& eng) {
+      uint64_t n = 0;
+      for (const std::string& line : eng.report())
+        if (line.rfind("CUDA", 0) == 0) n += (uint64_t)std::atof(line.substr(line.rfind(", ") + 2).c_str());
+      return n;
+    };
+    EXPECT_LT(gpu_bytes(*hybrid), gpu_bytes(*all_gpu)) << report;
+  }
+}

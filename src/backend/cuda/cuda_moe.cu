@@ -120,6 +120,13 @@ __global__ void moe_shared_add_kernel(const float* gate, const float* xn, const 
   for (int i = threadIdx.x; i < n; i += blockDim.x) x[(int64_t)t * n + i] += s * y[(int64_t)t * n + i];
 }
 
+// x[i] += y[i] for i < n.
+__global__ void moe_add_kernel(const float* y, int64_t n, float* x) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
 void rows(const DeviceWeight& w, int64_t R, int C, const int32_t* ids, int k, const float* x, bool x_per_pair, int n_pairs,
           float* y, cudaStream_t stream) {
   if (n_pairs == 0) return;
@@ -171,7 +178,20 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   rows(*L.down_exps, H, F, ids_, k, gate_, true, pairs, y_, stream);
   launch(moe_combine_kernel, dim3((unsigned)((H + 255) / 256), (unsigned)n), dim3(256), 0, stream, pdl_enabled(),
          (const float*)y_, (const float*)weights_, k, H, x);
-  if (hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
+  forward_shared(L, xn, n, x, stream);
+}
+
+void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t stream) {
+  if (n == 0) return;
+  ROOFLINE_CHECK(n <= max_rows_, "internal error: {} rows exceed the MoE buffers ({})", n, max_rows_);
+  const int64_t count = (int64_t)n * hp_.n_embd;
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y_, host_rows, (size_t)count * 4, cudaMemcpyHostToDevice, stream));
+  launch(moe_add_kernel, dim3((unsigned)((count + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), (const float*)y_, count, x);
+}
+
+void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
+  const int H = hp_.n_embd;
+  if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
   const int S = hp_.n_ff_shexp;
   rows(*L.gate_shexp, S, H, nullptr, 1, xn, true, n, shexp_gate_, stream);
   rows(*L.up_shexp, S, H, nullptr, 1, xn, true, n, shexp_up_, stream);

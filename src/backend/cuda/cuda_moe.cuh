@@ -31,6 +31,11 @@ class MoeFfn {
   // x[r] += FFN(xn[r]) for r < n_rows: the routed experts weighted by their routing weights, plus the
   // shared expert times sigmoid(shexp_gate . xn[r]) where the layer has one.
   void forward(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
+  // The shared expert alone (x[r] += sigmoid(gate . xn[r]) * shared(xn[r])), for layers whose routed
+  // experts run elsewhere; nothing for a layer without one.
+  void forward_shared(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
+  // x[r] += rows[r] for host rows [n_rows x n_embd] (the routed experts' output computed on the CPU).
+  void add_host_rows(const float* rows, int n_rows, float* x, cudaStream_t stream);
 
   // The last forward's routing ([n_rows x n_expert_used] ids and weights, device pointers).
   const int32_t* ids() const { return ids_; }
