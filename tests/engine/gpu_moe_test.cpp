@@ -160,3 +160,38 @@ TEST(GpuMoeTest, ExpertsInHostMemoryMatchTheCpu) {
     EXPECT_LT(gpu_bytes(*hybrid), gpu_bytes(*all_gpu)) << report;
   }
 }
+
+// -ngl auto on a MoE model that does not fit (a --vram-limit a little under its size): the experts of
+// the first layers stay in host memory, every unit still goes to the GPU, the report says so, and the
+// logits match the CPU's.
+TEST(GpuMoeTest, NglAutoKeepsTheFirstLayersExpertsOnTheHostWhenTheModelDoesNotFit) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3moe:F32");
+  const HParams& hp = model->hparams();
+  EngineOptions o;
+  o.n_ctx = 256;
+  o.type_k = o.type_v = DType::F32;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAuto;
+  o.gpu_margin_gib = 0;
+  double all = 0, experts = 0;
+  for (const auto& t : model->file().tensors()) {
+    all += (double)t.n_bytes;
+    if (t.name.find("_exps") != std::string::npos) experts += (double)t.n_bytes;
+  }
+  const double work = (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) + 256.0 * 1048576;  // the engine's estimate
+  const double kv = 2.0 * o.n_ctx * (hp.kv_dim_k() + hp.kv_dim_v()) * 4 * hp.n_layer + 65536;
+  // Half the experts are layer 0's: with them on the host the rest fits, with none it does not.
+  o.vram_limit_gib = {(work + all - 0.25 * experts + kv) / 1073741824.0};
+  auto engine = Engine::create(model, o);
+  std::string report;
+  for (const std::string& line : engine->report()) report += line + "\n";
+  EXPECT_EQ(engine->gpu_units(), hp.n_layer + 1) << report;
+  EXPECT_NE(report.find("-ngl auto: the MoE experts of the first 1 of 2 layers stay in host memory"), std::string::npos) << report;
+  const auto tokens = some_tokens(20, hp.n_vocab, 9);
+  EngineOptions co;
+  co.n_ctx = 256;
+  co.type_k = co.type_v = DType::F32;
+  auto cpu = Engine::create(model, co);
+  const auto want = prompt_then_decode(*cpu, tokens, 12), got = prompt_then_decode(*engine, tokens, 12);
+  EXPECT_LT(test::nmse(got.data(), want.data(), got.size()), 1e-6);
+}
