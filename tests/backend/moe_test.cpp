@@ -76,8 +76,11 @@ TEST(MoeTest, RoutingMatchesPlainSoftmaxTopK) {
         EXPECT_NEAR(w[(size_t)i], want_w[(size_t)i], 1e-6 * c.scale);
         sum += w[(size_t)i];
       }
-      if (c.normalize) EXPECT_NEAR(sum, c.scale, 1e-5 * c.scale);
-      else EXPECT_LT(sum, 1.0 + 1e-6);
+      if (c.normalize) {
+        EXPECT_NEAR(sum, c.scale, 1e-5 * c.scale);
+      } else {
+        EXPECT_LT(sum, 1.0 + 1e-6);
+      }
     }
   }
   // Ties: the lower index first; all-equal logits give weights 1/k after renormalisation.
@@ -323,7 +326,9 @@ TEST(MoeTest, Q4KMixOfTheRealShapes) {
       } else if (n == "output.weight") {
         EXPECT_EQ(t.type, DType::Q6_K);
       }
-      if (n.find("_exps") != std::string::npos) EXPECT_EQ(t.n_dims, 3) << n;
+      if (n.find("_exps") != std::string::npos) {
+        EXPECT_EQ(t.n_dims, 3) << n;
+      }
       if (n.find("ffn_gate_inp_shexp") != std::string::npos) {
         EXPECT_EQ(t.n_dims, 2) << n;
         EXPECT_EQ(t.ne[1], 1) << n;

@@ -41,7 +41,9 @@ TEST(QuantizeMoeTest, StackedExpertsQuantizeRowByRowWithLlamaCppsMix) {
         if (m.name == t.name) want = &m;
       ASSERT_NE(want, nullptr) << t.name;
       EXPECT_EQ(t.type, want->type) << t.name << ": " << dtype_name(t.type) << " vs the mix's " << dtype_name(want->type);
-      if (t.name.find("ffn_gate_inp") != std::string::npos) EXPECT_EQ(t.type, DType::F32) << t.name;
+      if (t.name.find("ffn_gate_inp") != std::string::npos) {
+        EXPECT_EQ(t.type, DType::F32) << t.name;
+      }
       if (t.name.find("_exps.weight") == std::string::npos) continue;
       ++n_exps;
       ASSERT_EQ(t.n_dims, 3);
