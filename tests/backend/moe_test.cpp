@@ -3,7 +3,7 @@
 // per-row double reference on random stacked tensors (f32 and quantized), and batch independence;
 // loading llama.cpp-style qwen3moe / qwen35moe files (the shared-expert gate as [n_embd] or [n_embd, 1],
 // clear errors for missing keys and mis-shaped experts); llama.cpp's Q4_K_M mix on the real MoE shapes;
-// which layers --cpu-moe / --n-cpu-moe / -ot keep in host memory.
+// which layers --cpu-moe / --n-cpu-moe / -ot keep in host memory; importance matrices per expert.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,8 @@
 #include "backend/cpu/moe_cpu.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/imatrix.h"
+#include "model/quantize.h"
 #include "formats/quant_ref.h"
 #include "model/model.h"
 #include "model/quant_mix.h"
@@ -387,4 +389,54 @@ TEST(MoeTest, ExpertPlacementFlagsPickLayers) {
   r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3moe:F32", "-p", "hi", "-n", "2", "-cmoe", "-ncmoe", "1", "-ot",
                      "blk\\.1\\.ffn_up_exps=cpu,blk\\.0\\.ffn_down_exps=CPU"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Importance matrices of MoE models, as llama-imatrix keeps them: per expert of a stacked tensor, the sum
+// of squares of the input rows routed to it and their count; gate and up see the same rows; quantize
+// takes them per expert.
+TEST(MoeTest, ImatrixCollectsPerExpert) {
+  const std::string f16 = test::temp_dir() + "/tiny-qwen3moe-imatrix-F16.gguf";
+  write_synthetic_model(parse_synthetic_spec("synthetic:tiny-qwen3moe:F16"), f16, 2);
+  auto model = Model::load(gguf::GgufFile::open(f16));
+  EngineOptions o;
+  o.n_threads = 2;
+  o.n_ctx = 128;
+  auto engine = Engine::create(model, o);
+  Imatrix im;
+  engine->set_matmul_observer(imatrix_observer(im, false));
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40; ++i) tokens.push_back((i * 37 + 11) % 512);
+  engine->eval(engine->memory().create_sequence(), tokens, false);
+  engine->set_matmul_observer(nullptr);
+  for (int il = 0; il < 2; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    const ImatrixEntry& g = im.entries().at(b + "ffn_gate_exps.weight");
+    const ImatrixEntry& u = im.entries().at(b + "ffn_up_exps.weight");
+    const ImatrixEntry& d = im.entries().at(b + "ffn_down_exps.weight");
+    ASSERT_EQ(g.counts.size(), 6u);
+    EXPECT_EQ(g.n_cols(), 256);
+    EXPECT_EQ(d.n_cols(), 256);
+    EXPECT_EQ(std::accumulate(g.counts.begin(), g.counts.end(), int64_t{0}), 40 * 2) << "each token reaches 2 experts";
+    EXPECT_EQ(g.counts, d.counts);
+    EXPECT_EQ(g.sums, u.sums) << "gate and up multiply the same rows";
+    for (size_t e = 0; e < 6; ++e)
+      if (g.counts[e] == 0) {
+        for (size_t j = 0; j < 256; ++j) EXPECT_EQ(g.sums[e * 256 + j], 0.0);
+      }
+    EXPECT_EQ(im.entries().at(b + "ffn_gate_inp.weight").counts.size(), 1u);
+  }
+  // Quantizing with it weights each expert's rows by that expert's values.
+  QuantizeOptions q;
+  q.mix = find_mix("Q4_K_M");
+  q.n_threads = 2;
+  const ImportanceData importance = im.importance("test.imatrix");
+  q.imatrix = &importance;
+  const QuantizePlan plan = plan_quantization(*gguf::GgufFile::open(f16), q);
+  int with = 0;
+  for (const auto& t : plan.tensors)
+    if (t.name.find("_exps") != std::string::npos) {
+      EXPECT_TRUE(t.uses_imatrix) << t.name;
+      ++with;
+    }
+  EXPECT_EQ(with, 6);
 }

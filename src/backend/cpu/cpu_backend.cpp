@@ -236,15 +236,15 @@ void CpuBackend::dense_ffn_block(const LayerWeights& L) {
 }
 
 // Routed experts (grouped by expert), plus the shared expert scaled by sigmoid(gate . x) where the
-// arch has one. The expert products are not reported to the matmul observer (an importance matrix
-// for stacked experts is not collected yet); the router's and the shared expert's are.
+// arch has one. The matmul observer sees the router's, each expert's (with its index) and the shared
+// expert's inputs.
 void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
   using LT = LayerTensor;
   const HParams& hp = model_->hparams();
   const int n = step_.n_tokens();
   const int n_embd = hp.n_embd;
   observe(L[LT::FfnGateInp], xn_.data(), n);
-  moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_);
+  moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_, &observer_);
   if (hp.n_ff_shexp > 0) {
     const Weight &w_gate = L[LT::FfnGateShexp], &w_up = L[LT::FfnUpShexp], &w_down = L[LT::FfnDownShexp];
     observe(w_gate, xn_.data(), n);

@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
   void moe_ffn_block(const LayerWeights& L, const LayerData& d);             // xn_ -> xn_
   void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
-    if (observer_) observer_(*w.tensor, x, n_rows, w.cols());
+    if (observer_) observer_(*w.tensor, x, n_rows, w.cols(), -1);
   }
   KvLayerView kv_view(int il);
 

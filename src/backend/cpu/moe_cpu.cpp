@@ -47,6 +47,9 @@ void ExpertViews::build(const Weight& gate_exps, const Weight& up_exps, const We
   up.clear();
   down.clear();
   const int n_expert = (int)gate_exps.tensor->ne[2];
+  gate_stacked = gate_exps.tensor;
+  up_stacked = up_exps.tensor;
+  down_stacked = down_exps.tensor;
   for (int e = 0; e < n_expert; ++e) {
     gate.push_back(expert_slice(*gate_exps.tensor, e));
     up.push_back(expert_slice(*up_exps.tensor, e));
@@ -55,7 +58,7 @@ void ExpertViews::build(const Weight& gate_exps, const Weight& up_exps, const We
 }
 
 void MoeExperts::forward(const Weight& router, const ExpertViews& experts, const HParams& hp, const float* x, int n,
-                         float* out, ThreadPool& pool) {
+                         float* out, ThreadPool& pool, const Backend::MatmulObserver* observer) {
   const int n_embd = hp.n_embd, n_expert = hp.n_expert, k = hp.n_expert_used, n_ff = hp.n_ff_exp;
   logits_.resize((size_t)n * n_expert);
   ids_.resize((size_t)n * k);
@@ -83,6 +86,10 @@ void MoeExperts::forward(const Weight& router, const ExpertViews& experts, const
     for (int j = 0; j < m; ++j)
       std::memcpy(xe_.data() + (size_t)j * n_embd, x + (size_t)rows[(size_t)j].first * n_embd, n_embd * sizeof(float));
     const Weight w_gate{&experts.gate[(size_t)e]}, w_up{&experts.up[(size_t)e]}, w_down{&experts.down[(size_t)e]};
+    if (observer && *observer) {
+      (*observer)(*experts.gate_stacked, xe_.data(), m, n_embd, e);
+      (*observer)(*experts.up_stacked, xe_.data(), m, n_embd, e);
+    }
     if (act_format_for(w_gate.type()) == act_format_for(w_up.type())) {
       act_.prepare(act_format_for(w_gate.type()), xe_.data(), m, n_embd, pool);
       const MatmulOut outs[] = {{&w_gate, gate_.data()}, {&w_up, up_.data()}};
@@ -92,6 +99,7 @@ void MoeExperts::forward(const Weight& router, const ExpertViews& experts, const
       matmul(w_up, xe_.data(), m, up_.data(), pool);
     }
     for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+    if (observer && *observer) (*observer)(*experts.down_stacked, gate_.data(), m, n_ff, e);
     matmul(w_down, gate_.data(), m, ye_.data(), pool);
     for (int j = 0; j < m; ++j) {
       float* o = out + (size_t)rows[(size_t)j].first * n_embd;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cpu/matmul.h"
 #include "core/thread_pool.h"
 #include "model/hparams.h"
@@ -25,15 +26,17 @@ gguf::TensorInfo expert_slice(const gguf::TensorInfo& stacked, int expert);
 // A layer's experts as 2-D views (built once at load; Weights point into them).
 struct ExpertViews {
   std::vector<gguf::TensorInfo> gate, up, down;
+  const gguf::TensorInfo *gate_stacked = nullptr, *up_stacked = nullptr, *down_stacked = nullptr;
   void build(const Weight& gate_exps, const Weight& up_exps, const Weight& down_exps);
 };
 
 // The routed part of a MoE FFN: out[r] = sum over r's chosen experts of weight * down(silu(gate x) * up x).
 class MoeExperts {
  public:
-  // x: [n x n_embd] (the FFN's normed input), out: [n x n_embd] (overwritten).
+  // x: [n x n_embd] (the FFN's normed input), out: [n x n_embd] (overwritten). An observer (importance
+  // matrices) sees each expert's input rows with the stacked tensor and the expert's index.
   void forward(const Weight& router, const ExpertViews& experts, const HParams& hp, const float* x, int n, float* out,
-               ThreadPool& pool);
+               ThreadPool& pool, const Backend::MatmulObserver* observer = nullptr);
 
   // The routing of the last forward: [n x n_expert_used] expert ids and weights.
   const std::vector<int32_t>& ids() const { return ids_; }
