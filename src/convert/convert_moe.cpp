@@ -10,8 +10,16 @@ namespace roofline::convert {
 
 MoeHparams read_moe_hparams(const HfConfig& c, bool shared) {
   MoeHparams m;
-  m.n_expert = c.integer("num_experts");
-  m.n_expert_used = c.integer("num_experts_per_tok");
+  // The first key llama.cpp's TextModel finds (transformers 5 saves qwen3_moe's as num_local_experts).
+  auto first = [&](std::initializer_list<const char*> keys) -> int64_t {
+    for (const char* k : keys)
+      if (c.has(k)) return c.integer(k);
+    std::string list;
+    for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
+    fail("{}: none of {} is given", c.where, list);
+  };
+  m.n_expert = first({"num_local_experts", "num_experts", "n_routed_experts"});
+  m.n_expert_used = first({"num_experts_per_tok", "num_experts_per_token", "top_k_experts"});
   m.n_ff_exp = c.integer("moe_intermediate_size");
   if (shared) m.n_ff_shexp = c.integer("shared_expert_intermediate_size");
   m.norm_topk_prob = c.boolean_or("norm_topk_prob", true);

@@ -103,7 +103,8 @@ test::SynthHf qwen3moe_folder(const MoeShape& m) {
   test::SynthHf s;
   s.hf_class = "Qwen3MoeForCausalLM";
   s.layers = 3;
-  s.extra_config = {{"num_experts", m.n_expert}, {"num_experts_per_tok", m.n_used}, {"moe_intermediate_size", m.ff_exp},
+  // transformers 5 saves qwen3_moe's expert count as num_local_experts (Qwen3.5-MoE's as num_experts).
+  s.extra_config = {{"num_local_experts", m.n_expert}, {"num_experts_per_tok", m.n_used}, {"moe_intermediate_size", m.ff_exp},
                     {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}};
   return s;
 }
@@ -386,6 +387,10 @@ TEST(MoeConvertTest, BrokenFoldersGiveOneLineErrors) {
     s.extra_config["mlp_only_layers"] = {1};
     std::ofstream(dir + "/config.json") << test::synth_config(s).dump(2);
     expect_error(dir, "mlp_only_layers [1] (dense layers in a MoE model) is not supported");
+    s = qwen3moe_folder(m);
+    s.extra_config.erase("num_local_experts");
+    std::ofstream(dir + "/config.json") << test::synth_config(s).dump(2);
+    expect_error(dir, "none of num_local_experts, num_experts, n_routed_experts is given");
     s = qwen3moe_folder(m);
     s.extra_config.erase("moe_intermediate_size");
     std::ofstream(dir + "/config.json") << test::synth_config(s).dump(2);
