@@ -48,11 +48,12 @@ TEST(GpuMoeTest, MatchesTheCpuFullAndPartialOffload) {
     int units_all, units_part;  // layers + output; a partial offload (the output and the last layers)
     double bound;
   };
-  // F32: the GPU's products use f32 activations like the CPU's f32 kernels, so only the summation order
-  // differs (a changed expert choice would show as ~1e-2). Quantized: the CPU quantizes activations to
-  // 8 bits, the GPU's MoE products do not.
-  for (const Case& c : {Case{"tiny-qwen3moe:F32", 3, 2, 1e-6}, Case{"tiny-qwen35moe:F32", 5, 3, 1e-5},
-                        Case{"tiny-qwen3moe:Q4_K_M", 3, 2, 2e-2}, Case{"tiny-qwen35moe:Q8_0", 5, 3, 1e-2}}) {
+  // F32: the MoE products use f32 activations on both; the prompt's other products go through f16 GEMMs
+  // on the GPU (GpuQwen35Test's bound, 1e-4; a changed expert choice would show as ~1e-2). Quantized:
+  // the CPU quantizes activations to 8 bits, the GPU's MoE products do not, and a row near a routing tie
+  // may pick another expert.
+  for (const Case& c : {Case{"tiny-qwen3moe:F32", 3, 2, 1e-4}, Case{"tiny-qwen35moe:F32", 5, 3, 1e-4},
+                        Case{"tiny-qwen3moe:Q4_K_M", 3, 2, 3e-2}, Case{"tiny-qwen35moe:Q8_0", 5, 3, 3e-2}}) {
     auto model = tiny(c.spec);
     const auto tokens = some_tokens(60, model->hparams().n_vocab);
     EngineOptions o;
@@ -128,9 +129,9 @@ TEST(GpuMoeTest, ExpertsInHostMemoryMatchTheCpu) {
     std::vector<std::string> patterns;
     double bound;
   };
-  for (const Case& c : {Case{"tiny-qwen3moe:F32", EngineOptions::kAllLayers, {}, 1e-6}, Case{"tiny-qwen35moe:F32", 1, {}, 1e-5},
-                        Case{"tiny-qwen35moe:Q8_0", 0, {"blk\\.[13]\\.ffn_.*_exps"}, 1e-2},
-                        Case{"tiny-qwen3moe:Q4_K_M", 0, {"exps"}, 2e-2}}) {
+  for (const Case& c : {Case{"tiny-qwen3moe:F32", EngineOptions::kAllLayers, {}, 1e-4}, Case{"tiny-qwen35moe:F32", 1, {}, 1e-4},
+                        Case{"tiny-qwen35moe:Q8_0", 0, {"blk\\.[13]\\.ffn_.*_exps"}, 3e-2},
+                        Case{"tiny-qwen3moe:Q4_K_M", 0, {"exps"}, 3e-2}}) {
     auto model = tiny(c.spec);
     const auto tokens = some_tokens(40, model->hparams().n_vocab, 5);
     EngineOptions o;
@@ -193,5 +194,5 @@ TEST(GpuMoeTest, NglAutoKeepsTheFirstLayersExpertsOnTheHostWhenTheModelDoesNotFi
   co.type_k = co.type_v = DType::F32;
   auto cpu = Engine::create(model, co);
   const auto want = prompt_then_decode(*cpu, tokens, 12), got = prompt_then_decode(*engine, tokens, 12);
-  EXPECT_LT(test::nmse(got.data(), want.data(), got.size()), 1e-6);
+  EXPECT_LT(test::nmse(got.data(), want.data(), got.size()), 1e-4);
 }
