@@ -65,9 +65,11 @@ class Backend {
   }
 
   // Importance matrices: when set, called with the input rows of every matrix product of the held
-  // layers and output (the activations a weight is multiplied with). Backends that cannot observe
-  // throw Error.
-  using MatmulObserver = std::function<void(const gguf::TensorInfo& weight, const float* x, int n_rows, int64_t n_cols)>;
+  // layers and output (the activations a weight is multiplied with). `expert` is -1 for a plain
+  // product; for a MoE layer's stacked experts, `weight` is the whole [in, out, n_expert] tensor and
+  // the rows are those routed to expert `expert`. Backends that cannot observe throw Error.
+  using MatmulObserver =
+      std::function<void(const gguf::TensorInfo& weight, const float* x, int n_rows, int64_t n_cols, int expert)>;
   virtual void set_matmul_observer(MatmulObserver observer) = 0;
 
   // Copies one KV block (every layer this backend holds) to another, for forking a sequence.

@@ -28,6 +28,10 @@ struct GpuBackendOptions {
   int device = 0;
   int max_tokens = 512;  // most rows in one step (n_batch)
   int n_ctx = 4096;      // for the attention's split-KV scratch
+  // MoE layers whose stacked experts stay in host memory and run on the CPU (one flag per model layer;
+  // empty: none): --cpu-moe, --n-cpu-moe, -ot REGEX=CPU (backend/cpu/host_experts.h).
+  std::vector<bool> experts_on_host;
+  int n_host_threads = 0;  // CPU threads for those experts (0: every core)
 };
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 

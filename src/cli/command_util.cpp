@@ -22,6 +22,7 @@ std::vector<std::string> normalize_llama_flags(int argc, char** argv) {
       {"-fit", "--fit"},          {"-fitt", "--fit-target"},  {"-fitc", "--fit-ctx"},
       {"-sps", "--slot-prompt-similarity"}, {"-cram", "--cache-ram"}, {"-kvu", "--kv-unified"},
       {"-pg", "--prompt-gen"},    {"-nopo", "--no-op-offload"}, {"-mmp", "--mmap"},
+      {"-cmoe", "--cpu-moe"},     {"-ncmoe", "--n-cpu-moe"},
   };
   std::vector<std::string> out;
   out.reserve(argc);

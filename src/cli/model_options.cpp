@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -40,6 +41,37 @@ void add_model_options(CLI::App& app, ModelArgs& a, bool model_required) {
   app.add_option("--tensor-split", a.tensor_split, "share of the offloaded layers per GPU, e.g. 3,1 (-ts; default: by free memory)")
       ->envname("LLAMA_ARG_TENSOR_SPLIT");
   app.add_option("--vram-limit", a.vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU: 24,24)");
+  add_moe_placement_options(app, a);
+}
+
+void add_moe_placement_options(CLI::App& app, ModelArgs& a) {
+  app.add_flag("--cpu-moe", a.cpu_moe, "MoE models: keep every layer's experts in host memory, run by the CPU (-cmoe)")
+      ->envname("LLAMA_ARG_CPU_MOE");
+  app.add_option("--n-cpu-moe", a.n_cpu_moe, "MoE models: keep the experts of the first N layers in host memory (-ncmoe)")
+      ->envname("LLAMA_ARG_N_CPU_MOE");
+  app.add_option("--override-tensor", a.override_tensor,
+                 "REGEX=CPU: tensors matching REGEX stay in host memory (MoE experts only; -ot, repeatable, comma-separated)");
+}
+
+std::vector<std::string> parse_override_tensor(const std::vector<std::string>& values) {
+  std::vector<std::string> patterns;
+  for (const std::string& value : values) {
+    size_t start = 0;
+    for (;;) {
+      const size_t comma = value.find(',', start);
+      const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const size_t eq = item.rfind('=');
+      if (eq == std::string::npos || eq == 0) fail("-ot '{}': expected REGEX=CPU", item);
+      std::string buft = item.substr(eq + 1);
+      for (char& c : buft) c = (char)std::toupper((unsigned char)c);
+      if (buft != "CPU")
+        fail("-ot '{}': only CPU is supported as the buffer type (tensors kept in host memory), not '{}'", item, item.substr(eq + 1));
+      patterns.push_back(item.substr(0, eq));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return patterns;
 }
 
 void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
@@ -91,6 +123,9 @@ EngineOptions engine_options(const ModelArgs& a) {
   o.n_seq_max = a.n_seq_max;
   o.n_state_snapshots = a.n_state_snapshots;
   apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
+  if (a.n_cpu_moe < 0) fail("--n-cpu-moe {}: expected a number of layers (0 or more)", a.n_cpu_moe);
+  o.n_cpu_moe = a.cpu_moe ? EngineOptions::kAllLayers : a.n_cpu_moe;
+  o.cpu_tensor_patterns = parse_override_tensor(a.override_tensor);
   return o;
 }
 

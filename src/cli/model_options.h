@@ -28,11 +28,20 @@ struct ModelArgs {
   std::string split_mode = "layer";   // -sm: none, layer or row
   std::string tensor_split;           // -ts: proportions per GPU, e.g. 3,1
   std::string vram_limit;             // --vram-limit: GiB per GPU (one value: every GPU)
+  bool cpu_moe = false;                    // --cpu-moe: every MoE layer's experts in host memory
+  int n_cpu_moe = 0;                       // --n-cpu-moe N: the first N layers' experts in host memory
+  std::vector<std::string> override_tensor;  // -ot REGEX=CPU[,REGEX=CPU...]
   // Set by the command (not flags): sequences alive at once and state snapshots kept for prompt
   // caching, for models with recurrent layers (EngineOptions::n_seq_max, n_state_snapshots).
   int n_seq_max = 1;
   int n_state_snapshots = 0;
 };
+
+// -ot values ("REGEX=CPU", several joined by commas, as llama.cpp takes them) into the regexes whose
+// tensors stay in host memory; Error for another buffer type.
+std::vector<std::string> parse_override_tensor(const std::vector<std::string>& values);
+// Adds --cpu-moe, --n-cpu-moe and -ot/--override-tensor (MoE experts in host memory).
+void add_moe_placement_options(CLI::App& app, ModelArgs& args);
 
 // -sm/-ts/--vram-limit into engine options (Error on bad values; -sm row is refused on every machine).
 void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
@@ -55,7 +64,7 @@ int parse_gpu_layers(const std::string& text);
 
 // Adds -m/--model, --tokenizer, -c/--ctx-size, -t/--threads, -b/--batch-size, -ctk/--cache-type-k,
 // -ctv/--cache-type-v, -ngl/--n-gpu-layers, -mg/--main-gpu, -sm/--split-mode, -ts/--tensor-split,
-// --vram-limit.
+// --vram-limit, --cpu-moe, --n-cpu-moe, -ot/--override-tensor.
 void add_model_options(CLI::App& app, ModelArgs& args, bool model_required = true);
 
 // Sampling flags checked against llama.cpp's conventions (--top-k 0 is off, --top-p 1 is off, --temp

@@ -97,8 +97,11 @@ DType tensor_type_for(const std::string& name, int n_dims, int64_t row_length, D
     const size_t n = std::strlen(s);
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
-  // llama.cpp (conversion/base.py prepare_tensors): 1-D, *_norm.weight, SSM_CONV1D and non-".weight" names stay F32.
-  if (n_dims <= 1 || ends_with("_norm.weight") || ends_with(".ssm_conv1d.weight") || !ends_with(".weight")) return DType::F32;
+  // llama.cpp (conversion/base.py prepare_tensors): 1-D, *_norm.weight, SSM_CONV1D, the MoE routers
+  // (FFN_GATE_INP, FFN_GATE_INP_SHEXP) and non-".weight" names stay F32.
+  if (n_dims <= 1 || ends_with("_norm.weight") || ends_with(".ssm_conv1d.weight") || !ends_with(".weight") ||
+      ends_with(".ffn_gate_inp.weight") || ends_with(".ffn_gate_inp_shexp.weight"))
+    return DType::F32;
   if (outtype == DType::Q8_0 && row_length % dtype_block_size(DType::Q8_0) != 0) {
     if (note) *note = fmt::format("{}: row length {} is not a multiple of 32, stored as F16 instead of Q8_0", name, row_length);
     return DType::F16;

@@ -1,4 +1,5 @@
-// Hugging Face folder -> GGUF for LlamaForCausalLM (and Mistral), Qwen2ForCausalLM and Qwen3ForCausalLM:
+// Hugging Face folder -> GGUF for LlamaForCausalLM (and Mistral), Qwen2ForCausalLM, Qwen3ForCausalLM and
+// Qwen3MoeForCausalLM (experts stacked into llama.cpp's 3-D tensors, convert_moe.h):
 // config.json to llama.cpp's metadata keys, tensor names mapped and checked (missing, unexpected and
 // mis-shaped tensors are listed in one error), Q/K permuted for llama, llama3 rope factors generated.
 // Qwen3.5 folders are handed to convert_qwen35.cpp.
@@ -11,6 +12,7 @@
 
 #include "convert/convert.h"
 #include "convert/convert_hf_util.h"
+#include "convert/convert_moe.h"
 #include "core/error.h"
 #include "formats/hf_tokenizer.h"
 #include "formats/safetensors.h"
@@ -32,6 +34,7 @@ constexpr HfArch kArchs[] = {
     {"MistralForCausalLM", "llama"},
     {"Qwen2ForCausalLM", "qwen2"},
     {"Qwen3ForCausalLM", "qwen3"},
+    {"Qwen3MoeForCausalLM", "qwen3moe"},
 };
 
 using Config = HfConfig;
@@ -45,6 +48,8 @@ struct Hparams {
   std::string rope_type;  // "", "linear", "llama3"
   double rope_factor = 1, low_freq_factor = 1, high_freq_factor = 4;
   int64_t original_context = 8192;
+  bool moe = false;  // qwen3moe: n_ff is 0 when intermediate_size is absent (then not written)
+  MoeHparams experts;
 };
 
 Hparams read_hparams(const Config& c, const std::string& arch) {
@@ -52,7 +57,9 @@ Hparams read_hparams(const Config& c, const std::string& arch) {
   hp.arch = arch;
   hp.n_embd = c.integer("hidden_size");
   hp.n_layer = c.integer("num_hidden_layers");
-  hp.n_ff = c.integer("intermediate_size");
+  hp.moe = arch == "qwen3moe";
+  hp.n_ff = hp.moe ? c.integer_or("intermediate_size", 0) : c.integer("intermediate_size");
+  if (hp.moe) hp.experts = read_moe_hparams(c, false);
   hp.n_head = c.integer("num_attention_heads");
   hp.n_head_kv = c.integer_or("num_key_value_heads", hp.n_head);
   hp.head_dim_given = c.has("head_dim");
@@ -107,6 +114,7 @@ struct Expected {
   std::string gguf_name;
   int64_t permute_heads = 0;
   bool required = true;
+  bool experts = false;  // a layer's stacked experts: hf_name is their prefix, gguf_name the block's
 };
 
 std::vector<Expected> expected_tensors(const Hparams& hp, const ArchInfo& arch, bool with_biases) {
@@ -129,6 +137,13 @@ std::vector<Expected> expected_tensors(const Hparams& hp, const ArchInfo& arch, 
       e.push_back({p + "self_attn.k_norm.weight", {hp.head_dim}, b + "attn_k_norm.weight"});
     }
     e.push_back({p + "post_attention_layernorm.weight", {H}, b + "ffn_norm.weight"});
+    if (hp.moe) {
+      Expected experts{p + "mlp.experts.", {}, b};
+      experts.experts = true;
+      e.push_back(experts);
+      e.push_back({p + "mlp.gate.weight", {hp.experts.n_expert, H}, b + "ffn_gate_inp.weight"});
+      continue;
+    }
     e.push_back({p + "mlp.gate_proj.weight", {hp.n_ff, H}, b + "ffn_gate.weight"});
     e.push_back({p + "mlp.up_proj.weight", {hp.n_ff, H}, b + "ffn_up.weight"});
     e.push_back({p + "mlp.down_proj.weight", {H, hp.n_ff}, b + "ffn_down.weight"});
@@ -156,7 +171,8 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   };
   first_arch(cfg.j);
   if (cfg.has("text_config")) first_arch(cfg.j["text_config"]);
-  if (hf_arch == "Qwen3_5ForConditionalGeneration" || hf_arch == "Qwen3_5ForCausalLM")
+  if (hf_arch == "Qwen3_5ForConditionalGeneration" || hf_arch == "Qwen3_5ForCausalLM" ||
+      hf_arch == "Qwen3_5MoeForConditionalGeneration" || hf_arch == "Qwen3_5MoeForCausalLM")
     return convert_qwen35(options, cfg.j, hf_arch);
   const char* arch_name = nullptr;
   std::string known;
@@ -164,7 +180,7 @@ ConvertResult convert_hf(const ConvertOptions& options) {
     known += (known.empty() ? "" : ", ") + std::string(a.hf_name);
     if (hf_arch == a.hf_name) arch_name = a.arch;
   }
-  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM";
+  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM";
   if (!arch_name)
     fail("{}: architecture '{}' is not supported by convert (supported: {})", cfg.where, hf_arch.empty() ? "(none)" : hf_arch,
          known);
@@ -184,8 +200,15 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   std::vector<std::string> problems;
   std::set<std::string> used;
   std::vector<std::pair<const Expected*, const safetensors::Tensor*>> bound;
+  std::map<const Expected*, LayerExperts> experts;
   bool have_output = false;
   for (const Expected& e : expected) {
+    if (e.experts) {
+      auto find = [&](const std::string& n) { return st.find(n); };
+      experts[&e] = bind_layer_experts(find, e.hf_name, hp.experts, hp.n_embd, used, problems);
+      bound.push_back({&e, nullptr});
+      continue;
+    }
     const safetensors::Tensor* t = st.find(e.hf_name);
     if (!t) {
       if (e.required) problems.push_back("missing " + e.hf_name);
@@ -232,16 +255,18 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   md.set(a + ".block_count", gguf::Value::u32((uint32_t)hp.n_layer));
   if (hp.n_ctx > 0) md.set(a + ".context_length", gguf::Value::u32((uint32_t)hp.n_ctx));
   md.set(a + ".embedding_length", gguf::Value::u32((uint32_t)hp.n_embd));
-  md.set(a + ".feed_forward_length", gguf::Value::u32((uint32_t)hp.n_ff));
+  if (hp.n_ff > 0) md.set(a + ".feed_forward_length", gguf::Value::u32((uint32_t)hp.n_ff));
   md.set(a + ".attention.head_count", gguf::Value::u32((uint32_t)hp.n_head));
   md.set(a + ".attention.head_count_kv", gguf::Value::u32((uint32_t)hp.n_head_kv));
   md.set(a + ".rope.freq_base", gguf::Value::f32((float)hp.rope_theta));
   md.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32((float)hp.rms_eps));
+  if (hp.moe) add_moe_counts(md, a, hp.experts);
   if (hp.head_dim_given || hp.head_dim * hp.n_head != hp.n_embd) {
     md.set(a + ".attention.key_length", gguf::Value::u32((uint32_t)hp.head_dim));
     md.set(a + ".attention.value_length", gguf::Value::u32((uint32_t)hp.head_dim));
   }
   md.set("general.file_type", gguf::Value::u32(file_type_for(outtype)));
+  if (hp.moe) add_moe_lengths(md, a, hp.experts);
   if (a == "llama") {
     md.set(a + ".vocab_size", gguf::Value::u32((uint32_t)hp.n_vocab));
     md.set(a + ".rope.dimension_count", gguf::Value::u32((uint32_t)hp.head_dim));
@@ -282,6 +307,11 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   };
   for (const auto& [e, t] : bound) {
     if (e->gguf_name == "output.weight") continue;
+    if (e->experts) {
+      for (PlannedTensor& p : plan_layer_experts(experts.at(e), e->gguf_name, hp.experts, hp.n_embd, outtype, result))
+        planned.push_back(std::move(p));
+      continue;
+    }
     plan(*e, t);
     if (e->gguf_name == "token_embd.weight" && hp.rope_type == "llama3") {
       const std::vector<float> factors =

@@ -1,5 +1,7 @@
-// Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM -> GGUF `qwen35`, tensor for tensor what llama.cpp's
-// converter writes (conversion/qwen.py Qwen3_5TextModel and its bases, conversion/base.py): tensors in the
+// Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM -> GGUF `qwen35` and Qwen3_5Moe* -> `qwen35moe` (the
+// FFN a router, experts stacked into 3-D tensors by convert_moe.h, and a gated shared expert), tensor for
+// tensor what llama.cpp's converter writes (conversion/qwen.py Qwen3_5TextModel, Qwen3_5MoeTextModel and
+// their bases, conversion/base.py): tensors in the
 // order llama.cpp reads them (shards sorted, names sorted within a shard), A_log -> ssm_a = -exp(A_log),
 // dt_bias -> ssm_dt.bias, conv1d squeezed, every *norm.weight + 1 except the DeltaNet's gated norm, V heads
 // reordered from grouped to tiled when linear_num_key_heads < linear_num_value_heads, the MTP block as
@@ -15,6 +17,7 @@
 
 #include "convert/convert.h"
 #include "convert/convert_hf_util.h"
+#include "convert/convert_moe.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/hf_tokenizer.h"
@@ -26,7 +29,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kArch = "qwen35";
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 bool ends_with(const std::string& s, const char* p) {
@@ -61,9 +63,11 @@ struct Hparams {
   std::vector<bool> full_attention;                  // per layer
   int64_t mtp_config = 0;                            // mtp_num_hidden_layers (0: absent)
   bool tied = false;
+  bool moe = false;                                  // qwen35moe: n_ff 0 when intermediate_size is absent
+  MoeHparams experts;
 };
 
-Hparams read_hparams(const json& config, const std::string& where_file) {
+Hparams read_hparams(const json& config, const std::string& where_file, bool moe) {
   // TextModel.__init__: text_config's keys override the top level.
   json merged = config;
   std::string where = where_file;
@@ -75,7 +79,9 @@ Hparams read_hparams(const json& config, const std::string& where_file) {
   Hparams hp;
   hp.n_embd = c.integer("hidden_size");
   hp.n_layer = c.integer("num_hidden_layers");
-  hp.n_ff = c.integer("intermediate_size");
+  hp.moe = moe;
+  hp.n_ff = moe ? c.integer_or("intermediate_size", 0) : c.integer("intermediate_size");
+  if (moe) hp.experts = read_moe_hparams(c, true);
   hp.n_head = c.integer("num_attention_heads");
   hp.n_head_kv = c.integer("num_key_value_heads");
   hp.head_dim = c.integer("head_dim");
@@ -194,6 +200,24 @@ struct Expected {
   bool required = true;
 };
 
+// The FFN of a layer (HF prefix p, GGUF prefix b): SwiGLU, or the MoE router and the gated shared
+// expert (the routed experts are bound apart, convert_moe.h).
+void expected_ffn(std::map<std::string, Expected>& e, const Hparams& hp, const std::string& p, const std::string& b) {
+  const int64_t H = hp.n_embd;
+  if (!hp.moe) {
+    e[p + "mlp.gate_proj.weight"] = {b + "ffn_gate.weight", {hp.n_ff, H}};
+    e[p + "mlp.up_proj.weight"] = {b + "ffn_up.weight", {hp.n_ff, H}};
+    e[p + "mlp.down_proj.weight"] = {b + "ffn_down.weight", {H, hp.n_ff}};
+    return;
+  }
+  const int64_t S = hp.experts.n_ff_shexp;
+  e[p + "mlp.gate.weight"] = {b + "ffn_gate_inp.weight", {hp.experts.n_expert, H}};
+  e[p + "mlp.shared_expert_gate.weight"] = {b + "ffn_gate_inp_shexp.weight", {1, H}};
+  e[p + "mlp.shared_expert.gate_proj.weight"] = {b + "ffn_gate_shexp.weight", {S, H}};
+  e[p + "mlp.shared_expert.up_proj.weight"] = {b + "ffn_up_shexp.weight", {S, H}};
+  e[p + "mlp.shared_expert.down_proj.weight"] = {b + "ffn_down_shexp.weight", {H, S}};
+}
+
 // HF name (after llama.cpp's "language_model." removal) -> what it becomes.
 std::map<std::string, Expected> expected_main(const Hparams& hp) {
   std::map<std::string, Expected> e;
@@ -213,9 +237,7 @@ std::map<std::string, Expected> expected_main(const Hparams& hp) {
     const std::string p = "model.layers." + std::to_string(il) + ".", b = "blk." + std::to_string(il) + ".";
     e[p + "input_layernorm.weight"] = {b + "attn_norm.weight", {H}, Op::PlusOne};
     e[p + "post_attention_layernorm.weight"] = {b + "post_attention_norm.weight", {H}, Op::PlusOne};
-    e[p + "mlp.gate_proj.weight"] = {b + "ffn_gate.weight", {hp.n_ff, H}};
-    e[p + "mlp.up_proj.weight"] = {b + "ffn_up.weight", {hp.n_ff, H}};
-    e[p + "mlp.down_proj.weight"] = {b + "ffn_down.weight", {H, hp.n_ff}};
+    expected_ffn(e, hp, p, b);
     if (hp.full_attention[il]) {
       e[p + "self_attn.q_proj.weight"] = {b + "attn_q.weight", {2 * q, H}};  // query and gate, interleaved per head
       e[p + "self_attn.k_proj.weight"] = {b + "attn_k.weight", {kv, H}};
@@ -262,9 +284,7 @@ std::map<std::string, Expected> expected_mtp(const Hparams& hp, int64_t n_mtp) {
     e[p + "self_attn.o_proj.weight"] = {b + "attn_output.weight", {H, q}};
     e[p + "self_attn.q_norm.weight"] = {b + "attn_q_norm.weight", {hp.head_dim}, Op::PlusOne};
     e[p + "self_attn.k_norm.weight"] = {b + "attn_k_norm.weight", {hp.head_dim}, Op::PlusOne};
-    e[p + "mlp.gate_proj.weight"] = {b + "ffn_gate.weight", {hp.n_ff, H}};
-    e[p + "mlp.up_proj.weight"] = {b + "ffn_up.weight", {hp.n_ff, H}};
-    e[p + "mlp.down_proj.weight"] = {b + "ffn_down.weight", {H, hp.n_ff}};
+    expected_ffn(e, hp, p, b);
   }
   return e;
 }
@@ -279,7 +299,22 @@ int64_t v_source_index(int64_t i, int64_t head_dim, int64_t n_k, int64_t n_v) {
 struct Bound {
   const safetensors::Tensor* t;
   const Expected* e;
+  const LayerExperts* experts = nullptr;  // a layer's stacked experts (e null; t its first source tensor)
+  std::string blk = "";                   // their "blk.N."
 };
+
+// "model.layers.3.mlp.experts." for a tensor inside a layer's experts.
+std::string experts_prefix(const std::string& name) {
+  const size_t at = name.find(".mlp.experts.");
+  return name.substr(0, at + 13);
+}
+// The GGUF block of an experts prefix: model.layers.N -> blk.N, mtp.layers.i -> blk.<n_layer + i>.
+std::string experts_block(const std::string& prefix, int64_t n_layer) {
+  const bool mtp = starts_with(prefix, "mtp.layers.");
+  const size_t start = mtp ? 11 : 13;
+  const int64_t i = std::stoll(prefix.substr(start, prefix.find('.', start) - start));
+  return "blk." + std::to_string(mtp ? n_layer + i : i) + ".";
+}
 
 PlannedTensor plan_tensor(const Bound& b, const Hparams& hp, DType outtype, ConvertResult& result) {
   const safetensors::Tensor* t = b.t;
@@ -338,7 +373,9 @@ PlannedTensor plan_tensor(const Bound& b, const Hparams& hp, DType outtype, Conv
 
 ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, const std::string& hf_arch) {
   const fs::path dir(options.source);
-  const Hparams hp = read_hparams(config, (dir / "config.json").string());
+  const bool moe = hf_arch.rfind("Qwen3_5Moe", 0) == 0;
+  const std::string kArch = moe ? "qwen35moe" : "qwen35";
+  const Hparams hp = read_hparams(config, (dir / "config.json").string(), moe);
   const std::optional<DType> requested = parse_outtype(options.outtype);
   const safetensors::SafetensorsModel st = safetensors::SafetensorsModel::open_folder(options.source);
 
@@ -378,7 +415,12 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   std::vector<std::string> problems;
   std::map<std::string, Bound> bound;  // by renamed HF name
   std::vector<const Item*> mtp_items;
+  std::map<std::string, const Item*> expert_items;  // by renamed name: bound per layer below
   for (const Item& it : items) {
+    if (hp.moe && is_expert_tensor(it.name)) {
+      expert_items[it.name] = &it;
+      continue;
+    }
     if (starts_with(it.name, "mtp.")) {
       mtp_items.push_back(&it);
       continue;
@@ -398,6 +440,21 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   }
   for (const auto& [name, e] : main)
     if (e.required && !bound.count(name)) problems.push_back("missing " + name);
+  // The routed experts, layer by layer.
+  std::set<std::string> experts_used;
+  std::map<std::string, LayerExperts> layer_experts;  // by prefix
+  auto find_expert = [&](const std::string& n) -> const safetensors::Tensor* {
+    auto it = expert_items.find(n);
+    return it == expert_items.end() ? nullptr : it->second->t;
+  };
+  if (hp.moe) {
+    for (int64_t il = 0; il < hp.n_layer; ++il) {
+      const std::string prefix = "model.layers." + std::to_string(il) + ".mlp.experts.";
+      layer_experts[prefix] = bind_layer_experts(find_expert, prefix, hp.experts, hp.n_embd, experts_used, problems);
+    }
+    for (const auto& [name, it] : expert_items)
+      if (!starts_with(name, "mtp.") && !experts_used.count(name)) problems.push_back("unexpected " + it->t->name);
+  }
   if (!problems.empty())
     fail_with_problems(fmt::format("{}: the tensors do not match a {} model with this config.json", options.source, hf_arch),
                        problems);
@@ -435,6 +492,14 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
     }
     for (const auto& [name, e] : mtp)
       if (problem.empty() && e.required && !seen.count(name)) problem = "missing " + name;
+    for (int64_t i = 0; hp.moe && i < n_mtp && problem.empty(); ++i) {
+      const std::string prefix = "mtp.layers." + std::to_string(i) + ".mlp.experts.";
+      std::vector<std::string> expert_problems;
+      layer_experts[prefix] = bind_layer_experts(find_expert, prefix, hp.experts, hp.n_embd, experts_used, expert_problems);
+      if (!expert_problems.empty()) problem = expert_problems[0];
+    }
+    for (const auto& [name, it] : expert_items)
+      if (problem.empty() && starts_with(name, "mtp.") && !experts_used.count(name)) problem = "unexpected " + it->t->name;
     if (!problem.empty()) {
       result.notes.push_back(fmt::format("the MTP block was left out ({}); the model converts without it", problem));
       mtp_items.clear();
@@ -447,9 +512,24 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   std::set<const safetensors::Tensor*> kept_mtp;
   for (const Item* it : mtp_items) kept_mtp.insert(it->t);
 
-  // The written tensors, in order.
+  // The written tensors, in order: a layer's stacked experts where its last expert tensor comes
+  // (llama.cpp merges them when the last one arrives).
+  std::map<std::string, const Item*> last_expert_item;
+  for (const auto& [name, it] : expert_items) {
+    const Item*& last = last_expert_item[experts_prefix(name)];
+    if (!last || it > last) last = it;
+  }
   std::vector<Bound> order;
   for (const Item& it : items) {
+    if (hp.moe && is_expert_tensor(it.name)) {
+      const std::string prefix = experts_prefix(it.name);
+      if (last_expert_item.at(prefix) != &it) continue;
+      if (starts_with(prefix, "mtp.") && n_mtp == 0) continue;  // the MTP block was left out
+      const LayerExperts& x = layer_experts.at(prefix);
+      const safetensors::Tensor* first = x.gate_up ? x.gate_up : x.gate.at(0);
+      order.push_back({first, nullptr, &x, experts_block(prefix, hp.n_layer)});
+      continue;
+    }
     if (starts_with(it.name, "mtp.")) {
       if (kept_mtp.count(it.t)) order.push_back({it.t, &mtp.at(it.name)});
     } else {
@@ -472,6 +552,12 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   std::vector<PlannedTensor> planned;
   int64_t total_params = 0;
   for (const Bound& b : order) {
+    if (b.experts) {
+      for (PlannedTensor& p : plan_layer_experts(*b.experts, b.blk, hp.experts, hp.n_embd, outtype, result))
+        planned.push_back(std::move(p));
+      total_params += b.experts->n_params();
+      continue;
+    }
     planned.push_back(plan_tensor(b, hp, outtype, result));
     total_params += b.t->n_elements();
   }
@@ -486,7 +572,7 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   md.set(a + ".block_count", gguf::Value::u32((uint32_t)(hp.n_layer + n_mtp)));
   if (hp.n_ctx) md.set(a + ".context_length", gguf::Value::u32((uint32_t)*hp.n_ctx));
   md.set(a + ".embedding_length", gguf::Value::u32((uint32_t)hp.n_embd));
-  md.set(a + ".feed_forward_length", gguf::Value::u32((uint32_t)hp.n_ff));
+  if (hp.n_ff > 0) md.set(a + ".feed_forward_length", gguf::Value::u32((uint32_t)hp.n_ff));
   md.set(a + ".attention.head_count", gguf::Value::u32((uint32_t)hp.n_head));
   md.set(a + ".attention.head_count_kv", gguf::Value::u32((uint32_t)hp.n_head_kv));
   if (hp.rope_type == "linear" || hp.rope_type == "yarn") {
@@ -515,9 +601,11 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   md.set(a + ".rope.freq_base", gguf::Value::f32((float)hp.rope_theta));
   md.set(a + ".attention.layer_norm_rms_epsilon", gguf::Value::f32((float)hp.rms_eps));
   if (hp.norm_eps) md.set(a + ".attention.layer_norm_epsilon", gguf::Value::f32((float)*hp.norm_eps));
+  if (hp.moe) add_moe_counts(md, a, hp.experts);
   md.set(a + ".attention.key_length", gguf::Value::u32((uint32_t)hp.head_dim));
   md.set(a + ".attention.value_length", gguf::Value::u32((uint32_t)hp.head_dim));
   md.set("general.file_type", gguf::Value::u32(file_type_for(outtype)));
+  if (hp.moe) add_moe_lengths(md, a, hp.experts);
   if (n_mtp > 0) md.set(a + ".nextn_predict_layers", gguf::Value::u32((uint32_t)n_mtp));
   md.set(a + ".ssm.conv_kernel", gguf::Value::u32((uint32_t)hp.d_conv));
   md.set(a + ".ssm.state_size", gguf::Value::u32((uint32_t)hp.k_head_dim));

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/host_experts.h"
 #include "backend/gpu.h"
 #include "engine/placement.h"
 #include "core/log.h"
@@ -46,6 +47,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0 && t != DType::Q4_0)
       fail("KV cache type {} is not supported (use f16, bf16, q8_0 or q4_0)", dtype_name(t));
   }
+  (void)experts_on_host(*model, o.n_cpu_moe, o.cpu_tensor_patterns);  // bad -ot patterns fail on every machine
 
   KvConfig kv;
   kv.block_size = o.kv_block_size;
@@ -90,12 +92,31 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       if (o.tensor_split.size() > gpu_list.size())
         fail("-ts has {} proportions for {} GPUs", o.tensor_split.size(), gpu_list.size());
       const double work_bytes = (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) + 256.0 * 1048576;
+      // MoE experts kept in host memory (--cpu-moe, --n-cpu-moe, -ot REGEX=CPU).
+      std::string experts_note;
+      const std::vector<bool> host_experts = experts_on_host(*model, o.n_cpu_moe, o.cpu_tensor_patterns, &experts_note);
+      std::vector<GpuBackendOptions> gpu_options;
+      if (std::count(host_experts.begin(), host_experts.end(), true) > 0) {
+        uint64_t bytes = 0;
+        int n = 0;
+        for (int il = 0; il < hp.n_layer; ++il)
+          if (host_experts[(size_t)il]) {
+            ++n;
+            for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+              bytes += model->layer(il)[t].bytes();
+          }
+        engine->report_.push_back(fmt::format("MoE experts of {} of {} layers in host memory, run on the CPU: {:.1f} MiB{}", n,
+                                              hp.n_layer, bytes / 1048576.0, experts_note.empty() ? "" : " (" + experts_note + ")"));
+      }
       for (size_t i = 0; i < gpu_list.size(); ++i) {
         const GpuInfo& g = devices[gpu_list[i]];
         GpuBackendOptions go;
         go.device = g.index;
         go.max_tokens = o.n_batch;
         go.n_ctx = o.n_ctx;
+        go.experts_on_host = host_experts;
+        go.n_host_threads = o.n_threads;
+        gpu_options.push_back(go);
         gpus.push_back(make_gpu_backend(go));
         double usable = (double)g.free_bytes;
         std::string limit_note;
@@ -124,6 +145,38 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         units = o.n_gpu_layers;
       } else {  // auto: as many units as fit every GPU's budget
         units = fit_units(n_units, weights, budgets, cost);
+        const bool placement_given = o.n_cpu_moe > 0 || !o.cpu_tensor_patterns.empty();
+        if (units < n_units && hp.is_moe() && !placement_given) {
+          // A MoE model that does not fit: keep the experts of the first n layers in host memory (as
+          // --n-cpu-moe n), the fewest n with which every unit fits (their file bytes: the device's
+          // layout of a stacked expert tensor is one allocation of about the same size).
+          auto expert_bytes = [&](int il) {
+            double b = 0;
+            for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+              b += (double)model->layer(il)[t].bytes();
+            return b;
+          };
+          for (int n = 1; n <= hp.n_layer; ++n) {
+            auto cost_n = [&](int i, int first, int end) {
+              double c = cost(i, first, end);
+              for (int il = first; il < std::min({end, hp.n_layer, n}); ++il) c -= expert_bytes(il);
+              return c;
+            };
+            if (fit_units(n_units, weights, budgets, cost_n) < n_units) continue;
+            const std::vector<bool> first_n = experts_on_host(*model, n, {});
+            for (size_t i = 0; i < gpus.size(); ++i) {
+              gpu_options[i].experts_on_host = first_n;
+              gpus[i] = make_gpu_backend(gpu_options[i]);
+            }
+            units = fit_units(n_units, weights, budgets, cost);
+            double bytes = 0;
+            for (int il = 0; il < n; ++il) bytes += expert_bytes(il);
+            engine->report_.push_back(fmt::format("-ngl auto: the MoE experts of the first {} of {} layers stay in host memory, run "
+                                                  "on the CPU ({:.1f} MiB; as --n-cpu-moe {}), so that every layer fits",
+                                                  n, hp.n_layer, bytes / 1048576.0, n));
+            break;
+          }
+        }
       }
       // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
       // would succeed on the larger GPU and defeat the limit).

@@ -40,6 +40,12 @@ struct EngineOptions {
   std::vector<double> tensor_split;
   std::vector<double> vram_limit_gib;  // --vram-limit: at most this much memory per GPU (one value: every GPU)
   std::vector<int> gpu_ids;            // the GPUs, in order (empty: every visible GPU); may repeat one (tests)
+  // MoE models on a GPU: the experts of the first n_cpu_moe layers (--n-cpu-moe; kAllLayers: --cpu-moe)
+  // and of layers with an expert tensor matching a cpu_tensor_patterns regex (-ot REGEX=CPU) stay in
+  // host memory and run on the CPU; the rest of those layers runs on the GPU.
+  int n_cpu_moe = 0;
+  std::vector<std::string> cpu_tensor_patterns;
+  static constexpr int kAllLayers = 1 << 30;
 
   static constexpr int kGpuLayersAuto = -1;
   static constexpr int kGpuLayersAll = -2;

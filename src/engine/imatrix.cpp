@@ -83,6 +83,27 @@ void Imatrix::add(const std::string& name, const float* x, int n_rows, int64_t n
     if (!std::isfinite(e.sums[j])) fail("non-finite activations reached '{}' (column {})", name, j);
 }
 
+void Imatrix::add_expert(const std::string& name, int expert, int n_expert, const float* x, int n_rows, int64_t n_cols) {
+  std::lock_guard<std::mutex> lock(*mutex_);
+  ImatrixEntry& e = entries_[name];
+  if (e.sums.empty()) {
+    e.sums.assign((size_t)n_cols * n_expert, 0.0);
+    e.counts.assign((size_t)n_expert, 0);
+  } else if ((int64_t)e.sums.size() != n_cols * n_expert || (int)e.counts.size() != n_expert) {
+    fail("importance matrix entry '{}' has {} values for {} matrices, {} experts of {} columns were observed", name,
+         e.sums.size(), e.counts.size(), n_expert, n_cols);
+  }
+  ROOFLINE_CHECK(expert >= 0 && expert < n_expert);
+  double* sums = e.sums.data() + (size_t)expert * n_cols;
+  for (int r = 0; r < n_rows; ++r) {
+    const float* row = x + (size_t)r * n_cols;
+    for (int64_t j = 0; j < n_cols; ++j) sums[j] += (double)row[j] * row[j];
+  }
+  e.counts[(size_t)expert] += n_rows;
+  for (int64_t j = 0; j < n_cols; ++j)
+    if (!std::isfinite(sums[j])) fail("non-finite activations reached '{}' (expert {}, column {})", name, expert, j);
+}
+
 void Imatrix::merge(const Imatrix& other) {
   for (const auto& [name, oe] : other.entries_) {
     ImatrixEntry& e = entries_[name];
@@ -300,7 +321,11 @@ void Imatrix::save_dat(const std::string& path) const {
 }
 
 Backend::MatmulObserver imatrix_observer(Imatrix& imatrix, bool process_output) {
-  return [&imatrix, process_output](const gguf::TensorInfo& w, const float* x, int n_rows, int64_t n_cols) {
+  return [&imatrix, process_output](const gguf::TensorInfo& w, const float* x, int n_rows, int64_t n_cols, int expert) {
+    if (expert >= 0) {  // llama-imatrix collects every expert product (MUL_MAT_ID), whatever the batch
+      imatrix.add_expert(w.name, expert, (int)w.ne[2], x, n_rows, n_cols);
+      return;
+    }
     if (n_rows < 16) return;  // llama-imatrix ignores small batches
     const bool layer_weight = w.name.compare(0, 4, "blk.") == 0;
     if (!layer_weight && !(process_output && w.name == "output.weight")) return;

@@ -34,6 +34,9 @@ class Imatrix {
 
   // Adds n_rows input rows of a dense matrix (thread-safe).
   void add(const std::string& name, const float* x, int n_rows, int64_t n_cols);
+  // Adds the n_rows input rows routed to expert `expert` of a stacked tensor of n_expert matrices (one
+  // count per expert, as llama-imatrix keeps them; thread-safe).
+  void add_expert(const std::string& name, int expert, int n_expert, const float* x, int n_rows, int64_t n_cols);
   // Adds another imatrix's sums and counts (same shapes required); keeps its datasets.
   void merge(const Imatrix& other);
 

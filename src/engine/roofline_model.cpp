@@ -25,7 +25,14 @@ double state_bytes_per_token(const Model& model, int layer_begin, int layer_end)
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v) {
   const HParams& hp = model.hparams();
   double bytes = (double)model.output_bytes();
-  for (int il = 0; il < hp.n_layer; ++il) bytes += (double)model.layer_bytes(il);
+  for (int il = 0; il < hp.n_layer; ++il) {
+    bytes += (double)model.layer_bytes(il);
+    if (!hp.is_moe()) continue;
+    // A token reads n_expert_used of the n_expert stacked experts.
+    const LayerWeights& L = model.layer(il);
+    for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+      if (L[t]) bytes -= (double)L[t].bytes() * (1.0 - (double)hp.n_expert_used / hp.n_expert);
+  }
   bytes += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
   bytes += depth * kv_bytes_per_position(model, type_k, type_v);
   bytes += state_bytes_per_token(model, 0, hp.n_layer);
@@ -37,7 +44,10 @@ double flops_per_token(const Model& model, double depth) {
   const int n_attn = hp.count_layers(MixerKind::Attention), n_delta = hp.count_layers(MixerKind::DeltaNet);
   const DeltaNetDims& d = hp.delta_net;
   double weights = (double)hp.n_embd * hp.n_vocab;  // output matrix
-  weights += (double)hp.n_layer * 3.0 * hp.n_embd * hp.n_ff;
+  if (hp.is_moe())  // the router, k experts and the shared expert
+    weights += (double)hp.n_layer * hp.n_embd * (hp.n_expert + 3.0 * ((double)hp.n_expert_used * hp.n_ff_exp + hp.n_ff_shexp));
+  else
+    weights += (double)hp.n_layer * 3.0 * hp.n_embd * hp.n_ff;
   weights += (double)n_attn * ((double)hp.n_embd * (hp.q_dim() * (hp.attn_output_gate ? 2 : 1) + hp.kv_dim_k() + hp.kv_dim_v()) +
                                (double)hp.n_head * hp.head_dim_v * hp.n_embd);
   weights += (double)n_delta * (double)hp.n_embd * (d.conv_dim() + 2.0 * d.value_dim() + 2.0 * d.n_v_heads);

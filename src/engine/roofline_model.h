@@ -1,5 +1,6 @@
 // The roofline of decode: tok/s <= read bandwidth / bytes a token reads, where a token reads every
-// weight once (layers and output matrix), one row of the token embedding, the KV cache of the
+// weight once (layers and output matrix; of a mixture of experts only its n_expert_used experts),
+// one row of the token embedding, the KV cache of the
 // attention layers up to its depth, and the recurrent state of the DeltaNet layers (read and written
 // once: counted twice). bench prints measured speed against this bound.
 #pragma once

@@ -2,6 +2,8 @@
 // architecture shares (read with llama.cpp's defaults).
 #include "model/arch.h"
 
+#include <cmath>
+
 #include "core/error.h"
 
 namespace roofline {
@@ -41,6 +43,12 @@ Shape v_bias(const HParams& hp) { return {hp.kv_dim_v()}; }
 Shape head_k(const HParams& hp) { return {hp.head_dim_k}; }
 Shape ffn_in(const HParams& hp) { return {hp.n_embd, hp.n_ff}; }
 Shape ffn_out(const HParams& hp) { return {hp.n_ff, hp.n_embd}; }
+Shape router(const HParams& hp) { return {hp.n_embd, hp.n_expert}; }
+Shape exps_in(const HParams& hp) { return {hp.n_embd, hp.n_ff_exp, hp.n_expert}; }
+Shape exps_out(const HParams& hp) { return {hp.n_ff_exp, hp.n_embd, hp.n_expert}; }
+Shape shexp_gate(const HParams& hp) { return {hp.n_embd, 1}; }  // llama.cpp's converter writes {n_embd, 1}
+Shape shexp_in(const HParams& hp) { return {hp.n_embd, hp.n_ff_shexp}; }
+Shape shexp_out(const HParams& hp) { return {hp.n_ff_shexp, hp.n_embd}; }
 Shape ssm_qkv(const HParams& hp) { return {hp.n_embd, hp.delta_net.conv_dim()}; }
 Shape ssm_gate(const HParams& hp) { return {hp.n_embd, hp.delta_net.value_dim()}; }
 Shape ssm_conv(const HParams& hp) { return {hp.delta_net.conv_kernel, hp.delta_net.conv_dim()}; }
@@ -92,6 +100,23 @@ std::vector<TensorRule> qwen35_block() {
   return t;
 }
 
+// The dense FFN replaced by a mixture of experts: router and stacked experts, and with a shared
+// expert (qwen35moe) its gate and SwiGLU.
+std::vector<TensorRule> moe_ffn(std::vector<TensorRule> t, bool shared_expert) {
+  std::erase_if(t, [](const TensorRule& r) { return r.role == LT::FfnGate || r.role == LT::FfnUp || r.role == LT::FfnDown; });
+  t.push_back({LT::FfnGateInp, "ffn_gate_inp.weight", router, true, kAll, kMat});
+  t.push_back({LT::FfnGateExps, "ffn_gate_exps.weight", exps_in, true, kAll, kMat});
+  t.push_back({LT::FfnUpExps, "ffn_up_exps.weight", exps_in, true, kAll, kMat});
+  t.push_back({LT::FfnDownExps, "ffn_down_exps.weight", exps_out, true, kAll, kMat});
+  if (shared_expert) {
+    t.push_back({LT::FfnGateInpShexp, "ffn_gate_inp_shexp.weight", shexp_gate, true, kAll, kVec});
+    t.push_back({LT::FfnGateShexp, "ffn_gate_shexp.weight", shexp_in, true, kAll, kMat});
+    t.push_back({LT::FfnUpShexp, "ffn_up_shexp.weight", shexp_in, true, kAll, kMat});
+    t.push_back({LT::FfnDownShexp, "ffn_down_shexp.weight", shexp_out, true, kAll, kMat});
+  }
+  return t;
+}
+
 // A per-layer key may be a scalar or an array with one value per layer (roofline needs them equal).
 int64_t uniform_int(const gguf::Metadata& md, const std::string& key, int64_t fallback, bool required) {
   const gguf::Value* v = md.find(key);
@@ -129,6 +154,23 @@ void read_layer_kinds(const gguf::Metadata& md, const std::string& a, int n_laye
     hp.layer_mixer[(size_t)il] = (il + 1) % interval != 0 ? MixerKind::DeltaNet : MixerKind::Attention;
 }
 
+// Expert counts and sizes (llama.cpp's keys and defaults: n_ff_exp = n_ff / n_expert_used, the
+// shared expert's n_ff_shexp = n_ff).
+void read_experts(const gguf::Metadata& md, const std::string& a, const ArchInfo& arch, HParams& hp) {
+  hp.n_expert = checked(uniform_int(md, a + "expert_count", 0, true), a + "expert_count", 1, 1 << 16);
+  hp.n_expert_used = checked(uniform_int(md, a + "expert_used_count", 0, true), a + "expert_used_count", 1, hp.n_expert);
+  const int64_t ff_exp = uniform_int(md, a + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+  hp.n_ff_exp = checked(ff_exp, a + "expert_feed_forward_length", 1, 1 << 20);
+  if (arch.has(LayerTensor::FfnGateShexp)) {
+    const int64_t ff_shexp = uniform_int(md, a + "expert_shared_feed_forward_length", hp.n_ff, false);
+    hp.n_ff_shexp = checked(ff_shexp, a + "expert_shared_feed_forward_length", 1, 1 << 20);
+  }
+  hp.expert_weights_norm = md.get_bool_or(a + "expert_weights_norm", true);
+  const double scale = md.get_float_or(a + "expert_weights_scale", 0.0);
+  hp.expert_weights_scale = scale != 0.0 ? (float)scale : 1.0f;  // llama.cpp: 0 (absent) means no scaling
+  if (!std::isfinite(hp.expert_weights_scale)) fail("{}expert_weights_scale is not finite", a);
+}
+
 void read_delta_net(const gguf::Metadata& md, const std::string& a, HParams& hp) {
   DeltaNetDims& d = hp.delta_net;
   d.conv_kernel = checked(uniform_int(md, a + "ssm.conv_kernel", 0, true), a + "ssm.conv_kernel", 1, 64);
@@ -146,10 +188,12 @@ void read_delta_net(const gguf::Metadata& md, const std::string& a, HParams& hp)
 
 const std::vector<ArchInfo>& supported_archs() {
   static const std::vector<ArchInfo> archs = {
-      {"llama", RopeStyle::Norm, true, false, false, llama_block(false)},
-      {"qwen2", RopeStyle::Neox, false, false, false, llama_block(false)},
-      {"qwen3", RopeStyle::Neox, false, false, false, llama_block(true)},
-      {"qwen35", RopeStyle::Neox, false, true, true, qwen35_block()},
+      {"llama", RopeStyle::Norm, true, false, false, false, llama_block(false)},
+      {"qwen2", RopeStyle::Neox, false, false, false, false, llama_block(false)},
+      {"qwen3", RopeStyle::Neox, false, false, false, false, llama_block(true)},
+      {"qwen35", RopeStyle::Neox, false, true, true, false, qwen35_block()},
+      {"qwen3moe", RopeStyle::Neox, false, false, false, true, moe_ffn(llama_block(true), false)},
+      {"qwen35moe", RopeStyle::Neox, false, true, true, true, moe_ffn(qwen35_block(), true)},
   };
   return archs;
 }
@@ -180,7 +224,8 @@ HParams read_hparams(const gguf::Metadata& md, const ArchInfo& arch) {
   const int n_layer_all = checked(uniform_int(md, a + "block_count", 0, true), a + "block_count", 1, 4096);
   hp.n_layer_nextn = checked(md.get_int_or(a + "nextn_predict_layers", 0), a + "nextn_predict_layers", 0, n_layer_all - 1);
   hp.n_layer = n_layer_all - hp.n_layer_nextn;
-  hp.n_ff = checked(uniform_int(md, a + "feed_forward_length", 0, true), a + "feed_forward_length", 1, 1 << 20);
+  // A mixture of experts may leave the dense size out (its experts have their own keys).
+  hp.n_ff = checked(uniform_int(md, a + "feed_forward_length", 0, !arch.moe), a + "feed_forward_length", arch.moe ? 0 : 1, 1 << 20);
   hp.n_head = checked(uniform_int(md, a + "attention.head_count", 0, true), a + "attention.head_count", 1, 4096);
   hp.n_head_kv = checked(uniform_int(md, a + "attention.head_count_kv", hp.n_head, false), a + "attention.head_count_kv", 1, hp.n_head);
   if (hp.n_head % hp.n_head_kv != 0)
@@ -207,6 +252,7 @@ HParams read_hparams(const gguf::Metadata& md, const ArchInfo& arch) {
   hp.attn_output_gate = arch.attn_output_gate;
   if (hp.attn_output_gate && hp.head_dim_k != hp.head_dim_v)
     fail("attention.key_length {} and value_length {} must be equal for gated attention", hp.head_dim_k, hp.head_dim_v);
+  if (arch.moe) read_experts(md, a, arch, hp);
   if (arch.hybrid) {
     read_layer_kinds(md, a, n_layer_all, hp);
     if (hp.count_layers(MixerKind::DeltaNet) > 0) read_delta_net(md, a, hp);

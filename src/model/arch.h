@@ -28,6 +28,9 @@ enum class LayerTensor : uint8_t {
   AttnQ, AttnK, AttnV, AttnOut, AttnQBias, AttnKBias, AttnVBias, AttnQNorm, AttnKNorm,
   FfnNorm,   // the FFN's input norm (qwen35 calls it post_attention_norm)
   FfnGate, FfnUp, FfnDown,
+  // Mixture of experts: the router, the stacked experts (GGUF ne {in, out, n_expert}), the shared
+  // expert and its gate (one value per token).
+  FfnGateInp, FfnGateExps, FfnUpExps, FfnDownExps, FfnGateInpShexp, FfnGateShexp, FfnUpShexp, FfnDownShexp,
   SsmQkv, SsmGate, SsmConv, SsmDtBias, SsmA, SsmAlpha, SsmBeta, SsmNorm, SsmOut,  // DeltaNet
   Count
 };
@@ -56,6 +59,7 @@ struct ArchInfo {
   bool rope_dims_must_equal_head_dim;
   bool attn_output_gate;   // qwen35: the Q projection carries a gate per head
   bool hybrid;             // layer kinds from full_attention_interval / attention.recurrent_layers (qwen35)
+  bool moe;                // the FFN is a mixture of experts (expert_count, expert_used_count, ...)
   std::vector<TensorRule> layer_tensors;
 
   // The table's rule for a role (nullptr when no layer of this arch holds it).

@@ -54,7 +54,18 @@ struct HParams {
   bool attn_output_gate = false; // the Q projection emits [q_h | gate_h] per head; output *= sigmoid(gate)
   std::vector<MixerKind> layer_mixer;  // per layer (n_layer)
   DeltaNetDims delta_net;              // set when some layer is a DeltaNet layer
+  // Mixture of experts (qwen3moe, qwen35moe): the FFN is n_expert SwiGLU experts of n_ff_exp, each
+  // token routed to n_expert_used of them (softmax over the router's logits, top-k, the k weights
+  // renormalised to sum 1 when expert_weights_norm), plus a shared expert of n_ff_shexp (0: none)
+  // scaled by sigmoid of its own gate.
+  int n_expert = 0;                   // expert_count (0: a dense FFN)
+  int n_expert_used = 0;              // expert_used_count
+  int n_ff_exp = 0;                   // expert_feed_forward_length
+  int n_ff_shexp = 0;                 // expert_shared_feed_forward_length
+  bool expert_weights_norm = true;    // expert_weights_norm (transformers' norm_topk_prob)
+  float expert_weights_scale = 1.0f;  // expert_weights_scale: routed weights multiplied by it
 
+  bool is_moe() const { return n_expert > 0; }
   int n_gqa() const { return n_head / n_head_kv; }
   int q_dim() const { return n_head * head_dim_k; }
   int kv_dim_k() const { return n_head_kv * head_dim_k; }

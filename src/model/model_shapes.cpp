@@ -105,6 +105,22 @@ const std::vector<ModelShape>& model_shapes() {
       v.push_back(s);
     }
     v.push_back(qwen35("qwen3.5-27b", "Qwen3.5-27B", 5120, 64, 24, 4, 17408, 16, 48, false));
+    {
+      // Qwen3-30B-A3B: 128 experts of 768, 8 per token, no shared expert.
+      ModelShape s = qwen3("qwen3-30b-a3b", "Qwen3-30B-A3B", 2048, 48, 32, 6144, false);
+      s.arch = "qwen3moe";
+      s.n_head_kv = 4;
+      s.n_expert = 128; s.n_expert_used = 8; s.n_ff_exp = 768;
+      v.push_back(s);
+    }
+    {
+      // Qwen3.5-35B-A3B: 40 hybrid layers (attention 16 / 2 heads of 256 every 4th), 256 experts of
+      // 512, 8 per token, plus a shared expert of 512.
+      ModelShape s = qwen35("qwen3.5-35b-a3b", "Qwen3.5-35B-A3B", 2048, 40, 16, 2, 512, 16, 32, false);
+      s.arch = "qwen35moe";
+      s.n_expert = 256; s.n_expert_used = 8; s.n_ff_exp = 512; s.n_ff_shexp = 512;
+      v.push_back(s);
+    }
     // Tiny shapes for tests and the demo (rows are multiples of 256 so every K-quant applies).
     {
       ModelShape s = qwen3("tiny-qwen3", "tiny Qwen3-shaped model", 256, 2, 4, 768, false, 2048);
@@ -135,6 +151,23 @@ const std::vector<ModelShape>& model_shapes() {
       ModelShape s = qwen35("tiny-qwen35", "tiny Qwen3.5-shaped model", 256, 4, 4, 2, 768, 2, 4, false);
       s.head_dim = 64; s.n_rot = 16; s.n_vocab = 512; s.n_ctx_train = 4096; s.full_attention_interval = 2;
       s.ssm_head_dim = 64;
+      v.push_back(s);
+    }
+    {
+      // 6 experts of 256, 2 per token (not 8 experts: llama.cpp's 8-expert mix rules are a special case).
+      ModelShape s = qwen3("tiny-qwen3moe", "tiny Qwen3-MoE-shaped model", 256, 2, 4, 768, false, 2048);
+      s.arch = "qwen3moe";
+      s.n_head_kv = 2; s.head_dim = 64; s.n_vocab = 512;
+      s.n_expert = 6; s.n_expert_used = 2; s.n_ff_exp = 256;
+      v.push_back(s);
+    }
+    {
+      // tiny-qwen35's layers with 6 experts of 256 (2 per token) and a shared expert of 256.
+      ModelShape s = qwen35("tiny-qwen35moe", "tiny Qwen3.5-MoE-shaped model", 256, 4, 4, 2, 768, 2, 4, false);
+      s.arch = "qwen35moe";
+      s.head_dim = 64; s.n_rot = 16; s.n_vocab = 512; s.n_ctx_train = 4096; s.full_attention_interval = 2;
+      s.ssm_head_dim = 64;
+      s.n_expert = 6; s.n_expert_used = 2; s.n_ff_exp = 256; s.n_ff_shexp = 256;
       v.push_back(s);
     }
     return v;

@@ -10,7 +10,7 @@ namespace roofline {
 
 struct ModelShape {
   std::string name;          // "qwen3-32b"
-  std::string arch;          // GGUF general.architecture: llama, qwen2, qwen3, qwen35
+  std::string arch;          // GGUF general.architecture: llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe
   std::string display_name;  // "Qwen3-32B"
   int n_embd = 0;
   int n_layer = 0;
@@ -34,6 +34,8 @@ struct ModelShape {
   int n_rot = 0;                    // rotary dims (0: head_dim)
   int full_attention_interval = 0;  // 0: every layer is attention
   int ssm_conv_kernel = 0, ssm_n_k_heads = 0, ssm_n_v_heads = 0, ssm_head_dim = 0;
+  // Mixture of experts (qwen3moe, qwen35moe): 0 experts = a dense FFN.
+  int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
 };
 
 const std::vector<ModelShape>& model_shapes();

@@ -233,6 +233,9 @@ static DType shape_fallback(DType type, int64_t row_length, int* n_fallback) {
 }
 
 DType MixPlanner::type_for(const std::string& name, DType source_type, const std::array<int64_t, 4>& ne, int n_dims) {
+  // llama.cpp counts dimensions as ggml_n_dims does, ignoring trailing 1s: qwen35moe's shared-expert
+  // gate, stored as [n_embd, 1], is a vector and stays as it is.
+  while (n_dims > 1 && ne[(size_t)n_dims - 1] == 1) --n_dims;
   if (!tensor_allows_quantization(name, n_dims)) return source_type;
   DType type = mix_.default_type;
   const bool quantized_default = dtype_traits(type).quantized;

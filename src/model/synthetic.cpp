@@ -208,6 +208,12 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
     md.set(a + ".ssm.inner_size", gguf::Value::u32(s.ssm_head_dim * s.ssm_n_v_heads));
     md.set(a + ".full_attention_interval", gguf::Value::u32(s.full_attention_interval));
   }
+  if (s.n_expert > 0) {  // as llama.cpp's converter writes a qwen3moe / qwen35moe config
+    md.set(a + ".expert_count", gguf::Value::u32(s.n_expert));
+    md.set(a + ".expert_used_count", gguf::Value::u32(s.n_expert_used));
+    md.set(a + ".expert_feed_forward_length", gguf::Value::u32(s.n_ff_exp));
+    if (s.n_ff_shexp > 0) md.set(a + ".expert_shared_feed_forward_length", gguf::Value::u32(s.n_ff_shexp));
+  }
   if (spec.tokenizer_path.empty()) {
     add_byte_level_tokenizer(md, s.n_vocab);
   } else if (spec.tokenizer_path.size() > 5 && spec.tokenizer_path.substr(spec.tokenizer_path.size() - 5) == ".gguf") {
@@ -249,14 +255,17 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
   });
   std::vector<std::string> names;
   for (const Planned& p : planned) names.push_back(p.name);
-  MixPlanner planner(*spec.mix, mix_model_info(s.arch, s.n_layer, s.n_head, s.n_head_kv, 0, names));
+  MixPlanner planner(*spec.mix, mix_model_info(s.arch, s.n_layer, s.n_head, s.n_head_kv, s.n_expert, names));
   for (const Planned& p : planned) {
     gguf::TensorInfo t;
     t.name = p.name;
     t.n_dims = (int)p.shape.size();
     for (size_t i = 0; i < p.shape.size(); ++i) t.ne[i] = p.shape[i];
-    // Source types as llama.cpp's converter writes them: f32 for 1-D tensors and the conv taps.
-    const DType source = t.n_dims == 1 || t.name.find("ssm_conv1d") != std::string::npos ? DType::F32 : DType::F16;
+    // Source types as llama.cpp's converter writes them: f32 for 1-D tensors, the conv taps and the
+    // MoE routers (ffn_gate_inp, ffn_gate_inp_shexp).
+    const bool f32_source = t.n_dims == 1 || t.name.find("ssm_conv1d") != std::string::npos ||
+                            t.name.find("ffn_gate_inp") != std::string::npos;
+    const DType source = f32_source ? DType::F32 : DType::F16;
     t.type = spec.mix->file_type == FileType::ALL_F32 ? DType::F32 : planner.type_for(t.name, source, t.ne, t.n_dims);
     if (source == DType::F32) t.type = DType::F32;
     t.n_bytes = gguf::tensor_bytes(t.type, t.ne);

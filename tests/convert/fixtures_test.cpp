@@ -207,10 +207,14 @@ std::pair<int, int> check_greedy(const Fixture& fx, Engine& engine, bool require
   return {checked, agreed};
 }
 
+// The dense fixtures (the MoE ones, qwen3moe_* and qwen35moe_*, have their own test: moe_fixtures_test.cpp).
 std::vector<std::string> fixture_names() {
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(fixtures_dir() + "/hf"))
-    if (fs::exists(e.path() / "expected.json")) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(fixtures_dir() + "/hf")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("qwen3moe", 0) == 0 || name.rfind("qwen35moe", 0) == 0) continue;
+    if (fs::exists(e.path() / "expected.json")) names.push_back(name);
+  }
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -1,5 +1,5 @@
-// The engine against the double-precision reference forward, on synthetic tiny llama/qwen2/qwen3
-// models: f32 weights near float rounding, quantized weights and KV types within bounds; batch
+// The engine against the double-precision reference forward, on synthetic tiny llama/qwen2/qwen3/
+// qwen35 and MoE (qwen3moe, qwen35moe) models: f32 weights near float rounding, quantized weights and KV types within bounds; batch
 // invariance (a sequence's logits are bit-identical alone and in a mixed batch); the paged KV cache
 // (forks share blocks, full cache is an error that changes nothing).
 #include <gtest/gtest.h>
@@ -82,6 +82,11 @@ TEST(EngineTest, QuantizedWeightsAndKvTypesWithinBounds) {
       {"tiny-qwen2:Q5_K_M", DType::Q8_0, DType::Q8_0, 1e-3}, {"tiny-qwen3:Q4_0", DType::Q4_0, DType::Q4_0, 3e-3},
       {"tiny-llama:Q2_K", DType::Q8_0, DType::F16, 1.5e-3}, {"tiny-qwen3:IQ4_XS", DType::F16, DType::Q4_0, 3e-2},
       {"tiny-qwen35:Q4_K_M", DType::F16, DType::F16, 5e-3}, {"tiny-qwen35:Q8_0", DType::Q8_0, DType::Q8_0, 1e-3},
+      // MoE: the routers read f32 activations, but a row whose earlier layers moved slightly may pick
+      // another expert than the reference; tiny-qwen35moe:Q6_K's worst row (1.96e-2) is one such row,
+      // the others are below 1e-3.
+      {"tiny-qwen3moe:Q4_K_M", DType::F16, DType::F16, 1.5e-2}, {"tiny-qwen35moe:Q4_K_M", DType::F16, DType::F16, 2.5e-2},
+      {"tiny-qwen3moe:Q8_0", DType::Q8_0, DType::Q8_0, 5e-4}, {"tiny-qwen35moe:Q6_K", DType::F16, DType::F16, 6e-2},
   };
   for (const Case& c : cases) {
     EngineOptions o;
@@ -94,7 +99,8 @@ TEST(EngineTest, QuantizedWeightsAndKvTypesWithinBounds) {
 }
 
 class EngineArchTest : public ::testing::TestWithParam<const char*> {};
-INSTANTIATE_TEST_SUITE_P(Archs, EngineArchTest, ::testing::Values("tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M"));
+INSTANTIATE_TEST_SUITE_P(Archs, EngineArchTest, ::testing::Values("tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M",
+                                                                   "tiny-qwen3moe:Q4_K_M", "tiny-qwen35moe:Q4_K_M"));
 
 TEST_P(EngineArchTest, BatchInvariance) {
   auto model = tiny(GetParam());

@@ -1,9 +1,11 @@
 // A plain double-precision forward pass (no paging, no batching, no quantized activations) for the
-// llama / qwen2 / qwen3 block and Qwen3.5's gated attention and Gated DeltaNet layers, written from
+// llama / qwen2 / qwen3 block, Qwen3.5's gated attention and Gated DeltaNet layers, and the
+// mixture-of-experts FFN of qwen3moe / qwen35moe (as transformers routes), written from
 // the architecture description independently of the engine: the oracle the engine's logits are
 // compared with.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -39,9 +41,7 @@ class ReferenceForward {
       const std::vector<double> o = L.mixer == MixerKind::Attention ? attention(L, il, xn, pos) : delta_net(L, il, xn);
       for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
       xn = norm(x, vec(L[LT::FfnNorm]));
-      std::vector<double> g = matvec(L[LT::FfnGate], xn), u = matvec(L[LT::FfnUp], xn);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      std::vector<double> d = matvec(L[LT::FfnDown], g);
+      const std::vector<double> d = hp_.is_moe() ? moe(L, xn) : swiglu(L[LT::FfnGate], L[LT::FfnUp], L[LT::FfnDown], xn);
       for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
     }
     hidden_ = norm(x, vec(m_.output_norm()));
@@ -166,6 +166,48 @@ class ReferenceForward {
     return matvec(L[LT::SsmOut], out);
   }
 
+  // down(silu(gate x) * up x); `expert` picks one matrix of stacked [in, out, n_expert] tensors.
+  std::vector<double> swiglu(const Weight& gate, const Weight& up, const Weight& down, const std::vector<double>& x,
+                             int64_t expert = 0) const {
+    std::vector<double> g = matvec(gate, x, expert), u = matvec(up, x, expert);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    return matvec(down, g, expert);
+  }
+
+  // transformers' Qwen3MoeSparseMoeBlock / Qwen3_5MoeSparseMoeBlock: softmax over the router's logits,
+  // the top k probabilities (renormalised to sum 1 when norm_topk_prob), each chosen expert's SwiGLU
+  // weighted by its probability; plus the shared expert times sigmoid(shared_expert_gate x).
+  std::vector<double> moe(const LayerWeights& L, const std::vector<double>& xn) const {
+    using LT = LayerTensor;
+    const std::vector<double> logits = matvec(L[LT::FfnGateInp], xn);
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> p(logits.size());
+    double sum = 0;
+    for (size_t e = 0; e < p.size(); ++e) sum += p[e] = std::exp(logits[e] - mx);
+    for (double& v : p) v /= sum;
+    std::vector<size_t> order(p.size());
+    for (size_t e = 0; e < order.size(); ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] > p[b]; });
+    order.resize((size_t)hp_.n_expert_used);
+    double top = 0;
+    for (size_t e : order) top += p[e];
+    std::vector<double> out(xn.size(), 0.0);
+    for (size_t e : order) {
+      const double w = (hp_.expert_weights_norm ? p[e] / top : p[e]) * hp_.expert_weights_scale;
+      const std::vector<double> y = swiglu(L[LT::FfnGateExps], L[LT::FfnUpExps], L[LT::FfnDownExps], xn, (int64_t)e);
+      for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
+    }
+    if (L[LT::FfnGateInpShexp]) {
+      const std::vector<double> g = vec(L[LT::FfnGateInpShexp]);
+      double dot = 0;
+      for (size_t i = 0; i < xn.size(); ++i) dot += g[i] * xn[i];
+      const double s = 1.0 / (1.0 + std::exp(-dot));
+      const std::vector<double> y = swiglu(L[LT::FfnGateShexp], L[LT::FfnUpShexp], L[LT::FfnDownShexp], xn);
+      for (size_t i = 0; i < out.size(); ++i) out[i] += s * y[i];
+    }
+    return out;
+  }
+
   std::vector<double> vec(const Weight& w) const {
     std::vector<float> f((size_t)w.tensor->n_elements());
     dequantize_rows_ref(w.type(), w.data(), f.data(), w.tensor->n_rows(), w.tensor->row_length());
@@ -184,12 +226,13 @@ class ReferenceForward {
     dequantize_row_ref(w.type(), w.data() + r * dtype_row_bytes(w.type(), w.cols()), f.data(), w.cols());
     return std::vector<double>(f.begin(), f.end());
   }
-  std::vector<double> matvec(const Weight& w, const std::vector<double>& x) const {
+  std::vector<double> matvec(const Weight& w, const std::vector<double>& x, int64_t matrix = 0) const {
     std::vector<double> y((size_t)w.rows());
     std::vector<float> f((size_t)w.cols());
     const size_t rb = dtype_row_bytes(w.type(), w.cols());
+    const uint8_t* base = w.data() + (size_t)matrix * w.rows() * rb;
     for (int64_t r = 0; r < w.rows(); ++r) {
-      dequantize_row_ref(w.type(), w.data() + r * rb, f.data(), w.cols());
+      dequantize_row_ref(w.type(), base + r * rb, f.data(), w.cols());
       double s = 0;
       for (int64_t i = 0; i < w.cols(); ++i) s += (double)f[i] * x[i];
       y[r] = s;

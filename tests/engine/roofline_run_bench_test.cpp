@@ -61,6 +61,17 @@ TEST(RooflineModelTest, BytesAndFlopsOfTinyShapesByHand) {
     if (t.name != "token_embd.weight" || !q->file().find_tensor("output.weight")) weights += (double)t.n_bytes;
   EXPECT_EQ(decode_bytes_per_token(*q, 10, DType::F16, DType::F16), weights + 4 * 256 + 10 * 1024 + state)
       << "every tensor but the embedding (tied: read as the output), one embedding row, KV, state";
+
+  // tiny-qwen3moe (f32): 2 layers of 6 experts of 256, 2 per token: a token reads 2/6 of each stacked
+  // tensor (3 x 256 x 256 x 6 x 4 bytes per layer); FLOPs count the router, 2 experts, no dense FFN.
+  auto e = tiny("tiny-qwen3moe:F32");
+  double all = 0;
+  for (const auto& t : e->file().tensors())
+    if (t.name != "token_embd.weight") all += (double)t.n_bytes;
+  const double experts = 2 * 3 * 256.0 * 256 * 6 * 4;
+  EXPECT_EQ(decode_bytes_per_token(*e, 0, DType::F16, DType::F16), all - experts * 4 / 6 + 256 * 4);
+  const double moe_weights = 256.0 * 512 + 2 * (256.0 * (6 + 3 * 2 * 256) + 256.0 * (256 + 128 + 128) + 256.0 * 256);
+  EXPECT_EQ(flops_per_token(*e, 0), 2 * (moe_weights + 2 * 4 * (64 + 64)));
 }
 
 // bench's JSON for a CPU run of tiny-qwen3:F32: tg8 reads its bytes at the mean depth 4, so

@@ -1,4 +1,5 @@
-// CpuBackend: one transformer layer is norm -> mixer -> residual -> norm -> SwiGLU FFN -> residual,
+// CpuBackend: one transformer layer is norm -> mixer -> residual -> norm -> FFN -> residual, the FFN
+// a SwiGLU or a mixture of SwiGLU experts (moe_cpu.h) with an optional gated shared expert,
 // the mixer either attention (QKV (+bias) -> QK-norm -> RoPE -> KV store -> paged attention (-> output
 // gate) -> output projection) or Gated DeltaNet (in-projections -> conv, delta rule, gated norm
 // (backend/delta_net.h) -> output projection).
@@ -73,6 +74,7 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
         vec_dot_fn(w.type());  // throws for a type without a CPU kernel
       }
     }
+    if (arch.moe) d.experts.build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
   }
   if (layers.output) {
     output_norm_ = to_floats(model_->output_norm());
@@ -131,9 +133,14 @@ void CpuBackend::begin_step(const StepDesc& step) {
   const size_t n = (size_t)step.n_tokens();
   x_.resize(n * hp.n_embd);
   xn_.resize(n * hp.n_embd);
-  if (layers_.n_layers() > 0) {
+  if (layers_.n_layers() > 0 && !hp.is_moe()) {
     gate_.resize(n * hp.n_ff);
     up_.resize(n * hp.n_ff);
+  }
+  if (layers_.n_layers() > 0 && hp.is_moe()) {
+    moe_out_.resize(n * hp.n_embd);
+    shexp_gate_.resize(n * hp.n_ff_shexp);
+    shexp_up_.resize(n * hp.n_ff_shexp);
   }
   if (hp.count_layers(MixerKind::Attention, layers_.begin, layers_.end) > 0) {
     q_.resize(n * hp.q_dim());
@@ -211,14 +218,54 @@ void CpuBackend::forward_layer(int il) {
   pool_.parallel_for((size_t)n, [&](size_t r) {
     rms_norm(x_.data() + r * n_embd, d[LT::FfnNorm].data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
+  if (hp.is_moe()) moe_ffn_block(L, d);
+  else dense_ffn_block(L);
+  for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
+}
+
+void CpuBackend::dense_ffn_block(const LayerWeights& L) {
+  using LT = LayerTensor;
+  const int n = step_.n_tokens();
   const Weight &w_gate = L[LT::FfnGate], &w_up = L[LT::FfnUp], &w_down = L[LT::FfnDown];
   observe(w_gate, xn_.data(), n);
   observe(w_up, xn_.data(), n);
-  products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, n_embd);
+  products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, model_->hparams().n_embd);
   for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
   observe(w_down, gate_.data(), n);
   matmul(w_down, gate_.data(), n, xn_.data(), pool_);
-  for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
+}
+
+// Routed experts (grouped by expert), plus the shared expert scaled by sigmoid(gate . x) where the
+// arch has one. The matmul observer sees the router's, each expert's (with its index) and the shared
+// expert's inputs.
+void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
+  using LT = LayerTensor;
+  const HParams& hp = model_->hparams();
+  const int n = step_.n_tokens();
+  const int n_embd = hp.n_embd;
+  observe(L[LT::FfnGateInp], xn_.data(), n);
+  moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_, &observer_);
+  if (hp.n_ff_shexp > 0) {
+    const Weight &w_gate = L[LT::FfnGateShexp], &w_up = L[LT::FfnUpShexp], &w_down = L[LT::FfnDownShexp];
+    observe(w_gate, xn_.data(), n);
+    observe(w_up, xn_.data(), n);
+    products_of_one_input({{&w_gate, shexp_gate_.data()}, {&w_up, shexp_up_.data()}}, xn_.data(), n, n_embd);
+    for (size_t i = 0; i < shexp_gate_.size(); ++i) shexp_gate_[i] = silu(shexp_gate_[i]) * shexp_up_[i];
+    std::vector<float> scale((size_t)n);
+    const float* g = d[LT::FfnGateInpShexp].data();
+    for (int r = 0; r < n; ++r) {
+      const float* xr = xn_.data() + (size_t)r * n_embd;
+      float dot = 0;
+      for (int i = 0; i < n_embd; ++i) dot += g[i] * xr[i];
+      scale[(size_t)r] = 1.0f / (1.0f + std::exp(-dot));
+    }
+    observe(w_down, shexp_gate_.data(), n);
+    matmul(w_down, shexp_gate_.data(), n, xn_.data(), pool_);
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < n_embd; ++i) xn_[(size_t)r * n_embd + i] = moe_out_[(size_t)r * n_embd + i] + scale[(size_t)r] * xn_[(size_t)r * n_embd + i];
+  } else {
+    std::copy(moe_out_.begin(), moe_out_.begin() + (size_t)n * n_embd, xn_.begin());
+  }
 }
 
 void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData& d) {

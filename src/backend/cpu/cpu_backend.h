@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/moe_cpu.h"
 #include "core/thread_pool.h"
 
 namespace roofline::cpu {
@@ -46,13 +47,16 @@ class CpuBackend final : public Backend {
     const std::vector<float>& operator[](LayerTensor t) const { return floats[(size_t)t]; }
     std::vector<uint8_t> k_cache, v_cache;  // attention layers
     std::vector<float> state;               // DeltaNet layers: n_cells x state_floats
+    ExpertViews experts;                    // MoE layers: each expert of the stacked tensors as a 2-D view
   };
   void forward_layer(int il);
   void attention_block(int il, const LayerWeights& L, const LayerData& d);  // xn_ -> xn_ (the block's output)
   void delta_net_block(const LayerWeights& L, LayerData& d);               // xn_ -> xn_
+  void dense_ffn_block(const LayerWeights& L);                               // xn_ -> xn_
+  void moe_ffn_block(const LayerWeights& L, const LayerData& d);             // xn_ -> xn_
   void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
-    if (observer_) observer_(*w.tensor, x, n_rows, w.cols());
+    if (observer_) observer_(*w.tensor, x, n_rows, w.cols(), -1);
   }
   KvLayerView kv_view(int il);
 
@@ -71,6 +75,8 @@ class CpuBackend final : public Backend {
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> q_full_, attn_gate_;  // gated attention: the Q projection, and the gate split from it
   std::vector<float> dn_qkv_, dn_z_, dn_alpha_, dn_beta_, dn_out_;  // DeltaNet layers
+  std::vector<float> moe_out_, shexp_gate_, shexp_up_;  // MoE layers
+  MoeExperts moe_;
   ActRows act_;
   MatmulObserver observer_;
 };

@@ -14,6 +14,8 @@
 
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cpu/host_experts.h"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/gpu.h"
 #include "core/log.h"
@@ -65,6 +67,7 @@ class CudaBackend final : public Backend {
     if (logits_host_) cudaFreeHost(logits_host_);
     if (argmax_host_) cudaFreeHost(argmax_host_);
     if (hidden_rows_dev_) cudaFree(hidden_rows_dev_);
+    if (host_rows_) cudaFreeHost(host_rows_);
   }
 
   std::string name() const override { return fmt::format("CUDA{}", options_.device); }
@@ -75,6 +78,7 @@ class CudaBackend final : public Backend {
       const LayerWeights& L = model.layer(il);
       for (const PlannedTensor& t : layer_tensor_plan(model.arch(), model.hparams(), il)) {
         const Weight& w = L[t.rule->role];
+        if (expert_on_host(il, t.rule->role)) continue;  // MoE hook: experts kept in host memory
         n += t.rule->use == TensorUse::Matrix ? device_weight_bytes(w) : floats_bytes(w);
       }
     }
@@ -113,6 +117,7 @@ class CudaBackend final : public Backend {
       for (const PlannedTensor& t : layer_tensor_plan(model_->arch(), hp, il)) {
         const Weight& w = L[t.rule->role];
         const size_t i = (size_t)t.rule->role;
+        if (expert_on_host(il, t.rule->role)) continue;  // MoE hook: experts kept in host memory
         if (t.rule->use == TensorUse::Matrix) {
           d.mats[i] = upload_weight(w, weights_, stream_);
           d.mat_bytes[i] = w ? w.bytes() : 0;
@@ -210,6 +215,13 @@ class CudaBackend final : public Backend {
       prefill_.o_acc = gate_;
     }
     ROOFLINE_CUDA_CHECK(cudaMallocHost(&argmax_host_, (size_t)T * 4));
+    if (hp.is_moe()) moe_ = std::make_unique<MoeFfn>(hp, T, stream_);  // MoE hook (cuda_moe.cuh)
+    if (hp.is_moe() && std::count(options_.experts_on_host.begin(), options_.experts_on_host.end(), true) > 0) {
+      // MoE hook: experts in host memory run on the CPU between device steps (a host sync: no graphs).
+      host_experts_ = std::make_unique<HostExperts>(model_, options_.experts_on_host, options_.n_host_threads);
+      ROOFLINE_CUDA_CHECK(cudaMallocHost(&host_rows_, (size_t)T * hp.n_embd * 4 * 2));
+      graphs_enabled_ = false;
+    }
   }
 
   void init_kv(const KvConfig& kv) override {
@@ -531,6 +543,12 @@ class CudaBackend final : public Backend {
 
   static int bucket_of(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
 
+  // MoE hook: whether a layer's tensor stays in host memory (its stacked experts, --cpu-moe and the like).
+  bool expert_on_host(int il, LayerTensor role) const {
+    const bool expert = role == LayerTensor::FfnGateExps || role == LayerTensor::FfnUpExps || role == LayerTensor::FfnDownExps;
+    return expert && il < (int)options_.experts_on_host.size() && options_.experts_on_host[(size_t)il];
+  }
+
   int table_capacity_blocks() const {
     const int64_t blocks = ((int64_t)options_.n_ctx + 15) / 16 + 2;  // block size >= 16 positions
     return (int)blocks;
@@ -708,6 +726,28 @@ class CudaBackend final : public Backend {
     using LT = LayerTensor;
     const HParams& hp = model_->hparams();
     const int n = n_tok_;
+    if (moe_) {  // MoE hook: norm, then routing, experts and shared expert on the device (cuda_moe.cuh)
+      mark("moe ffn", 0);
+      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, ActQ8{}, stream_);
+      const bool shared = L.m(LT::FfnGateShexp).data != nullptr;
+      const MoeLayerDev layer{&L.m(LT::FfnGateInp), &L.m(LT::FfnGateExps), &L.m(LT::FfnUpExps), &L.m(LT::FfnDownExps),
+                              shared ? &L.m(LT::FfnGateShexp) : nullptr, shared ? &L.m(LT::FfnUpShexp) : nullptr,
+                              shared ? &L.m(LT::FfnDownShexp) : nullptr, L.v(LT::FfnGateInpShexp)};
+      const int il = (int)(&L - layer_dev_.data()) + layers_.begin;
+      if (host_experts_ && host_experts_->holds(il)) {  // routed experts on the CPU, the shared one here
+        const size_t row = (size_t)hp.n_embd;
+        float* host_xn = host_rows_;
+        float* host_out = host_rows_ + (size_t)options_.max_tokens * row;
+        ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(host_xn, xn_, (size_t)n * row * 4, cudaMemcpyDeviceToHost, stream_));
+        ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        host_experts_->forward(il, host_xn, n, host_out);
+        moe_->add_host_rows(host_out, n, x_, stream_);
+        moe_->forward_shared(layer, xn_, n, x_, stream_);
+      } else {
+        moe_->forward(layer, xn_, n, x_, stream_);
+      }
+      return;
+    }
     const bool q8_ffn = needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && hp.n_embd % 32 == 0;
     mark("ffn norm + quantize", 0);
     rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
@@ -823,6 +863,9 @@ class CudaBackend final : public Backend {
   std::map<int, int> profiled_steps_;
   size_t out_bytes_ = 0;
   std::map<uint64_t, cudaGraphExec_t> graphs_;
+  std::unique_ptr<MoeFfn> moe_;  // MoE hook: mixture-of-experts models only
+  std::unique_ptr<HostExperts> host_experts_;  // MoE hook: experts kept in host memory, run on the CPU
+  float* host_rows_ = nullptr;                 // pinned: the normed rows out, the experts' output back
 };
 
 }  // namespace
