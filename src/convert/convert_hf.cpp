@@ -1,7 +1,7 @@
 // Hugging Face folder -> GGUF for LlamaForCausalLM (and Mistral), Qwen2ForCausalLM and Qwen3ForCausalLM:
 // config.json to llama.cpp's metadata keys, tensor names mapped and checked (missing, unexpected and
 // mis-shaped tensors are listed in one error), Q/K permuted for llama, llama3 rope factors generated.
-// Qwen3.5 folders are handed to convert_qwen35.cpp.
+// Qwen3.5 folders are handed to convert_qwen35.cpp, Gemma 3 folders to convert_gemma3.cpp.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -158,13 +158,14 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   if (cfg.has("text_config")) first_arch(cfg.j["text_config"]);
   if (hf_arch == "Qwen3_5ForConditionalGeneration" || hf_arch == "Qwen3_5ForCausalLM")
     return convert_qwen35(options, cfg.j, hf_arch);
+  if (hf_arch == "Gemma3ForCausalLM" || hf_arch == "Gemma3ForConditionalGeneration") return convert_gemma3(options, cfg.j, hf_arch);
   const char* arch_name = nullptr;
   std::string known;
   for (const auto& a : kArchs) {
     known += (known.empty() ? "" : ", ") + std::string(a.hf_name);
     if (hf_arch == a.hf_name) arch_name = a.arch;
   }
-  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM";
+  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration";
   if (!arch_name)
     fail("{}: architecture '{}' is not supported by convert (supported: {})", cfg.where, hf_arch.empty() ? "(none)" : hf_arch,
          known);

@@ -29,9 +29,16 @@ enum class LayerTensor : uint8_t {
   FfnNorm,   // the FFN's input norm (qwen35 calls it post_attention_norm)
   FfnGate, FfnUp, FfnDown,
   SsmQkv, SsmGate, SsmConv, SsmDtBias, SsmA, SsmAlpha, SsmBeta, SsmNorm, SsmOut,  // DeltaNet
+  AttnPostNorm, FfnPostNorm,  // gemma: norms of the mixer's and the FFN's outputs, before the residual add
   Count
 };
 constexpr size_t kLayerTensorCount = (size_t)LayerTensor::Count;
+
+// The gated FFN's activation: down(act(gate(x)) * up(x)).
+enum class FfnKind : uint8_t {
+  SwiGLU,  // act = silu
+  GeGLU,   // act = gelu, tanh approximation (gemma)
+};
 
 // How a backend reads a tensor: a matrix product's weight (kept in its type, repacked as the
 // backend likes), or small values it reads as f32 (norms, biases, the conv taps, decays).
@@ -57,6 +64,10 @@ struct ArchInfo {
   bool attn_output_gate;   // qwen35: the Q projection carries a gate per head
   bool hybrid;             // layer kinds from full_attention_interval / attention.recurrent_layers (qwen35)
   std::vector<TensorRule> layer_tensors;
+  FfnKind ffn = FfnKind::SwiGLU;
+  // gemma3: embeddings scaled by sqrt(n_embd), sliding-window layers (attention.sliding_window,
+  // every sliding_window_pattern-th layer global), attention scale derived from the shape as llama.cpp does.
+  bool gemma = false;
 
   // The table's rule for a role (nullptr when no layer of this arch holds it).
   const TensorRule* rule(LayerTensor role) const;
@@ -66,7 +77,7 @@ struct ArchInfo {
 const std::vector<ArchInfo>& supported_archs();
 // nullptr when the architecture is not supported.
 const ArchInfo* find_arch(std::string_view name);
-std::string supported_arch_names();  // "llama, qwen2, qwen3, qwen35"
+std::string supported_arch_names();  // "llama, qwen2, qwen3, qwen35, gemma3"
 
 // Hyperparameters from metadata with llama.cpp's defaults; throws Error naming the key on a missing
 // or out-of-range value. n_vocab is left 0 (it comes from the token embedding's shape).

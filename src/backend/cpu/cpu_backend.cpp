@@ -1,7 +1,8 @@
-// CpuBackend: one transformer layer is norm -> mixer -> residual -> norm -> SwiGLU FFN -> residual,
-// the mixer either attention (QKV (+bias) -> QK-norm -> RoPE -> KV store -> paged attention (-> output
-// gate) -> output projection) or Gated DeltaNet (in-projections -> conv, delta rule, gated norm
-// (backend/delta_net.h) -> output projection).
+// CpuBackend: one transformer layer is norm -> mixer (-> post norm) -> residual -> norm -> SwiGLU or
+// GeGLU FFN (-> post norm) -> residual, the mixer either attention (QKV (+bias) -> QK-norm -> RoPE ->
+// KV store -> paged attention, sliding-window on gemma3's local layers (-> output gate) -> output
+// projection) or Gated DeltaNet (in-projections -> conv, delta rule, gated norm (backend/delta_net.h)
+// -> output projection).
 #include "backend/cpu/cpu_backend.h"
 
 #include <cmath>
@@ -146,6 +147,9 @@ void CpuBackend::begin_step(const StepDesc& step) {
     }
     rope_ = rope_table(step.positions, hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale,
                        rope_factors_.empty() ? nullptr : rope_factors_.data());
+    if (hp.count_sliding_layers(layers_.begin, layers_.end) > 0)
+      rope_swa_ = rope_table(step.positions, hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa,
+                             rope_factors_.empty() ? nullptr : rope_factors_.data());
   }
   if (hp.count_layers(MixerKind::DeltaNet, layers_.begin, layers_.end) > 0) {
     const DeltaNetDims& dn = hp.delta_net;
@@ -167,6 +171,9 @@ void CpuBackend::embed() {
   const size_t row_bytes = dtype_row_bytes(e.type(), n_embd);
   for (int r = 0; r < step_.n_tokens(); ++r)
     dequantize_row_ref(e.type(), e.data() + (size_t)step_.tokens[r] * row_bytes, x_.data() + (size_t)r * n_embd, n_embd);
+  const float scale = model_->hparams().embd_scale;
+  if (scale > 0)
+    for (float& v : x_) v *= scale;
 }
 
 void CpuBackend::set_hidden(const float* hidden) { std::memcpy(x_.data(), hidden, x_.size() * sizeof(float)); }
@@ -205,6 +212,7 @@ void CpuBackend::forward_layer(int il) {
   });
   if (L.mixer == MixerKind::Attention) attention_block(il, L, d);
   else delta_net_block(L, d);
+  post_norm(d[LT::AttnPostNorm]);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
 
   // Feed-forward block.
@@ -215,10 +223,24 @@ void CpuBackend::forward_layer(int il) {
   observe(w_gate, xn_.data(), n);
   observe(w_up, xn_.data(), n);
   products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, n_embd);
-  for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+  if (model_->arch().ffn == FfnKind::GeGLU) {
+    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = gelu_tanh(gate_[i]) * up_[i];
+  } else {
+    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+  }
   observe(w_down, gate_.data(), n);
   matmul(w_down, gate_.data(), n, xn_.data(), pool_);
+  post_norm(d[LT::FfnPostNorm]);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
+}
+
+void CpuBackend::post_norm(const std::vector<float>& w) {
+  if (w.empty()) return;
+  const int n_embd = model_->hparams().n_embd;
+  const float eps = model_->hparams().rms_eps;
+  pool_.parallel_for((size_t)step_.n_tokens(), [&](size_t r) {
+    rms_norm(xn_.data() + r * n_embd, w.data(), xn_.data() + r * n_embd, n_embd, eps);
+  });
 }
 
 void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData& d) {
@@ -246,6 +268,7 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
       }
   }
   const RopeStyle style = model_->arch().rope_style;
+  const RopeTable& rope = hp.is_sliding(il) ? rope_swa_ : rope_;
   const std::vector<float>&q_norm = d[LT::AttnQNorm], &k_norm = d[LT::AttnKNorm];
   pool_.parallel_for((size_t)n, [&](size_t r) {
     float* qr = q_.data() + r * hp.q_dim();
@@ -254,15 +277,16 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
       for (int h = 0; h < hp.n_head; ++h) rms_norm(qr + h * hd, q_norm.data(), qr + h * hd, hd, hp.rms_eps);
       for (int h = 0; h < hp.n_head_kv; ++h) rms_norm(kr + h * hd, k_norm.data(), kr + h * hd, hd, hp.rms_eps);
     }
-    const float* c = rope_.cos.data() + r * rope_.half;
-    const float* s = rope_.sin.data() + r * rope_.half;
+    const float* c = rope.cos.data() + r * rope.half;
+    const float* s = rope.sin.data() + r * rope.half;
     rope_row(qr, hp.n_head, hd, hp.n_rot, style, c, s);
     rope_row(kr, hp.n_head_kv, hd, hp.n_rot, style, c, s);
   });
   const KvLayerView kv = kv_view(il);
   kv_store(kv, step_, k_.data(), v_.data(), hp.kv_dim_k(), hp.kv_dim_v(), pool_);
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hd);
-  attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hd, hp.head_dim_v, scale, pool_);
+  attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hd, hp.head_dim_v, scale, pool_,
+            hp.attention_window(il));
   if (gated)
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-attn_gate_[i]));
   observe(wo, attn_.data(), n);
@@ -306,6 +330,10 @@ void CpuBackend::output(float* logits) {
              n_embd, hp.rms_eps);
   observe(model_->output(), normed.data(), n_out);
   matmul(model_->output(), normed.data(), n_out, logits, pool_);
+  if (const float cap = hp.final_logit_softcap; cap > 0) {
+    const size_t n = (size_t)n_out * hp.n_vocab;
+    for (size_t i = 0; i < n; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
 }
 
 void CpuBackend::copy_kv_block(int src, int dst) {

@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   void forward_layer(int il);
   void attention_block(int il, const LayerWeights& L, const LayerData& d);  // xn_ -> xn_ (the block's output)
   void delta_net_block(const LayerWeights& L, LayerData& d);               // xn_ -> xn_
+  void post_norm(const std::vector<float>& w);  // xn_ = rms_norm(xn_) * w (gemma's post norms; none when w is empty)
   void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
     if (observer_) observer_(*w.tensor, x, n_rows, w.cols());
@@ -64,7 +65,7 @@ class CpuBackend final : public Backend {
   std::vector<float> output_norm_, rope_factors_;
 
   StepDesc step_;
-  RopeTable rope_;
+  RopeTable rope_, rope_swa_;  // rope_swa_: sliding-window layers' base and scale (gemma3)
   int n_state_cells_ = 0;
   // Work buffers, sized per step.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;

@@ -43,9 +43,15 @@ struct KvLayerView {
 void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const float* v, int kv_dim_k, int kv_dim_v,
               ThreadPool& pool);
 
-// Causal attention of every row of the step over its sequence's cached positions [0, pos].
-// q: [n_rows x n_head*head_dim_k], out: [n_rows x n_head*head_dim_v].
+// Causal attention of every row of the step over its sequence's cached positions [0, pos], or with a
+// window > 0 over the last `window` of them, (pos - window, pos] (sliding-window layers; the blocks
+// before that range are never read). q: [n_rows x n_head*head_dim_k], out: [n_rows x n_head*head_dim_v].
 void attention(const KvLayerView& kv, const StepDesc& step, const float* q, float* out, int n_head, int n_head_kv,
-               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool);
+               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool, int window = 0);
+
+// GELU with the tanh approximation (gemma's GeGLU).
+inline float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
 
 }  // namespace roofline::cpu

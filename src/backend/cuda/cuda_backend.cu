@@ -103,6 +103,8 @@ class CudaBackend final : public Backend {
     model_ = std::move(model);
     layers_ = layers;
     const HParams& hp = model_->hparams();
+    if (model_->arch().gemma)  // GeGLU, post norms, scaled embeddings and sliding-window layers: CPU only so far
+      fail("the GPU backend does not run {} models yet: run them on the CPU (-ngl 0)", model_->arch().name);
     weights_.reserve(weight_bytes(*model_, layers) + 4096);
     layer_dev_.resize(layers.n_layers());
     for (int il = layers.begin; il < layers.end; ++il) {
