@@ -52,10 +52,14 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   kv.n_blocks = (o.n_ctx + o.kv_block_size - 1) / o.kv_block_size;
   kv.type_k = o.type_k;
   kv.type_v = o.type_v;
+  // Sliding-window layers keep a ring per sequence (the window plus a step's tokens), not blocks: like
+  // a recurrent state it cannot be cut back, so such models take state cells and snapshots too.
+  if (hp.has_sliding_layers()) kv.swa_ring = std::min(hp.sliding_window + o.n_batch - 1, kv.n_blocks * kv.block_size);
+  engine->swa_ring_ = kv.swa_ring;
   SequenceMemory::Options mo;
   mo.n_blocks = kv.n_blocks;
   mo.block_size = kv.block_size;
-  mo.recurrent = hp.count_layers(MixerKind::DeltaNet) > 0;
+  mo.recurrent = hp.count_layers(MixerKind::DeltaNet) > 0 || kv.swa_ring > 0;
   mo.n_seq_max = o.n_seq_max;
   mo.n_snapshots = o.n_state_snapshots;
   if (mo.recurrent && o.n_seq_max < 1) fail("the number of parallel sequences {} must be at least 1", o.n_seq_max);
@@ -116,7 +120,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       auto cost = [&](int i, int first, int end) {
         LayerSet set{first, std::min(end, hp.n_layer), first == 0, end == n_units};
         return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks +
-               (double)gpus[i]->state_cell_bytes(*model, set) * n_cells;
+               ((double)gpus[i]->state_cell_bytes(*model, set) + (double)gpus[i]->swa_cell_bytes(*model, set, kv)) * n_cells;
       };
       if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
         units = n_units;
@@ -349,14 +353,26 @@ std::vector<std::string> Engine::report() const {
   kv.n_blocks = memory_->n_blocks();
   kv.type_k = options_.type_k;
   kv.type_v = options_.type_v;
-  uint64_t kv_bytes = 0;
-  for (const Placement& p : placement_) kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
+  kv.swa_ring = swa_ring_;
+  uint64_t kv_bytes = 0, swa_bytes = 0;
+  for (const Placement& p : placement_) {
+    kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
+    swa_bytes += p.backend->swa_cell_bytes(*model_, p.layers, kv);
+  }
+  const int n_paged = hp.count_layers(MixerKind::Attention) - (swa_ring_ > 0 ? hp.count_sliding_layers(0, hp.n_layer) : 0);
   lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB{}", memory_->capacity_tokens(),
                               kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0,
-                              hp.count_layers(MixerKind::Attention) < hp.n_layer
-                                  ? fmt::format(" ({} of {} layers keep a KV cache)", hp.count_layers(MixerKind::Attention), hp.n_layer)
-                                  : ""));
-  if (memory_->recurrent()) {
+                              n_paged < hp.n_layer ? fmt::format(" ({} of {} layers keep a KV cache)", n_paged, hp.n_layer) : ""));
+  if (swa_ring_ > 0) {
+    const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
+    lines.push_back(fmt::format("sliding-window KV: {} layers keep the last {} positions ({} with a step's tokens) per sequence, "
+                                "{:.1f} MiB per sequence, {} sequences{}, {:.1f} MiB",
+                                hp.count_sliding_layers(0, hp.n_layer), hp.sliding_window, swa_ring_, swa_bytes / 1048576.0,
+                                options_.n_seq_max,
+                                options_.n_state_snapshots ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
+                                (double)swa_bytes * n_cells / 1048576.0));
+  }
+  if (hp.count_layers(MixerKind::DeltaNet) > 0) {
     const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
     uint64_t cell_bytes = 0;
     for (const Placement& p : placement_) cell_bytes += p.backend->state_cell_bytes(*model_, p.layers);

@@ -140,6 +140,7 @@ class Engine {
   bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
   std::vector<std::string> report_;   // startup lines about devices and placement
   int gpu_units_ = 0;
+  int swa_ring_ = 0;  // KvConfig::swa_ring: positions each sliding layer keeps per sequence (0: none)
 };
 
 }  // namespace roofline

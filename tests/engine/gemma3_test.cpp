@@ -2,12 +2,16 @@
 // base and scale, attention scale, embedding scale), the real 27B layout with llama.cpp's Q4_K_M mix,
 // and the forward pass against the double reference with a window shorter than the sequence, fed in
 // every chunking (decode one by one, ragged prefill chunks, one prefill), with small KV blocks so the
-// window's edge moves across blocks; a control showing the window changes the logits.
+// window's edge moves across blocks; a control showing the window changes the logits; the sliding
+// layers' memory bounded by the window (rings per sequence), with forks and prompt caching.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "model/model_file.h"
@@ -205,4 +209,89 @@ TEST(Gemma3Test, FinalLogitSoftcap) {
   EngineOptions o;
   o.type_k = o.type_v = DType::F32;
   EXPECT_LT(worst_nmse(model, o, tokens_for(10, model->hparams().n_vocab, 2)), 1e-10);
+}
+
+// The sliding layers keep rings of window + n_batch - 1 positions per sequence instead of blocks, so
+// the paged KV cache holds only the global layers: the report says so, and for gemma3-27b at -c 32768
+// (f16 K and V) the numbers are what the window implies.
+TEST(Gemma3Test, SlidingLayersMemoryIsBoundedByTheWindow) {
+  auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
+  EngineOptions o;
+  o.n_ctx = 512;
+  o.n_batch = 8;
+  o.n_seq_max = 2;
+  auto engine = Engine::create(model, o);
+  std::string report;
+  for (const auto& line : engine->report()) report += line + "\n";
+  EXPECT_NE(report.find("(1 of 8 layers keep a KV cache)"), std::string::npos) << report;
+  EXPECT_NE(report.find("sliding-window KV: 7 layers keep the last 8 positions (15 with a step's tokens)"), std::string::npos)
+      << report;
+
+  // gemma3-27b, layout only: 10 global layers x 32768 positions x 2 x 16 x 128 f16 = 2560 MiB; each of the
+  // 52 sliding layers keeps 1024 + 512 - 1 positions per sequence (624 MiB per sequence in all).
+  const SyntheticLayout layout = synthetic_layout(parse_synthetic_spec("gemma3-27b:Q4_K_M"));
+  auto file = gguf::GgufFile::from_parts("gemma3-27b.gguf", layout.metadata, layout.tensors, nullptr, 32);
+  auto big = Model::load(file);
+  cpu::CpuBackend cpu(1);
+  KvConfig kv;
+  kv.block_size = 32;
+  kv.n_blocks = 32768 / 32;
+  kv.swa_ring = 1024 + 512 - 1;
+  const LayerSet all{0, 62, true, true};
+  EXPECT_EQ(cpu.kv_block_bytes(*big, all, kv) * kv.n_blocks, 10ull * 32768 * 2 * 16 * 128 * 2);
+  EXPECT_EQ(cpu.swa_cell_bytes(*big, all, kv), 52ull * 1535 * 2 * 16 * 128 * 2);
+  kv.swa_ring = 0;  // without rings every layer is paged
+  EXPECT_EQ(cpu.kv_block_bytes(*big, all, kv) * kv.n_blocks, 62ull * 32768 * 2 * 16 * 128 * 2);
+}
+
+// Rings that wrap many times (n_batch 4: 11 positions for a window of 8), a fork that copies them, and
+// prompt caching that resumes from a snapshot: the same logits as fresh evaluations.
+TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
+  auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.kv_block_size = 4;
+  o.n_batch = 4;
+  o.n_seq_max = 3;
+  o.n_state_snapshots = 2;
+  EXPECT_LT(worst_nmse(model, o, tokens_for(60, n_vocab, 4), DType::F16, DType::F16), 2e-3);
+  auto engine = Engine::create(model, o);
+  SequenceMemory& mem = engine->memory();
+  ASSERT_TRUE(mem.recurrent()) << "rings cannot be cut back: sequences take state cells";
+  const auto prompt = tokens_for(22, n_vocab, 5);
+  const int s = mem.create_sequence();
+  const std::vector<int32_t> first(prompt.begin(), prompt.begin() + 16), rest(prompt.begin() + 16, prompt.end());
+  engine->eval(s, first, false);  // ends on the boundary at 16: a snapshot of the rings
+  engine->eval(s, rest, false);   // in chunks of 4: 20 (a snapshot), 22
+  // A fork continues with the rings as they are.
+  const int f = engine->fork_sequence(s);
+  const auto tail_a = tokens_for(9, n_vocab, 6), tail_b = tokens_for(7, n_vocab, 7);
+  const auto la = engine->eval(s, tail_a, true);
+  const auto lb = engine->eval(f, tail_b, true);
+  auto fresh = Engine::create(model, o);
+  auto full = [&](const std::vector<int32_t>& tail) {
+    std::vector<int32_t> t = prompt;
+    t.insert(t.end(), tail.begin(), tail.end());
+    const int q = fresh->memory().create_sequence();
+    auto l = fresh->eval(q, t, true);
+    fresh->memory().free_sequence(q);
+    return std::vector<float>(l.begin() + prompt.size() * (size_t)n_vocab, l.end());
+  };
+  EXPECT_EQ(0, std::memcmp(la.data(), full(tail_a).data(), la.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(lb.data(), full(tail_b).data(), lb.size() * sizeof(float)));
+  mem.free_sequence(f);
+  // Prompt caching: the prefix is reused up to the last snapshot (20), never beyond.
+  mem.cache_blocks(s, prompt);
+  mem.free_sequence(s);
+  auto longer = prompt;
+  const auto more = tokens_for(6, n_vocab, 8);
+  longer.insert(longer.end(), more.begin(), more.end());
+  EXPECT_EQ(mem.kv().match_prefix(longer, 100), 5);
+  EXPECT_EQ(mem.match_prefix(longer, 100), 5);
+  const int t = mem.create_sequence();
+  ASSERT_EQ(mem.adopt_prefix(t, longer, 100), 20);
+  const auto got = engine->eval(t, std::vector<int32_t>(longer.begin() + 20, longer.end()), true);
+  const int q = fresh->memory().create_sequence();
+  const auto want = fresh->eval(q, longer, true);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data() + 20 * (size_t)n_vocab, got.size() * sizeof(float)));
 }

@@ -44,9 +44,22 @@ uint64_t CpuBackend::weight_bytes(const Model& model, const LayerSet& layers) co
   return n;
 }
 
+namespace {
+// Attention layers among [begin, end) whose KV sits in rings (sliding layers, when rings are on).
+int ring_layers(const HParams& hp, const LayerSet& layers, const KvConfig& kv) {
+  return kv.swa_ring > 0 ? hp.count_sliding_layers(layers.begin, layers.end) : 0;
+}
+}  // namespace
+
 uint64_t CpuBackend::kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
   const HParams& hp = model.hparams();
-  return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) * kv.block_size *
+  const int paged = hp.count_layers(MixerKind::Attention, layers.begin, layers.end) - ring_layers(hp, layers, kv);
+  return (uint64_t)paged * kv.block_size * (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+}
+
+uint64_t CpuBackend::swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
+  const HParams& hp = model.hparams();
+  return (uint64_t)ring_layers(hp, layers, kv) * kv.swa_ring *
          (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
 }
 
@@ -100,6 +113,8 @@ void CpuBackend::init_kv(const KvConfig& kv) {
   for (int il = layers_.begin; il < layers_.end; ++il) {
     if (!hp.has_kv(il)) continue;
     LayerData& d = layer_data_[il - layers_.begin];
+    d.ring = kv.swa_ring > 0 && hp.is_sliding(il);
+    if (d.ring) continue;  // its rings come with the state cells (init_state)
     d.k_cache.assign(slots * k_row_bytes_, 0);
     d.v_cache.assign(slots * v_row_bytes_, 0);
   }
@@ -108,9 +123,15 @@ void CpuBackend::init_kv(const KvConfig& kv) {
 void CpuBackend::init_state(int n_cells) {
   const HParams& hp = model_->hparams();
   n_state_cells_ = n_cells;
-  for (int il = layers_.begin; il < layers_.end; ++il)
-    if (hp.mixer(il) == MixerKind::DeltaNet)
-      layer_data_[il - layers_.begin].state.assign((size_t)n_cells * hp.delta_net.state_floats(), 0.0f);
+  for (int il = layers_.begin; il < layers_.end; ++il) {
+    LayerData& d = layer_data_[il - layers_.begin];
+    if (hp.mixer(il) == MixerKind::DeltaNet) d.state.assign((size_t)n_cells * hp.delta_net.state_floats(), 0.0f);
+    if (d.ring) {
+      const size_t rows = (size_t)n_cells * kv_.swa_ring;
+      d.k_cache.assign(rows * k_row_bytes_, 0);
+      d.v_cache.assign(rows * v_row_bytes_, 0);
+    }
+  }
 }
 
 KvLayerView CpuBackend::kv_view(int il) {
@@ -123,6 +144,7 @@ KvLayerView CpuBackend::kv_view(int il) {
   v.k_row_bytes = k_row_bytes_;
   v.v_row_bytes = v_row_bytes_;
   v.block_size = kv_.block_size;
+  v.ring = d.ring ? kv_.swa_ring : 0;
   return v;
 }
 
@@ -151,6 +173,16 @@ void CpuBackend::begin_step(const StepDesc& step) {
       rope_swa_ = rope_table(step.positions, hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa,
                              rope_factors_.empty() ? nullptr : rope_factors_.data());
   }
+  if (ring_layers(hp, layers_, kv_) > 0)
+    for (const StepSequence& sq : step.sequences) {
+      if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
+        fail("internal error: sequence {} has no state cell for its sliding-window rings (cell {} of {})", sq.seq_id,
+             sq.state_cell, n_state_cells_);
+      // The step's new positions must not overwrite one that its first row still reads.
+      if (sq.n_new > kv_.swa_ring - hp.sliding_window + 1 && sq.n_past + sq.n_new > kv_.swa_ring)
+        fail("internal error: {} new positions of sequence {} in one step overrun its sliding-window ring of {}", sq.n_new,
+             sq.seq_id, kv_.swa_ring);
+    }
   if (hp.count_layers(MixerKind::DeltaNet, layers_.begin, layers_.end) > 0) {
     const DeltaNetDims& dn = hp.delta_net;
     dn_qkv_.resize(n * dn.conv_dim());
@@ -339,7 +371,7 @@ void CpuBackend::output(float* logits) {
 void CpuBackend::copy_kv_block(int src, int dst) {
   const size_t bs = (size_t)kv_.block_size;
   for (LayerData& d : layer_data_) {
-    if (d.k_cache.empty()) continue;
+    if (d.k_cache.empty() || d.ring) continue;
     std::memcpy(d.k_cache.data() + dst * bs * k_row_bytes_, d.k_cache.data() + src * bs * k_row_bytes_, bs * k_row_bytes_);
     std::memcpy(d.v_cache.data() + dst * bs * v_row_bytes_, d.v_cache.data() + src * bs * v_row_bytes_, bs * v_row_bytes_);
   }
@@ -348,8 +380,14 @@ void CpuBackend::copy_kv_block(int src, int dst) {
 void CpuBackend::copy_state(int src, int dst) {
   ROOFLINE_CHECK(src >= 0 && dst >= 0 && src < n_state_cells_ && dst < n_state_cells_, "state cell out of range");
   const size_t n = model_->hparams().delta_net.state_floats();
-  for (LayerData& d : layer_data_)
+  const size_t ring = (size_t)kv_.swa_ring;
+  for (LayerData& d : layer_data_) {
     if (!d.state.empty()) std::memcpy(d.state.data() + (size_t)dst * n, d.state.data() + (size_t)src * n, n * sizeof(float));
+    if (d.ring) {
+      std::memcpy(d.k_cache.data() + dst * ring * k_row_bytes_, d.k_cache.data() + src * ring * k_row_bytes_, ring * k_row_bytes_);
+      std::memcpy(d.v_cache.data() + dst * ring * v_row_bytes_, d.v_cache.data() + src * ring * v_row_bytes_, ring * v_row_bytes_);
+    }
+  }
 }
 
 }  // namespace roofline::cpu

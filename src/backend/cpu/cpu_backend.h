@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   uint64_t weight_bytes(const Model& model, const LayerSet& layers) const override;
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
   uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override;
+  uint64_t swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
   void load(std::shared_ptr<const Model> model, const LayerSet& layers) override;
   void init_kv(const KvConfig& kv) override;
   void init_state(int n_cells) override;
@@ -43,7 +44,8 @@ class CpuBackend final : public Backend {
   struct LayerData {
     std::array<std::vector<float>, kLayerTensorCount> floats;  // the tensors read as f32 (TensorUse::Floats)
     const std::vector<float>& operator[](LayerTensor t) const { return floats[(size_t)t]; }
-    std::vector<uint8_t> k_cache, v_cache;  // attention layers
+    std::vector<uint8_t> k_cache, v_cache;  // attention layers: paged blocks, or rings per state cell (sliding layers)
+    bool ring = false;                      // a sliding layer kept in rings (KvConfig::swa_ring)
     std::vector<float> state;               // DeltaNet layers: n_cells x state_floats
   };
   void forward_layer(int il);

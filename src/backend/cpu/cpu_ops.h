@@ -37,7 +37,16 @@ struct KvLayerView {
   DType type_k = DType::F16, type_v = DType::F16;
   size_t k_row_bytes = 0, v_row_bytes = 0;  // bytes per position
   int block_size = 0;
+  // > 0: a sliding layer's rings instead of blocks: position p of a sequence in row
+  // state_cell * ring + p % ring (KvConfig::swa_ring).
+  int ring = 0;
 };
+
+// The row of the cache (in the layer's K and V arrays) that holds position `pos` of a sequence.
+inline size_t kv_slot(const KvLayerView& kv, const StepSequence& s, int pos) {
+  if (kv.ring > 0) return (size_t)s.state_cell * kv.ring + pos % kv.ring;
+  return (size_t)s.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size;
+}
 
 // Writes the step's new K and V rows ([n_rows x kv_dim]) into the cache slots of their positions.
 void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const float* v, int kv_dim_k, int kv_dim_v,
