@@ -359,7 +359,9 @@ std::vector<std::string> Engine::report() const {
     kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
     swa_bytes += p.backend->swa_cell_bytes(*model_, p.layers, kv);
   }
-  const int n_paged = hp.count_layers(MixerKind::Attention) - (swa_ring_ > 0 ? hp.count_sliding_layers(0, hp.n_layer) : 0);
+  // Layers with paged KV: the backends' block bytes over one layer's (a GPU keeps its sliding layers paged).
+  const uint64_t layer_block = (uint64_t)kv.block_size * (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+  const int n_paged = kv.n_blocks > 0 ? (int)(kv_bytes / kv.n_blocks / layer_block) : 0;
   lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB{}", memory_->capacity_tokens(),
                               kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0,
                               n_paged < hp.n_layer ? fmt::format(" ({} of {} layers keep a KV cache)", n_paged, hp.n_layer) : ""));

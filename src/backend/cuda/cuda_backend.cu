@@ -103,14 +103,13 @@ class CudaBackend final : public Backend {
     model_ = std::move(model);
     layers_ = layers;
     const HParams& hp = model_->hparams();
-    if (model_->arch().gemma)  // GeGLU, post norms, scaled embeddings and sliding-window layers: CPU only so far
-      fail("the GPU backend does not run {} models yet: run them on the CPU (-ngl 0)", model_->arch().name);
     weights_.reserve(weight_bytes(*model_, layers) + 4096);
     layer_dev_.resize(layers.n_layers());
     for (int il = layers.begin; il < layers.end; ++il) {
       const LayerWeights& L = model_->layer(il);
       LayerDev& d = layer_dev_[il - layers.begin];
       d.mixer = L.mixer;
+      d.il = il;
       for (const PlannedTensor& t : layer_tensor_plan(model_->arch(), hp, il)) {
         const Weight& w = L[t.rule->role];
         const size_t i = (size_t)t.rule->role;
@@ -122,6 +121,8 @@ class CudaBackend final : public Backend {
         }
       }
     }
+    if (model_->arch().has(LayerTensor::AttnPostNorm) && hp.n_ff < hp.n_embd)  // post_norm_add's scratch is the FFN's
+      fail("the GPU backend needs feed_forward_length ({}) >= embedding_length ({}) for post norms", hp.n_ff, hp.n_embd);
     const bool has_delta = hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) > 0;
     if (has_delta) {
       const std::string why = delta_net_unsupported(hp.delta_net);
@@ -234,6 +235,7 @@ class CudaBackend final : public Backend {
       d.kv.type_k = kv.type_k;
       d.kv.type_v = kv.type_v;
       d.kv.block_size = kv.block_size;
+      d.kv.window = hp.attention_window(d.il);  // sliding layers stay paged here (KvConfig::swa_ring is the CPU's), masked
       d.kv.k = kv_arena_.take(kv_values_bytes(kv.type_k, nk));
       d.kv.v = kv_arena_.take(kv_values_bytes(kv.type_v, nv));
       if (kv_scales_bytes(kv.type_k, nk)) d.kv.k_scales = kv_arena_.take(kv_scales_bytes(kv.type_k, nk));
@@ -376,6 +378,7 @@ class CudaBackend final : public Backend {
     ROOFLINE_CHECK(layers_.embedding, "the GPU backend does not hold the token embedding");
     mark("embedding", 0);
     cuda::embed(embd_, dstep_, x_, n_tok_, model_->hparams().n_embd, stream_);
+    if (model_->hparams().embd_scale > 0) scale_values(x_, (int64_t)n_tok_ * model_->hparams().n_embd, model_->hparams().embd_scale, stream_);
   }
   void set_hidden(const float* hidden) override {
     const size_t row = (size_t)model_->hparams().n_embd * 4;
@@ -432,6 +435,7 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = q8 ? hp.n_embd : -1;
     mark(op_name("matvec output", out_).c_str(), (double)out_bytes_);
     project(out_, xn_, n_logit_, logits_, hp.n_vocab, false);
+    if (hp.final_logit_softcap > 0) softcap(logits_, (int64_t)n_logit_ * hp.n_vocab, hp.final_logit_softcap, stream_);
     n_quantized_cols_ = -1;
     return true;
   }
@@ -510,6 +514,7 @@ class CudaBackend final : public Backend {
     std::array<float*, kLayerTensorCount> vecs{};
     KvLayer kv;
     float* state = nullptr;  // DeltaNet layers: n_cells x state_floats
+    int il = 0;              // the model's layer index (per-layer RoPE base on sliding-window layers)
     const DeviceWeight& m(LayerTensor t) const { return mats[(size_t)t]; }
     double bytes(LayerTensor t) const { return (double)mat_bytes[(size_t)t]; }
     float* v(LayerTensor t) const { return vecs[(size_t)t]; }
@@ -670,8 +675,8 @@ class CudaBackend final : public Backend {
     add_bias(k_, L.v(LT::AttnKBias), n, hp.kv_dim_k(), stream_);
     add_bias(v_, L.v(LT::AttnVBias), n, hp.kv_dim_v(), stream_);
     rope_and_store(dstep_, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
-                   hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_freq_base,
-                   hp.rope_freq_scale, hp.rms_eps, L.kv, stream_);
+                   hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_base(L.il),
+                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_);
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
@@ -686,7 +691,20 @@ class CudaBackend final : public Backend {
     }
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
-    project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
+    if (float* post = L.v(LT::AttnPostNorm)) {  // gemma: x += rmsnorm(o) * w (gate_ is free until the FFN)
+      project(L.m(LT::AttnOut), attn_, n, gate_, hp.n_embd, false);
+      post_norm_add(gate_, post, xn_);
+    } else {
+      project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
+    }
+  }
+
+  // x += rmsnorm(y) * w over the step's rows, through `tmp` ([rows x n_embd]).
+  void post_norm_add(const float* y, const float* w, float* tmp) {
+    const HParams& hp = model_->hparams();
+    mark("post norm + residual", 0);
+    rms_norm(y, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, tmp, ActQ8{}, stream_);
+    add_values(x_, tmp, (int64_t)n_tok_ * hp.n_embd, stream_);
   }
 
   // Feed-forward block: norm -> gate/up -> SwiGLU -> down (+ residual).
@@ -701,11 +719,21 @@ class CudaBackend final : public Backend {
     project_group({{"gate", &L.m(LT::FfnGate), L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &L.m(LT::FfnUp), L.bytes(LT::FfnUp), up_, hp.n_ff}},
                   xn_, n);
     const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
-    mark("swiglu + quantize", 0);
-    swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    if (model_->arch().ffn == FfnKind::GeGLU) {
+      mark("geglu + quantize", 0);
+      geglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    } else {
+      mark("swiglu + quantize", 0);
+      swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    }
     n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
-    project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
+    if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
+      project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false);
+      post_norm_add(xn_, post, up_);
+    } else {
+      project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
+    }
     n_quantized_cols_ = -1;
   }
 
