@@ -14,6 +14,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/roofline_model.h"
 #include "model/model_file.h"
 #include "model/synthetic.h"
 #include "reference_forward.h"
@@ -294,4 +295,19 @@ TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
   const int q = fresh->memory().create_sequence();
   const auto want = fresh->eval(q, longer, true);
   EXPECT_EQ(0, std::memcmp(got.data(), want.data() + 20 * (size_t)n_vocab, got.size() * sizeof(float)));
+}
+
+// The roofline counts what a decode token reads: the global layer its whole depth, the sliding layers
+// at most their window.
+TEST(Gemma3Test, RooflineReadsTheWindowOfSlidingLayers) {
+  auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
+  const HParams& hp = model->hparams();
+  EXPECT_EQ(kv_positions_read(hp, 0, 100), 8);
+  EXPECT_EQ(kv_positions_read(hp, 5, 100), 100);
+  EXPECT_EQ(kv_positions_read(hp, 0, 3), 3);
+  const double row = 2.0 * 2 * 64 * 2;  // K and V rows of 2 heads x 64, f16
+  EXPECT_DOUBLE_EQ(decode_bytes_per_token(*model, 200, DType::F16, DType::F16) - decode_bytes_per_token(*model, 100, DType::F16, DType::F16),
+                   100 * row) << "only the global layer reads further";
+  EXPECT_DOUBLE_EQ(decode_bytes_per_token(*model, 8, DType::F16, DType::F16) - decode_bytes_per_token(*model, 4, DType::F16, DType::F16),
+                   8 * 4 * row) << "within the window every layer does";
 }
