@@ -54,7 +54,10 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   kv.type_v = o.type_v;
   // Sliding-window layers keep a ring per sequence (the window plus a step's tokens), not blocks: like
   // a recurrent state it cannot be cut back, so such models take state cells and snapshots too.
-  if (hp.has_sliding_layers()) kv.swa_ring = std::min(hp.sliding_window + o.n_batch - 1, kv.n_blocks * kv.block_size);
+  // The ring: the window plus a step's tokens, rounded up to whole blocks (the GPU addresses it by block).
+  if (hp.has_sliding_layers())
+    kv.swa_ring = std::min((hp.sliding_window + o.n_batch - 1 + kv.block_size - 1) / kv.block_size * kv.block_size,
+                           kv.n_blocks * kv.block_size);
   engine->swa_ring_ = kv.swa_ring;
   SequenceMemory::Options mo;
   mo.n_blocks = kv.n_blocks;

@@ -212,7 +212,7 @@ TEST(Gemma3Test, FinalLogitSoftcap) {
   EXPECT_LT(worst_nmse(model, o, tokens_for(10, model->hparams().n_vocab, 2)), 1e-10);
 }
 
-// The sliding layers keep rings of window + n_batch - 1 positions per sequence instead of blocks, so
+// The sliding layers keep rings of window + n_batch - 1 positions (in whole blocks) per sequence instead of blocks, so
 // the paged KV cache holds only the global layers: the report says so, and for gemma3-27b at -c 32768
 // (f16 K and V) the numbers are what the window implies.
 TEST(Gemma3Test, SlidingLayersMemoryIsBoundedByTheWindow) {
@@ -225,11 +225,11 @@ TEST(Gemma3Test, SlidingLayersMemoryIsBoundedByTheWindow) {
   std::string report;
   for (const auto& line : engine->report()) report += line + "\n";
   EXPECT_NE(report.find("(1 of 8 layers keep a KV cache)"), std::string::npos) << report;
-  EXPECT_NE(report.find("sliding-window KV: 7 layers keep the last 8 positions (15 with a step's tokens)"), std::string::npos)
+  EXPECT_NE(report.find("sliding-window KV: 7 layers keep the last 8 positions (32 with a step's tokens)"), std::string::npos)
       << report;
 
   // gemma3-27b, layout only: 10 global layers x 32768 positions x 2 x 16 x 128 f16 = 2560 MiB; each of the
-  // 52 sliding layers keeps 1024 + 512 - 1 positions per sequence (624 MiB per sequence in all).
+  // 52 sliding layers keeps 1024 + 512 - 1 positions, 1536 in blocks of 32, per sequence (624 MiB in all).
   const SyntheticLayout layout = synthetic_layout(parse_synthetic_spec("gemma3-27b:Q4_K_M"));
   auto file = gguf::GgufFile::from_parts("gemma3-27b.gguf", layout.metadata, layout.tensors, nullptr, 32);
   auto big = Model::load(file);
@@ -237,15 +237,15 @@ TEST(Gemma3Test, SlidingLayersMemoryIsBoundedByTheWindow) {
   KvConfig kv;
   kv.block_size = 32;
   kv.n_blocks = 32768 / 32;
-  kv.swa_ring = 1024 + 512 - 1;
+  kv.swa_ring = 1536;
   const LayerSet all{0, 62, true, true};
   EXPECT_EQ(cpu.kv_block_bytes(*big, all, kv) * kv.n_blocks, 10ull * 32768 * 2 * 16 * 128 * 2);
-  EXPECT_EQ(cpu.swa_cell_bytes(*big, all, kv), 52ull * 1535 * 2 * 16 * 128 * 2);
+  EXPECT_EQ(cpu.swa_cell_bytes(*big, all, kv), 52ull * 1536 * 2 * 16 * 128 * 2);
   kv.swa_ring = 0;  // without rings every layer is paged
   EXPECT_EQ(cpu.kv_block_bytes(*big, all, kv) * kv.n_blocks, 62ull * 32768 * 2 * 16 * 128 * 2);
 }
 
-// Rings that wrap many times (n_batch 4: 11 positions for a window of 8), a fork that copies them, and
+// Rings that wrap many times (n_batch 4, blocks of 4: 12 positions for a window of 8), a fork that copies them, and
 // prompt caching that resumes from a snapshot: the same logits as fresh evaluations.
 TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
   auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));

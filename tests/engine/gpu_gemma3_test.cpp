@@ -2,8 +2,9 @@
 // scaled embeddings, post norms, GeGLU, per-layer RoPE bases and sliding-window masking in the decode
 // (split) and prefill (tensor-core) attention, with prompts longer than the window in one step and in
 // chunks, small prefill key tiles (the window's first key inside a tile, tiles wholly before a row's
-// window), full and partial offload (the CPU's sliding layers in rings, the GPU's paged and masked),
-// forks and prefix reuse.
+// window), full and partial offload (both devices keep sliding layers in rings per sequence: the GPU
+// addresses them through per-sequence ring tables), rings that wrap, the memory report, forks and
+// prefix reuse.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -141,4 +142,30 @@ TEST(GpuGemma3Test, ForksAndPrefixReuse) {
   ASSERT_EQ(mem.adopt_prefix(t, full, 100), 32);
   const auto got = engine->eval(t, std::vector<int32_t>(full.begin() + 32, full.end()), true);
   EXPECT_LT(test::nmse(got.data(), want.data() + 32 * n_vocab, got.size()), 5e-3);
+}
+
+// On the GPU too the paged cache holds only the global layer; the rings are reported per sequence.
+TEST(GpuGemma3Test, SlidingLayersKeepOnlyTheirWindowOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-gemma3:Q8_0");
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.n_ctx = 4096;
+  o.n_batch = 8;
+  o.n_seq_max = 2;
+  auto engine = Engine::create(model, o);
+  std::string report;
+  for (const auto& line : engine->report()) report += line + "\n";
+  EXPECT_NE(report.find("(1 of 8 layers keep a KV cache)"), std::string::npos) << report;
+  EXPECT_NE(report.find("sliding-window KV: 7 layers keep the last 8 positions (32 with a step's tokens)"), std::string::npos)
+      << report;
+  // A long sequence decoded one token at a time wraps the 32-position rings many times.
+  const auto tokens = some_tokens(200, model->hparams().n_vocab, 9);
+  EngineOptions c = o;
+  c.n_gpu_layers = 0;
+  auto cpu = Engine::create(model, c);
+  const auto want = prompt_then_decode(*cpu, tokens, 150);
+  const auto got = prompt_then_decode(*engine, tokens, 150);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(test::nmse(got.data(), want.data(), got.size()), 5e-3);
 }
