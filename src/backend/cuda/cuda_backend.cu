@@ -600,7 +600,8 @@ class CudaBackend final : public Backend {
   }
   size_t step_capacity_ints() const {
     const size_t T = (size_t)std::max(1, options_.max_tokens);
-    return 8 + 5 * T + 4 + 4 + 4 * T + 2 * T * (size_t)table_capacity_blocks();  // block tables, then swa tables
+    const size_t tables = model_ && model_->hparams().has_sliding_layers() ? 2 : 1;  // block tables, then swa tables
+    return 8 + 5 * T + 4 + 4 + 4 * T + tables * T * (size_t)table_capacity_blocks();
   }
 
   // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off): an event before each op of decode steps; the time
