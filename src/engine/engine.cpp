@@ -371,9 +371,9 @@ std::vector<std::string> Engine::report() const {
   if (swa_ring_ > 0) {
     const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
     lines.push_back(fmt::format("sliding-window KV: {} layers keep the last {} positions ({} with a step's tokens) per sequence, "
-                                "{:.1f} MiB per sequence, {} sequences{}, {:.1f} MiB",
+                                "{:.1f} MiB per sequence, {} sequence{}{}, {:.1f} MiB",
                                 hp.count_sliding_layers(0, hp.n_layer), hp.sliding_window, swa_ring_, swa_bytes / 1048576.0,
-                                options_.n_seq_max,
+                                options_.n_seq_max, options_.n_seq_max == 1 ? "" : "s",
                                 options_.n_state_snapshots ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
                                 (double)swa_bytes * n_cells / 1048576.0));
   }
