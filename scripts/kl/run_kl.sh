@@ -18,7 +18,7 @@
 # Options:
 #   --roofline BIN     roofline binary (default carry/bin/roofline, else build/roofline)
 #   --fixtures DIR     where the HF fixture folders are looked up first (default /tmp/roofline_fixtures/fixtures/hf);
-#                      then tests/fixtures/hf
+#                      then tests/fixtures/hf and tests/fixtures/gemma3 (--names "gemma3_f32 gemma3_vl_bf16")
 #   --llamacpp DIR     the work dir of build_llamacpp.sh (DIR/llama.cpp = source, DIR/build/bin = binaries); without
 #                      it, or LLAMACPP_SRC / LLAMACPP_BIN set separately, the llama.cpp rows are skipped
 #   --names "A B ..."  fixtures (default "qwen35_f32 qwen35_bf16 qwen35_vl_bf16 qwen3_f32")
@@ -88,7 +88,7 @@ cat "$work/logs/env.txt" >&2
 
 for name in $names; do
   hf=""
-  for d in "$fixtures/$name" "tests/fixtures/hf/$name"; do
+  for d in "$fixtures/$name" "tests/fixtures/hf/$name" "tests/fixtures/gemma3/$name"; do
     [ -f "$d/config.json" ] && ls "$d"/*.safetensors > /dev/null 2>&1 && { hf=$d; break; }
   done
   if [ -z "$hf" ]; then

@@ -35,6 +35,12 @@ class Backend {
 
   // Bytes of one sequence's recurrent state across these layers (0 when none is a DeltaNet layer).
   virtual uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const = 0;
+  // Bytes of one sequence's sliding-window rings across these layers (kv.swa_ring positions per sliding
+  // layer; those layers then have no paged blocks). 0 for backends that keep sliding layers in blocks.
+  virtual uint64_t swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
+    (void)model, (void)layers, (void)kv;
+    return 0;
+  }
 
   virtual void load(std::shared_ptr<const Model> model, const LayerSet& layers) = 0;
   virtual void init_kv(const KvConfig& kv) = 0;
@@ -74,7 +80,8 @@ class Backend {
 
   // Copies one KV block (every layer this backend holds) to another, for forking a sequence.
   virtual void copy_kv_block(int src, int dst) = 0;
-  // Copies one recurrent-state cell (every DeltaNet layer it holds) to another: forks and snapshots.
+  // Copies one state cell (every DeltaNet layer's state and sliding layer's ring it holds) to another:
+  // forks and snapshots.
   // Ordered after the steps already launched, before later ones.
   virtual void copy_state(int src, int dst) = 0;
 };

@@ -43,6 +43,11 @@ struct KvConfig {
   int block_size = 32;  // token positions per block
   DType type_k = DType::F16;
   DType type_v = DType::F16;
+  // Sliding-window layers (gemma3), when > 0: instead of paged blocks, each sequence's state cell holds a
+  // ring of this many positions per sliding layer (position p in slot p % swa_ring): the window plus the
+  // most tokens a step adds, in whole blocks, so a sliding layer's memory is bounded by the window
+  // whatever the context.
+  int swa_ring = 0;
 };
 
 }  // namespace roofline

@@ -74,11 +74,11 @@ std::vector<double> bytes_per_backend(const Model& m, const std::vector<Engine::
                                       DType tv) {
   const HParams& hp = m.hparams();
   const int n_attn = std::max(1, hp.count_layers(MixerKind::Attention));
-  const double kv_per_layer = kv_bytes_per_position(m, tk, tv) / n_attn * depth;
+  const double kv_per_position = kv_bytes_per_position(m, tk, tv) / n_attn;  // one layer's
   std::vector<double> bytes;
   for (const Engine::PlacedRange& p : placed) {
     double b = state_bytes_per_token(m, p.layers.begin, p.layers.end);
-    for (int il = p.layers.begin; il < p.layers.end; ++il) b += (double)m.layer_bytes(il) + (hp.has_kv(il) ? kv_per_layer : 0.0);
+    for (int il = p.layers.begin; il < p.layers.end; ++il) b += (double)m.layer_bytes(il) + kv_per_position * kv_positions_read(hp, il, depth);
     if (p.layers.output) b += (double)m.output_bytes();
     if (p.layers.embedding) b += (double)dtype_row_bytes(m.token_embd().type(), hp.n_embd);
     bytes.push_back(b);

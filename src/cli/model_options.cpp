@@ -175,8 +175,15 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   // The KV cache of the whole context, wherever it goes, must fit the machine's memory at least: a
   // context far beyond it is refused with the size it needs, not an allocator's message.
   const int n_ctx = o.n_ctx > 0 ? o.n_ctx : std::min(model->hparams().n_ctx_train, 4096);
-  const double per_pos = kv_bytes_per_position(*model, o.type_k, o.type_v);
-  const double need = per_pos * n_ctx;
+  // Sliding-window layers (gemma3) keep a ring of about the window plus a batch per sequence instead.
+  const HParams& hp = model->hparams();
+  const double row = (double)(dtype_row_bytes(o.type_k, hp.kv_dim_k()) + dtype_row_bytes(o.type_v, hp.kv_dim_v()));
+  double need = 0;
+  for (int il = 0; il < hp.n_layer; ++il)
+    if (hp.has_kv(il))
+      need += row * (hp.is_sliding(il) ? std::min<double>(n_ctx, hp.sliding_window + o.n_batch) * (o.n_seq_max + o.n_state_snapshots)
+                                       : (double)n_ctx);
+  const double per_pos = need / n_ctx;
   double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   struct rlimit as_limit {};
   if (getrlimit(RLIMIT_AS, &as_limit) == 0 && as_limit.rlim_cur != RLIM_INFINITY)

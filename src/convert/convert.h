@@ -1,4 +1,4 @@
-// `roofline convert`: Hugging Face folders (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe) and llama2.c checkpoints to GGUF, in
+// `roofline convert`: Hugging Face folders (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, gemma3) and llama2.c checkpoints to GGUF, in
 // llama.cpp's conventions (tensor names, metadata keys, Q/K permutation for llama, F32 norms and biases).
 // Tensors stream one at a time through GgufWriter (temporary file renamed at the end).
 #pragma once
@@ -48,6 +48,8 @@ ConvertResult convert_llama2c(const ConvertOptions& options);
 // Qwen3_5ForConditionalGeneration / Qwen3_5ForCausalLM (llama.cpp arch qwen35) and their Qwen3_5Moe*
 // forms (qwen35moe); `config` is config.json.
 ConvertResult convert_qwen35(const ConvertOptions& options, const nlohmann::json& config, const std::string& hf_arch);
+// Gemma3ForCausalLM / Gemma3ForConditionalGeneration's text tower (llama.cpp arch gemma3).
+ConvertResult convert_gemma3(const ConvertOptions& options, const nlohmann::json& config, const std::string& hf_arch);
 
 // ---- shared pieces (used by both converters; exposed for tests) ----
 

@@ -2,7 +2,7 @@
 // Qwen3MoeForCausalLM (experts stacked into llama.cpp's 3-D tensors, convert_moe.h):
 // config.json to llama.cpp's metadata keys, tensor names mapped and checked (missing, unexpected and
 // mis-shaped tensors are listed in one error), Q/K permuted for llama, llama3 rope factors generated.
-// Qwen3.5 folders are handed to convert_qwen35.cpp.
+// Qwen3.5 folders are handed to convert_qwen35.cpp, Gemma 3 folders to convert_gemma3.cpp.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -174,13 +174,14 @@ ConvertResult convert_hf(const ConvertOptions& options) {
   if (hf_arch == "Qwen3_5ForConditionalGeneration" || hf_arch == "Qwen3_5ForCausalLM" ||
       hf_arch == "Qwen3_5MoeForConditionalGeneration" || hf_arch == "Qwen3_5MoeForCausalLM")
     return convert_qwen35(options, cfg.j, hf_arch);
+  if (hf_arch == "Gemma3ForCausalLM" || hf_arch == "Gemma3ForConditionalGeneration") return convert_gemma3(options, cfg.j, hf_arch);
   const char* arch_name = nullptr;
   std::string known;
   for (const auto& a : kArchs) {
     known += (known.empty() ? "" : ", ") + std::string(a.hf_name);
     if (hf_arch == a.hf_name) arch_name = a.arch;
   }
-  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM";
+  known += ", Qwen3_5ForConditionalGeneration, Qwen3_5ForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration";
   if (!arch_name)
     fail("{}: architecture '{}' is not supported by convert (supported: {})", cfg.where, hf_arch.empty() ? "(none)" : hf_arch,
          known);

@@ -31,6 +31,10 @@ struct HfConfig {
 
 std::string shape_string(const std::vector<int64_t>& s);
 
+// conversion/base.py TextModel.filter_tensors: the multimodal tensors (vision tower, projector, audio)
+// a text conversion leaves out.
+bool is_multimodal_tensor(const std::string& name);
+
 // "PREFIX: a; b; ...; and N more" (at most `shown` items listed), thrown as one Error line.
 [[noreturn]] void fail_with_problems(const std::string& prefix, const std::vector<std::string>& problems, size_t shown = 8);
 

@@ -27,6 +27,18 @@ namespace roofline::convert {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+// conversion/base.py TextModel.filter_tensors: multimodal tensors a text conversion leaves out.
+bool is_multimodal_tensor(const std::string& n) {
+  for (const char* p : {"mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
+                        "sound_projection.", "speech_embeddings."})
+    if (n.rfind(p, 0) == 0) return true;
+  for (const char* p : {"visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.",
+                        "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
+                        "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector."})
+    if (n.find(p) != std::string::npos) return true;
+  return false;
+}
+
 namespace {
 
 
@@ -34,19 +46,6 @@ bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 
 bool ends_with(const std::string& s, const char* p) {
   const size_t n = std::strlen(p);
   return s.size() >= n && s.compare(s.size() - n, n, p) == 0;
-}
-bool contains(const std::string& s, const char* p) { return s.find(p) != std::string::npos; }
-
-// conversion/base.py TextModel.filter_tensors: multimodal tensors a text conversion leaves out.
-bool is_multimodal(const std::string& n) {
-  for (const char* p : {"mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
-                        "sound_projection.", "speech_embeddings."})
-    if (starts_with(n, p)) return true;
-  for (const char* p : {"visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.",
-                        "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
-                        "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector."})
-    if (contains(n, p)) return true;
-  return false;
 }
 
 struct Hparams {
@@ -396,7 +395,7 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
     for (const auto& t : file->tensors()) ts.push_back(&t);
     std::sort(ts.begin(), ts.end(), [](auto* a, auto* b) { return a->name < b->name; });
     for (const safetensors::Tensor* t : ts) {
-      if (is_multimodal(t->name)) {
+      if (is_multimodal_tensor(t->name)) {
         ++n_multimodal;
         continue;
       }

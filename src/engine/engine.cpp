@@ -54,10 +54,17 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   kv.n_blocks = (o.n_ctx + o.kv_block_size - 1) / o.kv_block_size;
   kv.type_k = o.type_k;
   kv.type_v = o.type_v;
+  // Sliding-window layers keep a ring per sequence (the window plus a step's tokens), not blocks: like
+  // a recurrent state it cannot be cut back, so such models take state cells and snapshots too.
+  // The ring: the window plus a step's tokens, rounded up to whole blocks (the GPU addresses it by block).
+  if (hp.has_sliding_layers())
+    kv.swa_ring = std::min((hp.sliding_window + o.n_batch - 1 + kv.block_size - 1) / kv.block_size * kv.block_size,
+                           kv.n_blocks * kv.block_size);
+  engine->swa_ring_ = kv.swa_ring;
   SequenceMemory::Options mo;
   mo.n_blocks = kv.n_blocks;
   mo.block_size = kv.block_size;
-  mo.recurrent = hp.count_layers(MixerKind::DeltaNet) > 0;
+  mo.recurrent = hp.count_layers(MixerKind::DeltaNet) > 0 || kv.swa_ring > 0;
   mo.n_seq_max = o.n_seq_max;
   mo.n_snapshots = o.n_state_snapshots;
   if (mo.recurrent && o.n_seq_max < 1) fail("the number of parallel sequences {} must be at least 1", o.n_seq_max);
@@ -137,7 +144,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       auto cost = [&](int i, int first, int end) {
         LayerSet set{first, std::min(end, hp.n_layer), first == 0, end == n_units};
         return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks +
-               (double)gpus[i]->state_cell_bytes(*model, set) * n_cells;
+               ((double)gpus[i]->state_cell_bytes(*model, set) + (double)gpus[i]->swa_cell_bytes(*model, set, kv)) * n_cells;
       };
       if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
         units = n_units;
@@ -429,14 +436,28 @@ std::vector<std::string> Engine::report() const {
   kv.n_blocks = memory_->n_blocks();
   kv.type_k = options_.type_k;
   kv.type_v = options_.type_v;
-  uint64_t kv_bytes = 0;
-  for (const Placement& p : placement_) kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
+  kv.swa_ring = swa_ring_;
+  uint64_t kv_bytes = 0, swa_bytes = 0;
+  for (const Placement& p : placement_) {
+    kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
+    swa_bytes += p.backend->swa_cell_bytes(*model_, p.layers, kv);
+  }
+  // Layers with paged KV: the backends' block bytes over one layer's (a GPU keeps its sliding layers paged).
+  const uint64_t layer_block = (uint64_t)kv.block_size * (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+  const int n_paged = kv.n_blocks > 0 ? (int)(kv_bytes / kv.n_blocks / layer_block) : 0;
   lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB{}", memory_->capacity_tokens(),
                               kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0,
-                              hp.count_layers(MixerKind::Attention) < hp.n_layer
-                                  ? fmt::format(" ({} of {} layers keep a KV cache)", hp.count_layers(MixerKind::Attention), hp.n_layer)
-                                  : ""));
-  if (memory_->recurrent()) {
+                              n_paged < hp.n_layer ? fmt::format(" ({} of {} layers keep a KV cache)", n_paged, hp.n_layer) : ""));
+  if (swa_ring_ > 0) {
+    const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
+    lines.push_back(fmt::format("sliding-window KV: {} layers keep the last {} positions ({} with a step's tokens) per sequence, "
+                                "{:.1f} MiB per sequence, {} sequence{}{}, {:.1f} MiB",
+                                hp.count_sliding_layers(0, hp.n_layer), hp.sliding_window, swa_ring_, swa_bytes / 1048576.0,
+                                options_.n_seq_max, options_.n_seq_max == 1 ? "" : "s",
+                                options_.n_state_snapshots ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
+                                (double)swa_bytes * n_cells / 1048576.0));
+  }
+  if (hp.count_layers(MixerKind::DeltaNet) > 0) {
     const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
     uint64_t cell_bytes = 0;
     for (const Placement& p : placement_) cell_bytes += p.backend->state_cell_bytes(*model_, p.layers);

@@ -156,6 +156,7 @@ class Engine {
   std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement
   int gpu_units_ = 0;
+  int swa_ring_ = 0;  // KvConfig::swa_ring: positions each sliding layer keeps per sequence (0: none)
 };
 
 }  // namespace roofline

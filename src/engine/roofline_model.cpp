@@ -17,6 +17,12 @@ double kv_bytes_per_position(const Model& model, DType type_k, DType type_v) {
          (double)(dtype_row_bytes(type_k, hp.kv_dim_k()) + dtype_row_bytes(type_v, hp.kv_dim_v()));
 }
 
+double kv_positions_read(const HParams& hp, int il, double depth) {
+  if (!hp.has_kv(il)) return 0;
+  const int window = hp.attention_window(il);
+  return window > 0 ? std::min(depth, (double)window) : depth;
+}
+
 double state_bytes_per_token(const Model& model, int layer_begin, int layer_end) {
   const HParams& hp = model.hparams();
   return 2.0 * 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, layer_begin, layer_end);
@@ -34,7 +40,8 @@ double decode_bytes_per_token(const Model& model, double depth, DType type_k, DT
       if (L[t]) bytes -= (double)L[t].bytes() * (1.0 - (double)hp.n_expert_used / hp.n_expert);
   }
   bytes += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
-  bytes += depth * kv_bytes_per_position(model, type_k, type_v);
+  const double row = (double)(dtype_row_bytes(type_k, hp.kv_dim_k()) + dtype_row_bytes(type_v, hp.kv_dim_v()));
+  for (int il = 0; il < hp.n_layer; ++il) bytes += row * kv_positions_read(hp, il, depth);
   bytes += state_bytes_per_token(model, 0, hp.n_layer);
   return bytes;
 }
@@ -51,7 +58,9 @@ double flops_per_token(const Model& model, double depth) {
   weights += (double)n_attn * ((double)hp.n_embd * (hp.q_dim() * (hp.attn_output_gate ? 2 : 1) + hp.kv_dim_k() + hp.kv_dim_v()) +
                                (double)hp.n_head * hp.head_dim_v * hp.n_embd);
   weights += (double)n_delta * (double)hp.n_embd * (d.conv_dim() + 2.0 * d.value_dim() + 2.0 * d.n_v_heads);
-  const double attention = (double)n_attn * hp.n_head * (hp.head_dim_k + hp.head_dim_v) * (depth + 1);
+  double attended = 0;  // keys attended over the attention layers
+  for (int il = 0; il < hp.n_layer; ++il) attended += kv_positions_read(hp, il, depth + 1);
+  const double attention = (double)hp.n_head * (hp.head_dim_k + hp.head_dim_v) * attended;
   const double delta_rule = (double)n_delta * 3.0 * d.ssm_state_floats();  // decay + delta update, output
   return 2.0 * (weights + attention + delta_rule);
 }

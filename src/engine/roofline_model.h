@@ -1,7 +1,7 @@
 // The roofline of decode: tok/s <= read bandwidth / bytes a token reads, where a token reads every
 // weight once (layers and output matrix; of a mixture of experts only its n_expert_used experts),
-// one row of the token embedding, the KV cache of the
-// attention layers up to its depth, and the recurrent state of the DeltaNet layers (read and written
+// one row of the token embedding, the KV cache of the attention layers up to its depth (sliding-window
+// layers: at most their window), and the recurrent state of the DeltaNet layers (read and written
 // once: counted twice). bench prints measured speed against this bound.
 #pragma once
 
@@ -16,6 +16,9 @@ namespace roofline {
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v);
 // KV bytes per cached position across the attention layers.
 double kv_bytes_per_position(const Model& model, DType type_k, DType type_v);
+// Cached positions layer il reads at KV depth `depth`: all of them, or at most its window (gemma3's
+// sliding layers); 0 for layers without KV.
+double kv_positions_read(const HParams& hp, int il, double depth);
 // Recurrent-state bytes one token moves in layers [layer_begin, layer_end) (read + write).
 double state_bytes_per_token(const Model& model, int layer_begin, int layer_end);
 // Matmul and attention FLOPs of one token at KV depth `depth` (for prefill rates).

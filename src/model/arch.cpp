@@ -16,6 +16,12 @@ const char* mixer_kind_name(MixerKind kind) {
   return "?";
 }
 
+int HParams::count_sliding_layers(int begin, int end) const {
+  int n = 0;
+  for (int il = begin; il < end && il < n_layer; ++il) n += is_sliding(il) ? 1 : 0;
+  return n;
+}
+
 int HParams::count_layers(MixerKind kind, int begin, int end) const {
   int n = 0;
   for (int il = begin; il < end && il < (int)layer_mixer.size(); ++il) n += layer_mixer[(size_t)il] == kind ? 1 : 0;
@@ -117,6 +123,15 @@ std::vector<TensorRule> moe_ffn(std::vector<TensorRule> t, bool shared_expert) {
   return t;
 }
 
+// Gemma 3: the llama block with q/k norms and norms of the attention's and the FFN's outputs
+// (post_attention_norm, post_ffw_norm); the FFN's input norm keeps the name ffn_norm.
+std::vector<TensorRule> gemma3_block() {
+  std::vector<TensorRule> t = llama_block(true);
+  t.insert(t.begin() + 7, {LT::AttnPostNorm, "post_attention_norm.weight", embd, true, kAttn, kVec});
+  t.push_back({LT::FfnPostNorm, "post_ffw_norm.weight", embd, true, kAll, kVec});
+  return t;
+}
+
 // A per-layer key may be a scalar or an array with one value per layer (roofline needs them equal).
 int64_t uniform_int(const gguf::Metadata& md, const std::string& key, int64_t fallback, bool required) {
   const gguf::Value* v = md.find(key);
@@ -184,6 +199,35 @@ void read_delta_net(const gguf::Metadata& md, const std::string& a, HParams& hp)
     fail("{}ssm.time_step_rank {} (value heads) is not a multiple of ssm.group_count {} (key heads)", a, d.n_v_heads, d.n_k_heads);
 }
 
+// gemma3 as llama.cpp reads it: with attention.sliding_window > 0, layer il is a sliding layer unless
+// il % P == P - 1 (P = attention.sliding_window_pattern, default 6; P = 0: every layer slides; an
+// array gives the flag per layer); sliding layers rotate with rope.freq_base_swa (default 1e4) and no
+// scaling. The attention scale is not read from the file: 1/sqrt(n_embd / n_head) for the 62-layer
+// (27B) model, 1/sqrt(head_dim) otherwise, as llama.cpp derives it. Embeddings are scaled by sqrt(n_embd).
+void read_gemma3(const gguf::Metadata& md, const std::string& a, HParams& hp) {
+  hp.embd_scale = std::sqrt((float)hp.n_embd);
+  hp.attn_scale = hp.n_layer + hp.n_layer_nextn == 62 ? 1.0f / std::sqrt((float)(hp.n_embd / hp.n_head))
+                                                      : 1.0f / std::sqrt((float)hp.head_dim_k);
+  hp.final_logit_softcap = (float)md.get_float_or(a + "final_logit_softcapping", 0.0);
+  if (hp.final_logit_softcap < 0) fail("{}final_logit_softcapping {} must not be negative", a, hp.final_logit_softcap);
+  hp.sliding_window = checked(md.get_int_or(a + "attention.sliding_window", 0), a + "attention.sliding_window", 0, 1 << 24);
+  if (hp.sliding_window == 0) return;
+  hp.layer_sliding.assign((size_t)hp.n_layer, 0);
+  const std::string pattern_key = a + "attention.sliding_window_pattern";
+  const gguf::Value* pattern = md.find(pattern_key);
+  if (pattern && pattern->is_array()) {
+    const auto flags = pattern->as_int_array(pattern_key);
+    if ((int)flags.size() < hp.n_layer) fail("metadata key '{}' has {} values for {} layers", pattern_key, flags.size(), hp.n_layer);
+    for (int il = 0; il < hp.n_layer; ++il) hp.layer_sliding[(size_t)il] = flags[(size_t)il] ? 1 : 0;
+  } else {
+    const int period = checked(pattern ? pattern->as_int(pattern_key) : 6, pattern_key, 0, 4096);
+    for (int il = 0; il < hp.n_layer; ++il) hp.layer_sliding[(size_t)il] = period == 0 || il % period < period - 1 ? 1 : 0;
+  }
+  hp.rope_freq_base_swa = (float)md.get_float_or(a + "rope.freq_base_swa", 10000.0);
+  if (!(hp.rope_freq_base_swa > 0)) fail("{}rope.freq_base_swa {} must be positive", a, hp.rope_freq_base_swa);
+  hp.rope_freq_scale_swa = 1.0f;
+}
+
 }  // namespace
 
 const std::vector<ArchInfo>& supported_archs() {
@@ -194,6 +238,7 @@ const std::vector<ArchInfo>& supported_archs() {
       {"qwen35", RopeStyle::Neox, false, true, true, false, qwen35_block()},
       {"qwen3moe", RopeStyle::Neox, false, false, false, true, moe_ffn(llama_block(true), false)},
       {"qwen35moe", RopeStyle::Neox, false, true, true, true, moe_ffn(qwen35_block(), true)},
+      {"gemma3", RopeStyle::Neox, false, false, false, false, gemma3_block(), FfnKind::GeGLU, true},
   };
   return archs;
 }
@@ -259,6 +304,7 @@ HParams read_hparams(const gguf::Metadata& md, const ArchInfo& arch) {
   } else {
     hp.layer_mixer.assign((size_t)hp.n_layer, MixerKind::Attention);
   }
+  if (arch.gemma) read_gemma3(md, a, hp);
   return hp;
 }
 

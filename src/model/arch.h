@@ -32,9 +32,16 @@ enum class LayerTensor : uint8_t {
   // expert and its gate (one value per token).
   FfnGateInp, FfnGateExps, FfnUpExps, FfnDownExps, FfnGateInpShexp, FfnGateShexp, FfnUpShexp, FfnDownShexp,
   SsmQkv, SsmGate, SsmConv, SsmDtBias, SsmA, SsmAlpha, SsmBeta, SsmNorm, SsmOut,  // DeltaNet
+  AttnPostNorm, FfnPostNorm,  // gemma: norms of the mixer's and the FFN's outputs, before the residual add
   Count
 };
 constexpr size_t kLayerTensorCount = (size_t)LayerTensor::Count;
+
+// The gated FFN's activation: down(act(gate(x)) * up(x)).
+enum class FfnKind : uint8_t {
+  SwiGLU,  // act = silu
+  GeGLU,   // act = gelu, tanh approximation (gemma)
+};
 
 // How a backend reads a tensor: a matrix product's weight (kept in its type, repacked as the
 // backend likes), or small values it reads as f32 (norms, biases, the conv taps, decays).
@@ -61,6 +68,10 @@ struct ArchInfo {
   bool hybrid;             // layer kinds from full_attention_interval / attention.recurrent_layers (qwen35)
   bool moe;                // the FFN is a mixture of experts (expert_count, expert_used_count, ...)
   std::vector<TensorRule> layer_tensors;
+  FfnKind ffn = FfnKind::SwiGLU;
+  // gemma3: embeddings scaled by sqrt(n_embd), sliding-window layers (attention.sliding_window,
+  // every sliding_window_pattern-th layer global), attention scale derived from the shape as llama.cpp does.
+  bool gemma = false;
 
   // The table's rule for a role (nullptr when no layer of this arch holds it).
   const TensorRule* rule(LayerTensor role) const;
@@ -70,7 +81,7 @@ struct ArchInfo {
 const std::vector<ArchInfo>& supported_archs();
 // nullptr when the architecture is not supported.
 const ArchInfo* find_arch(std::string_view name);
-std::string supported_arch_names();  // "llama, qwen2, qwen3, qwen35"
+std::string supported_arch_names();  // "llama, qwen2, qwen3, qwen35, gemma3"
 
 // Hyperparameters from metadata with llama.cpp's defaults; throws Error naming the key on a missing
 // or out-of-range value. n_vocab is left 0 (it comes from the token embedding's shape).

@@ -51,6 +51,14 @@ struct HParams {
   float rope_freq_scale = 1.0f;  // linear scaling: positions multiplied by this
   float rms_eps = 1e-5f;
   float attn_scale = 0;          // 0: 1/sqrt(head_dim_k)
+  // Sliding-window attention (gemma3): a sliding layer's query at position p attends to keys at
+  // positions (p - sliding_window, p] only, and rotates with its own RoPE base and scale.
+  int sliding_window = 0;              // 0: every layer attends to the whole context
+  std::vector<unsigned char> layer_sliding;  // per layer (n_layer): 1 for a sliding-window layer
+  float rope_freq_base_swa = 10000.0f;
+  float rope_freq_scale_swa = 1.0f;
+  float embd_scale = 0;                // gemma: token embeddings multiplied by this (0: not scaled)
+  float final_logit_softcap = 0;       // logits = c * tanh(logits / c) when > 0
   bool attn_output_gate = false; // the Q projection emits [q_h | gate_h] per head; output *= sigmoid(gate)
   std::vector<MixerKind> layer_mixer;  // per layer (n_layer)
   DeltaNetDims delta_net;              // set when some layer is a DeltaNet layer
@@ -72,6 +80,13 @@ struct HParams {
   int kv_dim_v() const { return n_head_kv * head_dim_v; }
   MixerKind mixer(int il) const { return layer_mixer[(size_t)il]; }
   bool has_kv(int il) const { return layer_mixer[(size_t)il] == MixerKind::Attention; }
+  bool is_sliding(int il) const { return !layer_sliding.empty() && layer_sliding[(size_t)il] != 0; }
+  // The number of newest positions layer il attends to (0: all of them).
+  int attention_window(int il) const { return is_sliding(il) ? sliding_window : 0; }
+  float rope_base(int il) const { return is_sliding(il) ? rope_freq_base_swa : rope_freq_base; }
+  float rope_scale(int il) const { return is_sliding(il) ? rope_freq_scale_swa : rope_freq_scale; }
+  bool has_sliding_layers() const { return sliding_window > 0 && count_sliding_layers(0, n_layer) > 0; }
+  int count_sliding_layers(int begin, int end) const;
   // Layers of one kind among [begin, end).
   int count_layers(MixerKind kind, int begin, int end) const;
   int count_layers(MixerKind kind) const { return count_layers(kind, 0, n_layer); }

@@ -55,6 +55,33 @@ static ModelShape qwen35(const char* name, const char* display, int n_embd, int 
   return s;
 }
 
+// Gemma 3: GeGLU FFN, pre and post norms, q/k norms, tied embeddings, vocabulary 262208 (the
+// checkpoint's rows: llama.cpp's converter keeps them all, 262145 tokens and [PAD] entries), sliding
+// window on 5 of every 6 layers (local base 1e4), global layers base 1e6 with linear scaling x8.
+static ModelShape gemma3(const char* name, const char* display, int n_embd, int n_layer, int n_head, int n_head_kv,
+                         int head_dim, int n_ff, int window) {
+  ModelShape s;
+  s.name = name;
+  s.arch = "gemma3";
+  s.display_name = display;
+  s.n_embd = n_embd;
+  s.n_layer = n_layer;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.head_dim = head_dim;
+  s.n_ff = n_ff;
+  s.n_vocab = 262208;
+  s.n_ctx_train = 131072;
+  s.rope_freq_base = 1000000.0f;
+  s.rope_freq_base_swa = 10000.0f;
+  s.rope_linear_factor = 8.0f;
+  s.rms_eps = 1e-6f;
+  s.tied_embeddings = true;
+  s.qk_norm = true;
+  s.sliding_window = window;
+  return s;
+}
+
 const std::vector<ModelShape>& model_shapes() {
   static const std::vector<ModelShape> shapes = [] {
     std::vector<ModelShape> v;
@@ -121,6 +148,7 @@ const std::vector<ModelShape>& model_shapes() {
       s.n_expert = 256; s.n_expert_used = 8; s.n_ff_exp = 512; s.n_ff_shexp = 512;
       v.push_back(s);
     }
+    v.push_back(gemma3("gemma3-27b", "Gemma-3-27B", 5376, 62, 32, 16, 128, 21504, 1024));
     // Tiny shapes for tests and the demo (rows are multiples of 256 so every K-quant applies).
     {
       ModelShape s = qwen3("tiny-qwen3", "tiny Qwen3-shaped model", 256, 2, 4, 768, false, 2048);
@@ -168,6 +196,13 @@ const std::vector<ModelShape>& model_shapes() {
       s.head_dim = 64; s.n_rot = 16; s.n_vocab = 512; s.n_ctx_train = 4096; s.full_attention_interval = 2;
       s.ssm_head_dim = 64;
       s.n_expert = 6; s.n_expert_used = 2; s.n_ff_exp = 256; s.n_ff_shexp = 256;
+      v.push_back(s);
+    }
+    {
+      // 8 layers: sliding 0-4 and 6-7, global 5; a window of 8 positions, shorter than the tests'
+      // sequences, so both kinds of layer and the window's edge are exercised.
+      ModelShape s = gemma3("tiny-gemma3", "tiny Gemma3-shaped model", 256, 8, 4, 2, 64, 768, 8);
+      s.n_vocab = 512; s.n_ctx_train = 4096;
       v.push_back(s);
     }
     return v;

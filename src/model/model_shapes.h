@@ -36,6 +36,10 @@ struct ModelShape {
   int ssm_conv_kernel = 0, ssm_n_k_heads = 0, ssm_n_v_heads = 0, ssm_head_dim = 0;
   // Mixture of experts (qwen3moe, qwen35moe): 0 experts = a dense FFN.
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+  // Gemma 3: sliding window on 5 of every 6 layers (local RoPE base), linear RoPE scaling of the global layers.
+  int sliding_window = 0;            // 0: none
+  float rope_freq_base_swa = 10000.0f;
+  float rope_linear_factor = 0;      // 0: none
 };
 
 const std::vector<ModelShape>& model_shapes();

@@ -214,6 +214,14 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
     md.set(a + ".expert_feed_forward_length", gguf::Value::u32(s.n_ff_exp));
     if (s.n_ff_shexp > 0) md.set(a + ".expert_shared_feed_forward_length", gguf::Value::u32(s.n_ff_shexp));
   }
+  if (s.sliding_window > 0) {  // gemma3, as llama.cpp's converter writes it
+    md.set(a + ".attention.sliding_window", gguf::Value::u32(s.sliding_window));
+    md.set(a + ".rope.freq_base_swa", gguf::Value::f32(s.rope_freq_base_swa));
+  }
+  if (s.rope_linear_factor > 0) {
+    md.set(a + ".rope.scaling.type", gguf::Value::string("linear"));
+    md.set(a + ".rope.scaling.factor", gguf::Value::f32(s.rope_linear_factor));
+  }
   if (spec.tokenizer_path.empty()) {
     add_byte_level_tokenizer(md, s.n_vocab);
   } else if (spec.tokenizer_path.size() > 5 && spec.tokenizer_path.substr(spec.tokenizer_path.size() - 5) == ".gguf") {

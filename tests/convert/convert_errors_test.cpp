@@ -59,12 +59,12 @@ TEST(ConvertErrorsTest, MissingUnexpectedAndMisshapedTensorsAreListed) {
 }
 
 TEST(ConvertErrorsTest, UnknownArchitecture) {
-  const std::string dir = fresh_dir("gemma");
+  const std::string dir = fresh_dir("gemma2");
   test::SynthHf s;
-  s.hf_class = "Gemma3ForCausalLM";
+  s.hf_class = "Gemma2ForCausalLM";
   test::write_synth_hf(dir, s);
   const std::string e = convert_fails({dir}, fresh_dir("out2") + "/m.gguf");
-  EXPECT_NE(e.find("architecture 'Gemma3ForCausalLM' is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find("architecture 'Gemma2ForCausalLM' is not supported"), std::string::npos) << e;
   EXPECT_NE(e.find("Qwen3ForCausalLM"), std::string::npos) << e;
 }
 

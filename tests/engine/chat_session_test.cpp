@@ -137,8 +137,10 @@ TEST_P(ChatSessionTest, DropsOldestTurnsToFitTheContext) {
   EXPECT_EQ(c.messages().size(), 3u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, ChatSessionTest, ::testing::Values("tiny-qwen3", "tiny-qwen35"),
-                         [](const auto& info) { return info.param == "tiny-qwen3" ? std::string("Attention") : std::string("Recurrent"); });
+INSTANTIATE_TEST_SUITE_P(Archs, ChatSessionTest, ::testing::Values("tiny-qwen3", "tiny-qwen35", "tiny-gemma3"),
+                         [](const auto& info) {
+                           return std::string(info.param == "tiny-qwen3" ? "Attention" : info.param == "tiny-qwen35" ? "Recurrent" : "SlidingWindow");
+                         });
 
 }  // namespace
 }  // namespace roofline

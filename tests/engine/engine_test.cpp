@@ -100,7 +100,8 @@ TEST(EngineTest, QuantizedWeightsAndKvTypesWithinBounds) {
 
 class EngineArchTest : public ::testing::TestWithParam<const char*> {};
 INSTANTIATE_TEST_SUITE_P(Archs, EngineArchTest, ::testing::Values("tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M",
-                                                                   "tiny-qwen3moe:Q4_K_M", "tiny-qwen35moe:Q4_K_M"));
+                                                                   "tiny-qwen3moe:Q4_K_M", "tiny-qwen35moe:Q4_K_M",
+                                                                   "tiny-gemma3:Q4_K_M"));
 
 TEST_P(EngineArchTest, BatchInvariance) {
   auto model = tiny(GetParam());

@@ -1,6 +1,7 @@
 // A plain double-precision forward pass (no paging, no batching, no quantized activations) for the
-// llama / qwen2 / qwen3 block, Qwen3.5's gated attention and Gated DeltaNet layers, and the
-// mixture-of-experts FFN of qwen3moe / qwen35moe (as transformers routes), written from
+// llama / qwen2 / qwen3 block, Qwen3.5's gated attention and Gated DeltaNet layers, the mixture-of-experts
+// FFN of qwen3moe / qwen35moe (as transformers routes) and Gemma 3's block (scaled embeddings, post
+// norms, GeGLU, sliding-window layers with their own RoPE base), written from
 // the architecture description independently of the engine: the oracle the engine's logits are
 // compared with.
 #pragma once
@@ -34,18 +35,26 @@ class ReferenceForward {
   std::vector<double> step(int32_t token) {
     const int pos = n_past_++;
     std::vector<double> x = row(m_.token_embd(), token);
+    if (hp_.embd_scale > 0)
+      for (double& e : x) e *= hp_.embd_scale;
     using LT = LayerTensor;
+    const bool geglu = m_.arch().ffn == FfnKind::GeGLU;
     for (int il = 0; il < hp_.n_layer; ++il) {
       const LayerWeights& L = m_.layer(il);
       std::vector<double> xn = norm(x, vec(L[LT::AttnNorm]));
-      const std::vector<double> o = L.mixer == MixerKind::Attention ? attention(L, il, xn, pos) : delta_net(L, il, xn);
+      std::vector<double> o = L.mixer == MixerKind::Attention ? attention(L, il, xn, pos) : delta_net(L, il, xn);
+      if (L[LT::AttnPostNorm]) o = norm(o, vec(L[LT::AttnPostNorm]));
       for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
       xn = norm(x, vec(L[LT::FfnNorm]));
-      const std::vector<double> d = hp_.is_moe() ? moe(L, xn) : swiglu(L[LT::FfnGate], L[LT::FfnUp], L[LT::FfnDown], xn);
+      std::vector<double> d = hp_.is_moe() ? moe(L, xn) : gated_ffn(L[LT::FfnGate], L[LT::FfnUp], L[LT::FfnDown], xn, geglu);
+      if (L[LT::FfnPostNorm]) d = norm(d, vec(L[LT::FfnPostNorm]));
       for (size_t i = 0; i < x.size(); ++i) x[i] += d[i];
     }
     hidden_ = norm(x, vec(m_.output_norm()));
-    return matvec(m_.output(), hidden_);
+    std::vector<double> logits = matvec(m_.output(), hidden_);
+    if (hp_.final_logit_softcap > 0)
+      for (double& l : logits) l = hp_.final_logit_softcap * std::tanh(l / hp_.final_logit_softcap);
+    return logits;
   }
 
   // The final hidden state of the last step(), after the output norm (what embeddings pool).
@@ -74,25 +83,28 @@ class ReferenceForward {
       for (int h = 0; h < hp_.n_head; ++h) head_norm(q, h, qw);
       for (int h = 0; h < hp_.n_head_kv; ++h) head_norm(k, h, kw);
     }
-    rope(q, hp_.n_head, pos);
-    rope(k, hp_.n_head_kv, pos);
+    rope(q, hp_.n_head, pos, il);
+    rope(k, hp_.n_head_kv, pos, il);
     kcache_[il].push_back(round_through(kv_type_k_, k));
     vcache_[il].push_back(round_through(kv_type_v_, v));
     std::vector<double> attn((size_t)hp_.n_head * hp_.head_dim_v, 0.0);
     const double scale = hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt((double)hd);
+    // A sliding layer sees the keys at positions (pos - window, pos].
+    const int window = hp_.attention_window(il);
+    const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
     for (int h = 0; h < hp_.n_head; ++h) {
       const int kvh = h / hp_.n_gqa();
-      std::vector<double> s(pos + 1);
+      std::vector<double> s(pos + 1, 0.0);
       double mx = -1e300;
-      for (int j = 0; j <= pos; ++j) {
+      for (int j = first; j <= pos; ++j) {
         double d = 0;
         for (int i = 0; i < hd; ++i) d += q[h * hd + i] * kcache_[il][j][kvh * hd + i];
         s[j] = d * scale;
         mx = std::max(mx, s[j]);
       }
       double sum = 0;
-      for (double& e : s) sum += e = std::exp(e - mx);
-      for (int j = 0; j <= pos; ++j)
+      for (int j = first; j <= pos; ++j) sum += s[j] = std::exp(s[j] - mx);
+      for (int j = first; j <= pos; ++j)
         for (int i = 0; i < hp_.head_dim_v; ++i)
           attn[h * hp_.head_dim_v + i] += s[j] / sum * vcache_[il][j][kvh * hp_.head_dim_v + i];
     }
@@ -167,10 +179,16 @@ class ReferenceForward {
   }
 
   // down(silu(gate x) * up x); `expert` picks one matrix of stacked [in, out, n_expert] tensors.
-  std::vector<double> swiglu(const Weight& gate, const Weight& up, const Weight& down, const std::vector<double>& x,
-                             int64_t expert = 0) const {
+  // down(act(gate x) * up x), act = silu (SwiGLU) or tanh-approximated GELU (GeGLU: gemma).
+  std::vector<double> gated_ffn(const Weight& gate, const Weight& up, const Weight& down, const std::vector<double>& x,
+                                bool geglu = false, int64_t expert = 0) const {
     std::vector<double> g = matvec(gate, x, expert), u = matvec(up, x, expert);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double a = g[i];
+      const double act = geglu ? 0.5 * a * (1.0 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+                               : a / (1.0 + std::exp(-a));
+      g[i] = act * u[i];
+    }
     return matvec(down, g, expert);
   }
 
@@ -194,7 +212,7 @@ class ReferenceForward {
     std::vector<double> out(xn.size(), 0.0);
     for (size_t e : order) {
       const double w = (hp_.expert_weights_norm ? p[e] / top : p[e]) * hp_.expert_weights_scale;
-      const std::vector<double> y = swiglu(L[LT::FfnGateExps], L[LT::FfnUpExps], L[LT::FfnDownExps], xn, (int64_t)e);
+      const std::vector<double> y = gated_ffn(L[LT::FfnGateExps], L[LT::FfnUpExps], L[LT::FfnDownExps], xn, false, (int64_t)e);
       for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
     }
     if (L[LT::FfnGateInpShexp]) {
@@ -202,7 +220,7 @@ class ReferenceForward {
       double dot = 0;
       for (size_t i = 0; i < xn.size(); ++i) dot += g[i] * xn[i];
       const double s = 1.0 / (1.0 + std::exp(-dot));
-      const std::vector<double> y = swiglu(L[LT::FfnGateShexp], L[LT::FfnUpShexp], L[LT::FfnDownShexp], xn);
+      const std::vector<double> y = gated_ffn(L[LT::FfnGateShexp], L[LT::FfnUpShexp], L[LT::FfnDownShexp], xn);
       for (size_t i = 0; i < out.size(); ++i) out[i] += s * y[i];
     }
     return out;
@@ -257,14 +275,14 @@ class ReferenceForward {
     part = norm(part, w);
     std::copy(part.begin(), part.end(), x.begin() + h * hp_.head_dim_k);
   }
-  void rope(std::vector<double>& x, int n_heads, int pos) const {
+  void rope(std::vector<double>& x, int n_heads, int pos, int il) const {
     const int half = hp_.n_rot / 2;
     std::vector<double> factors;
     if (m_.rope_freqs()) factors = vec(m_.rope_freqs());
     for (int h = 0; h < n_heads; ++h) {
       double* v = x.data() + (size_t)h * hp_.head_dim_k;
       for (int i = 0; i < half; ++i) {
-        double freq = hp_.rope_freq_scale * std::pow((double)hp_.rope_freq_base, -2.0 * i / hp_.n_rot);
+        double freq = hp_.rope_scale(il) * std::pow((double)hp_.rope_base(il), -2.0 * i / hp_.n_rot);
         if (!factors.empty()) freq /= factors[i];
         const double c = std::cos(pos * freq), s = std::sin(pos * freq);
         const bool norm_style = m_.arch().rope_style == RopeStyle::Norm;

@@ -1,8 +1,8 @@
-// CpuBackend: one transformer layer is norm -> mixer -> residual -> norm -> FFN -> residual, the FFN
-// a SwiGLU or a mixture of SwiGLU experts (moe_cpu.h) with an optional gated shared expert,
-// the mixer either attention (QKV (+bias) -> QK-norm -> RoPE -> KV store -> paged attention (-> output
-// gate) -> output projection) or Gated DeltaNet (in-projections -> conv, delta rule, gated norm
-// (backend/delta_net.h) -> output projection).
+// CpuBackend: one transformer layer is norm -> mixer (-> post norm) -> residual -> norm -> FFN (-> post
+// norm) -> residual, the FFN a SwiGLU or GeGLU, or a mixture of SwiGLU experts (moe_cpu.h) with an
+// optional gated shared expert; the mixer either attention (QKV (+bias) -> QK-norm -> RoPE -> KV store
+// -> paged attention, sliding-window on gemma3's local layers (-> output gate) -> output projection) or
+// Gated DeltaNet (in-projections -> conv, delta rule, gated norm (backend/delta_net.h) -> output projection).
 #include "backend/cpu/cpu_backend.h"
 
 #include <cmath>
@@ -44,9 +44,22 @@ uint64_t CpuBackend::weight_bytes(const Model& model, const LayerSet& layers) co
   return n;
 }
 
+namespace {
+// Attention layers among [begin, end) whose KV sits in rings (sliding layers, when rings are on).
+int ring_layers(const HParams& hp, const LayerSet& layers, const KvConfig& kv) {
+  return kv.swa_ring > 0 ? hp.count_sliding_layers(layers.begin, layers.end) : 0;
+}
+}  // namespace
+
 uint64_t CpuBackend::kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
   const HParams& hp = model.hparams();
-  return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) * kv.block_size *
+  const int paged = hp.count_layers(MixerKind::Attention, layers.begin, layers.end) - ring_layers(hp, layers, kv);
+  return (uint64_t)paged * kv.block_size * (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+}
+
+uint64_t CpuBackend::swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
+  const HParams& hp = model.hparams();
+  return (uint64_t)ring_layers(hp, layers, kv) * kv.swa_ring *
          (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
 }
 
@@ -101,6 +114,8 @@ void CpuBackend::init_kv(const KvConfig& kv) {
   for (int il = layers_.begin; il < layers_.end; ++il) {
     if (!hp.has_kv(il)) continue;
     LayerData& d = layer_data_[il - layers_.begin];
+    d.ring = kv.swa_ring > 0 && hp.is_sliding(il);
+    if (d.ring) continue;  // its rings come with the state cells (init_state)
     d.k_cache.assign(slots * k_row_bytes_, 0);
     d.v_cache.assign(slots * v_row_bytes_, 0);
   }
@@ -109,9 +124,15 @@ void CpuBackend::init_kv(const KvConfig& kv) {
 void CpuBackend::init_state(int n_cells) {
   const HParams& hp = model_->hparams();
   n_state_cells_ = n_cells;
-  for (int il = layers_.begin; il < layers_.end; ++il)
-    if (hp.mixer(il) == MixerKind::DeltaNet)
-      layer_data_[il - layers_.begin].state.assign((size_t)n_cells * hp.delta_net.state_floats(), 0.0f);
+  for (int il = layers_.begin; il < layers_.end; ++il) {
+    LayerData& d = layer_data_[il - layers_.begin];
+    if (hp.mixer(il) == MixerKind::DeltaNet) d.state.assign((size_t)n_cells * hp.delta_net.state_floats(), 0.0f);
+    if (d.ring) {
+      const size_t rows = (size_t)n_cells * kv_.swa_ring;
+      d.k_cache.assign(rows * k_row_bytes_, 0);
+      d.v_cache.assign(rows * v_row_bytes_, 0);
+    }
+  }
 }
 
 KvLayerView CpuBackend::kv_view(int il) {
@@ -124,6 +145,7 @@ KvLayerView CpuBackend::kv_view(int il) {
   v.k_row_bytes = k_row_bytes_;
   v.v_row_bytes = v_row_bytes_;
   v.block_size = kv_.block_size;
+  v.ring = d.ring ? kv_.swa_ring : 0;
   return v;
 }
 
@@ -153,7 +175,20 @@ void CpuBackend::begin_step(const StepDesc& step) {
     }
     rope_ = rope_table(step.positions, hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale,
                        rope_factors_.empty() ? nullptr : rope_factors_.data());
+    if (hp.count_sliding_layers(layers_.begin, layers_.end) > 0)
+      rope_swa_ = rope_table(step.positions, hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa,
+                             rope_factors_.empty() ? nullptr : rope_factors_.data());
   }
+  if (ring_layers(hp, layers_, kv_) > 0)
+    for (const StepSequence& sq : step.sequences) {
+      if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
+        fail("internal error: sequence {} has no state cell for its sliding-window rings (cell {} of {})", sq.seq_id,
+             sq.state_cell, n_state_cells_);
+      // The step's new positions must not overwrite one that its first row still reads.
+      if (sq.n_new > kv_.swa_ring - hp.sliding_window + 1 && sq.n_past + sq.n_new > kv_.swa_ring)
+        fail("internal error: {} new positions of sequence {} in one step overrun its sliding-window ring of {}", sq.n_new,
+             sq.seq_id, kv_.swa_ring);
+    }
   if (hp.count_layers(MixerKind::DeltaNet, layers_.begin, layers_.end) > 0) {
     const DeltaNetDims& dn = hp.delta_net;
     dn_qkv_.resize(n * dn.conv_dim());
@@ -174,6 +209,9 @@ void CpuBackend::embed() {
   const size_t row_bytes = dtype_row_bytes(e.type(), n_embd);
   for (int r = 0; r < step_.n_tokens(); ++r)
     dequantize_row_ref(e.type(), e.data() + (size_t)step_.tokens[r] * row_bytes, x_.data() + (size_t)r * n_embd, n_embd);
+  const float scale = model_->hparams().embd_scale;
+  if (scale > 0)
+    for (float& v : x_) v *= scale;
 }
 
 void CpuBackend::set_hidden(const float* hidden) { std::memcpy(x_.data(), hidden, x_.size() * sizeof(float)); }
@@ -212,6 +250,7 @@ void CpuBackend::forward_layer(int il) {
   });
   if (L.mixer == MixerKind::Attention) attention_block(il, L, d);
   else delta_net_block(L, d);
+  post_norm(d[LT::AttnPostNorm]);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
 
   // Feed-forward block.
@@ -220,6 +259,7 @@ void CpuBackend::forward_layer(int il) {
   });
   if (hp.is_moe()) moe_ffn_block(L, d);
   else dense_ffn_block(L);
+  post_norm(d[LT::FfnPostNorm]);
   for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
 }
 
@@ -230,7 +270,11 @@ void CpuBackend::dense_ffn_block(const LayerWeights& L) {
   observe(w_gate, xn_.data(), n);
   observe(w_up, xn_.data(), n);
   products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, model_->hparams().n_embd);
-  for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+  if (model_->arch().ffn == FfnKind::GeGLU) {
+    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = gelu_tanh(gate_[i]) * up_[i];
+  } else {
+    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+  }
   observe(w_down, gate_.data(), n);
   matmul(w_down, gate_.data(), n, xn_.data(), pool_);
 }
@@ -268,6 +312,15 @@ void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
   }
 }
 
+void CpuBackend::post_norm(const std::vector<float>& w) {
+  if (w.empty()) return;
+  const int n_embd = model_->hparams().n_embd;
+  const float eps = model_->hparams().rms_eps;
+  pool_.parallel_for((size_t)step_.n_tokens(), [&](size_t r) {
+    rms_norm(xn_.data() + r * n_embd, w.data(), xn_.data() + r * n_embd, n_embd, eps);
+  });
+}
+
 void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData& d) {
   const HParams& hp = model_->hparams();
   const int n = step_.n_tokens();
@@ -293,6 +346,7 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
       }
   }
   const RopeStyle style = model_->arch().rope_style;
+  const RopeTable& rope = hp.is_sliding(il) ? rope_swa_ : rope_;
   const std::vector<float>&q_norm = d[LT::AttnQNorm], &k_norm = d[LT::AttnKNorm];
   pool_.parallel_for((size_t)n, [&](size_t r) {
     float* qr = q_.data() + r * hp.q_dim();
@@ -301,15 +355,16 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
       for (int h = 0; h < hp.n_head; ++h) rms_norm(qr + h * hd, q_norm.data(), qr + h * hd, hd, hp.rms_eps);
       for (int h = 0; h < hp.n_head_kv; ++h) rms_norm(kr + h * hd, k_norm.data(), kr + h * hd, hd, hp.rms_eps);
     }
-    const float* c = rope_.cos.data() + r * rope_.half;
-    const float* s = rope_.sin.data() + r * rope_.half;
+    const float* c = rope.cos.data() + r * rope.half;
+    const float* s = rope.sin.data() + r * rope.half;
     rope_row(qr, hp.n_head, hd, hp.n_rot, style, c, s);
     rope_row(kr, hp.n_head_kv, hd, hp.n_rot, style, c, s);
   });
   const KvLayerView kv = kv_view(il);
   kv_store(kv, step_, k_.data(), v_.data(), hp.kv_dim_k(), hp.kv_dim_v(), pool_);
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hd);
-  attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hd, hp.head_dim_v, scale, pool_);
+  attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hd, hp.head_dim_v, scale, pool_,
+            hp.attention_window(il));
   if (gated)
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-attn_gate_[i]));
   observe(wo, attn_.data(), n);
@@ -353,6 +408,10 @@ void CpuBackend::output(float* logits) {
              n_embd, hp.rms_eps);
   observe(model_->output(), normed.data(), n_out);
   matmul(model_->output(), normed.data(), n_out, logits, pool_);
+  if (const float cap = hp.final_logit_softcap; cap > 0) {
+    const size_t n = (size_t)n_out * hp.n_vocab;
+    for (size_t i = 0; i < n; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
 }
 
 void CpuBackend::output_hidden(float* hidden) {
@@ -366,7 +425,7 @@ void CpuBackend::output_hidden(float* hidden) {
 void CpuBackend::copy_kv_block(int src, int dst) {
   const size_t bs = (size_t)kv_.block_size;
   for (LayerData& d : layer_data_) {
-    if (d.k_cache.empty()) continue;
+    if (d.k_cache.empty() || d.ring) continue;
     std::memcpy(d.k_cache.data() + dst * bs * k_row_bytes_, d.k_cache.data() + src * bs * k_row_bytes_, bs * k_row_bytes_);
     std::memcpy(d.v_cache.data() + dst * bs * v_row_bytes_, d.v_cache.data() + src * bs * v_row_bytes_, bs * v_row_bytes_);
   }
@@ -375,8 +434,14 @@ void CpuBackend::copy_kv_block(int src, int dst) {
 void CpuBackend::copy_state(int src, int dst) {
   ROOFLINE_CHECK(src >= 0 && dst >= 0 && src < n_state_cells_ && dst < n_state_cells_, "state cell out of range");
   const size_t n = model_->hparams().delta_net.state_floats();
-  for (LayerData& d : layer_data_)
+  const size_t ring = (size_t)kv_.swa_ring;
+  for (LayerData& d : layer_data_) {
     if (!d.state.empty()) std::memcpy(d.state.data() + (size_t)dst * n, d.state.data() + (size_t)src * n, n * sizeof(float));
+    if (d.ring) {
+      std::memcpy(d.k_cache.data() + dst * ring * k_row_bytes_, d.k_cache.data() + src * ring * k_row_bytes_, ring * k_row_bytes_);
+      std::memcpy(d.v_cache.data() + dst * ring * v_row_bytes_, d.v_cache.data() + src * ring * v_row_bytes_, ring * v_row_bytes_);
+    }
+  }
 }
 
 }  // namespace roofline::cpu

@@ -25,6 +25,7 @@ class CpuBackend final : public Backend {
   uint64_t weight_bytes(const Model& model, const LayerSet& layers) const override;
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
   uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override;
+  uint64_t swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
   void load(std::shared_ptr<const Model> model, const LayerSet& layers) override;
   void init_kv(const KvConfig& kv) override;
   void init_state(int n_cells) override;
@@ -45,7 +46,8 @@ class CpuBackend final : public Backend {
   struct LayerData {
     std::array<std::vector<float>, kLayerTensorCount> floats;  // the tensors read as f32 (TensorUse::Floats)
     const std::vector<float>& operator[](LayerTensor t) const { return floats[(size_t)t]; }
-    std::vector<uint8_t> k_cache, v_cache;  // attention layers
+    std::vector<uint8_t> k_cache, v_cache;  // attention layers: paged blocks, or rings per state cell (sliding layers)
+    bool ring = false;                      // a sliding layer kept in rings (KvConfig::swa_ring)
     std::vector<float> state;               // DeltaNet layers: n_cells x state_floats
     ExpertViews experts;                    // MoE layers: each expert of the stacked tensors as a 2-D view
   };
@@ -54,6 +56,7 @@ class CpuBackend final : public Backend {
   void delta_net_block(const LayerWeights& L, LayerData& d);               // xn_ -> xn_
   void dense_ffn_block(const LayerWeights& L);                               // xn_ -> xn_
   void moe_ffn_block(const LayerWeights& L, const LayerData& d);             // xn_ -> xn_
+  void post_norm(const std::vector<float>& w);  // xn_ = rms_norm(xn_) * w (gemma's post norms; none when w is empty)
   void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
     if (observer_) observer_(*w.tensor, x, n_rows, w.cols(), -1);
@@ -69,7 +72,7 @@ class CpuBackend final : public Backend {
   std::vector<float> output_norm_, rope_factors_;
 
   StepDesc step_;
-  RopeTable rope_;
+  RopeTable rope_, rope_swa_;  // rope_swa_: sliding-window layers' base and scale (gemma3)
   int n_state_cells_ = 0;
   // Work buffers, sized per step.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;

@@ -1,6 +1,7 @@
 // CPU implementations of norm, RoPE, KV store and paged attention.
 #include "backend/cpu/cpu_ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/vec_dot.h"
@@ -53,10 +54,8 @@ void rope_row(float* x, int n_heads, int head_dim, int n_rot, RopeStyle style, c
 
 namespace {
 
-size_t slot_of(const StepDesc& step, int row, int block_size) {
-  const StepSequence& s = step.sequences[step.row_seq[row]];
-  const int pos = step.positions[row];
-  return (size_t)s.block_table[pos / block_size] * block_size + pos % block_size;
+size_t slot_of(const StepDesc& step, int row, const KvLayerView& kv) {
+  return kv_slot(kv, step.sequences[step.row_seq[row]], step.positions[row]);
 }
 
 }  // namespace
@@ -77,14 +76,14 @@ float dot8(const float* a, const float* b, int n) {
 void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const float* v, int kv_dim_k, int kv_dim_v,
               ThreadPool& pool) {
   pool.parallel_for((size_t)step.n_tokens(), [&](size_t r) {
-    const size_t slot = slot_of(step, (int)r, kv.block_size);
+    const size_t slot = slot_of(step, (int)r, kv);
     quantize_row_ref(kv.type_k, k + r * kv_dim_k, kv.k + slot * kv.k_row_bytes, kv_dim_k);
     quantize_row_ref(kv.type_v, v + r * kv_dim_v, kv.v + slot * kv.v_row_bytes, kv_dim_v);
   });
 }
 
 void attention(const KvLayerView& kv, const StepDesc& step, const float* q, float* out, int n_head, int n_head_kv,
-               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool) {
+               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool, int window) {
   const int n_gqa = n_head / n_head_kv;
   const int n_rows = step.n_tokens();
   const size_t k_head_bytes = dtype_row_bytes(kv.type_k, head_dim_k);
@@ -94,14 +93,15 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
     const int r = (int)(task / n_head_kv);
     const int kvh = (int)(task % n_head_kv);
     const StepSequence& s = step.sequences[step.row_seq[r]];
-    const int n_keys = step.positions[r] + 1;
+    const int first = window > 0 ? std::max(0, step.positions[r] - window + 1) : 0;  // the first key position
+    const int n_keys = step.positions[r] + 1 - first;
     thread_local std::vector<float> scores, kbuf, vbuf;
     scores.assign((size_t)n_gqa * n_keys, 0.0f);
     kbuf.resize(head_dim_k);
     vbuf.resize(head_dim_v);
     const float* qh = q + (size_t)r * n_head * head_dim_k + (size_t)kvh * n_gqa * head_dim_k;
     for (int j = 0; j < n_keys; ++j) {
-      const size_t slot = (size_t)s.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
+      const size_t slot = kv_slot(kv, s, first + j);
       kv_row_to_f32(kv.type_k, kv.k + slot * kv.k_row_bytes + kvh * k_head_bytes, kbuf.data(), head_dim_k);
       for (int g = 0; g < n_gqa; ++g) {
         const float* qv = qh + (size_t)g * head_dim_k;
@@ -124,7 +124,7 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
     for (int g = 0; g < n_gqa; ++g)
       for (int d = 0; d < head_dim_v; ++d) oh[(size_t)g * head_dim_v + d] = 0.0f;
     for (int j = 0; j < n_keys; ++j) {
-      const size_t slot = (size_t)s.block_table[j / kv.block_size] * kv.block_size + j % kv.block_size;
+      const size_t slot = kv_slot(kv, s, first + j);
       kv_row_to_f32(kv.type_v, kv.v + slot * kv.v_row_bytes + kvh * v_head_bytes, vbuf.data(), head_dim_v);
       for (int g = 0; g < n_gqa; ++g) {
         const float p = scores[(size_t)g * n_keys + j];

@@ -37,15 +37,30 @@ struct KvLayerView {
   DType type_k = DType::F16, type_v = DType::F16;
   size_t k_row_bytes = 0, v_row_bytes = 0;  // bytes per position
   int block_size = 0;
+  // > 0: a sliding layer's rings instead of blocks: position p of a sequence in row
+  // state_cell * ring + p % ring (KvConfig::swa_ring).
+  int ring = 0;
 };
+
+// The row of the cache (in the layer's K and V arrays) that holds position `pos` of a sequence.
+inline size_t kv_slot(const KvLayerView& kv, const StepSequence& s, int pos) {
+  if (kv.ring > 0) return (size_t)s.state_cell * kv.ring + pos % kv.ring;
+  return (size_t)s.block_table[pos / kv.block_size] * kv.block_size + pos % kv.block_size;
+}
 
 // Writes the step's new K and V rows ([n_rows x kv_dim]) into the cache slots of their positions.
 void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const float* v, int kv_dim_k, int kv_dim_v,
               ThreadPool& pool);
 
-// Causal attention of every row of the step over its sequence's cached positions [0, pos].
-// q: [n_rows x n_head*head_dim_k], out: [n_rows x n_head*head_dim_v].
+// Causal attention of every row of the step over its sequence's cached positions [0, pos], or with a
+// window > 0 over the last `window` of them, (pos - window, pos] (sliding-window layers; the blocks
+// before that range are never read). q: [n_rows x n_head*head_dim_k], out: [n_rows x n_head*head_dim_v].
 void attention(const KvLayerView& kv, const StepDesc& step, const float* q, float* out, int n_head, int n_head_kv,
-               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool);
+               int head_dim_k, int head_dim_v, float scale, ThreadPool& pool, int window = 0);
+
+// GELU with the tanh approximation (gemma's GeGLU).
+inline float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
 
 }  // namespace roofline::cpu

@@ -335,16 +335,18 @@ size_t split_smem_bytes(int gqa, int hd_k, int hd_v, bool vec) {
 struct SplitWork {
   int r, kvh, split, k_begin, k_end;
 };
-__device__ __forceinline__ bool split_work(const DeviceStep& step, const int* row_list, SplitWork& w) {
+__device__ __forceinline__ bool split_work(const DeviceStep& step, const int* row_list, int window, SplitWork& w) {
   w.r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x;
   w.kvh = blockIdx.y;
   w.split = blockIdx.z;
   if (w.r >= step.header[0]) return false;
-  const int n_keys = step.positions[w.r] + 1;
+  const int pos = step.positions[w.r];
+  const int first = attention_first_key(pos, window);  // sliding layers: keys (pos - window, pos]
+  const int n_keys = pos + 1 - first;
   const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
-  w.k_begin = w.split * split_len;
-  if (w.k_begin >= n_keys) return false;
-  w.k_end = min(n_keys, w.k_begin + split_len);
+  if (w.split * split_len >= n_keys) return false;
+  w.k_begin = first + w.split * split_len;
+  w.k_end = min(pos + 1, w.k_begin + split_len);
   return true;
 }
 
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
-  if (!split_work(step, row_list, work)) return;
+  if (!split_work(step, row_list, kv.window, work)) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
   const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
-  if (!split_work(step, row_list, work)) return;
+  if (!split_work(step, row_list, kv.window, work)) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
   const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
@@ -583,7 +585,7 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) 
 // (head_dim_v % 32 == 0, 128 threads: each warp holds whole groups of 32), the output rows are also
 // written in the int8 form the next product (the attention output matrix) reads.
 __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out,
-                                         ActQ8 act, const int* row_list) {
+                                         ActQ8 act, const int* row_list, int window) {
   wait_for_previous_kernel();
   extern __shared__ float weight_s[];  // [max_splits]
   __shared__ float red[32];
@@ -602,7 +604,7 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
     }
     return;
   }
-  const int n_keys = step.positions[r] + 1;
+  const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
   const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
   const int n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   const int64_t stride = hd_v + 2;
@@ -720,7 +722,7 @@ constexpr int kSoftmaxPerThread = kMaxKeyTile / kSoftmaxThreads;
 // max (on every tile but the first, which the P.V product then overwrites). Keys past the row's
 // position get probability 0. Rows are (row i of the chunk, query head g): column i * gqa + g.
 __global__ void prefill_softmax_kernel(float* scores, int ld, int n_keys, int key0, int first_pos, int gqa, int n_cols,
-                                       float* m_state, float* l_state, float* o_acc, int hd_v, bool first) {
+                                       float* m_state, float* l_state, float* o_acc, int hd_v, bool first, int window) {
   wait_for_previous_kernel();
   __shared__ float red[kSoftmaxThreads / 32];
   const int c = blockIdx.x, kvh = blockIdx.y;
@@ -728,21 +730,24 @@ __global__ void prefill_softmax_kernel(float* scores, int ld, int n_keys, int ke
   float* row = scores + col * ld;
   const int pos = first_pos + c / gqa;
   const int n_valid = max(0, min(n_keys, pos - key0 + 1));
+  const int j_first = attention_first_key(pos, window) - key0;  // sliding layers: keys before the window are masked
   float v[kSoftmaxPerThread];
   float mx = -INFINITY;
 #pragma unroll
   for (int k = 0; k < kSoftmaxPerThread; ++k) {
     const int j = threadIdx.x + k * kSoftmaxThreads;
-    v[k] = j < n_valid ? row[j] : -INFINITY;
+    v[k] = j < n_valid && j >= j_first ? row[j] : -INFINITY;
     mx = fmaxf(mx, v[k]);
   }
   mx = block_reduce(mx, true, red);
   const float m_old = first ? -INFINITY : m_state[col];
-  const float m_new = fmaxf(m_old, mx);  // finite: the first tile always holds key 0
+  // Without a window the first tile holds key 0, so m_new is finite; a sliding row may see no key of a
+  // tile yet (m_new = -inf): its probabilities and sums stay 0 until a tile holds its window.
+  const float m_new = fmaxf(m_old, mx);
   float sum = 0;
 #pragma unroll
   for (int k = 0; k < kSoftmaxPerThread; ++k) {
-    v[k] = __expf(v[k] - m_new);  // exp(-inf) = 0 for masked keys
+    v[k] = m_new == -INFINITY ? 0.0f : __expf(v[k] - m_new);  // exp(-inf) = 0 for masked keys
     sum += v[k];
   }
   sum = block_reduce(sum, false, red);  // also: every thread has read its scores
@@ -752,7 +757,7 @@ __global__ void prefill_softmax_kernel(float* scores, int ld, int n_keys, int ke
     const int j = threadIdx.x + k * kSoftmaxThreads;
     if (j < n_keys) p[j] = __float2half(v[k]);
   }
-  const float alpha = first ? 0.0f : __expf(m_old - m_new);
+  const float alpha = first || m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
   if (!first)
     for (int d = threadIdx.x; d < hd_v; d += blockDim.x) o_acc[col * hd_v + d] *= alpha;
   if (threadIdx.x == 0) {
@@ -806,9 +811,10 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
       const int n_cols = rc * gqa;
       const int row0 = run.first_row + c0, pos0 = run.first_pos + c0;
       const int chunk_keys = pos0 + rc;  // keys the chunk's last row sees
-      for (int key0 = 0; key0 < chunk_keys; key0 += key_tile) {
+      const int key_start = attention_first_key(pos0, kv.window);  // the first key the chunk's first row sees
+      for (int key0 = key_start; key0 < chunk_keys; key0 += key_tile) {
         const int nk = std::min(key_tile, chunk_keys - key0);
-        const bool first = key0 == 0;
+        const bool first = key0 == key_start;
         launch(gather_kv_f16_kernel, dim3(nk), dim3(128), 0, stream, pdl_enabled(), step, kv, run.seq, key0, kv_dim_k, kv_dim_v,
                k16, v16);
         // Scores of every KV head's group: S[kvh][col][key] = K[key] . Q[kvh][row0 + col / gqa][col % gqa].
@@ -819,7 +825,7 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
                                                 ld, (int64_t)n_cols * ld, n_head_kv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "attention scores");
         launch(prefill_softmax_kernel, dim3(n_cols, n_head_kv), dim3(kSoftmaxThreads), 0, stream, pdl_enabled(), scratch.scores,
-               ld, nk, key0, pos0, gqa, n_cols, scratch.m_state, scratch.l_state, scratch.o_acc, head_dim_v, first);
+               ld, nk, key0, pos0, gqa, n_cols, scratch.m_state, scratch.l_state, scratch.o_acc, head_dim_v, first, kv.window);
         // O[kvh][col][:] (+)= P[kvh][col][:] . V: P is f16 over the scores' rows (2 * ld halves apart).
         const float beta = first ? 0.0f : 1.0f;
         check_cublas(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, head_dim_v, n_cols, nk, &one, v16, CUDA_R_16F,
@@ -867,7 +873,7 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   launch(pick_attention(kv.type_k, kv.type_v, gqa, head_dim_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
          pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list);
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
-         max_splits, partial, out, out_act, row_list);
+         max_splits, partial, out, out_act, row_list, kv.window);
   return out_act.q != nullptr;
 }
 

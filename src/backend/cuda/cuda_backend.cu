@@ -91,11 +91,26 @@ class CudaBackend final : public Backend {
     return n;
   }
 
+  // Bytes of the K/V planes of `positions` slots of one layer (with the arena's alignment slack).
+  static uint64_t kv_plane_bytes(const HParams& hp, const KvConfig& kv, int64_t positions) {
+    const int64_t nk = positions * hp.kv_dim_k(), nv = positions * hp.kv_dim_v();
+    return kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) + kv_values_bytes(kv.type_v, nv) +
+           kv_scales_bytes(kv.type_v, nv) + 4 * 256;
+  }
+  // Sliding layers among [begin, end) kept in rings (KvConfig::swa_ring) rather than paged.
+  static int ring_layers(const HParams& hp, const LayerSet& layers, const KvConfig& kv) {
+    return kv.swa_ring > 0 ? hp.count_sliding_layers(layers.begin, layers.end) : 0;
+  }
+
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
     const HParams& hp = model.hparams();
-    const int64_t nk = (int64_t)kv.block_size * hp.kv_dim_k(), nv = (int64_t)kv.block_size * hp.kv_dim_v();
-    return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) * (kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) +
-                                         kv_values_bytes(kv.type_v, nv) + kv_scales_bytes(kv.type_v, nv) + 4 * 256);
+    const int paged = hp.count_layers(MixerKind::Attention, layers.begin, layers.end) - ring_layers(hp, layers, kv);
+    return (uint64_t)paged * kv_plane_bytes(hp, kv, kv.block_size);
+  }
+
+  uint64_t swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
+    const HParams& hp = model.hparams();
+    return (uint64_t)ring_layers(hp, layers, kv) * kv_plane_bytes(hp, kv, kv.swa_ring);
   }
 
   uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override {
@@ -114,6 +129,7 @@ class CudaBackend final : public Backend {
       const LayerWeights& L = model_->layer(il);
       LayerDev& d = layer_dev_[il - layers.begin];
       d.mixer = L.mixer;
+      d.il = il;
       for (const PlannedTensor& t : layer_tensor_plan(model_->arch(), hp, il)) {
         const Weight& w = L[t.rule->role];
         const size_t i = (size_t)t.rule->role;
@@ -126,6 +142,8 @@ class CudaBackend final : public Backend {
         }
       }
     }
+    if (model_->arch().has(LayerTensor::AttnPostNorm) && hp.n_ff < hp.n_embd)  // post_norm_add's scratch is the FFN's
+      fail("the GPU backend needs feed_forward_length ({}) >= embedding_length ({}) for post norms", hp.n_ff, hp.n_embd);
     const bool has_delta = hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) > 0;
     if (has_delta) {
       const std::string why = delta_net_unsupported(hp.delta_net);
@@ -238,13 +256,21 @@ class CudaBackend final : public Backend {
     if (kv.n_blocks > table_capacity_blocks()) fail("internal error: KV blocks exceed the step table capacity");
     const int64_t slots = (int64_t)kv.n_blocks * kv.block_size;
     const int64_t nk = slots * hp.kv_dim_k(), nv = slots * hp.kv_dim_v();
+    if (kv.swa_ring % kv.block_size) fail("internal error: the sliding-window ring {} is not a multiple of the block size", kv.swa_ring);
+    size_t paged = 0;
+    for (LayerDev& d : layer_dev_) {
+      d.ring = d.mixer == MixerKind::Attention && kv.swa_ring > 0 && hp.is_sliding(d.il);
+      paged += d.mixer == MixerKind::Attention && !d.ring ? 1 : 0;
+    }
     kv_arena_.reserve((kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) + kv_values_bytes(kv.type_v, nv) +
-                       kv_scales_bytes(kv.type_v, nv) + 4 * 256) * (size_t)layers_.n_layers() + 256);
+                       kv_scales_bytes(kv.type_v, nv) + 4 * 256) * paged + 256);
     for (LayerDev& d : layer_dev_) {
       if (d.mixer != MixerKind::Attention) continue;
       d.kv.type_k = kv.type_k;
       d.kv.type_v = kv.type_v;
       d.kv.block_size = kv.block_size;
+      d.kv.window = hp.attention_window(d.il);  // sliding layers: keys before the window masked
+      if (d.ring) continue;  // its ring planes come with the state cells (init_state)
       d.kv.k = kv_arena_.take(kv_values_bytes(kv.type_k, nk));
       d.kv.v = kv_arena_.take(kv_values_bytes(kv.type_v, nv));
       if (kv_scales_bytes(kv.type_k, nk)) d.kv.k_scales = kv_arena_.take(kv_scales_bytes(kv.type_k, nk));
@@ -257,13 +283,24 @@ class CudaBackend final : public Backend {
     cell_stride_ = (int64_t)(model_->hparams().delta_net.state_floats() + 3) / 4 * 4;
     const size_t cell_bytes = (size_t)cell_stride_ * 4;
     size_t total = 0;
-    for (const LayerDev& d : layer_dev_)
+    const HParams& hp = model_->hparams();
+    const int64_t ring_slots = (int64_t)n_cells * kv_.swa_ring;
+    for (const LayerDev& d : layer_dev_) {
       if (d.mixer == MixerKind::DeltaNet) total += (cell_bytes * n_cells + 255) / 256 * 256;
+      if (d.ring) total += kv_plane_bytes(hp, kv_, ring_slots);
+    }
     n_state_cells_ = n_cells;
     if (total == 0) return;
     state_arena_.reserve(total + 256);
-    for (LayerDev& d : layer_dev_)
+    const int64_t nk = ring_slots * hp.kv_dim_k(), nv = ring_slots * hp.kv_dim_v();
+    for (LayerDev& d : layer_dev_) {
       if (d.mixer == MixerKind::DeltaNet) d.state = reinterpret_cast<float*>(state_arena_.take(cell_bytes * n_cells));
+      if (!d.ring) continue;  // a sliding layer's ring: n_cells x swa_ring slots, addressed through swa tables
+      d.kv.k = state_arena_.take(kv_values_bytes(kv_.type_k, nk));
+      d.kv.v = state_arena_.take(kv_values_bytes(kv_.type_v, nv));
+      if (kv_scales_bytes(kv_.type_k, nk)) d.kv.k_scales = state_arena_.take(kv_scales_bytes(kv_.type_k, nk));
+      if (kv_scales_bytes(kv_.type_v, nv)) d.kv.v_scales = state_arena_.take(kv_scales_bytes(kv_.type_v, nv));
+    }
   }
 
   void begin_step(const StepDesc& step) override {
@@ -348,6 +385,25 @@ class CudaBackend final : public Backend {
       std::memcpy(tables + s * stride, bt.data(), bt.size() * 4);
     }
     const size_t used = (size_t)(tables - h) + step.sequences.size() * stride;
+    // Ring layers: per sequence, block b of its positions is ring block b % (ring / block size) of its
+    // state cell, so position p lands in slot p % ring of the cell; at a fixed place after the block
+    // tables' capacity (captured graphs keep the address).
+    int* swa_tables = tables + (size_t)T * table_capacity_blocks();
+    const bool rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
+    if (rings) {
+      const int per_cell = kv_.swa_ring / kv_.block_size;
+      for (size_t s = 0; s < step.sequences.size(); ++s) {
+        const StepSequence& sq = step.sequences[s];
+        if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
+          fail("internal error: sequence {} has no state cell for its sliding-window rings (cell {} of {})", sq.seq_id,
+               sq.state_cell, n_state_cells_);
+        if (sq.n_new > kv_.swa_ring - hp.sliding_window + 1 && sq.n_past + sq.n_new > kv_.swa_ring)
+          fail("internal error: {} new positions of sequence {} in one step overrun its sliding-window ring of {}", sq.n_new,
+               sq.seq_id, kv_.swa_ring);
+        for (size_t b = 0; b < sq.block_table.size(); ++b)
+          swa_tables[s * stride + b] = sq.state_cell * per_cell + (int)(b % per_cell);
+      }
+    }
     dn_seqs_ = {};
     if (dn_qkv_) {
       int* count = h + dn_at;
@@ -373,6 +429,9 @@ class CudaBackend final : public Backend {
       dn_form_ = dn_chunked_ && max_rows >= kDeltaNetChunkedMinRows ? DeltaNetForm::Chunked : DeltaNetForm::Recurrent;
     }
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_, h, used * 4, cudaMemcpyHostToDevice, stream_));
+    if (rings)
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_ + (swa_tables - h), swa_tables, step.sequences.size() * stride * 4,
+                                          cudaMemcpyHostToDevice, stream_));
     dstep_.header = step_dev_;
     dstep_.tokens = step_dev_ + 8;
     dstep_.positions = dstep_.tokens + T;
@@ -381,6 +440,8 @@ class CudaBackend final : public Backend {
     attn_rows_dev_ = prefill_runs_.empty() ? nullptr : dstep_.logit_rows + T;
     dstep_.block_tables = step_dev_ + (tables - h);
     dstep_.table_stride = stride;
+    dstep_swa_ = dstep_;
+    dstep_swa_.block_tables = step_dev_ + (swa_tables - h);
     (void)hp;
   }
 
@@ -388,6 +449,7 @@ class CudaBackend final : public Backend {
     ROOFLINE_CHECK(layers_.embedding, "the GPU backend does not hold the token embedding");
     mark("embedding", 0);
     cuda::embed(embd_, dstep_, x_, n_tok_, model_->hparams().n_embd, stream_);
+    if (model_->hparams().embd_scale > 0) scale_values(x_, (int64_t)n_tok_ * model_->hparams().n_embd, model_->hparams().embd_scale, stream_);
   }
   void set_hidden(const float* hidden) override {
     const size_t row = (size_t)model_->hparams().n_embd * 4;
@@ -444,6 +506,7 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = q8 ? hp.n_embd : -1;
     mark(op_name("matvec output", out_).c_str(), (double)out_bytes_);
     project(out_, xn_, n_logit_, logits_, hp.n_vocab, false);
+    if (hp.final_logit_softcap > 0) softcap(logits_, (int64_t)n_logit_ * hp.n_vocab, hp.final_logit_softcap, stream_);
     n_quantized_cols_ = -1;
     return true;
   }
@@ -504,7 +567,7 @@ class CudaBackend final : public Backend {
                                           cudaMemcpyDeviceToDevice, stream_));
     };
     for (LayerDev& d : layer_dev_) {
-      if (d.mixer != MixerKind::Attention) continue;
+      if (d.mixer != MixerKind::Attention || d.ring) continue;
       copy(d.kv.k, kv_values_bytes(kv_.type_k, bk));
       copy(d.kv.v, kv_values_bytes(kv_.type_v, bv));
       copy(d.kv.k_scales, kv_scales_bytes(kv_.type_k, bk));
@@ -521,6 +584,20 @@ class CudaBackend final : public Backend {
       if (d.state)
         ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(d.state + (size_t)dst * cell_stride_, d.state + (size_t)src * cell_stride_, floats * 4,
                                             cudaMemcpyDeviceToDevice, stream_));
+    const HParams& hp = model_->hparams();
+    const int64_t ck = (int64_t)kv_.swa_ring * hp.kv_dim_k(), cv = (int64_t)kv_.swa_ring * hp.kv_dim_v();  // values per cell
+    auto copy_cell = [&](uint8_t* base, size_t bytes_per_cell) {
+      if (!base || !bytes_per_cell) return;
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(base + dst * bytes_per_cell, base + src * bytes_per_cell, bytes_per_cell,
+                                          cudaMemcpyDeviceToDevice, stream_));
+    };
+    for (LayerDev& d : layer_dev_) {
+      if (!d.ring) continue;
+      copy_cell(d.kv.k, kv_values_bytes(kv_.type_k, ck));
+      copy_cell(d.kv.v, kv_values_bytes(kv_.type_v, cv));
+      copy_cell(d.kv.k_scales, kv_scales_bytes(kv_.type_k, ck));
+      copy_cell(d.kv.v_scales, kv_scales_bytes(kv_.type_v, cv));
+    }
   }
 
   void set_matmul_observer(MatmulObserver observer) override {
@@ -536,6 +613,8 @@ class CudaBackend final : public Backend {
     std::array<float*, kLayerTensorCount> vecs{};
     KvLayer kv;
     float* state = nullptr;  // DeltaNet layers: n_cells x state_floats
+    int il = 0;              // the model's layer index (per-layer RoPE base on sliding-window layers)
+    bool ring = false;       // a sliding layer kept in rings per state cell (KvConfig::swa_ring), not paged
     const DeviceWeight& m(LayerTensor t) const { return mats[(size_t)t]; }
     double bytes(LayerTensor t) const { return (double)mat_bytes[(size_t)t]; }
     float* v(LayerTensor t) const { return vecs[(size_t)t]; }
@@ -555,7 +634,8 @@ class CudaBackend final : public Backend {
   }
   size_t step_capacity_ints() const {
     const size_t T = (size_t)std::max(1, options_.max_tokens);
-    return 8 + 5 * T + 4 + 4 + 4 * T + T * (size_t)table_capacity_blocks();
+    const size_t tables = model_ && model_->hparams().has_sliding_layers() ? 2 : 1;  // block tables, then swa tables
+    return 8 + 5 * T + 4 + 4 + 4 * T + tables * T * (size_t)table_capacity_blocks();
   }
 
   // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off): an event before each op of decode steps; the time
@@ -701,15 +781,16 @@ class CudaBackend final : public Backend {
     add_bias(q_, L.v(LT::AttnQBias), n, hp.q_dim(), stream_);
     add_bias(k_, L.v(LT::AttnKBias), n, hp.kv_dim_k(), stream_);
     add_bias(v_, L.v(LT::AttnVBias), n, hp.kv_dim_v(), stream_);
-    rope_and_store(dstep_, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
-                   hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_freq_base,
-                   hp.rope_freq_scale, hp.rms_eps, L.kv, stream_);
+    const DeviceStep& st = L.ring ? dstep_swa_ : dstep_;  // ring layers address their rings through swa tables
+    rope_and_store(st, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+                   hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_base(L.il),
+                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_);
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
-    prefill_attention(cublas_, dstep_, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
+    prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                       prefill_, attn_, stream_);
-    bool quantized = attention(dstep_, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
+    bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                splits_, partial_, attn_, q8_attn && !gated ? act_ : ActQ8{}, attn_rows_dev_, stream_);
     if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
       mark("output gate (+quantize)", 0);
@@ -718,7 +799,20 @@ class CudaBackend final : public Backend {
     }
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
-    project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
+    if (float* post = L.v(LT::AttnPostNorm)) {  // gemma: x += rmsnorm(o) * w (gate_ is free until the FFN)
+      project(L.m(LT::AttnOut), attn_, n, gate_, hp.n_embd, false);
+      post_norm_add(gate_, post, xn_);
+    } else {
+      project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
+    }
+  }
+
+  // x += rmsnorm(y) * w over the step's rows, through `tmp` ([rows x n_embd]).
+  void post_norm_add(const float* y, const float* w, float* tmp) {
+    const HParams& hp = model_->hparams();
+    mark("post norm + residual", 0);
+    rms_norm(y, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, tmp, ActQ8{}, stream_);
+    add_values(x_, tmp, (int64_t)n_tok_ * hp.n_embd, stream_);
   }
 
   // Feed-forward block: norm -> gate/up -> SwiGLU -> down (+ residual).
@@ -755,11 +849,21 @@ class CudaBackend final : public Backend {
     project_group({{"gate", &L.m(LT::FfnGate), L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &L.m(LT::FfnUp), L.bytes(LT::FfnUp), up_, hp.n_ff}},
                   xn_, n);
     const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
-    mark("swiglu + quantize", 0);
-    swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    if (model_->arch().ffn == FfnKind::GeGLU) {
+      mark("geglu + quantize", 0);
+      geglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    } else {
+      mark("swiglu + quantize", 0);
+      swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    }
     n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
-    project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
+    if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
+      project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false);
+      post_norm_add(xn_, post, up_);
+    } else {
+      project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
+    }
     n_quantized_cols_ = -1;
   }
 
@@ -837,6 +941,7 @@ class CudaBackend final : public Backend {
   std::vector<int32_t> hidden_rows_;  // the step's rows wanting their final hidden state (output_hidden)
   int* hidden_rows_dev_ = nullptr;    // their device copy (allocated on first use)
   DeviceStep dstep_;
+  DeviceStep dstep_swa_;  // dstep_ with the swa tables as block tables (ring layers)
   int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, min_span_ = 32, span_splits_ = 32;
   // Prefill attention: runs of this step, the other rows (device list) and their count.
   static constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;

@@ -56,6 +56,12 @@ void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_
 // h = silu(gate) * up, written as f32 (if out) and int8 activations (if act.q).
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream);
+// Gemma: h = gelu_tanh(gate) * up (GeGLU), as swiglu; y += x and x *= s over n values (post norms, the
+// embedding scale); x = cap * tanh(x / cap) (a final logit softcap).
+void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
+void add_values(float* y, const float* x, int64_t n, cudaStream_t stream);
+void scale_values(float* x, int64_t n, float s, cudaStream_t stream);
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 // Gated attention: [q_h | gate_h] rows of the Q projection split into q and gate ([n_rows x n_head*hd]
 // each), and x = x * sigmoid(gate) after attention (x in place, and its int8 form when act.q).
 void split_q_gate(const float* q_full, int n_rows, int n_head, int hd, float* q, float* gate, cudaStream_t stream);
@@ -72,7 +78,10 @@ struct KvLayer {
   uint8_t* v_scales = nullptr;
   DType type_k = DType::F16, type_v = DType::F16;
   int block_size = 0;
+  int window = 0;  // > 0: a sliding-window layer: a row at position p attends to keys (p - window, p] only
 };
+// The first key a row at position pos attends to (sliding-window layers start later than 0).
+__host__ __device__ inline int attention_first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 size_t kv_values_bytes(DType type, int64_t n);  // bytes of n values in the value plane
 size_t kv_scales_bytes(DType type, int64_t n);  // bytes of their scales (0 for float types)
 // Q/K RMSNorm (when q_norm), RoPE, and the K/V store into the paged cache, for rows < n_tokens (real).
@@ -94,7 +103,7 @@ __host__ __device__ inline int attention_splits(int n_keys, int min_span, int sp
   const int span = attention_span(n_keys, min_span, splits);
   return (n_keys + span - 1) / span;
 }
-// Causal attention over each row's cached positions, split over the KV length (step header[2] keys per
+// Causal attention over each row's cached positions (the last kv.window of them on sliding layers), split over the KV length (step header[2] keys per
 // split, or attention_span's when 0; at most max_splits), combined in a fixed order. With row_list
 // (device), the n_rows rows it names; else rows 0..n_rows-1. out: [rows x n_head*head_dim_v]; with out_act.q
 // also its int8 form (when head_dim_v % 32 == 0; returns whether it was written).

@@ -111,9 +111,10 @@ __global__ void quantize_rows_kernel(const float* x, int n, ActQ8 act) {
   warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
 }
 
-// silu(gate) * up (or, with sigmoid_gate, sigmoid(gate) * up: gated attention's output gate), one warp
-// per 32-element group (grid.y = rows), with the int8 form of whole groups.
-template <bool sigmoid_gate>
+// act(gate) * up, one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
+// act: silu (SwiGLU), sigmoid (gated attention's output gate) or GELU with the tanh approximation (GeGLU).
+enum class GateAct { Silu, Sigmoid, GeluTanh };
+template <GateAct kAct>
 __global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act) {
   wait_for_previous_kernel();
   const int r = blockIdx.y;
@@ -124,7 +125,8 @@ __global__ void gated_product_kernel(const float* gate, const float* up, int n, 
   float v = 0.0f;
   if (i < n) {
     const float a = gate[at];
-    v = (sigmoid_gate ? 1.0f : a) / (1.0f + __expf(-a)) * up[at];
+    if constexpr (kAct == GateAct::GeluTanh) v = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * up[at];
+    else v = (kAct == GateAct::Sigmoid ? 1.0f : a) / (1.0f + __expf(-a)) * up[at];
   }
   if (out && i < n) out[at] = v;
   if (act.q && g < n / 32) {  // int8 activations only exist for rows that are whole 32-blocks
@@ -144,6 +146,24 @@ __global__ void split_q_gate_kernel(const float* q_full, int n_head, int hd, flo
     q[dst + i] = src[i];
     gate[dst + i] = src[hd + i];
   }
+}
+
+__global__ void add_values_kernel(float* y, const float* x, int64_t n) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+__global__ void scale_values_kernel(float* x, int64_t n, float s) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 __global__ void add_bias_kernel(float* y, const float* b, int n) {
@@ -231,13 +251,34 @@ void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t st
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(gated_product_kernel<false>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+  launch(gated_product_kernel<GateAct::Silu>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+}
+
+void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
+  launch(gated_product_kernel<GateAct::GeluTanh>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+}
+
+void add_values(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  launch(add_values_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), y, x, n);
+}
+
+void scale_values(float* x, int64_t n, float s, cudaStream_t stream) {
+  if (n == 0) return;
+  launch(scale_values_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n, s);
+}
+
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  launch(softcap_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n, cap);
 }
 
 void output_gate(const float* gate, float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(gated_product_kernel<true>, grid, dim3(256), 0, stream, pdl_enabled(), gate, (const float*)x, n, x, act);
+  launch(gated_product_kernel<GateAct::Sigmoid>, grid, dim3(256), 0, stream, pdl_enabled(), gate, (const float*)x, n, x, act);
 }
 
 void split_q_gate(const float* q_full, int n_rows, int n_head, int hd, float* q, float* gate, cudaStream_t stream) {

@@ -1,0 +1,171 @@
+// Gemma 3 on the CUDA backend against the CPU engine and the double reference (skipped without a GPU):
+// scaled embeddings, post norms, GeGLU, per-layer RoPE bases and sliding-window masking in the decode
+// (split) and prefill (tensor-core) attention, with prompts longer than the window in one step and in
+// chunks, small prefill key tiles (the window's first key inside a tile, tiles wholly before a row's
+// window), full and partial offload (both devices keep sliding layers in rings per sequence: the GPU
+// addresses them through per-sequence ring tables), rings that wrap, the memory report, forks and
+// prefix reuse.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/gpu.h"
+#include "engine/engine.h"
+#include "engine/reference_forward.h"
+#include "model/model_file.h"
+#include "test_util.h"
+
+using namespace roofline;
+
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine"
+
+std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
+
+std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
+  return t;
+}
+
+// The prompt in steps of n_batch, then decode steps; logits of every position.
+std::vector<float> prompt_then_decode(Engine& engine, const std::vector<int32_t>& tokens, size_t prompt) {
+  const int seq = engine.memory().create_sequence();
+  auto out = engine.eval(seq, std::span<const int32_t>(tokens.data(), prompt), true);
+  for (size_t i = prompt; i < tokens.size(); ++i) {
+    auto l = engine.eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  engine.memory().free_sequence(seq);
+  return out;
+}
+
+}  // namespace
+
+TEST(GpuGemma3Test, MatchesTheCpuAndTheReference) {
+  SKIP_WITHOUT_GPU();
+  for (const char* spec : {"tiny-gemma3:F32", "tiny-gemma3:Q8_0", "tiny-gemma3:Q4_K_M"}) {
+    auto model = tiny(spec);
+    const int n_vocab = model->hparams().n_vocab;
+    const auto tokens = some_tokens(90, n_vocab);  // window 8: most keys are outside it
+    EngineOptions o;
+    o.n_ctx = 512;
+    o.type_k = o.type_v = DType::F32;
+    auto cpu = Engine::create(model, o);
+    const auto want = prompt_then_decode(*cpu, tokens, 78);
+    // Units: 8 layers + output. 9 = all; 4 = the output and layers 5 (global) to 7 on the GPU.
+    for (int units : {9, 4}) {
+      for (int n_batch : {512, 13}) {  // the prompt in one step, or in chunks that start mid-window
+        o.n_gpu_layers = units;
+        o.n_batch = n_batch;
+        auto gpu = Engine::create(model, o);
+        ASSERT_EQ(gpu->gpu_units(), units);
+        const auto got = prompt_then_decode(*gpu, tokens, 78);
+        ASSERT_EQ(got.size(), want.size());
+        const double e = test::nmse(got.data(), want.data(), got.size());
+        std::printf("%-20s %d units on the GPU, n_batch %d: NMSE vs CPU %.3g\n", spec, units, n_batch, e);
+        EXPECT_LT(e, std::string(spec).find("F32") != std::string::npos ? 1e-4 : 5e-3) << spec << " units " << units;
+      }
+    }
+    if (std::string(spec).find("F32") != std::string::npos) {  // and the double reference directly
+      o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+      o.n_batch = 512;
+      auto gpu = Engine::create(model, o);
+      const auto got = prompt_then_decode(*gpu, tokens, 78);
+      test::ReferenceForward ref(*model);
+      double worst = 0;
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        const auto r = ref.step(tokens[i]);
+        std::vector<float> rf(r.begin(), r.end());
+        worst = std::max(worst, test::nmse(got.data() + i * n_vocab, rf.data(), n_vocab));
+      }
+      std::printf("tiny-gemma3:F32 GPU vs reference: worst row NMSE %.3g\n", worst);
+      EXPECT_LT(worst, 1e-4);
+    }
+  }
+}
+
+// Small prefill key tiles: a chunk's keys start at its first row's window, tiles can hold no key of a
+// later row's window (its softmax state stays empty until one does).
+TEST(GpuGemma3Test, SmallPrefillKeyTiles) {
+  SKIP_WITHOUT_GPU();
+  setenv("ROOFLINE_ATTN_KEY_TILE", "32", 1);
+  auto model = tiny("tiny-gemma3:F32");
+  const auto tokens = some_tokens(150, model->hparams().n_vocab, 3);
+  EngineOptions o;
+  o.n_ctx = 512;
+  o.type_k = o.type_v = DType::F32;
+  auto cpu = Engine::create(model, o);
+  const auto want = prompt_then_decode(*cpu, tokens, 140);
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  auto gpu = Engine::create(model, o);
+  const auto got = prompt_then_decode(*gpu, tokens, 140);
+  unsetenv("ROOFLINE_ATTN_KEY_TILE");
+  const double e = test::nmse(got.data(), want.data(), got.size());
+  std::printf("tiny-gemma3:F32 key tile 32: NMSE vs CPU %.3g\n", e);
+  EXPECT_LT(e, 1e-4);
+}
+
+// A fork and a reused prefix on the GPU continue as fresh sequences do.
+TEST(GpuGemma3Test, ForksAndPrefixReuse) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-gemma3:Q8_0");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.kv_block_size = 16;
+  o.n_seq_max = 3;
+  o.n_state_snapshots = 2;
+  auto engine = Engine::create(model, o);
+  SequenceMemory& mem = engine->memory();
+  const auto prompt = some_tokens(40, n_vocab, 5);
+  const int s = mem.create_sequence();
+  engine->eval(s, std::vector<int32_t>(prompt.begin(), prompt.begin() + 32), false);  // a snapshot at 32
+  engine->eval(s, std::vector<int32_t>(prompt.begin() + 32, prompt.end()), false);
+  const int f = engine->fork_sequence(s);
+  const auto tail = some_tokens(6, n_vocab, 6);
+  const auto lf = engine->eval(f, tail, true);
+  auto fresh = Engine::create(model, o);
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), tail.begin(), tail.end());
+  const int q = fresh->memory().create_sequence();
+  const auto want = fresh->eval(q, full, true);
+  fresh->memory().free_sequence(q);
+  EXPECT_LT(test::nmse(lf.data(), want.data() + prompt.size() * n_vocab, lf.size()), 5e-3);  // decode-sized vs GEMM paths
+  mem.free_sequence(f);
+  mem.cache_blocks(s, prompt);
+  mem.free_sequence(s);
+  const int t = mem.create_sequence();
+  ASSERT_EQ(mem.adopt_prefix(t, full, 100), 32);
+  const auto got = engine->eval(t, std::vector<int32_t>(full.begin() + 32, full.end()), true);
+  EXPECT_LT(test::nmse(got.data(), want.data() + 32 * n_vocab, got.size()), 5e-3);
+}
+
+// On the GPU too the paged cache holds only the global layer; the rings are reported per sequence.
+TEST(GpuGemma3Test, SlidingLayersKeepOnlyTheirWindowOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-gemma3:Q8_0");
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.n_ctx = 4096;
+  o.n_batch = 8;
+  o.n_seq_max = 2;
+  auto engine = Engine::create(model, o);
+  std::string report;
+  for (const auto& line : engine->report()) report += line + "\n";
+  EXPECT_NE(report.find("(1 of 8 layers keep a KV cache)"), std::string::npos) << report;
+  EXPECT_NE(report.find("sliding-window KV: 7 layers keep the last 8 positions (32 with a step's tokens)"), std::string::npos)
+      << report;
+  // A long sequence decoded one token at a time wraps the 32-position rings many times.
+  const auto tokens = some_tokens(200, model->hparams().n_vocab, 9);
+  EngineOptions c = o;
+  c.n_gpu_layers = 0;
+  auto cpu = Engine::create(model, c);
+  const auto want = prompt_then_decode(*cpu, tokens, 150);
+  const auto got = prompt_then_decode(*engine, tokens, 150);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LT(test::nmse(got.data(), want.data(), got.size()), 5e-3);
+}
