@@ -28,3 +28,11 @@ for m in ${NEW_MODELS:-}; do
   line=$(timeout 90 "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" -p 512 -n 128 -r 1 2>&1 | grep -E "tg128|pp512|error" | tr '\n' ' ')
   stamp "$m $line"
 done
+# EXTRA="cmd;cmd": further roofline commands (the binary's arguments only), each under 60 s.
+if [ -n "${EXTRA:-}" ]; then
+  IFS=';' read -ra extra <<< "$EXTRA"
+  for e in "${extra[@]}"; do
+    line=$(timeout 60 "$bin/roofline" $e 2>&1 | grep -E "tg|pp|error|KV|experts" | head -6 | tr '\n' ' ')
+    stamp "roofline $e: $line"
+  done
+fi
