@@ -89,7 +89,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
              gpu_list.size());
       if (o.tensor_split.size() > gpu_list.size())
         fail("-ts has {} proportions for {} GPUs", o.tensor_split.size(), gpu_list.size());
-      const double work_bytes = (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) + 256.0 * 1048576;
+      const double work_bytes = gpu_work_bytes(o.n_batch, hp.n_vocab, hp.n_ff);
       for (size_t i = 0; i < gpu_list.size(); ++i) {
         const GpuInfo& g = devices[gpu_list[i]];
         GpuBackendOptions go;
@@ -106,7 +106,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
             limit_note = fmt::format(", limited to {:.1f} GiB (--vram-limit)", limit / 1073741824.0);
           }
         }
-        budgets.push_back(usable - o.gpu_margin_gib * 1073741824.0 - work_bytes);
+        budgets.push_back(gpu_budget_bytes(usable, o.gpu_margin_gib, work_bytes));
         weights.push_back(o.tensor_split.empty() ? std::max(usable, 1.0) : i < o.tensor_split.size() ? o.tensor_split[i] : 0.0);
         engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs), {:.1f} GiB total, {:.1f} GiB free{}",
                                               g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, g.total_bytes / 1073741824.0,
@@ -118,13 +118,8 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks +
                (double)gpus[i]->state_cell_bytes(*model, set) * n_cells;
       };
-      if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
-        units = n_units;
-      } else if (o.n_gpu_layers > 0) {
-        units = o.n_gpu_layers;
-      } else {  // auto: as many units as fit every GPU's budget
-        units = fit_units(n_units, weights, budgets, cost);
-      }
+      static_assert(EngineOptions::kGpuLayersAuto == -1 && EngineOptions::kGpuLayersAll == -2);
+      units = choose_gpu_units(o.n_gpu_layers, n_units, weights, budgets, cost);  // auto: as many as fit every budget
       // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
       // would succeed on the larger GPU and defeat the limit).
       if (!o.vram_limit_gib.empty() && units > 0)
