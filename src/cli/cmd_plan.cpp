@@ -211,7 +211,7 @@ int run(int argc, char** argv) {
   row("CUDA context", plan.gpu_bill.context, plan.host_bill.context);
   row("margin kept free", plan.gpu_bill.margin, plan.host_bill.margin);
   row("total", plan.gpu_bill.total(), plan.host_bill.total());
-  std::printf("  %-24s %14s %12s\n", "available", plan.gpu_bill.capacity > 0 ? fmt::format("{:.2f} GiB", plan.gpu_bill.capacity / kGiB).c_str() : "-",
+  std::printf("  %-24s %18s %12s\n", "available", plan.gpu_bill.capacity > 0 ? fmt::format("{:.2f} GiB", plan.gpu_bill.capacity / kGiB).c_str() : "-",
               plan.host_bill.capacity > 0 ? fmt::format("{:.2f} GiB", plan.host_bill.capacity / kGiB).c_str() : "not checked");
   std::printf("KV cache: %.1f KiB per position (%d attention layers), %.3f GiB per slot, %.3f GiB for -c %d\n",
               plan.kv_bytes_per_position / 1024, hp.count_layers(MixerKind::Attention), plan.kv_bytes_per_slot / kGiB,
@@ -219,7 +219,10 @@ int run(int argc, char** argv) {
   if (plan.state_cells > 0)
     std::printf("recurrent state: %d cells (%d slots + %d prompt-cache snapshots) x %.1f MiB\n", plan.state_cells, s.n_parallel,
                 plan.state_cells - s.n_parallel, plan.state_bytes_per_cell / 1048576.0);
-  std::printf("\n%s: %d/%d units on the %s\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_gpu_layers, plan.n_units, gpu.host ? "GPU (host only)" : "GPU");
+  if (gpu.host)
+    std::printf("\n%s: all %d units on the host\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_units);
+  else
+    std::printf("\n%s: %d/%d units on the GPU\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_gpu_layers, plan.n_units);
   std::printf("predicted: decode %.1f tok/s (roofline %.1f), prefill %.0f tok/s\n", plan.decode_tok_s, plan.decode_roofline_tok_s,
               plan.prefill_tok_s);
   std::printf("derivation:\n");

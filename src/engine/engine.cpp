@@ -120,6 +120,17 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       };
       static_assert(EngineOptions::kGpuLayersAuto == -1 && EngineOptions::kGpuLayersAll == -2);
       units = choose_gpu_units(o.n_gpu_layers, n_units, weights, budgets, cost);  // auto: as many as fit every budget
+      // The memory bill of each GPU, as `roofline plan` prints it (memory_plan.h).
+      for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
+        LayerSet set{r.first_unit, std::min(r.end_unit, hp.n_layer), r.first_unit == 0, r.end_unit == n_units};
+        engine->report_.push_back(fmt::format(
+            "GPU {} bill: weights {:.2f} GiB, KV cache {:.2f} GiB, recurrent state {:.2f} GiB, compute buffers {:.2f} GiB, "
+            "margin {:.2f} GiB; budget for weights, KV and state {:.2f} GiB",
+            gpu_list[r.gpu], gpus[r.gpu]->weight_bytes(*model, set) / 1073741824.0,
+            (double)gpus[r.gpu]->kv_block_bytes(*model, set, kv) * kv.n_blocks / 1073741824.0,
+            (double)gpus[r.gpu]->state_cell_bytes(*model, set) * n_cells / 1073741824.0, work_bytes / 1073741824.0,
+            o.gpu_margin_gib, std::max(0.0, budgets[r.gpu]) / 1073741824.0));
+      }
       // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
       // would succeed on the larger GPU and defeat the limit).
       if (!o.vram_limit_gib.empty() && units > 0)
