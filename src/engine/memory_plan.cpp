@@ -275,6 +275,14 @@ void add_recommendations(Plan& plan, const Model& model, const ModelForMix& mode
         break;
       }
     }
+  // Recurrent models: no prompt-cache snapshots (serve --no-prompt-cache) keeps one state per slot.
+  if (plan.state_cells > 0 && base.prompt_cache) {
+    PlanSettings s = base;
+    s.prompt_cache = false;
+    const Plan q = make_plan(model, plan.gpu, s);
+    out.push_back(fmt::format("--no-prompt-cache (recurrent state {} instead of {}; a repeated prompt prefix is recomputed): {}",
+                              gib(q.gpu_bill.state + q.host_bill.state), gib(plan.gpu_bill.state + plan.host_bill.state), describe(q)));
+  }
   // Smaller quantization mixes: the largest that fits.
   if (model_for_mix) {
     std::vector<std::pair<double, std::string>> mixes;

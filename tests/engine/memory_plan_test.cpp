@@ -198,6 +198,24 @@ TEST(MemoryPlan, RecommendationsAreComputedAlternativesThatFit) {
     EXPECT_NE(r.find("fits:"), std::string::npos) << r;
   }
   EXPECT_TRUE(quant);  // a 32B model fits a 24 GiB card at some smaller mix (Q3_K, Q2_K, ...)
+  // A recurrent model is offered fewer state cells; each offer is a re-plan that says whether it fits.
+  auto q35 = layout("synthetic:qwen3.5-27b:Q4_K_M");
+  PlanSettings s35;
+  s35.n_ctx = 8192;
+  s35.type_k = s35.type_v = DType::Q8_0;
+  Plan p35 = make_plan(*q35, card("v100-16gb"), s35);
+  ASSERT_FALSE(p35.fits);
+  add_recommendations(p35, *q35, nullptr);
+  bool no_cache = false;
+  for (const std::string& r : p35.recommendations) {
+    if (r.rfind("--no-prompt-cache", 0) != 0) continue;
+    no_cache = true;
+    PlanSettings t = s35;
+    t.prompt_cache = false;
+    const Plan q = make_plan(*q35, card("v100-16gb"), t);
+    EXPECT_NE(r.find(fmt::format("{}/{} units", q.n_gpu_layers, q.n_units)), std::string::npos) << r;
+  }
+  EXPECT_TRUE(no_cache);
   // A plan that fits gets none.
   Plan ok = make_plan(*m, card("h200"), s);
   add_recommendations(ok, *m, nullptr);
