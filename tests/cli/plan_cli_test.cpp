@@ -73,6 +73,19 @@ TEST(PlanCli, AConfigJsonPlansAsTheSyntheticShapeOfTheSameModel) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
 }
 
+TEST(PlanCli, AGgufFilePlansAsItsSyntheticSpec) {
+  const std::string path = temp_dir() + "/plan_cli_tiny35.gguf";
+  ASSERT_EQ(run_cli({"synth", "tiny-qwen35:Q4_K_M", "-o", path}).exit_code, 0);
+  auto a = run_cli({"plan", "-m", path, "--gpu", "l4", "-c", "1024", "-np", "2", "--json"});
+  auto b = run_cli({"plan", "-m", "synthetic:tiny-qwen35:Q4_K_M", "--gpu", "l4", "-c", "1024", "-np", "2", "--json"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["bill"], jb["bill"]);
+  EXPECT_EQ(ja["recurrent_state"]["cells"].get<int>(), 6);
+  EXPECT_NE(ja["serve_command"].get<std::string>().find("roofline serve -m " + path + " -c 1024 -np 2 -ngl all"), std::string::npos);
+}
+
 TEST(PlanCli, BadInputIsOneErrorLine) {
   struct Case {
     std::vector<std::string> args;
