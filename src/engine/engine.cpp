@@ -98,7 +98,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
              gpu_list.size());
       if (o.tensor_split.size() > gpu_list.size())
         fail("-ts has {} proportions for {} GPUs", o.tensor_split.size(), gpu_list.size());
-      const double work_bytes = (double)o.n_batch * (4.0 * hp.n_vocab + 64.0 * hp.n_ff) + 256.0 * 1048576;
+      const double work_bytes = gpu_work_bytes(o.n_batch, hp.n_vocab, hp.n_ff);
       // MoE experts kept in host memory (--cpu-moe, --n-cpu-moe, -ot REGEX=CPU).
       std::string experts_note;
       const std::vector<bool> host_experts = experts_on_host(*model, o.n_cpu_moe, o.cpu_tensor_patterns, &experts_note);
@@ -134,7 +134,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
             limit_note = fmt::format(", limited to {:.1f} GiB (--vram-limit)", limit / 1073741824.0);
           }
         }
-        budgets.push_back(usable - o.gpu_margin_gib * 1073741824.0 - work_bytes);
+        budgets.push_back(gpu_budget_bytes(usable, o.gpu_margin_gib, work_bytes));
         weights.push_back(o.tensor_split.empty() ? std::max(usable, 1.0) : i < o.tensor_split.size() ? o.tensor_split[i] : 0.0);
         engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs), {:.1f} GiB total, {:.1f} GiB free{}",
                                               g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, g.total_bytes / 1073741824.0,
@@ -146,44 +146,50 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         return (double)gpus[i]->weight_bytes(*model, set) + (double)gpus[i]->kv_block_bytes(*model, set, kv) * kv.n_blocks +
                ((double)gpus[i]->state_cell_bytes(*model, set) + (double)gpus[i]->swa_cell_bytes(*model, set, kv)) * n_cells;
       };
-      if (o.n_gpu_layers == EngineOptions::kGpuLayersAll || o.n_gpu_layers >= n_units) {
-        units = n_units;
-      } else if (o.n_gpu_layers > 0) {
-        units = o.n_gpu_layers;
-      } else {  // auto: as many units as fit every GPU's budget
-        units = fit_units(n_units, weights, budgets, cost);
-        const bool placement_given = o.n_cpu_moe > 0 || !o.cpu_tensor_patterns.empty();
-        if (units < n_units && hp.is_moe() && !placement_given) {
-          // A MoE model that does not fit: keep the experts of the first n layers in host memory (as
-          // --n-cpu-moe n), the fewest n with which every unit fits (their file bytes: the device's
-          // layout of a stacked expert tensor is one allocation of about the same size).
-          auto expert_bytes = [&](int il) {
-            double b = 0;
-            for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
-              b += (double)model->layer(il)[t].bytes();
-            return b;
+      static_assert(EngineOptions::kGpuLayersAuto == -1 && EngineOptions::kGpuLayersAll == -2);
+      units = choose_gpu_units(o.n_gpu_layers, n_units, weights, budgets, cost);  // auto: as many as fit every budget
+      const bool placement_given = o.n_cpu_moe > 0 || !o.cpu_tensor_patterns.empty();
+      if (o.n_gpu_layers == EngineOptions::kGpuLayersAuto && units < n_units && hp.is_moe() && !placement_given) {
+        // A MoE model that does not fit: keep the experts of the first n layers in host memory (as
+        // --n-cpu-moe n), the fewest n with which every unit fits (their file bytes: the device's
+        // layout of a stacked expert tensor is one allocation of about the same size).
+        auto expert_bytes = [&](int il) {
+          double b = 0;
+          for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+            b += (double)model->layer(il)[t].bytes();
+          return b;
+        };
+        for (int n = 1; n <= hp.n_layer; ++n) {
+          auto cost_n = [&](int i, int first, int end) {
+            double c = cost(i, first, end);
+            for (int il = first; il < std::min({end, hp.n_layer, n}); ++il) c -= expert_bytes(il);
+            return c;
           };
-          for (int n = 1; n <= hp.n_layer; ++n) {
-            auto cost_n = [&](int i, int first, int end) {
-              double c = cost(i, first, end);
-              for (int il = first; il < std::min({end, hp.n_layer, n}); ++il) c -= expert_bytes(il);
-              return c;
-            };
-            if (fit_units(n_units, weights, budgets, cost_n) < n_units) continue;
-            const std::vector<bool> first_n = experts_on_host(*model, n, {});
-            for (size_t i = 0; i < gpus.size(); ++i) {
-              gpu_options[i].experts_on_host = first_n;
-              gpus[i] = make_gpu_backend(gpu_options[i]);
-            }
-            units = fit_units(n_units, weights, budgets, cost);
-            double bytes = 0;
-            for (int il = 0; il < n; ++il) bytes += expert_bytes(il);
-            engine->report_.push_back(fmt::format("-ngl auto: the MoE experts of the first {} of {} layers stay in host memory, run "
-                                                  "on the CPU ({:.1f} MiB; as --n-cpu-moe {}), so that every layer fits",
-                                                  n, hp.n_layer, bytes / 1048576.0, n));
-            break;
+          if (fit_units(n_units, weights, budgets, cost_n) < n_units) continue;
+          const std::vector<bool> first_n = experts_on_host(*model, n, {});
+          for (size_t i = 0; i < gpus.size(); ++i) {
+            gpu_options[i].experts_on_host = first_n;
+            gpus[i] = make_gpu_backend(gpu_options[i]);
           }
+          units = fit_units(n_units, weights, budgets, cost);
+          double bytes = 0;
+          for (int il = 0; il < n; ++il) bytes += expert_bytes(il);
+          engine->report_.push_back(fmt::format("-ngl auto: the MoE experts of the first {} of {} layers stay in host memory, run "
+                                                "on the CPU ({:.1f} MiB; as --n-cpu-moe {}), so that every layer fits",
+                                                n, hp.n_layer, bytes / 1048576.0, n));
+          break;
         }
+      }
+      // The memory bill of each GPU, as `roofline plan` prints it (memory_plan.h).
+      for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
+        LayerSet set{r.first_unit, std::min(r.end_unit, hp.n_layer), r.first_unit == 0, r.end_unit == n_units};
+        engine->report_.push_back(fmt::format(
+            "GPU {} bill: weights {:.2f} GiB, KV cache {:.2f} GiB, recurrent state and sliding-window rings {:.2f} GiB, compute buffers {:.2f} GiB, "
+            "margin {:.2f} GiB; budget for weights, KV and state {:.2f} GiB",
+            gpu_list[r.gpu], gpus[r.gpu]->weight_bytes(*model, set) / 1073741824.0,
+            (double)gpus[r.gpu]->kv_block_bytes(*model, set, kv) * kv.n_blocks / 1073741824.0,
+            ((double)gpus[r.gpu]->state_cell_bytes(*model, set) + (double)gpus[r.gpu]->swa_cell_bytes(*model, set, kv)) * n_cells / 1073741824.0, work_bytes / 1073741824.0,
+            o.gpu_margin_gib, std::max(0.0, budgets[r.gpu]) / 1073741824.0));
       }
       // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
       // would succeed on the larger GPU and defeat the limit).

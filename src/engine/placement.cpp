@@ -54,6 +54,21 @@ int fit_units(int n_units, const std::vector<double>& weights, const std::vector
   return 0;
 }
 
+double gpu_work_bytes(int n_batch, int n_vocab, int n_ff) {
+  return (double)n_batch * (4.0 * n_vocab + 64.0 * n_ff) + 256.0 * 1048576;
+}
+
+double gpu_budget_bytes(double usable_bytes, double margin_gib, double work_bytes) {
+  return usable_bytes - margin_gib * 1073741824.0 - work_bytes;
+}
+
+int choose_gpu_units(int requested, int n_units, const std::vector<double>& weights, const std::vector<double>& budgets,
+                     const UnitCost& cost) {
+  if (requested == -2 || requested >= n_units) return n_units;  // all
+  if (requested >= 0) return requested;
+  return fit_units(n_units, weights, budgets, cost);  // auto
+}
+
 std::vector<double> parse_proportions(const std::string& text, const char* flag) {
   std::vector<double> out;
   if (text.empty()) return out;

@@ -27,6 +27,18 @@ struct GpuRange {
 };
 std::vector<GpuRange> gpu_ranges(int n_units, int offloaded, const std::vector<double>& weights);
 
+// Bytes a GPU keeps for work buffers besides weights, KV and state: logits and FFN activations of an
+// n_batch-row step plus a fixed 256 MiB for scratch (the allowance -ngl auto and `roofline plan` use).
+double gpu_work_bytes(int n_batch, int n_vocab, int n_ff);
+// What placement may fill on a GPU: usable memory less the margin (-ngl auto keeps margin_gib free)
+// and the work buffers.
+double gpu_budget_bytes(double usable_bytes, double margin_gib, double work_bytes);
+
+// The units offloaded for an -ngl request (EngineOptions: kGpuLayersAuto = -1 fits as many as the
+// budgets allow, kGpuLayersAll = -2 or N >= n_units all, else N): one rule for the engine and the planner.
+int choose_gpu_units(int requested, int n_units, const std::vector<double>& weights, const std::vector<double>& budgets,
+                     const UnitCost& cost);
+
 // "3,1" -> {3, 1}; "" -> {}. Error on a negative, non-numeric or all-zero list.
 std::vector<double> parse_proportions(const std::string& text, const char* flag);
 

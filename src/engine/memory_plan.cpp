@@ -1,0 +1,307 @@
+// The planner behind `roofline plan`: memory bill, placement (placement.h, as Engine::create), rates
+// and recommendations, all from the tensor table.
+#include "engine/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "engine/placement.h"
+#include "engine/roofline_model.h"
+#include "model/quant_mix.h"
+
+namespace roofline {
+
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+constexpr size_t kDeviceAlign = 256;  // the CUDA weight arena's alignment (cuda_weights.cu)
+
+size_t align_device(size_t n) { return (n + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign; }
+
+// A matrix as the CUDA backend stores it: Q8_0 and Q6_K split into aligned planes, others as in the file.
+size_t device_matrix_bytes(const Weight& w) {
+  if (!w) return 0;
+  const size_t n = (size_t)w.tensor->n_elements();
+  if (w.type() == DType::Q8_0) return align_device(n) + align_device(n / 32 * 2);
+  if (w.type() == DType::Q6_K) return align_device(n / 2) + align_device(n / 4) + align_device(n / 16) + align_device(n / 256 * 2);
+  return align_device(w.bytes());
+}
+
+// Norms, biases and other small tensors: uploaded as f32.
+size_t device_floats_bytes(const Weight& w) { return w ? ((size_t)w.tensor->n_elements() * 4 + 255) / 256 * 256 : 0; }
+
+// The KV cache's value plane and block scales on the GPU (cuda_attention.cu's layout).
+size_t kv_plane_bytes(DType type, int64_t n) {
+  switch (type) {
+    case DType::F32: return (size_t)n * 4;
+    case DType::F16: case DType::BF16: return (size_t)n * 2;
+    case DType::Q8_0: return (size_t)n + (size_t)n / 32 * 2;
+    case DType::Q4_0: return (size_t)n / 2 + (size_t)n / 32 * 2;
+    default: fail("KV cache type {} is not supported (use f16, bf16, q8_0 or q4_0)", dtype_name(type));
+  }
+}
+
+// Host side (CpuBackend's accounting): weights as in the file, KV rows in their types, f32 states.
+double host_weight_bytes(const Model& model, const LayerSet& s) {
+  double n = 0;
+  for (int il = s.begin; il < s.end; ++il) n += (double)model.layer_bytes(il);
+  if (s.embedding) n += (double)model.token_embd().bytes();
+  if (s.output && !(s.embedding && model.tied_embeddings())) n += (double)model.output_bytes();
+  return n;
+}
+
+double kv_bytes_per_position_in(const Model& model, int begin, int end, DType tk, DType tv) {
+  const HParams& hp = model.hparams();
+  return (double)hp.count_layers(MixerKind::Attention, begin, end) *
+         (double)(dtype_row_bytes(tk, hp.kv_dim_k()) + dtype_row_bytes(tv, hp.kv_dim_v()));
+}
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / kGiB); }
+
+}  // namespace
+
+uint64_t planned_gpu_weight_bytes(const Model& model, const LayerSet& layers) {
+  uint64_t n = 0;
+  for (int il = layers.begin; il < layers.end; ++il) {
+    const LayerWeights& L = model.layer(il);
+    for (const PlannedTensor& t : layer_tensor_plan(model.arch(), model.hparams(), il)) {
+      const Weight& w = L[t.rule->role];
+      n += t.rule->use == TensorUse::Matrix ? device_matrix_bytes(w) : device_floats_bytes(w);
+    }
+  }
+  if (layers.embedding) n += device_matrix_bytes(model.token_embd());
+  if (layers.output) {
+    if (!(layers.embedding && model.tied_embeddings())) n += device_matrix_bytes(model.output());
+    n += device_floats_bytes(model.output_norm());
+  }
+  n += device_floats_bytes(model.rope_freqs());
+  return n;
+}
+
+uint64_t planned_gpu_kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) {
+  const HParams& hp = model.hparams();
+  const int64_t nk = (int64_t)kv.block_size * hp.kv_dim_k(), nv = (int64_t)kv.block_size * hp.kv_dim_v();
+  return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) *
+         (kv_plane_bytes(kv.type_k, nk) + kv_plane_bytes(kv.type_v, nv) + 4 * 256);
+}
+
+uint64_t planned_gpu_state_cell_bytes(const Model& model, const LayerSet& layers) {
+  const HParams& hp = model.hparams();
+  return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * ((hp.delta_net.state_floats() + 3) / 4 * 16 + 256);
+}
+
+Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
+  const HParams& hp = model.hparams();
+  Plan p;
+  p.gpu = gpu;
+  p.settings = in;
+  PlanSettings& s = p.settings;
+  if (s.n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's, capped at 16384)", s.n_ctx);
+  if (s.n_parallel < 1) fail("-np {}: expected at least 1 slot", s.n_parallel);
+  if (s.n_batch < 1) fail("-b {}: the batch size must be at least 1", s.n_batch);
+  if (s.n_gpu_layers < -2) fail("-ngl {}: expected a count, auto or all", s.n_gpu_layers);
+  if (!(s.vram_limit_gib >= 0)) fail("--vram-limit {}: expected a positive size in GiB", s.vram_limit_gib);
+  if (!gpu.host && !(gpu.memory_gib > 0)) fail("GPU '{}' has no memory size", gpu.name);
+  if (!(gpu.peak_gbs > 0)) fail("GPU '{}' has no bandwidth", gpu.name);
+  for (DType t : {s.type_k, s.type_v}) kv_plane_bytes(t, 32);  // refuses unsupported KV types
+  const int trained = hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096;
+  if (s.n_ctx == 0) s.n_ctx = std::min(trained, 16384);
+  s.n_ctx = std::min(s.n_ctx, trained);  // serve caps -c at the trained context
+
+  KvConfig kv;
+  kv.block_size = s.kv_block_size;
+  kv.n_blocks = (s.n_ctx + kv.block_size - 1) / kv.block_size;
+  kv.type_k = s.type_k;
+  kv.type_v = s.type_v;
+  const bool recurrent = hp.count_layers(MixerKind::DeltaNet) > 0;
+  p.state_cells = recurrent ? s.n_parallel + (s.prompt_cache ? 2 * s.n_parallel : 0) : 0;
+  p.n_units = hp.n_layer + 1;
+  p.kv_bytes_per_position = kv_bytes_per_position(model, s.type_k, s.type_v);
+
+  // Placement, as Engine::create does it for one GPU (placement.h).
+  const double gpu_memory = gpu.memory_gib * kGiB;
+  const double context = gpu.host ? 0 : s.cuda_context_gib * kGiB;
+  double usable = gpu_memory - context;  // what the driver reports free
+  if (s.vram_limit_gib > 0) usable = std::min(usable, s.vram_limit_gib * kGiB);
+  const double work = gpu_work_bytes(s.n_batch, hp.n_vocab, hp.n_ff);
+  const double budget = gpu_budget_bytes(usable, s.margin_gib, work);
+  auto gpu_set = [&](int first, int end) { return LayerSet{first, std::min(end, hp.n_layer), first == 0, end == p.n_units}; };
+  auto cost = [&](int, int first, int end) {
+    const LayerSet set = gpu_set(first, end);
+    return (double)planned_gpu_weight_bytes(model, set) + (double)planned_gpu_kv_block_bytes(model, set, kv) * kv.n_blocks +
+           (double)planned_gpu_state_cell_bytes(model, set) * p.state_cells;
+  };
+  int units = 0;
+  if (!gpu.host && s.n_gpu_layers != 0) units = choose_gpu_units(s.n_gpu_layers, p.n_units, {1.0}, {budget}, cost);
+  p.n_gpu_layers = units;
+  const int first_gpu_unit = p.n_units - units;
+
+  // The bills.
+  p.gpu_bill.device = gpu.host ? "GPU (none)" : fmt::format("GPU ({})", gpu.name);
+  if (units > 0) {
+    const LayerSet set = gpu_set(first_gpu_unit, p.n_units);
+    p.gpu_bill.weights = (double)planned_gpu_weight_bytes(model, set);
+    p.gpu_bill.kv = (double)planned_gpu_kv_block_bytes(model, set, kv) * kv.n_blocks;
+    p.gpu_bill.state = (double)planned_gpu_state_cell_bytes(model, set) * p.state_cells;
+    p.gpu_bill.work = work;
+    p.gpu_bill.margin = s.margin_gib * kGiB;
+  }
+  if (!gpu.host) {
+    p.gpu_bill.context = context;
+    p.gpu_bill.capacity = usable + context;
+  }
+  p.host_bill.device = "host";
+  p.host_bill.capacity = gpu.host ? gpu.memory_gib * kGiB : s.host_memory_gib * kGiB;
+  if (units < p.n_units) {
+    const LayerSet set{0, std::min(first_gpu_unit, hp.n_layer), true, units == 0};
+    p.host_bill.weights = host_weight_bytes(model, set);
+    p.host_bill.kv = kv_bytes_per_position_in(model, set.begin, set.end, s.type_k, s.type_v) * kv.block_size * kv.n_blocks;
+    p.host_bill.state = 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, set.begin, set.end) * p.state_cells;
+  }
+  p.kv_bytes_total = p.gpu_bill.kv + p.host_bill.kv;
+  p.kv_bytes_per_slot = p.kv_bytes_total / s.n_parallel;
+  p.state_bytes_per_cell = p.state_cells > 0 ? (p.gpu_bill.state + p.host_bill.state) / p.state_cells : 0;
+  const bool placement_fits = units == 0 || cost(0, first_gpu_unit, p.n_units) <= budget;
+  const bool wants_all = s.n_gpu_layers < 0 || s.n_gpu_layers >= p.n_units;
+  p.fits = placement_fits && p.host_bill.fits() && (gpu.host || !wants_all || units == p.n_units);
+
+  // Decode: a token reads every weight once, its embedding row, the KV of its depth and the states.
+  const GpuSpec* host = find_gpu_spec("cpu");
+  const double host_gbs = host->achievable_gbs();
+  auto bytes_on = [&](int first_unit, int end_unit, double depth) {
+    if (first_unit >= end_unit) return 0.0;
+    const int b = std::min(first_unit, hp.n_layer), e = std::min(end_unit, hp.n_layer);
+    double n = 0;
+    for (int il = b; il < e; ++il) n += (double)model.layer_bytes(il);
+    if (end_unit == p.n_units) n += (double)model.output_bytes();
+    if (first_unit == 0) n += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
+    n += depth * kv_bytes_per_position_in(model, b, e, s.type_k, s.type_v);
+    n += state_bytes_per_token(model, b, e);
+    return n;
+  };
+  const double gpu_gbs = gpu.host ? host_gbs : gpu.achievable_gbs();
+  auto decode_rate = [&](double depth) {
+    const double on_gpu = gpu.host ? 0 : bytes_on(first_gpu_unit, p.n_units, depth);
+    const double on_host = gpu.host ? bytes_on(0, p.n_units, depth) : bytes_on(0, first_gpu_unit, depth);
+    const double seconds = on_gpu / (gpu_gbs * 1e9) + on_host / (host_gbs * 1e9);
+    return std::pair<double, double>{on_gpu, seconds > 0 ? 1.0 / seconds : 0.0};
+  };
+  const auto [gpu_bytes, roofline] = decode_rate(0);
+  p.gpu_bytes_per_token = gpu.host ? 0 : gpu_bytes;
+  p.host_bytes_per_token = decode_bytes_per_token(model, 0, s.type_k, s.type_v) - p.gpu_bytes_per_token;
+  p.decode_roofline_tok_s = roofline;
+  p.decode_tok_s = roofline * s.decode_efficiency;
+  const double slot_depth = (double)s.n_ctx / s.n_parallel;
+  p.decode_tok_s_full_context = decode_rate(slot_depth).second * s.decode_efficiency;
+
+  // Prefill: FLOPs of a token at the middle of a 512-token prompt, at the card's dense FP16 rate.
+  p.flops_per_token = flops_per_token(model, 256);
+  const double all_weights = host_weight_bytes(model, LayerSet{0, hp.n_layer, true, true});
+  const double gpu_share = gpu.host ? 0 : std::min(1.0, p.gpu_bill.weights / std::max(all_weights, 1.0));
+  const double gpu_flops = gpu.host ? 0 : gpu.tflops * 1e12 * s.prefill_efficiency;
+  const double host_flops = host->tflops * 1e12 * s.prefill_efficiency;
+  const double prefill_seconds = p.flops_per_token * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops);
+  p.prefill_tok_s = 1.0 / prefill_seconds;
+
+  auto& d = p.derivation;
+  if (gpu.host) {
+    d.push_back(fmt::format("decode roofline: {:.1f} GB/s ({:.0f} GB/s peak x {:.2f} streaming) / {:.2f} GB per token = {:.1f} tok/s",
+                            host_gbs, host->peak_gbs, host->stream_fraction, p.host_bytes_per_token / 1e9, roofline));
+  } else {
+    d.push_back(fmt::format("bytes a token reads at depth 0: {:.2f} GB on the GPU{}", p.gpu_bytes_per_token / 1e9,
+                            p.host_bytes_per_token > 0 ? fmt::format(", {:.3f} GB on the host", p.host_bytes_per_token / 1e9) : ""));
+    d.push_back(fmt::format("GPU read bandwidth: {:.0f} GB/s peak x {:.2f} ({}) = {:.0f} GB/s", gpu.peak_gbs, gpu.stream_fraction,
+                            gpu.measured ? "measured" : "streaming fraction", gpu.achievable_gbs()));
+    if (units < p.n_units)
+      d.push_back(fmt::format("host read bandwidth: {:.1f} GB/s (the `cpu` entry: {:.1f} GB/s peak x {:.2f})", host_gbs,
+                              host->peak_gbs, host->stream_fraction));
+    d.push_back(fmt::format("decode roofline: 1 / ({:.2f} GB / {:.0f} GB/s{}) = {:.1f} tok/s", p.gpu_bytes_per_token / 1e9,
+                            gpu.achievable_gbs(),
+                            p.host_bytes_per_token > 0 ? fmt::format(" + {:.3f} GB / {:.1f} GB/s", p.host_bytes_per_token / 1e9, host_gbs) : "",
+                            roofline));
+  }
+  d.push_back(fmt::format("decode predicted: {:.1f} x {:.2f} (our decode's share of the roofline, measured on the H200) = {:.1f} tok/s "
+                          "(one sequence, short context); at depth {:.0f} (a full slot: +{:.2f} GB of KV per token) {:.1f} tok/s",
+                          roofline, s.decode_efficiency, p.decode_tok_s, slot_depth, slot_depth * p.kv_bytes_per_position / 1e9,
+                          p.decode_tok_s_full_context));
+  d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
+                          "on the H200){} = {:.0f} tok/s",
+                          p.flops_per_token / 1e9, gpu.host ? host->tflops : gpu.tflops, s.prefill_efficiency,
+                          gpu_share < 1 && !gpu.host ? fmt::format(", {:.0f}% of the weights on the GPU", 100 * gpu_share) : "",
+                          p.prefill_tok_s));
+  return p;
+}
+
+void add_recommendations(Plan& plan, const Model& model, const ModelForMix& model_for_mix) {
+  if (plan.fits) return;
+  auto& out = plan.recommendations;
+  const PlanSettings base = plan.settings;
+  auto describe = [](const Plan& q) {
+    return fmt::format("{} {}/{} units on the GPU, decode ~{:.1f} tok/s", q.fits ? "fits:" : "does not fit:", q.n_gpu_layers,
+                       q.n_units, q.decode_tok_s);
+  };
+  // KV cache in q8_0.
+  if (base.type_k != DType::Q8_0 && base.type_k != DType::Q4_0) {
+    PlanSettings s = base;
+    s.type_k = s.type_v = DType::Q8_0;
+    const Plan q = make_plan(model, plan.gpu, s);
+    out.push_back(fmt::format("-ctk q8_0 -ctv q8_0 (KV {} instead of {}): {}", gib(q.kv_bytes_total), gib(plan.kv_bytes_total), describe(q)));
+  }
+  // The largest context that fits, in steps of 1024 positions.
+  {
+    int lo = 0, hi = base.n_ctx / 1024;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      PlanSettings s = base;
+      s.n_ctx = mid * 1024;
+      if (make_plan(model, plan.gpu, s).fits) lo = mid;
+      else hi = mid - 1;
+    }
+    if (lo > 0 && lo * 1024 < base.n_ctx) {
+      PlanSettings s = base;
+      s.n_ctx = lo * 1024;
+      out.push_back(fmt::format("-c {} ({} positions per slot): {}", s.n_ctx, s.n_ctx / base.n_parallel, describe(make_plan(model, plan.gpu, s))));
+    }
+  }
+  // Fewer slots (recurrent models keep a state per slot and two snapshots).
+  if (plan.state_cells > 0)
+    for (int np = base.n_parallel - 1; np >= 1; --np) {
+      PlanSettings s = base;
+      s.n_parallel = np;
+      const Plan q = make_plan(model, plan.gpu, s);
+      if (q.fits || np == 1) {
+        out.push_back(fmt::format("-np {} (recurrent state {}): {}", np, gib(q.gpu_bill.state + q.host_bill.state), describe(q)));
+        break;
+      }
+    }
+  // Recurrent models: no prompt-cache snapshots (serve --no-prompt-cache) keeps one state per slot.
+  if (plan.state_cells > 0 && base.prompt_cache) {
+    PlanSettings s = base;
+    s.prompt_cache = false;
+    const Plan q = make_plan(model, plan.gpu, s);
+    out.push_back(fmt::format("--no-prompt-cache (recurrent state {} instead of {}; a repeated prompt prefix is recomputed): {}",
+                              gib(q.gpu_bill.state + q.host_bill.state), gib(plan.gpu_bill.state + plan.host_bill.state), describe(q)));
+  }
+  // Smaller quantization mixes: the largest that fits.
+  if (model_for_mix) {
+    std::vector<std::pair<double, std::string>> mixes;
+    for (const QuantMix& m : quant_mixes()) {
+      auto other = model_for_mix(m.name);
+      if (!other) continue;
+      double bytes = 0;
+      for (int il = 0; il < other->hparams().n_layer; ++il) bytes += (double)other->layer_bytes(il);
+      bytes += (double)other->output_bytes();
+      const Plan q = make_plan(*other, plan.gpu, base);
+      if (q.fits) mixes.push_back({bytes, fmt::format("a {} file ({:.2f} GiB of weights): {}", m.name, bytes / kGiB, describe(q))});
+    }
+    std::sort(mixes.begin(), mixes.end());
+    if (!mixes.empty()) out.push_back(mixes.back().second);
+  }
+  if (plan.n_gpu_layers > 0 && plan.n_gpu_layers < plan.n_units)
+    out.push_back(fmt::format("as asked, -ngl auto puts {}/{} units on the GPU and the rest on the host: decode ~{:.1f} tok/s",
+                              plan.n_gpu_layers, plan.n_units, plan.decode_tok_s));
+  if (out.empty()) out.push_back("nothing smaller tried here fits this card: use a card with more memory, or several GPUs (-sm layer)");
+}
+
+}  // namespace roofline

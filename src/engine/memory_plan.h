@@ -1,0 +1,80 @@
+// `roofline plan`'s engine: from a model's tensor table (no weights needed) and a card (gpu_table.h),
+// the memory bill per device (weights, KV cache, recurrent state, work buffers, CUDA context), how many
+// units -ngl auto would offload (the same placement rule as Engine::create, placement.h), the
+// predicted decode and prefill rates with their derivation, and recommendations when it does not fit.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/gpu_table.h"
+#include "formats/dtype.h"
+#include "model/model.h"
+
+namespace roofline {
+
+// What the CUDA backend allocates for model units, computed without CUDA (it mirrors
+// CudaBackend::weight_bytes / kv_block_bytes / state_cell_bytes; a GPU test compares them).
+uint64_t planned_gpu_weight_bytes(const Model& model, const LayerSet& layers);
+uint64_t planned_gpu_kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv);
+uint64_t planned_gpu_state_cell_bytes(const Model& model, const LayerSet& layers);
+
+struct PlanSettings {
+  int n_ctx = 0;           // KV positions shared by the slots (serve's -c; 0: trained context capped at 16384)
+  int n_parallel = 4;      // slots (-np)
+  DType type_k = DType::F16, type_v = DType::F16;
+  int n_gpu_layers = -1;   // EngineOptions::kGpuLayersAuto (-1), kGpuLayersAll (-2) or a count
+  int n_batch = 512;
+  int kv_block_size = 32;
+  bool prompt_cache = true;         // recurrent models: 2 state snapshots per slot (serve's default)
+  double margin_gib = 1.0;          // EngineOptions::gpu_margin_gib
+  double cuda_context_gib = 0.5;    // driver context, cuBLAS and kernels: not visible as free memory
+  double vram_limit_gib = 0;        // --vram-limit as serve takes it (0: none)
+  double host_memory_gib = 0;       // host RAM (0: unknown, not checked)
+  // Measured on the H200 (docs/performance.md): our decode reaches ~45% of the bandwidth roofline
+  // (qwen3-32b 43-50%, qwen3.5-27b 43%), our prefill ~30% of the dense FP16 tensor peak (qwen3.5-27b
+  // pp512 5657 tok/s x 53 GFLOP/token ~ 300 of 989 TFLOPS). Not measured on other cards.
+  double decode_efficiency = 0.45;
+  double prefill_efficiency = 0.30;
+};
+
+// One device's memory bill in bytes.
+struct DeviceBill {
+  std::string device;  // "GPU (v100-32gb)" or "host"
+  double weights = 0, kv = 0, state = 0, work = 0, context = 0, margin = 0;
+  double capacity = 0;  // memory available (0: unknown)
+  double total() const { return weights + kv + state + work + context + margin; }
+  bool fits() const { return capacity <= 0 || total() <= capacity; }
+};
+
+struct Plan {
+  GpuSpec gpu;
+  PlanSettings settings;  // with n_ctx resolved
+  int n_units = 0;        // n_layer + 1
+  int n_gpu_layers = 0;   // units offloaded
+  bool fits = false;      // every unit on the GPU (or, for the host entry, the host) and every bill within capacity
+  DeviceBill gpu_bill, host_bill;
+  double kv_bytes_total = 0, kv_bytes_per_slot = 0, kv_bytes_per_position = 0;
+  int state_cells = 0;
+  double state_bytes_per_cell = 0;
+  // Decode: bytes one token reads on each device at depth 0, and the rates.
+  double gpu_bytes_per_token = 0, host_bytes_per_token = 0;
+  double decode_roofline_tok_s = 0, decode_tok_s = 0, decode_tok_s_full_context = 0;
+  double flops_per_token = 0, prefill_tok_s = 0;
+  std::vector<std::string> derivation;       // how the rates were computed, one line each
+  std::vector<std::string> recommendations;  // computed alternatives when it does not fit
+};
+
+// Plans `model` on `gpu` (a table entry or a measured one). Error on nonsensical settings.
+Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& settings);
+
+// The same model under another quantization mix (nullptr when the source cannot be re-typed, e.g. a
+// GGUF file): used to recommend a smaller quant.
+using ModelForMix = std::function<std::shared_ptr<const Model>(const std::string& mix_name)>;
+// Fills plan.recommendations: KV types, context, slots and (with model_for_mix) quant mixes that fit.
+void add_recommendations(Plan& plan, const Model& model, const ModelForMix& model_for_mix);
+
+}  // namespace roofline

@@ -1,0 +1,342 @@
+// The planner (`roofline plan`): bills against the model's real tensor bytes, the fit flipping at the
+// right memory size, -ngl auto's choice against an independent search, the GPU table, config.json
+// shapes against the built-in ones, and (on a GPU) the planned byte accounting and placement against
+// the CUDA backend's and Engine::create's.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "backend/gpu.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/gpu_table.h"
+#include "engine/memory_plan.h"
+#include "engine/placement.h"
+#include "engine/roofline_model.h"
+#include "model/hf_config_shape.h"
+#include "model/model_file.h"
+#include "model/synthetic.h"
+
+using namespace roofline;
+
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+std::shared_ptr<const Model> layout(const std::string& spec) {
+  ModelFileOptions o;
+  o.layout_only = true;
+  return Model::load(open_model_file(spec, o));
+}
+
+GpuSpec card(const char* name, double gib = 0) {
+  GpuSpec g = *find_gpu_spec(name);
+  if (gib > 0) g.memory_gib = gib;
+  return g;
+}
+
+// Bytes the GPU needs for the last k units, summed unit by unit (the planner sums ranges).
+double gpu_need_by_units(const Model& m, int k, const PlanSettings& s, int n_cells) {
+  const int n_layer = m.hparams().n_layer, n_units = n_layer + 1;
+  KvConfig kv;
+  kv.block_size = s.kv_block_size;
+  kv.n_blocks = (s.n_ctx + kv.block_size - 1) / kv.block_size;
+  kv.type_k = s.type_k;
+  kv.type_v = s.type_v;
+  double need = 0;
+  for (int u = n_units - k; u < n_units; ++u) {
+    const LayerSet one{u, std::min(u + 1, n_layer), u == 0, u + 1 == n_units};
+    need += (double)planned_gpu_weight_bytes(m, one) + (double)planned_gpu_kv_block_bytes(m, one, kv) * kv.n_blocks +
+            (double)planned_gpu_state_cell_bytes(m, one) * n_cells;
+  }
+  // rope_freqs is counted once per range, not per unit
+  need -= (k - 1) * (double)((m.rope_freqs() ? m.rope_freqs().tensor->n_elements() * 4 + 255 : 0) / 256 * 256);
+  return need;
+}
+
+}  // namespace
+
+TEST(MemoryPlan, HostBillIsTheFilesTensorBytesAndTheKvCache) {
+  for (const char* spec : {"synthetic:qwen3-8b:Q4_K_M", "synthetic:qwen3-32b:Q8_0", "synthetic:qwen3.5-27b:Q4_K_M"}) {
+    auto m = layout(spec);
+    PlanSettings s;
+    s.n_ctx = 4000;
+    s.n_parallel = 2;
+    const Plan p = make_plan(*m, card("cpu", 4096), s);
+    EXPECT_EQ(p.n_gpu_layers, 0);
+    EXPECT_DOUBLE_EQ(p.host_bill.weights, (double)m->file().total_tensor_bytes()) << spec;
+    // 4000 positions round up to 125 blocks of 32.
+    EXPECT_DOUBLE_EQ(p.kv_bytes_total, kv_bytes_per_position(*m, DType::F16, DType::F16) * 4000) << spec;
+    EXPECT_DOUBLE_EQ(p.kv_bytes_per_slot, p.kv_bytes_total / 2);
+    EXPECT_DOUBLE_EQ(p.host_bytes_per_token, decode_bytes_per_token(*m, 0, DType::F16, DType::F16));
+    EXPECT_TRUE(p.fits);
+  }
+}
+
+TEST(MemoryPlan, GpuBillIsTheTensorBytesUpToAlignment) {
+  for (const char* spec : {"synthetic:qwen3-8b:Q4_K_M", "synthetic:qwen3-8b:Q8_0", "synthetic:qwen3.5-27b:Q4_K_M", "synthetic:qwen3-0.6b:Q6_K"}) {
+    auto m = layout(spec);
+    PlanSettings s;
+    s.n_ctx = 4096;
+    s.type_k = s.type_v = DType::Q8_0;
+    const Plan p = make_plan(*m, card("h200"), s);
+    ASSERT_EQ(p.n_gpu_layers, p.n_units) << spec;
+    const double file = (double)m->file().total_tensor_bytes();
+    EXPECT_GE(p.gpu_bill.weights, file) << spec;
+    EXPECT_LE(p.gpu_bill.weights, file + 2.0 * 4 * 256 * m->file().tensors().size()) << spec;  // planes aligned to 256
+    EXPECT_DOUBLE_EQ(p.host_bill.total(), 0);
+    // q8_0 KV: 34 bytes per 32 values, plus 1 KiB of per-block records per attention layer.
+    const int n_attn = m->hparams().count_layers(MixerKind::Attention);
+    EXPECT_DOUBLE_EQ(p.gpu_bill.kv, kv_bytes_per_position(*m, DType::Q8_0, DType::Q8_0) * 4096 + 128.0 * n_attn * 1024) << spec;
+    EXPECT_NEAR(p.gpu_bytes_per_token, decode_bytes_per_token(*m, 0, DType::Q8_0, DType::Q8_0), 1) << spec;
+  }
+}
+
+TEST(MemoryPlan, PartialOffloadSplitsTheWeightsWithoutLosingAny) {
+  auto m = layout("synthetic:qwen3-8b:Q4_K_M");
+  PlanSettings s;
+  s.n_ctx = 8192;
+  for (int ngl : {0, 1, 10, 36, 37}) {
+    s.n_gpu_layers = ngl;
+    const Plan p = make_plan(*m, card("h200"), s);
+    EXPECT_EQ(p.n_gpu_layers, ngl);
+    // The host holds units [0, 37 - ngl): the embedding and the first layers.
+    double gpu_raw = 0;
+    for (int il = 37 - ngl; il < 36; ++il) gpu_raw += (double)m->layer_bytes(il);
+    if (ngl > 0) gpu_raw += (double)m->output_bytes();
+    if (ngl == 37) gpu_raw += (double)m->token_embd().bytes();
+    EXPECT_DOUBLE_EQ(p.host_bill.weights + gpu_raw, (double)m->file().total_tensor_bytes()) << ngl;
+    EXPECT_NEAR(p.gpu_bytes_per_token + p.host_bytes_per_token, decode_bytes_per_token(*m, 0, DType::F16, DType::F16), 1);
+    EXPECT_NEAR(p.kv_bytes_total, kv_bytes_per_position(*m, DType::F16, DType::F16) * 8192 + (ngl == 0 ? 0 : ngl - 1) * 256.0 * 1024, 1);
+  }
+}
+
+TEST(MemoryPlan, FitFlipsAtTheMemoryTheBillAddsUpTo) {
+  for (const char* spec : {"synthetic:qwen3-8b:Q8_0", "synthetic:qwen3.5-27b:Q4_K_M"}) {
+    auto m = layout(spec);
+    PlanSettings s;
+    s.n_ctx = 16384;
+    s.n_parallel = 4;
+    const Plan big = make_plan(*m, card("h200"), s);
+    ASSERT_TRUE(big.fits);
+    const double need_gib = big.gpu_bill.total() / kGiB;
+    const Plan just = make_plan(*m, card("h200", need_gib + 0.001), s);
+    EXPECT_TRUE(just.fits) << spec;
+    EXPECT_EQ(just.n_gpu_layers, just.n_units);
+    const Plan under = make_plan(*m, card("h200", need_gib - 0.001), s);
+    EXPECT_FALSE(under.fits) << spec;
+    EXPECT_LT(under.n_gpu_layers, under.n_units);
+    EXPECT_GT(under.n_gpu_layers, 0);
+    // --vram-limit as serve takes it: the limit replaces free memory (the context is not in it).
+    PlanSettings limited = s;
+    limited.vram_limit_gib = need_gib - 0.5 + 0.001;
+    EXPECT_TRUE(make_plan(*m, card("h200"), limited).fits) << spec;
+    limited.vram_limit_gib = need_gib - 0.5 - 0.001;
+    EXPECT_FALSE(make_plan(*m, card("h200"), limited).fits) << spec;
+  }
+}
+
+TEST(MemoryPlan, AutoOffloadIsTheLargestTailThatFitsTheBudget) {
+  auto m = layout("synthetic:qwen3.5-27b:Q4_K_M");
+  PlanSettings s;
+  s.n_ctx = 32768;
+  s.n_parallel = 4;
+  const int n_cells = 3 * s.n_parallel;
+  const HParams& hp = m->hparams();
+  for (double gib : {8.0, 12.0, 16.0, 20.0, 24.0}) {
+    const Plan p = make_plan(*m, card("rtx4090", gib), s);
+    const double budget = gpu_budget_bytes(gib * kGiB - s.cuda_context_gib * kGiB, s.margin_gib, gpu_work_bytes(s.n_batch, hp.n_vocab, hp.n_ff));
+    int expected = 0;
+    for (int k = hp.n_layer + 1; k > 0; --k)
+      if (gpu_need_by_units(*m, k, s, n_cells) <= budget) {
+        expected = k;
+        break;
+      }
+    EXPECT_EQ(p.n_gpu_layers, expected) << gib;
+    EXPECT_EQ(p.state_cells, n_cells);
+  }
+}
+
+TEST(MemoryPlan, V100RunsA27bQ4KmWithQ8KvAtFourSlots) {
+  auto m = layout("synthetic:qwen3.5-27b:Q4_K_M");
+  PlanSettings s;
+  s.n_ctx = 8192;
+  s.n_parallel = 4;
+  s.type_k = s.type_v = DType::Q8_0;
+  const Plan p = make_plan(*m, card("v100-32gb"), s);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.n_gpu_layers, 65);
+  // ~15.6 GB read per token at 900 x 0.88 GB/s: a roofline near 50 tok/s.
+  EXPECT_NEAR(p.decode_roofline_tok_s, 900e9 * 0.88 / p.gpu_bytes_per_token, 1e-6);
+  EXPECT_GT(p.decode_roofline_tok_s, 40);
+  EXPECT_LT(p.decode_roofline_tok_s, 60);
+  EXPECT_NEAR(p.decode_tok_s, p.decode_roofline_tok_s * s.decode_efficiency, 1e-9);
+  EXPECT_GT(p.prefill_tok_s, 0);
+  EXPECT_FALSE(p.derivation.empty());
+}
+
+TEST(MemoryPlan, RecommendationsAreComputedAlternativesThatFit) {
+  auto m = layout("synthetic:qwen3-32b:Q8_0");
+  PlanSettings s;
+  s.n_ctx = 32768;
+  s.n_parallel = 4;
+  const GpuSpec g = card("rtx4090");
+  Plan p = make_plan(*m, g, s);
+  ASSERT_FALSE(p.fits);
+  const auto spec = parse_synthetic_spec("synthetic:qwen3-32b:Q8_0");
+  add_recommendations(p, *m, [&](const std::string& mix) {
+    SyntheticSpec o = spec;
+    o.mix = find_mix(mix);
+    SyntheticLayout l = synthetic_layout(o);
+    return Model::load(gguf::GgufFile::from_parts("x", std::move(l.metadata), std::move(l.tensors), nullptr));
+  });
+  bool quant = false;
+  for (const std::string& r : p.recommendations) {
+    if (r.find(" file (") == std::string::npos) continue;
+    quant = true;
+    EXPECT_NE(r.find("fits:"), std::string::npos) << r;
+  }
+  EXPECT_TRUE(quant);  // a 32B model fits a 24 GiB card at some smaller mix (Q3_K, Q2_K, ...)
+  // A recurrent model is offered fewer state cells; each offer is a re-plan that says whether it fits.
+  auto q35 = layout("synthetic:qwen3.5-27b:Q4_K_M");
+  PlanSettings s35;
+  s35.n_ctx = 8192;
+  s35.type_k = s35.type_v = DType::Q8_0;
+  Plan p35 = make_plan(*q35, card("v100-16gb"), s35);
+  ASSERT_FALSE(p35.fits);
+  add_recommendations(p35, *q35, nullptr);
+  bool no_cache = false;
+  for (const std::string& r : p35.recommendations) {
+    if (r.rfind("--no-prompt-cache", 0) != 0) continue;
+    no_cache = true;
+    PlanSettings t = s35;
+    t.prompt_cache = false;
+    const Plan q = make_plan(*q35, card("v100-16gb"), t);
+    EXPECT_NE(r.find(fmt::format("{}/{} units", q.n_gpu_layers, q.n_units)), std::string::npos) << r;
+  }
+  EXPECT_TRUE(no_cache);
+  // A plan that fits gets none.
+  Plan ok = make_plan(*m, card("h200"), s);
+  add_recommendations(ok, *m, nullptr);
+  EXPECT_TRUE(ok.recommendations.empty());
+}
+
+TEST(MemoryPlan, BadSettingsAreErrors) {
+  auto m = layout("synthetic:tiny-qwen3:Q8_0");
+  PlanSettings s;
+  s.n_parallel = 0;
+  EXPECT_THROW(make_plan(*m, card("t4"), s), Error);
+  s = {};
+  s.n_ctx = -1;
+  EXPECT_THROW(make_plan(*m, card("t4"), s), Error);
+  s = {};
+  s.type_k = DType::Q4_K;
+  EXPECT_THROW(make_plan(*m, card("t4"), s), Error);
+  GpuSpec no_memory = card("t4");
+  no_memory.memory_gib = -1;
+  EXPECT_THROW(make_plan(*m, no_memory, PlanSettings{}), Error);
+}
+
+TEST(GpuTable, HasTheCardsTheIssueNamesWithSaneFigures) {
+  for (const char* name : {"v100-16gb", "v100-32gb", "t4", "p40", "p100", "rtx2080ti", "rtx3090", "rtx4090", "rtx5090", "a10", "l4",
+                           "l40s", "a100-40gb", "a100-80gb", "h100", "h200", "cpu"}) {
+    const GpuSpec* g = find_gpu_spec(name);
+    ASSERT_NE(g, nullptr) << name;
+    EXPECT_GT(g->peak_gbs, 50) << name;
+    EXPECT_GT(g->stream_fraction, 0.5) << name;
+    EXPECT_LE(g->stream_fraction, 1.0) << name;
+    EXPECT_GT(g->tflops, 0) << name;
+    if (!g->host) EXPECT_GE(g->cc_major, 6) << name;
+  }
+  EXPECT_EQ(find_gpu_spec("V100-32GB"), find_gpu_spec("v100-32gb"));
+  EXPECT_EQ(find_gpu_spec("v100"), nullptr);
+  EXPECT_EQ(match_gpu_spec("Tesla V100-SXM2-32GB", 31.7)->name, "v100-32gb");
+  EXPECT_EQ(match_gpu_spec("Tesla V100-PCIE-16GB", 15.8)->name, "v100-16gb");
+  EXPECT_EQ(match_gpu_spec("NVIDIA A100-SXM4-80GB", 79.2)->name, "a100-80gb");
+  EXPECT_EQ(match_gpu_spec("NVIDIA A10", 22.1)->name, "a10");
+  EXPECT_EQ(match_gpu_spec("NVIDIA L40S", 44.5)->name, "l40s");
+  EXPECT_EQ(match_gpu_spec("NVIDIA H200", 139.8)->name, "h200");
+  EXPECT_EQ(match_gpu_spec("Radeon", 16), nullptr);
+}
+
+TEST(HfConfigShape, ConfigsGiveTheBuiltInShapesTensorTables) {
+  const std::string dir = (std::filesystem::temp_directory_path() / "roofline_plan_hf").string();
+  std::filesystem::create_directories(dir);
+  const std::string qwen3 = dir + "/qwen3-8b.json", qwen35 = dir + "/qwen35.json";
+  std::ofstream(qwen3) << R"({"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","hidden_size":4096,"num_hidden_layers":36,
+    "num_attention_heads":32,"num_key_value_heads":8,"head_dim":128,"intermediate_size":12288,"vocab_size":151936,
+    "max_position_embeddings":40960,"rope_theta":1000000,"rms_norm_eps":1e-6,"tie_word_embeddings":false})";
+  std::ofstream(qwen35) << R"({"architectures":["Qwen3_5ForConditionalGeneration"],"model_type":"qwen3_5","text_config":{
+    "model_type":"qwen3_5_text","hidden_size":5120,"num_hidden_layers":64,"num_attention_heads":24,"num_key_value_heads":4,
+    "head_dim":256,"intermediate_size":17408,"vocab_size":248320,"max_position_embeddings":262144,"full_attention_interval":4,
+    "linear_conv_kernel_dim":4,"linear_key_head_dim":128,"linear_value_head_dim":128,"linear_num_key_heads":16,
+    "linear_num_value_heads":48,"partial_rotary_factor":0.25,"rope_theta":10000000,"tie_word_embeddings":false}})";
+  for (auto [path, builtin] : {std::pair{qwen3, "qwen3-8b"}, std::pair{qwen35, "qwen3.5-27b"}}) {
+    SyntheticSpec from_config, known;
+    from_config.shape = shape_from_hf_config(path);
+    known.shape = *find_model_shape(builtin);
+    from_config.mix = known.mix = find_mix("Q4_K_M");
+    const auto a = synthetic_layout(from_config).tensors, b = synthetic_layout(known).tensors;
+    ASSERT_EQ(a.size(), b.size()) << path;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].name, b[i].name);
+      EXPECT_EQ(a[i].type, b[i].type) << a[i].name;
+      EXPECT_EQ(a[i].n_bytes, b[i].n_bytes) << a[i].name;
+    }
+  }
+  EXPECT_THROW(shape_from_hf_config(dir + "/missing.json"), Error);
+  std::ofstream(dir + "/bad.json") << "{not json";
+  EXPECT_THROW(shape_from_hf_config(dir + "/bad.json"), Error);
+  std::ofstream(dir + "/gemma.json") << R"({"model_type":"gemma3"})";
+  EXPECT_THROW(shape_from_hf_config(dir + "/gemma.json"), Error);
+  std::ofstream(dir + "/nolayers.json") << R"({"model_type":"qwen3","hidden_size":64})";
+  EXPECT_THROW(shape_from_hf_config(dir + "/nolayers.json"), Error);
+}
+
+// On a GPU: the planned byte counts are the CUDA backend's, and the plan's -ngl auto is what
+// Engine::create offloads under the same --vram-limit.
+TEST(GpuMemoryPlan, PlannedBytesAndAutoOffloadMatchTheEngine) {
+  const auto devices = gpu_devices();
+  if (devices.empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine";
+  auto model = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-qwen35:Q4_K_M")));
+  const HParams& hp = model->hparams();
+  GpuBackendOptions go;
+  auto backend = make_gpu_backend(go);
+  KvConfig kv;
+  kv.block_size = 32;
+  kv.n_blocks = 8;
+  kv.type_k = DType::Q8_0;
+  kv.type_v = DType::F16;
+  for (int first = 0; first <= hp.n_layer; ++first) {
+    const LayerSet set{first, hp.n_layer, first == 0, true};
+    EXPECT_EQ(planned_gpu_weight_bytes(*model, set), backend->weight_bytes(*model, set)) << first;
+    EXPECT_EQ(planned_gpu_kv_block_bytes(*model, set, kv), backend->kv_block_bytes(*model, set, kv)) << first;
+    EXPECT_EQ(planned_gpu_state_cell_bytes(*model, set), backend->state_cell_bytes(*model, set)) << first;
+  }
+  backend.reset();
+  // A --vram-limit that leaves room for about half the units.
+  PlanSettings s;
+  s.n_ctx = 2048;
+  s.n_parallel = 2;
+  s.type_k = s.type_v = DType::Q8_0;
+  GpuSpec spec = *find_gpu_spec("h200");
+  spec.memory_gib = devices[0].free_bytes / kGiB + s.cuda_context_gib;  // usable = free, as the engine sees it
+  const Plan all = make_plan(*model, spec, s);
+  ASSERT_EQ(all.n_gpu_layers, all.n_units);
+  const double overhead = all.gpu_bill.work + all.gpu_bill.margin;
+  const double half = gpu_need_by_units(*model, all.n_units / 2, s, all.state_cells) + 1;
+  s.vram_limit_gib = (overhead + half) / kGiB;
+  const Plan p = make_plan(*model, spec, s);
+  EngineOptions eo;
+  eo.n_ctx = s.n_ctx;
+  eo.n_seq_max = s.n_parallel;
+  eo.n_state_snapshots = 2 * s.n_parallel;
+  eo.type_k = eo.type_v = DType::Q8_0;
+  eo.n_gpu_layers = EngineOptions::kGpuLayersAuto;
+  eo.split_mode = EngineOptions::SplitMode::None;
+  eo.vram_limit_gib = {s.vram_limit_gib};
+  auto engine = Engine::create(model, eo);
+  EXPECT_EQ(engine->gpu_units(), p.n_gpu_layers);
+  EXPECT_EQ(p.n_gpu_layers, all.n_units / 2);
+}
