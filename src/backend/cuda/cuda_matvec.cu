@@ -171,74 +171,76 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
   store_rows<B>(acc, y, ldy, row, accumulate, lane);
 }
 
-// Q6_K planes, 4 lanes per super-block as for Q4_K: lane c of a group takes elements 64c..64c+63
-// (sub-blocks 4c..4c+3): 32 B of low nibbles, 16 B of 2-bit highs, four int8 scales, giving signed
-// 6-bit values (q - 32) for dp4a; a warp takes 8 super-blocks of each of its R rows per round, and
-// the activations are loaded once for the R rows.
-template <int B, int R>
+// Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
+// 32j..32j+31 (sub-blocks 2j and 2j+1), giving signed 6-bit values (q - 32) for dp4a. The activations
+// of each super-block are loaded once for the R rows.
+template <int B, int R, int S>
 __device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
                                             int64_t row0, int lane) {
-  const int g = lane / 4, c = lane % 4;
+  const int j = lane % 8;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* lo_row[R];
   const uint8_t* hi_row[R];
-  const uint8_t* sc_row[R];
+  const int8_t* sc_row[R];
   const __half* d_row[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = min(row0 + r, w.rows - 1);  // past the end: a repeat, not stored
     lo_row[r] = w.data + row * (w.cols / 2);
     hi_row[r] = w.plane1 + row * (w.cols / 4);
-    sc_row[r] = w.plane2 + row * (w.cols / 16);
+    sc_row[r] = reinterpret_cast<const int8_t*>(w.plane2) + row * (w.cols / 16);
     d_row[r] = reinterpret_cast<const __half*>(w.plane3) + row * n_sb;
   }
   float acc[R][B] = {};
-  for (int64_t i = g; i < n_sb; i += 8) {
-    int4 lo0[R], lo1[R], hi[R];
-    int sc[R];
-    float d[R];
+  // One super-block's 32 elements for lane j of each row (low nibbles lo, 2-bit highs hi).
+  auto superblock = [&](int64_t i, const int4 (&lo)[R], const int2 (&hi)[R]) {
+    float d[R], sc0[R], sc1[R];
+    int4 w0[R], w1[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      lo0[r] = ld16(lo_row[r] + i * 128 + 32 * c);
-      lo1[r] = ld16(lo_row[r] + i * 128 + 32 * c + 16);
-      hi[r] = ld16(hi_row[r] + i * 64 + 16 * c);
-      sc[r] = __ldg(reinterpret_cast<const int*>(sc_row[r] + i * 16 + 4 * c));
       d[r] = __half2float(d_row[r][i]);
-    }
-    // Per row: the four sub-blocks' weights (as 8-lane Q6_K lanes 2c and 2c+1 held them) and scales.
-    int4 w0[R], w1[R], w2[R], w3[R];
-    float s0[R], s1[R], s2[R], s3[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int la[4] = {lo0[r].x, lo0[r].y, lo0[r].z, lo0[r].w};
-      const int lb[4] = {lo1[r].x, lo1[r].y, lo1[r].z, lo1[r].w};
+      const short sc = __ldg(reinterpret_cast<const short*>(sc_row[r] + i * 16 + 2 * j));  // the lane's two int8 scales
+      sc0[r] = (float)(int8_t)(sc & 0xFF);
+      sc1[r] = (float)(int8_t)(sc >> 8);
+      const int l[4] = {lo[r].x, lo[r].y, lo[r].z, lo[r].w};
       int* p0 = &w0[r].x;
       int* p1 = &w1[r].x;
-      int* p2 = &w2[r].x;
-      int* p3 = &w3[r].x;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        p0[k] = (int)__vsub4((unsigned)((la[k] & 0x0F0F0F0F) | (((hi[r].x >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
-        p1[k] = (int)__vsub4((unsigned)(((la[k] >> 4) & 0x0F0F0F0F) | (((hi[r].y >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
-        p2[k] = (int)__vsub4((unsigned)((lb[k] & 0x0F0F0F0F) | (((hi[r].z >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
-        p3[k] = (int)__vsub4((unsigned)(((lb[k] >> 4) & 0x0F0F0F0F) | (((hi[r].w >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
+        p0[k] = (int)__vsub4((unsigned)((l[k] & 0x0F0F0F0F) | (((hi[r].x >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
+        p1[k] = (int)__vsub4((unsigned)(((l[k] >> 4) & 0x0F0F0F0F) | (((hi[r].y >> (2 * k)) & 0x03030303) << 4)), 0x20202020u);
       }
-      s0[r] = (float)(int8_t)(sc[r] & 0xFF);
-      s1[r] = (float)(int8_t)((sc[r] >> 8) & 0xFF);
-      s2[r] = (float)(int8_t)((sc[r] >> 16) & 0xFF);
-      s3[r] = (float)(int8_t)((sc[r] >> 24) & 0xFF);
     }
 #pragma unroll
     for (int t = 0; t < B; ++t) {
-      const int8_t* x = act.q + (int64_t)t * w.cols + i * 256 + 64 * c;
-      const int4 x0 = ld16(x), x1 = ld16(x + 16), x2 = ld16(x + 32), x3 = ld16(x + 48);
-      const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + (int64_t)t * (w.cols / 32) + 8 * i + 2 * c));
+      const int8_t* a = act.q + (int64_t)t * w.cols + i * 256 + 32 * j;
+      const int4 a0 = ld16(a), a1 = ld16(a + 16);
+      const float ad = act.d[(int64_t)t * (w.cols / 32) + 8 * i + j];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const int d0 = dot16(w0[r], x0, 0), d1 = dot16(w1[r], x1, 0), d2 = dot16(w2[r], x2, 0), d3 = dot16(w3[r], x3, 0);
-        acc[r][t] += d[r] * (ad.x * (s0[r] * (float)d0 + s1[r] * (float)d1) + ad.y * (s2[r] * (float)d2 + s3[r] * (float)d3));
+        const int d0 = dot16(w0[r], a0, 0), d1 = dot16(w1[r], a1, 0);
+        acc[r][t] += d[r] * ad * (sc0[r] * (float)d0 + sc1[r] * (float)d1);
       }
     }
+  };
+  // S super-blocks (i, i + 4, ..) per iteration, all loaded before any is used.
+  for (int64_t i = lane / 8; i < n_sb; i += 4 * S) {
+    int4 lo[S][R];
+    int2 hi[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        lo[u][r] = make_int4(0, 0, 0, 0);
+        hi[u][r] = make_int2(0, 0);
+        if (u == 0 || i + 4 * u < n_sb) {
+          lo[u][r] = ld16(lo_row[r] + (i + 4 * u) * 128 + 16 * j);
+          hi[u][r] = __ldg(reinterpret_cast<const int2*>(hi_row[r] + (i + 4 * u) * 64 + 8 * j));
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+      if (u == 0 || i + 4 * u < n_sb) superblock(i + 4 * u, lo[u], hi[u]);
   }
   store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
 }
@@ -362,23 +364,24 @@ __device__ __forceinline__ void matvec_generic(const DeviceWeight& w, const floa
 // all of one weight kind, their rows laid end to end over the grid (one warp per row_shape().rows rows).
 enum class Kind { Q4K, Q5K, Q6K, Q8_0, F16, BF16, F32, Generic };
 
-bool multi_row(Kind k) { return k == Kind::Q8_0; }
-// Rows per warp (R) and blocks in flight per lane (S) of Q8_0. 2-4 tokens: four rows (the activations
-// are the larger part of the L1 traffic); 5-8: two (four would spill). One token: one row, with two
-// blocks in flight where a row is one or two whole rounds (ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
-// else one. (Measured on the H200 with the earlier 8-lane Q4_K/Q6_K kernels, tg128: qwen3-8b R1/S1 299.5,
-// S2 on short rows 304.7-309.1, R2/S2 297.1, R4/S1 235.0; qwen3-32b R1/S1 101.1, R2/S2 101.3, R4/S1 81.9.)
+bool multi_row(Kind k) { return k == Kind::Q6K || k == Kind::Q8_0; }
+// Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of Q6_K and Q8_0. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
+// would spill). One token: one row, with two super-blocks in flight per lane group where a row is one
+// or two whole rounds of eight (the four lane groups x 2; ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
+// else one. Measured on the H200 (tg128): qwen3-8b (rows of 16 and 48 super-blocks) R1/S1 everywhere
+// 299.5, S2 on the 16-super-block rows 304.7, also on the 48 309.1, R2/S2 297.1, R4/S1 235.0;
+// qwen3-32b (20, 32, 100) R1/S1 101.1, S2 on the 32-super-block rows 98.4, R2/S2 101.3, R4/S1 81.9.
 // ROOFLINE_MATVEC_ROWS1 (1, 2, 4) and ROOFLINE_MATVEC_SB1 (1, 2) override the one-token choice
 // (all read once).
 struct RowShape {
   int rows = 1, sbs = 1;
 };
-// Q4_K and Q6_K (4 lanes per super-block) take two rows per warp at every token count: they share each
+// Q4_K (4 lanes per super-block) takes two rows per warp at every token count: they share each
 // activation load, which the L1 limits (ncu, qwen3-32b gate+up with one row per warp: 2.6 TB/s with the
 // L1 at 91%). Measured on the H200 (tg128, one run): qwen3-32b 115.2 against 114.0 with one row per warp
 // where two would leave fewer warps than fit the GPU, qwen3-8b 348.7 / 341.8, qwen3.5-27b 138.7 / 136.4.
 RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
-  if (k == Kind::Q4K || k == Kind::Q6K) return {2, 1};
+  if (k == Kind::Q4K) return {2, 1};
   if (!multi_row(k)) return {};
   if (n_tokens > 4) return {2, 1};
   if (n_tokens > 1) return {4, k == Kind::Q8_0 ? 1 : 2};
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   const int64_t row = (unit - first) * R;
   if constexpr (K == Kind::Q4K) matvec_q4_k<B, R>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
@@ -485,9 +488,7 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
     case Kind::Q4K:
       launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
       return;
-    case Kind::Q6K:
-      launch(matvec_kernel<B, Kind::Q6K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      return;
+    case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, stream);
     case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, stream);
     case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
     case Kind::F16: launch(matvec_kernel<B, Kind::F16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;

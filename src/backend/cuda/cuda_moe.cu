@@ -84,6 +84,15 @@ __global__ void moe_rows_kernel(DeviceWeight w, int64_t R, int C, const int32_t*
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc += buf[i] * xc[i];
   }
+  // The columns past the last whole chunk: only float weights have rows that are not whole chunks of
+  // 32 (every quantized type's block is 32 or 256 wide), read one value per lane.
+  for (int64_t c = (int64_t)(C / 32) * 32 + lane; c < C; c += 32) {
+    const uint8_t* rowp = w.data + (e * R + r) * w.row_bytes;
+    const float v = w.type == DType::F32 ? reinterpret_cast<const float*>(rowp)[c]
+                    : w.type == DType::F16 ? ld_half(rowp + 2 * c)
+                                           : ld_bf16(rowp + 2 * c);
+    acc += v * xr[c];
+  }
   acc = warp_sum(acc);
   if (lane == 0) y[(int64_t)p * R + r] = acc;
 }
@@ -140,9 +149,6 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   (void)stream;
   if (hp.n_expert_used > kMaxUsed)
     fail("the GPU's MoE routing keeps at most {} experts per token, the model uses {}", kMaxUsed, hp.n_expert_used);
-  for (const auto& [what, n] : {std::pair<const char*, int>{"embedding length", hp.n_embd}, {"expert FFN length", hp.n_ff_exp},
-                                {"shared expert FFN length", hp.n_ff_shexp}})
-    if (n % 32 != 0) fail("the GPU's MoE kernels need a {} that is a multiple of 32 (the model's is {})", what, n);
   if (hp.n_expert >= 65536 || (int64_t)max_rows_ * hp.n_expert_used >= 65536)
     fail("internal error: {} rows x {} experts per token exceed the MoE kernels' grid", max_rows_, hp.n_expert_used);
   const size_t T = (size_t)max_rows_, K = (size_t)hp.n_expert_used, H = (size_t)hp.n_embd, F = (size_t)hp.n_ff_exp,
