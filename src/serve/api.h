@@ -13,6 +13,7 @@
 
 #include "serve/scheduler.h"
 #include "serve/text_stream.h"
+#include "serve/tool_calls.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -84,6 +85,7 @@ struct ApiRequest {
   std::vector<std::string> prompt_texts;
   int n_choices() const { return gen.n * (prompts.empty() ? 1 : (int)prompts.size()); }
   json generation_settings;       // native: echoed back
+  ToolsRequest tools;             // chat: the offered tools and tool_choice (calls parsed when asked)
 };
 
 // Request bodies -> ApiRequest (ApiError 400 on anything malformed or out of range).
@@ -121,6 +123,9 @@ class ResponseBuilder {
  private:
   struct ChoiceState {
     std::string content, reasoning;
+    ToolCallStream tool_stream;
+    std::vector<ParsedToolCall> calls;
+    std::vector<std::string> call_ids;
     std::vector<TokenLogprob> logprobs;
     std::vector<int32_t> tokens;
     std::string finish_reason;
@@ -131,6 +136,7 @@ class ResponseBuilder {
   };
   struct Delta {
     std::string content, reasoning;
+    size_t first_call = 0, n_calls = 0;  // the choice's calls completed by this event
     std::vector<TokenLogprob> logprobs;
     std::vector<int32_t> tokens;
   };
@@ -143,6 +149,8 @@ class ResponseBuilder {
   json timings(const Timings& t) const;
   json native_final(const Timings& t, const ChoiceState& c, bool stream) const;
   std::string token_text(int32_t t) const;
+  std::string new_call_id();
+  json tool_calls_json(const ChoiceState& c) const;
   const std::string& prompt_of(size_t choice) const;  // the prompt text of a choice (echo)
 
   const ApiRequest& req_;
@@ -152,6 +160,7 @@ class ResponseBuilder {
   std::vector<ChoiceState> choices_;
   std::optional<std::pair<int, std::string>> error_;
   bool any_output_ = false;
+  uint64_t call_id_state_ = 0;
 };
 
 // /v1/models, /props, /slots, /tokenize, /detokenize bodies.

@@ -203,6 +203,9 @@ json normalize_messages(const json& messages) {
                                                  (m.contains("function_call") && !m["function_call"].is_null()));
       if (!calls)
         throw ApiError(400, fmt::format("'{}.content' is required (a string or an array of content parts)", where), "messages");
+      // Templates test and concatenate content ('</think>' in content, content + ...): a call without
+      // text renders as empty content, as llama-server renders it.
+      msg["content"] = "";
     } else if (m["content"].is_array()) {
       std::string text;
       for (const json& part : m["content"]) {
@@ -278,18 +281,15 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
   } else if (r.want_logprobs) {
     r.gen.logprobs = 0;
   }
-  json tools;
-  if (const json* t = field(body, "tools")) {
-    if (!t->is_array()) throw ApiError(400, "'tools' must be an array", "tools");
-    if (!t->empty()) tools = *t;
-  }
+  // Tools are rendered whatever tool_choice says (as llama-server); calls are parsed unless "none".
+  r.tools = parse_tools_request(body);
   json kwargs = json::object();
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
     kwargs = *k;
   }
   bool add_generation_prompt = get_bool(body, "add_generation_prompt", true);
-  r.prompt_text = render_chat(mc, *messages, tools, kwargs, add_generation_prompt);
+  r.prompt_text = render_chat(mc, *messages, r.tools.tools, kwargs, add_generation_prompt);
   r.gen.prompt = mc.tokenizer->encode(r.prompt_text, false, true);
   std::string format = "auto";
   if (const json* f = field(body, "reasoning_format")) {

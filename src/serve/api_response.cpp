@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <random>
 
 #include "serve/api.h"
 
@@ -49,9 +50,12 @@ std::string sse_data(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelContext& mc, std::string id, long created)
     : req_(request), mc_(mc), id_(std::move(id)), created_(created) {
+  call_id_state_ = std::random_device{}();
+  call_id_state_ = (call_id_state_ << 32) ^ std::random_device{}() ^ (uint64_t)created;
   for (int i = 0; i < request.n_choices(); ++i) {
     ChoiceState c;
     c.splitter = ReasoningSplitter(request.start_in_reasoning);
+    c.tool_stream = ToolCallStream(request.tools.names);
     choices_.push_back(std::move(c));
   }
 }
@@ -63,6 +67,29 @@ ResponseBuilder::ChoiceState& ResponseBuilder::state(int choice) {
 
 const std::string& ResponseBuilder::prompt_of(size_t choice) const {
   return req_.prompt_texts.empty() ? req_.prompt_text : req_.prompt_texts[choice / (size_t)req_.gen.n];
+}
+
+// "call_" and 24 letters/digits, unique within the server's run (a splitmix64 sequence seeded at random).
+std::string ResponseBuilder::new_call_id() {
+  static const char kChars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  std::string id = "call_";
+  for (int part = 0; part < 2; ++part) {
+    uint64_t z = (call_id_state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    for (int i = 0; i < 12; ++i, z /= 62) id += kChars[z % 62];
+  }
+  return id;
+}
+
+json ResponseBuilder::tool_calls_json(const ChoiceState& c) const {
+  json arr = json::array();
+  for (size_t i = 0; i < c.calls.size(); ++i)
+    arr.push_back(json{{"id", c.call_ids[i]},
+                       {"type", "function"},
+                       {"function", json{{"name", c.calls[i].name}, {"arguments", c.calls[i].arguments}}}});
+  return arr;
 }
 
 std::string ResponseBuilder::token_text(int32_t t) const { return utf8_sanitize(mc_.tokenizer->token_to_piece(t, false)); }
@@ -82,6 +109,21 @@ ResponseBuilder::Delta ResponseBuilder::consume(const Event& e) {
   } else {
     d.content = e.text;
   }
+  if (req_.endpoint == Endpoint::Chat && req_.tools.parse_calls()) {
+    ToolCallStream::Out o = c.tool_stream.push(d.content);
+    if (e.finish != Finish::None) {
+      ToolCallStream::Out f = c.tool_stream.flush();
+      o.content += f.content;
+      for (auto& call : f.calls) o.calls.push_back(std::move(call));
+    }
+    d.content = std::move(o.content);
+    d.first_call = c.calls.size();
+    d.n_calls = o.calls.size();
+    for (auto& call : o.calls) {
+      c.calls.push_back(std::move(call));
+      c.call_ids.push_back(new_call_id());
+    }
+  }
   c.content += d.content;
   c.reasoning += d.reasoning;
   d.logprobs = e.logprobs;
@@ -92,6 +134,7 @@ ResponseBuilder::Delta ResponseBuilder::consume(const Event& e) {
   if (e.finish != Finish::None) {
     c.finish = e.finish;
     c.finish_reason = finish_name(e.finish);
+    if (!c.calls.empty() && (e.finish == Finish::Eos || e.finish == Finish::StopWord)) c.finish_reason = "tool_calls";
     c.stop_word = e.stop_word;
     if ((e.finish == Finish::Error || e.finish == Finish::Cancelled) && !error_) {
       if (e.finish == Finish::Error) error_ = std::make_pair(500, e.error.empty() ? std::string("generation failed") : e.error);
@@ -212,6 +255,16 @@ std::string ResponseBuilder::stream_events(const std::vector<Event>& events) {
         if (!d.reasoning.empty()) emit(json{{"reasoning_content", d.reasoning}}, d.content.empty() && has_lp ? &d.logprobs : nullptr);
         if (!d.content.empty()) emit(json{{"content", d.content}}, has_lp ? &d.logprobs : nullptr);
         else if (d.reasoning.empty() && has_lp) emit(json{{"content", ""}}, &d.logprobs);
+        // Each completed call as OpenAI streams one: its index, id, type and name, then its arguments.
+        for (size_t k = d.first_call; k < d.first_call + d.n_calls; ++k) {
+          emit(json{{"tool_calls", json::array({json{{"index", k},
+                                                     {"id", c.call_ids[k]},
+                                                     {"type", "function"},
+                                                     {"function", json{{"name", c.calls[k].name}, {"arguments", ""}}}}})}},
+               nullptr);
+          emit(json{{"tool_calls", json::array({json{{"index", k}, {"function", json{{"arguments", c.calls[k].arguments}}}}})}},
+               nullptr);
+        }
         if (e.finish != Finish::None) {
           json j = chunk_base("chat.completion.chunk");
           j["choices"] = json::array({json{{"index", e.choice}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}});
@@ -311,6 +364,10 @@ json ResponseBuilder::response(const Timings& t) {
         msg["reasoning_content"] = r;
       }
       msg["refusal"] = nullptr;
+      if (!c.calls.empty()) {
+        if (c.content.empty()) msg["content"] = nullptr;
+        msg["tool_calls"] = tool_calls_json(c);
+      }
       choices.push_back(json{{"index", i},
                              {"message", msg},
                              {"logprobs", req_.want_logprobs ? logprobs_chat(c.logprobs) : json(nullptr)},
