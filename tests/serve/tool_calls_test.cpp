@@ -199,10 +199,10 @@ TEST(ToolChoice, ValidationAndUnsupportedChoices) {
 TEST(ToolRoundTrip, RendersThroughTheRealQwen3Template) {
   ROOFLINE_SHARED_PATH_OR_SKIP(td, "testdata");
   ModelContext mc;
-  mc.tokenizer = test::load_test_tokenizer("qwen3");
+  mc.tokenizer = roofline::test::load_test_tokenizer("qwen3");
   ASSERT_TRUE(mc.tokenizer);
   mc.chat_template_source =
-      json::parse(test::read_text_file(td + "/tokenizer/qwen3/tokenizer_config.json"))["chat_template"].get<std::string>();
+      json::parse(roofline::test::read_text_file(td + "/tokenizer/qwen3/tokenizer_config.json"))["chat_template"].get<std::string>();
   mc.chat_template = std::make_unique<ChatTemplate>(mc.chat_template_source);
   mc.n_vocab = mc.tokenizer->n_vocab();
   mc.n_ctx = 4096;
