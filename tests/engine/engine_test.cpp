@@ -12,19 +12,14 @@
 #include "model/model_file.h"
 #include "model/model_shapes.h"
 #include "reference_forward.h"
+#include "engine/engine_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
+using test::tiny;
+using test::some_tokens;
 
 namespace {
-
-std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
-
-std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
-  return t;
-}
 
 double logits_nmse(const float* got, const std::vector<double>& want) {
   double num = 0, den = 0;

@@ -8,21 +8,16 @@
 #include "backend/gpu.h"
 #include "engine/engine.h"
 #include "model/model_file.h"
+#include "engine/engine_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
+using test::tiny;
+using test::some_tokens;
 
 namespace {
 
 bool have_gpu() { return !gpu_devices().empty(); }
-
-std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
-
-std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
-  return t;
-}
 
 // Hidden rows of `tokens`: a prefill chunk of 16, then steps of 3 rows, then single rows.
 std::vector<float> hidden_of(std::shared_ptr<const Model> model, EngineOptions o, const std::vector<int32_t>& tokens) {

@@ -10,34 +10,15 @@
 #include "backend/gpu.h"
 #include "engine/engine.h"
 #include "model/model_file.h"
+#include "engine/engine_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
+using test::tiny;
+using test::some_tokens;
+using test::prompt_then_decode;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU() \
-  if (gpu_devices().empty()) GTEST_SKIP() << "no CUDA GPU in this build or machine"
-
-std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
-
-std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
-  return t;
-}
-
-// A 100-token prompt in one step (chunked form), then 12 decode steps; logits of every position.
-std::vector<float> prompt_then_decode(Engine& engine, const std::vector<int32_t>& tokens, size_t prompt) {
-  const int seq = engine.memory().create_sequence();
-  auto out = engine.eval(seq, std::span<const int32_t>(tokens.data(), prompt), true);
-  for (size_t i = prompt; i < tokens.size(); ++i) {
-    auto l = engine.eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
-    out.insert(out.end(), l.begin(), l.end());
-  }
-  engine.memory().free_sequence(seq);
-  return out;
-}
 
 }  // namespace
 

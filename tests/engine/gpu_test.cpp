@@ -17,29 +17,22 @@
 #include "formats/quant_ref.h"
 #include "model/model_file.h"
 #include "model/synthetic.h"
+#include "engine/engine_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
+using test::tiny;
+using test::some_tokens;
 
 namespace {
 
 bool have_gpu() { return !gpu_devices().empty(); }
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU in this build or machine"
-
-std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
 
 // Engine options with every unit on the GPU.
 EngineOptions all_on_gpu() {
   EngineOptions o;
   o.n_gpu_layers = EngineOptions::kGpuLayersAll;
   return o;
-}
-
-std::vector<int32_t> some_tokens(int n, int n_vocab, int salt = 0) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back((int32_t)((i * 131 + 7 + salt * 29) % n_vocab));
-  return t;
 }
 
 std::vector<float> run_logits(std::shared_ptr<const Model> model, EngineOptions o, const std::vector<int32_t>& tokens) {

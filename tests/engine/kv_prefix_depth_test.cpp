@@ -17,12 +17,12 @@
 #include "formats/quant_ref.h"
 #include "model/model_file.h"
 #include "reference_forward.h"
+#include "engine/engine_test_util.h"
 
 using namespace roofline;
+using test::tiny;
 
 namespace {
-
-std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
 
 std::vector<int32_t> tokens_of(int n, int n_vocab, int salt) {
   std::vector<int32_t> t;

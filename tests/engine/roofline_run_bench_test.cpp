@@ -9,13 +9,13 @@
 
 #include "engine/roofline_model.h"
 #include "model/model_file.h"
+#include "engine/engine_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
+using test::tiny;
 
 namespace {
-
-std::shared_ptr<const Model> tiny(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
 
 // tiny-qwen3 (model_shapes.cpp): n_embd 256, 2 layers, 4 heads / 2 KV heads of 64, n_ff 768, vocab 512,
 // untied output. In F32, floats a decode token reads:
