@@ -285,17 +285,7 @@ ConvertResult convert_gemma3(const ConvertOptions& options, const json& config, 
   if (!hp.tied && !write_output)
     result.notes.push_back("lm_head.weight is absent: the output layer reuses the token embedding (tied)");
 
-  // --outtype auto: the first tensor of 2+ dims that is bf16 or f16 decides; f32-only gives f16.
-  DType outtype = DType::F16;
-  if (requested) {
-    outtype = *requested;
-  } else {
-    for (const Item& it : items)
-      if (it.t->shape.size() >= 2 && (it.t->type == DType::BF16 || it.t->type == DType::F16)) {
-        outtype = it.t->type;
-        break;
-      }
-  }
+  const DType outtype = requested_or_auto_outtype(requested, items, [](const Item& it) { return it.t; });
   result.outtype = dtype_name(outtype);
 
   std::vector<PlannedTensor> planned;

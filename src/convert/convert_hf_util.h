@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/dtype.h"
 #include "formats/gguf_metadata.h"
 
 namespace roofline::convert {
@@ -53,5 +54,18 @@ struct ModelIdParts {  // Metadata.get_model_id_components: a hub id or folder n
 ModelIdParts model_id_parts(const std::string& model_id, int64_t total_params);
 std::string model_id_to_title(const std::string& s);          // Metadata.id_to_title
 std::string weight_count_label(int64_t n_params);             // utility.model_weight_count_rounded_notation(n, 2)
+
+// The output type: the requested one, or --outtype auto as llama.cpp's ModelBase picks it: the first
+// tensor (in the order given) of 2+ dims that is bf16 or f16 decides; f32-only models give f16.
+// tensor_of(item) returns the item's safetensors tensor.
+template <typename Items, typename TensorOf>
+DType requested_or_auto_outtype(const std::optional<DType>& requested, const Items& items, TensorOf tensor_of) {
+  if (requested) return *requested;
+  for (const auto& item : items) {
+    const auto* t = tensor_of(item);
+    if (t->shape.size() >= 2 && (t->type == DType::BF16 || t->type == DType::F16)) return t->type;
+  }
+  return DType::F16;
+}
 
 }  // namespace roofline::convert

@@ -536,17 +536,7 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
     }
   }
 
-  // --outtype auto (ModelBase.__init__): the first tensor of 2+ dims that is bf16 or f16 decides; f32-only gives f16.
-  DType outtype = DType::F16;
-  if (requested) {
-    outtype = *requested;
-  } else {
-    for (const Bound& b : order)
-      if (b.t->shape.size() >= 2 && (b.t->type == DType::BF16 || b.t->type == DType::F16)) {
-        outtype = b.t->type;
-        break;
-      }
-  }
+  const DType outtype = requested_or_auto_outtype(requested, order, [](const Bound& b) { return b.t; });
   result.outtype = dtype_name(outtype);
   std::vector<PlannedTensor> planned;
   int64_t total_params = 0;
