@@ -17,7 +17,7 @@ if [ "$filter" != none ]; then
   echo "GPU tests exit $?" | tee -a "$out/summary.txt"
   grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure" "$out/gpu_tests.txt" | head -30 | tee -a "$out/summary.txt"
 fi
-IFS=';' read -ra variants <<< "${VARIANTS:-ROOFLINE_MATVEC_STREAM=0;ROOFLINE_MATVEC_DEPTH=3}"
+IFS=';' read -ra variants <<< "${VARIANTS:-ROOFLINE_PDL=1;ROOFLINE_PDL=0}"
 for m in ${MODELS:-qwen3-32b qwen3-8b qwen3.5-27b}; do
   for v in "${variants[@]}"; do
     line=$(env $v "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" -p 0 -n 128 -r "${REPS:-2}" 2>/dev/null | grep "tg128")
