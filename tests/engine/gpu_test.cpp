@@ -122,6 +122,70 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
   }
 }
 
+// The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the
+// double product of each pair's expert slice, for every device layout's kind of kernel, token counts
+// from one decode row to a prompt (experts with several 8-row chunks, split over CTAs), row counts
+// that leave the last warp short; and each pair bit-identical to the dense product of its expert's
+// slice for that token alone (the grouped path runs the same kernels, whatever rows share a chunk).
+TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(17);
+  const int n_expert = 12, k = 3;
+  const int64_t rows = 67;
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::Q4_0, DType::F32, DType::BF16}) {
+    const int64_t cols = dtype_block_size(type) == 256 ? 512 : type == DType::F32 || type == DType::BF16 ? 100 : 96;
+    std::vector<float> wf((size_t)(n_expert * rows * cols));
+    for (float& v : wf) v = (float)rng.normal() * 0.05f;
+    std::vector<uint8_t> wq(dtype_row_bytes(type, cols) * n_expert * rows);
+    quantize_rows_ref(type, wf.data(), wq.data(), n_expert * rows, cols);
+    std::vector<float> wd(wf.size());
+    dequantize_rows_ref(type, wq.data(), wd.data(), n_expert * rows, cols);
+    gguf::TensorInfo info;
+    info.name = "w";
+    info.type = type;
+    info.n_dims = 2;
+    info.ne = {cols, n_expert * rows, 1, 1};
+    info.n_bytes = wq.size();
+    info.data = wq.data();
+    const Weight w{&info};
+    for (int n : {1, 2, 5, 17, 64, 150}) {
+      std::vector<float> x((size_t)(n * cols));
+      for (float& v : x) v = (float)rng.normal();
+      std::vector<int32_t> ids;
+      for (int t = 0; t < n; ++t) {  // k distinct experts per token, skewed towards the low ids
+        std::vector<int32_t> pick;
+        while ((int)pick.size() < k) {
+          const int32_t e = (int32_t)std::min<double>(n_expert - 1, std::abs(rng.normal()) * n_expert / 2.5);
+          if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+        }
+        ids.insert(ids.end(), pick.begin(), pick.end());
+      }
+      const auto y = gpu_expert_products_for_test(w, n_expert, ids, k, x, n);
+      std::vector<float> ref(y.size());
+      for (int p = 0; p < n * k; ++p)
+        for (int64_t r = 0; r < rows; ++r) {
+          double s = 0;
+          const float* wr = wd.data() + ((int64_t)ids[p] * rows + r) * cols;
+          for (int64_t c = 0; c < cols; ++c) s += (double)wr[c] * x[(p / k) * cols + c];
+          ref[(size_t)p * rows + r] = (float)s;
+        }
+      const double e = test::nmse(y.data(), ref.data(), ref.size());
+      const bool q8 = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0;
+      EXPECT_LT(e, q8 ? 2e-4 : 1e-9) << dtype_name(type) << " n=" << n;
+      // Pair 0 and the last pair against the dense product of their expert's slice, that token alone.
+      for (int p : {0, n * k - 1}) {
+        gguf::TensorInfo slice = info;
+        slice.ne = {cols, rows, 1, 1};
+        slice.data = wq.data() + (size_t)ids[p] * rows * dtype_row_bytes(type, cols);
+        slice.n_bytes = rows * dtype_row_bytes(type, cols);
+        const std::vector<float> xt(x.begin() + (p / k) * cols, x.begin() + (p / k + 1) * cols);
+        const auto dense = gpu_matmul_for_test(Weight{&slice}, xt, 1);
+        EXPECT_EQ(0, std::memcmp(dense.data(), y.data() + (size_t)p * rows, rows * 4)) << dtype_name(type) << " n=" << n << " pair " << p;
+      }
+    }
+  }
+}
+
 // The row-wise ops against the CPU's on random rows of odd sizes: RMSNorm, SwiGLU, bias, each with its
 // f32 output, the int8 activations RMSNorm and SwiGLU write for the next product (whole 32-blocks),
 // and the device argmax (ties to the lowest index, NaNs skipped) against argmax_logits.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/gpu.h"
 
@@ -184,6 +185,52 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
+  return y;
+}
+
+std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_expert, const std::vector<int32_t>& ids, int k,
+                                                const std::vector<float>& x, int n_tokens, int device) {
+  using namespace cuda;
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  const int64_t rows = stacked.rows() / n_expert, cols = stacked.cols();
+  const int pairs = n_tokens * k, max_active = std::min(pairs, n_expert);
+  DeviceArena arena;
+  arena.reserve(device_weight_bytes(stacked) + (size_t)pairs * (cols * 8 + cols + 8 * (cols / 32 + 1) + rows * 4 + 16) +
+                (size_t)(n_expert + 1) * 8 + 16 * 256);
+  const DeviceWeight dw = upload_weight(stacked, arena, stream);
+  float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
+  float* xs = reinterpret_cast<float*>(arena.take((size_t)pairs * cols * 4));
+  float* dy = reinterpret_cast<float*>(arena.take((size_t)pairs * rows * 4));
+  auto take_i = [&](size_t n) { return reinterpret_cast<int32_t*>(arena.take(n * 4)); };
+  int32_t *d_ids = take_i(pairs), *offsets = take_i(n_expert + 1), *active = take_i(n_expert + 1), *row_token = take_i(pairs),
+          *slot = take_i(pairs);
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take((size_t)pairs * cols));
+  act.d = reinterpret_cast<float*>(arena.take((size_t)pairs * (cols / 32 + 1) * 4));
+  act.s = reinterpret_cast<float*>(arena.take((size_t)pairs * (cols / 32 + 1) * 4));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  group_pairs_by_expert(d_ids, pairs, k, n_expert, max_active, offsets, active, row_token, slot, stream);
+  gather_rows(dx, row_token, pairs, (int)cols, xs, stream);
+  const bool q8 = matvec_uses_q8(dw.type);
+  if (q8) quantize_rows(xs, pairs, (int)cols, act, stream);
+  ExpertGroups g;
+  g.offsets = offsets;
+  g.active = active;
+  g.max_active = max_active;
+  g.chunk_splits = std::max(1, (pairs / max_active + 7) / 8);
+  matvec_experts(dw, rows, g, q8 ? act : ActQ8{}, xs, dy, (int)rows, stream);
+  std::vector<float> grouped((size_t)pairs * rows);
+  std::vector<int32_t> slot_host(pairs);
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(grouped.data(), dy, grouped.size() * 4, cudaMemcpyDeviceToHost, stream));
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(slot_host.data(), slot, (size_t)pairs * 4, cudaMemcpyDeviceToHost, stream));
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaStreamDestroy(stream);
+  std::vector<float> y((size_t)pairs * rows);
+  for (int p = 0; p < pairs; ++p)
+    std::copy_n(grouped.begin() + (int64_t)slot_host[p] * rows, rows, y.begin() + (int64_t)p * rows);
   return y;
 }
 

@@ -37,6 +37,19 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
 constexpr int kMatvecGroupMax = 4;
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream);
+// Expert products grouped by expert (MoE, cuda_moe.cu): for each active expert e, rows [0,
+// rows_per_expert) of its slice of the stacked weight times its activation rows [offsets[e],
+// offsets[e + 1]) (rows sorted by expert), y[j * ldy + r] for those rows j. Without offsets: one
+// expert (0, the whole weight) and rows [0, single_count). Same kernels and results as matvec.
+struct ExpertGroups {
+  const int32_t* offsets = nullptr;  // [n_expert + 1], device
+  const int32_t* active = nullptr;   // [max_active], device: the experts with rows, then -1
+  int max_active = 1;
+  int single_count = 0;
+  int chunk_splits = 1;  // CTAs sharing one expert's rows (8-row chunks taken in turn)
+};
+void matvec_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
+                    const float* x, float* y, int ldy, cudaStream_t stream);
 // More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments
 // (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS. x_f16
 // holds (n_tokens rounded up to 16) x cols halves (the fused kernel's activation layout pads the rows).

@@ -498,7 +498,106 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
   }
 }
 
+// --- Expert products grouped by expert (matvec_experts) ---
+
+// Expert e's slice [e * rows, (e + 1) * rows) of a stacked weight, as a weight of its own (every device
+// layout stores its planes row by row, so each plane moves by whole rows).
+__device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64_t e, int64_t rows) {
+  DeviceWeight v = w;
+  const int64_t r0 = e * rows;
+  v.rows = rows;
+  switch (w.layout) {
+    case WeightLayout::Raw: v.data = w.data + r0 * (int64_t)w.row_bytes; break;
+    case WeightLayout::Q8_0Planes:
+      v.data = w.data + r0 * w.cols;
+      v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
+      break;
+    case WeightLayout::Q6KPlanes:
+      v.data = w.data + r0 * (w.cols / 2);
+      v.plane1 = w.plane1 + r0 * (w.cols / 4);
+      v.plane2 = w.plane2 + r0 * (w.cols / 16);
+      v.plane3 = w.plane3 + r0 * (w.cols / 256) * 2;
+      break;
+  }
+  return v;
+}
+
+// B tokens (1-8) of one product through the same device functions as the dense matvec (so an expert's
+// output equals the dense product of its slice, whatever tokens share the chunk).
+template <int B, Kind K, int R>
+__device__ __forceinline__ void product_rows(const DeviceWeight& w, const ActQ8& act, const float* x, float* y, int ldy, int64_t row, int lane) {
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R>(w, act, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, 1>(w, act, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, 1>(w, act, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, false, row, lane);
+  else matvec_generic<B>(w, x, y, ldy, false, row, lane);
+}
+
+// grid.x: tiles of the expert's rows (R per warp), grid.y: active expert slots, grid.z: CTAs sharing an
+// expert's activation rows (chunks of 8 rows taken in turn). Each warp reads its weight rows once per
+// chunk (from the L1/L2 after the first).
+template <Kind K, int R>
+__global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight w, int64_t rows_per_expert, ExpertGroups g, ActQ8 act,
+                                                                   const float* x, float* y, int ldy) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * R;
+  wait_for_previous_kernel();
+  if (row >= rows_per_expert) return;
+  int e = 0, begin = 0, count = g.single_count;
+  if (g.offsets) {
+    e = g.active[blockIdx.y];
+    if (e < 0) return;
+    begin = g.offsets[e];
+    count = g.offsets[e + 1] - begin;
+  }
+  const DeviceWeight we = expert_view(w, e, rows_per_expert);
+  for (int j = (int)blockIdx.z * 8; j < count; j += (int)gridDim.z * 8) {
+    const int64_t r0 = begin + j;
+    ActQ8 a{};
+    if (act.q) a = ActQ8{act.q + r0 * w.cols, act.d + r0 * (w.cols / 32), act.s + r0 * (w.cols / 32)};
+    const float* xr = x ? x + r0 * w.cols : nullptr;
+    float* yr = y + r0 * ldy;
+    switch (min(8, count - j)) {
+      case 1: product_rows<1, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      case 2: product_rows<2, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      case 3: product_rows<3, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      case 4: product_rows<4, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      case 5: product_rows<5, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      case 6: product_rows<6, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      case 7: product_rows<7, K, R>(we, a, xr, yr, ldy, row, lane); break;
+      default: product_rows<8, K, R>(we, a, xr, yr, ldy, row, lane); break;
+    }
+  }
+}
+
+template <Kind K, int R>
+void launch_experts(const DeviceWeight& w, int64_t rows_per_expert, const ExpertGroups& g, const ActQ8& act, const float* x, float* y,
+                    int ldy, cudaStream_t stream) {
+  const int64_t units = (rows_per_expert + R - 1) / R;
+  const dim3 grid((unsigned)((units + kWarps - 1) / kWarps), (unsigned)(g.offsets ? g.max_active : 1), (unsigned)std::max(1, g.chunk_splits));
+  launch(expert_matvec_kernel<K, R>, grid, dim3(kWarps * 32), 0, stream, pdl_enabled(), w, rows_per_expert, g, act, x, y, ldy);
+}
+
 }  // namespace
+
+void matvec_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
+                    const float* x, float* y, int ldy, cudaStream_t stream) {
+  if (groups.offsets ? groups.max_active < 1 || groups.max_active > 65535 : groups.single_count < 1) return;
+  if (groups.chunk_splits > 65535) fail("internal error: {} chunk splits in an expert product", groups.chunk_splits);
+  switch (kind_of(stacked)) {
+    case Kind::Q4K: return launch_experts<Kind::Q4K, 2>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::Q5K: return launch_experts<Kind::Q5K, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::Q6K: return launch_experts<Kind::Q6K, 2>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::Q8_0: return launch_experts<Kind::Q8_0, 2>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::F16: return launch_experts<Kind::F16, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::BF16: return launch_experts<Kind::BF16, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::F32: return launch_experts<Kind::F32, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+    case Kind::Generic: return launch_experts<Kind::Generic, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
+  }
+}
 
 bool matvec_uses_q8(DType type) {
   return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0;

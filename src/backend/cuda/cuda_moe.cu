@@ -64,48 +64,73 @@ __global__ void moe_route_kernel(const float* logits, int n_rows, int n_expert, 
     }
 }
 
-// y[p * R + r] = sum_c W[e_p * R + r, c] x_p[c] for pairs p < n_pairs, where e_p = ids[p] (expert 0
-// without ids) and x_p the input row p (x_per_pair) or p / k (the pair's token). One warp per output
-// row; each lane dequantizes whole 32-column chunks and the warp sums in a fixed order.
-__global__ void moe_rows_kernel(DeviceWeight w, int64_t R, int C, const int32_t* ids, int k, const float* x, bool x_per_pair,
-                                int n_pairs, float* y) {
-  wait_for_previous_kernel();
-  const int lane = threadIdx.x % 32;
-  const int64_t r = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int p = blockIdx.y;
-  if (r >= R || p >= n_pairs) return;
-  const int64_t e = ids ? ids[p] : 0;
-  const float* xr = x + (int64_t)(x_per_pair ? p : p / k) * C;
-  float acc = 0;
-  float buf[32];
-  for (int64_t chunk = lane; chunk < C / 32; chunk += 32) {
-    dequant_chunk32(w, e * R + r, chunk, buf);
-    const float* xc = xr + chunk * 32;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) acc += buf[i] * xc[i];
-  }
-  // The columns past the last whole chunk: only float weights have rows that are not whole chunks of
-  // 32 (every quantized type's block is 32 or 256 wide), read one value per lane.
-  for (int64_t c = (int64_t)(C / 32) * 32 + lane; c < C; c += 32) {
-    const uint8_t* rowp = w.data + (e * R + r) * w.row_bytes;
-    const float v = w.type == DType::F32 ? reinterpret_cast<const float*>(rowp)[c]
-                    : w.type == DType::F16 ? ld_half(rowp + 2 * c)
-                                           : ld_bf16(rowp + 2 * c);
-    acc += v * xr[c];
-  }
-  acc = warp_sum(acc);
-  if (lane == 0) y[(int64_t)p * R + r] = acc;
-}
-
-// x[t, i] += sum_s weights[t, s] * y[t * k + s, i], slots in routing order.
-__global__ void moe_combine_kernel(const float* y, const float* weights, int k, int n, float* x) {
+// x[t, i] += sum_s weights[t, s] * y[slot_of_pair[t * k + s], i], slots in routing order (the sum's order
+// does not depend on where the sort put the rows).
+__global__ void moe_combine_kernel(const float* y, const int32_t* slot_of_pair, const float* weights, int k, int n, float* x) {
   wait_for_previous_kernel();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   const int t = blockIdx.y;
   if (i >= n) return;
   float acc = 0;
-  for (int s = 0; s < k; ++s) acc += weights[t * k + s] * y[((int64_t)t * k + s) * n + i];
+  for (int s = 0; s < k; ++s) acc += weights[t * k + s] * y[(int64_t)slot_of_pair[t * k + s] * n + i];
   x[(int64_t)t * n + i] += acc;
+}
+
+// The step's (token, expert) pairs grouped by expert, in one block: counts per expert (shared atomics),
+// offsets by a warp scan, the active experts in expert order (then -1 up to max_active), and each pair's
+// row in the grouped order. Within an expert the order of rows follows the atomics; nothing computed
+// depends on it (each row's product is its own, and the combine reads rows by pair).
+__global__ void moe_sort_kernel(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
+                                int32_t* row_token, int32_t* slot_of_pair) {
+  wait_for_previous_kernel();
+  extern __shared__ int32_t sort_smem[];
+  int32_t* count = sort_smem;              // [n_expert]
+  int32_t* cursor = sort_smem + n_expert;  // [n_expert]
+  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int running = 0, running_active = 0;
+    for (int base = 0; base < n_expert; base += 32) {
+      const int e = base + lane;
+      const int c = e < n_expert ? count[e] : 0;
+      int incl = c;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
+      }
+      const unsigned has = __ballot_sync(0xffffffffu, c > 0);
+      if (e < n_expert) {
+        offsets[e] = running + incl - c;
+        cursor[e] = running + incl - c;
+        if (c > 0) {
+          const int a = running_active + __popc(has & ((1u << lane) - 1));
+          if (a < max_active) active[a] = e;
+        }
+      }
+      running += __shfl_sync(0xffffffffu, incl, 31);
+      running_active += __popc(has);
+    }
+    if (lane == 0) offsets[n_expert] = running;
+    for (int a = running_active + lane; a < max_active; a += 32) active[a] = -1;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < n_pairs; p += blockDim.x) {
+    const int pos = atomicAdd(&cursor[ids[p]], 1);
+    row_token[pos] = p / k;
+    slot_of_pair[p] = pos;
+  }
+}
+
+// out[j] = x[row_token[j]] for j < n_rows (rows of n floats).
+__global__ void moe_gather_kernel(const float* x, const int32_t* row_token, int n, float* out) {
+  wait_for_previous_kernel();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const int j = blockIdx.y;
+  if (i < n) out[(int64_t)j * n + i] = x[(int64_t)row_token[j] * n + i];
 }
 
 // x[t] += sigmoid(gate . xn[t]) * y[t]: one block per row, the dot reduced in a fixed order.
@@ -136,14 +161,25 @@ __global__ void moe_add_kernel(const float* y, int64_t n, float* x) {
   if (i < n) x[i] += y[i];
 }
 
-void rows(const DeviceWeight& w, int64_t R, int C, const int32_t* ids, int k, const float* x, bool x_per_pair, int n_pairs,
-          float* y, cudaStream_t stream) {
-  if (n_pairs == 0) return;
-  const dim3 grid((unsigned)((R + kWarpsPerBlock - 1) / kWarpsPerBlock), (unsigned)n_pairs);
-  launch(moe_rows_kernel, grid, dim3(32 * kWarpsPerBlock), 0, stream, pdl_enabled(), w, R, C, ids, k, x, x_per_pair, n_pairs, y);
-}
+// Activations for a product over w: int8 rows when its kernel takes them, else the floats.
+bool takes_q8(const DeviceWeight& w) { return matvec_uses_q8(w.type); }
+
+// CTAs sharing one expert's rows: enough 8-row chunks per CTA pass for the average expert to spread.
+int chunk_splits_for(int rows_per_group) { return std::clamp((rows_per_group + 7) / 8, 1, 64); }
 
 }  // namespace
+
+void group_pairs_by_expert(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
+                           int32_t* row_token, int32_t* slot_of_pair, cudaStream_t stream) {
+  if (n_pairs == 0) return;
+  launch(moe_sort_kernel, dim3(1), dim3(1024), (size_t)n_expert * 8, stream, pdl_enabled(), ids, n_pairs, k, n_expert, max_active,
+         offsets, active, row_token, slot_of_pair);
+}
+
+void gather_rows(const float* x, const int32_t* row_token, int n_rows, int n, float* out, cudaStream_t stream) {
+  if (n_rows == 0) return;
+  launch(moe_gather_kernel, dim3((unsigned)((n + 255) / 256), (unsigned)n_rows), dim3(256), 0, stream, pdl_enabled(), x, row_token, n, out);
+}
 
 MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), max_rows_(std::max(1, max_rows)) {
   (void)stream;
@@ -151,22 +187,44 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
     fail("the GPU's MoE routing keeps at most {} experts per token, the model uses {}", kMaxUsed, hp.n_expert_used);
   if (hp.n_expert >= 65536 || (int64_t)max_rows_ * hp.n_expert_used >= 65536)
     fail("internal error: {} rows x {} experts per token exceed the MoE kernels' grid", max_rows_, hp.n_expert_used);
+  if ((size_t)hp.n_expert * 8 > 48 * 1024) fail("the GPU's MoE sort takes at most 6144 experts, the model has {}", hp.n_expert);
   const size_t T = (size_t)max_rows_, K = (size_t)hp.n_expert_used, H = (size_t)hp.n_embd, F = (size_t)hp.n_ff_exp,
-               S = (size_t)hp.n_ff_shexp;
-  auto bytes = [](size_t floats) { return (floats * 4 + 255) / 256 * 256; };
-  arena_.reserve(bytes(T * hp.n_expert) + 2 * bytes(T * K) + 2 * bytes(T * K * F) + bytes(T * K * H) +
-                 (S ? 2 * bytes(T * S) + bytes(T * H) : 0) + 256);
+               S = (size_t)hp.n_ff_shexp, E = (size_t)hp.n_expert;
+  auto bytes = [](size_t n4) { return (n4 * 4 + 255) / 256 * 256; };
+  // int8 activations of rows x cols: the values, and a scale and a sum per 32.
+  auto act_bytes = [&](size_t rows, size_t cols) { return (rows * cols + 255) / 256 * 256 + 2 * bytes(rows * (cols / 32 + 1)); };
+  const size_t P = T * K;
+  arena_.reserve(bytes(T * E) + 2 * bytes(P) + 2 * bytes(P * F) + 2 * bytes(P * H) + 3 * bytes(P) + 2 * bytes(E + 1) +
+                 act_bytes(P, H) + act_bytes(P, F) + act_bytes(T, H) +
+                 (S ? 2 * bytes(T * S) + bytes(T * H) + act_bytes(T, S) : 0) + 32 * 256);
   auto take = [&](size_t floats) { return reinterpret_cast<float*>(arena_.take(floats * 4)); };
-  logits_ = take(T * hp.n_expert);
-  weights_ = take(T * K);
-  ids_ = reinterpret_cast<int32_t*>(arena_.take(T * K * 4));
-  gate_ = take(T * K * F);
-  up_ = take(T * K * F);
-  y_ = take(T * K * H);
+  auto take_i = [&](size_t n) { return reinterpret_cast<int32_t*>(arena_.take(n * 4)); };
+  auto take_act = [&](size_t rows, size_t cols) {
+    ActQ8 a;
+    a.q = reinterpret_cast<int8_t*>(arena_.take(rows * cols));
+    a.d = take(rows * (cols / 32 + 1));
+    a.s = take(rows * (cols / 32 + 1));
+    return a;
+  };
+  logits_ = take(T * E);
+  weights_ = take(P);
+  ids_ = take_i(P);
+  offsets_ = take_i(E + 1);
+  active_ = take_i(E + 1);
+  row_token_ = take_i(P);
+  slot_of_pair_ = take_i(P);
+  xs_ = take(P * H);
+  gate_ = take(P * F);
+  up_ = take(P * F);
+  y_ = take(P * H);
+  act_xs_ = take_act(P, H);
+  act_h_ = take_act(P, F);
+  act_xn_ = take_act(T, H);
   if (S) {
     shexp_gate_ = take(T * S);
     shexp_up_ = take(T * S);
     shexp_y_ = take(T * H);
+    act_sh_ = take_act(T, S);
   }
 }
 
@@ -174,17 +232,34 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   if (n == 0) return;
   ROOFLINE_CHECK(n <= max_rows_, "internal error: {} rows exceed the MoE buffers ({})", n, max_rows_);
   const int H = hp_.n_embd, E = hp_.n_expert, k = hp_.n_expert_used, F = hp_.n_ff_exp;
-  rows(*L.router, E, H, nullptr, 1, xn, true, n, logits_, stream);
+  const bool q8_in = takes_q8(*L.router) || (L.gate_shexp && takes_q8(*L.gate_shexp));
+  if (q8_in && H % 32 == 0) quantize_rows(xn, n, H, act_xn_, stream);
+  const ActQ8 xn_act = H % 32 == 0 ? act_xn_ : ActQ8{};
+  ExpertGroups all{};
+  all.single_count = n;
+  all.chunk_splits = chunk_splits_for(n);
+  matvec_experts(*L.router, E, all, takes_q8(*L.router) ? xn_act : ActQ8{}, xn, logits_, E, stream);
   launch(moe_route_kernel, dim3((unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock)), dim3(32 * kWarpsPerBlock), 0, stream,
          pdl_enabled(), (const float*)logits_, n, E, k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_);
-  const int pairs = n * k;
-  rows(*L.gate_exps, F, H, ids_, k, xn, false, pairs, gate_, stream);
-  rows(*L.up_exps, F, H, ids_, k, xn, false, pairs, up_, stream);
-  swiglu(gate_, up_, pairs, F, gate_, ActQ8{}, stream);
-  rows(*L.down_exps, H, F, ids_, k, gate_, true, pairs, y_, stream);
+  // Group the (token, expert) pairs by expert: each expert's weights are read once per 8 of its rows.
+  const int pairs = n * k, max_active = std::min(pairs, E);
+  group_pairs_by_expert(ids_, pairs, k, E, max_active, offsets_, active_, row_token_, slot_of_pair_, stream);
+  gather_rows(xn, row_token_, pairs, H, xs_, stream);
+  if (takes_q8(*L.gate_exps)) quantize_rows(xs_, pairs, H, act_xs_, stream);
+  ExpertGroups grouped{};
+  grouped.offsets = offsets_;
+  grouped.active = active_;
+  grouped.max_active = max_active;
+  grouped.chunk_splits = chunk_splits_for(std::max(1, pairs / max_active));
+  const ActQ8 xs_act = takes_q8(*L.gate_exps) ? act_xs_ : ActQ8{};
+  matvec_experts(*L.gate_exps, F, grouped, xs_act, xs_, gate_, F, stream);
+  matvec_experts(*L.up_exps, F, grouped, xs_act, xs_, up_, F, stream);
+  const bool q8_down = takes_q8(*L.down_exps);
+  swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
+  matvec_experts(*L.down_exps, H, grouped, q8_down ? act_h_ : ActQ8{}, gate_, y_, H, stream);
   launch(moe_combine_kernel, dim3((unsigned)((H + 255) / 256), (unsigned)n), dim3(256), 0, stream, pdl_enabled(),
-         (const float*)y_, (const float*)weights_, k, H, x);
-  forward_shared(L, xn, n, x, stream);
+         (const float*)y_, (const int32_t*)slot_of_pair_, (const float*)weights_, k, H, x);
+  forward_shared_quantized(L, xn, xn_act, n, x, stream);
 }
 
 void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t stream) {
@@ -196,13 +271,25 @@ void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t
 }
 
 void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
-  const int H = hp_.n_embd;
   if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
-  const int S = hp_.n_ff_shexp;
-  rows(*L.gate_shexp, S, H, nullptr, 1, xn, true, n, shexp_gate_, stream);
-  rows(*L.up_shexp, S, H, nullptr, 1, xn, true, n, shexp_up_, stream);
-  swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, ActQ8{}, stream);
-  rows(*L.down_shexp, H, S, nullptr, 1, shexp_gate_, true, n, shexp_y_, stream);
+  const int H = hp_.n_embd;
+  const bool q8 = takes_q8(*L.gate_shexp) && H % 32 == 0;
+  if (q8) quantize_rows(xn, n, H, act_xn_, stream);
+  forward_shared_quantized(L, xn, q8 ? act_xn_ : ActQ8{}, n, x, stream);
+}
+
+void MoeFfn::forward_shared_quantized(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, float* x, cudaStream_t stream) {
+  if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
+  const int H = hp_.n_embd, S = hp_.n_ff_shexp;
+  ExpertGroups all{};
+  all.single_count = n;
+  all.chunk_splits = chunk_splits_for(n);
+  const ActQ8 in = takes_q8(*L.gate_shexp) ? xn_act : ActQ8{};
+  matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
+  matvec_experts(*L.up_shexp, S, all, in, xn, shexp_up_, S, stream);
+  const bool q8_down = takes_q8(*L.down_shexp);
+  swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, q8_down ? act_sh_ : ActQ8{}, stream);
+  matvec_experts(*L.down_shexp, H, all, q8_down ? act_sh_ : ActQ8{}, shexp_gate_, shexp_y_, H, stream);
   launch(moe_shared_add_kernel, dim3((unsigned)n), dim3(256), 0, stream, pdl_enabled(), L.shexp_gate, xn,
          (const float*)shexp_y_, H, x);
 }

@@ -1,9 +1,10 @@
 // Mixture-of-experts FFN on the GPU (qwen3moe, qwen35moe): device routing (softmax over the router's
 // logits, top-k with the lower index first on ties, renormalised weights) and the products of each row's
 // chosen experts read straight from the stacked expert tensors by expert id, so the whole block stays on
-// the device (no host round trip: decode steps keep their CUDA graphs). The products dequantize in
-// registers with f32 activations (dequant_chunk32, every type and device layout): a simple, correct
-// path for decode and prefill alike; faster grouped kernels are future work.
+// the device (no host round trip: decode steps keep their CUDA graphs). The step's (token, expert) pairs
+// are sorted by expert on the device and each expert's rows go through the dense matvec kernels
+// (matvec_experts: int8 activations and dp4a for the quantized types), so an expert's weights are read
+// once per 8 of its rows, not once per token.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,14 @@ struct MoeLayerDev {
   const DeviceWeight *gate_shexp = nullptr, *up_shexp = nullptr, *down_shexp = nullptr;  // the shared expert, or null
   const float* shexp_gate = nullptr;                                            // [n_embd]
 };
+
+// The step's (token, expert) pairs (ids: [n_pairs] expert ids, pair p = token p / k) grouped by expert on
+// the device: offsets[e], offsets[e + 1] bound expert e's rows; active[0, max_active): the experts with
+// rows in expert order, then -1; row_token[j]: grouped row j's token; slot_of_pair[p]: pair p's row.
+void group_pairs_by_expert(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
+                           int32_t* row_token, int32_t* slot_of_pair, cudaStream_t stream);
+// out[j] = x[row_token[j]] for j < n_rows (rows of n floats).
+void gather_rows(const float* x, const int32_t* row_token, int n_rows, int n, float* out, cudaStream_t stream);
 
 // Work buffers for up to max_rows rows, and the block's launches.
 class MoeFfn {
@@ -42,12 +51,20 @@ class MoeFfn {
   const float* weights() const { return weights_; }
 
  private:
+  // The shared expert with xn's int8 rows already made (xn_act; empty where its type takes floats).
+  void forward_shared_quantized(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, float* x,
+                                cudaStream_t stream);
+
   HParams hp_;
   int max_rows_ = 0;
   DeviceArena arena_;
-  float *logits_ = nullptr, *weights_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *y_ = nullptr;
+  float *logits_ = nullptr, *weights_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *y_ = nullptr, *xs_ = nullptr;
   float *shexp_gate_ = nullptr, *shexp_up_ = nullptr, *shexp_y_ = nullptr;
   int32_t* ids_ = nullptr;
+  // The pairs grouped by expert (moe_sort_kernel): offsets per expert, active experts, each grouped row's
+  // token, each pair's grouped row.
+  int32_t *offsets_ = nullptr, *active_ = nullptr, *row_token_ = nullptr, *slot_of_pair_ = nullptr;
+  ActQ8 act_xs_{}, act_h_{}, act_xn_{}, act_sh_{};  // int8 rows: grouped inputs, grouped SwiGLU, xn, shared SwiGLU
 };
 
 }  // namespace roofline::cuda
