@@ -78,7 +78,7 @@ std::vector<double> bytes_per_backend(const Model& m, const std::vector<Engine::
   std::vector<double> bytes;
   for (const Engine::PlacedRange& p : placed) {
     double b = state_bytes_per_token(m, p.layers.begin, p.layers.end);
-    for (int il = p.layers.begin; il < p.layers.end; ++il) b += (double)m.layer_bytes(il) + kv_per_position * kv_positions_read(hp, il, depth);
+    for (int il = p.layers.begin; il < p.layers.end; ++il) b += layer_decode_bytes(m, il) + kv_per_position * kv_positions_read(hp, il, depth);
     if (p.layers.output) b += (double)m.output_bytes();
     if (p.layers.embedding) b += (double)dtype_row_bytes(m.token_embd().type(), hp.n_embd);
     bytes.push_back(b);

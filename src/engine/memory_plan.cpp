@@ -173,7 +173,7 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     if (first_unit >= end_unit) return 0.0;
     const int b = std::min(first_unit, hp.n_layer), e = std::min(end_unit, hp.n_layer);
     double n = 0;
-    for (int il = b; il < e; ++il) n += (double)model.layer_bytes(il);
+    for (int il = b; il < e; ++il) n += layer_decode_bytes(model, il);
     if (end_unit == p.n_units) n += (double)model.output_bytes();
     if (first_unit == 0) n += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
     n += depth * kv_bytes_per_position_in(model, b, e, s.type_k, s.type_v);

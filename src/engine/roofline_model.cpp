@@ -28,17 +28,21 @@ double state_bytes_per_token(const Model& model, int layer_begin, int layer_end)
   return 2.0 * 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, layer_begin, layer_end);
 }
 
+double layer_decode_bytes(const Model& model, int il) {
+  const HParams& hp = model.hparams();
+  double bytes = (double)model.layer_bytes(il);
+  if (!hp.is_moe()) return bytes;
+  // A token reads n_expert_used of the n_expert stacked experts.
+  const LayerWeights& L = model.layer(il);
+  for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+    if (L[t]) bytes -= (double)L[t].bytes() * (1.0 - (double)hp.n_expert_used / hp.n_expert);
+  return bytes;
+}
+
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v) {
   const HParams& hp = model.hparams();
   double bytes = (double)model.output_bytes();
-  for (int il = 0; il < hp.n_layer; ++il) {
-    bytes += (double)model.layer_bytes(il);
-    if (!hp.is_moe()) continue;
-    // A token reads n_expert_used of the n_expert stacked experts.
-    const LayerWeights& L = model.layer(il);
-    for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
-      if (L[t]) bytes -= (double)L[t].bytes() * (1.0 - (double)hp.n_expert_used / hp.n_expert);
-  }
+  for (int il = 0; il < hp.n_layer; ++il) bytes += layer_decode_bytes(model, il);
   bytes += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
   const double row = (double)(dtype_row_bytes(type_k, hp.kv_dim_k()) + dtype_row_bytes(type_v, hp.kv_dim_v()));
   for (int il = 0; il < hp.n_layer; ++il) bytes += row * kv_positions_read(hp, il, depth);

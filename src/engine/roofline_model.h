@@ -12,6 +12,9 @@
 
 namespace roofline {
 
+// Weight bytes one decode token reads in layer il: all of them, of a mixture of experts' stacked
+// experts only n_expert_used.
+double layer_decode_bytes(const Model& model, int il);
 // Bytes one decode token reads at KV depth `depth` (positions already cached).
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v);
 // KV bytes per cached position across the attention layers.

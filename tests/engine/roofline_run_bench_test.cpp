@@ -106,6 +106,14 @@ TEST(BenchCliTest, RooflineArithmeticFromHandCountedBytes) {
   EXPECT_NEAR(pp["tflops"].get<double>(), pp_ts * tiny_qwen3_flops(8) / 1e12, 1e-9 * pp_ts * tiny_qwen3_flops(8) / 1e12);
   EXPECT_EQ(pp["roofline_ts"].get<double>(), 0.0) << "prefill rows carry no decode roofline";
 
+  // A mixture of experts: the roofline counts the experts a token reads (2 of 6 here), not the file.
+  const auto moe = test::run_cli({"bench", "-m", "synthetic:tiny-qwen3moe:F32", "-p", "0", "-n", "8", "-r", "1", "-t", "2", "-o", "json"});
+  ASSERT_EQ(moe.exit_code, 0) << moe.err;
+  const auto moe_tg = nlohmann::json::parse(moe.out)[0];
+  const double moe_bw = moe_tg["host_read_gbps"].get<double>();
+  const double moe_bytes = decode_bytes_per_token(*tiny("tiny-qwen3moe:F32"), 4, DType::F16, DType::F16);
+  EXPECT_NEAR(moe_tg["roofline_ts"].get<double>(), moe_bw * 1e9 / moe_bytes, 1e-9 * moe_bw * 1e9 / moe_bytes);
+
   // The markdown table: one row per test with its t/s, and the roofline line.
   const auto md = test::run_cli({"bench", "-m", "synthetic:tiny-qwen3:F32", "-p", "0", "-n", "4", "-r", "1", "-t", "1"});
   ASSERT_EQ(md.exit_code, 0) << md.err;
