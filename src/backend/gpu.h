@@ -39,7 +39,8 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].
 std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device = 0);
 
-// For tests: the MoE expert products, grouped by expert on the device as the MoE block runs them.
+// For tests: the MoE expert products, grouped by expert on the device as the MoE block runs them (tensor
+// cores for more than 64 tokens of Q4_K / Q6_K weights with even rows per expert, else the int8 / float kernels).
 // stacked: n_expert experts' [rows x cols] weights stacked ([n_expert * rows] rows); ids: [n_tokens x k]
 // expert ids (pair p = token p / k); x: [n_tokens x cols]. Returns [n_tokens * k x rows] in pair order.
 std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_expert, const std::vector<int32_t>& ids, int k,

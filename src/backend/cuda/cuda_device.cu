@@ -198,7 +198,7 @@ std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_exp
   const int pairs = n_tokens * k, max_active = std::min(pairs, n_expert);
   DeviceArena arena;
   arena.reserve(device_weight_bytes(stacked) + (size_t)pairs * (cols * 8 + cols + 8 * (cols / 32 + 1) + rows * 4 + 16) +
-                (size_t)(n_expert + 1) * 8 + 16 * 256);
+                (size_t)(n_expert + 1) * 8 + (size_t)(pairs + 64 * n_expert) * cols * 2 + (size_t)(pairs + n_expert + 1) * 12 + 24 * 256);
   const DeviceWeight dw = upload_weight(stacked, arena, stream);
   float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
   float* xs = reinterpret_cast<float*>(arena.take((size_t)pairs * cols * 4));
@@ -212,16 +212,34 @@ std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_exp
   act.s = reinterpret_cast<float*>(arena.take((size_t)pairs * (cols / 32 + 1) * 4));
   ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
   ROOFLINE_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  group_pairs_by_expert(d_ids, pairs, k, n_expert, max_active, offsets, active, row_token, slot, stream);
+  // The MoE block's choice: tensor cores for prompts of Q4_K / Q6_K weights, else the int8 / float kernels.
+  const bool mma = moe_uses_mma(dw, rows, n_tokens);
+  const int nt = expert_tile_nt(pairs, n_expert);
+  ExpertTiles tiles;
+  tiles.max_tiles = expert_max_tiles(pairs, n_expert, nt);
+  tiles.nt = nt;
+  int32_t *tile_expert = take_i(tiles.max_tiles), *tile_row0 = take_i(tiles.max_tiles), *tile_rows = take_i(tiles.max_tiles),
+          *n_tiles = take_i(1);
+  tiles.expert = tile_expert;
+  tiles.row0 = tile_row0;
+  tiles.rows = tile_rows;
+  tiles.n_tiles = n_tiles;
+  const ExpertTileBuffers tile_buffers{8 * nt, tile_expert, tile_row0, tile_rows, n_tiles};
+  __half* frag = mma ? reinterpret_cast<__half*>(arena.take(mma_experts_scratch_halves(cols, tiles) * 2)) : nullptr;
+  group_pairs_by_expert(d_ids, pairs, k, n_expert, max_active, offsets, active, row_token, slot, mma ? &tile_buffers : nullptr, stream);
   gather_rows(dx, row_token, pairs, (int)cols, xs, stream);
-  const bool q8 = matvec_uses_q8(dw.type);
-  if (q8) quantize_rows(xs, pairs, (int)cols, act, stream);
-  ExpertGroups g;
-  g.offsets = offsets;
-  g.active = active;
-  g.max_active = max_active;
-  g.chunk_splits = std::max(1, (pairs / max_active + 7) / 8);
-  matvec_experts(dw, rows, g, q8 ? act : ActQ8{}, xs, dy, (int)rows, stream);
+  if (mma) {
+    mma_experts(dw, rows, tiles, xs, frag, dy, (int)rows, stream);
+  } else {
+    const bool q8 = matvec_uses_q8(dw.type);
+    if (q8) quantize_rows(xs, pairs, (int)cols, act, stream);
+    ExpertGroups g;
+    g.offsets = offsets;
+    g.active = active;
+    g.max_active = max_active;
+    g.chunk_splits = std::max(1, (pairs / max_active + 7) / 8);
+    matvec_experts(dw, rows, g, q8 ? act : ActQ8{}, xs, dy, (int)rows, stream);
+  }
   std::vector<float> grouped((size_t)pairs * rows);
   std::vector<int32_t> slot_host(pairs);
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(grouped.data(), dy, grouped.size() * 4, cudaMemcpyDeviceToHost, stream));

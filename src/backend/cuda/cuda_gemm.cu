@@ -266,13 +266,14 @@ constexpr int mma_stages() {
 template <DType T, int NT, int MT>
 constexpr int mma_smem_bytes() { return mma_stages<T, NT, MT>() * kMmaWarps * 2 * MT * RowBlock<T>::kSlotBytes; }
 
+// The body of one CTA: row tile `row_tile`, K split `split` of `n_splits`.
 template <DType T, int NT, int MT>
-__global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_rows_kernel(DeviceWeight w, const __half* x, int n_tok, float* y, int ldy,
-                                                              bool accumulate, float* part) {
+__device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
+                                         int64_t row_tile, int split, int n_splits) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t row_base = (int64_t)blockIdx.x * (kMmaWarps * 16 * MT) + (threadIdx.x / 32) * (16 * MT);
+  const int64_t row_base = row_tile * (kMmaWarps * 16 * MT) + (threadIdx.x / 32) * (16 * MT);
   const int64_t n_sb = w.cols / 256;
-  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
+  const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
   // Rows g, g + 8 (m tile 0) and g + 16, g + 24 (m tile 1); loads past the last row repeat it.
   int64_t rows[2 * MT];
 #pragma unroll
@@ -344,13 +345,33 @@ __global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_
         const int tok = 8 * f + 2 * t + i % 2;
         if (r >= w.rows || tok >= n_tok) continue;
         const float v = acc[m][f][i];
-        if (gridDim.y > 1) {
-          part[((int64_t)blockIdx.y * n_tok + tok) * w.rows + r] = v;
+        if (n_splits > 1) {
+          part[((int64_t)split * n_tok + tok) * w.rows + r] = v;
         } else {
           float* dst = y + (int64_t)tok * ldy + r;
           *dst = accumulate ? *dst + v : v;
         }
       }
+}
+
+template <DType T, int NT, int MT>
+__global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_rows_kernel(DeviceWeight w, const __half* x, int n_tok, float* y, int ldy,
+                                                              bool accumulate, float* part) {
+  mma_rows<T, NT, MT>(w, x, n_tok, y, ldy, accumulate, part, blockIdx.x, blockIdx.y, gridDim.y);
+}
+
+// Expert products grouped by expert (mma_experts): CTA (x, y) takes row tile x of the expert of token
+// tile y, whose fragments (to_f16_fragments_tiles_kernel) start at x + y * tile_slots int4s.
+template <DType T, int NT, int MT>
+__global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_experts_kernel(DeviceWeight w, int64_t rows_per_expert,
+                                                                                             ExpertTiles tiles, const __half* x,
+                                                                                             int64_t tile_halves, float* y, int ldy) {
+  wait_for_previous_kernel();
+  const int i = blockIdx.y;
+  if (i >= *tiles.n_tiles) return;
+  const DeviceWeight we = expert_view(w, tiles.expert[i], rows_per_expert);
+  const int64_t row0 = tiles.row0[i];
+  mma_rows<T, NT, MT>(we, x + i * tile_halves, tiles.rows[i], y + row0 * ldy, ldy, false, nullptr, blockIdx.x, 0, 1);
 }
 
 // f32 activations [n_tok x cols] -> f16 (saturated) B fragments for mma_rows_kernel<T, nt>: 16-byte
@@ -430,6 +451,7 @@ void launch_mma_rows_nt(const DeviceWeight& w, const __half* x, int n_tok, float
 // against 618/655 with one tile (fewer registers, but each activation fragment feeds half the mma);
 // again with the fragment-ordered activations, 1639 against 1488 at 64 tokens.
 constexpr int kMmaTiles = 2;
+constexpr int kMmaTilesExperts = 2;  // the same for the expert products
 
 template <DType T>
 void launch_mma_rows(const DeviceWeight& w, const float* x_f32, __half* x, int n_tok, float* y, int ldy, bool accumulate,
@@ -443,6 +465,62 @@ void launch_mma_rows(const DeviceWeight& w, const float* x_f32, __half* x, int n
     case 2: launch_mma_rows_nt<T, 4, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
     case 3: launch_mma_rows_nt<T, 6, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
     default: launch_mma_rows_nt<T, 8, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;  // <= 64
+  }
+}
+
+// f32 grouped rows -> the B fragments of each token tile (as to_f16_fragments_kernel for its rows:
+// past a tile's last row, its last row again). grid.y: tile slots.
+template <DType T>
+__global__ void to_f16_fragments_tiles_kernel(const float* x, ExpertTiles tiles, int64_t cols, int nt, int4* out) {
+  wait_for_previous_kernel();
+  const int tile = blockIdx.y;
+  if (tile >= *tiles.n_tiles) return;
+  const int64_t per_tile = cols / 256 * 8 * nt * 32;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= per_tile) return;
+  const int lane = (int)(i % 32), f = (int)(i / 32 % nt), c = (int)(i / (32 * nt) % 8);
+  const int64_t sb = i / (32 * nt * 8);
+  const int tok = min(8 * f + lane / 4, tiles.rows[tile] - 1);
+  const float* src = x + (int64_t)(tiles.row0[tile] + tok) * cols + sb * 256 + RowBlock<T>::x_offset(c / 4, (c / 2) % 2, 2 * (c % 2), lane % 4);
+  const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+  auto half_of = [](float v) { return __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f)); };
+  union {
+    int4 v;
+    __half2 h2[4];
+  } o;
+  o.h2[0] = __halves2half2(half_of(a.x), half_of(a.z));
+  o.h2[1] = __halves2half2(half_of(a.y), half_of(a.w));
+  o.h2[2] = __halves2half2(half_of(b.x), half_of(b.z));
+  o.h2[3] = __halves2half2(half_of(b.y), half_of(b.w));
+  out[tile * per_tile + i] = o.v;
+}
+
+template <DType T, int NT>
+void launch_mma_experts_nt(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch,
+                           float* y, int ldy, cudaStream_t stream) {
+  const int64_t per_tile = w.cols / 256 * 8 * NT * 32;  // int4s
+  launch(to_f16_fragments_tiles_kernel<T>, dim3((unsigned)((per_tile + 255) / 256), (unsigned)tiles.max_tiles), dim3(256), 0, stream,
+         pdl_enabled(), x, tiles, w.cols, NT, reinterpret_cast<int4*>(scratch));
+  constexpr int kRowsPerCta = kMmaWarps * 16 * kMmaTilesExperts;
+  constexpr int smem = mma_smem_bytes<T, NT, kMmaTilesExperts>();
+  static const bool attributes_set = [] {
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(mma_experts_kernel<T, NT, kMmaTilesExperts>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attributes_set;
+  launch(mma_experts_kernel<T, NT, kMmaTilesExperts>, dim3((unsigned)((rows_per_expert + kRowsPerCta - 1) / kRowsPerCta), (unsigned)tiles.max_tiles),
+         dim3(kMmaThreads), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const __half*)scratch, per_tile * 8, y, ldy);
+}
+
+template <DType T>
+void launch_mma_experts(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch, float* y,
+                        int ldy, cudaStream_t stream) {
+  switch (tiles.nt) {
+    case 2: return launch_mma_experts_nt<T, 2>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    case 4: return launch_mma_experts_nt<T, 4>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    case 6: return launch_mma_experts_nt<T, 6>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    case 8: return launch_mma_experts_nt<T, 8>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    default: fail("internal error: expert token tiles of {} n8 tiles", tiles.nt);
   }
 }
 
@@ -487,6 +565,21 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
                                            y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS GEMM failed with status {}", (int)st);
   }
+}
+
+}  // namespace roofline::cuda
+
+namespace roofline::cuda {
+
+size_t mma_experts_scratch_halves(int64_t cols, const ExpertTiles& tiles) { return (size_t)tiles.max_tiles * 8 * tiles.nt * (size_t)cols; }
+
+void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,
+                 float* y, int ldy, cudaStream_t stream) {
+  if (tiles.max_tiles < 1) return;
+  if (tiles.max_tiles > 65535) fail("internal error: {} expert token tiles", tiles.max_tiles);
+  if (!gemm_fuses_dequant(stacked, 64)) fail("internal error: tensor-core expert products of a {} weight", dtype_name(stacked.type));
+  if (stacked.type == DType::Q4_K) launch_mma_experts<DType::Q4_K>(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
+  else launch_mma_experts<DType::Q6_K>(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
 }
 
 }  // namespace roofline::cuda

@@ -24,6 +24,28 @@ struct DeviceStep {
   int table_stride = 0;
 };
 
+// Expert e's slice [e * rows, (e + 1) * rows) of a stacked weight, as a weight of its own (every device
+// layout stores its planes row by row, so each plane moves by whole rows).
+__device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64_t e, int64_t rows) {
+  DeviceWeight v = w;
+  const int64_t r0 = e * rows;
+  v.rows = rows;
+  switch (w.layout) {
+    case WeightLayout::Raw: v.data = w.data + r0 * (int64_t)w.row_bytes; break;
+    case WeightLayout::Q8_0Planes:
+      v.data = w.data + r0 * w.cols;
+      v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
+      break;
+    case WeightLayout::Q6KPlanes:
+      v.data = w.data + r0 * (w.cols / 2);
+      v.plane1 = w.plane1 + r0 * (w.cols / 4);
+      v.plane2 = w.plane2 + r0 * (w.cols / 16);
+      v.plane3 = w.plane3 + r0 * (w.cols / 256) * 2;
+      break;
+  }
+  return v;
+}
+
 // --- matvec / GEMM (cuda_matvec.cu, cuda_gemm.cu) ---
 // y[t * ldy + r] (+)= sum_c W[r, c] x[t, c] for t < n_tokens (n_tokens <= 8): int8 activations for the
 // quantized types with a dp4a kernel (Q4_K, Q5_K, Q6_K, Q8_0), float activations otherwise.
@@ -48,6 +70,20 @@ struct ExpertGroups {
   int single_count = 0;
   int chunk_splits = 1;  // CTAs sharing one expert's rows (8-row chunks taken in turn)
 };
+// Tensor-core form of the same for prefill (cuda_gemm.cu): token tiles of up to 8 * nt grouped rows of
+// one expert each (moe_sort_kernel writes them), for weights where gemm_fuses_dequant holds.
+struct ExpertTiles {
+  const int32_t* expert = nullptr;   // [max_tiles] the tile's expert
+  const int32_t* row0 = nullptr;     // [max_tiles] its first grouped row
+  const int32_t* rows = nullptr;     // [max_tiles] its rows (<= 8 * nt)
+  const int32_t* n_tiles = nullptr;  // [1] tiles written
+  int max_tiles = 0;
+  int nt = 8;  // n8 tiles per token tile: 2, 4, 6 or 8
+};
+// Halves of fragment scratch mma_experts needs.
+size_t mma_experts_scratch_halves(int64_t cols, const ExpertTiles& tiles);
+void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,
+                 float* y, int ldy, cudaStream_t stream);
 void matvec_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
                     const float* x, float* y, int ldy, cudaStream_t stream);
 // More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments

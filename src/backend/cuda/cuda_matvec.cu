@@ -500,28 +500,6 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
 
 // --- Expert products grouped by expert (matvec_experts) ---
 
-// Expert e's slice [e * rows, (e + 1) * rows) of a stacked weight, as a weight of its own (every device
-// layout stores its planes row by row, so each plane moves by whole rows).
-__device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64_t e, int64_t rows) {
-  DeviceWeight v = w;
-  const int64_t r0 = e * rows;
-  v.rows = rows;
-  switch (w.layout) {
-    case WeightLayout::Raw: v.data = w.data + r0 * (int64_t)w.row_bytes; break;
-    case WeightLayout::Q8_0Planes:
-      v.data = w.data + r0 * w.cols;
-      v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
-      break;
-    case WeightLayout::Q6KPlanes:
-      v.data = w.data + r0 * (w.cols / 2);
-      v.plane1 = w.plane1 + r0 * (w.cols / 4);
-      v.plane2 = w.plane2 + r0 * (w.cols / 16);
-      v.plane3 = w.plane3 + r0 * (w.cols / 256) * 2;
-      break;
-  }
-  return v;
-}
-
 // B tokens (1-8) of one product through the same device functions as the dense matvec (so an expert's
 // output equals the dense product of its slice, whatever tokens share the chunk).
 template <int B, Kind K, int R>

@@ -81,7 +81,8 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slot_of_pair, 
 // row in the grouped order. Within an expert the order of rows follows the atomics; nothing computed
 // depends on it (each row's product is its own, and the combine reads rows by pair).
 __global__ void moe_sort_kernel(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
-                                int32_t* row_token, int32_t* slot_of_pair) {
+                                int32_t* row_token, int32_t* slot_of_pair, int tile_rows, int32_t* tile_expert, int32_t* tile_row0,
+                                int32_t* tile_n, int32_t* n_tiles) {
   wait_for_previous_kernel();
   extern __shared__ int32_t sort_smem[];
   int32_t* count = sort_smem;              // [n_expert]
@@ -92,16 +93,24 @@ __global__ void moe_sort_kernel(const int32_t* ids, int n_pairs, int k, int n_ex
   __syncthreads();
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
-    int running = 0, running_active = 0;
+    int running = 0, running_active = 0, running_tiles = 0;
     for (int base = 0; base < n_expert; base += 32) {
       const int e = base + lane;
       const int c = e < n_expert ? count[e] : 0;
-      int incl = c;
+      const int nt = tile_rows > 0 ? (c + tile_rows - 1) / tile_rows : 0;  // token tiles of this expert
+      int incl = c, incl_t = nt;
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += v;
+        const int v = __shfl_up_sync(0xffffffffu, incl, d), vt = __shfl_up_sync(0xffffffffu, incl_t, d);
+        if (lane >= d) incl += v, incl_t += vt;
       }
+      for (int j = 0; j < nt; ++j) {
+        const int tile = running_tiles + incl_t - nt + j;
+        tile_expert[tile] = e;
+        tile_row0[tile] = running + incl - c + j * tile_rows;
+        tile_n[tile] = min(tile_rows, c - j * tile_rows);
+      }
+      running_tiles += __shfl_sync(0xffffffffu, incl_t, 31);
       const unsigned has = __ballot_sync(0xffffffffu, c > 0);
       if (e < n_expert) {
         offsets[e] = running + incl - c;
@@ -114,7 +123,10 @@ __global__ void moe_sort_kernel(const int32_t* ids, int n_pairs, int k, int n_ex
       running += __shfl_sync(0xffffffffu, incl, 31);
       running_active += __popc(has);
     }
-    if (lane == 0) offsets[n_expert] = running;
+    if (lane == 0) {
+      offsets[n_expert] = running;
+      if (n_tiles) *n_tiles = running_tiles;
+    }
     for (int a = running_active + lane; a < max_active; a += 32) active[a] = -1;
   }
   __syncthreads();
@@ -170,10 +182,23 @@ int chunk_splits_for(int rows_per_group) { return std::clamp((rows_per_group + 7
 }  // namespace
 
 void group_pairs_by_expert(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
-                           int32_t* row_token, int32_t* slot_of_pair, cudaStream_t stream) {
+                           int32_t* row_token, int32_t* slot_of_pair, const ExpertTileBuffers* tiles, cudaStream_t stream) {
   if (n_pairs == 0) return;
   launch(moe_sort_kernel, dim3(1), dim3(1024), (size_t)n_expert * 8, stream, pdl_enabled(), ids, n_pairs, k, n_expert, max_active,
-         offsets, active, row_token, slot_of_pair);
+         offsets, active, row_token, slot_of_pair, tiles ? tiles->tile_rows : 0, tiles ? tiles->expert : nullptr,
+         tiles ? tiles->row0 : nullptr, tiles ? tiles->rows : nullptr, tiles ? tiles->n_tiles : nullptr);
+}
+
+int expert_tile_nt(int n_pairs, int n_expert) {
+  const int avg = n_pairs / std::max(1, std::min(n_pairs, n_expert));
+  return avg <= 16 ? 2 : avg <= 32 ? 4 : avg <= 48 ? 6 : 8;
+}
+
+int expert_max_tiles(int n_pairs, int n_expert, int nt) { return n_pairs / (8 * nt) + std::min(n_pairs, n_expert); }
+
+// (Even rows per expert: a Q6_K expert's slice then starts on a whole word of its f16 scales plane.)
+bool moe_uses_mma(const DeviceWeight& w, int64_t rows_per_expert, int n_rows) {
+  return n_rows > 64 && rows_per_expert % 2 == 0 && gemm_fuses_dequant(w, 64);
 }
 
 void gather_rows(const float* x, const int32_t* row_token, int n_rows, int n, float* out, cudaStream_t stream) {
@@ -194,7 +219,11 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   // int8 activations of rows x cols: the values, and a scale and a sum per 32.
   auto act_bytes = [&](size_t rows, size_t cols) { return (rows * cols + 255) / 256 * 256 + 2 * bytes(rows * (cols / 32 + 1)); };
   const size_t P = T * K;
+  const int nt = expert_tile_nt((int)P, (int)E);
+  max_tiles_ = max_rows_ > 64 ? expert_max_tiles((int)P, (int)E, nt) : 0;  // tensor cores for prompts only
+  frag_halves_ = (size_t)max_tiles_ * 8 * nt * std::max(H, F);
   arena_.reserve(bytes(T * E) + 2 * bytes(P) + 2 * bytes(P * F) + 2 * bytes(P * H) + 3 * bytes(P) + 2 * bytes(E + 1) +
+                 3 * bytes(max_tiles_) + bytes(1) + (frag_halves_ * 2 + 255) / 256 * 256 +
                  act_bytes(P, H) + act_bytes(P, F) + act_bytes(T, H) +
                  (S ? 2 * bytes(T * S) + bytes(T * H) + act_bytes(T, S) : 0) + 32 * 256);
   auto take = [&](size_t floats) { return reinterpret_cast<float*>(arena_.take(floats * 4)); };
@@ -217,6 +246,11 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   gate_ = take(P * F);
   up_ = take(P * F);
   y_ = take(P * H);
+  tile_expert_ = take_i(max_tiles_);
+  tile_row0_ = take_i(max_tiles_);
+  tile_rows_ = take_i(max_tiles_);
+  n_tiles_ = take_i(1);
+  frag_ = reinterpret_cast<__half*>(arena_.take(frag_halves_ * 2));
   act_xs_ = take_act(P, H);
   act_h_ = take_act(P, F);
   act_xn_ = take_act(T, H);
@@ -241,22 +275,42 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   matvec_experts(*L.router, E, all, takes_q8(*L.router) ? xn_act : ActQ8{}, xn, logits_, E, stream);
   launch(moe_route_kernel, dim3((unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock)), dim3(32 * kWarpsPerBlock), 0, stream,
          pdl_enabled(), (const float*)logits_, n, E, k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_);
-  // Group the (token, expert) pairs by expert: each expert's weights are read once per 8 of its rows.
+  // Group the (token, expert) pairs by expert: each expert's weights are read once per 8 of its rows
+  // (int8 kernels) or per token tile (tensor cores, prompts).
   const int pairs = n * k, max_active = std::min(pairs, E);
-  group_pairs_by_expert(ids_, pairs, k, E, max_active, offsets_, active_, row_token_, slot_of_pair_, stream);
+  const bool mma_gate_up = moe_uses_mma(*L.gate_exps, F, n) && moe_uses_mma(*L.up_exps, F, n);
+  const bool mma_down = moe_uses_mma(*L.down_exps, H, n);
+  const int nt = expert_tile_nt(pairs, E);
+  const ExpertTileBuffers tile_buffers{8 * nt, tile_expert_, tile_row0_, tile_rows_, n_tiles_};
+  ExpertTiles tiles;
+  tiles.expert = tile_expert_;
+  tiles.row0 = tile_row0_;
+  tiles.rows = tile_rows_;
+  tiles.n_tiles = n_tiles_;
+  tiles.max_tiles = expert_max_tiles(pairs, E, nt);
+  tiles.nt = nt;
+  ROOFLINE_CHECK(tiles.max_tiles <= max_tiles_, "internal error: {} expert token tiles exceed the buffers ({})", tiles.max_tiles, max_tiles_);
+  group_pairs_by_expert(ids_, pairs, k, E, max_active, offsets_, active_, row_token_, slot_of_pair_,
+                        mma_gate_up || mma_down ? &tile_buffers : nullptr, stream);
   gather_rows(xn, row_token_, pairs, H, xs_, stream);
-  if (takes_q8(*L.gate_exps)) quantize_rows(xs_, pairs, H, act_xs_, stream);
   ExpertGroups grouped{};
   grouped.offsets = offsets_;
   grouped.active = active_;
   grouped.max_active = max_active;
   grouped.chunk_splits = chunk_splits_for(std::max(1, pairs / max_active));
-  const ActQ8 xs_act = takes_q8(*L.gate_exps) ? act_xs_ : ActQ8{};
-  matvec_experts(*L.gate_exps, F, grouped, xs_act, xs_, gate_, F, stream);
-  matvec_experts(*L.up_exps, F, grouped, xs_act, xs_, up_, F, stream);
-  const bool q8_down = takes_q8(*L.down_exps);
+  if (mma_gate_up) {
+    mma_experts(*L.gate_exps, F, tiles, xs_, frag_, gate_, F, stream);
+    mma_experts(*L.up_exps, F, tiles, xs_, frag_, up_, F, stream);
+  } else {
+    if (takes_q8(*L.gate_exps)) quantize_rows(xs_, pairs, H, act_xs_, stream);
+    const ActQ8 xs_act = takes_q8(*L.gate_exps) ? act_xs_ : ActQ8{};
+    matvec_experts(*L.gate_exps, F, grouped, xs_act, xs_, gate_, F, stream);
+    matvec_experts(*L.up_exps, F, grouped, xs_act, xs_, up_, F, stream);
+  }
+  const bool q8_down = takes_q8(*L.down_exps) && !mma_down;
   swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
-  matvec_experts(*L.down_exps, H, grouped, q8_down ? act_h_ : ActQ8{}, gate_, y_, H, stream);
+  if (mma_down) mma_experts(*L.down_exps, H, tiles, gate_, frag_, y_, H, stream);
+  else matvec_experts(*L.down_exps, H, grouped, q8_down ? act_h_ : ActQ8{}, gate_, y_, H, stream);
   launch(moe_combine_kernel, dim3((unsigned)((H + 255) / 256), (unsigned)n), dim3(256), 0, stream, pdl_enabled(),
          (const float*)y_, (const int32_t*)slot_of_pair_, (const float*)weights_, k, H, x);
   forward_shared_quantized(L, xn, xn_act, n, x, stream);

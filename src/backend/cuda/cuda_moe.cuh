@@ -26,8 +26,21 @@ struct MoeLayerDev {
 // The step's (token, expert) pairs (ids: [n_pairs] expert ids, pair p = token p / k) grouped by expert on
 // the device: offsets[e], offsets[e + 1] bound expert e's rows; active[0, max_active): the experts with
 // rows in expert order, then -1; row_token[j]: grouped row j's token; slot_of_pair[p]: pair p's row.
+// With `tiles`, also the token tiles of the tensor-core products (cuda_kernels.cuh, ExpertTiles): each
+// expert's rows cut into tiles of tile_rows.
+struct ExpertTileBuffers {
+  int tile_rows = 0;
+  int32_t *expert = nullptr, *row0 = nullptr, *rows = nullptr, *n_tiles = nullptr;
+};
 void group_pairs_by_expert(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
-                           int32_t* row_token, int32_t* slot_of_pair, cudaStream_t stream);
+                           int32_t* row_token, int32_t* slot_of_pair, const ExpertTileBuffers* tiles, cudaStream_t stream);
+// n8 tiles per token tile for n_pairs pairs over n_expert experts (rows per active expert on average:
+// up to 16 -> 2, 32 -> 4, 48 -> 6, else 8), and the most token tiles the sort can write with it.
+int expert_tile_nt(int n_pairs, int n_expert);
+int expert_max_tiles(int n_pairs, int n_expert, int nt);
+// Whether the MoE block runs an expert product of n_rows tokens on tensor cores: prompts (more than 64
+// rows, so decode batches keep the int8 kernels and their batch invariance) of Q4_K / Q6_K weights.
+bool moe_uses_mma(const DeviceWeight& w, int64_t rows_per_expert, int n_rows);
 // out[j] = x[row_token[j]] for j < n_rows (rows of n floats).
 void gather_rows(const float* x, const int32_t* row_token, int n_rows, int n, float* out, cudaStream_t stream);
 
@@ -64,6 +77,11 @@ class MoeFfn {
   // The pairs grouped by expert (moe_sort_kernel): offsets per expert, active experts, each grouped row's
   // token, each pair's grouped row.
   int32_t *offsets_ = nullptr, *active_ = nullptr, *row_token_ = nullptr, *slot_of_pair_ = nullptr;
+  // Token tiles of the tensor-core products and their activation fragments.
+  int max_tiles_ = 0;
+  size_t frag_halves_ = 0;
+  int32_t *tile_expert_ = nullptr, *tile_row0_ = nullptr, *tile_rows_ = nullptr, *n_tiles_ = nullptr;
+  __half* frag_ = nullptr;
   ActQ8 act_xs_{}, act_h_{}, act_xn_{}, act_sh_{};  // int8 rows: grouped inputs, grouped SwiGLU, xn, shared SwiGLU
 };
 
