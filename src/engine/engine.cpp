@@ -25,6 +25,12 @@ class Engine::BackendCopies final : public SequenceMemory::Device {
   void copy_state(int src, int dst) override {
     for (auto& b : backends_) b->copy_state(src, dst);
   }
+  void save_window(int cell, int first_block, int n_blocks, int snapshot) override {
+    for (auto& b : backends_) b->save_window(cell, first_block, n_blocks, snapshot);
+  }
+  void load_window(int snapshot, int cell, int first_block, int n_blocks) override {
+    for (auto& b : backends_) b->load_window(snapshot, cell, first_block, n_blocks);
+  }
 
  private:
   std::vector<std::unique_ptr<Backend>>& backends_;

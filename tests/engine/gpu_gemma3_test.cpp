@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
 #include "backend/gpu.h"
 #include "engine/engine.h"
 #include "engine/reference_forward.h"
