@@ -176,6 +176,11 @@ TEST(EngineSchedulerTest, Gemma3ConversationResumesFromWindowSnapshots) {
     if (turn > 0) EXPECT_EQ(req->timings().n_cached, previous_fed / 16 * 16) << "resumed at the last boundary of the previous reply";
     previous_fed = (int)history.size() + 9;  // the prompt and the reply but its last token
     history.insert(history.end(), reply.begin(), reply.end());
+    // Another request in between takes the freed state cell and fills its ring (80 positions) with other
+    // text: the next turn resumes from the snapshot, not from what the cell happens to hold.
+    std::vector<int32_t> other;
+    for (int i = 0; i < 90; ++i) other.push_back((i * 17 + 3 * turn + 2) % n_vocab);
+    run(s, {s.submit(greedy(other, 2))});
   }
   EXPECT_LE(engine->memory().n_state_snapshots(), n_snapshots);
   // The same prompt again: resumes where the prompt's last boundary before its final token is.
