@@ -223,7 +223,8 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     for (int il = b; il < e; ++il) n += (double)model.layer_bytes(il);
     if (end_unit == p.n_units) n += (double)model.output_bytes();
     if (first_unit == 0) n += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
-    n += depth * kv_bytes_per_position_in(model, b, e, s.type_k, s.type_v);
+    const double row = (double)(dtype_row_bytes(s.type_k, hp.kv_dim_k()) + dtype_row_bytes(s.type_v, hp.kv_dim_v()));
+    for (int il = b; il < e; ++il) n += kv_positions_read(hp, il, depth) * row;  // sliding layers: their window
     n += state_bytes_per_token(model, b, e);
     return n;
   };
@@ -268,9 +269,13 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                             p.host_bytes_per_token > 0 ? fmt::format(" + {:.3f} GB / {:.1f} GB/s", p.host_bytes_per_token / 1e9, host_gbs) : "",
                             roofline));
   }
+  double slot_kv_read = 0;  // KV a token reads at a full slot's depth (sliding layers: their window)
+  for (int il = 0; il < hp.n_layer; ++il)
+    slot_kv_read += kv_positions_read(hp, il, slot_depth) *
+                    (double)(dtype_row_bytes(s.type_k, hp.kv_dim_k()) + dtype_row_bytes(s.type_v, hp.kv_dim_v()));
   d.push_back(fmt::format("decode predicted: {:.1f} x {:.2f} (our decode's share of the roofline, measured on the H200) = {:.1f} tok/s "
                           "(one sequence, short context); at depth {:.0f} (a full slot: +{:.2f} GB of KV per token) {:.1f} tok/s",
-                          roofline, s.decode_efficiency, p.decode_tok_s, slot_depth, slot_depth * p.kv_bytes_per_position / 1e9,
+                          roofline, s.decode_efficiency, p.decode_tok_s, slot_depth, slot_kv_read / 1e9,
                           p.decode_tok_s_full_context));
   d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
                           "on the H200){} = {:.0f} tok/s",
