@@ -472,8 +472,9 @@ std::vector<std::string> Engine::report() const {
                                   "boundary) in host memory, {:.1f} MiB",
                                   options_.n_state_snapshots, snap_bytes / 1048576.0, kv.swa_snapshot_blocks * kv.block_size,
                                   (double)snap_bytes * options_.n_state_snapshots / 1048576.0));
-    lines.push_back(fmt::format("KV memory: {:.1f} MiB ({} global layers x {} positions {:.1f} MiB + sliding-window rings {:.1f} MiB){}",
-                                (kv_bytes + (double)swa_bytes * n_cells) / 1048576.0, hp.n_layer - hp.count_sliding_layers(0, hp.n_layer),
+    const int n_global = hp.count_layers(MixerKind::Attention) - hp.count_sliding_layers(0, hp.n_layer);
+    lines.push_back(fmt::format("KV memory: {:.1f} MiB ({} global layer{} x {} positions {:.1f} MiB + sliding-window rings {:.1f} MiB){}",
+                                (kv_bytes + (double)swa_bytes * n_cells) / 1048576.0, n_global, n_global == 1 ? "" : "s",
                                 memory_->capacity_tokens(), kv_bytes / 1048576.0, (double)swa_bytes * n_cells / 1048576.0,
                                 windowed && options_.n_state_snapshots > 0
                                     ? fmt::format(", + {:.1f} MiB of snapshots in host memory", (double)snap_bytes * options_.n_state_snapshots / 1048576.0)
