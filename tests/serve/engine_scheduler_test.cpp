@@ -1,6 +1,7 @@
-// The scheduler on the real engine (CPU) with a Qwen3.5-shaped model: recurrent states per slot,
-// prompt chunks, forks and prefix reuse from state snapshots. Many concurrent greedy requests that
-// share prefixes give the same tokens as each request run alone on a fresh engine.
+// The scheduler on the real engine (CPU) with Qwen3.5- and Gemma 3-shaped models: recurrent states or
+// sliding-window rings per slot, prompt chunks, forks and prefix reuse from state snapshots (Gemma 3:
+// window snapshots in host memory, also across a conversation's turns). Many concurrent greedy requests
+// that share prefixes give the same tokens as each request run alone on a fresh engine.
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
