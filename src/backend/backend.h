@@ -42,6 +42,10 @@ class Backend {
     return 0;
   }
 
+  // Bytes of one window snapshot across these layers (kv.swa_snapshot_blocks blocks per sliding layer, kept
+  // in host memory whatever the backend), 0 without rings.
+  virtual uint64_t swa_snapshot_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const = 0;
+
   virtual void load(std::shared_ptr<const Model> model, const LayerSet& layers) = 0;
   virtual void init_kv(const KvConfig& kv) = 0;
   // Recurrent-state cells for the DeltaNet layers it holds (a no-op without such layers).
@@ -84,6 +88,15 @@ class Backend {
   // forks and snapshots.
   // Ordered after the steps already launched, before later ones.
   virtual void copy_state(int src, int dst) = 0;
+
+  // Sliding-window rings' prompt-cache snapshots (after init_kv and init_state): host memory for n of them
+  // (kv.swa_snapshot_blocks blocks per sliding layer each); save_window copies blocks [first_block,
+  // first_block + n_blocks) of the sequence in state cell `cell` (its ring holds them) into snapshot
+  // `snapshot`, load_window copies them back into another cell's ring. No-ops without ring layers.
+  // Ordered after the steps already launched, before later ones; the host copy is complete on return.
+  virtual void init_snapshots(int n) = 0;
+  virtual void save_window(int cell, int first_block, int n_blocks, int snapshot) = 0;
+  virtual void load_window(int snapshot, int cell, int first_block, int n_blocks) = 0;
 };
 
 }  // namespace roofline

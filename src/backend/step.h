@@ -48,6 +48,9 @@ struct KvConfig {
   // most tokens a step adds, in whole blocks, so a sliding layer's memory is bounded by the window
   // whatever the context.
   int swa_ring = 0;
+  // Prompt-cache snapshots of the rings (SequenceMemory's windowed mode): blocks of positions each holds
+  // per sliding layer, the window before a block boundary (kept in host memory, as llama.cpp's checkpoints).
+  int swa_snapshot_blocks = 0;
 };
 
 }  // namespace roofline

@@ -88,6 +88,9 @@ int run(int argc, char** argv) {
   app.add_option("--cache-type-v", ctv, "V cache type: f16, bf16, q8_0, q4_0 (-ctv)")->capture_default_str();
   app.add_option("--n-gpu-layers,--gpu-layers", ngl, "units on the GPU: a number, auto or all (-ngl)")->capture_default_str();
   app.add_flag("--no-prompt-cache", no_prompt_cache, "as serve: no state snapshots for recurrent models");
+  double cache_ram_mib = PlanSettings{}.cache_ram_mib;
+  app.add_option("--cache-ram", cache_ram_mib, "as serve's -cram: MiB of host memory for sliding-window snapshots (-1: no limit)")
+      ->capture_default_str();
   app.add_option("--decode-efficiency", decode_eff, "our decode's share of the bandwidth roofline")->capture_default_str();
   app.add_flag("--json", json, "print JSON (fits, n_gpu_layers, decode_tok_s, prefill_tok_s, bill, ...)");
   app.footer(kExitStatusHelp);
@@ -101,6 +104,7 @@ int run(int argc, char** argv) {
   settings.type_v = parse_cache_type(ctv);
   settings.n_gpu_layers = parse_gpu_layers(ngl);
   settings.prompt_cache = !no_prompt_cache;
+  settings.cache_ram_mib = cache_ram_mib;
   if (n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's)", n_ctx);
   if (n_parallel < 1) fail("-np {}: expected at least 1 slot", n_parallel);
   if (app.count("--vram") && !(vram > 0 && vram < 1e6)) fail("--vram {}: expected a positive size in GiB", vram);
@@ -176,12 +180,14 @@ int run(int argc, char** argv) {
     ordered_json bill = ordered_json::array();
     for (const DeviceBill* b : {&plan.gpu_bill, &plan.host_bill})
       bill.push_back({{"device", b->device}, {"weights_bytes", b->weights}, {"kv_bytes", b->kv}, {"state_bytes", b->state},
-                      {"work_bytes", b->work}, {"context_bytes", b->context}, {"margin_bytes", b->margin}, {"total_bytes", b->total()},
+                      {"swa_ring_bytes", b->swa}, {"snapshot_bytes", b->snapshots}, {"work_bytes", b->work}, {"context_bytes", b->context}, {"margin_bytes", b->margin}, {"total_bytes", b->total()},
                       {"capacity_bytes", b->capacity}, {"fits", b->fits()}});
     out["bill"] = bill;
     out["kv"] = {{"bytes_per_position", plan.kv_bytes_per_position}, {"bytes_per_slot", plan.kv_bytes_per_slot},
                  {"bytes_total", plan.kv_bytes_total}};
     out["recurrent_state"] = {{"cells", plan.state_cells}, {"bytes_per_cell", plan.state_bytes_per_cell}};
+    out["sliding_window"] = {{"ring_positions", plan.kv.swa_ring}, {"rings", plan.swa_ring_cells}, {"bytes_per_ring", plan.swa_bytes_per_ring},
+                             {"snapshots", plan.window_snapshots}, {"bytes_per_snapshot", plan.window_snapshot_bytes}};
     out["bytes_per_token"] = {{"gpu", plan.gpu_bytes_per_token}, {"host", plan.host_bytes_per_token}};
     out["derivation"] = plan.derivation;
     out["recommendations"] = plan.recommendations;
@@ -207,15 +213,31 @@ int run(int argc, char** argv) {
   row("weights", plan.gpu_bill.weights, plan.host_bill.weights);
   row("KV cache", plan.gpu_bill.kv, plan.host_bill.kv);
   if (plan.state_cells > 0) row("recurrent state", plan.gpu_bill.state, plan.host_bill.state);
+  if (plan.swa_ring_cells > 0) row("sliding-window rings", plan.gpu_bill.swa, plan.host_bill.swa);
+  if (plan.window_snapshots > 0) row("prompt-cache snapshots", plan.gpu_bill.snapshots, plan.host_bill.snapshots);
   row("compute buffers", plan.gpu_bill.work, plan.host_bill.work);
   row("CUDA context", plan.gpu_bill.context, plan.host_bill.context);
   row("margin kept free", plan.gpu_bill.margin, plan.host_bill.margin);
   row("total", plan.gpu_bill.total(), plan.host_bill.total());
   std::printf("  %-24s %18s %12s\n", "available", plan.gpu_bill.capacity > 0 ? fmt::format("{:.2f} GiB", plan.gpu_bill.capacity / kGiB).c_str() : "-",
               plan.host_bill.capacity > 0 ? fmt::format("{:.2f} GiB", plan.host_bill.capacity / kGiB).c_str() : "not checked");
-  std::printf("KV cache: %.1f KiB per position (%d attention layers), %.3f GiB per slot, %.3f GiB for -c %d\n",
-              plan.kv_bytes_per_position / 1024, hp.count_layers(MixerKind::Attention), plan.kv_bytes_per_slot / kGiB,
-              plan.kv_bytes_total / kGiB, s.n_ctx);
+  if (plan.swa_ring_cells > 0) {
+    const int n_sliding = hp.count_sliding_layers(0, hp.n_layer), n_global = hp.count_layers(MixerKind::Attention) - n_sliding;
+    const double paged = plan.gpu_bill.kv + plan.host_bill.kv, rings = plan.gpu_bill.swa + plan.host_bill.swa;
+    std::printf("KV cache: %.3f GiB = %d global layers x %d positions (%.3f GiB) + %d sliding layers x %d positions (window %d + a "
+                "step's %d - 1, in blocks of %d) x %d rings (%.3f GiB)\n",
+                plan.kv_bytes_total / kGiB, n_global, plan.kv.n_blocks * plan.kv.block_size, paged / kGiB, n_sliding, plan.kv.swa_ring,
+                hp.sliding_window, s.n_batch, plan.kv.block_size, plan.swa_ring_cells, rings / kGiB);
+    if (plan.window_snapshots > 0)
+      std::printf("prompt-cache snapshots: %d x %.1f MiB (%d sliding layers x the %d positions before a block boundary) in host "
+                  "memory, %.3f GiB (--cache-ram %.0f MiB)\n",
+                  plan.window_snapshots, plan.window_snapshot_bytes / 1048576.0, n_sliding, plan.kv.swa_snapshot_blocks * plan.kv.block_size,
+                  plan.host_bill.snapshots / kGiB, s.cache_ram_mib);
+  } else {
+    std::printf("KV cache: %.1f KiB per position (%d attention layers), %.3f GiB per slot, %.3f GiB for -c %d\n",
+                plan.kv_bytes_per_position / 1024, hp.count_layers(MixerKind::Attention), plan.kv_bytes_per_slot / kGiB,
+                plan.kv_bytes_total / kGiB, s.n_ctx);
+  }
   if (plan.state_cells > 0)
     std::printf("recurrent state: %d cells (%d slots + %d prompt-cache snapshots) x %.1f MiB\n", plan.state_cells, s.n_parallel,
                 plan.state_cells - s.n_parallel, plan.state_bytes_per_cell / 1048576.0);

@@ -19,6 +19,7 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/memory_plan.h"
 #include "engine/pooling.h"
 #include "serve/server.h"
 
@@ -151,6 +152,11 @@ int run(int argc, char** argv) {
   app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI to turn off)");
   app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
   app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
+  double cache_ram_mib = 8192;
+  app.add_option("--cache-ram", cache_ram_mib,
+                 "sliding-window models (gemma3): MiB of host memory for prompt-cache snapshots of the window (-cram; "
+                 "-1: no limit, 0: none)")
+      ->capture_default_str()->envname("LLAMA_ARG_CACHE_RAM");
   std::string pooling;
   int embd_normalize = 2;
   app.add_flag("--embedding,--embeddings", so.embeddings, "serve POST /v1/embeddings, /embeddings and /embedding (beside generation)")
@@ -276,6 +282,12 @@ int run(int argc, char** argv) {
       // (one each running slot takes at block boundaries, as many again kept for later prompts).
       margs.n_seq_max = n_parallel;
       margs.n_state_snapshots = no_prompt_cache ? 0 : 2 * n_parallel;
+      // Sliding-window models without recurrent layers: snapshots of the window in host memory, two per
+      // slot as --cache-ram allows (the device holds only each slot's ring).
+      const EngineOptions eo = engine_options(margs);
+      const KvConfig kv = planned_kv_config(hp, eo.n_ctx, eo.n_batch, eo.kv_block_size, eo.type_k, eo.type_v);
+      if (kv.swa_snapshot_blocks > 0)
+        margs.n_state_snapshots = no_prompt_cache ? 0 : window_snapshot_count(*model, kv, n_parallel, cache_ram_mib);
       engine = create_engine(model, margs);
       for (const std::string& line : engine->report()) log_info("{}", line);
       mc->tokenizer = load_tokenizer(*model);

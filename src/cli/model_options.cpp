@@ -14,6 +14,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/memory_plan.h"
 #include "engine/placement.h"
 #include "engine/roofline_model.h"
 #include "model/model_file.h"
@@ -178,10 +179,14 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   // Sliding-window layers (gemma3) keep a ring of about the window plus a batch per sequence instead.
   const HParams& hp = model->hparams();
   const double row = (double)(dtype_row_bytes(o.type_k, hp.kv_dim_k()) + dtype_row_bytes(o.type_v, hp.kv_dim_v()));
+  const KvConfig kv = planned_kv_config(hp, n_ctx, o.n_batch, o.kv_block_size, o.type_k, o.type_v);
+  const int ring = kv.swa_ring, snapshot_positions = kv.swa_snapshot_blocks * kv.block_size;
+  const bool windowed = kv.swa_snapshot_blocks > 0;  // window snapshots, else ring snapshots in state cells
   double need = 0;
   for (int il = 0; il < hp.n_layer; ++il)
     if (hp.has_kv(il))
-      need += row * (hp.is_sliding(il) ? std::min<double>(n_ctx, hp.sliding_window + o.n_batch) * (o.n_seq_max + o.n_state_snapshots)
+      need += row * (hp.is_sliding(il) ? (double)ring * (o.n_seq_max + (windowed ? 0 : o.n_state_snapshots)) +
+                                             (double)snapshot_positions * (windowed ? o.n_state_snapshots : 0)
                                        : (double)n_ctx);
   const double per_pos = need / n_ctx;
   double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);

@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/host_experts.h"
 #include "backend/gpu.h"
+#include "engine/memory_plan.h"
 #include "engine/placement.h"
 #include "core/log.h"
 #include "core/error.h"
@@ -23,6 +24,12 @@ class Engine::BackendCopies final : public SequenceMemory::Device {
   }
   void copy_state(int src, int dst) override {
     for (auto& b : backends_) b->copy_state(src, dst);
+  }
+  void save_window(int cell, int first_block, int n_blocks, int snapshot) override {
+    for (auto& b : backends_) b->save_window(cell, first_block, n_blocks, snapshot);
+  }
+  void load_window(int snapshot, int cell, int first_block, int n_blocks) override {
+    for (auto& b : backends_) b->load_window(snapshot, cell, first_block, n_blocks);
   }
 
  private:
@@ -49,24 +56,22 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   }
   (void)experts_on_host(*model, o.n_cpu_moe, o.cpu_tensor_patterns);  // bad -ot patterns fail on every machine
 
-  KvConfig kv;
-  kv.block_size = o.kv_block_size;
-  kv.n_blocks = (o.n_ctx + o.kv_block_size - 1) / o.kv_block_size;
-  kv.type_k = o.type_k;
-  kv.type_v = o.type_v;
-  // Sliding-window layers keep a ring per sequence (the window plus a step's tokens), not blocks: like
-  // a recurrent state it cannot be cut back, so such models take state cells and snapshots too.
-  // The ring: the window plus a step's tokens, rounded up to whole blocks (the GPU addresses it by block).
-  if (hp.has_sliding_layers())
-    kv.swa_ring = std::min((hp.sliding_window + o.n_batch - 1 + kv.block_size - 1) / kv.block_size * kv.block_size,
-                           kv.n_blocks * kv.block_size);
-  engine->swa_ring_ = kv.swa_ring;
+  // Sliding-window layers keep a ring per sequence (the window plus a step's tokens, in whole blocks: the
+  // GPU addresses it by block), not blocks: it cannot be cut back, so sequences take state cells. Without
+  // recurrent layers (gemma3) prompt caching keeps window snapshots in host memory (windowed memory);
+  // with them, the rings go with the states into state-cell snapshots.
+  KvConfig kv = planned_kv_config(hp, o.n_ctx, o.n_batch, o.kv_block_size, o.type_k, o.type_v);
+  const bool deltanet = hp.count_layers(MixerKind::DeltaNet) > 0;
   SequenceMemory::Options mo;
   mo.n_blocks = kv.n_blocks;
   mo.block_size = kv.block_size;
-  mo.recurrent = hp.count_layers(MixerKind::DeltaNet) > 0 || kv.swa_ring > 0;
+  mo.recurrent = deltanet || kv.swa_ring > 0;
+  mo.windowed = kv.swa_ring > 0 && !deltanet;
+  mo.ring = kv.swa_ring;
+  mo.window = hp.sliding_window;
   mo.n_seq_max = o.n_seq_max;
   mo.n_snapshots = o.n_state_snapshots;
+  engine->kv_ = kv;
   if (mo.recurrent && o.n_seq_max < 1) fail("the number of parallel sequences {} must be at least 1", o.n_seq_max);
   if (o.n_state_snapshots < 0) fail("the number of state snapshots {} cannot be negative", o.n_state_snapshots);
   const int n_cells = SequenceMemory::state_cells(mo);
@@ -212,6 +217,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     cpu->load(model, set);
     cpu->init_kv(kv);
     cpu->init_state(n_cells);
+    cpu->init_snapshots(mo.windowed ? o.n_state_snapshots : 0);
     engine->placement_.push_back({cpu.get(), set});
     engine->backends_.push_back(std::move(cpu));
   }
@@ -224,6 +230,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
       gpu->load(model, set);
       gpu->init_kv(kv);
       gpu->init_state(n_cells);
+      gpu->init_snapshots(mo.windowed ? o.n_state_snapshots : 0);
       engine->placement_.push_back({gpu, set});
       engine->backends_.push_back(std::move(gpus[r.gpu]));
       shares += fmt::format("{}GPU {}: {}", shares.empty() ? "" : ", ", gpu_list[r.gpu], r.end_unit - r.first_unit);
@@ -437,12 +444,7 @@ std::vector<std::string> Engine::report() const {
                                 p.layers.end - 1, p.layers.embedding ? " + embedding" : "", p.layers.output ? " + output" : "",
                                 p.backend->weight_bytes(*model_, p.layers) / 1048576.0));
   }
-  KvConfig kv;
-  kv.block_size = memory_->block_size();
-  kv.n_blocks = memory_->n_blocks();
-  kv.type_k = options_.type_k;
-  kv.type_v = options_.type_v;
-  kv.swa_ring = swa_ring_;
+  const KvConfig& kv = kv_;
   uint64_t kv_bytes = 0, swa_bytes = 0;
   for (const Placement& p : placement_) {
     kv_bytes += p.backend->kv_block_bytes(*model_, p.layers, kv) * kv.n_blocks;
@@ -454,14 +456,29 @@ std::vector<std::string> Engine::report() const {
   lines.push_back(fmt::format("KV cache: {} positions ({} blocks of {}), K {}, V {}, {:.1f} MiB{}", memory_->capacity_tokens(),
                               kv.n_blocks, kv.block_size, dtype_name(kv.type_k), dtype_name(kv.type_v), kv_bytes / 1048576.0,
                               n_paged < hp.n_layer ? fmt::format(" ({} of {} layers keep a KV cache)", n_paged, hp.n_layer) : ""));
-  if (swa_ring_ > 0) {
-    const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
+  if (kv.swa_ring > 0) {
+    const bool windowed = memory_->windowed();  // snapshots in host memory, else state cells
+    const int n_cells = options_.n_seq_max + (windowed ? 0 : options_.n_state_snapshots);
+    uint64_t snap_bytes = 0;
+    for (const Placement& p : placement_) snap_bytes += p.backend->swa_snapshot_bytes(*model_, p.layers, kv);
     lines.push_back(fmt::format("sliding-window KV: {} layers keep the last {} positions ({} with a step's tokens) per sequence, "
                                 "{:.1f} MiB per sequence, {} sequence{}{}, {:.1f} MiB",
-                                hp.count_sliding_layers(0, hp.n_layer), hp.sliding_window, swa_ring_, swa_bytes / 1048576.0,
+                                hp.count_sliding_layers(0, hp.n_layer), hp.sliding_window, kv.swa_ring, swa_bytes / 1048576.0,
                                 options_.n_seq_max, options_.n_seq_max == 1 ? "" : "s",
-                                options_.n_state_snapshots ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
+                                options_.n_state_snapshots && !windowed ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
                                 (double)swa_bytes * n_cells / 1048576.0));
+    if (windowed && options_.n_state_snapshots > 0)
+      lines.push_back(fmt::format("prompt-cache snapshots of the sliding layers: {} x {:.1f} MiB (the {} positions before a block "
+                                  "boundary) in host memory, {:.1f} MiB",
+                                  options_.n_state_snapshots, snap_bytes / 1048576.0, kv.swa_snapshot_blocks * kv.block_size,
+                                  (double)snap_bytes * options_.n_state_snapshots / 1048576.0));
+    const int n_global = hp.count_layers(MixerKind::Attention) - hp.count_sliding_layers(0, hp.n_layer);
+    lines.push_back(fmt::format("KV memory: {:.1f} MiB ({} global layer{} x {} positions {:.1f} MiB + sliding-window rings {:.1f} MiB){}",
+                                (kv_bytes + (double)swa_bytes * n_cells) / 1048576.0, n_global, n_global == 1 ? "" : "s",
+                                memory_->capacity_tokens(), kv_bytes / 1048576.0, (double)swa_bytes * n_cells / 1048576.0,
+                                windowed && options_.n_state_snapshots > 0
+                                    ? fmt::format(", + {:.1f} MiB of snapshots in host memory", (double)snap_bytes * options_.n_state_snapshots / 1048576.0)
+                                    : ""));
   }
   if (hp.count_layers(MixerKind::DeltaNet) > 0) {
     const int n_cells = options_.n_seq_max + options_.n_state_snapshots;

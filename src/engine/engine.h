@@ -123,6 +123,9 @@ class Engine {
   };
   std::vector<PlacedRange> placements() const;
 
+  // The KV geometry the backends were given (memory_plan.h's planned_kv_config).
+  const KvConfig& kv_config() const { return kv_; }
+
   // Human-readable placement and memory report (one line per item), as the startup log prints it.
   std::vector<std::string> report() const;
 
@@ -156,7 +159,7 @@ class Engine {
   std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement
   int gpu_units_ = 0;
-  int swa_ring_ = 0;  // KvConfig::swa_ring: positions each sliding layer keeps per sequence (0: none)
+  KvConfig kv_;  // the KV geometry every backend was given
 };
 
 }  // namespace roofline

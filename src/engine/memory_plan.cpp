@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "engine/placement.h"
 #include "engine/roofline_model.h"
+#include "engine/sequence_memory.h"
 #include "model/quant_mix.h"
 
 namespace roofline {
@@ -59,6 +60,11 @@ double kv_bytes_per_position_in(const Model& model, int begin, int end, DType tk
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / kGiB); }
 
+// Sliding layers among `layers` kept in rings (as the backends count them).
+int ring_layers_in(const HParams& hp, const LayerSet& layers, const KvConfig& kv) {
+  return kv.swa_ring > 0 ? hp.count_sliding_layers(layers.begin, layers.end) : 0;
+}
+
 }  // namespace
 
 uint64_t planned_gpu_weight_bytes(const Model& model, const LayerSet& layers) {
@@ -82,8 +88,41 @@ uint64_t planned_gpu_weight_bytes(const Model& model, const LayerSet& layers) {
 uint64_t planned_gpu_kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) {
   const HParams& hp = model.hparams();
   const int64_t nk = (int64_t)kv.block_size * hp.kv_dim_k(), nv = (int64_t)kv.block_size * hp.kv_dim_v();
-  return (uint64_t)hp.count_layers(MixerKind::Attention, layers.begin, layers.end) *
-         (kv_plane_bytes(kv.type_k, nk) + kv_plane_bytes(kv.type_v, nv) + 4 * 256);
+  const int paged = hp.count_layers(MixerKind::Attention, layers.begin, layers.end) - ring_layers_in(hp, layers, kv);
+  return (uint64_t)paged * (kv_plane_bytes(kv.type_k, nk) + kv_plane_bytes(kv.type_v, nv) + 4 * 256);
+}
+
+uint64_t planned_gpu_swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) {
+  const HParams& hp = model.hparams();
+  const int64_t nk = (int64_t)kv.swa_ring * hp.kv_dim_k(), nv = (int64_t)kv.swa_ring * hp.kv_dim_v();
+  return (uint64_t)ring_layers_in(hp, layers, kv) * (kv_plane_bytes(kv.type_k, nk) + kv_plane_bytes(kv.type_v, nv) + 4 * 256);
+}
+
+KvConfig planned_kv_config(const HParams& hp, int n_ctx, int n_batch, int block_size, DType type_k, DType type_v) {
+  KvConfig kv;
+  kv.block_size = block_size;
+  kv.n_blocks = (n_ctx + block_size - 1) / block_size;
+  kv.type_k = type_k;
+  kv.type_v = type_v;
+  if (hp.has_sliding_layers())
+    kv.swa_ring = std::min((hp.sliding_window + n_batch - 1 + block_size - 1) / block_size * block_size, kv.n_blocks * block_size);
+  if (kv.swa_ring > 0 && hp.count_layers(MixerKind::DeltaNet) == 0)
+    kv.swa_snapshot_blocks = SequenceMemory::window_snapshot_blocks(hp.sliding_window, block_size, kv.swa_ring);
+  return kv;
+}
+
+uint64_t window_snapshot_bytes(const Model& model, const KvConfig& kv) {
+  const HParams& hp = model.hparams();
+  return (uint64_t)ring_layers_in(hp, LayerSet{0, hp.n_layer, true, true}, kv) * kv.swa_snapshot_blocks * kv.block_size *
+         (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+}
+
+int window_snapshot_count(const Model& model, const KvConfig& kv, int n_parallel, double cache_ram_mib) {
+  const uint64_t bytes = window_snapshot_bytes(model, kv);
+  if (bytes == 0) return 0;
+  const int wanted = 2 * n_parallel;
+  if (cache_ram_mib < 0) return wanted;
+  return (int)std::min<double>(wanted, std::floor(cache_ram_mib * 1048576.0 / (double)bytes));
 }
 
 uint64_t planned_gpu_state_cell_bytes(const Model& model, const LayerSet& layers) {
@@ -109,13 +148,14 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   if (s.n_ctx == 0) s.n_ctx = std::min(trained, 16384);
   s.n_ctx = std::min(s.n_ctx, trained);  // serve caps -c at the trained context
 
-  KvConfig kv;
-  kv.block_size = s.kv_block_size;
-  kv.n_blocks = (s.n_ctx + kv.block_size - 1) / kv.block_size;
-  kv.type_k = s.type_k;
-  kv.type_v = s.type_v;
+  const KvConfig kv = planned_kv_config(hp, s.n_ctx, s.n_batch, s.kv_block_size, s.type_k, s.type_v);
+  p.kv = kv;
   const bool recurrent = hp.count_layers(MixerKind::DeltaNet) > 0;
   p.state_cells = recurrent ? s.n_parallel + (s.prompt_cache ? 2 * s.n_parallel : 0) : 0;
+  // Sliding-window rings: one per slot; with recurrent layers they go with the state cells and their snapshots.
+  p.swa_ring_cells = kv.swa_ring > 0 ? (recurrent ? p.state_cells : s.n_parallel) : 0;
+  p.window_snapshots = s.prompt_cache ? window_snapshot_count(model, kv, s.n_parallel, s.cache_ram_mib) : 0;
+  p.window_snapshot_bytes = (double)window_snapshot_bytes(model, kv);
   p.n_units = hp.n_layer + 1;
   p.kv_bytes_per_position = kv_bytes_per_position(model, s.type_k, s.type_v);
 
@@ -130,7 +170,7 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   auto cost = [&](int, int first, int end) {
     const LayerSet set = gpu_set(first, end);
     return (double)planned_gpu_weight_bytes(model, set) + (double)planned_gpu_kv_block_bytes(model, set, kv) * kv.n_blocks +
-           (double)planned_gpu_state_cell_bytes(model, set) * p.state_cells;
+           (double)planned_gpu_state_cell_bytes(model, set) * p.state_cells + (double)planned_gpu_swa_cell_bytes(model, set, kv) * p.swa_ring_cells;
   };
   int units = 0;
   if (!gpu.host && s.n_gpu_layers != 0) units = choose_gpu_units(s.n_gpu_layers, p.n_units, {1.0}, {budget}, cost);
@@ -144,6 +184,7 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     p.gpu_bill.weights = (double)planned_gpu_weight_bytes(model, set);
     p.gpu_bill.kv = (double)planned_gpu_kv_block_bytes(model, set, kv) * kv.n_blocks;
     p.gpu_bill.state = (double)planned_gpu_state_cell_bytes(model, set) * p.state_cells;
+    p.gpu_bill.swa = (double)planned_gpu_swa_cell_bytes(model, set, kv) * p.swa_ring_cells;
     p.gpu_bill.work = work;
     p.gpu_bill.margin = s.margin_gib * kGiB;
   }
@@ -156,10 +197,16 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   if (units < p.n_units) {
     const LayerSet set{0, std::min(first_gpu_unit, hp.n_layer), true, units == 0};
     p.host_bill.weights = host_weight_bytes(model, set);
-    p.host_bill.kv = kv_bytes_per_position_in(model, set.begin, set.end, s.type_k, s.type_v) * kv.block_size * kv.n_blocks;
+    const double row = (double)(dtype_row_bytes(s.type_k, hp.kv_dim_k()) + dtype_row_bytes(s.type_v, hp.kv_dim_v()));
+    const int rings = ring_layers_in(hp, set, kv);
+    p.host_bill.kv = (kv_bytes_per_position_in(model, set.begin, set.end, s.type_k, s.type_v) - rings * row) * kv.block_size * kv.n_blocks;
+    p.host_bill.swa = rings * row * kv.swa_ring * p.swa_ring_cells;
     p.host_bill.state = 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, set.begin, set.end) * p.state_cells;
   }
-  p.kv_bytes_total = p.gpu_bill.kv + p.host_bill.kv;
+  // Window snapshots stay in host memory whichever device holds the layers (pinned for a GPU's).
+  p.host_bill.snapshots = p.window_snapshot_bytes * p.window_snapshots;
+  p.swa_bytes_per_ring = p.swa_ring_cells > 0 ? (p.gpu_bill.swa + p.host_bill.swa) / p.swa_ring_cells : 0;
+  p.kv_bytes_total = p.gpu_bill.kv + p.host_bill.kv + p.gpu_bill.swa + p.host_bill.swa;
   p.kv_bytes_per_slot = p.kv_bytes_total / s.n_parallel;
   p.state_bytes_per_cell = p.state_cells > 0 ? (p.gpu_bill.state + p.host_bill.state) / p.state_cells : 0;
   const bool placement_fits = units == 0 || cost(0, first_gpu_unit, p.n_units) <= budget;
@@ -176,7 +223,8 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     for (int il = b; il < e; ++il) n += layer_decode_bytes(model, il);
     if (end_unit == p.n_units) n += (double)model.output_bytes();
     if (first_unit == 0) n += (double)dtype_row_bytes(model.token_embd().type(), hp.n_embd);
-    n += depth * kv_bytes_per_position_in(model, b, e, s.type_k, s.type_v);
+    const double row = (double)(dtype_row_bytes(s.type_k, hp.kv_dim_k()) + dtype_row_bytes(s.type_v, hp.kv_dim_v()));
+    for (int il = b; il < e; ++il) n += kv_positions_read(hp, il, depth) * row;  // sliding layers: their window
     n += state_bytes_per_token(model, b, e);
     return n;
   };
@@ -221,9 +269,13 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                             p.host_bytes_per_token > 0 ? fmt::format(" + {:.3f} GB / {:.1f} GB/s", p.host_bytes_per_token / 1e9, host_gbs) : "",
                             roofline));
   }
+  double slot_kv_read = 0;  // KV a token reads at a full slot's depth (sliding layers: their window)
+  for (int il = 0; il < hp.n_layer; ++il)
+    slot_kv_read += kv_positions_read(hp, il, slot_depth) *
+                    (double)(dtype_row_bytes(s.type_k, hp.kv_dim_k()) + dtype_row_bytes(s.type_v, hp.kv_dim_v()));
   d.push_back(fmt::format("decode predicted: {:.1f} x {:.2f} (our decode's share of the roofline, measured on the H200) = {:.1f} tok/s "
                           "(one sequence, short context); at depth {:.0f} (a full slot: +{:.2f} GB of KV per token) {:.1f} tok/s",
-                          roofline, s.decode_efficiency, p.decode_tok_s, slot_depth, slot_depth * p.kv_bytes_per_position / 1e9,
+                          roofline, s.decode_efficiency, p.decode_tok_s, slot_depth, slot_kv_read / 1e9,
                           p.decode_tok_s_full_context));
   d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
                           "on the H200){} = {:.0f} tok/s",

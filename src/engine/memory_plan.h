@@ -21,6 +21,19 @@ namespace roofline {
 uint64_t planned_gpu_weight_bytes(const Model& model, const LayerSet& layers);
 uint64_t planned_gpu_kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv);
 uint64_t planned_gpu_state_cell_bytes(const Model& model, const LayerSet& layers);
+uint64_t planned_gpu_swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv);
+
+// The KV geometry Engine::create uses: n_ctx positions in blocks; with sliding-window layers a ring per
+// sequence of the window plus a step's tokens (n_batch - 1), in whole blocks, at most the context; for
+// models whose only uncut-able memory is those rings (no recurrent layers: SequenceMemory's windowed
+// mode), the blocks of one prompt-cache window snapshot.
+KvConfig planned_kv_config(const HParams& hp, int n_ctx, int n_batch, int block_size, DType type_k, DType type_v);
+// Bytes of one window snapshot of every sliding layer (host memory; CpuBackend::swa_snapshot_bytes).
+uint64_t window_snapshot_bytes(const Model& model, const KvConfig& kv);
+// The window snapshots serve keeps for prompt caching on a windowed model: two per slot, fewer when they
+// do not fit cache_ram_mib (llama-server's --cache-ram, which bounds its host prompt cache; < 0: no
+// limit); 0 for other models.
+int window_snapshot_count(const Model& model, const KvConfig& kv, int n_parallel, double cache_ram_mib);
 
 struct PlanSettings {
   int n_ctx = 0;           // KV positions shared by the slots (serve's -c; 0: trained context capped at 16384)
@@ -30,6 +43,7 @@ struct PlanSettings {
   int n_batch = 512;
   int kv_block_size = 32;
   bool prompt_cache = true;         // recurrent models: 2 state snapshots per slot (serve's default)
+  double cache_ram_mib = 8192;      // serve's --cache-ram: host memory for sliding-window snapshots
   double margin_gib = 1.0;          // EngineOptions::gpu_margin_gib
   double cuda_context_gib = 0.5;    // driver context, cuBLAS and kernels: not visible as free memory
   double vram_limit_gib = 0;        // --vram-limit as serve takes it (0: none)
@@ -45,8 +59,9 @@ struct PlanSettings {
 struct DeviceBill {
   std::string device;  // "GPU (v100-32gb)" or "host"
   double weights = 0, kv = 0, state = 0, work = 0, context = 0, margin = 0;
+  double swa = 0, snapshots = 0;  // sliding-window rings of the slots; their prompt-cache snapshots (host)
   double capacity = 0;  // memory available (0: unknown)
-  double total() const { return weights + kv + state + work + context + margin; }
+  double total() const { return weights + kv + state + swa + snapshots + work + context + margin; }
   bool fits() const { return capacity <= 0 || total() <= capacity; }
 };
 
@@ -60,6 +75,10 @@ struct Plan {
   double kv_bytes_total = 0, kv_bytes_per_slot = 0, kv_bytes_per_position = 0;
   int state_cells = 0;
   double state_bytes_per_cell = 0;
+  KvConfig kv;                  // the geometry (planned_kv_config)
+  int swa_ring_cells = 0;       // sliding-window rings: one per slot (or per state cell with recurrent layers)
+  int window_snapshots = 0;     // windowed models: prompt-cache snapshots in host memory
+  double swa_bytes_per_ring = 0, window_snapshot_bytes = 0;
   // Decode: bytes one token reads on each device at depth 0, and the rates.
   double gpu_bytes_per_token = 0, host_bytes_per_token = 0;
   double decode_roofline_tok_s = 0, decode_tok_s = 0, decode_tok_s_full_context = 0;

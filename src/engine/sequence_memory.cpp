@@ -2,11 +2,19 @@
 // snapshots that let prompt caching reuse a prefix on such models.
 #include "engine/sequence_memory.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "core/error.h"
 
 namespace roofline {
+
+void SequenceMemory::Device::save_window(int, int, int, int) {
+  fail("internal error: this memory keeps no sliding-window snapshots");
+}
+void SequenceMemory::Device::load_window(int, int, int, int) {
+  fail("internal error: this memory keeps no sliding-window snapshots");
+}
 
 SequenceMemory::SequenceMemory(const Options& options, Device* device)
     : options_(options), device_(device), kv_(options.n_blocks, options.block_size) {
@@ -14,7 +22,15 @@ SequenceMemory::SequenceMemory(const Options& options, Device* device)
     if (options.n_seq_max < 1) fail("a model with recurrent layers needs room for at least one sequence");
     if (options.n_snapshots < 0) fail("the number of state snapshots cannot be negative");
     for (int c = options.n_seq_max - 1; c >= 0; --c) free_cells_.push_back(c);
-    for (int c = options.n_seq_max + options.n_snapshots - 1; c >= options.n_seq_max; --c) free_snap_cells_.push_back(c);
+    if (options.windowed) {  // host window snapshots, numbered from 0
+      if (options.ring < options.block_size || options.ring % options.block_size || options.window < 1)
+        fail("internal error: sliding-window ring {} (window {}, blocks of {})", options.ring, options.window, options.block_size);
+      for (int c = options.n_snapshots - 1; c >= 0; --c) free_snap_cells_.push_back(c);
+    } else {
+      for (int c = options.n_seq_max + options.n_snapshots - 1; c >= options.n_seq_max; --c) free_snap_cells_.push_back(c);
+    }
+  } else if (options.windowed) {
+    fail("internal error: a windowed memory must be recurrent (its rings cannot be cut back)");
   }
 }
 
@@ -80,7 +96,7 @@ int SequenceMemory::truncate(int seq, int length) {
 
 void SequenceMemory::commit(int seq, int n_new) {
   kv_.commit(seq, n_new);
-  if (!options_.recurrent || options_.n_snapshots == 0 || n_new == 0) return;
+  if (!options_.recurrent || options_.windowed || options_.n_snapshots == 0 || n_new == 0) return;
   const int len = kv_.length(seq);
   if (len % kv_.block_size() != 0) return;
   SeqState& st = seqs_.at(seq);
@@ -120,9 +136,13 @@ int SequenceMemory::take_snapshot_cell() {
   return cell;
 }
 
-void SequenceMemory::cache_blocks(int seq, std::span<const int32_t> tokens) {
+void SequenceMemory::cache_blocks(int seq, std::span<const int32_t> tokens, int snapshot_at) {
   kv_.cache_blocks(seq, tokens);
   if (!options_.recurrent) return;
+  if (options_.windowed) {
+    keep_window(seq, tokens, snapshot_at < 0 ? (int)tokens.size() : snapshot_at);
+    return;
+  }
   SeqState& st = seqs_.at(seq);
   if (st.snap < 0 || st.snap_pos == 0 || (size_t)st.snap_pos > tokens.size()) return;
   // The block chain that holds tokens[0, snap_pos) in the index (the sequence's own blocks, or equal
@@ -145,6 +165,41 @@ void SequenceMemory::cache_blocks(int seq, std::span<const int32_t> tokens) {
   snapshots_.emplace(block, snap);
   st.snap = -1;
   st.snap_pos = 0;
+}
+
+void SequenceMemory::keep_window(int seq, std::span<const int32_t> tokens, int boundary) {
+  if (options_.n_snapshots == 0 || boundary <= 0) return;
+  const int bs = kv_.block_size(), len = kv_.length(seq);
+  const int b = std::min({boundary, (int)tokens.size(), len}) / bs * bs;
+  if (b == 0) return;
+  // The state at b: the sliding layers' K/V of positions [b - window + 1, b), still in the ring while
+  // none of them was overwritten (slot p % ring holds p while p >= len - ring).
+  const int first_pos = std::max(0, b - options_.window + 1);
+  if (first_pos < len - options_.ring) return;
+  const std::vector<int32_t> chain = kv_.matched_blocks(tokens.first((size_t)b), b / bs);
+  if ((int)chain.size() != b / bs) return;
+  const int32_t block = chain.back();
+  if (const Snapshot* have = valid_snapshot(block)) {  // already kept: now the most recently used
+    snapshot_lru_.splice(snapshot_lru_.end(), snapshot_lru_, have->lru);
+    return;
+  }
+  auto old = snapshots_.find(block);
+  if (old != snapshots_.end()) {  // a stale entry of an earlier use of this block
+    free_snap_cells_.push_back(old->second.cell);
+    snapshot_lru_.erase(old->second.lru);
+    snapshots_.erase(old);
+  }
+  const int cell = take_snapshot_cell();
+  if (cell < 0) return;
+  Snapshot snap;
+  snap.cell = cell;
+  snap.first_block = first_pos / bs;
+  snap.n_blocks = b / bs - snap.first_block;
+  ROOFLINE_CHECK(snap.n_blocks <= window_snapshot_blocks(options_.window, bs, options_.ring));
+  if (device_) device_->save_window(seqs_.at(seq).cell, snap.first_block, snap.n_blocks, cell);
+  snap.hash = kv_.block_hash(block);
+  snap.lru = snapshot_lru_.insert(snapshot_lru_.end(), block);
+  snapshots_.emplace(block, snap);
 }
 
 int SequenceMemory::reusable_blocks(const std::vector<int32_t>& chain) const {
@@ -172,7 +227,10 @@ int SequenceMemory::adopt_prefix(int seq, std::span<const int32_t> tokens, int m
   const int adopted = kv_.adopt_prefix(seq, tokens, n);
   ROOFLINE_CHECK(adopted == n * kv_.block_size());
   auto it = snapshots_.find(last);
-  if (device_) device_->copy_state(it->second.cell, seqs_.at(seq).cell);
+  if (device_ && options_.windowed)
+    device_->load_window(it->second.cell, seqs_.at(seq).cell, it->second.first_block, it->second.n_blocks);
+  else if (device_)
+    device_->copy_state(it->second.cell, seqs_.at(seq).cell);
   snapshot_lru_.splice(snapshot_lru_.end(), snapshot_lru_, it->second.lru);  // most recently used
   return adopted;
 }

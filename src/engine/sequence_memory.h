@@ -5,8 +5,13 @@
 // models keeps state snapshots taken when a sequence's length reaches a block boundary, and a later
 // prompt reuses a cached prefix only up to a block that has one: never a wrong answer, at most a
 // shorter reuse. Copies of blocks and states are asked of the backends through Device.
+// Models whose only such memory is sliding-window rings (gemma3: `windowed`) need no snapshot per block:
+// a ring still holds the window before any recent block boundary, so a snapshot of just that window
+// (window - 1 positions in whole blocks, kept by the backends in host memory, as llama.cpp's context
+// checkpoints are) is taken when a prefix is cached, and restored into a new sequence's ring on reuse.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -25,6 +30,10 @@ class SequenceMemory {
     virtual ~Device() = default;
     virtual void copy_kv_block(int src, int dst) = 0;
     virtual void copy_state(int src, int dst) = 0;
+    // Windowed models: blocks [first_block, first_block + n_blocks) of the sequence in state cell `cell`
+    // into host snapshot `snapshot`, and back into another cell's ring.
+    virtual void save_window(int cell, int first_block, int n_blocks, int snapshot);
+    virtual void load_window(int snapshot, int cell, int first_block, int n_blocks);
   };
   struct Options {
     int n_blocks = 0;
@@ -32,14 +41,26 @@ class SequenceMemory {
     bool recurrent = false;  // the model has recurrent layers: sequences need state cells
     int n_seq_max = 1;       // recurrent: sequences that may live at once (one state cell each)
     int n_snapshots = 0;     // recurrent: state cells kept for prompt caching (0: no reuse of prefixes)
+    // Sliding-window rings only (no recurrent layer; needs `recurrent`): the ring's positions per sequence
+    // and the model's window; snapshots are then host window snapshots, not state cells.
+    bool windowed = false;
+    int ring = 0;
+    int window = 0;
   };
-  // State cells the backends need: n_seq_max + n_snapshots for recurrent models, else 0.
-  static int state_cells(const Options& o) { return o.recurrent ? o.n_seq_max + o.n_snapshots : 0; }
+  // State cells the backends need: n_seq_max (+ n_snapshots unless windowed) for recurrent models, else 0.
+  static int state_cells(const Options& o) {
+    return o.recurrent ? o.n_seq_max + (o.windowed ? 0 : o.n_snapshots) : 0;
+  }
+  // Windowed models: the blocks one window snapshot holds (window - 1 positions before a block boundary).
+  static int window_snapshot_blocks(int window, int block_size, int ring) {
+    return std::min((std::max(window - 1, 0) + block_size - 1) / block_size, ring / block_size);
+  }
 
   SequenceMemory(const Options& options, Device* device);
 
   // --- geometry and accounting ---
-  bool recurrent() const { return options_.recurrent; }
+  bool recurrent() const { return options_.recurrent; }  // sequences cannot be cut back
+  bool windowed() const { return options_.windowed; }
   int block_size() const { return kv_.block_size(); }
   int n_blocks() const { return kv_.n_blocks(); }
   int free_blocks() const { return kv_.free_blocks(); }
@@ -75,8 +96,9 @@ class SequenceMemory {
 
   // --- prompt caching ---
   // Indexes the full blocks of `seq` holding tokens[0, n) (and attaches its snapshot when its block is
-  // indexed), so later prompts with the same prefix can adopt them.
-  void cache_blocks(int seq, std::span<const int32_t> tokens);
+  // indexed), so later prompts with the same prefix can adopt them. Windowed models take a window
+  // snapshot at the last block boundary <= snapshot_at (-1: n; 0: none) when the ring still holds it.
+  void cache_blocks(int seq, std::span<const int32_t> tokens, int snapshot_at = -1);
   // Cached blocks of the longest block-aligned prefix of `tokens` that can be reused (recurrent: ending
   // at a block with a state snapshot), at most max_blocks; `unreferenced` as KvCache::match_prefix.
   int match_prefix(std::span<const int32_t> tokens, int max_blocks, int* unreferenced = nullptr) const;
@@ -85,7 +107,9 @@ class SequenceMemory {
   void clear_prefix_cache();
   // Positions at which a prompt chunk should end so the state there can be kept (recurrent models
   // with snapshots: the block size; 0 otherwise).
-  int snapshot_interval() const { return options_.recurrent && options_.n_snapshots > 0 ? kv_.block_size() : 0; }
+  int snapshot_interval() const {
+    return options_.recurrent && !options_.windowed && options_.n_snapshots > 0 ? kv_.block_size() : 0;
+  }
 
   const KvCache& kv() const { return kv_; }
 
@@ -97,7 +121,8 @@ class SequenceMemory {
     bool snapshots = true;
   };
   struct Snapshot {      // a cached snapshot, valid while its block keeps the same index hash
-    int cell = -1;
+    int cell = -1;       // a state cell, or (windowed) a host window snapshot
+    int first_block = 0, n_blocks = 0;  // windowed: the sequence's blocks it holds
     uint64_t hash = 0;
     std::list<int32_t>::iterator lru;
   };
@@ -105,6 +130,7 @@ class SequenceMemory {
   void attach_snapshot(int seq);             // hands the sequence's snapshot to the cache if its block is indexed
   int reusable_blocks(const std::vector<int32_t>& chain) const;  // prefix length ending at a valid snapshot
   const Snapshot* valid_snapshot(int32_t block) const;
+  void keep_window(int seq, std::span<const int32_t> tokens, int boundary);  // windowed cache_blocks
 
   Options options_;
   Device* device_;

@@ -540,8 +540,12 @@ void Scheduler::complete_step() {
   SequenceMemory& mem = runner_.memory();
   for (auto& [a, chunk] : prefill_chunks_) {
     a->n_prompt_done += chunk;
+    // Sliding-window models keep a window snapshot only where the prompt ends (at its last block boundary
+    // before the final token, which a repeated prompt can resume from); recurrent ones at every boundary.
+    const int P = (int)a->params.prompt.size();
     if (options_.prompt_cache && a->params.cache_prompt)
-      mem.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done));
+      mem.cache_blocks(a->choices[0].seq, std::span<const int32_t>(a->params.prompt.data(), (size_t)a->n_prompt_done),
+                       a->n_prompt_done == P ? P - 1 : 0);
   }
   ROOFLINE_CHECK(out->argmax.size() == refs_.size() && out->logits.size() == refs_.size(), "step output rows mismatch");
   ROOFLINE_CHECK(out->hidden.size() == hidden_refs_.size(), "step hidden rows mismatch");

@@ -14,6 +14,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/gpu_table.h"
+#include "engine/memory_plan.h"
 #include "engine/roofline_model.h"
 #include "model/model_file.h"
 #include "model/synthetic.h"
@@ -245,8 +247,62 @@ TEST(Gemma3Test, SlidingLayersMemoryIsBoundedByTheWindow) {
   EXPECT_EQ(cpu.kv_block_bytes(*big, all, kv) * kv.n_blocks, 62ull * 32768 * 2 * 16 * 128 * 2);
 }
 
+// The memory bill (`roofline plan`'s, on the host) of a tiny gemma3 at serve's settings is what the engine
+// sets up and what the CPU backend allocates: the global layer's blocks for the whole context, one ring per
+// slot for each sliding layer, and the window snapshots serve keeps (two per slot within --cache-ram).
+TEST(Gemma3Test, MemoryBillIsWhatTheCpuBackendAllocates) {
+  auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
+  PlanSettings ps;
+  ps.n_ctx = 1024;
+  ps.n_parallel = 4;
+  ps.n_batch = 16;
+  ps.kv_block_size = 16;
+  ps.n_gpu_layers = 0;
+  const Plan plan = make_plan(*model, *find_gpu_spec("cpu"), ps);
+  const double row = 2.0 * (2 * 64) * 2;  // K and V rows of 2 heads x 64, f16
+  EXPECT_EQ(plan.kv.swa_ring, 32) << "window 8 + a step's 16 - 1, in blocks of 16";
+  EXPECT_EQ(plan.kv.swa_snapshot_blocks, 1) << "the 7 positions before a boundary, in a block";
+  EXPECT_DOUBLE_EQ(plan.host_bill.kv, 1 * 1024 * row) << "the one global layer, the whole context";
+  EXPECT_DOUBLE_EQ(plan.host_bill.swa, 7 * 32 * row * 4) << "7 sliding layers, a ring per slot";
+  EXPECT_EQ(plan.window_snapshots, 8);
+  EXPECT_DOUBLE_EQ(plan.host_bill.snapshots, 8 * 7 * 16 * row);
+  EXPECT_DOUBLE_EQ(plan.kv_bytes_total, plan.host_bill.kv + plan.host_bill.swa);
+
+  // The engine as serve creates it.
+  EngineOptions o;
+  o.n_ctx = ps.n_ctx;
+  o.n_batch = ps.n_batch;
+  o.kv_block_size = ps.kv_block_size;
+  o.n_seq_max = ps.n_parallel;
+  o.n_state_snapshots = window_snapshot_count(*model, plan.kv, ps.n_parallel, ps.cache_ram_mib);
+  EXPECT_EQ(o.n_state_snapshots, plan.window_snapshots);
+  auto engine = Engine::create(model, o);
+  const KvConfig& kv = engine->kv_config();
+  EXPECT_EQ(kv.n_blocks, plan.kv.n_blocks);
+  EXPECT_EQ(kv.swa_ring, plan.kv.swa_ring);
+  EXPECT_EQ(kv.swa_snapshot_blocks, plan.kv.swa_snapshot_blocks);
+  EXPECT_EQ(SequenceMemory::state_cells({kv.n_blocks, kv.block_size, true, o.n_seq_max, o.n_state_snapshots, true, kv.swa_ring, 8}),
+            ps.n_parallel) << "the snapshots take no state cells";
+  std::string report;
+  for (const auto& line : engine->report()) report += line + "\n";
+  EXPECT_NE(report.find("prompt-cache snapshots of the sliding layers: 8 x "), std::string::npos) << report;
+  EXPECT_NE(report.find("(the 16 positions before a block boundary) in host memory"), std::string::npos) << report;
+  // What a CPU backend holding every layer allocates with that geometry, as the engine initializes it.
+  cpu::CpuBackend cpu(1);
+  cpu.load(model, LayerSet{0, model->hparams().n_layer, true, true});
+  cpu.init_kv(kv);
+  cpu.init_state(ps.n_parallel);
+  cpu.init_snapshots(o.n_state_snapshots);
+  EXPECT_EQ((double)cpu.kv_bytes_allocated(), plan.host_bill.kv + plan.host_bill.swa + plan.host_bill.snapshots);
+  EXPECT_EQ(cpu.swa_snapshot_bytes(*model, LayerSet{0, model->hparams().n_layer, true, true}, kv), window_snapshot_bytes(*model, kv));
+  // No room in --cache-ram: no snapshots (and no reuse), never a partial one.
+  EXPECT_EQ(window_snapshot_count(*model, plan.kv, 4, 0), 0);
+  EXPECT_EQ(window_snapshot_count(*model, plan.kv, 4, 3 * 7 * 16 * row / 1048576.0), 3);
+  EXPECT_EQ(window_snapshot_count(*model, plan.kv, 4, -1), 8);
+}
+
 // Rings that wrap many times (n_batch 4, blocks of 4: 12 positions for a window of 8), a fork that copies them, and
-// prompt caching that resumes from a snapshot: the same logits as fresh evaluations.
+// prompt caching that resumes from a window snapshot: the same logits as fresh evaluations.
 TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
   auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
   const int n_vocab = model->hparams().n_vocab;
@@ -259,11 +315,17 @@ TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
   auto engine = Engine::create(model, o);
   SequenceMemory& mem = engine->memory();
   ASSERT_TRUE(mem.recurrent()) << "rings cannot be cut back: sequences take state cells";
+  ASSERT_TRUE(mem.windowed()) << "no recurrent layers: snapshots of the window, not of state cells";
   const auto prompt = tokens_for(22, n_vocab, 5);
   const int s = mem.create_sequence();
   const std::vector<int32_t> first(prompt.begin(), prompt.begin() + 16), rest(prompt.begin() + 16, prompt.end());
-  engine->eval(s, first, false);  // ends on the boundary at 16: a snapshot of the rings
-  engine->eval(s, rest, false);   // in chunks of 4: 20 (a snapshot), 22
+  engine->eval(s, first, false);
+  engine->eval(s, rest, false);  // in chunks of 4: 20, 22
+  // Prompt caching: a window snapshot at the last block boundary (20), taken while the ring still holds
+  // positions 13..19; none during the steps themselves.
+  EXPECT_EQ(mem.n_state_snapshots(), 0);
+  mem.cache_blocks(s, prompt);
+  EXPECT_EQ(mem.n_state_snapshots(), 1);
   // A fork continues with the rings as they are.
   const int f = engine->fork_sequence(s);
   const auto tail_a = tokens_for(9, n_vocab, 6), tail_b = tokens_for(7, n_vocab, 7);
@@ -280,10 +342,15 @@ TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
   };
   EXPECT_EQ(0, std::memcmp(la.data(), full(tail_a).data(), la.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(lb.data(), full(tail_b).data(), lb.size() * sizeof(float)));
+  // The ring of s has moved on (31 positions): a snapshot at 28 would need 21..27, still there; one at
+  // 20 no longer (13..19 were overwritten), so caching s's blocks again adds the one at 28 only.
+  std::vector<int32_t> s_tokens = prompt;
+  s_tokens.insert(s_tokens.end(), tail_a.begin(), tail_a.end());
+  mem.cache_blocks(s, s_tokens);
+  EXPECT_EQ(mem.n_state_snapshots(), 2);
   mem.free_sequence(f);
-  // Prompt caching: the prefix is reused up to the last snapshot (20), never beyond.
-  mem.cache_blocks(s, prompt);
   mem.free_sequence(s);
+  // Reuse: the longest prefix ending at a snapshot, never beyond it.
   auto longer = prompt;
   const auto more = tokens_for(6, n_vocab, 8);
   longer.insert(longer.end(), more.begin(), more.end());
@@ -295,6 +362,40 @@ TEST(Gemma3Test, ForksAndPrefixReuseKeepTheWindow) {
   const int q = fresh->memory().create_sequence();
   const auto want = fresh->eval(q, longer, true);
   EXPECT_EQ(0, std::memcmp(got.data(), want.data() + 20 * (size_t)n_vocab, got.size() * sizeof(float)));
+  mem.free_sequence(t);
+  // The continuation of s from its snapshot at 28 (a ring restored into another cell, wrapped differently).
+  auto s_more = s_tokens;
+  s_more.push_back(3);
+  const int u = mem.create_sequence();
+  ASSERT_EQ(mem.adopt_prefix(u, s_more, 100), 28);
+  const auto got_s = engine->eval(u, std::vector<int32_t>(s_more.begin() + 28, s_more.end()), true);
+  const int q2 = fresh->memory().create_sequence();
+  const auto want_s = fresh->eval(q2, s_more, true);
+  EXPECT_EQ(0, std::memcmp(got_s.data(), want_s.data() + 28 * (size_t)n_vocab, got_s.size() * sizeof(float)));
+}
+
+// A snapshot is never taken from a ring that no longer holds the window before the boundary: with the
+// ring full of later positions the prefix is simply not reused.
+TEST(Gemma3Test, NoSnapshotFromARingThatMovedOn) {
+  auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.kv_block_size = 4;
+  o.n_batch = 4;
+  o.n_seq_max = 1;
+  o.n_state_snapshots = 4;
+  auto engine = Engine::create(model, o);
+  SequenceMemory& mem = engine->memory();
+  const auto tokens = tokens_for(40, n_vocab, 9);
+  const int s = mem.create_sequence();
+  engine->eval(s, tokens, false);
+  mem.cache_blocks(s, std::span<const int32_t>(tokens.data(), 20));  // the window before 20 was overwritten long ago
+  EXPECT_EQ(mem.n_state_snapshots(), 0);
+  EXPECT_EQ(mem.match_prefix(tokens, 100), 0);
+  mem.cache_blocks(s, tokens);  // at 40: 33..39 are in the ring of 12
+  EXPECT_EQ(mem.n_state_snapshots(), 1);
+  EXPECT_EQ(mem.match_prefix(tokens, 100), 10);
+  EXPECT_EQ(mem.match_prefix(tokens, 9), 0) << "a shorter prefix has no snapshot of its own";
 }
 
 // The roofline counts what a decode token reads: the global layer its whole depth, the sliding layers

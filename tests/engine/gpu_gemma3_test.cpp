@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
 #include "backend/gpu.h"
 #include "engine/engine.h"
 #include "engine/reference_forward.h"
@@ -90,39 +91,50 @@ TEST(GpuGemma3Test, SmallPrefillKeyTiles) {
   EXPECT_LT(e, 1e-4);
 }
 
-// A fork and a reused prefix on the GPU continue as fresh sequences do.
+// A fork and a reused prefix on the GPU continue as fresh sequences do. Prefix reuse restores a window
+// snapshot kept in pinned host memory into another sequence's ring: with blocks of 4 and steps of 4 the ring
+// is 3 blocks and the snapshot at 28 (blocks 5 and 6) wraps it; with 4 units the first sliding layers stay
+// on the CPU, whose backend keeps its own snapshots.
 TEST(GpuGemma3Test, ForksAndPrefixReuse) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-gemma3:Q8_0");
   const int n_vocab = model->hparams().n_vocab;
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
-  o.kv_block_size = 16;
-  o.n_seq_max = 3;
-  o.n_state_snapshots = 2;
-  auto engine = Engine::create(model, o);
-  SequenceMemory& mem = engine->memory();
-  const auto prompt = some_tokens(40, n_vocab, 5);
-  const int s = mem.create_sequence();
-  engine->eval(s, std::vector<int32_t>(prompt.begin(), prompt.begin() + 32), false);  // a snapshot at 32
-  engine->eval(s, std::vector<int32_t>(prompt.begin() + 32, prompt.end()), false);
-  const int f = engine->fork_sequence(s);
-  const auto tail = some_tokens(6, n_vocab, 6);
-  const auto lf = engine->eval(f, tail, true);
-  auto fresh = Engine::create(model, o);
-  std::vector<int32_t> full = prompt;
-  full.insert(full.end(), tail.begin(), tail.end());
-  const int q = fresh->memory().create_sequence();
-  const auto want = fresh->eval(q, full, true);
-  fresh->memory().free_sequence(q);
-  EXPECT_LT(test::nmse(lf.data(), want.data() + prompt.size() * n_vocab, lf.size()), 5e-3);  // decode-sized vs GEMM paths
-  mem.free_sequence(f);
-  mem.cache_blocks(s, prompt);
-  mem.free_sequence(s);
-  const int t = mem.create_sequence();
-  ASSERT_EQ(mem.adopt_prefix(t, full, 100), 32);
-  const auto got = engine->eval(t, std::vector<int32_t>(full.begin() + 32, full.end()), true);
-  EXPECT_LT(test::nmse(got.data(), want.data() + 32 * n_vocab, got.size()), 5e-3);
+  struct Case {
+    int block_size, n_batch, units, reused;
+  };
+  for (const Case c : {Case{16, 512, 9, 16}, Case{4, 4, 9, 28}, Case{4, 4, 4, 28}}) {
+    SCOPED_TRACE(fmt::format("blocks of {}, steps of {}, {} units", c.block_size, c.n_batch, c.units));
+    EngineOptions o;
+    o.n_gpu_layers = c.units;
+    o.kv_block_size = c.block_size;
+    o.n_batch = c.n_batch;
+    o.n_seq_max = 3;
+    o.n_state_snapshots = 2;
+    auto engine = Engine::create(model, o);
+    SequenceMemory& mem = engine->memory();
+    ASSERT_TRUE(mem.windowed());
+    const auto prompt = some_tokens(30, n_vocab, 5);
+    const int s = mem.create_sequence();
+    engine->eval(s, prompt, false);
+    mem.cache_blocks(s, prompt);  // a window snapshot at the last boundary
+    ASSERT_EQ(mem.n_state_snapshots(), 1);
+    const int f = engine->fork_sequence(s);
+    const auto tail = some_tokens(6, n_vocab, 6);
+    const auto lf = engine->eval(f, tail, true);
+    auto fresh = Engine::create(model, o);
+    std::vector<int32_t> full = prompt;
+    full.insert(full.end(), tail.begin(), tail.end());
+    const int q = fresh->memory().create_sequence();
+    const auto want = fresh->eval(q, full, true);
+    fresh->memory().free_sequence(q);
+    EXPECT_LT(test::nmse(lf.data(), want.data() + prompt.size() * n_vocab, lf.size()), 5e-3);  // decode-sized vs GEMM paths
+    mem.free_sequence(f);
+    mem.free_sequence(s);
+    const int t = mem.create_sequence();
+    ASSERT_EQ(mem.adopt_prefix(t, full, 100), c.reused);
+    const auto got = engine->eval(t, std::vector<int32_t>(full.begin() + c.reused, full.end()), true);
+    EXPECT_LT(test::nmse(got.data(), want.data() + (size_t)c.reused * n_vocab, got.size()), 5e-3);
+  }
 }
 
 // On the GPU too the paged cache holds only the global layer; the rings are reported per sequence.

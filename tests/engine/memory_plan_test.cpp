@@ -176,6 +176,40 @@ TEST(MemoryPlan, V100RunsA27bQ4KmWithQ8KvAtFourSlots) {
   EXPECT_FALSE(p.derivation.empty());
 }
 
+// gemma3-27b at -c 32768 -np 4 (f16 K and V, serve's -b 512 and blocks of 32): the 10 global layers keep the
+// whole context, each of the 52 sliding layers a ring of 1024 + 512 - 1 positions (1536 in blocks) per slot,
+// and the prompt-cache snapshots (52 layers x the 1024 positions before a boundary, 416 MiB each, two per
+// slot within --cache-ram's 8 GiB) stay in host memory: the GPU's KV is 2560 + 2496 MiB (docs/performance.md
+// compares it with llama.cpp's 5056 MiB for the same flags).
+TEST(MemoryPlan, Gemma3_27bKeepsTheWindowOfSlidingLayers) {
+  auto m = layout("synthetic:gemma3-27b:Q4_K_M");
+  PlanSettings s;
+  s.n_ctx = 32768;
+  s.n_parallel = 4;
+  const Plan p = make_plan(*m, card("h200"), s);
+  EXPECT_EQ(p.n_gpu_layers, p.n_units);
+  const double row = 2.0 * 16 * 128 * 2, pad = 4 * 256;  // K and V rows (16 heads x 128, f16); the GPU arena's slack
+  EXPECT_EQ(p.kv.swa_ring, 1536);
+  EXPECT_EQ(p.kv.swa_snapshot_blocks, 32);
+  EXPECT_DOUBLE_EQ(p.gpu_bill.kv, 10 * 1024 * (32 * row + pad));
+  EXPECT_DOUBLE_EQ(p.gpu_bill.swa, 4 * 52 * (1536 * row + pad));
+  EXPECT_EQ(p.window_snapshots, 8);
+  EXPECT_DOUBLE_EQ(p.window_snapshot_bytes, 52 * 1024 * row);
+  EXPECT_DOUBLE_EQ(p.host_bill.snapshots, 8 * 52 * 1024 * row);
+  EXPECT_DOUBLE_EQ(p.gpu_bill.snapshots, 0);
+  const double mib = 1048576.0;
+  EXPECT_NEAR((p.gpu_bill.kv + p.gpu_bill.swa) / mib, 2560 + 2496, 12) << "within the arena slack of llama.cpp's 5056 MiB";
+  // The same layers all on the host (-ngl 0): the same bytes without the slack.
+  s.n_gpu_layers = 0;
+  const Plan h = make_plan(*m, card("h200"), s);
+  EXPECT_DOUBLE_EQ(h.host_bill.kv + h.host_bill.swa, (2560.0 + 2496.0) * mib);
+  // --cache-ram 1000: two snapshots; --no-prompt-cache: none.
+  s.cache_ram_mib = 1000;
+  EXPECT_EQ(make_plan(*m, card("h200"), s).window_snapshots, 2);
+  s.prompt_cache = false;
+  EXPECT_EQ(make_plan(*m, card("h200"), s).window_snapshots, 0);
+}
+
 TEST(MemoryPlan, RecommendationsAreComputedAlternativesThatFit) {
   auto m = layout("synthetic:qwen3-32b:Q8_0");
   PlanSettings s;
@@ -313,6 +347,19 @@ TEST(GpuMemoryPlan, PlannedBytesAndAutoOffloadMatchTheEngine) {
     EXPECT_EQ(planned_gpu_weight_bytes(*model, set), backend->weight_bytes(*model, set)) << first;
     EXPECT_EQ(planned_gpu_kv_block_bytes(*model, set, kv), backend->kv_block_bytes(*model, set, kv)) << first;
     EXPECT_EQ(planned_gpu_state_cell_bytes(*model, set), backend->state_cell_bytes(*model, set)) << first;
+  }
+  // Gemma 3's rings and window snapshots (the sliding layers leave the paged blocks).
+  auto gemma = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-gemma3:Q8_0")));
+  for (DType t : {DType::F16, DType::Q8_0}) {
+    const KvConfig gkv = planned_kv_config(gemma->hparams(), 1024, 16, 16, t, t);
+    ASSERT_GT(gkv.swa_snapshot_blocks, 0);
+    for (int first = 0; first <= gemma->hparams().n_layer; ++first) {
+      const LayerSet set{first, gemma->hparams().n_layer, first == 0, true};
+      EXPECT_EQ(planned_gpu_kv_block_bytes(*gemma, set, gkv), backend->kv_block_bytes(*gemma, set, gkv)) << first;
+      EXPECT_EQ(planned_gpu_swa_cell_bytes(*gemma, set, gkv), backend->swa_cell_bytes(*gemma, set, gkv)) << first;
+    }
+    const LayerSet all{0, gemma->hparams().n_layer, true, true};
+    EXPECT_EQ(window_snapshot_bytes(*gemma, gkv), backend->swa_snapshot_bytes(*gemma, all, gkv));
   }
   backend.reset();
   // A --vram-limit that leaves room for about half the units.

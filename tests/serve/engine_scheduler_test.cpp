@@ -1,9 +1,11 @@
-// The scheduler on the real engine (CPU) with a Qwen3.5-shaped model: recurrent states per slot,
-// prompt chunks, forks and prefix reuse from state snapshots. Many concurrent greedy requests that
-// share prefixes give the same tokens as each request run alone on a fresh engine.
+// The scheduler on the real engine (CPU) with Qwen3.5- and Gemma 3-shaped models: recurrent states or
+// sliding-window rings per slot, prompt chunks, forks and prefix reuse from state snapshots (Gemma 3:
+// window snapshots in host memory, also across a conversation's turns). Many concurrent greedy requests
+// that share prefixes give the same tokens as each request run alone on a fresh engine.
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
 #include "model/model_file.h"
 #include "serve/scheduler.h"
 
@@ -125,6 +127,79 @@ TEST(EngineSchedulerTest, Qwen35ConcurrentSharedPrefixesMatchEachRequestAlone) {
 }
 TEST(EngineSchedulerTest, Gemma3ConcurrentSharedPrefixesMatchEachRequestAlone) {
   state_models_share_prefixes_like_each_request_alone("tiny-gemma3:Q8_0");
+}
+
+// Gemma 3 as serve sets it up (a ring per slot on the device; window snapshots in host memory, two per slot
+// within --cache-ram, taken where a prompt ends and where a reply ends): a conversation whose every turn
+// extends the last resumes from the end of the previous reply (the window of 8 is far shorter than the
+// prompts), and each reply is the greedy text of its whole prompt on a fresh engine without caching.
+TEST(EngineSchedulerTest, Gemma3ConversationResumesFromWindowSnapshots) {
+  auto model = Model::load(open_model_file("synthetic:tiny-gemma3:Q8_0"));
+  const int n_vocab = model->hparams().n_vocab;
+  auto engine_with = [&](int n_snapshots) {
+    EngineOptions o;
+    o.n_ctx = 2048;
+    o.kv_block_size = 16;
+    o.n_batch = 64;
+    o.n_threads = 2;
+    o.n_seq_max = 2;
+    o.n_state_snapshots = n_snapshots;
+    return Engine::create(model, o);
+  };
+  const KvConfig kv = planned_kv_config(model->hparams(), 2048, 64, 16, DType::F16, DType::F16);
+  const int n_snapshots = window_snapshot_count(*model, kv, 2, 8192);
+  ASSERT_EQ(n_snapshots, 4);
+  auto engine = engine_with(n_snapshots);
+  ASSERT_TRUE(engine->memory().windowed());
+  EngineRunner runner(*engine);
+  NoText text;
+  SchedulerOptions so;
+  so.n_slots = 2;
+  Scheduler s(runner, text, so);
+  auto alone = [&](const std::vector<int32_t>& prompt, int max_tokens) {
+    auto fresh = engine_with(0);
+    EngineRunner r(*fresh);
+    SchedulerOptions o;
+    o.prompt_cache = false;
+    Scheduler sa(r, text, o);
+    return run(sa, {sa.submit(greedy(prompt, max_tokens))})[0][0];
+  };
+  std::vector<int32_t> history;
+  for (int i = 0; i < 40; ++i) history.push_back((i * 41 + 5) % n_vocab);
+  int previous_fed = 0;  // positions the previous turn's sequence held when it ended
+  for (int turn = 0; turn < 4; ++turn) {
+    SCOPED_TRACE(turn);
+    for (int i = 0; i < 7 + 5 * turn; ++i) history.push_back((i * 29 + 13 * turn + 1) % n_vocab);
+    auto req = s.submit(greedy(history, 10));
+    const auto reply = run(s, {req})[0][0];
+    ASSERT_EQ(reply.size(), 10u);
+    EXPECT_EQ(reply, alone(history, 10));
+    if (turn > 0) EXPECT_EQ(req->timings().n_cached, previous_fed / 16 * 16) << "resumed at the last boundary of the previous reply";
+    previous_fed = (int)history.size() + 9;  // the prompt and the reply but its last token
+    history.insert(history.end(), reply.begin(), reply.end());
+    // Another request in between takes the freed state cell and fills its ring (80 positions) with other
+    // text: the next turn resumes from the snapshot, not from what the cell happens to hold.
+    std::vector<int32_t> other;
+    for (int i = 0; i < 90; ++i) other.push_back((i * 17 + 3 * turn + 2) % n_vocab);
+    run(s, {s.submit(greedy(other, 2))});
+  }
+  EXPECT_LE(engine->memory().n_state_snapshots(), n_snapshots);
+  // The same prompt again: resumes where the prompt's last boundary before its final token is.
+  history.push_back(1);
+  auto again = s.submit(greedy(history, 4));
+  const auto first = run(s, {again})[0][0];
+  auto repeat = s.submit(greedy(history, 4));
+  EXPECT_EQ(run(s, {repeat})[0][0], first);
+  EXPECT_EQ(repeat->timings().n_cached, ((int)history.size() - 1) / 16 * 16);
+  EXPECT_EQ(first, alone(history, 4));
+  // Without snapshots (--cache-ram 0) nothing is reused, and the text is the same.
+  auto bare = engine_with(0);
+  EngineRunner rb(*bare);
+  Scheduler sb(rb, text, so);
+  run(sb, {sb.submit(greedy(history, 4))});
+  auto none = sb.submit(greedy(history, 4));
+  EXPECT_EQ(run(sb, {none})[0][0], first);
+  EXPECT_EQ(none->timings().n_cached, 0);
 }
 
 // The same on an attention-only model (tiny-qwen3): prompts adopt every cached full block they match

@@ -63,6 +63,12 @@ uint64_t CpuBackend::swa_cell_bytes(const Model& model, const LayerSet& layers, 
          (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
 }
 
+uint64_t CpuBackend::swa_snapshot_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const {
+  const HParams& hp = model.hparams();
+  return (uint64_t)ring_layers(hp, layers, kv) * kv.swa_snapshot_blocks * kv.block_size *
+         (dtype_row_bytes(kv.type_k, hp.kv_dim_k()) + dtype_row_bytes(kv.type_v, hp.kv_dim_v()));
+}
+
 uint64_t CpuBackend::state_cell_bytes(const Model& model, const LayerSet& layers) const {
   const HParams& hp = model.hparams();
   return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * hp.delta_net.state_floats() * 4;
@@ -442,6 +448,51 @@ void CpuBackend::copy_state(int src, int dst) {
       std::memcpy(d.v_cache.data() + dst * ring * v_row_bytes_, d.v_cache.data() + src * ring * v_row_bytes_, ring * v_row_bytes_);
     }
   }
+}
+
+uint64_t CpuBackend::kv_bytes_allocated() const {
+  uint64_t n = 0;
+  for (const LayerData& d : layer_data_)
+    n += d.k_cache.size() + d.v_cache.size() + d.k_snap.size() + d.v_snap.size() + d.state.size() * sizeof(float);
+  return n;
+}
+
+void CpuBackend::init_snapshots(int n) {
+  n_snapshots_ = n;
+  const size_t rows = (size_t)n * kv_.swa_snapshot_blocks * kv_.block_size;
+  for (LayerData& d : layer_data_) {
+    if (!d.ring) continue;
+    d.k_snap.assign(rows * k_row_bytes_, 0);
+    d.v_snap.assign(rows * v_row_bytes_, 0);
+  }
+}
+
+void CpuBackend::copy_window(int cell, int first_block, int n_blocks, int snapshot, bool to_snapshot) {
+  ROOFLINE_CHECK(cell >= 0 && cell < n_state_cells_ && snapshot >= 0 && snapshot < n_snapshots_ && first_block >= 0 &&
+                     n_blocks >= 0 && n_blocks <= kv_.swa_snapshot_blocks, "window snapshot out of range");
+  const size_t bs = (size_t)kv_.block_size, per_cell = (size_t)kv_.swa_ring / bs;
+  for (LayerData& d : layer_data_) {
+    if (!d.ring) continue;
+    for (int j = 0; j < n_blocks; ++j) {
+      // Block b of the sequence sits at rows cell * ring + (b % per_cell) * bs of the ring planes.
+      const size_t ring_row = (size_t)cell * kv_.swa_ring + ((size_t)(first_block + j) % per_cell) * bs;
+      const size_t snap_row = ((size_t)snapshot * kv_.swa_snapshot_blocks + (size_t)j) * bs;
+      uint8_t* rk = d.k_cache.data() + ring_row * k_row_bytes_;
+      uint8_t* rv = d.v_cache.data() + ring_row * v_row_bytes_;
+      uint8_t* sk = d.k_snap.data() + snap_row * k_row_bytes_;
+      uint8_t* sv = d.v_snap.data() + snap_row * v_row_bytes_;
+      std::memcpy(to_snapshot ? sk : rk, to_snapshot ? rk : sk, bs * k_row_bytes_);
+      std::memcpy(to_snapshot ? sv : rv, to_snapshot ? rv : sv, bs * v_row_bytes_);
+    }
+  }
+}
+
+void CpuBackend::save_window(int cell, int first_block, int n_blocks, int snapshot) {
+  copy_window(cell, first_block, n_blocks, snapshot, true);
+}
+
+void CpuBackend::load_window(int snapshot, int cell, int first_block, int n_blocks) {
+  copy_window(cell, first_block, n_blocks, snapshot, false);
 }
 
 }  // namespace roofline::cpu

@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
   uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override;
   uint64_t swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
+  uint64_t swa_snapshot_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override;
   void load(std::shared_ptr<const Model> model, const LayerSet& layers) override;
   void init_kv(const KvConfig& kv) override;
   void init_state(int n_cells) override;
@@ -38,9 +39,14 @@ class CpuBackend final : public Backend {
   void output_hidden(float* hidden) override;
   void copy_kv_block(int src, int dst) override;
   void copy_state(int src, int dst) override;
+  void init_snapshots(int n) override;
+  void save_window(int cell, int first_block, int n_blocks, int snapshot) override;
+  void load_window(int snapshot, int cell, int first_block, int n_blocks) override;
   void set_matmul_observer(MatmulObserver observer) override { observer_ = std::move(observer); }
 
   int n_threads() const { return pool_.size(); }
+  // Bytes it holds for the KV cache, rings, window snapshots and recurrent states (what the bill counts).
+  uint64_t kv_bytes_allocated() const;
 
  private:
   struct LayerData {
@@ -48,6 +54,7 @@ class CpuBackend final : public Backend {
     const std::vector<float>& operator[](LayerTensor t) const { return floats[(size_t)t]; }
     std::vector<uint8_t> k_cache, v_cache;  // attention layers: paged blocks, or rings per state cell (sliding layers)
     bool ring = false;                      // a sliding layer kept in rings (KvConfig::swa_ring)
+    std::vector<uint8_t> k_snap, v_snap;    // its window snapshots: n x swa_snapshot_blocks blocks
     std::vector<float> state;               // DeltaNet layers: n_cells x state_floats
     ExpertViews experts;                    // MoE layers: each expert of the stacked tensors as a 2-D view
   };
@@ -74,6 +81,9 @@ class CpuBackend final : public Backend {
   StepDesc step_;
   RopeTable rope_, rope_swa_;  // rope_swa_: sliding-window layers' base and scale (gemma3)
   int n_state_cells_ = 0;
+  int n_snapshots_ = 0;
+  // Copies the blocks [first_block, first_block + n_blocks) of cell `cell`'s ring to or from snapshot `snapshot`.
+  void copy_window(int cell, int first_block, int n_blocks, int snapshot, bool to_snapshot);
   // Work buffers, sized per step.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> q_full_, attn_gate_;  // gated attention: the Q projection, and the gate split from it

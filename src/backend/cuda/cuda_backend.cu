@@ -17,12 +17,12 @@
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cpu/host_experts.h"
 #include "backend/cuda/cuda_weights.cuh"
+#include "backend/cuda/cuda_window_snapshots.cuh"
 #include "backend/gpu.h"
 #include "core/log.h"
 #include "formats/quant_ref.h"
 
-namespace roofline {
-namespace cuda {
+namespace roofline::cuda {
 namespace {
 
 std::vector<float> to_floats(const Weight& w) {
@@ -107,12 +107,13 @@ class CudaBackend final : public Backend {
     const int paged = hp.count_layers(MixerKind::Attention, layers.begin, layers.end) - ring_layers(hp, layers, kv);
     return (uint64_t)paged * kv_plane_bytes(hp, kv, kv.block_size);
   }
-
   uint64_t swa_cell_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
-    const HParams& hp = model.hparams();
-    return (uint64_t)ring_layers(hp, layers, kv) * kv_plane_bytes(hp, kv, kv.swa_ring);
+    return (uint64_t)ring_layers(model.hparams(), layers, kv) * kv_plane_bytes(model.hparams(), kv, kv.swa_ring);
   }
-
+  uint64_t swa_snapshot_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
+    const int64_t positions = (int64_t)kv.swa_snapshot_blocks * kv.block_size;  // in host memory: no alignment slack
+    return (uint64_t)ring_layers(model.hparams(), layers, kv) * (kv_plane_bytes(model.hparams(), kv, positions) - 4 * 256);
+  }
   uint64_t state_cell_bytes(const Model& model, const LayerSet& layers) const override {
     const HParams& hp = model.hparams();
     return (uint64_t)hp.count_layers(MixerKind::DeltaNet, layers.begin, layers.end) * ((hp.delta_net.state_floats() + 3) / 4 * 16 + 256);
@@ -584,21 +585,29 @@ class CudaBackend final : public Backend {
       if (d.state)
         ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(d.state + (size_t)dst * cell_stride_, d.state + (size_t)src * cell_stride_, floats * 4,
                                             cudaMemcpyDeviceToDevice, stream_));
-    const HParams& hp = model_->hparams();
-    const int64_t ck = (int64_t)kv_.swa_ring * hp.kv_dim_k(), cv = (int64_t)kv_.swa_ring * hp.kv_dim_v();  // values per cell
-    auto copy_cell = [&](uint8_t* base, size_t bytes_per_cell) {
-      if (!base || !bytes_per_cell) return;
-      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(base + dst * bytes_per_cell, base + src * bytes_per_cell, bytes_per_cell,
-                                          cudaMemcpyDeviceToDevice, stream_));
-    };
-    for (LayerDev& d : layer_dev_) {
-      if (!d.ring) continue;
-      copy_cell(d.kv.k, kv_values_bytes(kv_.type_k, ck));
-      copy_cell(d.kv.v, kv_values_bytes(kv_.type_v, cv));
-      copy_cell(d.kv.k_scales, kv_scales_bytes(kv_.type_k, ck));
-      copy_cell(d.kv.v_scales, kv_scales_bytes(kv_.type_v, cv));
-    }
+    const size_t per_cell = (size_t)(kv_.swa_ring / kv_.block_size);  // sliding layers' rings, a cell's blocks at once
+    for (const WindowSnapshots::Plane& p : ring_planes())
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(p.base + dst * per_cell * p.block_bytes, p.base + src * per_cell * p.block_bytes,
+                                          per_cell * p.block_bytes, cudaMemcpyDeviceToDevice, stream_));
   }
+
+  // The sliding layers' ring planes (K and V values and scales), block by block.
+  std::vector<WindowSnapshots::Plane> ring_planes() const {
+    const int64_t bk = (int64_t)kv_.block_size * model_->hparams().kv_dim_k(), bv = (int64_t)kv_.block_size * model_->hparams().kv_dim_v();
+    std::vector<WindowSnapshots::Plane> planes;
+    for (const LayerDev& d : layer_dev_)
+      if (d.ring)
+        for (auto [base, bytes] : {std::pair{d.kv.k, kv_values_bytes(kv_.type_k, bk)}, std::pair{d.kv.v, kv_values_bytes(kv_.type_v, bv)},
+                                   std::pair{d.kv.k_scales, kv_scales_bytes(kv_.type_k, bk)}, std::pair{d.kv.v_scales, kv_scales_bytes(kv_.type_v, bv)}})
+          if (base && bytes) planes.push_back({base, bytes});
+    return planes;
+  }
+
+  void init_snapshots(int n) override {
+    window_snapshots_.init(options_.device, ring_planes(), n, kv_.swa_snapshot_blocks, kv_.swa_ring / kv_.block_size, n_state_cells_);
+  }
+  void save_window(int cell, int first, int n, int snapshot) override { window_snapshots_.save(stream_, cell, first, n, snapshot); }
+  void load_window(int snapshot, int cell, int first, int n) override { window_snapshots_.load(stream_, snapshot, cell, first, n); }
 
   void set_matmul_observer(MatmulObserver observer) override {
     if (observer) fail("importance matrices are collected on the CPU backend (run imatrix with -ngl 0)");
@@ -910,6 +919,7 @@ class CudaBackend final : public Backend {
   KvConfig kv_;
   DeviceArena weights_, work_, kv_arena_, state_arena_;
   int n_state_cells_ = 0;
+  WindowSnapshots window_snapshots_;  // prompt-cache snapshots of the rings, in pinned host memory
   std::vector<LayerDev> layer_dev_;
   DeviceWeight embd_, out_;
   float* out_norm_ = nullptr;
@@ -974,9 +984,9 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
-}  // namespace cuda
+}  // namespace roofline::cuda
 
-std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options) {
+auto roofline::make_gpu_backend(const GpuBackendOptions& options) -> std::unique_ptr<Backend> {
   auto devices = gpu_devices();
   if (devices.empty()) fail("no CUDA GPU found");
   if (options.device < 0 || options.device >= (int)devices.size()) fail("GPU {} does not exist ({} found)", options.device, devices.size());
@@ -986,5 +996,3 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options) {
          g.name, g.cc_major, g.cc_minor, g.cc_major, g.cc_minor);
   return std::make_unique<cuda::CudaBackend>(options);
 }
-
-}  // namespace roofline
