@@ -232,7 +232,7 @@ std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_exp
     mma_experts(dw, rows, tiles, xs, frag, dy, (int)rows, stream);
   } else {
     const bool q8 = matvec_uses_q8(dw.type);
-    if (q8) quantize_rows(xs, pairs, (int)cols, act, stream);
+    if (q8) quantize_rows(dx, pairs, (int)cols, act, stream, row_token);  // as the MoE block: gathered while quantized
     ExpertGroups g;
     g.offsets = offsets;
     g.active = active;

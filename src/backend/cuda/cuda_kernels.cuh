@@ -86,6 +86,9 @@ void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const Exp
                  float* y, int ldy, cudaStream_t stream);
 void matvec_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
                     const float* x, float* y, int ldy, cudaStream_t stream);
+// Two products of the same input and shape in one launch (gate and up): y = W x, y2 = W2 x.
+void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacked2, int64_t rows_per_expert, const ExpertGroups& groups,
+                         const ActQ8& act, const float* x, float* y, float* y2, int ldy, cudaStream_t stream);
 // More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments
 // (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS. x_f16
 // holds (n_tokens rounded up to 16) x cols halves (the fused kernel's activation layout pads the rows).
@@ -100,8 +103,8 @@ void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_ro
 // and int8 activations (if act.q).
 void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out,
               ActQ8 act_out, cudaStream_t stream);
-// Activation quantization of rows (int8 blocks of 32).
-void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_t stream);
+// Activation quantization of rows (int8 blocks of 32); with gather, row r quantizes x's row gather[r].
+void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_t stream, const int32_t* gather = nullptr);
 // h = silu(gate) * up, written as f32 (if out) and int8 activations (if act.q).
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream);

@@ -517,11 +517,17 @@ __device__ __forceinline__ void product_rows(const DeviceWeight& w, const ActQ8&
 // grid.x: tiles of the expert's rows (R per warp), grid.y: active expert slots, grid.z: CTAs sharing an
 // expert's activation rows (chunks of 8 rows taken in turn). Each warp reads its weight rows once per
 // chunk (from the L1/L2 after the first).
+// With a second weight (w2, y2): grid.x holds both products' tiles, the second's from x_tiles on.
 template <Kind K, int R>
-__global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight w, int64_t rows_per_expert, ExpertGroups g, ActQ8 act,
-                                                                   const float* x, float* y, int ldy) {
+__global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight w, DeviceWeight w2, int64_t rows_per_expert, ExpertGroups g,
+                                                                   ActQ8 act, const float* x, float* y, float* y2, int ldy, int x_tiles) {
   const int lane = threadIdx.x % 32;
-  const int64_t row = ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * R;
+  const bool second = (int)blockIdx.x >= x_tiles;
+  const int64_t row = ((int64_t)(blockIdx.x - (second ? x_tiles : 0)) * kWarps + threadIdx.x / 32) * R;
+  if (second) {
+    w = w2;
+    y = y2;
+  }
   wait_for_previous_kernel();
   if (row >= rows_per_expert) return;
   int e = 0, begin = 0, count = g.single_count;
@@ -552,29 +558,43 @@ __global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight
 }
 
 template <Kind K, int R>
-void launch_experts(const DeviceWeight& w, int64_t rows_per_expert, const ExpertGroups& g, const ActQ8& act, const float* x, float* y,
-                    int ldy, cudaStream_t stream) {
+void launch_experts(const DeviceWeight& w, const DeviceWeight* w2, int64_t rows_per_expert, const ExpertGroups& g, const ActQ8& act,
+                    const float* x, float* y, float* y2, int ldy, cudaStream_t stream) {
   const int64_t units = (rows_per_expert + R - 1) / R;
-  const dim3 grid((unsigned)((units + kWarps - 1) / kWarps), (unsigned)(g.offsets ? g.max_active : 1), (unsigned)std::max(1, g.chunk_splits));
-  launch(expert_matvec_kernel<K, R>, grid, dim3(kWarps * 32), 0, stream, pdl_enabled(), w, rows_per_expert, g, act, x, y, ldy);
+  const int x_tiles = (int)((units + kWarps - 1) / kWarps);
+  const dim3 grid((unsigned)(w2 ? 2 * x_tiles : x_tiles), (unsigned)(g.offsets ? g.max_active : 1), (unsigned)std::max(1, g.chunk_splits));
+  launch(expert_matvec_kernel<K, R>, grid, dim3(kWarps * 32), 0, stream, pdl_enabled(), w, w2 ? *w2 : w, rows_per_expert, g, act, x, y,
+         w2 ? y2 : y, ldy, x_tiles);
+}
+
+void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
+             const float* x, float* y, float* y2, int ldy, cudaStream_t stream) {
+  if (groups.offsets ? groups.max_active < 1 || groups.max_active > 65535 : groups.single_count < 1) return;
+  if (groups.chunk_splits > 65535) fail("internal error: {} chunk splits in an expert product", groups.chunk_splits);
+  if (stacked2 && (kind_of(*stacked2) != kind_of(stacked) || stacked2->cols != stacked.cols))
+    fail("internal error: paired expert products over different weight kinds or widths");
+  switch (kind_of(stacked)) {
+    case Kind::Q4K: return launch_experts<Kind::Q4K, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q5K: return launch_experts<Kind::Q5K, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q6K: return launch_experts<Kind::Q6K, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q8_0: return launch_experts<Kind::Q8_0, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::F16: return launch_experts<Kind::F16, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::BF16: return launch_experts<Kind::BF16, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::F32: return launch_experts<Kind::F32, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Generic: return launch_experts<Kind::Generic, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+  }
 }
 
 }  // namespace
 
 void matvec_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
                     const float* x, float* y, int ldy, cudaStream_t stream) {
-  if (groups.offsets ? groups.max_active < 1 || groups.max_active > 65535 : groups.single_count < 1) return;
-  if (groups.chunk_splits > 65535) fail("internal error: {} chunk splits in an expert product", groups.chunk_splits);
-  switch (kind_of(stacked)) {
-    case Kind::Q4K: return launch_experts<Kind::Q4K, 2>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::Q5K: return launch_experts<Kind::Q5K, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::Q6K: return launch_experts<Kind::Q6K, 2>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::Q8_0: return launch_experts<Kind::Q8_0, 2>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::F16: return launch_experts<Kind::F16, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::BF16: return launch_experts<Kind::BF16, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::F32: return launch_experts<Kind::F32, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-    case Kind::Generic: return launch_experts<Kind::Generic, 1>(stacked, rows_per_expert, groups, act, x, y, ldy, stream);
-  }
+  experts(stacked, nullptr, rows_per_expert, groups, act, x, y, nullptr, ldy, stream);
+}
+
+void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacked2, int64_t rows_per_expert, const ExpertGroups& groups,
+                         const ActQ8& act, const float* x, float* y, float* y2, int ldy, cudaStream_t stream) {
+  experts(stacked, &stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
 }
 
 bool matvec_uses_q8(DType type) {

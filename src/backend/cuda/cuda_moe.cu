@@ -266,7 +266,7 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   if (n == 0) return;
   ROOFLINE_CHECK(n <= max_rows_, "internal error: {} rows exceed the MoE buffers ({})", n, max_rows_);
   const int H = hp_.n_embd, E = hp_.n_expert, k = hp_.n_expert_used, F = hp_.n_ff_exp;
-  const bool q8_in = takes_q8(*L.router) || (L.gate_shexp && takes_q8(*L.gate_shexp));
+  const bool q8_in = takes_q8(*L.router) || (L.gate_shexp && (takes_q8(*L.gate_shexp) || takes_q8(*L.up_shexp)));
   if (q8_in && H % 32 == 0) quantize_rows(xn, n, H, act_xn_, stream);
   const ActQ8 xn_act = H % 32 == 0 ? act_xn_ : ActQ8{};
   ExpertGroups all{};
@@ -292,7 +292,10 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   ROOFLINE_CHECK(tiles.max_tiles <= max_tiles_, "internal error: {} expert token tiles exceed the buffers ({})", tiles.max_tiles, max_tiles_);
   group_pairs_by_expert(ids_, pairs, k, E, max_active, offsets_, active_, row_token_, slot_of_pair_,
                         mma_gate_up || mma_down ? &tile_buffers : nullptr, stream);
-  gather_rows(xn, row_token_, pairs, H, xs_, stream);
+  // The grouped inputs: int8 rows quantized straight from xn's rows for the int8 kernels, else floats.
+  const bool q8_gate_up = !mma_gate_up && takes_q8(*L.gate_exps) && matvec_can_group(*L.gate_exps, *L.up_exps);
+  if (q8_gate_up) quantize_rows(xn, pairs, H, act_xs_, stream, row_token_);
+  else gather_rows(xn, row_token_, pairs, H, xs_, stream);
   ExpertGroups grouped{};
   grouped.offsets = offsets_;
   grouped.active = active_;
@@ -301,11 +304,13 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   if (mma_gate_up) {
     mma_experts(*L.gate_exps, F, tiles, xs_, frag_, gate_, F, stream);
     mma_experts(*L.up_exps, F, tiles, xs_, frag_, up_, F, stream);
+  } else if (q8_gate_up) {
+    matvec_experts_pair(*L.gate_exps, *L.up_exps, F, grouped, act_xs_, nullptr, gate_, up_, F, stream);
   } else {
-    if (takes_q8(*L.gate_exps)) quantize_rows(xs_, pairs, H, act_xs_, stream);
-    const ActQ8 xs_act = takes_q8(*L.gate_exps) ? act_xs_ : ActQ8{};
-    matvec_experts(*L.gate_exps, F, grouped, xs_act, xs_, gate_, F, stream);
-    matvec_experts(*L.up_exps, F, grouped, xs_act, xs_, up_, F, stream);
+    const bool q8 = takes_q8(*L.gate_exps) || takes_q8(*L.up_exps);
+    if (q8) quantize_rows(xs_, pairs, H, act_xs_, stream);
+    matvec_experts(*L.gate_exps, F, grouped, takes_q8(*L.gate_exps) ? act_xs_ : ActQ8{}, xs_, gate_, F, stream);
+    matvec_experts(*L.up_exps, F, grouped, takes_q8(*L.up_exps) ? act_xs_ : ActQ8{}, xs_, up_, F, stream);
   }
   const bool q8_down = takes_q8(*L.down_exps) && !mma_down;
   swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
@@ -327,7 +332,7 @@ void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t
 void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
   if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
   const int H = hp_.n_embd;
-  const bool q8 = takes_q8(*L.gate_shexp) && H % 32 == 0;
+  const bool q8 = (takes_q8(*L.gate_shexp) || takes_q8(*L.up_shexp)) && H % 32 == 0;
   if (q8) quantize_rows(xn, n, H, act_xn_, stream);
   forward_shared_quantized(L, xn, q8 ? act_xn_ : ActQ8{}, n, x, stream);
 }
@@ -339,8 +344,12 @@ void MoeFfn::forward_shared_quantized(const MoeLayerDev& L, const float* xn, con
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);
   const ActQ8 in = takes_q8(*L.gate_shexp) ? xn_act : ActQ8{};
-  matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
-  matvec_experts(*L.up_shexp, S, all, in, xn, shexp_up_, S, stream);
+  if (matvec_can_group(*L.gate_shexp, *L.up_shexp)) {
+    matvec_experts_pair(*L.gate_shexp, *L.up_shexp, S, all, in, xn, shexp_gate_, shexp_up_, S, stream);
+  } else {
+    matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
+    matvec_experts(*L.up_shexp, S, all, takes_q8(*L.up_shexp) ? xn_act : ActQ8{}, xn, shexp_up_, S, stream);
+  }
   const bool q8_down = takes_q8(*L.down_shexp);
   swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, q8_down ? act_sh_ : ActQ8{}, stream);
   matvec_experts(*L.down_shexp, H, all, q8_down ? act_sh_ : ActQ8{}, shexp_gate_, shexp_y_, H, stream);

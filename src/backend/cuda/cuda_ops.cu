@@ -101,12 +101,14 @@ __global__ void rms_norm_wide_kernel(const float* x, const float* w, float eps, 
 }
 
 // One warp per 32-element group of a row (grid.y = rows).
-__global__ void quantize_rows_kernel(const float* x, int n, ActQ8 act) {
+// Row r reads x's row gather[r] (r without gather).
+__global__ void quantize_rows_kernel(const float* x, int n, const int32_t* gather, ActQ8 act) {
   wait_for_previous_kernel();
   const int r = blockIdx.y;
   const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (g >= n / 32) return;
-  const float v = x[(int64_t)r * n + g * 32 + lane];
+  const int64_t src = gather ? gather[r] : r;
+  const float v = x[src * n + g * 32 + lane];
   const int64_t gi = (int64_t)r * (n / 32) + g;
   warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
 }
@@ -242,10 +244,10 @@ void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, cons
   launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
 }
 
-void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
+void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream, const int32_t* gather) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)((n / 32 + 7) / 8), (unsigned)n_rows);
-  launch(quantize_rows_kernel, grid, dim3(256), 0, stream, pdl_enabled(), x, n, act);
+  launch(quantize_rows_kernel, grid, dim3(256), 0, stream, pdl_enabled(), x, n, gather, act);
 }
 
 void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
