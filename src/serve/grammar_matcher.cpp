@@ -1,0 +1,280 @@
+// The byte-level grammar automaton, its cached transitions, and the vocabulary trie walk behind
+// token masks (see grammar_matcher.h for the design).
+#include "serve/grammar_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+
+namespace roofline::serve {
+
+namespace {
+constexpr size_t kMaxStates = 1 << 15;  // past this (32 MiB of transitions) the caches start over
+constexpr size_t kMaxMasks = 64;
+}  // namespace
+
+TokenVocab::TokenVocab(const std::vector<std::string>& pieces, const std::vector<bool>& is_eog) : pieces_(pieces), eog_(is_eog) {
+  if (eog_.size() != pieces_.size()) fail("token vocabulary: {} pieces but {} end-of-generation flags", pieces_.size(), eog_.size());
+  for (size_t t = 0; t < pieces_.size(); ++t) {
+    if (eog_[t]) eog_list_.push_back((int32_t)t);
+    else if (!pieces_[t].empty()) sorted_.push_back((int32_t)t);
+  }
+  std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) {
+    const int c = pieces_[(size_t)a].compare(pieces_[(size_t)b]);
+    return c != 0 ? c < 0 : a < b;
+  });
+  // Pre-order trie from the sorted pieces: each piece opens the nodes past its common prefix with the
+  // previous one, closing the deeper nodes of the previous path.
+  nodes_.push_back(Node{});
+  std::vector<uint32_t> open{0};
+  const std::string* prev = nullptr;
+  for (size_t k = 0; k < sorted_.size(); ++k) {
+    const std::string& p = pieces_[(size_t)sorted_[k]];
+    size_t lcp = 0;
+    if (prev)
+      while (lcp < p.size() && lcp < prev->size() && p[lcp] == (*prev)[lcp]) ++lcp;
+    while (open.size() > lcp + 1) {
+      nodes_[open.back()].subtree_end = (uint32_t)nodes_.size();
+      open.pop_back();
+    }
+    for (size_t d = lcp + 1; d <= p.size(); ++d) {
+      if (d > 0xFFFF) fail("token {} is too long for the vocabulary trie ({} bytes)", sorted_[k], p.size());
+      Node n;
+      n.byte = (uint8_t)p[d - 1];
+      n.depth = (uint16_t)d;
+      open.push_back((uint32_t)nodes_.size());
+      nodes_.push_back(n);
+    }
+    Node& at = nodes_[open[p.size()]];
+    if (at.token_count == 0) at.token_begin = (uint32_t)k;
+    if (at.token_count == 0xFFFF) fail("token vocabulary: too many tokens with the same bytes");
+    at.token_count++;
+    max_depth_ = std::max(max_depth_, p.size());
+    prev = &p;
+  }
+  for (uint32_t i : open) nodes_[i].subtree_end = (uint32_t)nodes_.size();
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : g_(std::move(grammar)) {
+  nodes_.push_back({0, 0});  // id 0: the empty stack
+  State s;
+  for (uint32_t alt : g_->alternatives()[g_->root()]) expand(alt, 0, s.stacks);
+  current_ = intern(std::move(s));
+  if (current_ == kDead) throw GrammarError("the grammar matches nothing");
+}
+
+uint32_t GrammarMatcher::stack_node(uint32_t pos, uint32_t parent) {
+  const uint64_t key = ((uint64_t)pos << 32) | parent;
+  auto [it, inserted] = node_ids_.try_emplace(key, (uint32_t)nodes_.size());
+  if (inserted) nodes_.push_back({pos, parent});
+  return it->second;
+}
+
+void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out) {
+  const std::vector<GrammarElement>& el = g_->elements();
+  for (;;) {
+    const GrammarElement& e = el[pos];
+    if (e.kind == GrammarElement::Chars) {
+      out.push_back(stack_node(pos, parent));
+      return;
+    }
+    if (e.kind == GrammarElement::End) {
+      if (parent == 0) {
+        out.push_back(0);
+        return;
+      }
+      const StackNode below = nodes_[parent];
+      pos = below.pos;
+      parent = below.parent;
+      continue;
+    }
+    // A rule reference: its alternatives on top of the continuation. When the reference is the last
+    // element of its alternative, the continuation is the parent itself (a tail call).
+    const uint32_t cont = el[pos + 1].kind == GrammarElement::End ? parent : stack_node(pos + 1, parent);
+    const std::vector<uint32_t>& alts = g_->alternatives()[e.index];
+    for (size_t i = 0; i + 1 < alts.size(); ++i) expand(alts[i], cont, out);
+    if (alts.empty()) return;
+    pos = alts.back();
+    parent = cont;
+  }
+}
+
+int32_t GrammarMatcher::intern(State s) {
+  std::sort(s.stacks.begin(), s.stacks.end());
+  s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
+  if (s.stacks.empty()) return kDead;
+  std::string key(s.stacks.size() * 4 + 5, '\0');
+  std::memcpy(key.data(), s.stacks.data(), s.stacks.size() * 4);
+  std::memcpy(key.data() + s.stacks.size() * 4, &s.partial, 4);
+  key.back() = (char)s.need;
+  auto [it, inserted] = state_ids_.try_emplace(std::move(key), (int32_t)states_.size());
+  if (inserted) {
+    states_.push_back(std::move(s));
+    transitions_.resize(states_.size() * 256, kUnknown);
+  }
+  return it->second;
+}
+
+int32_t GrammarMatcher::step(int32_t state, uint8_t byte) {
+  const size_t at = (size_t)state * 256 + byte;
+  int32_t t = transitions_[at];
+  if (t != kUnknown) return t;
+  t = compute_step(state, byte);
+  transitions_[at] = t;
+  return t;
+}
+
+int32_t GrammarMatcher::compute_step(int32_t state, uint8_t byte) {
+  const State& from = states_[(size_t)state];
+  uint32_t cp;
+  State to;
+  if (from.need > 0) {
+    if ((byte & 0xC0) != 0x80) return kDead;
+    cp = (from.partial << 6) | (byte & 0x3F);
+    to.need = (uint8_t)(from.need - 1);
+  } else if (byte < 0x80) {
+    cp = byte;
+  } else if (byte >= 0xC2 && byte <= 0xDF) {
+    cp = byte & 0x1F;
+    to.need = 1;
+  } else if (byte >= 0xE0 && byte <= 0xEF) {
+    cp = byte & 0x0F;
+    to.need = 2;
+  } else if (byte >= 0xF0 && byte <= 0xF4) {
+    cp = byte & 0x07;
+    to.need = 3;
+  } else {
+    return kDead;  // a continuation byte out of place, or a byte UTF-8 never uses
+  }
+  const std::vector<GrammarElement>& el = g_->elements();
+  const std::vector<CharClass>& classes = g_->classes();
+  if (to.need > 0) {
+    // An incomplete character: the same stacks, kept only if some class matches a code point that
+    // starts with these bits.
+    const uint32_t shift = 6u * to.need;
+    const uint32_t lo = cp << shift, hi = ((cp + 1) << shift) - 1;
+    bool any = false;
+    for (uint32_t s : from.stacks)
+      if (s != 0 && classes[el[nodes_[s].pos].index].matches_any(lo, hi)) {
+        any = true;
+        break;
+      }
+    if (!any) return kDead;
+    to.stacks = from.stacks;
+    to.partial = cp;
+    return intern(std::move(to));
+  }
+  const std::vector<uint32_t> stacks = from.stacks;  // `from` may move when states_ grows
+  for (uint32_t s : stacks) {
+    if (s == 0) continue;
+    const StackNode n = nodes_[s];
+    if (classes[el[n.pos].index].matches(cp)) expand(n.pos + 1, n.parent, to.stacks);
+  }
+  return intern(std::move(to));
+}
+
+void GrammarMatcher::reset_caches() {
+  State cur = states_[(size_t)current_];
+  states_.clear();
+  state_ids_.clear();
+  transitions_.clear();
+  masks_.clear();
+  current_ = intern(std::move(cur));
+}
+
+bool GrammarMatcher::allows_bytes(std::string_view bytes) {
+  int32_t s = current_;
+  for (char c : bytes) {
+    s = step(s, (uint8_t)c);
+    if (s == kDead) return false;
+  }
+  return true;
+}
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  if (states_.size() > kMaxStates) reset_caches();
+  int32_t s = current_;
+  for (char c : bytes) {
+    s = step(s, (uint8_t)c);
+    if (s == kDead) return false;
+  }
+  current_ = s;
+  return true;
+}
+
+bool GrammarMatcher::is_complete() const {
+  const State& s = states_[(size_t)current_];
+  return s.need == 0 && s.stacks.front() == 0;
+}
+
+bool GrammarMatcher::can_continue() const {
+  const State& s = states_[(size_t)current_];
+  return s.need > 0 || s.stacks.back() != 0;
+}
+
+bool GrammarMatcher::token_allowed(const TokenVocab& vocab, int32_t token) {
+  if (token < 0 || token >= vocab.n_vocab()) return false;
+  if (vocab.is_eog(token)) return is_complete();
+  const std::string& p = vocab.piece(token);
+  return !p.empty() && allows_bytes(p);
+}
+
+void GrammarMatcher::accept_token(const TokenVocab& vocab, int32_t token) {
+  if (vocab.is_eog(token)) return;
+  const bool ok = accept_bytes(vocab.piece(token));
+  ROOFLINE_CHECK(ok, "token {} accepted against the grammar", token);
+}
+
+const std::vector<uint64_t>& GrammarMatcher::mask(const TokenVocab& vocab) {
+  if (states_.size() > kMaxStates) reset_caches();
+  if (auto it = masks_.find(current_); it != masks_.end()) return it->second;
+  if (masks_.size() >= kMaxMasks) masks_.clear();
+  std::vector<uint64_t> m(((size_t)vocab.n_vocab() + 63) / 64, 0);
+  if (is_complete())
+    for (int32_t t : vocab.eog_tokens()) m[(size_t)t >> 6] |= 1ull << (t & 63);
+  const std::vector<TokenVocab::Node>& nodes = vocab.nodes();
+  const std::vector<int32_t>& sorted = vocab.tokens_sorted();
+  walk_.resize(vocab.max_depth() + 1);
+  walk_[0] = current_;
+  const size_t n = nodes.size();
+  for (size_t i = 1; i < n;) {
+    const TokenVocab::Node& node = nodes[i];
+    const int32_t s = step(walk_[node.depth - 1u], node.byte);
+    if (s == kDead) {
+      i = node.subtree_end;
+      continue;
+    }
+    walk_[node.depth] = s;
+    for (uint32_t k = node.token_begin, e = node.token_begin + node.token_count; k < e; ++k) {
+      const int32_t t = sorted[k];
+      m[(size_t)t >> 6] |= 1ull << (t & 63);
+    }
+    ++i;
+  }
+  return masks_[current_] = std::move(m);
+}
+
+int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const TokenVocab& vocab, const float* logits,
+                            const std::vector<int32_t>& history, std::vector<float>& scratch) {
+  const int32_t first = sampler.sample(logits, history).token;
+  if (matcher.token_allowed(vocab, first)) return first;
+  const std::vector<uint64_t>& m = matcher.mask(vocab);
+  const int n = vocab.n_vocab();
+  scratch.assign(logits, logits + n);
+  bool any = false;
+  for (int w = 0; w < (int)m.size(); ++w) {
+    const uint64_t bits = m[(size_t)w];
+    any = any || bits != 0;
+    const int end = std::min(n, (w + 1) * 64);
+    if (bits == ~0ull && end - w * 64 == 64) continue;
+    for (int t = w * 64; t < end; ++t)
+      if (!(bits >> (t & 63) & 1)) scratch[(size_t)t] = -std::numeric_limits<float>::infinity();
+  }
+  if (!any) return -1;
+  const int32_t t = sampler.sample(scratch.data(), history).token;
+  return matcher.token_allowed(vocab, t) ? t : -1;
+}
+
+}  // namespace roofline::serve
