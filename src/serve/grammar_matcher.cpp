@@ -11,6 +11,10 @@
 namespace roofline::serve {
 
 namespace {
+// The code points a UTF-8 sequence of this length may encode (shorter forms are overlong, invalid).
+constexpr uint32_t kMinForLength[5] = {0, 0, 0x80, 0x800, 0x10000};
+constexpr uint32_t kMaxForLength[5] = {0, 0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+bool is_surrogate(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
 constexpr size_t kMaxStates = 1 << 15;  // past this (32 MiB of transitions) the caches start over
 constexpr size_t kMaxMasks = 64;
 }  // namespace
@@ -105,10 +109,11 @@ int32_t GrammarMatcher::intern(State s) {
   std::sort(s.stacks.begin(), s.stacks.end());
   s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
   if (s.stacks.empty()) return kDead;
-  std::string key(s.stacks.size() * 4 + 5, '\0');
+  std::string key(s.stacks.size() * 4 + 6, '\0');
   std::memcpy(key.data(), s.stacks.data(), s.stacks.size() * 4);
   std::memcpy(key.data() + s.stacks.size() * 4, &s.partial, 4);
-  key.back() = (char)s.need;
+  key[key.size() - 2] = (char)s.need;
+  key.back() = (char)s.length;
   auto [it, inserted] = state_ids_.try_emplace(std::move(key), (int32_t)states_.size());
   if (inserted) {
     states_.push_back(std::move(s));
@@ -134,17 +139,21 @@ int32_t GrammarMatcher::compute_step(int32_t state, uint8_t byte) {
     if ((byte & 0xC0) != 0x80) return kDead;
     cp = (from.partial << 6) | (byte & 0x3F);
     to.need = (uint8_t)(from.need - 1);
+    to.length = from.length;
   } else if (byte < 0x80) {
     cp = byte;
   } else if (byte >= 0xC2 && byte <= 0xDF) {
     cp = byte & 0x1F;
     to.need = 1;
+    to.length = 2;
   } else if (byte >= 0xE0 && byte <= 0xEF) {
     cp = byte & 0x0F;
     to.need = 2;
+    to.length = 3;
   } else if (byte >= 0xF0 && byte <= 0xF4) {
     cp = byte & 0x07;
     to.need = 3;
+    to.length = 4;
   } else {
     return kDead;  // a continuation byte out of place, or a byte UTF-8 never uses
   }
@@ -153,8 +162,11 @@ int32_t GrammarMatcher::compute_step(int32_t state, uint8_t byte) {
   if (to.need > 0) {
     // An incomplete character: the same stacks, kept only if some class matches a code point that
     // starts with these bits.
+    // Only code points a sequence of this length may encode count (no overlong forms, none past U+10FFFF).
     const uint32_t shift = 6u * to.need;
-    const uint32_t lo = cp << shift, hi = ((cp + 1) << shift) - 1;
+    const uint32_t lo = std::max(cp << shift, kMinForLength[to.length]);
+    const uint32_t hi = std::min(((cp + 1) << shift) - 1, kMaxForLength[to.length]);
+    if (lo > hi || (is_surrogate(lo) && is_surrogate(hi))) return kDead;
     bool any = false;
     for (uint32_t s : from.stacks)
       if (s != 0 && classes[el[nodes_[s].pos].index].matches_any(lo, hi)) {
@@ -166,6 +178,7 @@ int32_t GrammarMatcher::compute_step(int32_t state, uint8_t byte) {
     to.partial = cp;
     return intern(std::move(to));
   }
+  if (from.need > 0 && (cp < kMinForLength[from.length] || is_surrogate(cp))) return kDead;  // overlong or a surrogate
   const std::vector<uint32_t> stacks = from.stacks;  // `from` may move when states_ grows
   for (uint32_t s : stacks) {
     if (s == 0) continue;

@@ -76,6 +76,8 @@ class GrammarMatcher {
   const std::vector<uint64_t>& mask(const TokenVocab& vocab);
 
   size_t n_states() const { return states_.size(); }
+  // Drops the cached masks (transitions stay): the next mask() walks the trie again (benchmarks).
+  void forget_masks() { masks_.clear(); }
 
  private:
   static constexpr int32_t kDead = -1;
@@ -88,6 +90,7 @@ class GrammarMatcher {
     std::vector<uint32_t> stacks;  // sorted stack ids (0: the empty stack, i.e. complete)
     uint32_t partial = 0;          // code point bits read so far of an incomplete UTF-8 character
     uint8_t need = 0;              // continuation bytes still expected
+    uint8_t length = 0;            // the incomplete character's length in bytes (2..4)
   };
 
   uint32_t stack_node(uint32_t pos, uint32_t parent);
