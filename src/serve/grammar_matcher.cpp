@@ -15,8 +15,8 @@ namespace {
 constexpr uint32_t kMinForLength[5] = {0, 0, 0x80, 0x800, 0x10000};
 constexpr uint32_t kMaxForLength[5] = {0, 0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
 bool is_surrogate(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
-constexpr size_t kMaxStates = 1 << 15;  // past this (32 MiB of transitions) the caches start over
-constexpr size_t kMaxMasks = 64;
+constexpr size_t kMaxStates = 1 << 14;  // past this (16 MiB of transitions) matchers move to a fresh automaton
+constexpr size_t kMaxMasks = 256;        // 19 KiB each at a 151k vocabulary
 }  // namespace
 
 TokenVocab::TokenVocab(const std::vector<std::string>& pieces, const std::vector<bool>& is_eog) : pieces_(pieces), eog_(is_eog) {
@@ -61,22 +61,48 @@ TokenVocab::TokenVocab(const std::vector<std::string>& pieces, const std::vector
   for (uint32_t i : open) nodes_[i].subtree_end = (uint32_t)nodes_.size();
 }
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) : g_(std::move(grammar)) {
+GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar) : g_(std::move(grammar)) {
   nodes_.push_back({0, 0});  // id 0: the empty stack
   State s;
   for (uint32_t alt : g_->alternatives()[g_->root()]) expand(alt, 0, s.stacks);
-  current_ = intern(std::move(s));
-  if (current_ == kDead) throw GrammarError("the grammar matches nothing");
+  start_ = intern(std::move(s));
+  if (start_ == kDead) throw GrammarError("the grammar matches nothing");
 }
 
-uint32_t GrammarMatcher::stack_node(uint32_t pos, uint32_t parent) {
+bool GrammarAutomaton::full() const { return states_.size() > kMaxStates; }
+
+int32_t GrammarAutomaton::import_state(const GrammarAutomaton& from, int32_t state) {
+  State s = from.states_[(size_t)state];
+  for (uint32_t& id : s.stacks) {
+    std::vector<uint32_t> chain;  // positions from the top down
+    for (uint32_t n = id; n != 0; n = from.nodes_[n].parent) chain.push_back(from.nodes_[n].pos);
+    uint32_t parent = 0;
+    for (size_t i = chain.size(); i-- > 0;) parent = stack_node(chain[i], parent);
+    id = parent;
+  }
+  return intern(std::move(s));
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar)
+    : GrammarMatcher(std::make_shared<GrammarAutomaton>(std::move(grammar))) {}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<GrammarAutomaton> automaton) : a_(std::move(automaton)), current_(a_->start()) {}
+
+void GrammarMatcher::move_if_full() {
+  if (!a_->full()) return;
+  auto fresh = std::make_shared<GrammarAutomaton>(a_->grammar());
+  current_ = fresh->import_state(*a_, current_);
+  a_ = std::move(fresh);
+}
+
+uint32_t GrammarAutomaton::stack_node(uint32_t pos, uint32_t parent) {
   const uint64_t key = ((uint64_t)pos << 32) | parent;
   auto [it, inserted] = node_ids_.try_emplace(key, (uint32_t)nodes_.size());
   if (inserted) nodes_.push_back({pos, parent});
   return it->second;
 }
 
-void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out) {
+void GrammarAutomaton::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out) {
   const std::vector<GrammarElement>& el = g_->elements();
   for (;;) {
     const GrammarElement& e = el[pos];
@@ -105,7 +131,7 @@ void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>
   }
 }
 
-int32_t GrammarMatcher::intern(State s) {
+int32_t GrammarAutomaton::intern(State s) {
   std::sort(s.stacks.begin(), s.stacks.end());
   s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
   if (s.stacks.empty()) return kDead;
@@ -122,7 +148,7 @@ int32_t GrammarMatcher::intern(State s) {
   return it->second;
 }
 
-int32_t GrammarMatcher::step(int32_t state, uint8_t byte) {
+int32_t GrammarAutomaton::step(int32_t state, uint8_t byte) {
   const size_t at = (size_t)state * 256 + byte;
   int32_t t = transitions_[at];
   if (t != kUnknown) return t;
@@ -131,7 +157,7 @@ int32_t GrammarMatcher::step(int32_t state, uint8_t byte) {
   return t;
 }
 
-int32_t GrammarMatcher::compute_step(int32_t state, uint8_t byte) {
+int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
   const State& from = states_[(size_t)state];
   uint32_t cp;
   State to;
@@ -188,42 +214,33 @@ int32_t GrammarMatcher::compute_step(int32_t state, uint8_t byte) {
   return intern(std::move(to));
 }
 
-void GrammarMatcher::reset_caches() {
-  State cur = states_[(size_t)current_];
-  states_.clear();
-  state_ids_.clear();
-  transitions_.clear();
-  masks_.clear();
-  current_ = intern(std::move(cur));
-}
-
 bool GrammarMatcher::allows_bytes(std::string_view bytes) {
   int32_t s = current_;
   for (char c : bytes) {
-    s = step(s, (uint8_t)c);
-    if (s == kDead) return false;
+    s = a_->step(s, (uint8_t)c);
+    if (s == GrammarAutomaton::kDead) return false;
   }
   return true;
 }
 
 bool GrammarMatcher::accept_bytes(std::string_view bytes) {
-  if (states_.size() > kMaxStates) reset_caches();
+  move_if_full();
   int32_t s = current_;
   for (char c : bytes) {
-    s = step(s, (uint8_t)c);
-    if (s == kDead) return false;
+    s = a_->step(s, (uint8_t)c);
+    if (s == GrammarAutomaton::kDead) return false;
   }
   current_ = s;
   return true;
 }
 
-bool GrammarMatcher::is_complete() const {
-  const State& s = states_[(size_t)current_];
+bool GrammarAutomaton::is_complete(int32_t state) const {
+  const State& s = states_[(size_t)state];
   return s.need == 0 && s.stacks.front() == 0;
 }
 
-bool GrammarMatcher::can_continue() const {
-  const State& s = states_[(size_t)current_];
+bool GrammarAutomaton::can_continue(int32_t state) const {
+  const State& s = states_[(size_t)state];
   return s.need > 0 || s.stacks.back() != 0;
 }
 
@@ -241,16 +258,24 @@ void GrammarMatcher::accept_token(const TokenVocab& vocab, int32_t token) {
 }
 
 const std::vector<uint64_t>& GrammarMatcher::mask(const TokenVocab& vocab) {
-  if (states_.size() > kMaxStates) reset_caches();
-  if (auto it = masks_.find(current_); it != masks_.end()) return it->second;
+  move_if_full();
+  return a_->mask(current_, vocab);
+}
+
+const std::vector<uint64_t>& GrammarAutomaton::mask(int32_t state, const TokenVocab& vocab) {
+  if (masks_vocab_ != &vocab) {
+    masks_.clear();
+    masks_vocab_ = &vocab;
+  }
+  if (auto it = masks_.find(state); it != masks_.end()) return it->second;
   if (masks_.size() >= kMaxMasks) masks_.clear();
   std::vector<uint64_t> m(((size_t)vocab.n_vocab() + 63) / 64, 0);
-  if (is_complete())
+  if (is_complete(state))
     for (int32_t t : vocab.eog_tokens()) m[(size_t)t >> 6] |= 1ull << (t & 63);
   const std::vector<TokenVocab::Node>& nodes = vocab.nodes();
   const std::vector<int32_t>& sorted = vocab.tokens_sorted();
   walk_.resize(vocab.max_depth() + 1);
-  walk_[0] = current_;
+  walk_[0] = state;
   const size_t n = nodes.size();
   for (size_t i = 1; i < n;) {
     const TokenVocab::Node& node = nodes[i];
@@ -266,7 +291,7 @@ const std::vector<uint64_t>& GrammarMatcher::mask(const TokenVocab& vocab) {
     }
     ++i;
   }
-  return masks_[current_] = std::move(m);
+  return masks_[state] = std::move(m);
 }
 
 int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const TokenVocab& vocab, const float* logits,

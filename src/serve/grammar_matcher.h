@@ -56,31 +56,28 @@ class TokenVocab {
   size_t max_depth_ = 0;
 };
 
-class GrammarMatcher {
+// The automaton of one grammar: interned states, their cached transitions and masks. Shared by every
+// matcher of that grammar (the scheduler keeps the automata of recent grammars, so a schema sent again
+// and again finds its DFA and masks built); not thread-safe (the scheduler's thread uses it).
+class GrammarAutomaton {
  public:
-  explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);
+  static constexpr int32_t kDead = -1;
+  explicit GrammarAutomaton(std::shared_ptr<const Grammar> grammar);
 
-  // Whether `bytes` may come next; consumes them if so (else the state is unchanged).
-  bool accept_bytes(std::string_view bytes);
-  bool allows_bytes(std::string_view bytes);
-  // The text so far is a complete sentence of the grammar (end of generation allowed).
-  bool is_complete() const;
-  // Some byte may still follow.
-  bool can_continue() const;
-
-  // Token level: a token is allowed when its bytes keep the text a valid prefix (an end-of-generation
-  // token: when the text is complete). Tokens without bytes are never allowed.
-  bool token_allowed(const TokenVocab& vocab, int32_t token);
-  void accept_token(const TokenVocab& vocab, int32_t token);  // the token must be allowed
-  // Bit t of the result (word t / 64) is set when token t is allowed. Valid until the next call.
-  const std::vector<uint64_t>& mask(const TokenVocab& vocab);
-
+  const std::shared_ptr<const Grammar>& grammar() const { return g_; }
+  int32_t start() const { return start_; }
+  int32_t step(int32_t state, uint8_t byte);  // kDead when the byte cannot come next
+  bool is_complete(int32_t state) const;
+  bool can_continue(int32_t state) const;
+  const std::vector<uint64_t>& mask(int32_t state, const TokenVocab& vocab);
   size_t n_states() const { return states_.size(); }
-  // Drops the cached masks (transitions stay): the next mask() walks the trie again (benchmarks).
+  // Past this many states a matcher moves to a fresh automaton (bounding the transition tables).
+  bool full() const;
   void forget_masks() { masks_.clear(); }
+  // The same state, built in this automaton from `from`'s state (when a matcher moves).
+  int32_t import_state(const GrammarAutomaton& from, int32_t state);
 
  private:
-  static constexpr int32_t kDead = -1;
   static constexpr int32_t kUnknown = -2;
   struct StackNode {
     uint32_t pos;     // the element to match next (or to resume at, below the top)
@@ -98,9 +95,7 @@ class GrammarMatcher {
   // class (or 0 when the stack empties).
   void expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out);
   int32_t intern(State s);
-  int32_t step(int32_t state, uint8_t byte);  // cached transition
   int32_t compute_step(int32_t state, uint8_t byte);
-  void reset_caches();  // when the caches grow too large: keep only the current state
 
   std::shared_ptr<const Grammar> g_;
   std::vector<StackNode> nodes_;
@@ -109,8 +104,39 @@ class GrammarMatcher {
   std::unordered_map<std::string, int32_t> state_ids_;
   std::vector<int32_t> transitions_;  // [state * 256 + byte]
   std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
-  std::vector<uint64_t> mask_;
+  const TokenVocab* masks_vocab_ = nullptr;  // the vocabulary the cached masks are of
   std::vector<int32_t> walk_;  // per trie depth, the state after that many bytes
+  int32_t start_ = 0;
+};
+
+// Where one output is in its grammar.
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const Grammar> grammar);  // with an automaton of its own
+  explicit GrammarMatcher(std::shared_ptr<GrammarAutomaton> automaton);
+
+  // Whether `bytes` may come next; consumes them if so (else the state is unchanged).
+  bool accept_bytes(std::string_view bytes);
+  bool allows_bytes(std::string_view bytes);
+  // The text so far is a complete sentence of the grammar (end of generation allowed).
+  bool is_complete() const { return a_->is_complete(current_); }
+  // Some byte may still follow.
+  bool can_continue() const { return a_->can_continue(current_); }
+
+  // Token level: a token is allowed when its bytes keep the text a valid prefix (an end-of-generation
+  // token: when the text is complete). Tokens without bytes are never allowed.
+  bool token_allowed(const TokenVocab& vocab, int32_t token);
+  void accept_token(const TokenVocab& vocab, int32_t token);  // the token must be allowed
+  // Bit t of the result (word t / 64) is set when token t is allowed. Valid until the next call.
+  const std::vector<uint64_t>& mask(const TokenVocab& vocab);
+
+  size_t n_states() const { return a_->n_states(); }
+  // Drops the cached masks (transitions stay): the next mask() walks the trie again (benchmarks).
+  void forget_masks() { a_->forget_masks(); }
+
+ private:
+  void move_if_full();  // to a fresh automaton holding only the current state
+  std::shared_ptr<GrammarAutomaton> a_;
   int32_t current_ = 0;
 };
 

@@ -345,7 +345,7 @@ void Scheduler::admit() {
     c.promised = total0 - matched;
     SamplingParams sp = a->params.sampling;
     c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
-    if (a->params.grammar) c.grammar = std::make_unique<GrammarMatcher>(a->params.grammar);
+    if (a->params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automaton_for(a->params.grammar));
     c.history = a->params.prompt;
     c.text = TextStream(a->params.stop);
     a->choices.push_back(std::move(c));
@@ -521,7 +521,7 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
     SamplingParams sp = a.params.sampling;
     if (sp.seed != 0xFFFFFFFFu) sp.seed += (uint64_t)i;  // distinct, reproducible choices
     c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
-    if (a.params.grammar) c.grammar = std::make_unique<GrammarMatcher>(a.params.grammar);
+    if (a.params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automaton_for(a.params.grammar));
     c.history = a.params.prompt;
     c.text = TextStream(a.params.stop);
     a.choices.push_back(std::move(c));
@@ -544,6 +544,20 @@ const TokenVocab& Scheduler::vocab() {
     log_info("constrained decoding: vocabulary trie of {} tokens, {} nodes", n, vocab_->n_nodes());
   }
   return *vocab_;
+}
+
+std::shared_ptr<GrammarAutomaton> Scheduler::automaton_for(const std::shared_ptr<const Grammar>& grammar) {
+  constexpr size_t kKept = 8;
+  for (size_t i = automata_.size(); i-- > 0;) {
+    if (automata_[i]->grammar() != grammar || automata_[i]->full()) continue;
+    auto a = automata_[i];
+    automata_.erase(automata_.begin() + (long)i);
+    automata_.push_back(a);
+    return a;
+  }
+  automata_.push_back(std::make_shared<GrammarAutomaton>(grammar));
+  if (automata_.size() > kKept) automata_.erase(automata_.begin());
+  return automata_.back();
 }
 
 void Scheduler::fail_all(const std::string& message) {

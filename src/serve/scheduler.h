@@ -26,6 +26,7 @@
 namespace roofline::serve {
 
 class Grammar;
+class GrammarAutomaton;
 class TokenVocab;
 
 struct TopLogprob {
@@ -210,6 +211,8 @@ class Scheduler {
   void publish_status();
   int available_blocks() const;
   const TokenVocab& vocab();  // the vocabulary trie of constrained decoding, built on first use
+  // The automaton of a grammar, shared by its choices and kept for the next requests of that grammar.
+  std::shared_ptr<GrammarAutomaton> automaton_for(const std::shared_ptr<const Grammar>& grammar);
 
   StepRunner& runner_;
   const TokenText& text_;
@@ -245,6 +248,7 @@ class Scheduler {
   int step_rows_done_ = 0;           // rows of the step just finished (metrics)
   std::vector<Emission> pending_;    // tokens picked whose text and events are not out yet
   std::unique_ptr<TokenVocab> vocab_;
+  std::vector<std::shared_ptr<GrammarAutomaton>> automata_;  // of recent grammars, the latest used last
   std::vector<float> masked_logits_;  // constrained decoding's scratch row
 };
 

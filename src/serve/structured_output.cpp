@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <deque>
+#include <mutex>
+
 #include "serve/api.h"
 #include "serve/json_schema_grammar.h"
 
@@ -10,12 +13,26 @@ namespace roofline::serve {
 
 namespace {
 
+// Compiled grammars of recent requests by their GBNF text: the same schema sent again gets the same
+// Grammar, whose automaton (states, transitions, masks) the scheduler has kept.
 std::shared_ptr<const Grammar> compile(const std::string& gbnf, const std::string& param) {
+  static std::mutex mutex;
+  static std::deque<std::pair<std::string, std::shared_ptr<const Grammar>>> recent;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& [text, g] : recent)
+      if (text == gbnf) return g;
+  }
+  std::shared_ptr<const Grammar> g;
   try {
-    return Grammar::parse(gbnf);
+    g = Grammar::parse(gbnf);
   } catch (const GrammarError& e) {
     throw ApiError(400, fmt::format("'{}': {}", param, e.what()), param);
   }
+  std::lock_guard<std::mutex> lock(mutex);
+  recent.push_back({gbnf, g});
+  if (recent.size() > 16) recent.pop_front();
+  return g;
 }
 
 std::shared_ptr<const Grammar> from_schema(const json& schema, const std::string& param) {

@@ -227,6 +227,29 @@ item ::= [a-z] | "(" item* ")")g"));
   EXPECT_FALSE(m.accept_bytes(")"));
 }
 
+TEST(Grammar, MatchersShareAnAutomatonAndMoveOffAFullOne) {
+  // Two outputs of one grammar on one automaton, interleaved, each where it should be.
+  auto g = Grammar::parse(R"(root ::= "{" [a-z]* "}" | "[" [0-9]+ "]")");
+  auto shared = std::make_shared<GrammarAutomaton>(g);
+  GrammarMatcher a(shared), b(shared);
+  EXPECT_TRUE(a.accept_bytes("{ab"));
+  EXPECT_TRUE(b.accept_bytes("[1"));
+  EXPECT_FALSE(a.allows_bytes("1"));
+  EXPECT_FALSE(b.allows_bytes("a"));
+  EXPECT_TRUE(a.accept_bytes("c}"));
+  EXPECT_TRUE(b.accept_bytes("23]"));
+  EXPECT_TRUE(a.is_complete() && b.is_complete());
+  // A counted repetition makes a new state per character: past the automaton's limit the matcher
+  // moves to a fresh one, where the count goes on exactly.
+  GrammarMatcher m(Grammar::parse("root ::= [a-z]{0,20000} \"!\""));
+  for (int i = 0; i < 20000; ++i) ASSERT_TRUE(m.accept_bytes("q")) << i;
+  EXPECT_LT(m.n_states(), 20000u);  // it moved
+  EXPECT_FALSE(m.allows_bytes("q"));
+  EXPECT_FALSE(m.is_complete());
+  EXPECT_TRUE(m.accept_bytes("!"));
+  EXPECT_TRUE(m.is_complete());
+}
+
 TEST(Grammar, BadGbnfIsAClearError) {
   EXPECT_NE(parse_error("item ::= \"a\"").find("no 'root' rule"), std::string::npos);
   EXPECT_NE(parse_error("root ::= missing").find("'missing' is used but never defined"), std::string::npos);
