@@ -288,6 +288,11 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
     if (!k->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
     kwargs = *k;
   }
+  // Constrained output starts at the first generated token: a thinking template is asked for its
+  // answer without reasoning (Qwen3's empty <think></think>) unless the request says otherwise.
+  if (r.gen.grammar && mc.thinking_template && !kwargs.contains("enable_thinking") &&
+      !mc.default_template_kwargs.contains("enable_thinking"))
+    kwargs["enable_thinking"] = false;
   bool add_generation_prompt = get_bool(body, "add_generation_prompt", true);
   r.prompt_text = render_chat(mc, *messages, r.tools.tools, kwargs, add_generation_prompt);
   r.gen.prompt = mc.tokenizer->encode(r.prompt_text, false, true);
@@ -301,6 +306,8 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
     std::string tail = r.prompt_text;
     while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
     r.start_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
+    // A grammar's output is the answer even where the prompt opened a reasoning block.
+    if (r.gen.grammar && r.start_in_reasoning) r.split_reasoning = r.start_in_reasoning = false;
   }
   if (r.gen.prompt.empty()) throw ApiError(400, "the rendered prompt is empty", "messages");
   return r;

@@ -14,6 +14,7 @@
 #include "model/model_file.h"
 #include "schema_validate.h"
 #include "serve/server.h"
+#include "tokenizer/tokenizer_test_util.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -271,4 +272,32 @@ TEST_F(StructuredOutput, UnsupportedSchemasAndBadGrammarsAre400) {
   EXPECT_NE(e["message"].get<std::string>().find("send one"), std::string::npos) << e.dump();
   e = error_of("/v1/chat/completions", chat({{"response_format", {{"type", "json_schema"}}}}));
   EXPECT_EQ(e["param"], "response_format.json_schema");
+}
+
+// With a thinking template (the real Qwen3 one), constrained output asks the template for the answer
+// without reasoning (enable_thinking false) unless the request sets it; the output is content.
+TEST(StructuredOutputRequest, ThinkingTemplatesAnswerWithoutReasoning) {
+  ROOFLINE_SHARED_PATH_OR_SKIP(td, "testdata");
+  ModelContext mc;
+  mc.tokenizer = roofline::test::load_test_tokenizer("qwen3");
+  ASSERT_TRUE(mc.tokenizer);
+  mc.chat_template_source =
+      json::parse(roofline::test::read_text_file(td + "/tokenizer/qwen3/tokenizer_config.json"))["chat_template"].get<std::string>();
+  mc.chat_template = std::make_unique<ChatTemplate>(mc.chat_template_source);
+  mc.thinking_template = true;
+  mc.n_vocab = mc.tokenizer->n_vocab();
+  mc.n_ctx = 4096;
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const std::string base = R"({"messages":[{"role":"user","content":"JSON please"}])";
+  ApiRequest plain = parse_chat_request(parse_body(base + "}"), mc);
+  EXPECT_FALSE(plain.gen.grammar);
+  EXPECT_TRUE(ends_with(plain.prompt_text, "<|im_start|>assistant\n")) << plain.prompt_text;
+  ApiRequest constrained = parse_chat_request(parse_body(base + R"(,"response_format":{"type":"json_object"}})"), mc);
+  EXPECT_TRUE(constrained.gen.grammar);
+  EXPECT_TRUE(ends_with(constrained.prompt_text, "<think>\n\n</think>\n\n")) << constrained.prompt_text;
+  ApiRequest asked = parse_chat_request(
+      parse_body(base + R"(,"response_format":{"type":"json_object"},"chat_template_kwargs":{"enable_thinking":true}})"), mc);
+  EXPECT_TRUE(ends_with(asked.prompt_text, "<|im_start|>assistant\n")) << asked.prompt_text;
 }
