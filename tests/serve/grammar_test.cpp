@@ -375,9 +375,11 @@ TEST(TokenMask, MatchesBruteForceOnRandomVocabulariesAndStates) {
                                           "1", "0", "-", ".", "e", "\\", "n", "u", "name", "age", "tags", "kind", "cat", "home",
                                           "city", "\xC3", "\xA7", "\xE2\x82", "\xAC", "2024", "-01", "\t", "x",
                                           "\xF0\x80", "\x80\xA0", "\xC0", "\xF5", "\xE0\x80"};  // overlong / invalid UTF-8
-  const json schema = json::parse(kPersonSchema);
-  auto g = Grammar::parse(json_schema_to_gbnf(schema));
-  for (int trial = 0; trial < 3; ++trial) {
+  const std::vector<std::string> schemas = {kPersonSchema, R"({"type":"number"})", R"({"enum":["a","ab","abc\u00e7"]})",
+                                            R"({"type":"array","items":{"type":"integer"},"maxItems":3})"};
+  int complete_states = 0;
+  for (int trial = 0; trial < 8; ++trial) {
+    auto g = Grammar::parse(json_schema_to_gbnf(json::parse(schemas[(size_t)trial % schemas.size()])));
     std::vector<std::string> pieces;
     std::vector<bool> eog;
     std::set<std::string> seen;
@@ -397,6 +399,7 @@ TEST(TokenMask, MatchesBruteForceOnRandomVocabulariesAndStates) {
       SCOPED_TRACE("trial " + std::to_string(trial) + " step " + std::to_string(step));
       expect_mask_matches_reference(m, *g, ref, v);
       if (::testing::Test::HasFailure()) return;
+      complete_states += ref_complete(ref);
       const std::vector<uint64_t>& mask = m.mask(v);
       std::vector<int32_t> allowed;
       for (int t = 0; t < v.n_vocab(); ++t)
@@ -408,6 +411,7 @@ TEST(TokenMask, MatchesBruteForceOnRandomVocabulariesAndStates) {
       ASSERT_FALSE(ref.dead);
     }
   }
+  EXPECT_GT(complete_states, 0);  // states where end of generation is allowed were checked too
 }
 
 // The real Qwen3 vocabulary (151k tokens): masks at states along a JSON document equal the reference,
