@@ -300,6 +300,17 @@ int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const Tok
   if (matcher.token_allowed(vocab, first)) return first;
   const std::vector<uint64_t>& m = matcher.mask(vocab);
   const int n = vocab.n_vocab();
+  if (sampler.params().temperature <= 0 && !penalties_apply(sampler.params(), history)) {
+    // Greedy on raw logits: the best allowed token, read straight off the mask (the lowest id wins
+    // ties, as argmax_logits does).
+    int32_t best = -1;
+    for (size_t w = 0; w < m.size(); ++w)
+      for (uint64_t bits = m[w]; bits != 0; bits &= bits - 1) {
+        const int32_t t = (int32_t)(w * 64 + (size_t)__builtin_ctzll(bits));
+        if (t < n && (best < 0 || logits[t] > logits[best])) best = t;
+      }
+    return best >= 0 && logits[best] > -std::numeric_limits<float>::infinity() ? best : -1;
+  }
   scratch.assign(logits, logits + n);
   bool any = false;
   for (int w = 0; w < (int)m.size(); ++w) {

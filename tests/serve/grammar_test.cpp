@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -509,4 +510,47 @@ TEST(TokenMask, Qwen3VocabularyMatchesReferenceAndPrintsCost) {
   std::printf("[ mask cost ] %d states of a JSON document: full mask cold %.3f ms, warm %.3f ms, sampled-token check %.2f us (means)\n",
               n, cold_ms / n, warm_ms / n, check_us / n);
   std::printf("[ mask cost ] inside a JSON string (cached state): %.2f us per mask\n", string_us);
+}
+
+// sample_with_grammar: greedy picks the best allowed token; sampling draws exactly the distribution
+// masked to the allowed tokens (the first unmasked draw kept when allowed, else a masked redraw).
+TEST(TokenMask, ConstrainedSamplingPicksFromTheMaskedDistribution) {
+  // Tokens: "a", "b", "c", "1", "2", EOG. The grammar allows a letter, then only "1" or "2".
+  TokenVocab v({"a", "b", "c", "1", "2", ""}, {false, false, false, false, false, true});
+  auto g = Grammar::parse(R"(root ::= [a-c] [12])");
+  const std::vector<float> logits = {0.0f, 1.0f, -1.0f, 3.0f, 2.0f, 5.0f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sampler gs(greedy, 6);
+  std::vector<float> scratch;
+  GrammarMatcher m(g);
+  EXPECT_EQ(sample_with_grammar(gs, m, v, logits.data(), {}, scratch), 1);  // "b": the best letter
+  m.accept_token(v, 1);
+  EXPECT_EQ(sample_with_grammar(gs, m, v, logits.data(), {}, scratch), 3);  // "1", not EOG (5.0)
+  m.accept_token(v, 3);
+  EXPECT_EQ(sample_with_grammar(gs, m, v, logits.data(), {}, scratch), 5);  // complete: only EOG
+
+  SamplingParams sp;
+  sp.temperature = 1;
+  sp.top_k = 0;
+  sp.top_p = 1;
+  sp.min_p = 0;
+  sp.seed = 99;
+  Sampler s(sp, 6);
+  const int draws = 40000;
+  std::vector<int> count(6, 0);
+  GrammarMatcher start(g);
+  for (int i = 0; i < draws; ++i) {
+    GrammarMatcher fresh = start;
+    const int32_t t = sample_with_grammar(s, fresh, v, logits.data(), {}, scratch);
+    ASSERT_GE(t, 0);
+    ASSERT_LE(t, 2);  // only letters at the start
+    count[(size_t)t]++;
+  }
+  const double z = std::exp(0.0) + std::exp(1.0) + std::exp(-1.0);
+  for (int t = 0; t < 3; ++t) {
+    const double p = std::exp((double)logits[(size_t)t]) / z;
+    const double sd = std::sqrt(p * (1 - p) / draws);
+    EXPECT_NEAR((double)count[(size_t)t] / draws, p, 5 * sd) << "token " << t;
+  }
 }
