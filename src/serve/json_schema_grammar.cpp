@@ -439,7 +439,11 @@ std::string tool_calls_gbnf(const std::vector<ToolGrammarSpec>& tools, bool para
       args = c.builtin("json-object");
     } else {
       c.set_root(t.parameters, std::to_string(i) + ":");
-      args = c.visit(t.parameters, "", hint + "-arguments");
+      try {
+        args = c.visit(t.parameters, "", hint + "-arguments");
+      } catch (const SchemaError& e) {
+        throw SchemaError(fmt::format("function '{}': {}", t.name, e.what()), e.path);
+      }
     }
     const std::string head = "<tool_call>\n{\"name\": " + json(t.name).dump() + ", \"arguments\": ";
     const std::string call = c.add_rule(hint + "-call", literal(head) + " " + args + " " + literal("}\n</tool_call>"));

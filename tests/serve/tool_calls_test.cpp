@@ -190,6 +190,13 @@ TEST(ToolChoice, ValidationRequiredAndNamedChoices) {
   e = chat_error(chat_body(R"(,"tool_choice":"required","response_format":{"type":"json_object"})"));
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(chat_error(chat_body(R"(,"parallel_tool_calls":"yes")")).param, "parallel_tool_calls");
+  // A parameters schema the constraint cannot follow: a 400 naming the function and the keyword.
+  e = chat_error(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required","tools":[{"type":"function",
+    "function":{"name":"lookup","parameters":{"type":"object","properties":{"q":{"type":"string","pattern":"^a"}}}}}]})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_NE(std::string(e.what()).find("'lookup'"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("/properties/q/pattern"), std::string::npos) << e.what();
   EXPECT_EQ(chat_error(chat_body(R"(,"tool_choice":"sometimes")")).status, 400);
   EXPECT_EQ(chat_error(chat_body(R"(,"tool_choice":5)")).status, 400);
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"tools":{}})").param, "tools");
