@@ -77,6 +77,7 @@ class GrammarParser {
       if (!defined_[r]) throw GrammarError(fmt::format("rule '{}' is used but never defined", g->names_[r]));
     g->root_ = root->second;
     flatten();
+    if (g->elements_.size() > 1000000) throw GrammarError("the grammar is too large (over a million elements once repetitions are expanded)");
     check_left_recursion();
     return g;
   }

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "serve/api.h"
+#include "serve/grammar_matcher.h"
 #include "serve/json_schema_grammar.h"
 
 namespace roofline::serve {
@@ -26,6 +27,7 @@ std::shared_ptr<const Grammar> compile(const std::string& gbnf, const std::strin
   std::shared_ptr<const Grammar> g;
   try {
     g = Grammar::parse(gbnf);
+    GrammarAutomaton probe(g);  // its start state: a grammar that matches nothing fails here, not in the scheduler
   } catch (const GrammarError& e) {
     throw ApiError(400, fmt::format("'{}': {}", param, e.what()), param);
   }
