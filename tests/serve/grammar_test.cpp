@@ -464,6 +464,20 @@ TEST(TokenMask, Qwen3VocabularyMatchesReferenceAndPrintsCost) {
   }
   EXPECT_TRUE(m.is_complete());
   EXPECT_FALSE(m.can_continue());
+  // A forced tool call may start with Qwen3's single <tool_call> token (its text is the tag).
+  {
+    GrammarMatcher call(Grammar::parse(tool_calls_gbnf({{"f", json()}}, false)));
+    const std::vector<int32_t> tag = tok->encode("<tool_call>", false, true);
+    ASSERT_EQ(tag.size(), 1u);
+    EXPECT_TRUE(call.token_allowed(v, tag[0]));
+    const std::vector<uint64_t>& mask = call.mask(v);
+    EXPECT_TRUE((mask[(size_t)tag[0] / 64] >> (tag[0] % 64)) & 1);
+    int allowed = 0;
+    for (uint64_t w : mask) allowed += __builtin_popcountll(w);
+    EXPECT_LT(allowed, 20);  // "<", "<tool", ... and the tag itself
+    call.accept_token(v, tag[0]);
+    EXPECT_TRUE(call.allows_bytes("\n{\"name\": \"f\""));
+  }
   // A fresh walk with every transition already known (a new state inside a long string).
   GrammarMatcher s(Grammar::parse(json_schema_to_gbnf(json::parse(R"({"type":"string"})"))));
   s.accept_bytes("\"");
