@@ -205,8 +205,8 @@ int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
     return intern(std::move(to));
   }
   if (from.need > 0 && (cp < kMinForLength[from.length] || is_surrogate(cp))) return kDead;  // overlong or a surrogate
-  const std::vector<uint32_t> stacks = from.stacks;  // `from` may move when states_ grows
-  for (uint32_t s : stacks) {
+  // expand() adds stack nodes, never states: `from` stays where it is until intern() below.
+  for (uint32_t s : from.stacks) {
     if (s == 0) continue;
     const StackNode n = nodes_[s];
     if (classes[el[n.pos].index].matches(cp)) expand(n.pos + 1, n.parent, to.stacks);
