@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "serve/api.h"
+#include "serve/structured_output.h"
 
 namespace roofline::serve {
 
@@ -175,13 +176,8 @@ void parse_sampling(const json& body, const ModelContext& mc, ApiRequest& r, boo
     r.include_usage = get_bool(*so, "include_usage", false);
   }
   if (const json* m = field(body, "model"); m && !m->is_string()) throw ApiError(400, "'model' must be a string", "model");
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-      throw ApiError(400, "'response_format' must be an object with a 'type'", "response_format");
-    const std::string type = (*rf)["type"].get<std::string>();
-    if (type != "text")
-      throw ApiError(400, fmt::format("response_format '{}' is not supported by this server yet", type), "response_format");
-  }
+  // response_format, json_schema, grammar: a grammar the output must follow (structured_output.h).
+  r.gen.grammar = parse_structured_output(body);
 }
 
 json normalize_messages(const json& messages) {
@@ -283,11 +279,20 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
   }
   // Tools are rendered whatever tool_choice says (as llama-server); calls are parsed unless "none".
   r.tools = parse_tools_request(body);
+  if (auto forced = tool_choice_grammar(r.tools)) {
+    if (r.gen.grammar) throw ApiError(400, "tool_choice \"required\" or a named function cannot be combined with a response format or grammar", "tool_choice");
+    r.gen.grammar = std::move(forced);
+  }
   json kwargs = json::object();
   if (const json* k = field(body, "chat_template_kwargs")) {
     if (!k->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
     kwargs = *k;
   }
+  // Constrained output starts at the first generated token: a thinking template is asked for its
+  // answer without reasoning (Qwen3's empty <think></think>) unless the request says otherwise.
+  if (r.gen.grammar && mc.thinking_template && !kwargs.contains("enable_thinking") &&
+      !mc.default_template_kwargs.contains("enable_thinking"))
+    kwargs["enable_thinking"] = false;
   bool add_generation_prompt = get_bool(body, "add_generation_prompt", true);
   r.prompt_text = render_chat(mc, *messages, r.tools.tools, kwargs, add_generation_prompt);
   r.gen.prompt = mc.tokenizer->encode(r.prompt_text, false, true);
@@ -301,6 +306,8 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
     std::string tail = r.prompt_text;
     while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
     r.start_in_reasoning = tail.size() >= 7 && tail.compare(tail.size() - 7, 7, "<think>") == 0;
+    // A grammar's output is the answer even where the prompt opened a reasoning block.
+    if (r.gen.grammar && r.start_in_reasoning) r.split_reasoning = r.start_in_reasoning = false;
   }
   if (r.gen.prompt.empty()) throw ApiError(400, "the rendered prompt is empty", "messages");
   return r;

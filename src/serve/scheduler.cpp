@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/grammar_matcher.h"
 #include "serve/text_stream.h"
 
 namespace roofline::serve {
@@ -107,6 +108,7 @@ struct Scheduler::Choice {
   int index = 0;
   int seq = -1;
   std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
   std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
   int32_t pending = -1;
   int n_generated = 0;
@@ -329,7 +331,7 @@ void Scheduler::admit() {
     a->t_admit = Clock::now();
     a->max_gen = std::max(0, std::min(a->params.max_tokens >= 0 ? a->params.max_tokens : n_ctx_, n_ctx_ - P));
     a->fork_promise = fork_promise;
-    a->greedy = greedy_from_raw_logits(a->params.sampling) && a->params.logprobs < 0;
+    a->greedy = greedy_from_raw_logits(a->params.sampling) && a->params.logprobs < 0 && !a->params.grammar;
     a->choices.reserve(a->params.n);
     for (int i = 0; i < a->params.n; ++i) {
       a->slots.push_back(free_slots[i]);
@@ -343,6 +345,7 @@ void Scheduler::admit() {
     c.promised = total0 - matched;
     SamplingParams sp = a->params.sampling;
     c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
+    if (a->params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automaton_for(a->params.grammar));
     c.history = a->params.prompt;
     c.text = TextStream(a->params.stop);
     a->choices.push_back(std::move(c));
@@ -415,7 +418,25 @@ void Scheduler::finish_embedding(Active& a, Clock::time_point now) {
 
 void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* logits, Clock::time_point now) {
   const GenParams& p = a.params;
-  const int32_t tok = greedy >= 0 ? greedy : c.sampler->sample(logits, c.history).token;
+  int32_t tok;
+  if (c.grammar) {
+    tok = sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
+    if (tok < 0) {  // the model gives every token the grammar allows no chance at all
+      emit_pending(&a);
+      Event e;
+      e.choice = c.index;
+      e.text = c.text.flush();
+      e.finish = Finish::Error;
+      e.error = "no token the grammar allows has a finite logit";
+      a.request->push(std::move(e));
+      a.failed = true;
+      finish_choice(a, c);
+      return;
+    }
+    c.grammar->accept_token(vocab(), tok);
+  } else {
+    tok = greedy >= 0 ? greedy : c.sampler->sample(logits, c.history).token;
+  }
   Emission m;
   m.a = &a;
   m.choice = c.index;
@@ -428,6 +449,7 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
   a.t_last = now;
   c.pending = tok;
   if (text_.is_eog(tok) && !p.ignore_eos) m.finish = Finish::Eos;
+  else if (c.grammar && !text_.is_eog(tok) && !c.grammar->can_continue()) m.finish = Finish::Eos, m.grammar_end = true;
   else if (c.n_generated >= a.max_gen) m.finish = Finish::Length;
   // Without stop strings the text cannot end the choice: it is made while the next step runs. With
   // them it decides whether the choice goes on, so it is made now.
@@ -443,7 +465,7 @@ Finish Scheduler::emit(Emission& m) {
   e.choice = m.choice;
   e.tokens.push_back(m.token);
   e.logprobs = std::move(m.logprobs);
-  if (m.finish == Finish::Eos) {
+  if (m.finish == Finish::Eos && !m.grammar_end) {
     e.text = c.text.flush();
     e.finish = Finish::Eos;
   } else {
@@ -452,9 +474,9 @@ Finish Scheduler::emit(Emission& m) {
     if (r.stopped) {
       e.finish = Finish::StopWord;
       e.stop_word = r.stop_word;
-    } else if (m.finish == Finish::Length) {
+    } else if (m.finish == Finish::Length || m.grammar_end) {
       e.text += c.text.flush();
-      e.finish = Finish::Length;
+      e.finish = m.finish;
     }
   }
   const Finish f = e.finish;
@@ -499,12 +521,43 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
     SamplingParams sp = a.params.sampling;
     if (sp.seed != 0xFFFFFFFFu) sp.seed += (uint64_t)i;  // distinct, reproducible choices
     c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
+    if (a.params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automaton_for(a.params.grammar));
     c.history = a.params.prompt;
     c.text = TextStream(a.params.stop);
     a.choices.push_back(std::move(c));
   }
   a.fork_promise = 0;
   for (Choice& c : a.choices) take_token(a, c, greedy, logits, now);
+}
+
+const TokenVocab& Scheduler::vocab() {
+  if (!vocab_) {
+    const int n = runner_.n_vocab();
+    const int n_text = std::min(n, text_.n_tokens());
+    std::vector<std::string> pieces((size_t)n);
+    std::vector<bool> eog((size_t)n, false);
+    for (int t = 0; t < n_text; ++t) {
+      eog[(size_t)t] = text_.is_eog(t);
+      if (!eog[(size_t)t]) pieces[(size_t)t] = text_.piece(t);
+    }
+    vocab_ = std::make_unique<TokenVocab>(pieces, eog);
+    log_info("constrained decoding: vocabulary trie of {} tokens, {} nodes", n, vocab_->n_nodes());
+  }
+  return *vocab_;
+}
+
+std::shared_ptr<GrammarAutomaton> Scheduler::automaton_for(const std::shared_ptr<const Grammar>& grammar) {
+  constexpr size_t kKept = 8;
+  for (size_t i = automata_.size(); i-- > 0;) {
+    if (automata_[i]->grammar() != grammar || automata_[i]->full()) continue;
+    auto a = automata_[i];
+    automata_.erase(automata_.begin() + (long)i);
+    automata_.push_back(a);
+    return a;
+  }
+  automata_.push_back(std::make_shared<GrammarAutomaton>(grammar));
+  if (automata_.size() > kKept) automata_.erase(automata_.begin());
+  return automata_.back();
 }
 
 void Scheduler::fail_all(const std::string& message) {

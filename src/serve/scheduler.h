@@ -25,6 +25,10 @@
 
 namespace roofline::serve {
 
+class Grammar;
+class GrammarAutomaton;
+class TokenVocab;
+
 struct TopLogprob {
   int32_t token = 0;
   float logprob = 0;
@@ -79,6 +83,9 @@ struct GenParams {
   bool embedding = false;
   Pooling pooling = Pooling::Last;
   int embd_normalize = 2;  // llama-server's embd_normalize (normalize_embedding)
+  // Constrained decoding: every choice's output follows this grammar (tokens outside it are masked;
+  // the choice ends when the grammar is complete and can take nothing more). Null: unconstrained.
+  std::shared_ptr<const Grammar> grammar;
 };
 
 // The channel between the scheduler (producer) and the HTTP thread (consumer) of one request.
@@ -189,6 +196,7 @@ class Scheduler {
     int choice = 0;
     int32_t token = 0;
     Finish finish = Finish::None;  // decided when picked: Eos, Length or None (stop strings: in emit)
+    bool grammar_end = false;      // Eos because the grammar is complete: the token's text still counts
     std::vector<TokenLogprob> logprobs;
   };
   // Picks a choice's next token (`greedy` when the step gave it, else the sampler on `logits`) and
@@ -202,6 +210,9 @@ class Scheduler {
   void fail_all(const std::string& message);
   void publish_status();
   int available_blocks() const;
+  const TokenVocab& vocab();  // the vocabulary trie of constrained decoding, built on first use
+  // The automaton of a grammar, shared by its choices and kept for the next requests of that grammar.
+  std::shared_ptr<GrammarAutomaton> automaton_for(const std::shared_ptr<const Grammar>& grammar);
 
   StepRunner& runner_;
   const TokenText& text_;
@@ -236,6 +247,9 @@ class Scheduler {
   bool in_flight_ = false;
   int step_rows_done_ = 0;           // rows of the step just finished (metrics)
   std::vector<Emission> pending_;    // tokens picked whose text and events are not out yet
+  std::unique_ptr<TokenVocab> vocab_;
+  std::vector<std::shared_ptr<GrammarAutomaton>> automata_;  // of recent grammars, the latest used last
+  std::vector<float> masked_logits_;  // constrained decoding's scratch row
 };
 
 }  // namespace roofline::serve

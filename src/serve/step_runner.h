@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <climits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,7 @@ class TokenText {
   virtual ~TokenText() = default;
   virtual std::string piece(int32_t token) const = 0;  // the bytes a generated token adds
   virtual bool is_eog(int32_t token) const = 0;        // end of generation
+  virtual int n_tokens() const { return INT32_MAX; }   // ids at or past this have no text
 };
 
 class EngineRunner final : public StepRunner {
@@ -86,6 +88,7 @@ class TokenizerText final : public TokenText {
   explicit TokenizerText(std::shared_ptr<const Tokenizer> tokenizer) : tok_(std::move(tokenizer)) {}
   std::string piece(int32_t token) const override { return tok_->token_to_piece(token, false); }
   bool is_eog(int32_t token) const override { return tok_->is_eog(token); }
+  int n_tokens() const override { return tok_->n_vocab(); }
 
  private:
   std::shared_ptr<const Tokenizer> tok_;

@@ -44,6 +44,10 @@ ToolsRequest parse_tools_request(const json& body) {
     }
     if (!it->empty()) r.tools = *it;
   }
+  if (auto p = body.find("parallel_tool_calls"); p != body.end() && !p->is_null()) {
+    if (!p->is_boolean()) throw ApiError(400, "'parallel_tool_calls' must be a boolean", "parallel_tool_calls");
+    r.parallel = p->get<bool>();
+  }
   auto tc = body.find("tool_choice");
   if (tc == body.end() || tc->is_null()) return r;
   if (tc->is_string()) {
@@ -53,10 +57,8 @@ ToolsRequest parse_tools_request(const json& body) {
     } else if (v == "auto") {
       r.choice = ToolChoice::Auto;
     } else if (v == "required") {
-      throw ApiError(400,
-                     "tool_choice \"required\" is not supported by this server yet (it needs constrained decoding); "
-                     "use \"auto\" or \"none\"",
-                     "tool_choice");
+      if (r.names.empty()) throw ApiError(400, "tool_choice \"required\" needs 'tools'", "tool_choice");
+      r.choice = ToolChoice::Required;
     } else {
       throw ApiError(400, fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or a function (got \"{}\")", v),
                      "tool_choice");
@@ -65,11 +67,11 @@ ToolsRequest parse_tools_request(const json& body) {
   }
   if (tc->is_object() && tc->contains("function") && (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
       (*tc)["function"]["name"].is_string()) {
-    throw ApiError(400,
-                   fmt::format("tool_choice naming the function \"{}\" is not supported by this server yet (it needs "
-                               "constrained decoding); use \"auto\" or \"none\"",
-                               (*tc)["function"]["name"].get<std::string>()),
-                   "tool_choice");
+    r.forced = (*tc)["function"]["name"].get<std::string>();
+    if (!r.names.count(r.forced))
+      throw ApiError(400, fmt::format("tool_choice names the function \"{}\", which 'tools' does not offer", r.forced), "tool_choice");
+    r.choice = ToolChoice::Named;
+    return r;
   }
   throw ApiError(400, "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice");
 }

@@ -13,17 +13,20 @@
 namespace roofline::serve {
 
 // How the request wants tools used (OpenAI's tool_choice).
-enum class ToolChoice { None, Auto };
+// Required and Named are enforced by constrained decoding (structured_output.h).
+enum class ToolChoice { None, Auto, Required, Named };
 
 struct ToolsRequest {
   nlohmann::ordered_json tools;     // null when the request has none (the template then sees none)
   ToolChoice choice = ToolChoice::Auto;
   std::set<std::string> names;      // the functions offered
+  std::string forced;               // Named: the function the call must name
+  bool parallel = true;             // parallel_tool_calls: Required may make several calls
   bool parse_calls() const { return choice != ToolChoice::None && !names.empty(); }
 };
 
-// Validates `tools` and `tool_choice` of a chat request body. Throws ApiError 400 on malformed fields,
-// and for "required" / a named function, which need constrained decoding this server does not have yet.
+// Validates `tools`, `tool_choice` and `parallel_tool_calls` of a chat request body. Throws ApiError 400
+// on malformed fields, a "required" choice without tools, or a named function not offered.
 ToolsRequest parse_tools_request(const nlohmann::ordered_json& body);
 
 struct ParsedToolCall {

@@ -1,7 +1,9 @@
 // End-to-end tests of `roofline serve` driven by the official openai client (openai@6, Node 20):
 // chat and completions, whole and streamed, usage, stop strings, n > 1 and logprobs, 16 concurrent
 // streams on 4 slots giving the same greedy text as alone, cancel mid-stream, bad inputs, auth,
-// metrics, embeddings (client.embeddings.create: base64 by default, float, lists), and a graceful SIGTERM. Run by run.sh (ctest: serve_e2e) with ROOFLINE_BIN and
+// metrics, embeddings (client.embeddings.create: base64 by default, float, lists), structured output (response_format
+// json_schema whose output validates, whole and streamed), a tool_choice "required" round trip (call, tool
+// result, answer), and a graceful SIGTERM. Run by run.sh (ctest: serve_e2e) with ROOFLINE_BIN and
 // ROOFLINE_E2E_MODEL set.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -233,6 +235,94 @@ test('bad inputs are 400s with the OpenAI error envelope', async () => {
   assert.equal(unknown.usage.completion_tokens, 2);
   // The server is still healthy.
   assert.equal((await fetch(`${server.base}/health`)).status, 200);
+});
+
+// A small checker for the schema below (the server must never produce output that fails it).
+function checkWeather(v) {
+  assert.equal(typeof v, 'object');
+  assert.ok(v !== null && !Array.isArray(v));
+  for (const k of Object.keys(v)) assert.ok(['city', 'temp', 'tags', 'note'].includes(k), `unexpected key ${k}`);
+  assert.equal(typeof v.city, 'string');
+  assert.ok([...v.city].length <= 10);
+  assert.ok(Number.isInteger(v.temp));
+  if ('tags' in v) {
+    assert.ok(Array.isArray(v.tags) && v.tags.length <= 2);
+    for (const t of v.tags) assert.ok(['sun', 'rain'].includes(t));
+  }
+  if ('note' in v) assert.ok(v.note === null || typeof v.note === 'boolean');
+}
+
+test('structured output: json_schema output parses and validates, whole and streamed', async () => {
+  const schema = {
+    type: 'object',
+    properties: {
+      city: { type: 'string', maxLength: 10 },
+      temp: { type: 'integer' },
+      tags: { type: 'array', items: { enum: ['sun', 'rain'] }, maxItems: 2 },
+      note: { anyOf: [{ type: 'null' }, { type: 'boolean' }] },
+    },
+    required: ['city', 'temp'],
+    additionalProperties: false,
+  };
+  for (const temperature of [0, 1]) {
+    const params = chat('The weather as JSON.', {
+      max_tokens: 600, ignore_eos: false, temperature, seed: 7,
+      response_format: { type: 'json_schema', json_schema: { name: 'weather', schema, strict: true } },
+    });
+    const whole = await client.chat.completions.create(params);
+    assert.equal(whole.choices[0].finish_reason, 'stop');
+    checkWeather(JSON.parse(whole.choices[0].message.content));
+    const { text, chunks } = await collectChatStream(params);
+    checkWeather(JSON.parse(text));
+    assert.equal(chunks.find((c) => c.choices[0]?.finish_reason)?.choices[0].finish_reason, 'stop');
+    if (temperature === 0) assert.equal(text, whole.choices[0].message.content);
+  }
+  await assert.rejects(
+    client.chat.completions.create(chat('x', { response_format: { type: 'json_schema', json_schema: { name: 'p', schema: { type: 'string', pattern: 'a+' } } } })),
+    (e) => e.status === 400 && /pattern/.test(e.message));
+});
+
+test('tool_choice "required": a valid call, the tool result, then an answer', async () => {
+  const tools = [{
+    type: 'function',
+    function: { name: 'get_weather', description: 'Weather of a city', parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 } }, required: ['city'] } },
+  }, { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } }];
+  const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+  const first = await client.chat.completions.create({ model: 'm', messages, tools, tool_choice: 'required', max_tokens: 400, temperature: 0 });
+  assert.equal(first.choices[0].finish_reason, 'tool_calls');
+  const calls = first.choices[0].message.tool_calls;
+  assert.ok(calls.length >= 1);
+  for (const c of calls) {
+    assert.equal(c.type, 'function');
+    assert.ok(['get_weather', 'get_time'].includes(c.function.name));
+    const args = JSON.parse(c.function.arguments);
+    if (c.function.name === 'get_weather') assert.equal(typeof args.city, 'string');
+    else assert.deepEqual(args, {});
+  }
+  // Streamed, a named function: exactly one call to it.
+  const stream = await client.chat.completions.create({
+    model: 'm', messages, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 400, temperature: 0.8, seed: 3, stream: true,
+  });
+  let args = '', name = '', finish = '';
+  for await (const chunk of stream) {
+    const d = chunk.choices[0]?.delta;
+    for (const tc of d?.tool_calls ?? []) {
+      assert.equal(tc.index, 0);
+      name += tc.function?.name ?? '';
+      args += tc.function?.arguments ?? '';
+    }
+    if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  assert.equal(name, 'get_weather');
+  assert.equal(typeof JSON.parse(args).city, 'string');
+  assert.equal(finish, 'tool_calls');
+  // The round trip: the assistant's calls (content null) and the tool's result go back; an answer comes.
+  const answer = await client.chat.completions.create({
+    model: 'm', tools, max_tokens: 8, temperature: 0,
+    messages: [...messages, first.choices[0].message, ...calls.map((c) => ({ role: 'tool', tool_call_id: c.id, content: '{"temp": 21}' }))],
+  });
+  assert.equal(typeof answer.choices[0].message.content, 'string');
+  assert.ok(['stop', 'length', 'tool_calls'].includes(answer.choices[0].finish_reason));
 });
 
 test('embeddings: base64 (the client default) and float agree, unit norm, lists, token ids, errors', async () => {

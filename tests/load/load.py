@@ -43,6 +43,8 @@ def parse_args():
     p.add_argument('--per-stream', type=int, default=2, help='requests each stream sends in turn (default 2)')
     p.add_argument('--api-key', default='', help='sent as Authorization: Bearer KEY')
     p.add_argument('--json', default='', help='also write the rows to this JSON file')
+    p.add_argument('--body-extra', default='', help='a JSON object merged into every request body, e.g. '
+                   '\'{"response_format": {"type": "json_object"}}\' to measure constrained decoding')
     p.add_argument('--warmup', type=int, default=1, help='short requests sent once before the first level (default 1)')
     p.add_argument('--host-timeout', type=float, default=180.0,
                    help='seconds to wait for a --bin server to be healthy; also the socket timeout of a request (default 180)')
@@ -65,6 +67,7 @@ class Client:
     """A base URL (scheme, host, port, path prefix) and headers; a fresh connection per request."""
 
     def __init__(self, base, api_key, timeout):
+        self.body_extra = {}  # fields merged into every completion request (--body-extra)
         u = urllib.parse.urlsplit(base)
         self.https = u.scheme == 'https'
         self.host, self.port = u.hostname or '127.0.0.1', u.port
@@ -87,9 +90,11 @@ class Client:
 
     def completion(self, prompt, max_tokens):
         """One streaming request; its timings (ms since its start) and token counts."""
-        body = json.dumps({'model': 'load', 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': 0,
-                           'ignore_eos': True, 'stream': True, 'stream_options': {'include_usage': True},
-                           'cache_prompt': False})
+        fields = {'model': 'load', 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': 0,
+                  'ignore_eos': True, 'stream': True, 'stream_options': {'include_usage': True},
+                  'cache_prompt': False}
+        fields.update(self.body_extra)
+        body = json.dumps(fields)
         t0 = time.perf_counter()
         conn = self.connect()
         arrivals, usage = [], None
@@ -234,6 +239,7 @@ def main():
         server = Server(args.bin, args.model, extra, args.host_timeout)
         base = server.base
     client = Client(base, args.api_key, args.host_timeout)
+    client.body_extra = json.loads(args.body_extra) if args.body_extra else {}
     try:
         n_vocab = 32000
         try:

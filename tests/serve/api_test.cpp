@@ -104,7 +104,7 @@ TEST(ApiTest, MalformedAndOutOfRangeRequestsAre400) {
       {R"("logit_bias":{"999999":1})", "logit_bias"}, {R"("top_logprobs":3)", "top_logprobs"},
       {R"("logprobs":true,"top_logprobs":21)", "top_logprobs"}, {R"("stream":"yes")", "stream"},
       {R"("stream_options":"x")", "stream_options"}, {R"("presence_penalty":2.5)", "presence_penalty"},
-      {R"("seed":"abc")", "seed"},                 {R"("response_format":{"type":"json_object"})", "response_format"},
+      {R"("seed":"abc")", "seed"},                 {R"("response_format":{"type":"xml"})", "response_format"},
       {R"("model":42)", "model"},                  {R"("max_completion_tokens":-2)", "max_completion_tokens"},
   };
   for (const auto& [field, param] : bad) {

@@ -1,6 +1,6 @@
 // Tool calls in the chat API: the Qwen3-format call parser (single, parallel, malformed, text around
 // calls, unknown names, the stream split at every byte), tools / tool_choice validation (required and
-// named choices refused with a clear 400), the agent round trip (assistant content null + tool_calls,
+// named choices constrain the output with a grammar; unknown names and missing tools are a 400), the agent round trip (assistant content null + tool_calls,
 // tool results) rendered through the real Qwen3 template, responses built from injected model text
 // (whole and streamed as OpenAI streams calls), and a server whose fake model emits a call.
 #include <gtest/gtest.h>
@@ -169,17 +169,34 @@ TEST(ToolCallParser, StreamSplitAtEveryByteMatchesTheWholeParse) {
   EXPECT_EQ(early, "Hello there");
 }
 
-TEST(ToolChoice, ValidationAndUnsupportedChoices) {
+TEST(ToolChoice, ValidationRequiredAndNamedChoices) {
   EXPECT_EQ(chat_error(chat_body("")).status, 200);
   EXPECT_EQ(chat_error(chat_body(R"(,"tool_choice":"auto")")).status, 200);
   EXPECT_EQ(chat_error(chat_body(R"(,"tool_choice":"none")")).status, 200);
-  ApiError e = chat_error(chat_body(R"(,"tool_choice":"required")"));
+  const ApiRequest required = parse_chat_request(parse_body(chat_body(R"(,"tool_choice":"required")")), tiny());
+  EXPECT_EQ(required.tools.choice, ToolChoice::Required);
+  EXPECT_TRUE(required.gen.grammar);  // constrained to calls
+  const ApiRequest named =
+      parse_chat_request(parse_body(chat_body(R"(,"tool_choice":{"type":"function","function":{"name":"get_time"}})")), tiny());
+  EXPECT_EQ(named.tools.choice, ToolChoice::Named);
+  EXPECT_EQ(named.tools.forced, "get_time");
+  EXPECT_TRUE(named.gen.grammar);
+  ApiError e = chat_error(chat_body(R"(,"tool_choice":{"type":"function","function":{"name":"launch"}})"));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(std::string(e.what()).find("\"launch\", which 'tools' does not offer"), std::string::npos) << e.what();
+  e = chat_error(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})");
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "tool_choice");
-  EXPECT_NE(std::string(e.what()).find("\"required\" is not supported"), std::string::npos) << e.what();
-  e = chat_error(chat_body(R"(,"tool_choice":{"type":"function","function":{"name":"get_time"}})"));
+  e = chat_error(chat_body(R"(,"tool_choice":"required","response_format":{"type":"json_object"})"));
   EXPECT_EQ(e.status, 400);
-  EXPECT_NE(std::string(e.what()).find("\"get_time\" is not supported"), std::string::npos) << e.what();
+  EXPECT_EQ(chat_error(chat_body(R"(,"parallel_tool_calls":"yes")")).param, "parallel_tool_calls");
+  // A parameters schema the constraint cannot follow: a 400 naming the function and the keyword.
+  e = chat_error(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required","tools":[{"type":"function",
+    "function":{"name":"lookup","parameters":{"type":"object","properties":{"q":{"type":"string","pattern":"^a"}}}}}]})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_NE(std::string(e.what()).find("'lookup'"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("/properties/q/pattern"), std::string::npos) << e.what();
   EXPECT_EQ(chat_error(chat_body(R"(,"tool_choice":"sometimes")")).status, 400);
   EXPECT_EQ(chat_error(chat_body(R"(,"tool_choice":5)")).status, 400);
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"}],"tools":{}})").param, "tools");
@@ -365,10 +382,11 @@ TEST(ToolServer, FakeModelCallIsAnsweredAsToolCalls) {
     EXPECT_EQ(names, "get_weather") << r->body;
     EXPECT_EQ(finish, "tool_calls");
 
-    r = c.Post("/v1/chat/completions", chat_body(R"(,"tool_choice":"required")"), "application/json");
+    r = c.Post("/v1/chat/completions", chat_body(R"(,"tool_choice":{"type":"function","function":{"name":"nope"}})"),
+               "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400);
-    EXPECT_NE(r->body.find("required"), std::string::npos);
+    EXPECT_NE(r->body.find("nope"), std::string::npos);
   }
   scheduler.stop(true);
   scheduler.join();
