@@ -137,6 +137,7 @@ int run(int argc, char** argv) {
       ->capture_default_str()->envname("LLAMA_ARG_THINK");
   app.add_flag("--metrics", so.metrics, "enable GET /metrics (Prometheus)")->envname("LLAMA_ARG_ENDPOINT_METRICS");
   app.add_flag("--slots,!--no-slots", so.slots, "GET /slots (on by default)")->envname("LLAMA_ARG_ENDPOINT_SLOTS");
+  app.add_flag("--webui,!--no-webui", so.webui, "the built-in chat page at / (on by default)")->envname("LLAMA_ARG_WEBUI");
   app.add_option("--timeout", so.timeout_s, "read/write timeout of a connection in seconds (-to)")
       ->capture_default_str()->envname("LLAMA_ARG_TIMEOUT");
   app.add_option("--threads-http", so.threads_http, "resident HTTP worker threads (default max(np + 4, cores - 1); more start on demand)")

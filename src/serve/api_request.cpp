@@ -253,6 +253,8 @@ std::string render_chat(const ModelContext& mc, const json& messages, const json
   in.unk_token = tok.special_text(tok.unk());
   try {
     return mc.chat_template->apply(in);
+  } catch (const InternalError&) {
+    throw;  // a bug of ours (500), not the request's template input
   } catch (const Error& e) {
     throw ApiError(400, fmt::format("the chat template failed: {}", e.what()), "messages");
   } catch (const nlohmann::json::exception& e) {

@@ -272,6 +272,10 @@ std::shared_ptr<Request> Scheduler::submit(GenParams p) {
       if (metrics_) metrics_->on_request_rejected();
       throw SubmitError(503, "shutting_down", "the server is shutting down");
     }
+    if (!device_fault_.empty()) {
+      if (metrics_) metrics_->on_request_rejected();
+      throw SubmitError(503, "device_fault", "the device failed and the server cannot generate: " + device_fault_);
+    }
     drop_cancelled_queued();
     // The queue holds up to queue_size requests beyond those the free slots can start now.
     const int free_slots = std::max(0, options_.n_slots - status_.busy_slots);
@@ -525,14 +529,43 @@ void Scheduler::fail_all(const std::string& message) {
   active_.clear();
 }
 
+void Scheduler::step_failed(const std::exception& e) {
+  log_error("forward step failed: {}", e.what());
+  const bool sticky = dynamic_cast<const DeviceFault*>(&e) != nullptr;
+  fail_all(fmt::format("{}: {}", sticky ? "the device failed" : "the forward step failed", e.what()));
+  if (sticky) mark_device_fault(e.what());
+}
+
+// Waiting requests cannot run either: they fail now, and later ones are refused at submit().
+void Scheduler::mark_device_fault(const std::string& message) {
+  std::deque<Queued> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device_fault_.empty()) device_fault_ = message;
+    dropped.swap(queue_);
+    status_.queue_depth = 0;
+  }
+  for (Queued& q : dropped) {
+    Event e;
+    e.finish = Finish::Error;
+    e.error = "the device failed: " + message;
+    q.request->push(std::move(e));
+    q.request->finish(Timings{});
+  }
+}
+
+std::string Scheduler::device_fault() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return device_fault_;
+}
+
 void Scheduler::complete_step() {
   in_flight_ = false;
   const StepOutput* out = nullptr;
   try {
     out = &runner_.finish();
   } catch (const std::exception& e) {
-    log_error("forward step failed: {}", e.what());
-    fail_all(std::string("the forward step failed: ") + e.what());
+    step_failed(e);
     return;
   }
   steps_++;
@@ -673,8 +706,7 @@ bool Scheduler::step() {
       runner_.launch(rows_);
       in_flight_ = true;
     } catch (const std::exception& e) {
-      log_error("forward step failed: {}", e.what());
-      fail_all(std::string("the forward step failed: ") + e.what());
+      step_failed(e);
       publish_status();
       return true;
     }

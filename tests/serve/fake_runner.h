@@ -6,6 +6,7 @@
 // too. Every step's batch is logged for the batching tests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
@@ -41,9 +42,11 @@ class FakeRunner : public StepRunner, private SequenceMemory::Device {
   // Next-token rule: by default a hash of all tokens the sequence holds; tests may script it.
   std::function<int32_t(const std::vector<int32_t>& content)> next_token;
   bool fail_next_step = false;
+  std::atomic<bool> device_fault_next_step{false};  // the next step throws DeviceFault (a sticky GPU fault)
   int step_delay_ms = 0;  // makes each step take this long (HTTP tests)
 
   std::vector<float> decode(const std::vector<BatchRow>& rows) override {
+    if (device_fault_next_step.exchange(false)) throw DeviceFault("injected CUDA error cudaErrorIllegalAddress");
     if (fail_next_step) {
       fail_next_step = false;
       fail("injected step failure");

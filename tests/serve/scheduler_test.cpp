@@ -461,6 +461,32 @@ TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
+  EXPECT_EQ(s.device_fault(), "");  // an ordinary failure is not sticky
+}
+
+// A sticky device fault (DeviceFault from the step): the running request and the one waiting behind it
+// fail, and the scheduler refuses new requests with 503 device_fault instead of failing them one by one.
+TEST(SchedulerTest, AStickyDeviceFaultFailsEverythingAndRefusesNewRequests) {
+  FakeRunner runner;
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 1;
+  Scheduler s(runner, text, o);
+  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  auto waiting = s.submit(greedy(prompt_of(5, 2), 5));
+  runner.device_fault_next_step = true;
+  auto out = run_all(s, {a, waiting}, {1, 1});
+  EXPECT_EQ(out[0].finish[0], Finish::Error);
+  EXPECT_EQ(out[1].finish[0], Finish::Error);
+  EXPECT_NE(s.device_fault().find("cudaErrorIllegalAddress"), std::string::npos);
+  try {
+    s.submit(greedy(prompt_of(5, 3), 5));
+    ADD_FAILURE() << "submit after a device fault was accepted";
+  } catch (const SubmitError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_EQ(e.code, "device_fault");
+  }
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
 }
 
 // A runner that picks greedy tokens "on the device": argmax_only rows come back with their token and
