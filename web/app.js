@@ -256,6 +256,10 @@
   renderAll();
   fetch('/v1/models', { headers: headers() })
     .then((r) => (r.ok ? r.json() : Promise.reject(new Error('HTTP ' + r.status))))
-    .then((j) => { els.model.textContent = (j.data && j.data[0] && j.data[0].id) || 'model'; })
+    .then((j) => {
+      const id = (j.data && j.data[0] && j.data[0].id) || 'model';
+      els.model.textContent = id.split('/').pop();  // a path's file name
+      els.model.title = id;
+    })
     .catch((e) => { els.model.textContent = 'model list unavailable (' + e.message + ')'; });
 })();
