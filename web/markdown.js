@@ -19,24 +19,26 @@
     return u;
   }
 
-  // Inline markup over raw text: code spans first (their content is literal), then links, bold,
-  // italic and strikethrough over the escaped remainder.
+  // Inline markup over raw text: code spans are cut out first (their content is literal) and left as
+  // placeholders, so that emphasis and links may span them; then links, bold, italic and strikethrough
+  // over the escaped rest; then the code spans go back in.
   function renderInline(text) {
-    const out = [];
-    let rest = text;
+    const codes = [];
+    let rest = text.replace(/\u0000/g, '');
+    let masked = '';
     while (rest.length > 0) {
       const tick = rest.indexOf('`');
-      if (tick < 0) { out.push(renderSpans(rest)); break; }
+      if (tick < 0) { masked += rest; break; }
       let run = 1;
       while (rest[tick + run] === '`') run++;
       const fence = '`'.repeat(run);
       const close = rest.indexOf(fence, tick + run);
-      if (close < 0) { out.push(renderSpans(rest)); break; }
-      out.push(renderSpans(rest.slice(0, tick)));
-      out.push('<code>' + escapeHtml(rest.slice(tick + run, close).replace(/^ (.*) $/, '$1')) + '</code>');
+      if (close < 0) { masked += rest; break; }
+      masked += rest.slice(0, tick) + '\u0000' + codes.length + '\u0000';
+      codes.push('<code>' + escapeHtml(rest.slice(tick + run, close).replace(/^ (.*) $/, '$1')) + '</code>');
       rest = rest.slice(close + run);
     }
-    return out.join('');
+    return renderSpans(masked).replace(/\u0000(\d+)\u0000/g, (_, i) => codes[Number(i)]);
   }
 
   function renderSpans(text) {

@@ -14,6 +14,8 @@ test('headings, paragraphs, emphasis, inline code', () => {
                '<p>a <strong>b</strong> <em>c</em> <em>d</em> <del>e</del> <code>f</code></p>');
   assert.equal(renderMarkdown('line one\nline two\n\nnext'), '<p>line one<br>line two</p>\n<p>next</p>');
   assert.equal(renderMarkdown('`` a ` b ``'), '<p><code>a ` b</code></p>');
+  assert.equal(renderMarkdown('the **`+` operator** and `a*b*c`'),
+               '<p>the <strong><code>+</code> operator</strong> and <code>a*b*c</code></p>');
   assert.equal(renderMarkdown('2 * 3 * 4'), '<p>2 * 3 * 4</p>');
   assert.equal(renderMarkdown('snake_case_name'), '<p>snake_case_name</p>');
 });
