@@ -71,8 +71,13 @@ try {
   session.on('Runtime.consoleAPICalled', (p) => {
     if (p.type === 'error') problems.push(`console.error: ${p.args.map((a) => a.value ?? a.description).join(' ')}`);
   });
+  // Failed loads (a missing file, a refused request) reach the browser's log, not the console API.
+  session.on('Log.entryAdded', (p) => {
+    if (p.entry.level === 'error') problems.push(`log: ${p.entry.text} ${p.entry.url || ''}`);
+  });
   await session.send('Page.enable');
   await session.send('Runtime.enable');
+  await session.send('Log.enable');
 
   let loaded = session.once('Page.loadEventFired');
   await session.send('Page.navigate', { url: `${server.base}/` });
