@@ -532,7 +532,8 @@ void Scheduler::fail_all(const std::string& message) {
 void Scheduler::step_failed(const std::exception& e) {
   log_error("forward step failed: {}", e.what());
   const bool sticky = dynamic_cast<const DeviceFault*>(&e) != nullptr;
-  fail_all(fmt::format("{}: {}", sticky ? "the device failed" : "the forward step failed", e.what()));
+  const bool ours = dynamic_cast<const InternalError*>(&e) != nullptr;
+  fail_all(fmt::format("{}: {}", sticky ? "the device failed" : ours ? "generation failed" : "the forward step failed", e.what()));
   if (sticky) mark_device_fault(e.what());
 }
 
@@ -593,7 +594,46 @@ void Scheduler::complete_step() {
   step_rows_done_ = (int)rows_.size();
 }
 
+// A failed internal check (or anything unexpected) while stepping must not end the process: the
+// requests the scheduler holds fail with the message (a 500 to their clients) and it goes on.
 bool Scheduler::step() {
+  try {
+    return step_once();
+  } catch (const std::exception& e) {
+    recover(e);
+    return true;
+  }
+}
+
+void Scheduler::recover(const std::exception& e) {
+  if (in_flight_) {
+    in_flight_ = false;
+    try {
+      runner_.finish();
+    } catch (const std::exception&) {
+      // Its failure is the one being handled, or comes of it.
+    }
+  }
+  try {
+    step_failed(e);
+  } catch (const std::exception& again) {
+    // The requests' own state is broken: end them as they are and take no more (503 from now on).
+    log_error("the scheduler cannot recover from '{}': {}", e.what(), again.what());
+    for (auto& a : active_) {
+      Event ev;
+      ev.finish = Finish::Error;
+      ev.error = fmt::format("internal error: {}", e.what());
+      a->request->push(std::move(ev));
+      a->request->finish(Timings{});
+    }
+    active_.clear();
+    pending_.clear();
+    mark_device_fault(fmt::format("the scheduler failed: {}", again.what()));
+  }
+  publish_status();
+}
+
+bool Scheduler::step_once() {
   SequenceMemory& mem = runner_.memory();
   // The step in flight: its tokens are picked now; their text and events are made once the next
   // step is launched, while it runs.

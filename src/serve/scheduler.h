@@ -203,6 +203,8 @@ class Scheduler {
   void start_decoding(Active& a, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
   void complete_step();                    // waits for the step in flight and picks its tokens
   void fail_all(const std::string& message);
+  bool step_once();                           // step() without the guard
+  void recover(const std::exception& e);      // something in step_once() threw
   void step_failed(const std::exception& e);  // a launch or finish threw: fail the step's requests
   void mark_device_fault(const std::string& message);
   void publish_status();

@@ -121,7 +121,20 @@ class FakeRunner : public StepRunner, private SequenceMemory::Device {
 
   std::vector<std::vector<BatchRow>> steps;
 
+  // The next step's output has one row more than the step asked for, so the scheduler's internal
+  // check of the output fails (a bug of ours, as the server sees it).
+  std::atomic<bool> bad_output_next_step{false};
+  const StepOutput& finish() override {
+    const StepOutput& out = StepRunner::finish();
+    if (!bad_output_next_step.exchange(false)) return out;
+    bad_out_ = out;
+    bad_out_.argmax.push_back(0);
+    bad_out_.logits.push_back(nullptr);
+    return bad_out_;
+  }
+
  private:
+  StepOutput bad_out_;
   static SequenceMemory::Options memory_options(int n_blocks, int block_size, Recurrent rec) {
     SequenceMemory::Options o;
     o.n_blocks = n_blocks;

@@ -26,6 +26,7 @@ struct Outcome {
   std::vector<Finish> finish;
   std::vector<std::string> stop_word;
   std::vector<std::vector<TokenLogprob>> logprobs;
+  std::string error;  // of a choice that ended with Finish::Error
   bool done = false;
   Timings timings;
 };
@@ -47,6 +48,7 @@ void drain_into(Request& r, Outcome& o, int n) {
     if (e.finish != Finish::None) {
       o.finish[e.choice] = e.finish;
       o.stop_word[e.choice] = e.stop_word;
+      if (e.finish == Finish::Error) o.error = e.error;
     }
   }
   if (o.done) o.timings = r.timings();
@@ -462,6 +464,25 @@ TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
   auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
   EXPECT_EQ(s.device_fault(), "");  // an ordinary failure is not sticky
+}
+
+// A failed internal check while stepping (the step's output does not match its rows) fails the
+// requests in the step with an internal-error message, frees their KV, and the scheduler goes on:
+// the process does not end.
+TEST(SchedulerTest, AFailedInternalCheckFailsItsRequestsAndTheSchedulerGoesOn) {
+  FakeRunner runner;
+  FakeText text;
+  Scheduler s(runner, text, {});
+  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  runner.bad_output_next_step = true;
+  auto out = run_all(s, {a}, {1});
+  EXPECT_EQ(out[0].finish[0], Finish::Error);
+  EXPECT_NE(out[0].error.find("internal error"), std::string::npos) << out[0].error;
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
+  EXPECT_EQ(s.device_fault(), "");
+  auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
+  EXPECT_EQ(b[0].finish[0], Finish::Length);
+  EXPECT_EQ(b[0].tokens[0].size(), 5u);
 }
 
 // A sticky device fault (DeviceFault from the step): the running request and the one waiting behind it

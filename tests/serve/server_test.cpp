@@ -419,6 +419,24 @@ TEST(HttpFailure, ClientMistakesAre4xxOursAre5xx) {
   EXPECT_EQ(of(SubmitError(400, "context_length_exceeded", "too long")).status, 400);
 }
 
+// A failed internal check in the scheduler's thread while a request runs: that request is a 500
+// server_error (ours, not the client's), the server stays up and the next request is answered.
+TEST_F(ServerTest, AFailedInternalCheckIsA500AndTheServerGoesOn) {
+  ready();
+  auto c = client();
+  runner->bad_output_next_step = true;
+  auto r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  const json e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["type"], "server_error");
+  EXPECT_NE(e["message"].get<std::string>().find("internal error"), std::string::npos) << e.dump();
+  r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
 // A step that fails with a sticky device fault: the request in flight ends with a 500 server_error,
 // /health turns 503 (device_fault) and new requests are refused at once with 503, not queued to fail.
 TEST_F(ServerTest, StickyDeviceFaultMakesHealth503AndNewRequestsFailFast) {
