@@ -115,7 +115,7 @@ int run(int argc, char** argv) {
   std::string api_key, api_key_file, alias, template_file, template_text, template_kwargs, flash_attn = "auto",
       cont_batching = "on", reasoning_format = "auto";
   int n_parallel = 4, queue_size = -1, n_predict = -1, ubatch = 512, shutdown_grace = 30;
-  bool no_prompt_cache = false, jinja = true, no_webui = false, kv_unified = true;
+  bool no_prompt_cache = false, jinja = true, kv_unified = true;
   SamplingParams sp;
   sp.seed = 0xFFFFFFFFu;
   int64_t seed = -1;
@@ -138,6 +138,7 @@ int run(int argc, char** argv) {
       ->capture_default_str()->envname("LLAMA_ARG_THINK");
   app.add_flag("--metrics", so.metrics, "enable GET /metrics (Prometheus)")->envname("LLAMA_ARG_ENDPOINT_METRICS");
   app.add_flag("--slots,!--no-slots", so.slots, "GET /slots (on by default)")->envname("LLAMA_ARG_ENDPOINT_SLOTS");
+  app.add_flag("--webui,!--no-webui", so.webui, "the built-in chat page at / (on by default)")->envname("LLAMA_ARG_WEBUI");
   app.add_option("--timeout", so.timeout_s, "read/write timeout of a connection in seconds (-to)")
       ->capture_default_str()->envname("LLAMA_ARG_TIMEOUT");
   app.add_option("--threads-http", so.threads_http, "resident HTTP worker threads (default max(np + 4, cores - 1); more start on demand)")
@@ -149,7 +150,6 @@ int run(int argc, char** argv) {
   app.add_option("--cont-batching", cont_batching, "continuous batching is always on (-cb)")->envname("LLAMA_ARG_CONT_BATCHING");
   app.add_flag("--no-cont-batching", [](int64_t) {}, "ignored: continuous batching is always on");
   app.add_flag("--jinja,!--no-jinja", jinja, "Jinja chat templates (always on)");
-  app.add_flag("--no-webui", no_webui, "accepted for compatibility (there is no web UI to turn off)");
   app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
   app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
   double cache_ram_mib = 8192;

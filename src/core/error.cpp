@@ -4,7 +4,7 @@
 namespace roofline {
 
 void internal_check_failed(const char* expr, const char* file, int line, const std::string& what) {
-  throw Error(fmt::format("internal error: {} failed at {}:{}{}{}", expr, file, line, what.empty() ? "" : ": ", what));
+  throw InternalError(fmt::format("internal error: {} failed at {}:{}{}{}", expr, file, line, what.empty() ? "" : ": ", what));
 }
 
 }  // namespace roofline

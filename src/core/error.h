@@ -1,6 +1,8 @@
 // Errors at the edges: bad files, bad requests and impossible settings throw roofline::Error with a
 // one-line message; the CLI prints it and exits 1, the server turns it into an HTTP error envelope.
-// ROOFLINE_CHECK is for internal invariants (bugs), never for validating input.
+// ROOFLINE_CHECK is for internal invariants (bugs), never for validating input: it throws InternalError,
+// which the server reports as its own fault (500), not the client's. DeviceFault is a device error
+// that does not go away (a sticky CUDA error): every later step would fail too.
 #pragma once
 
 #include <fmt/format.h>
@@ -13,6 +15,19 @@ namespace roofline {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A failed internal check (a bug of ours, not bad input).
+class InternalError : public Error {
+ public:
+  explicit InternalError(const std::string& message) : Error(message) {}
+};
+
+// The accelerator is in an error state that later calls will report again (the CUDA context is lost);
+// the server stops taking requests (503) instead of failing each one.
+class DeviceFault : public Error {
+ public:
+  explicit DeviceFault(const std::string& message) : Error(message) {}
 };
 
 template <typename... Args>

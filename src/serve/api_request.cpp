@@ -232,12 +232,25 @@ json normalize_messages(const json& messages) {
   return out;
 }
 
+namespace {
+bool has_tool_messages(const json& messages) {
+  for (const json& m : messages)
+    if (m.value("role", "") == "tool" || (m.contains("tool_calls") && m["tool_calls"].is_array() && !m["tool_calls"].empty())) return true;
+  return false;
+}
+}  // namespace
+
 std::string render_chat(const ModelContext& mc, const json& messages, const json& tools, const json& kwargs,
                         bool add_generation_prompt) {
   if (!mc.chat_template) throw ApiError(500, "the server has no chat template");
   ChatTemplateInputs in;
   in.messages = normalize_chat_messages(normalize_messages(messages));
   in.tools = tools;
+  // A template that knows no tools (Gemma 3) sees them, and the calls and results, as plain messages.
+  if (template_needs_tool_rewrite(mc.chat_template_source) && (!tools.is_null() || has_tool_messages(in.messages))) {
+    in.messages = describe_tools_in_messages(in.messages, tools);
+    in.tools = nullptr;
+  }
   in.add_generation_prompt = add_generation_prompt;
   in.kwargs = mc.default_template_kwargs;
   if (kwargs.is_object())
@@ -249,6 +262,8 @@ std::string render_chat(const ModelContext& mc, const json& messages, const json
   in.unk_token = tok.special_text(tok.unk());
   try {
     return mc.chat_template->apply(in);
+  } catch (const InternalError&) {
+    throw;  // a bug of ours (500), not the request's template input
   } catch (const Error& e) {
     throw ApiError(400, fmt::format("the chat template failed: {}", e.what()), "messages");
   } catch (const nlohmann::json::exception& e) {
@@ -279,9 +294,11 @@ ApiRequest parse_chat_request(const json& body, const ModelContext& mc) {
   }
   // Tools are rendered whatever tool_choice says (as llama-server); calls are parsed unless "none".
   r.tools = parse_tools_request(body);
+  r.tools.format = tool_call_format_of_template(mc.chat_template_source);
   if (auto forced = tool_choice_grammar(r.tools)) {
     if (r.gen.grammar) throw ApiError(400, "tool_choice \"required\" or a named function cannot be combined with a response format or grammar", "tool_choice");
     r.gen.grammar = std::move(forced);
+    r.tools.format = ToolCallFormat::Hermes;  // the grammar writes Qwen's <tool_call> form, whatever the template's
   }
   json kwargs = json::object();
   if (const json* k = field(body, "chat_template_kwargs")) {

@@ -55,7 +55,7 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelContext& 
   for (int i = 0; i < request.n_choices(); ++i) {
     ChoiceState c;
     c.splitter = ReasoningSplitter(request.start_in_reasoning);
-    c.tool_stream = ToolCallStream(request.tools.names);
+    c.tool_stream = ToolCallStream(request.tools.names, request.tools.format);
     choices_.push_back(std::move(c));
   }
 }

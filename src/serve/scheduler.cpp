@@ -274,6 +274,10 @@ std::shared_ptr<Request> Scheduler::submit(GenParams p) {
       if (metrics_) metrics_->on_request_rejected();
       throw SubmitError(503, "shutting_down", "the server is shutting down");
     }
+    if (!device_fault_.empty()) {
+      if (metrics_) metrics_->on_request_rejected();
+      throw SubmitError(503, "device_fault", "the device failed and the server cannot generate: " + device_fault_);
+    }
     drop_cancelled_queued();
     // The queue holds up to queue_size requests beyond those the free slots can start now.
     const int free_slots = std::max(0, options_.n_slots - status_.busy_slots);
@@ -578,14 +582,44 @@ void Scheduler::fail_all(const std::string& message) {
   active_.clear();
 }
 
+void Scheduler::step_failed(const std::exception& e) {
+  log_error("forward step failed: {}", e.what());
+  const bool sticky = dynamic_cast<const DeviceFault*>(&e) != nullptr;
+  const bool ours = dynamic_cast<const InternalError*>(&e) != nullptr;
+  fail_all(fmt::format("{}: {}", sticky ? "the device failed" : ours ? "generation failed" : "the forward step failed", e.what()));
+  if (sticky) mark_device_fault(e.what());
+}
+
+// Waiting requests cannot run either: they fail now, and later ones are refused at submit().
+void Scheduler::mark_device_fault(const std::string& message) {
+  std::deque<Queued> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device_fault_.empty()) device_fault_ = message;
+    dropped.swap(queue_);
+    status_.queue_depth = 0;
+  }
+  for (Queued& q : dropped) {
+    Event e;
+    e.finish = Finish::Error;
+    e.error = "the device failed: " + message;
+    q.request->push(std::move(e));
+    q.request->finish(Timings{});
+  }
+}
+
+std::string Scheduler::device_fault() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return device_fault_;
+}
+
 void Scheduler::complete_step() {
   in_flight_ = false;
   const StepOutput* out = nullptr;
   try {
     out = &runner_.finish();
   } catch (const std::exception& e) {
-    log_error("forward step failed: {}", e.what());
-    fail_all(std::string("the forward step failed: ") + e.what());
+    step_failed(e);
     return;
   }
   steps_++;
@@ -617,7 +651,46 @@ void Scheduler::complete_step() {
   step_rows_done_ = (int)rows_.size();
 }
 
+// A failed internal check (or anything unexpected) while stepping must not end the process: the
+// requests the scheduler holds fail with the message (a 500 to their clients) and it goes on.
 bool Scheduler::step() {
+  try {
+    return step_once();
+  } catch (const std::exception& e) {
+    recover(e);
+    return true;
+  }
+}
+
+void Scheduler::recover(const std::exception& e) {
+  if (in_flight_) {
+    in_flight_ = false;
+    try {
+      runner_.finish();
+    } catch (const std::exception&) {
+      // Its failure is the one being handled, or comes of it.
+    }
+  }
+  try {
+    step_failed(e);
+  } catch (const std::exception& again) {
+    // The requests' own state is broken: end them as they are and take no more (503 from now on).
+    log_error("the scheduler cannot recover from '{}': {}", e.what(), again.what());
+    for (auto& a : active_) {
+      Event ev;
+      ev.finish = Finish::Error;
+      ev.error = fmt::format("internal error: {}", e.what());
+      a->request->push(std::move(ev));
+      a->request->finish(Timings{});
+    }
+    active_.clear();
+    pending_.clear();
+    mark_device_fault(fmt::format("the scheduler failed: {}", again.what()));
+  }
+  publish_status();
+}
+
+bool Scheduler::step_once() {
   SequenceMemory& mem = runner_.memory();
   // The step in flight: its tokens are picked now; their text and events are made once the next
   // step is launched, while it runs.
@@ -730,8 +803,7 @@ bool Scheduler::step() {
       runner_.launch(rows_);
       in_flight_ = true;
     } catch (const std::exception& e) {
-      log_error("forward step failed: {}", e.what());
-      fail_all(std::string("the forward step failed: ") + e.what());
+      step_failed(e);
       publish_status();
       return true;
     }

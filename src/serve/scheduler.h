@@ -171,6 +171,9 @@ class Scheduler {
 
   SchedulerStatus status() const;
   const SchedulerOptions& options() const { return options_; }
+  // The sticky device fault that stopped the scheduler (empty while healthy): set when a step throws
+  // DeviceFault; from then on running and queued requests fail and submit() refuses with 503.
+  std::string device_fault() const;
   int n_ctx() const { return n_ctx_; }
 
  private:
@@ -208,6 +211,10 @@ class Scheduler {
   void start_decoding(Active& a, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
   void complete_step();                    // waits for the step in flight and picks its tokens
   void fail_all(const std::string& message);
+  bool step_once();                           // step() without the guard
+  void recover(const std::exception& e);      // something in step_once() threw
+  void step_failed(const std::exception& e);  // a launch or finish threw: fail the step's requests
+  void mark_device_fault(const std::string& message);
   void publish_status();
   int available_blocks() const;
   const TokenVocab& vocab();  // the vocabulary trie of constrained decoding, built on first use
@@ -225,6 +232,7 @@ class Scheduler {
   std::condition_variable idle_cv_;
   std::deque<Queued> queue_;
   bool stopping_ = false, cancel_running_ = false, loop_done_ = false;
+  std::string device_fault_;  // under mutex_
   uint64_t wake_version_ = 0;  // bumped by submit() and stop(): the idle loop waits for a change
   SchedulerStatus status_;
   std::thread thread_;

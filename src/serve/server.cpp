@@ -1,6 +1,6 @@
 // HTTP routes over cpp-httplib 0.11: auth and CORS in the pre-routing hook, error envelopes for every
-// 4xx/5xx, generation handlers that submit to the scheduler and stream its events as SSE. Each
-// connection holds a worker thread, so the pool grows with demand (bounded); a handler finds its
+// 4xx/5xx, the embedded chat page at /, generation handlers that submit to the scheduler and stream
+// its events as SSE. Each connection holds a worker thread, so the pool grows with demand (bounded); a handler finds its
 // connection's socket to notice a client that went away even while nothing is written.
 #include "serve/server.h"
 
@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "serve/embeddings.h"
+#include "serve/web_assets.h"
 
 namespace roofline::serve {
 
@@ -210,6 +211,28 @@ class RequestGroup {
 
 }  // namespace
 
+HttpFailure http_failure(std::exception_ptr ep) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const ApiError& e) {
+    return {e.status, e.what(), e.param, e.code, false};
+  } catch (const SubmitError& e) {
+    return {e.status, e.what(), "", e.code, e.status == 503 && e.code != "device_fault"};
+  } catch (const InternalError& e) {  // a check of ours failed: our fault, not the client's
+    return {500, e.what(), "", "", false};
+  } catch (const DeviceFault& e) {
+    return {503, fmt::format("the device failed: {}", e.what()), "", "device_fault", false};
+  } catch (const Error& e) {  // bad input found below the API layer (a file, a token, a setting)
+    return {400, e.what(), "", "", false};
+  } catch (const std::bad_alloc&) {
+    return {500, "out of memory", "", "", false};
+  } catch (const std::exception& e) {
+    return {500, e.what(), "", "", false};
+  } catch (...) {
+    return {500, "internal error", "", "", false};
+  }
+}
+
 int default_http_threads(int n_slots) {
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
   return std::max(n_slots + 4, cores - 1);
@@ -252,18 +275,11 @@ template <typename F>
 void Server::Impl::guarded(const httplib::Request& req, httplib::Response& res, F&& body) {
   try {
     body();
-  } catch (const ApiError& e) {
-    send_error(res, e.status, e.what(), e.param, e.code);
-  } catch (const SubmitError& e) {
-    send_error(res, e.status, e.what(), "", e.code);
-    if (e.status == 503) res.set_header("Retry-After", "1");
-  } catch (const Error& e) {
-    send_error(res, 400, e.what());
-  } catch (const std::bad_alloc&) {
-    send_error(res, 500, "out of memory");
-  } catch (const std::exception& e) {
-    log_error("{} {}: {}", req.method, req.path, e.what());
-    send_error(res, 500, e.what());
+  } catch (...) {
+    const HttpFailure f = http_failure(std::current_exception());
+    if (f.status >= 500) log_error("{} {}: {}", req.method, req.path, f.message);
+    send_error(res, f.status, f.message, f.param, f.code);
+    if (f.retry_after) res.set_header("Retry-After", "1");
   }
 }
 
@@ -279,6 +295,10 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
   }
   const ModelContext& m = *mc.load();
   Scheduler& s = *sched.load();
+  if (const std::string fault = s.device_fault(); !fault.empty()) {  // fail fast: nothing can run
+    send_error(res, 503, "the device failed and the server cannot generate: " + fault, "", "device_fault");
+    return;
+  }
   const json body = parse_body(req.body);
   auto ar = std::make_shared<ApiRequest>(endpoint == Endpoint::Chat ? parse_chat_request(body, m)
                                                                      : parse_completion_request(body, m, endpoint));
@@ -401,7 +421,9 @@ void Server::Impl::setup() {
       res.status = 204;
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (req.path != "/health" && req.path != "/v1/health" && !authorized(req)) {
+    // /health and the chat page are public (the page sends the key it is given with its API calls).
+    const bool page = opt.webui && (req.method == "GET" || req.method == "HEAD") && find_web_asset(req.path);
+    if (req.path != "/health" && req.path != "/v1/health" && !page && !authorized(req)) {
       send_error(res, 401, "Invalid API Key", "", "invalid_api_key");
       res.set_header("WWW-Authenticate", "Bearer");
       return httplib::Server::HandlerResponse::Handled;
@@ -440,10 +462,30 @@ void Server::Impl::setup() {
       send_error(res, 503, "Loading model");
       return;
     }
+    if (const std::string fault = sched.load()->device_fault(); !fault.empty()) {
+      send_error(res, 503, "the device failed: " + fault, "", "device_fault");
+      return;
+    }
     send_json(res, 200, json{{"status", "ok"}});
   };
   svr.Get("/health", health);
   svr.Get("/v1/health", health);
+
+  // The chat page at / and its files (embedded, serve/web_assets.h); without them / is a 404.
+  if (opt.webui) {
+    auto serve_asset = [](const httplib::Request& req, httplib::Response& res) {
+      const WebAsset* a = find_web_asset(req.path);
+      if (!a) {
+        res.status = 404;
+        return;
+      }
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      res.set_content(std::string(a->bytes()), a->content_type);
+    };
+    svr.Get("/", serve_asset);
+    for (const WebAsset& a : web_assets()) svr.Get(a.path, serve_asset);
+  }
 
   auto need_model = [this](httplib::Response& res) {
     if (ready()) return true;

@@ -3,6 +3,7 @@
 // 503 until set_ready) and never touches the engine: generation goes through the Scheduler.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ struct ServerOptions {
   bool metrics = false;            // GET /metrics (llama-server: --metrics)
   bool slots = true;               // GET /slots
   bool embeddings = false;         // POST /v1/embeddings, /embeddings, /embedding (llama-server: --embeddings)
+  bool webui = true;               // the chat page at / (llama-server: --no-webui turns it off)
   int threads_http = 0;            // resident HTTP workers (0: max(n_slots + 4, cores - 1))
   int n_slots = 4;                 // to size the worker pool
   int queue_size = 16;
@@ -46,6 +48,18 @@ class Server {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// How an exception thrown while handling a request is answered: the client's mistakes (ApiError,
+// Error from input checks) are 4xx; failed internal checks (InternalError) and anything unexpected are
+// 500; a sticky device fault is 503. The body is the OpenAI error envelope (error_body).
+struct HttpFailure {
+  int status = 500;
+  std::string message;
+  std::string param;
+  std::string code;
+  bool retry_after = false;  // a passing condition (queue full): the client may retry soon
+};
+HttpFailure http_failure(std::exception_ptr ep);
 
 // Default resident HTTP workers: llama-server's max(n_slots + 4, cores - 1).
 int default_http_threads(int n_slots);

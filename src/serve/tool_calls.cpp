@@ -128,6 +128,7 @@ void ToolCallStream::settle_call(Out& out) {
 }
 
 ToolCallStream::Out ToolCallStream::push(const std::string& text) {
+  if (format_ != ToolCallFormat::Hermes) return push_json_answer(text);
   Out out;
   buf_ += text;
   while (!buf_.empty()) {
@@ -156,6 +157,7 @@ ToolCallStream::Out ToolCallStream::push(const std::string& text) {
 }
 
 ToolCallStream::Out ToolCallStream::flush() {
+  if (format_ != ToolCallFormat::Hermes) return flush_json_answer();
   Out out;
   if (!buf_.empty()) emit_content(out, buf_);  // an unclosed call or a partial tag: plain text
   buf_.clear();
@@ -165,8 +167,8 @@ ToolCallStream::Out ToolCallStream::flush() {
   return out;
 }
 
-ToolCallStream::Out parse_tool_calls(const std::string& text, const std::set<std::string>& names) {
-  ToolCallStream s(names);
+ToolCallStream::Out parse_tool_calls(const std::string& text, const std::set<std::string>& names, ToolCallFormat format) {
+  ToolCallStream s(names, format);
   ToolCallStream::Out out = s.push(text);
   ToolCallStream::Out tail = s.flush();
   out.content += tail.content;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ctest entry (serve_e2e): converts a tiny Hugging Face fixture to GGUF, installs the pinned openai
-# client (npm ci) and runs the end-to-end tests against `roofline serve` with Node >= 20 (node.sh
+# client (npm ci) and runs the end-to-end tests (serve.test.mjs, and tools.test.mjs with the chat
+# templates of ../shared/testdata) against `roofline serve` with Node >= 20 (node.sh
 # provides one from the npm registry where the machine's node is older, as Debian 12's 18 is).
 # Where no Node >= 20 can be had: fails in CI (CI set) and everywhere unless ROOFLINE_E2E_ALLOW_SKIP=1,
 # which turns it into a skip (exit 77) for a developer machine without npm access.
@@ -24,4 +25,13 @@ cd "$here"
 if [ ! -f node_modules/openai/package.json ] || ! cmp -s package-lock.json node_modules/.package-lock.json 2>/dev/null; then
   npm ci --no-audit --no-fund --loglevel=error
 fi
-ROOFLINE_BIN="$bin" ROOFLINE_E2E_MODEL="$work/qwen3.gguf" node --test --test-concurrency=1 serve.test.mjs
+# The real chat templates of three prompt formats (../shared/testdata) for the tools round trips.
+shared="${ROOFLINE_SHARED_DIR:-$here/../../../shared}"
+td="$shared/testdata/tokenizer"
+mkdir -p "$work/templates"
+template_of() { node -e 'process.stdout.write(JSON.parse(require("fs").readFileSync(0, "utf8")).chat_template)'; }
+template_of < "$td/qwen3/tokenizer_config.json" > "$work/templates/qwen3.jinja"
+xz -dc "$td/gemma3/tokenizer_config.json.xz" | template_of > "$work/templates/gemma3.jinja"
+cp "$td/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja" "$work/templates/llama31.jinja"
+ROOFLINE_BIN="$bin" ROOFLINE_E2E_MODEL="$work/qwen3.gguf" ROOFLINE_E2E_TEMPLATES="$work/templates" \
+  node --test --test-concurrency=1 serve.test.mjs tools.test.mjs

@@ -6,6 +6,7 @@
 // too. Every step's batch is logged for the batching tests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <thread>
@@ -41,9 +42,11 @@ class FakeRunner : public StepRunner, private SequenceMemory::Device {
   // Next-token rule: by default a hash of all tokens the sequence holds; tests may script it.
   std::function<int32_t(const std::vector<int32_t>& content)> next_token;
   bool fail_next_step = false;
+  std::atomic<bool> device_fault_next_step{false};  // the next step throws DeviceFault (a sticky GPU fault)
   int step_delay_ms = 0;  // makes each step take this long (HTTP tests)
 
   std::vector<float> decode(const std::vector<BatchRow>& rows) override {
+    if (device_fault_next_step.exchange(false)) throw DeviceFault("injected CUDA error cudaErrorIllegalAddress");
     if (fail_next_step) {
       fail_next_step = false;
       fail("injected step failure");
@@ -118,7 +121,20 @@ class FakeRunner : public StepRunner, private SequenceMemory::Device {
 
   std::vector<std::vector<BatchRow>> steps;
 
+  // The next step's output has one row more than the step asked for, so the scheduler's internal
+  // check of the output fails (a bug of ours, as the server sees it).
+  std::atomic<bool> bad_output_next_step{false};
+  const StepOutput& finish() override {
+    const StepOutput& out = StepRunner::finish();
+    if (!bad_output_next_step.exchange(false)) return out;
+    bad_out_ = out;
+    bad_out_.argmax.push_back(0);
+    bad_out_.logits.push_back(nullptr);
+    return bad_out_;
+  }
+
  private:
+  StepOutput bad_out_;
   static SequenceMemory::Options memory_options(int n_blocks, int block_size, Recurrent rec) {
     SequenceMemory::Options o;
     o.n_blocks = n_blocks;

@@ -26,6 +26,7 @@ struct Outcome {
   std::vector<Finish> finish;
   std::vector<std::string> stop_word;
   std::vector<std::vector<TokenLogprob>> logprobs;
+  std::string error;  // of a choice that ended with Finish::Error
   bool done = false;
   Timings timings;
 };
@@ -47,6 +48,7 @@ void drain_into(Request& r, Outcome& o, int n) {
     if (e.finish != Finish::None) {
       o.finish[e.choice] = e.finish;
       o.stop_word[e.choice] = e.stop_word;
+      if (e.finish == Finish::Error) o.error = e.error;
     }
   }
   if (o.done) o.timings = r.timings();
@@ -461,6 +463,51 @@ TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
+  EXPECT_EQ(s.device_fault(), "");  // an ordinary failure is not sticky
+}
+
+// A failed internal check while stepping (the step's output does not match its rows) fails the
+// requests in the step with an internal-error message, frees their KV, and the scheduler goes on:
+// the process does not end.
+TEST(SchedulerTest, AFailedInternalCheckFailsItsRequestsAndTheSchedulerGoesOn) {
+  FakeRunner runner;
+  FakeText text;
+  Scheduler s(runner, text, {});
+  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  runner.bad_output_next_step = true;
+  auto out = run_all(s, {a}, {1});
+  EXPECT_EQ(out[0].finish[0], Finish::Error);
+  EXPECT_NE(out[0].error.find("internal error"), std::string::npos) << out[0].error;
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
+  EXPECT_EQ(s.device_fault(), "");
+  auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
+  EXPECT_EQ(b[0].finish[0], Finish::Length);
+  EXPECT_EQ(b[0].tokens[0].size(), 5u);
+}
+
+// A sticky device fault (DeviceFault from the step): the running request and the one waiting behind it
+// fail, and the scheduler refuses new requests with 503 device_fault instead of failing them one by one.
+TEST(SchedulerTest, AStickyDeviceFaultFailsEverythingAndRefusesNewRequests) {
+  FakeRunner runner;
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 1;
+  Scheduler s(runner, text, o);
+  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  auto waiting = s.submit(greedy(prompt_of(5, 2), 5));
+  runner.device_fault_next_step = true;
+  auto out = run_all(s, {a, waiting}, {1, 1});
+  EXPECT_EQ(out[0].finish[0], Finish::Error);
+  EXPECT_EQ(out[1].finish[0], Finish::Error);
+  EXPECT_NE(s.device_fault().find("cudaErrorIllegalAddress"), std::string::npos);
+  try {
+    s.submit(greedy(prompt_of(5, 3), 5));
+    ADD_FAILURE() << "submit after a device fault was accepted";
+  } catch (const SubmitError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_EQ(e.code, "device_fault");
+  }
+  EXPECT_EQ(runner.memory().used_blocks(), 0);
 }
 
 // A runner that picks greedy tokens "on the device": argmax_only rows come back with their token and

@@ -1,7 +1,7 @@
 // `roofline serve` as a process (the binary, its flags and environment), over HTTP: --api-key-file,
 // --alias, --chat-template / --chat-template-file / --chat-template-kwargs, --reasoning-format,
-// --no-cache-prompt, --queue-size, and llama-server's LLAMA_ARG_* environment variables (a flag on the
-// command line wins over its variable). The model is synthetic:tiny-qwen3 (ChatML, byte-level vocab).
+// --no-cache-prompt, --queue-size, --no-webui, and llama-server's LLAMA_ARG_* environment variables (a
+// flag on the command line wins over its variable). The model is synthetic:tiny-qwen3 (ChatML, byte-level vocab).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -345,5 +345,28 @@ TEST(ServeCliTest, EmbeddingsFlagPoolingAndEnvironment) {
     int status = 0;
     post(c, "/v1/embeddings", json{{"input", "hello"}}, &status);
     EXPECT_EQ(status, 501);
+  }
+}
+
+// The chat page is on by default (public even with --api-key); --no-webui and LLAMA_ARG_WEBUI=0 turn
+// it off: / is then a 404 like any unknown route.
+TEST(ServeCliTest, WebuiFlag) {
+  {
+    ServeProcess s({"--api-key", "k"});
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto r = s.client().Get("/");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  }
+  for (const auto& [args, env] : {std::pair<std::vector<std::string>, std::map<std::string, std::string>>{{"--no-webui"}, {}},
+                                  {{}, {{"LLAMA_ARG_WEBUI", "0"}}}}) {
+    ServeProcess s(args, env);
+    ASSERT_TRUE(s.ready()) << s.log();
+    auto r = s.client().Get("/");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+    EXPECT_EQ(s.client().Get("/app.js")->status, 404);
+    EXPECT_EQ(s.client().Get("/health")->status, 200);
   }
 }

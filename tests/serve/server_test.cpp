@@ -1,7 +1,9 @@
 // The HTTP server over a fake backend, through a real socket: /health while loading and when ready,
 // API keys, CORS preflight, error envelopes (400/401/404/413/503), chat and completions whole and
 // streamed (SSE on the wire), /metrics, /slots, a client that disconnects (its slot is freed), a
-// full queue (503 + Retry-After), and /health answering promptly while every slot streams.
+// full queue (503 + Retry-After), /health answering promptly while every slot streams, the chat page
+// (served without a key, off with webui = false), and which failures are ours: 500 for a failed
+// internal check, 503 on /health and for new requests after a sticky device fault.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -19,6 +21,7 @@
 #include "fake_runner.h"
 #include "model/model_file.h"
 #include "serve/server.h"
+#include "serve/web_assets.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -333,4 +336,133 @@ TEST_F(ServerTest, PortInUseIsAnErrorAndManyConnectsAreAccepted) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(connected.load(), 200);
   EXPECT_LT(s, 0.9) << "connections waited for SYN retries";
+}
+
+// The chat page: / and its files with their content types, public even with API keys (the page sends
+// the key it is given); the API beside it still wants the key. With webui off, / is a plain 404.
+TEST_F(ServerTest, ChatPageIsServedAndCanBeTurnedOff) {
+  ready();
+  httplib::Client anon("127.0.0.1", port);
+  auto r = anon.Get("/");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(r->body.find("<title>roofline chat</title>"), std::string::npos);
+  EXPECT_NE(r->body.find("/app.js"), std::string::npos);
+  const std::pair<const char*, const char*> files[] = {{"/app.js", "text/javascript; charset=utf-8"},
+                                                       {"/markdown.js", "text/javascript; charset=utf-8"},
+                                                       {"/style.css", "text/css; charset=utf-8"},
+                                                       {"/index.html", "text/html; charset=utf-8"}};
+  for (const auto& [path, type] : files) {
+    r = anon.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 200) << path;
+    EXPECT_EQ(r->get_header_value("Content-Type"), type) << path;
+    const WebAsset* a = find_web_asset(path);
+    ASSERT_NE(a, nullptr) << path;
+    EXPECT_EQ(r->body, std::string(a->bytes())) << path;
+    EXPECT_GT(r->body.size(), 500u) << path;
+  }
+  r = anon.Get("/nope.js");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);  // not a page file: the API's key rule
+  r = anon.Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+
+  ServerOptions off;
+  off.host = "127.0.0.1";
+  off.port = 0;
+  off.webui = false;
+  Server plain(off);
+  const int plain_port = plain.bind();
+  plain.start();
+  httplib::Client c2("127.0.0.1", plain_port);
+  for (const char* path : {"/", "/app.js"}) {
+    r = c2.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 404) << path;
+    EXPECT_EQ(json::parse(r->body)["error"]["type"], "not_found_error") << path;
+  }
+  plain.stop();
+}
+
+// Which side a failure is on: the client's mistakes stay 4xx, our failed checks are 500 server_error,
+// a sticky device fault is 503 without Retry-After (retrying soon will not help), a full queue 503 with.
+TEST(HttpFailure, ClientMistakesAre4xxOursAre5xx) {
+  auto of = [](auto e) { return http_failure(std::make_exception_ptr(e)); };
+  EXPECT_EQ(of(ApiError(400, "bad field", "temperature")).status, 400);
+  EXPECT_EQ(of(ApiError(400, "bad field", "temperature")).param, "temperature");
+  EXPECT_EQ(of(Error("token id 99999 is out of range")).status, 400);
+  HttpFailure f = of(InternalError("internal error: n > 0 failed at x.cpp:1"));
+  EXPECT_EQ(f.status, 500);
+  EXPECT_EQ(error_body(f.status, f.message)["error"]["type"], "server_error");
+  f = http_failure([] {
+    try {
+      ROOFLINE_CHECK(1 + 1 == 3, "arithmetic");
+    } catch (...) {
+      return std::current_exception();
+    }
+    return std::exception_ptr();
+  }());
+  EXPECT_EQ(f.status, 500);
+  EXPECT_NE(f.message.find("arithmetic"), std::string::npos);
+  EXPECT_EQ(of(std::runtime_error("unexpected")).status, 500);
+  EXPECT_EQ(of(std::bad_alloc()).status, 500);
+  f = of(DeviceFault("CUDA error cudaErrorIllegalAddress"));
+  EXPECT_EQ(f.status, 503);
+  EXPECT_EQ(f.code, "device_fault");
+  EXPECT_FALSE(f.retry_after);
+  f = of(SubmitError(503, "queue_full", "busy"));
+  EXPECT_EQ(f.status, 503);
+  EXPECT_TRUE(f.retry_after);
+  EXPECT_EQ(of(SubmitError(400, "context_length_exceeded", "too long")).status, 400);
+}
+
+// A failed internal check in the scheduler's thread while a request runs: that request is a 500
+// server_error (ours, not the client's), the server stays up and the next request is answered.
+TEST_F(ServerTest, AFailedInternalCheckIsA500AndTheServerGoesOn) {
+  ready();
+  auto c = client();
+  runner->bad_output_next_step = true;
+  auto r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  const json e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["type"], "server_error");
+  EXPECT_NE(e["message"].get<std::string>().find("internal error"), std::string::npos) << e.dump();
+  r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(c.Get("/health")->status, 200);
+}
+
+// A step that fails with a sticky device fault: the request in flight ends with a 500 server_error,
+// /health turns 503 (device_fault) and new requests are refused at once with 503, not queued to fail.
+TEST_F(ServerTest, StickyDeviceFaultMakesHealth503AndNewRequestsFailFast) {
+  ready();
+  auto c = client();
+  auto r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  runner->device_fault_next_step = true;
+  r = c.Post("/v1/chat/completions", kChat, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 500) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "server_error");
+  EXPECT_NE(r->body.find("cudaErrorIllegalAddress"), std::string::npos);
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "device_fault");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* path : {"/v1/chat/completions", "/completion"}) {
+    r = c.Post(path, path[1] == 'v' ? kChat : R"({"prompt":"hi","n_predict":3})", "application/json");
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 503) << path;
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "device_fault") << path;
+    EXPECT_FALSE(r->has_header("Retry-After")) << path;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  EXPECT_NE(scheduler->device_fault().find("cudaErrorIllegalAddress"), std::string::npos);
 }

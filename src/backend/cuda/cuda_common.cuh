@@ -14,11 +14,38 @@
 
 namespace roofline::cuda {
 
-#define ROOFLINE_CUDA_CHECK(expr)                                                                           \
-  do {                                                                                                      \
-    cudaError_t err_ = (expr);                                                                              \
-    if (err_ != cudaSuccess) ::roofline::fail("CUDA error {} ({}) at {}:{}", cudaGetErrorName(err_),        \
-                                              cudaGetErrorString(err_), __FILE__, __LINE__);                \
+// Errors after which the CUDA context is unusable: every later call in the process reports them again
+// (CUDA runtime API documentation of each code). They throw DeviceFault so that the server stops
+// taking requests; other errors throw Error.
+inline bool cuda_error_is_sticky(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+[[noreturn]] inline void cuda_check_failed(cudaError_t err, const char* file, int line) {
+  const std::string message = fmt::format("CUDA error {} ({}) at {}:{}", cudaGetErrorName(err), cudaGetErrorString(err), file, line);
+  if (cuda_error_is_sticky(err)) throw ::roofline::DeviceFault(message);
+  throw ::roofline::Error(message);
+}
+
+#define ROOFLINE_CUDA_CHECK(expr)                                                            \
+  do {                                                                                       \
+    cudaError_t err_ = (expr);                                                               \
+    if (err_ != cudaSuccess) ::roofline::cuda::cuda_check_failed(err_, __FILE__, __LINE__);  \
   } while (0)
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx. With `pdl`, the
