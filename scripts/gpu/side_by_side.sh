@@ -9,6 +9,10 @@
 #           background; the synthetic files written; the KL harness on the Gemma 3 and MoE fixtures
 #           (roofline's and llama.cpp's conversions, CPU and GPU); roofline's benchmarks
 #   call 2: bash scripts/gpu/side_by_side.sh bench : llama-bench / llama-batched-bench on the same files
+#   or one call: bash scripts/gpu/side_by_side.sh final : llama.cpp's build in the background; every GPU test;
+#           --cpu-moe against llama.cpp's -ncmoe on the same file; the KL harness on tiny Gemma 3, Qwen3-MoE and
+#           Qwen3.5-MoE models made like a real model's initialisation (scripts/kl/make_kl_model.py --from); the
+#           cost of structured output under load (tests/load/load.py with and without a json_object format)
 # MODELS overrides the synthetic shapes (default "qwen3-30b-a3b gemma3-27b"); everything lands in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -70,5 +74,45 @@ if [ "$stage" = bench ]; then
     timeout 200 "$lcpp/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
         -npl 16,64 2>&1 | grep -E "^\|" | tee -a "$out/summary.md"
   done
+  stamp "done"
+fi
+
+if [ "$stage" = final ]; then
+  stamp "start: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) cores, $($bin/roofline --version | head -1)"
+  if [ ! -x "$lcpp/build/bin/llama-bench" ]; then
+    ( bash scripts/gpu/build_llamacpp.sh carry/pack/llamacpp.tar.gz "$lcpp" > "$out/llamacpp_build.log" 2>&1 ) &
+    bpid=$!
+  fi
+  stamp "GPU tests"
+  ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 200 "$bin/roofline_tests" --gtest_filter='Gpu*:*.Gpu*' \
+      > "$out/gpu_tests.txt" 2>&1
+  stamp "GPU tests exit $?"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure" "$out/gpu_tests.txt" | head -30 | tee -a "$out/summary.md"
+  mkdir -p "$work/fx"
+  python3 scripts/kl/make_kl_model.py "$work/fx/gemma3_kl_f32" --from tests/fixtures/gemma3/gemma3_f32 > "$out/kl_models.log" 2>&1
+  python3 scripts/kl/make_kl_model.py "$work/fx/qwen3moe_kl_f32" --from tests/fixtures/hf/qwen3moe_f32 >> "$out/kl_models.log" 2>&1
+  python3 scripts/kl/make_kl_model.py "$work/fx/qwen35moe_kl_bf16" --from tests/fixtures/hf/qwen35moe_bf16 \
+      --tokenizer-from tests/fixtures/hf/qwen35_bf16 >> "$out/kl_models.log" 2>&1
+  tail -3 "$out/kl_models.log" | tee -a "$out/summary.md"
+  f=$(file_of qwen3-30b-a3b)
+  [ -f "$f" ] || { stamp "synth qwen3-30b-a3b"; "$bin/roofline" synth qwen3-30b-a3b:Q4_K_M -o "$f" 2>&1 | tail -1; }
+  stamp "roofline --cpu-moe"
+  timeout 120 "$bin/roofline" bench -m "$f" -p 0 -n 32 -r 1 --cpu-moe 2>&1 | grep -E "^\| qwen|error" | tee -a "$out/summary.md"
+  m8=$work/qwen3-8b-Q4_K_M.gguf
+  [ -f "$m8" ] || "$bin/roofline" synth qwen3-8b:Q4_K_M -o "$m8" > /dev/null 2>&1
+  for extra in "" '{"response_format":{"type":"json_object"}}'; do
+    stamp "load 16 streams ${extra:-plain}"
+    timeout 120 python3 tests/load/load.py --bin "$bin/roofline" --model "$m8" --server-args "-np 16 -c 8192 -ngl all" \
+        --concurrency 16 ${extra:+--body-extra "$extra"} 2>&1 | grep -E "^\||failed|error" | tee -a "$out/summary.md"
+  done
+  if [ -n "${bpid:-}" ]; then stamp "waiting for llama.cpp"; wait "$bpid"; fi
+  tail -1 "$out/llamacpp_build.log"
+  stamp "llama-bench -ncmoe"
+  timeout 120 "$lcpp/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 0 -n 32 -r 1 -ncmoe 99 2>&1 | grep -E "^\| qwen|error" | tee -a "$out/summary.md"
+  stamp "KL"
+  timeout 200 bash scripts/kl/run_kl.sh --roofline "$bin/roofline" --fixtures "$work/fx" --llamacpp "$lcpp" \
+      --names "gemma3_kl_f32 qwen3moe_kl_f32 qwen35moe_kl_bf16" --work "$work/kl" --out "$out" > "$out/kl_run.log" 2>&1
+  stamp "KL exit $?"
+  cat "$out/kl.md" >> "$out/summary.md" 2>/dev/null
   stamp "done"
 fi
