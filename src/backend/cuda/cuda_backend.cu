@@ -831,7 +831,7 @@ class CudaBackend final : public Backend {
     const int n = n_tok_;
     if (moe_) {  // MoE hook: norm, then routing, experts and shared expert on the device (cuda_moe.cuh)
       mark("moe ffn", 0);
-      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, ActQ8{}, stream_);
+      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, moe_->input_act(), stream_);
       const bool shared = L.m(LT::FfnGateShexp).data != nullptr;
       const MoeLayerDev layer{&L.m(LT::FfnGateInp), &L.m(LT::FfnGateExps), &L.m(LT::FfnUpExps), &L.m(LT::FfnDownExps),
                               shared ? &L.m(LT::FfnGateShexp) : nullptr, shared ? &L.m(LT::FfnUpShexp) : nullptr,

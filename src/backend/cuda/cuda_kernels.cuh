@@ -63,9 +63,13 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
 // rows_per_expert) of its slice of the stacked weight times its activation rows [offsets[e],
 // offsets[e + 1]) (rows sorted by expert), y[j * ldy + r] for those rows j. Without offsets: one
 // expert (0, the whole weight) and rows [0, single_count). Same kernels and results as matvec.
+// With pair_ids instead (a step of a few tokens, not worth a sort): one row per pair p < max_active,
+// expert pair_ids[p], input row p / input_div, output row p.
 struct ExpertGroups {
   const int32_t* offsets = nullptr;  // [n_expert + 1], device
   const int32_t* active = nullptr;   // [max_active], device: the experts with rows, then -1
+  const int32_t* pair_ids = nullptr;  // [max_active], device
+  int input_div = 1;
   int max_active = 1;
   int single_count = 0;
   int chunk_splits = 1;  // CTAs sharing one expert's rows (8-row chunks taken in turn)

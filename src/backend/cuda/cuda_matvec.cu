@@ -530,19 +530,24 @@ __global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight
   }
   wait_for_previous_kernel();
   if (row >= rows_per_expert) return;
-  int e = 0, begin = 0, count = g.single_count;
-  if (g.offsets) {
+  int e = 0, begin = 0, count = g.single_count, in_begin = 0;
+  if (g.pair_ids) {
+    e = g.pair_ids[blockIdx.y];
+    begin = blockIdx.y;
+    count = 1;
+    in_begin = begin / g.input_div;
+  } else if (g.offsets) {
     e = g.active[blockIdx.y];
     if (e < 0) return;
-    begin = g.offsets[e];
+    begin = in_begin = g.offsets[e];
     count = g.offsets[e + 1] - begin;
   }
   const DeviceWeight we = expert_view(w, e, rows_per_expert);
   for (int j = (int)blockIdx.z * 8; j < count; j += (int)gridDim.z * 8) {
-    const int64_t r0 = begin + j;
+    const int64_t r0 = begin + j, in0 = in_begin + j;
     ActQ8 a{};
-    if (act.q) a = ActQ8{act.q + r0 * w.cols, act.d + r0 * (w.cols / 32), act.s + r0 * (w.cols / 32)};
-    const float* xr = x ? x + r0 * w.cols : nullptr;
+    if (act.q) a = ActQ8{act.q + in0 * w.cols, act.d + in0 * (w.cols / 32), act.s + in0 * (w.cols / 32)};
+    const float* xr = x ? x + in0 * w.cols : nullptr;
     float* yr = y + r0 * ldy;
     switch (min(8, count - j)) {
       case 1: product_rows<1, K, R>(we, a, xr, yr, ldy, row, lane); break;
@@ -562,14 +567,15 @@ void launch_experts(const DeviceWeight& w, const DeviceWeight* w2, int64_t rows_
                     const float* x, float* y, float* y2, int ldy, cudaStream_t stream) {
   const int64_t units = (rows_per_expert + R - 1) / R;
   const int x_tiles = (int)((units + kWarps - 1) / kWarps);
-  const dim3 grid((unsigned)(w2 ? 2 * x_tiles : x_tiles), (unsigned)(g.offsets ? g.max_active : 1), (unsigned)std::max(1, g.chunk_splits));
+  const dim3 grid((unsigned)(w2 ? 2 * x_tiles : x_tiles), (unsigned)(g.offsets || g.pair_ids ? g.max_active : 1),
+                  (unsigned)std::max(1, g.chunk_splits));
   launch(expert_matvec_kernel<K, R>, grid, dim3(kWarps * 32), 0, stream, pdl_enabled(), w, w2 ? *w2 : w, rows_per_expert, g, act, x, y,
          w2 ? y2 : y, ldy, x_tiles);
 }
 
 void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t rows_per_expert, const ExpertGroups& groups, const ActQ8& act,
              const float* x, float* y, float* y2, int ldy, cudaStream_t stream) {
-  if (groups.offsets ? groups.max_active < 1 || groups.max_active > 65535 : groups.single_count < 1) return;
+  if (groups.offsets || groups.pair_ids ? groups.max_active < 1 || groups.max_active > 65535 : groups.single_count < 1) return;
   if (groups.chunk_splits > 65535) fail("internal error: {} chunk splits in an expert product", groups.chunk_splits);
   if (stacked2 && (kind_of(*stacked2) != kind_of(stacked) || stacked2->cols != stacked.cols))
     fail("internal error: paired expert products over different weight kinds or widths");

@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kMaxUsed = 32;      // experts per token the routing kernel keeps
 constexpr int kWarpsPerBlock = 8;
+constexpr int kDirectPairRows = 2;  // steps of up to this many tokens run their pairs unsorted (forward_pairs)
 
 // One warp per row: softmax over the n_expert logits, then k rounds of a warp argmax over the experts
 // not yet taken (the larger logit wins, the lower index on ties), weights p / sum(top p) (normalize) or p.
@@ -72,7 +73,7 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slot_of_pair, 
   const int t = blockIdx.y;
   if (i >= n) return;
   float acc = 0;
-  for (int s = 0; s < k; ++s) acc += weights[t * k + s] * y[(int64_t)slot_of_pair[t * k + s] * n + i];
+  for (int s = 0; s < k; ++s) acc += weights[t * k + s] * y[(int64_t)(slot_of_pair ? slot_of_pair[t * k + s] : t * k + s) * n + i];
   x[(int64_t)t * n + i] += acc;
 }
 
@@ -266,18 +267,21 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   if (n == 0) return;
   ROOFLINE_CHECK(n <= max_rows_, "internal error: {} rows exceed the MoE buffers ({})", n, max_rows_);
   const int H = hp_.n_embd, E = hp_.n_expert, k = hp_.n_expert_used, F = hp_.n_ff_exp;
-  const bool q8_in = takes_q8(*L.router) || (L.gate_shexp && (takes_q8(*L.gate_shexp) || takes_q8(*L.up_shexp)));
-  if (q8_in && H % 32 == 0) quantize_rows(xn, n, H, act_xn_, stream);
-  const ActQ8 xn_act = H % 32 == 0 ? act_xn_ : ActQ8{};
+  const ActQ8 xn_act = input_act();  // written by the norm before the block
   ExpertGroups all{};
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);
   matvec_experts(*L.router, E, all, takes_q8(*L.router) ? xn_act : ActQ8{}, xn, logits_, E, stream);
   launch(moe_route_kernel, dim3((unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock)), dim3(32 * kWarpsPerBlock), 0, stream,
          pdl_enabled(), (const float*)logits_, n, E, k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_);
+  const int pairs = n * k, max_active = std::min(pairs, E);
+  if (n <= kDirectPairRows && takes_q8(*L.gate_exps) && matvec_can_group(*L.gate_exps, *L.up_exps) && H % 32 == 0) {
+    forward_pairs(L, xn_act, n, x, stream);
+    forward_shared_quantized(L, xn, xn_act, n, x, stream);
+    return;
+  }
   // Group the (token, expert) pairs by expert: each expert's weights are read once per 8 of its rows
   // (int8 kernels) or per token tile (tensor cores, prompts).
-  const int pairs = n * k, max_active = std::min(pairs, E);
   const bool mma_gate_up = moe_uses_mma(*L.gate_exps, F, n) && moe_uses_mma(*L.up_exps, F, n);
   const bool mma_down = moe_uses_mma(*L.down_exps, H, n);
   const int nt = expert_tile_nt(pairs, E);
@@ -321,6 +325,25 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   forward_shared_quantized(L, xn, xn_act, n, x, stream);
 }
 
+// A step of a few tokens: each (token, expert) pair is its own row (no sort, no gather; an expert two
+// tokens share is read twice, from the L2 the second time).
+void MoeFfn::forward_pairs(const MoeLayerDev& L, const ActQ8& xn_act, int n, float* x, cudaStream_t stream) {
+  const int H = hp_.n_embd, k = hp_.n_expert_used, F = hp_.n_ff_exp, pairs = n * k;
+  ExpertGroups direct{};
+  direct.pair_ids = ids_;
+  direct.max_active = pairs;
+  direct.input_div = k;
+  matvec_experts_pair(*L.gate_exps, *L.up_exps, F, direct, xn_act, nullptr, gate_, up_, F, stream);
+  const bool q8_down = takes_q8(*L.down_exps);
+  swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
+  direct.input_div = 1;
+  matvec_experts(*L.down_exps, H, direct, q8_down ? act_h_ : ActQ8{}, gate_, y_, H, stream);
+  launch(moe_combine_kernel, dim3((unsigned)((H + 255) / 256), (unsigned)n), dim3(256), 0, stream, pdl_enabled(),
+         (const float*)y_, (const int32_t*)nullptr, (const float*)weights_, k, H, x);
+}
+
+ActQ8 MoeFfn::input_act() const { return hp_.n_embd % 32 == 0 ? act_xn_ : ActQ8{}; }
+
 void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t stream) {
   if (n == 0) return;
   ROOFLINE_CHECK(n <= max_rows_, "internal error: {} rows exceed the MoE buffers ({})", n, max_rows_);
@@ -331,10 +354,7 @@ void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t
 
 void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
   if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
-  const int H = hp_.n_embd;
-  const bool q8 = (takes_q8(*L.gate_shexp) || takes_q8(*L.up_shexp)) && H % 32 == 0;
-  if (q8) quantize_rows(xn, n, H, act_xn_, stream);
-  forward_shared_quantized(L, xn, q8 ? act_xn_ : ActQ8{}, n, x, stream);
+  forward_shared_quantized(L, xn, input_act(), n, x, stream);
 }
 
 void MoeFfn::forward_shared_quantized(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, float* x, cudaStream_t stream) {

@@ -50,6 +50,9 @@ class MoeFfn {
   // Throws a one-line Error for shapes the kernels do not take (rows not multiples of 32, k > 32).
   MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream);
 
+  // Where forward and forward_shared read xn's int8 rows: the norm before the block writes them there
+  // (empty when n_embd is not a multiple of 32; the products then take xn's floats).
+  ActQ8 input_act() const;
   // x[r] += FFN(xn[r]) for r < n_rows: the routed experts weighted by their routing weights, plus the
   // shared expert times sigmoid(shexp_gate . xn[r]) where the layer has one.
   void forward(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
@@ -64,6 +67,8 @@ class MoeFfn {
   const float* weights() const { return weights_; }
 
  private:
+  // The routed experts of a step of a few tokens, pair by pair (xn_act: xn's int8 rows if already made).
+  void forward_pairs(const MoeLayerDev& layer, const ActQ8& xn_act, int n_rows, float* x, cudaStream_t stream);
   // The shared expert with xn's int8 rows already made (xn_act; empty where its type takes floats).
   void forward_shared_quantized(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, float* x,
                                 cudaStream_t stream);
