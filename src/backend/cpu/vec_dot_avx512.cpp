@@ -57,9 +57,15 @@ inline __m512i word_runs(int first, int run) {
   return _mm512_load_si512(idx);
 }
 
-// Pins v in a register at this point (keeps GCC from re-associating a super-block's integer adds
-// into a tree that keeps every product live).
-inline void pin(__m512i& v) { asm("" : "+v"(v)); }
+// Index vector for vpermw that lines up sub-block scales with two vpdpbusd results packed to int16
+// (vpackssdw): in 128-bit lane L, words 0-3 come from the first result's lanes 4L..4L+3 and words
+// 4-7 from the second's. `sub(L, second)` is the sub-block (scale word) of those four lanes.
+template <typename Sub>
+inline __m512i packed_scale_index(Sub sub) {
+  alignas(64) int16_t idx[32];
+  for (int w = 0; w < 32; ++w) idx[w] = (int16_t)sub(w / 8, (w % 8) >= 4);
+  return _mm512_load_si512(idx);
+}
 
 // ---- K-quants, Q8_K activations ----
 
@@ -92,17 +98,20 @@ inline __m128i k4_scales_mins(__m128i hdr) {
 }
 
 // Q4_K and Q5_K: 8 sub-blocks of 32, one scale and one min each; `High` adds Q5_K's fifth bit.
-// Step c covers sub-blocks 2c (low nibbles of qs[32c..32c+31]) and 2c+1 (their high nibbles).
+// Step c covers sub-blocks 2c (low nibbles of qs[32c..32c+31]) and 2c+1 (their high nibbles). Per
+// activation row a step is one vpdpbusd (int32 sums of 4 products, |sum| <= 4 * 31 * 127, so int16
+// holds them); steps 2q and 2q+1 are packed to int16 and weighted by their scales in one vpdpwssd.
 template <int NA, bool High, typename Block>
 void dot_k4(const void* wv, const void* const* av, int64_t n, float* out) {
   const auto* w = static_cast<const Block*>(wv);
   KActs<NA> A(av);
   const __m512i nib_shift = halves16(0, 4);
-  __m512i scale_idx[4], high_bit[4];
-  for (int c = 0; c < 4; ++c) {
-    scale_idx[c] = word_runs(2 * c, 16);
+  __m512i high_bit[4], scale_idx[2];
+  for (int c = 0; c < 4; ++c)
     high_bit[c] = _mm512_inserti64x4(bytes(1 << (2 * c)), _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
-  }
+  // Step c's lanes 0-7 are sub-block 2c, lanes 8-15 sub-block 2c+1 (128-bit lanes 0-1 and 2-3).
+  for (int q = 0; q < 2; ++q)
+    scale_idx[q] = packed_scale_index([q](int L, bool second) { return 2 * (2 * q + (int)second) + (L >= 2); });
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const Block& b = w[i];
     static_assert(offsetof(Block, scales) == 4 && sizeof(b.scales) == 12);
@@ -112,27 +121,29 @@ void dot_k4(const void* wv, const void* const* av, int64_t n, float* out) {
     // Each min twice (words 2k, 2k+1 = min k), to pair with the 16 bsums.
     const __m256i mins16 = _mm256_cvtepu8_epi16(
         _mm_shuffle_epi8(sm8, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-    const float dw = f16(b.d), dmin = f16(b.dmin);
+    const __m128 dd = _mm_cvtph_ps(hdr);  // d, dmin (lanes 2-3: scale bytes, unused)
     __m512i qh = _mm512_setzero_si512();
     if constexpr (High) qh = dup256(b.qh);
-    __m512i sumi[NA];
-    for (int j = 0; j < NA; ++j) sumi[j] = _mm512_setzero_si512();
+    __m512i u[4];
     for (int c = 0; c < 4; ++c) {
-      __m512i u = _mm512_and_si512(_mm512_srlv_epi16(dup256(b.qs + 32 * c), nib_shift), bytes(0x0F));
-      if constexpr (High) u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(qh, high_bit[c]), u, bytes(16));
-      const __m512i sc = _mm512_permutexvar_epi16(scale_idx[c], sm16);
-      for (int j = 0; j < NA; ++j) {
-        const __m512i p = _mm512_maddubs_epi16(u, load512(A.a[j][i].qs + 64 * c));
-        sumi[j] = _mm512_dpwssd_epi32(sumi[j], p, sc);
-        pin(sumi[j]);
-      }
+      u[c] = _mm512_and_si512(_mm512_srlv_epi16(dup256(b.qs + 32 * c), nib_shift), bytes(0x0F));
+      if constexpr (High) u[c] = _mm512_mask_add_epi8(u[c], _mm512_test_epi8_mask(qh, high_bit[c]), u[c], bytes(16));
     }
+    const __m512i sc[2] = {_mm512_permutexvar_epi16(scale_idx[0], sm16), _mm512_permutexvar_epi16(scale_idx[1], sm16)};
     for (int j = 0; j < NA; ++j) {
-      const BlockQ8_K& y = A.a[j][i];
-      const __m256i msum = _mm256_madd_epi16(mins16, load256(y.bsums));
-      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * y.d), _mm512_cvtepi32_ps(sumi[j]), A.acc[j]);
-      A.acc[j] = _mm512_fnmadd_ps(_mm512_set1_ps(dmin * y.d), _mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)),
-                                  A.acc[j]);
+      const int8_t* y = A.a[j][i].qs;
+      __m512i sumi = _mm512_setzero_si512();
+      for (int q = 0; q < 2; ++q) {
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * q], load512(y + 128 * q));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * q + 1], load512(y + 128 * q + 64));
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[q]);
+      }
+      const BlockQ8_K& ya = A.a[j][i];
+      const __m256i msum = _mm256_madd_epi16(mins16, load256(ya.bsums));
+      const __m128 f = _mm_mul_ps(dd, _mm_set1_ps(ya.d));  // d * d_a, dmin * d_a
+      A.acc[j] = _mm512_fmadd_ps(_mm512_broadcastss_ps(f), _mm512_cvtepi32_ps(sumi), A.acc[j]);
+      A.acc[j] = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(f)),
+                                  _mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)), A.acc[j]);
     }
   }
   A.finish(out);
@@ -150,44 +161,45 @@ void k_q5_k(const void* w, const void* const* a, int64_t n, float* out) {
 // Q6_K: 16 sub-blocks of 16 with signed 8-bit scales; levels unsigned 0..63, the "- 32" of every
 // element taken out through the activation block sums (one vpdpwssd with -32 * scale).
 // Step 2h covers elements 128h..128h+63 (low nibbles of ql[64h..64h+63], qh bits 0-1 / 2-3 of
-// qh[32h..32h+31] for the two halves), step 2h+1 elements 128h+64..128h+127 (high nibbles, bits 4-5 / 6-7).
+// qh[32h..32h+31] for the two halves), step 2h+1 elements 128h+64..128h+127 (high nibbles, bits 4-5 /
+// 6-7). Per activation row a step is one vpdpbusd (|sum of 4| <= 4 * 63 * 127 < 32768: fits int16);
+// the two steps of each h are packed to int16 and weighted by their scales in one vpdpwssd.
 template <int NA>
 void k_q6_k(const void* wv, const void* const* av, int64_t n, float* out) {
   const auto* w = static_cast<const BlockQ6_K*>(wv);
   KActs<NA> A(av);
   const __m512i qh_shift_lo = halves16(4, 2);   // bits 0-1 / 2-3 to bits 4-5
   const __m512i qh_shift_hi = halves16(0, 2);   // bits 4-5 / 6-7 to bits 4-5
-  __m512i scale_idx[4];
-  for (int g = 0; g < 4; ++g) scale_idx[g] = word_runs(4 * g, 8);
+  // Step g's 128-bit lane L is sub-block 4g + L.
+  __m512i scale_idx[2];
+  for (int h = 0; h < 2; ++h)
+    scale_idx[h] = packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const BlockQ6_K& b = w[i];
     const __m256i sc16 = _mm256_cvtepi8_epi16(load128(b.scales));
     const __m512i scz = _mm512_zextsi256_si512(sc16);
     const __m512i corr = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5)));
     const float dw = f16(b.d);
-    __m512i sumi[NA];
-    for (int j = 0; j < NA; ++j) sumi[j] = _mm512_setzero_si512();
+    __m512i u[4], sc[2];
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = load512(b.ql + 64 * h);
       const __m512i qh = dup256(b.qh + 32 * h);
-      const __m512i u0 = _mm512_or_si512(_mm512_and_si512(ql, bytes(0x0F)),
-                                         _mm512_and_si512(_mm512_sllv_epi16(qh, qh_shift_lo), bytes(0x30)));
-      const __m512i u1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), bytes(0x0F)),
-                                         _mm512_and_si512(_mm512_srlv_epi16(qh, qh_shift_hi), bytes(0x30)));
-      const __m512i s0 = _mm512_permutexvar_epi16(scale_idx[2 * h], scz);
-      const __m512i s1 = _mm512_permutexvar_epi16(scale_idx[2 * h + 1], scz);
-      for (int j = 0; j < NA; ++j) {
-        const int8_t* y = A.a[j][i].qs + 128 * h;
-        sumi[j] = _mm512_dpwssd_epi32(sumi[j], _mm512_maddubs_epi16(u0, load512(y)), s0);
-        pin(sumi[j]);
-        sumi[j] = _mm512_dpwssd_epi32(sumi[j], _mm512_maddubs_epi16(u1, load512(y + 64)), s1);
-        pin(sumi[j]);
-      }
+      u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, bytes(0x0F)),
+                                 _mm512_and_si512(_mm512_sllv_epi16(qh, qh_shift_lo), bytes(0x30)));
+      u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), bytes(0x0F)),
+                                     _mm512_and_si512(_mm512_srlv_epi16(qh, qh_shift_hi), bytes(0x30)));
+      sc[h] = _mm512_permutexvar_epi16(scale_idx[h], scz);
     }
     for (int j = 0; j < NA; ++j) {
-      const BlockQ8_K& y = A.a[j][i];
-      const __m512i s = _mm512_dpwssd_epi32(sumi[j], _mm512_zextsi256_si512(load256(y.bsums)), corr);
-      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * y.d), _mm512_cvtepi32_ps(s), A.acc[j]);
+      const BlockQ8_K& ya = A.a[j][i];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(ya.qs + 128 * h));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(ya.qs + 128 * h + 64));
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
+      }
+      sumi = _mm512_dpwssd_epi32(sumi, _mm512_zextsi256_si512(load256(ya.bsums)), corr);
+      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * ya.d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
     }
   }
   A.finish(out);
