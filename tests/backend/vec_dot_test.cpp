@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -89,6 +90,32 @@ TEST(VecDotAct, FormatsAndSizes) {
   EXPECT_THROW(vec_dot_scalar_fn(DType::TQ1_0), Error);
   EXPECT_THROW(vec_dot_tile_fn(DType::I8), Error);
   std::printf("cpu_simd_name: %s\n", cpu_simd_name());
+}
+
+// ROOFLINE_CPU_ISA caps the level at what the CPU has; a wrong name is an error, in-process and as
+// the command line's one-line message.
+TEST(VecDotIsa, EnvironmentCapNamesAndLimits) {
+  EXPECT_EQ(cpu_isa_capped(nullptr, CpuIsa::Avx512), CpuIsa::Avx512);
+  EXPECT_EQ(cpu_isa_capped("", CpuIsa::Avx2), CpuIsa::Avx2);
+  EXPECT_EQ(cpu_isa_capped("avx2", CpuIsa::Avx512), CpuIsa::Avx2);
+  EXPECT_EQ(cpu_isa_capped("scalar", CpuIsa::Avx512), CpuIsa::Scalar);
+  EXPECT_EQ(cpu_isa_capped("avx512", CpuIsa::Avx2), CpuIsa::Avx2);
+  EXPECT_EQ(cpu_isa_capped("avx512", CpuIsa::Avx512), CpuIsa::Avx512);
+  EXPECT_THROW(cpu_isa_capped("AVX2", CpuIsa::Avx512), Error);
+  EXPECT_THROW(cpu_isa_capped("avx-512", CpuIsa::Avx512), Error);
+  EXPECT_LE(cpu_isa(), cpu_isa_detected());
+  EXPECT_THROW(vec_dot_fn_at((CpuIsa)((int)cpu_isa_detected() + 1), DType::Q4_K), Error);
+
+  ASSERT_EQ(setenv("ROOFLINE_CPU_ISA", "avx9", 1), 0);
+  test::CommandResult r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3:Q8_0", "-p", "hi", "-n", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("ROOFLINE_CPU_ISA=avx9 is not one of scalar, avx2, avx512"), std::string::npos) << r.err;
+  for (const char* level : {"scalar", "avx2", "avx512"}) {
+    ASSERT_EQ(setenv("ROOFLINE_CPU_ISA", level, 1), 0);
+    r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3:Q8_0", "-p", "hi", "-n", "2"});
+    EXPECT_EQ(r.exit_code, 0) << level << ": " << r.err;
+  }
+  unsetenv("ROOFLINE_CPU_ISA");
 }
 
 TEST(VecDotAct, QuantizersRoundWithinHalfStepAndKeepSums) {

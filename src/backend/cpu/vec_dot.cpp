@@ -159,22 +159,18 @@ CpuIsa cpu_isa_detected() {
   return isa;
 }
 
-namespace {
-CpuIsa isa_from_env() {
-  const CpuIsa detected = cpu_isa_detected();
-  const char* v = std::getenv("ROOFLINE_CPU_ISA");
-  if (!v || !*v) return detected;
+CpuIsa cpu_isa_capped(const char* cap_name, CpuIsa detected) {
+  if (!cap_name || !*cap_name) return detected;
   CpuIsa cap;
-  if (std::strcmp(v, "scalar") == 0) cap = CpuIsa::Scalar;
-  else if (std::strcmp(v, "avx2") == 0) cap = CpuIsa::Avx2;
-  else if (std::strcmp(v, "avx512") == 0) cap = CpuIsa::Avx512;
-  else fail("ROOFLINE_CPU_ISA={} is not one of scalar, avx2, avx512", v);
+  if (std::strcmp(cap_name, "scalar") == 0) cap = CpuIsa::Scalar;
+  else if (std::strcmp(cap_name, "avx2") == 0) cap = CpuIsa::Avx2;
+  else if (std::strcmp(cap_name, "avx512") == 0) cap = CpuIsa::Avx512;
+  else fail("ROOFLINE_CPU_ISA={} is not one of scalar, avx2, avx512", cap_name);
   return std::min(cap, detected);
 }
-}  // namespace
 
 CpuIsa cpu_isa() {
-  static const CpuIsa isa = isa_from_env();
+  static const CpuIsa isa = cpu_isa_capped(std::getenv("ROOFLINE_CPU_ISA"), cpu_isa_detected());
   return isa;
 }
 
@@ -202,7 +198,6 @@ VecDotTileFn vec_dot_tile_fn_at(CpuIsa level, DType t) {
 
 VecDotFn vec_dot_fn(DType t) { return vec_dot_fn_at(cpu_isa(), t); }
 VecDotTileFn vec_dot_tile_fn(DType t) { return vec_dot_tile_fn_at(cpu_isa(), t); }
-int vec_dot_tile_group() { return cpu_isa() >= CpuIsa::Avx512 ? 8 : 4; }
 
 const char* cpu_simd_name() {
   switch (cpu_isa()) {

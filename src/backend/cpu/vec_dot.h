@@ -50,6 +50,9 @@ using VecDotFn = float (*)(const void* weight_row, const void* act_row, int64_t 
 enum class CpuIsa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 CpuIsa cpu_isa();
 CpuIsa cpu_isa_detected();  // ignoring the environment cap
+// The level for a cap name (ROOFLINE_CPU_ISA's value; null or empty: no cap) on a CPU that supports
+// `detected`; throws Error for a name that is not scalar, avx2 or avx512.
+CpuIsa cpu_isa_capped(const char* cap_name, CpuIsa detected);
 
 // The fastest kernel at cpu_isa() for a weight type.
 VecDotFn vec_dot_fn(DType weight_type);
@@ -66,18 +69,16 @@ void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n);
 
 // A tile of dots for prefill: y[c * ldy + r] = dot(weight row r, activation row c) for r < n_w,
 // c < n_a. Weight row r starts at w + r * w_stride bytes, activation row c at a + c * a_stride.
-// The SIMD tile decodes each weight block once and multiplies it with up to 4 activation rows, but
-// every output is bit-identical to what vec_dot_fn's kernel returns for the same two rows (the same
-// operations per output in the same order), so results never depend on the batch or the tiling.
+// The SIMD tile decodes each weight block once and multiplies it with up to 4 (AVX2) or 8 (AVX-512)
+// activation rows, but every output is bit-identical to what vec_dot_fn's kernel returns for the same
+// two rows (the same operations per output in the same order), so results never depend on the batch
+// or the tiling.
 // Keep the activation rows of one call cache-resident (e.g. n_a <= 16-32 for n of a few thousand).
 using VecDotTileFn = void (*)(const void* w, size_t w_stride, int n_w, const void* a, size_t a_stride, int n_a,
                               int64_t n, float* y, size_t ldy);
 VecDotTileFn vec_dot_tile_fn(DType weight_type);          // pairs with vec_dot_fn
 VecDotTileFn vec_dot_tile_scalar_fn(DType weight_type);   // pairs with vec_dot_scalar_fn
 VecDotTileFn vec_dot_tile_fn_at(CpuIsa level, DType weight_type);  // pairs with vec_dot_fn_at
-// Activation rows per tile call that keep the tile's work efficient at cpu_isa() (the AVX-512 tile
-// multiplies each decoded weight block with up to 8 rows, the AVX2 one with up to 4).
-int vec_dot_tile_group();
 
 namespace detail {
 // Internal to the kernel files (and their tests): per-ISA tables. The SIMD tables return nullptr
