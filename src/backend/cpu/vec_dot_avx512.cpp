@@ -94,10 +94,16 @@ inline __m128i k4_scales_mins(__m128i hdr) {
 // Step c covers sub-blocks 2c (low nibbles of qs[32c..32c+31]) and 2c+1 (their high nibbles). Per
 // activation row a step is one vpdpbusd (int32 sums of 4 products, |sum| <= 4 * 31 * 127, so int16
 // holds them); steps 2q and 2q+1 are packed to int16 and weighted by their scales in one vpdpwssd.
+// The mins term, dmin * d_a * sum_k m_k * (bsum_2k + bsum_2k+1), is taken in floats: per activation row
+// the tile first writes mins_act[i][k] = d_a * (bsum_2k + bsum_2k+1) (write_k4_mins_row), per weight
+// super-block the kernel forms dmin * m_k, and each super-block and activation row adds their product
+// with one 256-bit FMA (the int16 dot, conversion and FMA it replaces were two 512-bit-port uops).
 template <int NA, bool High, typename Block>
-void dot_k4(const void* wv, const void* const* av, int64_t n, float* out) {
+void dot_k4(const void* wv, const void* const* av, const float* const* mins_act, int64_t n, float* out) {
   const auto* w = static_cast<const Block*>(wv);
   KActs<NA> A(av);
+  __m256 accm[NA];
+  for (int j = 0; j < NA; ++j) accm[j] = _mm256_setzero_ps();
   const __m512i nib_shift = halves16(0, 4);
   __m512i high_bit[4], scale_idx[2];
   for (int c = 0; c < 4; ++c)
@@ -111,10 +117,11 @@ void dot_k4(const void* wv, const void* const* av, int64_t n, float* out) {
     const __m128i hdr = load128(&b);
     const __m128i sm8 = k4_scales_mins(hdr);
     const __m512i sm16 = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(sm8));  // words 0-7 scales, 8-15 mins
-    // Each min twice (words 2k, 2k+1 = min k), to pair with the 16 bsums.
-    const __m256i mins16 = _mm256_cvtepu8_epi16(
-        _mm_shuffle_epi8(sm8, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
     const __m128 dd = _mm_cvtph_ps(hdr);  // d, dmin (lanes 2-3: scale bytes, unused)
+    const float dw = _mm_cvtss_f32(dd);
+    // dmin * m_k, k = 0..7
+    const __m256 mins_w = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)),
+                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm8, 8))));
     __m512i qh = _mm512_setzero_si512();
     if constexpr (High) qh = dup256(b.qh);
     __m512i u[4];
@@ -131,25 +138,72 @@ void dot_k4(const void* wv, const void* const* av, int64_t n, float* out) {
         const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * q + 1], load512(y + 128 * q + 64));
         sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[q]);
       }
-      const BlockQ8_K& ya = A.a[j][i];
-      const __m256i msum = _mm256_madd_epi16(mins16, load256(ya.bsums));
-      const __m128 f = _mm_mul_ps(dd, _mm_set1_ps(ya.d));  // d * d_a, dmin * d_a
-      A.acc[j] = _mm512_fmadd_ps(_mm512_broadcastss_ps(f), _mm512_cvtepi32_ps(sumi), A.acc[j]);
-      A.acc[j] = _mm512_fnmadd_ps(_mm512_broadcastss_ps(_mm_movehdup_ps(f)),
-                                  _mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)), A.acc[j]);
+      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * A.a[j][i].d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
+      accm[j] = _mm256_fmadd_ps(mins_w, _mm256_loadu_ps(mins_act[j] + 8 * i), accm[j]);
     }
   }
-  A.finish(out);
+  for (int j = 0; j < NA; ++j) {
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm[j]), _mm256_extractf128_ps(accm[j], 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    out[j] = _mm512_reduce_add_ps(A.acc[j]) - _mm_cvtss_f32(m);
+  }
 }
 
-template <int NA>
-void k_q4_k(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_k4<NA, false, BlockQ4_K>(w, a, n, out);
+// d_a * (bsum_2k + bsum_2k+1) for k = 0..7 of every super-block of one Q8_K activation row.
+void write_k4_mins_row(const BlockQ8_K* a, int64_t nsb, float* dst) {
+  for (int64_t i = 0; i < nsb; ++i) {
+    const __m256i pair_sums = _mm256_madd_epi16(load256(a[i].bsums), _mm256_set1_epi16(1));
+    _mm256_storeu_ps(dst + 8 * i, _mm256_mul_ps(_mm256_set1_ps(a[i].d), _mm256_cvtepi32_ps(pair_sums)));
+  }
 }
-template <int NA>
-void k_q5_k(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_k4<NA, true, BlockQ5_K>(w, a, n, out);
+
+// A thread-local buffer of n floats, 64-byte aligned; valid until this thread's next call.
+float* float_scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  return buf.data() + ((64 - (reinterpret_cast<uintptr_t>(buf.data()) & 63)) & 63) / sizeof(float);
 }
+
+// Q4_K and Q5_K tiles: the activation rows' mins factors first, then weight row by weight row with
+// activation rows in groups of up to 8.
+template <bool High, typename Block>
+struct TileK4 {
+  template <int NA>
+  static void run(const void* w, const void* const* a, const float* const* m, int64_t n, float* out) {
+    dot_k4<NA, High, Block>(w, a, m, n, out);
+  }
+  static void tile(const void* w, size_t w_stride, int n_w, const void* a, size_t a_stride, int n_a, int64_t n,
+                   float* y, size_t ldy) {
+    using Fn = void (*)(const void*, const void* const*, const float* const*, int64_t, float*);
+    static constexpr Fn kFns[kMaxNA + 1] = {nullptr, run<1>, run<2>, run<3>, run<4>, run<5>, run<6>, run<7>, run<8>};
+    const int64_t nsb = n / kQKK;
+    float* mins = float_scratch((size_t)(8 * nsb * n_a));
+    const auto* ab = static_cast<const uint8_t*>(a);
+    for (int c = 0; c < n_a; ++c)
+      write_k4_mins_row(reinterpret_cast<const BlockQ8_K*>(ab + (size_t)c * a_stride), nsb, mins + (size_t)c * 8 * nsb);
+    for (int c = 0; c < n_a; c += kMaxNA) {
+      const int na = n_a - c < kMaxNA ? n_a - c : kMaxNA;
+      const void* p[kMaxNA];
+      const float* pm[kMaxNA];
+      for (int j = 0; j < na; ++j) {
+        p[j] = ab + (size_t)(c + j) * a_stride;
+        pm[j] = mins + (size_t)(c + j) * 8 * nsb;
+      }
+      for (int r = 0; r < n_w; ++r) {
+        float out[kMaxNA];
+        kFns[na](static_cast<const uint8_t*>(w) + (size_t)r * w_stride, p, pm, n, out);
+        for (int j = 0; j < na; ++j) y[(size_t)(c + j) * ldy + r] = out[j];
+      }
+    }
+  }
+  static float single(const void* w, const void* a, int64_t n) {
+    float out;
+    tile(w, 0, 1, a, 0, 1, n, &out, 1);
+    return out;
+  }
+};
+
 
 // Q6_K: 16 sub-blocks of 16 with signed 8-bit scales; levels unsigned 0..63, the "- 32" of every
 // element taken out through the activation block sums (one vpdpwssd with -32 * scale).
@@ -359,10 +413,10 @@ struct Signed32 {
 
 namespace detail {
 
-#define ROOFLINE_AVX512_K_KERNELS(X) \
-  X(Q4_K, k_q4_k)                    \
-  X(Q5_K, k_q5_k)                    \
-  X(Q6_K, k_q6_k)
+#define ROOFLINE_AVX512_K_KERNELS(X) X(Q6_K, k_q6_k)
+#define ROOFLINE_AVX512_K4_KERNELS(X) \
+  X(Q4_K, false, BlockQ4_K)           \
+  X(Q5_K, true, BlockQ5_K)
 #define ROOFLINE_AVX512_SIGNED32_KERNELS(X) \
   X(Q4_0, BlockQ4_0, DecodeQ4_0)            \
   X(Q5_0, BlockQ5_0, DecodeQ5_0)            \
@@ -374,6 +428,10 @@ VecDotFn avx512_dot(DType t) {
 #define X(type, fn) \
   case DType::type: return single<fn<1>>;
     ROOFLINE_AVX512_K_KERNELS(X)
+#undef X
+#define X(type, high, block) \
+  case DType::type: return TileK4<high, block>::single;
+    ROOFLINE_AVX512_K4_KERNELS(X)
 #undef X
 #define X(type, block, decode) \
   case DType::type: return Signed32<block, decode>::single;
@@ -389,6 +447,10 @@ VecDotTileFn avx512_tile(DType t) {
   case DType::type: return tile_k<fn<1>, fn<2>, fn<3>, fn<4>, fn<5>, fn<6>, fn<7>, fn<8>>;
     ROOFLINE_AVX512_K_KERNELS(X)
 #undef X
+#define X(type, high, block) \
+  case DType::type: return TileK4<high, block>::tile;
+    ROOFLINE_AVX512_K4_KERNELS(X)
+#undef X
 #define X(type, block, decode) \
   case DType::type: return Signed32<block, decode>::tile;
     ROOFLINE_AVX512_SIGNED32_KERNELS(X)
@@ -398,6 +460,7 @@ VecDotTileFn avx512_tile(DType t) {
 }
 
 #undef ROOFLINE_AVX512_K_KERNELS
+#undef ROOFLINE_AVX512_K4_KERNELS
 #undef ROOFLINE_AVX512_SIGNED32_KERNELS
 
 }  // namespace detail
