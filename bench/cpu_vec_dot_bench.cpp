@@ -81,14 +81,15 @@ Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
   return *cache.back().second;
 }
 
-// Args: tokens (1: one dot per row; >1: the tile over that many activation rows), cold (0/1).
+// Args: tokens (0: one single dot per row; >= 1: the tile over that many activation rows, as matmul
+// runs decode (1) and prefill), cold (0/1). ROOFLINE_CPU_ISA=avx2|avx512|scalar picks the kernels.
 // One iteration is a chunk of kChunkRows rows (the next chunk of the matrix, or of the next copy when
 // cold); the machine is shared, so rates come from the fastest chunk (short enough to run
 // unpreempted) as well as from the CPU time of all of them.
 constexpr int64_t kChunkRows = 256;
 
 void BM_Matmul(benchmark::State& state, DType t) {
-  const int tokens = (int)state.range(0);
+  const int tokens = (int)state.range(0);  // 0: single dots on one activation row
   const bool cold = state.range(1) != 0;
   Setup& s = setup(t, 6144, 2048, cold ? 12 : 1);
   const VecDotFn dot = vec_dot_fn(t);
@@ -97,13 +98,13 @@ void BM_Matmul(benchmark::State& state, DType t) {
   // Threads take interleaved chunks, so together they stream each matrix once.
   int64_t chunk = state.thread_index();
   size_t m = 0;
-  std::vector<float> y((size_t)s.rows * tokens);
+  std::vector<float> y((size_t)s.rows * std::max(tokens, 1));
   double best = 1e30;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint8_t* w = s.mats[m].data();
     const int64_t r0 = chunk * kChunkRows, r1 = r0 + kChunkRows;
-    if (tokens == 1) {
+    if (tokens == 0) {
       for (int64_t r = r0; r < r1; ++r) y[(size_t)r] = dot(w + (size_t)r * s.w_row, s.act.data(), s.cols);
     } else {
       tile(w + (size_t)r0 * s.w_row, s.w_row, (int)(r1 - r0), s.act.data(), s.a_row, tokens, s.cols, y.data() + r0,
@@ -122,14 +123,14 @@ void BM_Matmul(benchmark::State& state, DType t) {
   state.SetBytesProcessed((int64_t)(bytes * (double)state.iterations()));
   // Per thread (summed over threads), from the fastest chunk: GB/s of weights, multiply-adds/s.
   state.counters["GBps_best"] = bytes / best * 1e-9;
-  state.counters["GMACps_best"] = (double)kChunkRows * (double)s.cols * tokens / best * 1e-9;
+  state.counters["GMACps_best"] = (double)kChunkRows * (double)s.cols * std::max(tokens, 1) / best * 1e-9;
   state.SetLabel(std::string(cpu_simd_name()) + (cold ? " cold" : " hot"));
 }
 
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens", "cold"});
   for (int cold : {0, 1}) {
-    for (int tokens : {1, 4, 16}) b->Args({tokens, cold});
+    for (int tokens : {0, 1, 4, 8, 16}) b->Args({tokens, cold});
   }
   b->Threads(1)->Threads(2);
 }

@@ -1,6 +1,6 @@
 // CPU dot kernels (backend/cpu/vec_dot.h): activation quantizers, then for every weight type the
-// scalar and AVX2 kernels (single dot and prefill tile) against a double-precision reference on
-// random data with odd sizes, bit-identity between tile and single dot and across calls, zero rows,
+// scalar, AVX2 and AVX-512 VNNI kernels (single dot and prefill tile; every level this CPU runs,
+// forced one by one) against a double-precision reference on random data with odd sizes, bit-identity between tile and single dot and across calls, zero rows,
 // and worst-case int8 values (int16 saturation in maddubs would show as a large error).
 #include "backend/cpu/vec_dot.h"
 
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -89,6 +90,32 @@ TEST(VecDotAct, FormatsAndSizes) {
   EXPECT_THROW(vec_dot_scalar_fn(DType::TQ1_0), Error);
   EXPECT_THROW(vec_dot_tile_fn(DType::I8), Error);
   std::printf("cpu_simd_name: %s\n", cpu_simd_name());
+}
+
+// ROOFLINE_CPU_ISA caps the level at what the CPU has; a wrong name is an error, in-process and as
+// the command line's one-line message.
+TEST(VecDotIsa, EnvironmentCapNamesAndLimits) {
+  EXPECT_EQ(cpu_isa_capped(nullptr, CpuIsa::Avx512), CpuIsa::Avx512);
+  EXPECT_EQ(cpu_isa_capped("", CpuIsa::Avx2), CpuIsa::Avx2);
+  EXPECT_EQ(cpu_isa_capped("avx2", CpuIsa::Avx512), CpuIsa::Avx2);
+  EXPECT_EQ(cpu_isa_capped("scalar", CpuIsa::Avx512), CpuIsa::Scalar);
+  EXPECT_EQ(cpu_isa_capped("avx512", CpuIsa::Avx2), CpuIsa::Avx2);
+  EXPECT_EQ(cpu_isa_capped("avx512", CpuIsa::Avx512), CpuIsa::Avx512);
+  EXPECT_THROW(cpu_isa_capped("AVX2", CpuIsa::Avx512), Error);
+  EXPECT_THROW(cpu_isa_capped("avx-512", CpuIsa::Avx512), Error);
+  EXPECT_LE(cpu_isa(), cpu_isa_detected());
+  EXPECT_THROW(vec_dot_fn_at((CpuIsa)((int)cpu_isa_detected() + 1), DType::Q4_K), Error);
+
+  ASSERT_EQ(setenv("ROOFLINE_CPU_ISA", "avx9", 1), 0);
+  test::CommandResult r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3:Q8_0", "-p", "hi", "-n", "2"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("ROOFLINE_CPU_ISA=avx9 is not one of scalar, avx2, avx512"), std::string::npos) << r.err;
+  for (const char* level : {"scalar", "avx2", "avx512"}) {
+    ASSERT_EQ(setenv("ROOFLINE_CPU_ISA", level, 1), 0);
+    r = test::run_cli({"run", "-m", "synthetic:tiny-qwen3:Q8_0", "-p", "hi", "-n", "2"});
+    EXPECT_EQ(r.exit_code, 0) << level << ": " << r.err;
+  }
+  unsetenv("ROOFLINE_CPU_ISA");
 }
 
 TEST(VecDotAct, QuantizersRoundWithinHalfStepAndKeepSums) {
@@ -319,6 +346,30 @@ double act_nmse_bound(DType t) {
 
 class VecDotType : public ::testing::TestWithParam<DType> {};
 
+// The SIMD levels this CPU runs (each tested on its own, forced through vec_dot_fn_at).
+std::vector<CpuIsa> simd_levels() {
+  std::vector<CpuIsa> v;
+  if (cpu_isa_detected() >= CpuIsa::Avx2) v.push_back(CpuIsa::Avx2);
+  if (cpu_isa_detected() >= CpuIsa::Avx512) v.push_back(CpuIsa::Avx512);
+  return v;
+}
+const char* level_name(CpuIsa l) { return l == CpuIsa::Avx512 ? "AVX-512" : l == CpuIsa::Avx2 ? "AVX2" : "scalar"; }
+
+// The weight types each SIMD level has its own kernels for (the others fall back a level).
+bool has_own_kernel(CpuIsa l, DType t) {
+  if (l == CpuIsa::Avx2) return detail::avx2_dot(t) != nullptr;
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q5_0:
+    case DType::Q8_0:
+    case DType::IQ4_NL:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K: return true;
+    default: return false;
+  }
+}
+
 TEST_P(VecDotType, MatchesReferenceOnRandomRows) {
   const DType t = GetParam();
   const Case cs = make_case(t, odd_length(t), 9, 7, 100 + (uint64_t)t);
@@ -331,32 +382,48 @@ TEST_P(VecDotType, MatchesReferenceOnRandomRows) {
   std::snprintf(buf, sizeof buf, "  %-6s NMSE vs reference / vs float activations: scalar %.3g / %.3g", dtype_name(t).c_str(),
                 e_s, e_sf);
   std::string line = buf;
-  if (have_avx2()) {
-    const VecDotFn fn = detail::avx2_dot(t);
-    ASSERT_NE(fn, nullptr) << "no AVX2 kernel";
+  for (CpuIsa level : simd_levels()) {
+    SCOPED_TRACE(level_name(level));
+    if (level == CpuIsa::Avx2) ASSERT_NE(detail::avx2_dot(t), nullptr) << "no AVX2 kernel";
+    if (level == CpuIsa::Avx512 && has_own_kernel(level, t)) {
+      ASSERT_NE(detail::avx512_dot(t), nullptr) << "no AVX-512 kernel";
+      ASSERT_NE(detail::avx512_tile(t), nullptr) << "no AVX-512 tile";
+      EXPECT_EQ(vec_dot_fn_at(level, t), detail::avx512_dot(t));
+    }
+    const VecDotFn fn = vec_dot_fn_at(level, t);
     const std::vector<float> ya = run_single(cs, fn);
     const double e_a = nmse_vs(ya, cs.ref), e_af = nmse_vs(ya, cs.ref_float);
-    EXPECT_LT(e_a, kKernelNmse) << "AVX2 vs reference";
-    EXPECT_LT(e_af, act_nmse_bound(t)) << "AVX2 vs float activations";
-    EXPECT_LT(nmse(ya.data(), ys.data(), ya.size()), kKernelNmse) << "AVX2 vs scalar";
-    EXPECT_TRUE(same_bits(run_tile(cs, detail::avx2_tile(t)), ya)) << "AVX2 tile differs from AVX2 dot";
-    EXPECT_TRUE(same_bits(run_single(cs, fn), ya)) << "AVX2 dot not repeatable";
-    EXPECT_EQ(vec_dot_fn(t), fn);
-    std::snprintf(buf, sizeof buf, "; AVX2 %.3g / %.3g", e_a, e_af);
+    EXPECT_LT(e_a, kKernelNmse) << "SIMD vs reference";
+    EXPECT_LT(e_af, act_nmse_bound(t)) << "SIMD vs float activations";
+    EXPECT_LT(nmse(ya.data(), ys.data(), ya.size()), kKernelNmse) << "SIMD vs scalar";
+    EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_fn_at(level, t)), ya)) << "tile differs from the single dot";
+    EXPECT_TRUE(same_bits(run_single(cs, fn), ya)) << "dot not repeatable";
+    std::snprintf(buf, sizeof buf, "; %s %.3g / %.3g", level_name(level), e_a, e_af);
     line += buf;
+  }
+  if (cpu_isa() == cpu_isa_detected()) {
+    EXPECT_EQ(vec_dot_fn(t), vec_dot_fn_at(cpu_isa_detected(), t));
+    EXPECT_EQ(vec_dot_tile_fn(t), vec_dot_tile_fn_at(cpu_isa_detected(), t));
   }
   std::printf("%s\n", line.c_str());
 }
 
-// Tiles of every shape the driver splits into (1..4 activation rows, several weight rows), short rows.
+// Tiles of every shape the drivers split into (1..17 activation rows: the AVX2 groups of 4 and the
+// AVX-512 groups of 8 with every remainder, several weight rows), rows of 1 and 3 blocks, at every level.
 TEST_P(VecDotType, TileShapesAreBitIdenticalToSingleDots) {
   const DType t = GetParam();
-  const int64_t n = block_of(t) == 1 ? 37 : block_of(t);
-  for (int n_a : {1, 2, 3, 4, 5, 11}) {
-    const Case cs = make_case(t, n, 3, n_a, 200 + (uint64_t)n_a);
-    EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_scalar_fn(t)), run_single(cs, vec_dot_scalar_fn(t))));
-    EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_fn(t)), run_single(cs, vec_dot_fn(t)))) << "n_a " << n_a;
-    EXPECT_LT(nmse_vs(run_single(cs, vec_dot_fn(t)), cs.ref), kKernelNmse);
+  for (int64_t blocks : {1, 3}) {
+    const int64_t n = block_of(t) == 1 ? 37 * blocks : block_of(t) * blocks;
+    for (int n_a = 1; n_a <= 17; ++n_a) {
+      const Case cs = make_case(t, n, n_a % 2 ? 3 : 5, n_a, 200 + (uint64_t)n_a + 50 * (uint64_t)blocks);
+      EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_scalar_fn(t)), run_single(cs, vec_dot_scalar_fn(t))));
+      for (CpuIsa level : simd_levels()) {
+        const std::vector<float> single = run_single(cs, vec_dot_fn_at(level, t));
+        EXPECT_TRUE(same_bits(run_tile(cs, vec_dot_tile_fn_at(level, t)), single))
+            << level_name(level) << " n_a " << n_a << " blocks " << blocks;
+        EXPECT_LT(nmse_vs(single, cs.ref), kKernelNmse) << level_name(level) << " n_a " << n_a << " blocks " << blocks;
+      }
+    }
   }
 }
 
@@ -369,7 +436,9 @@ TEST_P(VecDotType, ZeroRowsGiveExactZero) {
   const std::vector<uint8_t> rand_w = gaussian_row(t, n, rng);
   const std::vector<uint8_t> zero_a = quantize_act(f, std::vector<float>((size_t)n, 0.f));
   const std::vector<uint8_t> rand_a = quantize_act(f, gaussian((size_t)n, rng));
-  for (VecDotFn fn : {vec_dot_scalar_fn(t), vec_dot_fn(t)}) {
+  std::vector<VecDotFn> fns = {vec_dot_scalar_fn(t)};
+  for (CpuIsa level : simd_levels()) fns.push_back(vec_dot_fn_at(level, t));
+  for (VecDotFn fn : fns) {
     EXPECT_EQ(fn(zero_w.data(), rand_a.data(), n), 0.f);
     EXPECT_EQ(fn(rand_w.data(), zero_a.data(), n), 0.f);
   }
@@ -385,10 +454,13 @@ TEST_P(VecDotType, WorstCaseLevelsDoNotOverflow) {
   int seed = 0;
   for (int fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77, 0x11, -1}) {
     for (double mag : {1e-3, 1.0, 3e4}) {
-      const Case cs = make_case(t, n, 2, 6, 300 + seed++, fill, mag, true);
+      const Case cs = make_case(t, n, 2, 9, 300 + seed++, fill, mag, true);
       const size_t wb = dtype_row_bytes(t, n), ab = act_row_bytes(f, n);
-      std::vector<std::vector<float>> outs = {run_single(cs, vec_dot_scalar_fn(t)), run_single(cs, vec_dot_fn(t)),
-                                              run_tile(cs, vec_dot_tile_fn(t))};
+      std::vector<std::vector<float>> outs = {run_single(cs, vec_dot_scalar_fn(t))};
+      for (CpuIsa level : simd_levels()) {
+        outs.push_back(run_single(cs, vec_dot_fn_at(level, t)));
+        outs.push_back(run_tile(cs, vec_dot_tile_fn_at(level, t)));
+      }
       for (int r = 0; r < cs.n_w; ++r) {
         const std::vector<double> wd = dequant_weight(t, cs.w.data() + r * wb, n);
         for (int c = 0; c < cs.n_a; ++c) {

@@ -257,7 +257,7 @@ void CpuBackend::forward_layer(int il) {
   if (L.mixer == MixerKind::Attention) attention_block(il, L, d);
   else delta_net_block(L, d);
   post_norm(d[LT::AttnPostNorm]);
-  for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
+  add_residual();
 
   // Feed-forward block.
   pool_.parallel_for((size_t)n, [&](size_t r) {
@@ -266,7 +266,17 @@ void CpuBackend::forward_layer(int il) {
   if (hp.is_moe()) moe_ffn_block(L, d);
   else dense_ffn_block(L);
   post_norm(d[LT::FfnPostNorm]);
-  for (size_t i = 0; i < x_.size(); ++i) x_[i] += xn_[i];
+  add_residual();
+}
+
+// x += xn over the step's rows, split over the pool by rows (elementwise: the same bits in any split).
+void CpuBackend::add_residual() {
+  const size_t n_embd = (size_t)model_->hparams().n_embd;
+  pool_.parallel_for((size_t)step_.n_tokens(), [&](size_t r) {
+    float* x = x_.data() + r * n_embd;
+    const float* y = xn_.data() + r * n_embd;
+    for (size_t i = 0; i < n_embd; ++i) x[i] += y[i];
+  });
 }
 
 void CpuBackend::dense_ffn_block(const LayerWeights& L) {
@@ -276,11 +286,18 @@ void CpuBackend::dense_ffn_block(const LayerWeights& L) {
   observe(w_gate, xn_.data(), n);
   observe(w_up, xn_.data(), n);
   products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, model_->hparams().n_embd);
-  if (model_->arch().ffn == FfnKind::GeGLU) {
-    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = gelu_tanh(gate_[i]) * up_[i];
-  } else {
-    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
-  }
+  // The gated activation by rows over the pool (elementwise: the same bits in any split).
+  const size_t n_ff = (size_t)model_->hparams().n_ff;
+  const bool geglu = model_->arch().ffn == FfnKind::GeGLU;
+  pool_.parallel_for((size_t)n, [&](size_t r) {
+    float* g = gate_.data() + r * n_ff;
+    const float* u = up_.data() + r * n_ff;
+    if (geglu) {
+      for (size_t i = 0; i < n_ff; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+    } else {
+      for (size_t i = 0; i < n_ff; ++i) g[i] = silu(g[i]) * u[i];
+    }
+  });
   observe(w_down, gate_.data(), n);
   matmul(w_down, gate_.data(), n, xn_.data(), pool_);
 }

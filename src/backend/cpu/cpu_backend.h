@@ -63,7 +63,8 @@ class CpuBackend final : public Backend {
   void delta_net_block(const LayerWeights& L, LayerData& d);               // xn_ -> xn_
   void dense_ffn_block(const LayerWeights& L);                               // xn_ -> xn_
   void moe_ffn_block(const LayerWeights& L, const LayerData& d);             // xn_ -> xn_
-  void post_norm(const std::vector<float>& w);  // xn_ = rms_norm(xn_) * w (gemma's post norms; none when w is empty)
+  void post_norm(const std::vector<float>& w);
+  void add_residual();  // x_ += xn_  // xn_ = rms_norm(xn_) * w (gemma's post norms; none when w is empty)
   void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
   void observe(const Weight& w, const float* x, int n_rows) const {
     if (observer_) observer_(*w.tensor, x, n_rows, w.cols(), -1);

@@ -33,9 +33,11 @@ void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPoo
   // runs of consecutive weight rows (the hardware prefetchers lose their stream at every jump to the
   // next chunk; 256 rather than 16 rows gave qwen3-1.7b Q4_K_M tg32 ~10.5 -> ~12.0 tok/s on the 2-core
   // machine), but at least 8 tasks per thread for balance. Prefill: 16 rows, whose weights stay in
-  // the L2 while every activation tile passes over them.
+  // the L2 while every activation tile passes over them; 64 with the AVX-512 tiles, whose 32-element
+  // types first convert the tile's activation rows into a panel (built once per task, so over more rows).
+  const int64_t prefill_rows = cpu_isa() >= CpuIsa::Avx512 ? 64 : 16;
   const int64_t rows_per_task =
-      n_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : 16;
+      n_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : prefill_rows;
   constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
   size_t first_task[kMaxOuts + 1] = {0};  // product m owns tasks [first_task[m], first_task[m + 1])
   for (size_t m = 0; m < outs.size(); ++m)

@@ -1,10 +1,11 @@
-// Dispatch of the CPU dot-product kernels (AVX2 when the CPU has it, else scalar) and the activation
+// Dispatch of the CPU dot-product kernels (AVX-512 VNNI, AVX2 or scalar: the highest the CPU has) and the activation
 // formats: which one each weight type pairs with, and the scalar quantizer that defines their bytes
 // (the AVX2 quantizer in vec_dot_avx2.cpp must produce the same bytes).
 #include "backend/cpu/vec_dot.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -137,7 +138,7 @@ void quantize_act_row_scalar(ActFormat format, const float* x, void* dst, int64_
 
 void quantize_act_row(ActFormat format, const float* x, void* dst, int64_t n) {
   ROOFLINE_CHECK(n % act_block(format) == 0, "row of {} elements is not a multiple of {}", n, act_block(format));
-  if (format != ActFormat::F32 && detail::avx2_supported()) return detail::quantize_act_row_avx2(format, x, dst, n);
+  if (format != ActFormat::F32 && cpu_isa() >= CpuIsa::Avx2) return detail::quantize_act_row_avx2(format, x, dst, n);
   detail::quantize_act_row_scalar(format, x, dst, n);
 }
 
@@ -151,24 +152,64 @@ VecDotTileFn vec_dot_tile_scalar_fn(DType t) {
   fail("no CPU kernel for tensor type {}", dtype_name(t));
 }
 
-VecDotFn vec_dot_fn(DType t) {
-  if (detail::avx2_supported()) {
+CpuIsa cpu_isa_detected() {
+  static const CpuIsa isa = detail::avx512_supported() ? CpuIsa::Avx512
+                            : detail::avx2_supported() ? CpuIsa::Avx2
+                                                       : CpuIsa::Scalar;
+  return isa;
+}
+
+CpuIsa cpu_isa_capped(const char* cap_name, CpuIsa detected) {
+  if (!cap_name || !*cap_name) return detected;
+  CpuIsa cap;
+  if (std::strcmp(cap_name, "scalar") == 0) cap = CpuIsa::Scalar;
+  else if (std::strcmp(cap_name, "avx2") == 0) cap = CpuIsa::Avx2;
+  else if (std::strcmp(cap_name, "avx512") == 0) cap = CpuIsa::Avx512;
+  else fail("ROOFLINE_CPU_ISA={} is not one of scalar, avx2, avx512", cap_name);
+  return std::min(cap, detected);
+}
+
+CpuIsa cpu_isa() {
+  static const CpuIsa isa = cpu_isa_capped(std::getenv("ROOFLINE_CPU_ISA"), cpu_isa_detected());
+  return isa;
+}
+
+VecDotFn vec_dot_fn_at(CpuIsa level, DType t) {
+  ROOFLINE_CHECK(level <= cpu_isa_detected(), "kernel level above what this CPU supports");
+  if (level >= CpuIsa::Avx512) {
+    if (VecDotFn f = detail::avx512_dot(t)) return f;
+  }
+  if (level >= CpuIsa::Avx2) {
     if (VecDotFn f = detail::avx2_dot(t)) return f;
   }
   return vec_dot_scalar_fn(t);
 }
 
-VecDotTileFn vec_dot_tile_fn(DType t) {
-  if (detail::avx2_supported()) {
+VecDotTileFn vec_dot_tile_fn_at(CpuIsa level, DType t) {
+  ROOFLINE_CHECK(level <= cpu_isa_detected(), "kernel level above what this CPU supports");
+  if (level >= CpuIsa::Avx512) {
+    if (VecDotTileFn f = detail::avx512_tile(t)) return f;
+  }
+  if (level >= CpuIsa::Avx2) {
     if (VecDotTileFn f = detail::avx2_tile(t)) return f;
   }
   return vec_dot_tile_scalar_fn(t);
 }
 
-const char* cpu_simd_name() { return detail::avx2_supported() ? "AVX2" : "scalar"; }
+VecDotFn vec_dot_fn(DType t) { return vec_dot_fn_at(cpu_isa(), t); }
+VecDotTileFn vec_dot_tile_fn(DType t) { return vec_dot_tile_fn_at(cpu_isa(), t); }
+
+const char* cpu_simd_name() {
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512: return "AVX-512 VNNI";
+    case CpuIsa::Avx2: return "AVX2";
+    case CpuIsa::Scalar: break;
+  }
+  return "scalar";
+}
 
 void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n) {
-  if (type == DType::F16 && detail::avx2_supported())
+  if (type == DType::F16 && cpu_isa() >= CpuIsa::Avx2)
     return detail::f16_row_to_f32_avx2(static_cast<const uint16_t*>(src), dst, n);
   dequantize_row_ref(type, src, dst, n);
 }

@@ -43,11 +43,24 @@ void quantize_act_row(ActFormat format, const float* x, void* dst, int64_t n);
 // sum_i w[i] * a[i] over n elements (n a multiple of the weight type's block size).
 using VecDotFn = float (*)(const void* weight_row, const void* act_row, int64_t n);
 
-// The fastest kernel this CPU supports for a weight type (checked at run time: AVX2/FMA or scalar).
+// Instruction-set levels of the kernels, each a superset of the one before. The level used is the
+// highest the CPU reports (checked once at run time), capped by the environment variable
+// ROOFLINE_CPU_ISA=scalar|avx2|avx512 when set (to compare paths in one binary; a value that is not
+// one of these is an error). A type without a kernel at the level falls back to the next lower one.
+enum class CpuIsa { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+CpuIsa cpu_isa();
+CpuIsa cpu_isa_detected();  // ignoring the environment cap
+// The level for a cap name (ROOFLINE_CPU_ISA's value; null or empty: no cap) on a CPU that supports
+// `detected`; throws Error for a name that is not scalar, avx2 or avx512.
+CpuIsa cpu_isa_capped(const char* cap_name, CpuIsa detected);
+
+// The fastest kernel at cpu_isa() for a weight type.
 VecDotFn vec_dot_fn(DType weight_type);
 // The portable scalar kernel (tests compare the SIMD kernels against it).
 VecDotFn vec_dot_scalar_fn(DType weight_type);
-const char* cpu_simd_name();  // "AVX2" or "scalar"
+// The kernels at one level (with the same fallback), for tests: level <= cpu_isa_detected().
+VecDotFn vec_dot_fn_at(CpuIsa level, DType weight_type);
+const char* cpu_simd_name();  // "AVX-512 VNNI", "AVX2" or "scalar": cpu_isa()'s name
 
 // n values of a KV cache row (or any tensor row of that type) as floats: F16 with the CPU's F16C
 // conversion where present (exact, so the same bits as the reference codec), every other type
@@ -56,14 +69,16 @@ void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n);
 
 // A tile of dots for prefill: y[c * ldy + r] = dot(weight row r, activation row c) for r < n_w,
 // c < n_a. Weight row r starts at w + r * w_stride bytes, activation row c at a + c * a_stride.
-// The SIMD tile decodes each weight block once and multiplies it with up to 4 activation rows, but
-// every output is bit-identical to what vec_dot_fn's kernel returns for the same two rows (the same
-// operations per output in the same order), so results never depend on the batch or the tiling.
+// The SIMD tile decodes each weight block once and multiplies it with up to 4 (AVX2) or 8 (AVX-512)
+// activation rows, but every output is bit-identical to what vec_dot_fn's kernel returns for the same
+// two rows (the same operations per output in the same order), so results never depend on the batch
+// or the tiling.
 // Keep the activation rows of one call cache-resident (e.g. n_a <= 16-32 for n of a few thousand).
 using VecDotTileFn = void (*)(const void* w, size_t w_stride, int n_w, const void* a, size_t a_stride, int n_a,
                               int64_t n, float* y, size_t ldy);
 VecDotTileFn vec_dot_tile_fn(DType weight_type);          // pairs with vec_dot_fn
 VecDotTileFn vec_dot_tile_scalar_fn(DType weight_type);   // pairs with vec_dot_scalar_fn
+VecDotTileFn vec_dot_tile_fn_at(CpuIsa level, DType weight_type);  // pairs with vec_dot_fn_at
 
 namespace detail {
 // Internal to the kernel files (and their tests): per-ISA tables. The SIMD tables return nullptr
@@ -73,6 +88,9 @@ VecDotTileFn scalar_tile(DType t);
 bool avx2_supported();  // compiled in and the CPU has AVX2, FMA and F16C
 VecDotFn avx2_dot(DType t);
 VecDotTileFn avx2_tile(DType t);
+bool avx512_supported();  // compiled in and the CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C)
+VecDotFn avx512_dot(DType t);
+VecDotTileFn avx512_tile(DType t);
 void quantize_act_row_scalar(ActFormat format, const float* x, void* dst, int64_t n);
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n);
 void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n);
