@@ -28,6 +28,7 @@ struct GpuBackendOptions {
   int device = 0;
   int max_tokens = 512;  // most rows in one step (n_batch)
   int n_ctx = 4096;      // for the attention's split-KV scratch
+  int kv_block_size = 16;  // positions per KV block (the step's block tables hold n_ctx / kv_block_size + 2)
   // MoE layers whose stacked experts stay in host memory and run on the CPU (one flag per model layer;
   // empty: none): --cpu-moe, --n-cpu-moe, -ot REGEX=CPU (backend/cpu/host_experts.h).
   std::vector<bool> experts_on_host;

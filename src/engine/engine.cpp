@@ -126,6 +126,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         go.device = g.index;
         go.max_tokens = o.n_batch;
         go.n_ctx = o.n_ctx;
+        go.kv_block_size = o.kv_block_size;
         go.experts_on_host = host_experts;
         go.n_host_threads = o.n_threads;
         gpu_options.push_back(go);

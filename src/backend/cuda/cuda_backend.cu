@@ -638,7 +638,8 @@ class CudaBackend final : public Backend {
   }
 
   int table_capacity_blocks() const {
-    const int64_t blocks = ((int64_t)options_.n_ctx + 15) / 16 + 2;  // block size >= 16 positions
+    const int64_t bs = std::max(1, std::min(16, options_.kv_block_size));  // smaller blocks need longer tables
+    const int64_t blocks = ((int64_t)options_.n_ctx + bs - 1) / bs + 2;
     return (int)blocks;
   }
   size_t step_capacity_ints() const {
