@@ -96,6 +96,10 @@ if [ "$stage" = final ]; then
   tail -3 "$out/kl_models.log" | tee -a "$out/summary.md"
   f=$(file_of qwen3-30b-a3b)
   [ -f "$f" ] || { stamp "synth qwen3-30b-a3b"; "$bin/roofline" synth qwen3-30b-a3b:Q4_K_M -o "$f" 2>&1 | tail -1; }
+  stamp "roofline MoE benches"
+  timeout 90 "$bin/roofline" bench -m "$f" -p 512 -n 128 -r 2 2>&1 | grep -E "^\| qwen|error" | tee -a "$out/summary.md"
+  timeout 90 "$bin/roofline" bench -m "$f" -p 128 -n 128 -npl 16,64 -r 1 2>&1 | grep -E "^\| qwen|error" | tee -a "$out/summary.md"
+  timeout 90 "$bin/roofline" bench -m synthetic:qwen3.5-35b-a3b:Q4_K_M -p 512 -n 128 -r 1 2>&1 | grep -E "^\| qwen|error" | tee -a "$out/summary.md"
   stamp "roofline --cpu-moe"
   timeout 120 "$bin/roofline" bench -m "$f" -p 0 -n 32 -r 1 --cpu-moe 2>&1 | grep -E "^\| qwen|error" | tee -a "$out/summary.md"
   m8=$work/qwen3-8b-Q4_K_M.gguf

@@ -17,11 +17,10 @@ namespace roofline {
 
 namespace {
 
-// Maps the pages of [data, data + bytes) in now. A token reads 8 of 128 experts, so without this a
-// file-backed model's expert pages are faulted in a few at a time over hundreds of tokens, each fault
-// serialized on the process's page tables (measured on the GPU machine's host: qwen3-30b-a3b
-// --cpu-moe tg32 2.2 tok/s from a freshly mapped file). MADV_POPULATE_READ (Linux 5.14) where the
-// kernel has it, else one read per page over the pool.
+// Maps the pages of [data, data + bytes) in now, as llama.cpp maps its file in (MAP_POPULATE): a token
+// reads 8 of 128 experts, so otherwise a file-backed model's expert pages are faulted in a few at a
+// time over hundreds of tokens and the first tokens' speed depends on that. MADV_POPULATE_READ
+// (Linux 5.14) where the kernel has it, else one read per page over the pool.
 void populate_pages(const void* data, size_t bytes, ThreadPool& pool) {
   if (!data || bytes == 0) return;
   const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
