@@ -16,10 +16,28 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : d
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
+namespace {
+
+// Polls cond for up to ~kSpinIterations pause-length steps (tens of microseconds); true once it holds.
+constexpr int kSpinIterations = 1 << 14;
+template <class Cond>
+bool spin_until(Cond cond) {
+  for (int i = 0; i < kSpinIterations; ++i) {
+    if (cond()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if ((i & 1023) == 1023) std::this_thread::yield();  // another runnable thread may need this core
+  }
+  return cond();
+}
+
+}  // namespace
+
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -29,11 +47,13 @@ void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
     const std::function<void(int, int)>* job;
+    // A new job is published under the mutex; spinning sees the generation change without taking it.
+    spin_until([&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      if (stop_.load()) return;
+      seen = generation_.load();
       job = job_;
     }
     try {
@@ -42,9 +62,9 @@ void ThreadPool::worker_loop(int index) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) error_ = std::current_exception();
     }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);  // the caller checks pending_ under the mutex before it sleeps
+      done_.notify_one();
     }
   }
 }
@@ -57,9 +77,9 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &fn;
-    pending_ = n_threads_ - 1;
+    pending_.store(n_threads_ - 1);
     error_ = nullptr;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_acq_rel);
   }
   wake_.notify_all();
   std::exception_ptr own_error;
@@ -68,8 +88,11 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
   } catch (...) {
     own_error = std::current_exception();
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [&] { return pending_ == 0; });
+  if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_.load() == 0; });
+  }
+  std::lock_guard<std::mutex> lock(mutex_);  // orders error_ (written under the mutex) before it is read
   job_ = nullptr;
   if (own_error) std::rethrow_exception(own_error);
   if (error_) std::rethrow_exception(error_);
