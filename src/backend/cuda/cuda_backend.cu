@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_step_profiler.cuh"
 #include "backend/cpu/host_experts.h"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/cuda/cuda_window_snapshots.cuh"
@@ -51,14 +52,10 @@ class CudaBackend final : public Backend {
       fail("cuBLAS workspace could not be set");
     const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
     graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
-    const char* profile = std::getenv("ROOFLINE_PROFILE");
-    profiling_ = profile && *profile && *profile != '0';
-    if (profiling_) graphs_enabled_ = false;
+    if (profiler_.enabled()) graphs_enabled_ = false;
   }
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
-    print_profile();
-    for (auto& m : marks_) cudaEventDestroy(m.event);
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
@@ -518,7 +515,7 @@ class CudaBackend final : public Backend {
     const size_t bytes = (size_t)n_logit_ * model_->hparams().n_vocab * 4;
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(logits_host_, logits_, bytes, cudaMemcpyDeviceToHost, stream_));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    collect_profile();
+    profiler_.collect(stream_);
     std::memcpy(logits, logits_host_, bytes);
   }
 
@@ -539,7 +536,7 @@ class CudaBackend final : public Backend {
       ++packed;
     }
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    collect_profile();
+    profiler_.collect(stream_);
     for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
     if (packed > 0) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
   }
@@ -648,59 +645,8 @@ class CudaBackend final : public Backend {
     return 8 + 5 * T + 4 + 4 + 4 * T + tables * T * (size_t)table_capacity_blocks();
   }
 
-  // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off): an event before each op of decode steps; the time
-  // between consecutive events is the op's. Printed as a per-step table when the backend is destroyed.
-  void mark(const char* op, double bytes) {
-    if (!profiling_) return;
-    cudaEvent_t e;
-    ROOFLINE_CUDA_CHECK(cudaEventCreate(&e));
-    ROOFLINE_CUDA_CHECK(cudaEventRecord(e, stream_));
-    marks_.push_back({op, bytes, e, n_tok_});
-  }
-  void collect_profile() {
-    if (marks_.empty()) return;
-    mark("", 0);  // end of the last op
-    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (size_t i = 0; i + 1 < marks_.size(); ++i) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, marks_[i].event, marks_[i + 1].event);
-      auto& row = profile_[marks_[i].rows][marks_[i].op];
-      row.calls += 1;
-      row.us += ms * 1000.0;
-      row.bytes += marks_[i].bytes;
-    }
-    profiled_steps_[marks_.front().rows] += 1;
-    for (auto& m : marks_) cudaEventDestroy(m.event);
-    marks_.clear();
-  }
-  // One table per step size (rows in the step): average time per step of each op, and for weight ops
-  // the bytes read and the bandwidth reached.
-  void print_profile() const {
-    const char* bw_env = std::getenv("ROOFLINE_PROFILE_BW");
-    const double bw = bw_env ? std::atof(bw_env) : 0.0;
-    for (const auto& [rows, ops] : profile_) {
-      const auto it = profiled_steps_.find(rows);
-      if (it == profiled_steps_.end() || it->second == 0) continue;
-      const double steps = (double)it->second;
-      double total_us = 0, total_bytes = 0;
-      for (const auto& [op, row] : ops) {
-        total_us += row.us;
-        total_bytes += row.bytes;
-      }
-      std::fprintf(stderr, "\nper-op time of one step of %d rows (average over %d steps, CUDA graphs off):\n", rows, it->second);
-      std::fprintf(stderr, "| op | calls | us | %% of step | MB read | GB/s | %% of %.0f GB/s |\n|---|---:|---:|---:|---:|---:|---:|\n", bw);
-      std::vector<std::pair<std::string, ProfileRow>> sorted(ops.begin(), ops.end());
-      std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
-      for (const auto& [op, row] : sorted) {
-        const double us = row.us / steps, mb = row.bytes / steps / 1e6, gbps = row.us > 0 ? row.bytes / (row.us * 1e-6) / 1e9 : 0;
-        std::fprintf(stderr, "| %s | %.0f | %.1f | %.1f%% | %.1f | %.0f | %.0f%% |\n", op.c_str(), row.calls / steps, us,
-                     100.0 * row.us / total_us, mb, gbps, bw > 0 ? 100.0 * gbps / bw : 0.0);
-      }
-      const double total_gbps = total_bytes / (total_us * 1e-6) / 1e9;
-      std::fprintf(stderr, "| total | | %.1f | 100%% | %.1f | %.0f | %.0f%% |\n", total_us / steps, total_bytes / steps / 1e6,
-                   total_gbps, bw > 0 ? 100.0 * total_gbps / bw : 0.0);
-    }
-  }
+  // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off; cuda_step_profiler.cuh): an event before each op.
+  void mark(const char* op, double bytes) { profiler_.mark(stream_, op, bytes, n_tok_); }
   static std::string op_name(const char* what, const DeviceWeight& w) { return fmt::format("{} {}", what, dtype_name(w.type)); }
 
   // The int8 form of x for a decode matvec over w, unless act_ already holds it.
@@ -964,19 +910,7 @@ class CudaBackend final : public Backend {
   bool graphs_enabled_ = true;
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
   void* cublas_workspace_ = nullptr;
-  bool profiling_ = false;
-  struct Mark {
-    std::string op;
-    double bytes;
-    cudaEvent_t event;
-    int rows;
-  };
-  struct ProfileRow {
-    double calls = 0, us = 0, bytes = 0;
-  };
-  std::vector<Mark> marks_;
-  std::map<int, std::map<std::string, ProfileRow>> profile_;  // step rows -> op -> totals
-  std::map<int, int> profiled_steps_;
+  StepProfiler profiler_;
   size_t out_bytes_ = 0;
   std::map<uint64_t, cudaGraphExec_t> graphs_;
   std::unique_ptr<MoeFfn> moe_;  // MoE hook: mixture-of-experts models only
