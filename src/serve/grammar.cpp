@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <map>
 
+#include "tokenizer/unicode.h"
+
 namespace roofline::serve {
 
 bool CharClass::matches(uint32_t cp) const {
@@ -39,23 +41,7 @@ bool CharClass::matches_any(uint32_t lo, uint32_t hi) const {
   return next <= hi;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += (char)cp;
-  } else if (cp < 0x800) {
-    out += (char)(0xC0 | (cp >> 6));
-    out += (char)(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += (char)(0xE0 | (cp >> 12));
-    out += (char)(0x80 | ((cp >> 6) & 0x3F));
-    out += (char)(0x80 | (cp & 0x3F));
-  } else {
-    out += (char)(0xF0 | (cp >> 18));
-    out += (char)(0x80 | ((cp >> 12) & 0x3F));
-    out += (char)(0x80 | ((cp >> 6) & 0x3F));
-    out += (char)(0x80 | (cp & 0x3F));
-  }
-}
+using unicode::append_utf8;
 
 using Sequence = std::vector<GrammarElement>;
 

@@ -56,7 +56,4 @@ class Grammar {
   uint32_t root_ = 0;
 };
 
-// Appends the UTF-8 bytes of a code point.
-void append_utf8(std::string& out, uint32_t cp);
-
 }  // namespace roofline::serve

@@ -10,6 +10,7 @@
 
 #include <regex>
 
+#include "serve/sse_util.h"
 #include "engine/engine.h"
 #include "model/model_file.h"
 #include "schema_validate.h"
@@ -26,17 +27,7 @@ std::shared_ptr<const Model> tiny_model() {
   return m;
 }
 
-std::vector<json> sse_payloads(const std::string& stream) {
-  std::vector<json> out;
-  size_t pos = 0;
-  while ((pos = stream.find("data: ", pos)) != std::string::npos) {
-    const size_t end = stream.find("\n\n", pos);
-    const std::string p = stream.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (p != "[DONE]") out.push_back(json::parse(p));
-  }
-  return out;
-}
+std::vector<json> sse_payloads(const std::string& stream) { return roofline::test::sse_payloads<json>(stream); }
 
 const char* kSchemas[] = {
     // Nested objects.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 
+#include "serve/sse_util.h"
 #include "fake_runner.h"
 #include "model/model_file.h"
 #include "serve/api.h"
@@ -70,17 +71,7 @@ Event text_event(std::string text, Finish f = Finish::None) {
   return e;
 }
 
-std::vector<json> payloads(const std::string& stream) {
-  std::vector<json> out;
-  size_t pos = 0;
-  while ((pos = stream.find("data: ", pos)) != std::string::npos) {
-    const size_t end = stream.find("\n\n", pos);
-    const std::string p = stream.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (p != "[DONE]") out.push_back(json::parse(p));
-  }
-  return out;
-}
+std::vector<json> payloads(const std::string& stream) { return roofline::test::sse_payloads<json>(stream); }
 
 }  // namespace
 
