@@ -23,7 +23,10 @@ qwen3-32b Q4_K_M 16 4096 1 32
 qwen3-32b Q4_K_M 24 32768 1 32
 qwen3-32b Q8_0 32 8192 1 32
 qwen3-32b Q8_0 24 4096 1 32
-qwen3-32b Q8_0 16 4096 1 16"
+qwen3-32b Q8_0 16 4096 1 16
+qwen3-32b Q4_K_M 16 16384 1 32
+qwen3-32b Q8_0 32 32768 2 32
+qwen3-8b Q8_0 8 8192 1 64"
 cases="${CASES:-$default_cases}"
 port=18123
 [ -f "$out/plan_check.tsv" ] || printf "model\tmix\tvram\tctx\tnp\tplan_fits\tplan_ngl\tserve_ngl\tplan_tok_s\tmeasured_tok_s\terror_pct\tserve_log\n" > "$out/plan_check.tsv"
@@ -33,14 +36,13 @@ while read -r model mix vram ctx np npred; do
   i=$((i + 1))
   { [ $i -lt "$first" ] || [ $i -gt "$last" ]; } && continue
   spec="synthetic:$model:$mix"
-  plan_json="$out/plan_$i.json"
-  timeout 120 "$bin" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" --json > "$plan_json" 2> "$out/plan_$i.err"
-  "$bin" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" > "$out/plan_$i.txt" 2>&1
+  plan_json="$(mktemp)" case_out="$(mktemp)" log="$(mktemp)"
+  timeout 120 "$bin" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" --json > "$plan_json" 2> /dev/null
+  "$bin" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" > "$case_out" 2>&1
   read -r fits ngl units pred < <(python3 -c "
 import json,sys
 j=json.load(open('$plan_json'))
 print(j['fits'], j['n_gpu_layers'], j['n_units'], round(j['decode_tok_s'],2))" 2>/dev/null || echo "? ? ? ?")
-  log="$out/serve_$i.log"
   "$bin" serve -m "$spec" --vram-limit "$vram" -c "$ctx" -np "$np" -ngl auto --port $port > "$log" 2>&1 &
   pid=$!
   ready=0
@@ -65,9 +67,12 @@ EOF
   wait $pid 2>/dev/null
   serve_ngl=$(grep -o "offloaded [0-9]*/[0-9]* layers" "$log" | head -1 | grep -o "[0-9]*/[0-9]*")
   [ -z "$serve_ngl" ] && serve_ngl=$(grep -m1 -o -i "error.*\|out of memory.*" "$log" | head -c 120)
+  { echo; echo "== serve log"; cat "$log"; } >> "$case_out"
+  { echo "==== case $i: $model $mix --vram-limit $vram -c $ctx -np $np"; cat "$case_out"; } >> "$out/plan_cases.txt"
+  rm -f "$plan_json" "$log" "$case_out"
   err=$(python3 -c "print(round(100*($pred-$measured)/$measured,1))" 2>/dev/null || echo "-")
   printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$model" "$mix" "$vram" "$ctx" "$np" "$fits" "$ngl/$units" "$serve_ngl" \
-    "$pred" "$measured" "$err" "$(basename "$log")" >> "$out/plan_check.tsv"
+    "$pred" "$measured" "$err" "plan_cases.txt#$i" >> "$out/plan_check.tsv"
   echo "[$(( $(date +%s) - t0 )) s] case $i: $model $mix vram $vram c $ctx np $np: plan $fits $ngl/$units $pred tok/s; serve $serve_ngl $measured tok/s ($err%)"
 done <<< "$cases"
-column -t -s $'\t' "$out/plan_check.tsv"
+cat "$out/plan_check.tsv"

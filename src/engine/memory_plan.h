@@ -52,12 +52,15 @@ struct PlanSettings {
   // token takes  bytes on the GPU / (its read bandwidth x gpu_stream_efficiency)
   //            + gpu_layer_us for each layer on the GPU (the ops without weights, kernel launches)
   //            + bytes on the host / (host read bandwidth x host_stream_efficiency).
-  // From qwen3-32b and qwen3-8b tg128 (115.4 and 348.7 tok/s at rooflines of 232 and 962): 0.69 and 38 us;
-  // the host part of qwen3-32b -ngl 48 read at 51-59 GB/s of a measured 90-99: 0.6. Not measured on
-  // other cards: their table bandwidth stands in for the H200's.
+  // From qwen3-32b and qwen3-8b Q4_K_M tg128 (115.4 and 348.7 tok/s at rooflines of 232 and 962): 0.69
+  // and 38 us; Q8_0 weights (qwen3-8b Q8_0: 295.6 tok/s through serve) stream at 0.87; the layers left
+  // on the host (qwen3-32b Q4_K_M with 19 of 65 units there, Q8_0 with 39: scripts/gpu/plan_check.sh
+  // cases 6 and 10) read at 0.81 and 0.85 of the host's measured bandwidth: 0.83. Not measured on other
+  // cards: their table bandwidth stands in for the H200's.
   double gpu_stream_efficiency = 0.69;
+  double gpu_q8_stream_efficiency = 0.87;
   double gpu_layer_us = 38;
-  double host_stream_efficiency = 0.60;
+  double host_stream_efficiency = 0.83;
   double host_read_gbs = 0;  // the host's read bandwidth, measured (0: the `cpu` table entry's)
   // Every slot decoding at once: each row after the first adds its FLOPs at this share of the card's
   // CUDA-core FP32 rate (H200, qwen3-32b -npl 2/4/8: 1.81 / 2.26 / 2.45 ms more per row for 65 GFLOP,
