@@ -104,11 +104,16 @@ void Request::finish(const Timings& t) {
 
 // ---- Scheduler state ----
 
+namespace {
+constexpr int32_t kNotSampled = -2;  // Choice::presampled: no token picked ahead
+}  // namespace
+
 struct Scheduler::Choice {
   int index = 0;
   int seq = -1;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
+  int32_t presampled = kNotSampled;  // its next token, when the step's constrained rows were sampled together
   std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
   int32_t pending = -1;
   int n_generated = 0;
@@ -424,7 +429,8 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
   const GenParams& p = a.params;
   int32_t tok;
   if (c.grammar) {
-    tok = sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
+    tok = c.presampled != kNotSampled ? std::exchange(c.presampled, kNotSampled)
+                                      : sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
     if (tok < 0) {  // the model gives every token the grammar allows no chance at all
       emit_pending(&a);
       Event e;
@@ -639,6 +645,7 @@ void Scheduler::complete_step() {
   for (size_t r = 0; r < hidden_refs_.size(); ++r) hidden_refs_[r].first->pooler->add(hidden_refs_[r].second, out->hidden[r]);
   for (auto& [a, chunk] : prefill_chunks_)
     if (a->params.embedding && a->n_prompt_done == (int)a->params.prompt.size() && !a->request->cancelled()) finish_embedding(*a, now);
+  presample_constrained_rows(*out);
   for (size_t r = 0; r < refs_.size(); ++r) {
     Active& a = *refs_[r].a;
     if (refs_[r].choice < 0) {
@@ -649,6 +656,24 @@ void Scheduler::complete_step() {
     }
   }
   step_rows_done_ = (int)rows_.size();
+}
+
+// The constrained rows of a decode step sampled together: what reads the whole vocabulary runs on
+// the sampling pool, one row per thread (16 streams under a JSON schema: 16 masked picks at once).
+void Scheduler::presample_constrained_rows(const StepOutput& out) {
+  std::vector<GrammarRow> rows;
+  std::vector<Choice*> owners;
+  for (size_t r = 0; r < refs_.size(); ++r) {
+    if (refs_[r].choice < 0) continue;
+    Choice& c = refs_[r].a->choices[refs_[r].choice];
+    if (c.finished || !c.grammar || !out.logits[r]) continue;
+    rows.push_back({c.sampler.get(), c.grammar.get(), out.logits[r], &c.history, -1});
+    owners.push_back(&c);
+  }
+  if (rows.size() < 2) return;
+  if (!sample_pool_) sample_pool_ = std::make_unique<ThreadPool>(std::min(8, ThreadPool::default_thread_count()));
+  sample_rows_with_grammar(rows, vocab(), sample_pool_.get());
+  for (size_t i = 0; i < rows.size(); ++i) owners[i]->presampled = rows[i].token;
 }
 
 // A failed internal check (or anything unexpected) while stepping must not end the process: the

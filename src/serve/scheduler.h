@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/pooling.h"
 #include "engine/sampler.h"
 #include "serve/metrics.h"
@@ -210,6 +211,7 @@ class Scheduler {
   void emit_pending(const Active* only);   // the queued emissions (of one request, or all)
   void start_decoding(Active& a, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
   void complete_step();                    // waits for the step in flight and picks its tokens
+  void presample_constrained_rows(const StepOutput& out);
   void fail_all(const std::string& message);
   bool step_once();                           // step() without the guard
   void recover(const std::exception& e);      // something in step_once() threw
@@ -258,6 +260,7 @@ class Scheduler {
   std::unique_ptr<TokenVocab> vocab_;
   std::vector<std::shared_ptr<GrammarAutomaton>> automata_;  // of recent grammars, the latest used last
   std::vector<float> masked_logits_;  // constrained decoding's scratch row
+  std::unique_ptr<ThreadPool> sample_pool_;  // the step's constrained rows sampled in parallel
 };
 
 }  // namespace roofline::serve
