@@ -51,7 +51,9 @@ std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_exp
 // For tests: one row-wise op of the GPU over host rows a [n_rows x n]; b is the norm weight or the
 // bias [n], or up [n_rows x n] for the SwiGLU ops. The Int8 variants return the int8 activations the
 // op writes for the next product, times their block scales (n % 32 == 0); Argmax each row's index.
-enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, AddBias, Argmax };
+// ArgmaxAllowed: b holds one value per element of a, nonzero where the token is allowed; a row whose b
+// values are all negative has no mask (plain argmax). Both argmax forms return the indices as floats.
+enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, AddBias, Argmax, ArgmaxAllowed };
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps = 1e-6f, int device = 0);
 

@@ -29,6 +29,10 @@ struct StepDesc {
   // Per logit row (empty: all 0): 1 when only its greedy token is wanted, the row's argmax, so a
   // backend that picks it where the logits are (Backend::output_argmax) need not copy them back.
   std::vector<uint8_t> argmax_only;
+  // Per logit row with argmax_only (empty, or nullptr: every token): the tokens its argmax may pick, bit
+  // t of word t / 64 (argmax_allowed in engine/sampler.h): constrained decoding's mask. Host memory,
+  // valid until the step's output is read.
+  std::vector<const uint64_t*> argmax_allowed;
   // Rows whose final hidden state (after the output norm, what the output matrix would read) is
   // wanted instead of, or besides, logits: embeddings. Ascending.
   std::vector<int32_t> hidden_rows;

@@ -304,6 +304,7 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
   step.row_seq.clear();
   step.logit_rows.clear();
   step.argmax_only.clear();
+  step.argmax_allowed.clear();
   step.hidden_rows.clear();
   step.sequences.clear();
   std::set<int> seen;
@@ -349,6 +350,7 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
       if (batch[row].want_logits) {
         step.logit_rows.push_back(row);
         step.argmax_only.push_back(allow_argmax && batch[row].argmax_only ? 1 : 0);
+        step.argmax_allowed.push_back(allow_argmax && batch[row].argmax_only ? batch[row].allowed : nullptr);
       }
       if (batch[row].want_hidden) step.hidden_rows.push_back(row);
     }
@@ -403,7 +405,10 @@ bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) 
   for (auto& [seq, n_new] : runs_) memory_->commit(seq, n_new);
   if (argmax && n_greedy > 0 && !device_argmax)
     for (size_t i = 0; i < n_logit; ++i)
-      if (step.argmax_only[i]) (*argmax)[i] = argmax_logits(logits.data() + i * (size_t)n_vocab, n_vocab);
+      if (step.argmax_only[i]) {
+        const float* row = logits.data() + i * (size_t)n_vocab;
+        (*argmax)[i] = step.argmax_allowed[i] ? argmax_allowed(row, n_vocab, step.argmax_allowed[i]) : argmax_logits(row, n_vocab);
+      }
   return device_argmax;
 }
 

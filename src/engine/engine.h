@@ -72,6 +72,10 @@ class Engine {
     bool argmax_only = false;
     // The row's final hidden state (after the output norm) is wanted: embeddings (step(), launch()).
     bool want_hidden = false;
+    // With argmax_only: the tokens the argmax may pick (bit t of allowed[t / 64]; nullptr: all), host
+    // memory the caller keeps until the step's output is read. Constrained decoding's greedy rows: the
+    // best token the grammar allows, -1 if none has a finite logit.
+    const uint64_t* allowed = nullptr;
   };
   // Runs one forward step (at most n_batch rows); returns logits [rows wanting them x n_vocab] in row
   // order. Throws Error (leaving the cache as it was) if a sequence cannot get KV blocks.

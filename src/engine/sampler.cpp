@@ -47,6 +47,32 @@ int32_t argmax_logits(const float* x, int n) {
   return 0;
 }
 
+int32_t argmax_allowed(const float* logits, int n, const uint64_t* allowed) {
+  int32_t best = -1;
+  float best_v = -std::numeric_limits<float>::infinity();
+  for (int w = 0, words = (n + 63) / 64; w < words; ++w) {
+    const uint64_t bits = allowed[w];
+    if (bits == 0) continue;
+    const int base = w * 64;
+    if (bits == ~0ull && base + 64 <= n) {  // a whole word allowed: its max first (vectorised)
+      float mx = logits[base];
+      for (int i = 1; i < 64; ++i) mx = logits[base + i] > mx ? logits[base + i] : mx;
+      if (!(mx > best_v)) continue;
+      for (int i = 0; i < 64; ++i)
+        if (logits[base + i] == mx) {
+          best = base + i, best_v = mx;
+          break;
+        }
+      continue;
+    }
+    for (uint64_t b = bits; b != 0; b &= b - 1) {
+      const int32_t t = base + __builtin_ctzll(b);
+      if (t < n && logits[t] > best_v) best = t, best_v = logits[t];
+    }
+  }
+  return best;
+}
+
 void apply_penalties(std::vector<float>& logits, const SamplingParams& p, const std::vector<int32_t>& history) {
   const int n_vocab = (int)logits.size();
   for (const auto& [token, bias] : p.logit_bias)

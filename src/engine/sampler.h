@@ -59,6 +59,9 @@ bool penalties_apply(const SamplingParams& params, const std::vector<int32_t>& h
 // `best = 0; for i: if (x[i] > x[best]) best = i` (NaNs are never picked unless x[0] is one).
 // Vectorizable, no copy: what the sampler and the engine's host-side argmax use.
 int32_t argmax_logits(const float* logits, int n);
+// The greedy token among the allowed ones (bit t of allowed[t / 64]): the largest finite logit, the
+// lowest id on ties; -1 when no allowed token has a logit above -infinity (NaNs never win).
+int32_t argmax_allowed(const float* logits, int n, const uint64_t* allowed);
 // Whether a request with these parameters samples greedily from the raw logits, so that the argmax
 // alone (which a backend may compute on the device) decides its tokens: temperature <= 0 and no
 // logit bias or penalties.

@@ -298,38 +298,10 @@ const std::vector<uint64_t>& GrammarAutomaton::mask(int32_t state, const TokenVo
 
 namespace {
 
-// The allowed token with the largest logit (the lowest id on ties, as argmax_logits), -1 if none has a
-// finite logit. Whole words of allowed tokens go through a max the compiler vectorises first.
-int32_t masked_argmax(const std::vector<uint64_t>& m, const float* logits, int n) {
-  int32_t best = -1;
-  float best_v = -std::numeric_limits<float>::infinity();
-  for (size_t w = 0; w < m.size(); ++w) {
-    const uint64_t bits = m[w];
-    if (bits == 0) continue;
-    const int base = (int)(w * 64);
-    if (bits == ~0ull && base + 64 <= n) {
-      float mx = logits[base];
-      for (int i = 1; i < 64; ++i) mx = std::max(mx, logits[base + i]);
-      if (!(mx > best_v)) continue;
-      for (int i = 0; i < 64; ++i)
-        if (logits[base + i] == mx) {
-          best = base + i, best_v = mx;
-          break;
-        }
-      continue;
-    }
-    for (uint64_t b = bits; b != 0; b &= b - 1) {
-      const int32_t t = base + __builtin_ctzll(b);
-      if (t < n && logits[t] > best_v) best = t, best_v = logits[t];
-    }
-  }
-  return best;
-}
-
 // The second draw of sample_with_grammar: from the logits masked to the allowed tokens.
 int32_t masked_draw(Sampler& sampler, const std::vector<uint64_t>& m, const float* logits, int n, const std::vector<int32_t>& history,
                     std::vector<float>& scratch) {
-  if (sampler.params().temperature <= 0 && !penalties_apply(sampler.params(), history)) return masked_argmax(m, logits, n);
+  if (sampler.params().temperature <= 0 && !penalties_apply(sampler.params(), history)) return argmax_allowed(logits, n, m.data());
   scratch.assign(logits, logits + n);
   bool any = false;
   for (int w = 0; w < (int)m.size(); ++w) {

@@ -114,6 +114,7 @@ struct Scheduler::Choice {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
   int32_t presampled = kNotSampled;  // its next token, when the step's constrained rows were sampled together
+  std::vector<uint64_t> allowed;  // the grammar's mask for the row in flight (a greedy constrained choice)
   std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
   int32_t pending = -1;
   int n_generated = 0;
@@ -134,6 +135,7 @@ struct Scheduler::Active {
   int fork_promise = 0;   // blocks each not-yet-forked choice may allocate
   std::unique_ptr<PromptPooler> pooler;  // embedding requests
   bool greedy = false;    // its tokens are the argmax of the raw logits (the step may pick them)
+  bool grammar_greedy = false;  // constrained and greedy: the step picks the argmax its grammar allows
   bool prefilling = true;
   bool failed = false;
   Clock::time_point t_submit, t_admit, t_first, t_last;
@@ -341,6 +343,7 @@ void Scheduler::admit() {
     a->max_gen = std::max(0, std::min(a->params.max_tokens >= 0 ? a->params.max_tokens : n_ctx_, n_ctx_ - P));
     a->fork_promise = fork_promise;
     a->greedy = greedy_from_raw_logits(a->params.sampling) && a->params.logprobs < 0 && !a->params.grammar;
+    a->grammar_greedy = greedy_from_raw_logits(a->params.sampling) && a->params.logprobs < 0 && a->params.grammar;
     a->choices.reserve(a->params.n);
     for (int i = 0; i < a->params.n; ++i) {
       a->slots.push_back(free_slots[i]);
@@ -429,8 +432,9 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
   const GenParams& p = a.params;
   int32_t tok;
   if (c.grammar) {
-    tok = c.presampled != kNotSampled ? std::exchange(c.presampled, kNotSampled)
-                                      : sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
+    if (!logits) tok = greedy >= 0 && c.grammar->token_allowed(vocab(), greedy) ? greedy : -1;  // picked by the step
+    else if (c.presampled != kNotSampled) tok = std::exchange(c.presampled, kNotSampled);
+    else tok = sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
     if (tok < 0) {  // the model gives every token the grammar allows no chance at all
       emit_pending(&a);
       Event e;
@@ -780,7 +784,13 @@ bool Scheduler::step_once() {
         c.promised -= from_promise;
         overflow += extra;
       }
-      rows_.push_back({c.seq, c.pending, true, a.greedy});
+      if (a.grammar_greedy && c.grammar) {
+        // Greedy under a grammar: the step picks the best token its mask allows where the logits are.
+        c.allowed = c.grammar->mask(vocab());
+        rows_.push_back({c.seq, c.pending, true, true, false, c.allowed.data()});
+      } else {
+        rows_.push_back({c.seq, c.pending, true, a.greedy});
+      }
       refs_.push_back({&a, c.index});
       --budget;
       --decode_budget;

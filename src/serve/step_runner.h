@@ -35,8 +35,9 @@ class StepRunner {
   // The step as the scheduler runs it, in two halves so that it can do the previous step's host work
   // while the device computes: launch() starts it (throws, leaving nothing in flight, when it cannot
   // run), finish() returns its output, valid until the next launch(). Rows with argmax_only get their
-  // greedy token in `argmax` (and may come back without logits). Between the two, nothing may change
-  // the sequences' memory. By default launch() runs decode() and picks greedy tokens on the host.
+  // greedy token in `argmax` (among the tokens `allowed` sets, where given), and may come back without
+  // logits. Between the two, nothing may change the sequences' memory. By default launch() runs
+  // decode() and picks greedy tokens on the host.
   virtual void launch(const std::vector<BatchRow>& rows) {
     for (const BatchRow& r : rows)
       if (r.want_hidden) fail("this model runner gives no hidden states (embeddings)");
@@ -49,7 +50,7 @@ class StepRunner {
       if (!r.want_logits) continue;
       const float* l = out_.buffer.data() + n * out_.logits.size();
       out_.logits.push_back(l);
-      out_.argmax.push_back(r.argmax_only ? argmax_logits(l, (int)n) : -1);
+      out_.argmax.push_back(!r.argmax_only ? -1 : r.allowed ? argmax_allowed(l, (int)n, r.allowed) : argmax_logits(l, (int)n));
     }
   }
   virtual const StepOutput& finish() { return out_; }

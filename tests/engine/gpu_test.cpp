@@ -4,6 +4,8 @@
 // together; results are reproducible. Run on the GPU machine: roofline_tests --gtest_filter='Gpu*'.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -237,6 +239,28 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
       }
       const auto g_arg = gpu_op_for_test(GpuOpForTest::Argmax, x, {}, n_rows, n);
       for (int r = 0; r < n_rows; ++r) EXPECT_EQ((int)g_arg[r], argmax_logits(x.data() + (size_t)r * n, n)) << "row " << r;
+      // Argmax among allowed tokens (constrained decoding): masks sparse, dense, of whole 64-token words,
+      // and empty; one row unmasked; ties among allowed tokens; -inf and NaN logits never picked.
+      std::vector<float> allowed(x.size());
+      std::vector<std::vector<uint64_t>> words((size_t)n_rows, std::vector<uint64_t>(((size_t)n + 63) / 64, 0));
+      std::mt19937 mrng((unsigned)(n * 7 + n_rows));
+      for (int r = 0; r < n_rows; ++r) {
+        float* row = x.data() + (size_t)r * n;
+        for (int t = 0; t < n; ++t) {
+          const int kind = r % 5;  // 0 sparse, 1 dense, 2 words, 3 none allowed, 4 no mask at all
+          const bool ok = kind == 0 ? mrng() % 17 == 0 : kind == 1 ? mrng() % 4 != 0 : kind == 2 ? (t / 64) % 3 == 1 : false;
+          allowed[(size_t)r * n + t] = kind == 4 ? -1.0f : ok ? 1.0f : 0.0f;
+          if (ok) words[(size_t)r][(size_t)t / 64] |= 1ull << (t % 64);
+        }
+        if (r % 5 == 0 && n > 8) row[3] = -INFINITY, row[5] = row[7];  // ties and -inf among what may be allowed
+      }
+      const auto g_allowed = gpu_op_for_test(GpuOpForTest::ArgmaxAllowed, x, allowed, n_rows, n);
+      for (int r = 0; r < n_rows; ++r) {
+        const float* row = x.data() + (size_t)r * n;
+        const int want = r % 5 == 4 ? argmax_logits(row, n) : argmax_allowed(row, n, words[(size_t)r].data());
+        EXPECT_EQ((int)g_allowed[r], want) << "masked row " << r << " of " << n;
+        if (r % 5 == 3) EXPECT_EQ(want, -1);
+      }
     }
 }
 
@@ -314,6 +338,10 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
     a->eval(sa[i], std::span<const int32_t>(prompt.data(), 4 + i), false);
     b->eval(sb[i], std::span<const int32_t>(prompt.data(), 4 + i), false);
   }
+  // Row 2 is constrained from the third step on (a mask of every third token, then of none): its
+  // greedy token is the best allowed one (argmax_allowed of the same logits), -1 when none is allowed.
+  std::vector<uint64_t> every_third(((size_t)n_vocab + 63) / 64, 0), none(every_third.size(), 0);
+  for (int v = 0; v < n_vocab; v += 3) every_third[(size_t)v / 64] |= 1ull << (v % 64);
   for (int t = 0; t < 6; ++t) {
     const int32_t tok = prompt[t];
     std::vector<Engine::BatchRow> rows_a, rows_b;
@@ -321,6 +349,8 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
       rows_a.push_back({sa[i], tok, true, i != 1});  // the middle row wants its logits
       rows_b.push_back({sb[i], tok, true, false});
     }
+    const uint64_t* mask = t < 2 ? nullptr : t < 5 ? every_third.data() : none.data();
+    rows_a[2].allowed = mask;
     const auto& out = a->step(rows_a);
     const auto ref = b->decode(rows_b);
     for (int i = 0; i < 3; ++i) {
@@ -328,6 +358,11 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
       if (i == 1) {
         ASSERT_NE(out.logits[i], nullptr);
         EXPECT_EQ(std::vector<float>(out.logits[i], out.logits[i] + n_vocab), std::vector<float>(ref_row, ref_row + n_vocab));
+      } else if (i == 2 && mask) {
+        const int32_t want = argmax_allowed(ref_row, n_vocab, mask);
+        EXPECT_EQ(out.argmax[i], want) << "step " << t << " masked row";
+        if (mask == none.data()) EXPECT_EQ(want, -1);
+        else EXPECT_EQ(want % 3, 0);
       } else {
         EXPECT_EQ(out.argmax[i], argmax_logits(ref_row, n_vocab)) << "step " << t << " row " << i;
       }

@@ -25,6 +25,35 @@ TEST(SamplerTest, GreedyAndTies) {
   EXPECT_EQ(g.sample(l.data(), {}).token, 1);
 }
 
+// argmax_allowed (constrained greedy decoding) against a plain scan over the allowed tokens: the first of
+// the largest finite values among them, -1 if there is none; masks sparse, dense, whole words, empty.
+TEST(SamplerTest, ArgmaxAllowedPicksTheBestAllowedToken) {
+  uint64_t r = 987;
+  auto next = [&] { return r = r * 6364136223846793005ull + 1442695040888963407ull; };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  int none = 0, whole_words = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int n = 1 + (int)(next() >> 33) % 400;
+    std::vector<float> x((size_t)n);
+    for (float& v : x) v = (float)((next() >> 40) % 7) - 3.0f;  // many ties
+    for (int k = 0; k < trial % 5; ++k) x[(next() >> 33) % n] = k % 2 ? nan : -inf;
+    std::vector<uint64_t> m(((size_t)n + 63) / 64, 0);
+    const int kind = trial % 4;
+    for (int t = 0; t < n; ++t) {
+      const bool ok = kind == 0 ? (next() >> 40) % 9 == 0 : kind == 1 ? (next() >> 40) % 5 != 0 : kind == 2 ? t < 128 : false;
+      if (ok) m[(size_t)t / 64] |= 1ull << (t % 64);
+    }
+    int32_t want = -1;
+    for (int t = 0; t < n; ++t)
+      if ((m[(size_t)t / 64] >> (t % 64) & 1) && x[(size_t)t] > (want < 0 ? -inf : x[(size_t)want])) want = t;
+    none += want < 0;
+    whole_words += kind == 2 && n >= 64;
+    EXPECT_EQ(argmax_allowed(x.data(), n, m.data()), want) << "trial " << trial;
+  }
+  EXPECT_GT(none, 100);
+  EXPECT_GT(whole_words, 50);
+}
+
 // The vectorized argmax picks exactly what the scalar scan picks: the first of the largest values,
 // NaNs skipped unless the first value is one, -0 equal to +0, any length (not only whole lanes).
 TEST(SamplerTest, ArgmaxEqualsTheScalarScan) {

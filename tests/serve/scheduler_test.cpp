@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "fake_runner.h"
+#include "serve/grammar.h"
 #include "serve/scheduler.h"
 
 using namespace roofline;
@@ -571,6 +572,17 @@ TEST(SchedulerTest, GreedyRowsUseTheStepsArgmaxAndOthersTheirLogits) {
     EXPECT_EQ(argmax_rows, 0);
     EXPECT_EQ(logit_rows, 6);
   }
+  // Greedy under a grammar (vowels only): after the first token (picked on the host from the prompt's
+  // logits), each step picks the best token the grammar's mask allows where the logits are; the same
+  // tokens as the host's constrained sampling, all of them allowed.
+  GenParams vowels = greedy(prompt_of(9, 2), 7);
+  vowels.grammar = Grammar::parse("root ::= [aeiou]+");
+  const Outcome v_dev = run(true, vowels, &argmax_rows, &logit_rows);
+  EXPECT_EQ(v_dev.tokens[0], run(false, vowels).tokens[0]);
+  ASSERT_EQ(v_dev.tokens[0].size(), 7u);
+  for (int32_t t : v_dev.tokens[0]) EXPECT_NE(std::string("aeiou").find((char)('a' + t % 26)), std::string::npos) << t;
+  EXPECT_EQ(argmax_rows, 6);
+  EXPECT_EQ(logit_rows, 1);
 }
 
 // Host work overlaps the device: when step k + 1 is launched, the events of step k's tokens are not

@@ -63,6 +63,8 @@ class CudaBackend final : public Backend {
     if (step_host_) cudaFreeHost(step_host_);
     if (logits_host_) cudaFreeHost(logits_host_);
     if (argmax_host_) cudaFreeHost(argmax_host_);
+    if (allowed_dev_) cudaFree(allowed_dev_);
+    if (allowed_host_) cudaFreeHost(allowed_host_);
     if (hidden_rows_dev_) cudaFree(hidden_rows_dev_);
     if (host_rows_) cudaFreeHost(host_rows_);
   }
@@ -314,6 +316,8 @@ class CudaBackend final : public Backend {
     n_logit_ = (int)step.logit_rows.size();
     argmax_only_ = step.argmax_only;
     argmax_only_.resize(n_logit_, 0);
+    argmax_allowed_ = step.argmax_allowed;
+    argmax_allowed_.resize(n_logit_, nullptr);
     hidden_rows_ = step.hidden_rows;
     int stride = 1, max_keys = 1;
     for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
@@ -526,7 +530,9 @@ class CudaBackend final : public Backend {
     if (!compute_logits()) return;
     const int n_vocab = model_->hparams().n_vocab;
     mark("argmax + logits to host", 0);
-    argmax_rows(logits_, n_logit_, n_vocab, argmax_dev_, stream_);
+    if (!upload_argmax_masks(n_vocab)) argmax_rows(logits_, n_logit_, n_vocab, argmax_dev_, stream_);
+    else argmax_rows_allowed(logits_, n_logit_, n_vocab, allowed_dev_, reinterpret_cast<const uint8_t*>(allowed_dev_ + allowed_words()),
+                             argmax_dev_, stream_);
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, argmax_dev_, (size_t)n_logit_ * 4, cudaMemcpyDeviceToHost, stream_));
     int packed = 0;
     for (int i = 0; i < n_logit_; ++i) {
@@ -539,6 +545,34 @@ class CudaBackend final : public Backend {
     profiler_.collect(stream_);
     for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
     if (packed > 0) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
+  }
+
+  // Constrained greedy rows (StepDesc::argmax_allowed): their masks, then one byte per row saying which
+  // rows have one, copied to the device for argmax_rows_allowed. False when no row has a mask. The
+  // buffers grow on first use (outside any graph: the output is read after the step's graph ran).
+  size_t allowed_words() const { return (size_t)n_logit_ * (((size_t)model_->hparams().n_vocab + 63) / 64); }
+  bool upload_argmax_masks(int n_vocab) {
+    bool any = false;
+    for (int i = 0; i < n_logit_; ++i) any = any || (argmax_only_[i] && argmax_allowed_[i]);
+    if (!any) return false;
+    const size_t words = ((size_t)n_vocab + 63) / 64, bytes = allowed_words() * 8 + (size_t)n_logit_;
+    if (bytes > allowed_bytes_) {
+      ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      if (allowed_dev_) ROOFLINE_CUDA_CHECK(cudaFree(allowed_dev_));
+      if (allowed_host_) ROOFLINE_CUDA_CHECK(cudaFreeHost(allowed_host_));
+      allowed_dev_ = nullptr, allowed_host_ = nullptr;
+      ROOFLINE_CUDA_CHECK(cudaMalloc(&allowed_dev_, bytes));
+      ROOFLINE_CUDA_CHECK(cudaMallocHost(&allowed_host_, bytes));
+      allowed_bytes_ = bytes;
+    }
+    uint8_t* has = reinterpret_cast<uint8_t*>(allowed_host_ + allowed_words());
+    for (int i = 0; i < n_logit_; ++i) {
+      has[i] = argmax_only_[i] && argmax_allowed_[i] ? 1 : 0;
+      if (has[i]) std::memcpy(allowed_host_ + (size_t)i * words, argmax_allowed_[i], words * 8);
+    }
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(allowed_dev_, allowed_host_, allowed_words() * 8 + (size_t)n_logit_, cudaMemcpyHostToDevice,
+                                        stream_));
+    return true;
   }
 
   // Embeddings: the output norm of the step's hidden rows (gathered), copied back; no output matrix.
@@ -895,6 +929,10 @@ class CudaBackend final : public Backend {
   int32_t* argmax_dev_ = nullptr;   // per logit row: its greedy token (output_argmax)
   int32_t* argmax_host_ = nullptr;
   std::vector<uint8_t> argmax_only_;  // the step's per-logit-row flags
+  std::vector<const uint64_t*> argmax_allowed_;  // and masks (constrained greedy rows; host memory)
+  uint64_t* allowed_dev_ = nullptr;   // the masks on the device, then a byte per row: has a mask
+  uint64_t* allowed_host_ = nullptr;  // pinned staging of the same
+  size_t allowed_bytes_ = 0;
   std::vector<int32_t> hidden_rows_;  // the step's rows wanting their final hidden state (output_hidden)
   int* hidden_rows_dev_ = nullptr;    // their device copy (allocated on first use)
   DeviceStep dstep_;

@@ -147,10 +147,28 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
       add_bias(dy, db, n_rows, n, stream);
       break;
     case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, di, stream); break;
+    case GpuOpForTest::ArgmaxAllowed: {
+      if (b.size() != na) fail("gpu_op_for_test: the argmax masks need one value per logit");
+      const size_t words = ((size_t)n + 63) / 64;
+      std::vector<uint64_t> masks((size_t)n_rows * words + ((size_t)n_rows + 7) / 8, 0);
+      uint8_t* has = reinterpret_cast<uint8_t*>(masks.data() + (size_t)n_rows * words);
+      for (int r = 0; r < n_rows; ++r) {
+        has[r] = b[(size_t)r * n] >= 0;
+        for (int t = 0; t < n; ++t)
+          if (b[(size_t)r * n + t] > 0) masks[(size_t)r * words + (size_t)t / 64] |= 1ull << (t % 64);
+      }
+      uint64_t* dm = nullptr;
+      ROOFLINE_CUDA_CHECK(cudaMalloc(&dm, masks.size() * 8));
+      ROOFLINE_CUDA_CHECK(cudaMemcpy(dm, masks.data(), masks.size() * 8, cudaMemcpyHostToDevice));
+      argmax_rows_allowed(da, n_rows, n, dm, reinterpret_cast<const uint8_t*>(dm + (size_t)n_rows * words), di, stream);
+      ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ROOFLINE_CUDA_CHECK(cudaFree(dm));
+      break;
+    }
   }
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> out;
-  if (op == GpuOpForTest::Argmax) {
+  if (op == GpuOpForTest::Argmax || op == GpuOpForTest::ArgmaxAllowed) {
     std::vector<int32_t> idx((size_t)n_rows);
     ROOFLINE_CUDA_CHECK(cudaMemcpy(idx.data(), di, idx.size() * 4, cudaMemcpyDeviceToHost));
     out.assign(idx.begin(), idx.end());

@@ -125,6 +125,10 @@ void output_gate(const float* gate, float* x, int n_rows, int n, ActQ8 act, cuda
 // Per row of x [n_rows x n]: the index of its largest value, the lowest on ties, NaNs skipped (0 if the
 // first value is NaN), as the CPU's argmax_logits picks it.
 void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream);
+// The same with masks: rows with has_mask[r] pick among the tokens whose bit is set in allowed[r * words ..]
+// (words = (n + 63) / 64), -1 when none has a finite logit.
+void argmax_rows_allowed(const float* x, int n_rows, int n, const uint64_t* allowed, const uint8_t* has_mask, int32_t* out,
+                         cudaStream_t stream);
 
 // --- attention (cuda_attention.cu) ---
 struct KvLayer {
