@@ -20,6 +20,7 @@
 
 #include "engine/pooling.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "serve/metrics.h"
 #include "serve/step_runner.h"
 
@@ -65,6 +66,8 @@ struct Timings {
   double generate_ms = 0;  // first token to the last
   double ttft_ms = 0;      // submission to the first token
   int slot = -1;
+  int draft_n = 0;           // speculative decoding: draft tokens the target verified (llama-server's draft_n)
+  int draft_n_accepted = 0;  // of them, accepted
 };
 
 struct GenParams {
@@ -126,6 +129,10 @@ struct SchedulerOptions {
   int queue_size = 16;          // waiting requests beyond the running ones (0: none wait)
   int max_prefill_per_step = 0; // prompt tokens per step (0: the runner's batch size)
   bool prompt_cache = true;
+  // Speculative decoding (engine/speculative.h): every generating choice carries up to the drafter's
+  // n_max draft tokens per step, verified in that step. Null: none. Refused for models whose memory
+  // cannot be cut back (recurrent or sliding-window layers).
+  Drafter* drafter = nullptr;
 };
 
 struct SlotStatus {
@@ -209,6 +216,12 @@ class Scheduler {
   Finish emit(Emission& m);                // text, stop strings and the event of one token
   void emit_pending(const Active* only);   // the queued emissions (of one request, or all)
   void start_decoding(Active& a, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
+  // Speculative decoding: drafts for the generating choices of the next step, within `budget` rows
+  // beyond their one row each.
+  void draft_choices(int budget);
+  // The rows of a choice that carried drafts (refs r .. r + drafts): accepts while the target's pick
+  // equals the draft, cuts the rejected positions; returns the index of the next ref.
+  size_t take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, std::chrono::steady_clock::time_point now);
   void complete_step();                    // waits for the step in flight and picks its tokens
   void fail_all(const std::string& message);
   bool step_once();                           // step() without the guard
