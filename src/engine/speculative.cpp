@@ -52,8 +52,8 @@ void check_draft_compatible(const Model& target, const Model& draft) {
 
 void check_draft_target(const SequenceMemory& memory, const char* what) {
   if (memory.recurrent())
-    fail("{}: speculative decoding needs a target whose sequences can be cut back; this model has {} layers, whose state "
-         "cannot (run it without a draft)", what, memory.windowed() ? "sliding-window" : "recurrent (DeltaNet) or sliding-window");
+    fail("{}: speculative decoding needs a target whose sequences can be cut back to reject drafts; this model's {} cannot "
+         "(run it without a draft)", what, memory.windowed() ? "sliding-window attention rings" : "recurrent (DeltaNet) layer states");
 }
 
 // ---- the draft model ----
