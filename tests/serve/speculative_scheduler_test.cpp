@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "engine/speculative.h"
 #include "model/model_file.h"
+#include "serve/grammar.h"
 #include "serve/metrics.h"
 #include "serve/scheduler.h"
 
@@ -291,4 +292,42 @@ TEST(SpeculativeSchedulerTest, RejectedDraftsNeverReachThePromptCache) {
     ++checked;
   }
   EXPECT_GT(checked, 0) << "no stop string filled a block exactly";
+}
+
+// Constrained decoding: the grammar picks each token of a verification step in turn (drafts outside the
+// grammar are rejected by the pick), and the output ends where the grammar does, as without a draft.
+TEST(SpeculativeSchedulerTest, GrammarConstrainedRequestsMatch) {
+  auto model = load("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  std::string rule = "root ::=";
+  for (int i = 0; i < 9; ++i) rule += " [a-h] [a-z]";  // nine tokens whose first letter is a..h
+  const auto grammar = Grammar::parse(rule);
+  std::vector<GenParams> params;
+  for (int k = 0; k < 3; ++k) {
+    GenParams p = request(k, 30, n_vocab);
+    p.grammar = grammar;
+    params.push_back(p);
+  }
+  const auto want = alone(model, params);
+  for (const Outcome& w : want) ASSERT_EQ(w.tokens.size(), 9u) << w.text;
+  for (const char* draft_spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen3:Q8_0:21"}) {
+    SCOPED_TRACE(draft_spec);
+    auto engine = engine_for(model);
+    DraftParams dp;
+    dp.n_max = 4;
+    DraftModel draft(engine_for(load(draft_spec)), dp);
+    EngineRunner runner(*engine);
+    LetterText text;
+    SchedulerOptions o;
+    o.n_slots = 3;
+    o.drafter = &draft;
+    Scheduler s(runner, text, o);
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (const GenParams& p : params) reqs.push_back(s.submit(p));
+    const auto got = run(s, reqs);
+    for (size_t k = 0; k < params.size(); ++k) {
+      expect_same(got[k], want[k], "request " + std::to_string(k));
+      EXPECT_GT(got[k].timings.draft_n, 0);
+    }
+  }
 }
