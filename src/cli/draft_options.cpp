@@ -37,7 +37,9 @@ std::unique_ptr<DraftModel> load_draft(const DraftArgs& a, const ModelArgs& targ
   ModelArgs d = target_args;
   d.model = a.model;
   d.n_gpu_layers = a.n_gpu_layers;
-  d.n_ctx = target.options().n_ctx;  // the draft follows every target sequence to its full length
+  // The draft follows every target sequence to its full length, plus each sequence's drafts and a block
+  // (the target's pool is shared by target_args.n_seq_max sequences: serve's slots).
+  d.n_ctx = target.options().n_ctx + std::max(1, target_args.n_seq_max) * (a.params.n_max + target.options().kv_block_size);
   d.n_batch = target.options().n_batch;
   d.cpu_moe = false;
   d.n_cpu_moe = 0;

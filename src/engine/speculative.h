@@ -91,6 +91,7 @@ class DraftModel final : public Drafter {
   DraftParams params_;
   std::map<int, Sequence> seqs_;
   std::vector<Engine::BatchRow> rows_;
+  bool warned_ = false;  // a draft step failed once (said once; later failures at debug level)
 };
 
 // The draft must speak the target's vocabulary: the same number of logits and, where both models carry

@@ -186,3 +186,35 @@ TEST(SpeculativeTest, RefusesMemoryThatCannotBeCutBack) {
   p.n_max = 0;
   EXPECT_THROW((void)DraftModel(cpu_engine(tiny("tiny-qwen3:F32")), p), Error);
 }
+
+// On the GPU (every unit offloaded, target and draft): verification steps of up to 8 rows take the
+// batch-invariant decode kernels, so the greedy output with a draft is the plain GPU output.
+TEST(SpeculativeTest, GpuDraftKeepsTheGreedyOutput) {
+  SKIP_WITHOUT_GPU();
+  auto gpu_engine = [](std::shared_ptr<const Model> model) {
+    EngineOptions o;
+    o.n_ctx = 512;
+    o.n_batch = 64;
+    o.kv_block_size = 16;
+    o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+    return Engine::create(std::move(model), o);
+  };
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q8_0"}) {
+    SCOPED_TRACE(spec);
+    auto model = tiny(spec);
+    const auto prompt = some_tokens(29, model->hparams().n_vocab, 12);
+    auto plain_engine = gpu_engine(model);
+    const auto plain = generate(*plain_engine, nullptr, prompt, 48, greedy_params());
+    for (int n_max : {3, 7}) {
+      for (const char* draft_spec : {spec, "tiny-qwen3:Q8_0:5"}) {
+        auto target = gpu_engine(model);
+        DraftParams p;
+        p.n_max = n_max;
+        DraftModel draft(gpu_engine(tiny(draft_spec)), p);
+        DraftStats st;
+        EXPECT_EQ(generate(*target, &draft, prompt, 48, greedy_params(), &st), plain) << "draft " << draft_spec << ", draft-max " << n_max;
+        if (std::string(draft_spec) == spec) EXPECT_EQ(st.accepted, st.drafted);
+      }
+    }
+  }
+}

@@ -331,3 +331,38 @@ TEST(SpeculativeSchedulerTest, GrammarConstrainedRequestsMatch) {
     }
   }
 }
+
+// A draft whose KV pool is too small for every slot's text drafts nothing where it runs out (its
+// sequences start over) and the output stays the target's.
+TEST(SpeculativeSchedulerTest, DraftPoolTooSmallOnlyCostsDrafts) {
+  auto model = load("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  std::vector<GenParams> params;
+  for (int k = 0; k < 4; ++k) params.push_back(request(k, 20, n_vocab));
+  const auto want = alone(model, params);
+  auto engine = engine_for(model);
+  EngineOptions small;
+  small.n_ctx = 64;  // 4 blocks of 16 for 4 slots of 20..41 prompt tokens
+  small.kv_block_size = 16;
+  small.n_batch = 64;
+  small.n_threads = 2;
+  DraftParams dp;
+  dp.n_max = 3;
+  DraftModel draft(Engine::create(model, small), dp);
+  EngineRunner runner(*engine);
+  LetterText text;
+  SchedulerOptions o;
+  o.n_slots = 4;
+  o.drafter = &draft;
+  Scheduler s(runner, text, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const GenParams& p : params) reqs.push_back(s.submit(p));
+  const auto got = run(s, reqs);
+  int drafted = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    expect_same(got[k], want[k], "request " + std::to_string(k));
+    drafted += got[k].timings.draft_n;
+  }
+  EXPECT_GT(drafted, 0) << "the first request's text fits the draft's pool";
+  EXPECT_EQ(draft.engine().memory().used_blocks(), 0) << "every draft sequence released";
+}
