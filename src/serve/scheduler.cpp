@@ -829,7 +829,10 @@ bool Scheduler::step_once() {
     Active& a = *active_[(decode_rotation_ + k) % n_active];
     if (a.prefilling) continue;
     for (Choice& c : a.choices) {
-      if (c.finished || decode_budget == 0) continue;
+      if (c.finished || decode_budget == 0) {
+        c.drafts.clear();
+        continue;
+      }
       if ((int)c.drafts.size() > decode_budget - 1) c.drafts.resize((size_t)(decode_budget - 1));
       int need = mem.blocks_needed(c.seq, 1 + (int)c.drafts.size());
       // Drafts only take blocks that are free: without them the choice steps without drafts.

@@ -2,7 +2,8 @@
 // KV blocks (prompt + max_tokens reserved up front), continuous batching (decode rows of every running
 // sequence plus chunks of pending prompts in one step), prompt caching (a new sequence adopts the
 // cached blocks of the longest matching prefix), n > 1 through forks, sampling, stop strings and
-// logprobs. One thread owns the StepRunner; HTTP threads only submit and read per-request channels.
+// logprobs, speculative decoding (a drafter's tokens verified inside the same steps, engine/speculative.h).
+// One thread owns the StepRunner; HTTP threads only submit and read per-request channels.
 // Each iteration picks the tokens of the step that just finished, launches the next step, and makes
 // the text and events of those tokens while the device computes it.
 #pragma once

@@ -67,12 +67,17 @@ std::vector<int32_t> generate(Engine& target, Drafter* drafter, const std::vecto
 
 // The logits of rows verified together (pending token + drafts, next to another sequence's rows) are
 // bit for bit those of the same rows evaluated one step each.
+// Every weight type's kernels (the mixes cover F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q4_K, Q3_K, Q2_K, the
+// legacy quants and IQ4_XS), a dense and a MoE FFN, and steps of 9 and 17 verification rows.
 TEST(SpeculativeTest, VerificationRowsAreBatchInvariant) {
-  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q8_0", "tiny-qwen2:F16", "tiny-qwen3moe:Q4_K_M", "tiny-qwen3:F32"}) {
-    SCOPED_TRACE(spec);
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q8_0", "tiny-qwen2:F16", "tiny-qwen3moe:Q4_K_M", "tiny-qwen3:F32",
+                           "tiny-qwen3:BF16", "tiny-qwen3:Q6_K", "tiny-qwen3:Q5_K_M", "tiny-qwen3:Q3_K_M", "tiny-qwen3:Q2_K",
+                           "tiny-llama:Q4_0", "tiny-llama:Q4_1", "tiny-llama:Q5_0", "tiny-llama:Q5_1", "tiny-qwen3:IQ4_XS"})
+  for (int n_rows : {9, 17}) {
+    SCOPED_TRACE(std::string(spec) + ", " + std::to_string(n_rows) + " rows");
     auto model = tiny(spec);
     const int n_vocab = model->hparams().n_vocab;
-    const auto prompt = some_tokens(37, n_vocab, 1), rows = some_tokens(9, n_vocab, 2), other = some_tokens(21, n_vocab, 3);
+    const auto prompt = some_tokens(37, n_vocab, 1), rows = some_tokens(n_rows, n_vocab, 2), other = some_tokens(21, n_vocab, 3);
     auto one = cpu_engine(model), many = cpu_engine(model);
     const int a = one->memory().create_sequence(false), b = many->memory().create_sequence(false);
     one->eval(a, prompt);

@@ -366,3 +366,30 @@ TEST(SpeculativeSchedulerTest, DraftPoolTooSmallOnlyCostsDrafts) {
   EXPECT_GT(drafted, 0) << "the first request's text fits the draft's pool";
   EXPECT_EQ(draft.engine().memory().used_blocks(), 0) << "every draft sequence released";
 }
+
+// A request cancelled while its drafts are in flight ends with "cancelled"; its target and draft
+// sequences are freed, and the next request is unaffected.
+TEST(SpeculativeSchedulerTest, CancellingADraftingRequestFreesItsSequences) {
+  auto model = load("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  const auto want = alone(model, {request(3, 25, n_vocab)})[0];
+  auto engine = engine_for(model);
+  DraftParams dp;
+  dp.n_max = 4;
+  DraftModel draft(engine_for(model), dp);
+  EngineRunner runner(*engine);
+  LetterText text;
+  SchedulerOptions o;
+  o.drafter = &draft;
+  o.prompt_cache = false;
+  Scheduler s(runner, text, o);
+  auto r = s.submit(request(1, 200, n_vocab));
+  for (int i = 0; i < 4; ++i) s.step();  // prompt, then drafting steps
+  EXPECT_GT(draft.engine().memory().used_blocks(), 0) << "the draft holds the request's text";
+  r->cancel();
+  const auto got = run(s, {r});
+  EXPECT_EQ(got[0].finish, Finish::Cancelled);
+  EXPECT_EQ(engine->memory().used_blocks(), 0);
+  EXPECT_EQ(draft.engine().memory().used_blocks(), 0);
+  expect_same(run(s, {s.submit(request(3, 25, n_vocab))})[0], want, "after the cancel");
+}
