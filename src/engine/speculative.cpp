@@ -93,11 +93,11 @@ void DraftModel::draft(std::vector<Job>& jobs) {
   const int n_vocab = engine_->n_vocab();
   const int n_batch = engine_->options().n_batch;
   const int n_ctx = engine_->options().n_ctx;
-  const bool argmax_only = params_.p_min <= 0;
   struct Work {
     Job* job;
     Sequence* s;
     int n_max;
+    float p_min;
     size_t fed;    // history tokens in the draft sequence
     bool done;
   };
@@ -118,14 +118,17 @@ void DraftModel::draft(std::vector<Job>& jobs) {
       common = (size_t)mem.truncate(s.seq, (int)common);  // a draft sequence shares no block: the cut is exact
       s.tokens.resize(common);
     }
-    work.push_back({&j, &s, n_max, common, false});
+    work.push_back({&j, &s, n_max, j.p_min >= 0 ? j.p_min : params_.p_min, common, false});
   }
   if (work.empty()) return;
+  // Only the greedy token is needed unless some job stops on the draft's probability.
+  bool argmax_only = true;
+  for (const Work& w : work) argmax_only = argmax_only && w.p_min <= 0;
 
   // Picks a job's next draft token from its logits row; false when its drafting ends.
   auto take = [&](Work& w, int32_t greedy, const float* logits) {
     const int32_t tok = greedy >= 0 ? greedy : argmax_logits(logits, n_vocab);
-    if (params_.p_min > 0 && top_probability(logits, n_vocab) < params_.p_min) return false;
+    if (w.p_min > 0 && top_probability(logits, n_vocab) < w.p_min) return false;
     w.job->draft.push_back(tok);
     return (int)w.job->draft.size() < w.n_max;
   };
@@ -180,7 +183,7 @@ void DraftModel::draft(std::vector<Job>& jobs) {
     return;
   }
   for (Work& w : work)
-    if ((int)w.job->draft.size() < params_.n_min) w.job->draft.clear();
+    if ((int)w.job->draft.size() < (w.job->n_min >= 0 ? w.job->n_min : params_.n_min)) w.job->draft.clear();
 }
 
 // ---- one sequence ----

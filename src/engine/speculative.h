@@ -55,6 +55,8 @@ class Drafter {
     int key = 0;
     const std::vector<int32_t>* history = nullptr;  // every token of the sequence so far, the pending one last
     int n_max = 0;                                  // at most this many tokens (<= params().n_max)
+    int n_min = -1;                                 // this job's n_min, p_min (-1: params()')
+    float p_min = -1;
     std::vector<int32_t> draft;                     // out: the proposed tokens (may be empty)
   };
   // Fills each job's draft. Never throws for lack of memory: a job that cannot be drafted gets none.

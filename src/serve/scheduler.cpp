@@ -551,7 +551,7 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
 
 void Scheduler::draft_choices(int budget) {
   SequenceMemory& mem = runner_.memory();
-  const int n_max = options_.drafter->params().n_max;
+  const int server_n_max = options_.drafter->params().n_max;
   std::vector<Drafter::Job> jobs;
   std::vector<Choice*> owners;
   const int n_active = (int)active_.size();
@@ -559,6 +559,7 @@ void Scheduler::draft_choices(int budget) {
   for (int k = 0; k < n_active; ++k) {
     Active& a = *active_[(decode_rotation_ + k) % n_active];
     if (a.prefilling) continue;
+    const int n_max = a.params.draft_max >= 0 ? std::min(a.params.draft_max, server_n_max) : server_n_max;
     for (Choice& c : a.choices) {
       c.drafts.clear();
       if (c.finished || budget <= 0) continue;
@@ -570,6 +571,8 @@ void Scheduler::draft_choices(int budget) {
       j.key = c.seq;
       j.history = &c.history;
       j.n_max = n;
+      j.n_min = a.params.draft_min;
+      j.p_min = a.params.draft_p_min;
       jobs.push_back(std::move(j));
       owners.push_back(&c);
       budget -= n;

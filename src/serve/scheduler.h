@@ -90,6 +90,11 @@ struct GenParams {
   // Constrained decoding: every choice's output follows this grammar (tokens outside it are masked;
   // the choice ends when the grammar is complete and can take nothing more). Null: unconstrained.
   std::shared_ptr<const Grammar> grammar;
+  // Speculative decoding, llama-server's speculative.n_max / n_min / p_min of the request (-1: the
+  // server's --draft-max / --draft-min / --draft-p-min; n_max at most the server's, 0: no drafts).
+  int draft_max = -1;
+  int draft_min = -1;
+  float draft_p_min = -1;
 };
 
 // The channel between the scheduler (producer) and the HTTP thread (consumer) of one request.

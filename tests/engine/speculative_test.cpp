@@ -223,3 +223,29 @@ TEST(SpeculativeTest, GpuDraftKeepsTheGreedyOutput) {
     }
   }
 }
+
+// A job's own n_min and p_min override the draft's settings; a draft shorter than n_min is dropped.
+TEST(SpeculativeTest, DraftJobSettings) {
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  auto draft = draft_of(model, 4);
+  const auto history = some_tokens(30, model->hparams().n_vocab, 13);
+  auto one = [&](int n_max, int n_min, float p_min) {
+    std::vector<Drafter::Job> jobs(1);
+    jobs[0].key = 7;
+    jobs[0].history = &history;
+    jobs[0].n_max = n_max;
+    jobs[0].n_min = n_min;
+    jobs[0].p_min = p_min;
+    draft->draft(jobs);
+    return jobs[0].draft;
+  };
+  const auto four = one(4, -1, -1);
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_EQ(one(2, -1, -1), std::vector<int32_t>(four.begin(), four.begin() + 2)) << "the same text, cut back and drafted again";
+  EXPECT_EQ(one(2, 2, -1).size(), 2u);
+  EXPECT_TRUE(one(2, 3, -1).empty()) << "shorter than n_min";
+  EXPECT_TRUE(one(4, -1, 0.5f).empty()) << "a random model is never that sure";
+  EXPECT_EQ(one(9, -1, 0.0f), four) << "at most the draft's n_max";
+  draft->release(7);
+  EXPECT_EQ(draft->engine().memory().used_blocks(), 0);
+}

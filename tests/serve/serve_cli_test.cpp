@@ -391,6 +391,15 @@ TEST(ServeCliTest, DraftModelFlags) {
     EXPECT_EQ(got["timings"].value("draft_n_accepted", -1), got["timings"].value("draft_n", 0)) << "the target as its own draft";
     EXPECT_FALSE(want["timings"].contains("draft_n"));
   }
+  // llama-server's per-request settings: speculative.n_max 0 turns drafting off for the request.
+  json off = post(sc, "/completion", {{"prompt", "Once"}, {"n_predict", 8}, {"temperature", 0}, {"speculative.n_max", 0}});
+  EXPECT_FALSE(off["timings"].contains("draft_n")) << off.dump();
+  json two = post(sc, "/completion", {{"prompt", "Once"}, {"n_predict", 8}, {"temperature", 0}, {"speculative.n_max", 2}});
+  EXPECT_EQ(two["timings"].value("draft_n", 0), 4) << "7 tokens after the first: two steps of 2 drafts + the bonus, then one plain";
+  EXPECT_EQ(two["content"], off["content"]);
+  int status = 0;
+  post(sc, "/completion", {{"prompt", "Once"}, {"speculative.p_min", 3}}, &status);
+  EXPECT_EQ(status, 400);
   auto m = sc.Get("/metrics");
   ASSERT_TRUE(m && m->status == 200);
   EXPECT_NE(m->body.find("llamacpp:spec_decode_num_draft_tokens_total "), std::string::npos);

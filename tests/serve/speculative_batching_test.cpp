@@ -28,6 +28,7 @@ class ScriptedDrafter final : public Drafter {
       std::vector<int32_t> content = *j.history;
       j.draft.clear();
       for (int i = 0; i < j.n_max; ++i) {
+        if (j.n_min > j.n_max) break;  // as DraftModel: a draft shorter than n_min is dropped
         std::vector<float> logits;
         runner_.append_logits(content, logits);
         int32_t t = (int32_t)(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -155,5 +156,33 @@ TEST(SpeculativeBatchingTest, DraftsNeverReachPastMaxTokens) {
     // The first token comes from the prompt; then one step of max_tokens - 2 drafts and the bonus token.
     EXPECT_EQ(t[0].draft_n, std::max(0, max_tokens - 2));
     for (const auto& rows : runner.steps) EXPECT_LE((int)rows.size(), 8);  // 7 prompt rows, or pending + drafts
+  }
+}
+
+// A request's speculative.n_max (at most the server's; 0: none) and speculative.n_min (a shorter draft
+// is dropped) change its drafts, not its tokens.
+TEST(SpeculativeBatchingTest, PerRequestDraftSettings) {
+  FakeRunner plain_runner(64, 128, 4, 32);
+  FakeText text;
+  Scheduler plain(plain_runner, text, SchedulerOptions{});
+  const auto want = run(plain, {plain.submit(greedy(prompt_of(9, 5), 13))})[0];
+  struct Case {
+    int n_max, n_min, drafted;
+  };
+  // 12 tokens after the prompt's: steps of n_max drafts + the bonus token, the last one shorter.
+  for (const Case& c : {Case{-1, -1, 9}, Case{0, -1, 0}, Case{2, -1, 8}, Case{9, -1, 9}, Case{-1, 3, 9}, Case{2, 3, 0}}) {
+    SCOPED_TRACE(std::to_string(c.n_max) + " " + std::to_string(c.n_min));
+    FakeRunner runner(64, 128, 4, 32);
+    ScriptedDrafter drafter(runner, 3, -1);
+    SchedulerOptions o;
+    o.drafter = &drafter;
+    Scheduler s(runner, text, o);
+    GenParams p = greedy(prompt_of(9, 5), 13);
+    p.draft_max = c.n_max;
+    p.draft_min = c.n_min;
+    std::vector<Timings> t;
+    EXPECT_EQ(run(s, {s.submit(p)}, &t)[0], want);
+    EXPECT_EQ(t[0].draft_n, c.drafted);
+    EXPECT_EQ(t[0].draft_n_accepted, c.drafted);
   }
 }
