@@ -93,6 +93,8 @@ void Metrics::on_draft(int n_drafted, int n_accepted) {
   drafts_++;
   draft_tokens_ += (uint64_t)n_drafted;
   draft_accepted_ += (uint64_t)n_accepted;
+  if ((int)accepted_at_.size() < n_accepted) accepted_at_.resize((size_t)n_accepted, 0);
+  for (int k = 0; k < n_accepted; ++k) accepted_at_[(size_t)k]++;
 }
 
 std::string Metrics::render(const LiveGauges& g) const {
@@ -112,6 +114,12 @@ std::string Metrics::render(const LiveGauges& g) const {
   metric("spec_decode_num_accepted_tokens_total", "counter", "Number of draft tokens the target model accepted.",
          (double)draft_accepted_);
   metric("spec_decode_num_drafts_total", "counter", "Number of drafts (rounds with at least one draft token).", (double)drafts_);
+  if (!accepted_at_.empty()) {
+    const char* name = "spec_decode_num_accepted_tokens_per_pos_total";
+    out += fmt::format("# HELP llamacpp:{} Number of accepted draft tokens at each draft position.\n# TYPE llamacpp:{} counter\n", name, name);
+    for (size_t k = 0; k < accepted_at_.size(); ++k)
+      out += fmt::format("llamacpp:{}{{position=\"{}\"}} {}\n", name, k, accepted_at_[k]);
+  }
   metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
          prompt_seconds_ > 0 ? prompt_tokens_ / prompt_seconds_ : 0.0);
   metric("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",

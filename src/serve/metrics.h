@@ -62,6 +62,7 @@ class Metrics {
   uint64_t requests_ok_ = 0, requests_failed_ = 0, requests_rejected_ = 0;
   int n_tokens_max_ = 0;
   uint64_t drafts_ = 0, draft_tokens_ = 0, draft_accepted_ = 0;
+  std::vector<uint64_t> accepted_at_;  // per draft position: drafts accepted at least that far
   Histogram ttft_, itl_, e2e_;
 };
 

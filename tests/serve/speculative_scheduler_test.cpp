@@ -155,6 +155,8 @@ TEST(SpeculativeSchedulerTest, ConcurrentSlotsWithDraftsMatchEachAlone) {
     EXPECT_NE(m.find("llamacpp:spec_decode_num_draft_tokens_total " + std::to_string(drafted)), std::string::npos) << m;
     EXPECT_NE(m.find("llamacpp:spec_decode_num_accepted_tokens_total " + std::to_string(accepted)), std::string::npos) << m;
     EXPECT_NE(m.find("llamacpp:spec_decode_num_drafts_total"), std::string::npos);
+    if (accepted > 0)
+      EXPECT_NE(m.find("llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} "), std::string::npos) << m;
     EXPECT_EQ(engine->memory().used_blocks(), 0) << "every sequence freed";
   }
 }
