@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # Builds roofline and its tests with the CUDA backend for the GPU machine (sm_90 by default) and puts
 # the binaries, plus the shared test data the GPU tests read, in carry/ (git-ignored) for the device tool.
+# Usage: build_for_device.sh [ARCH]. Another architecture list builds in build-device-ARCH and puts its
+# binaries in carry/bin-ARCH (e.g. `75-virtual`: PTX only, which the H200's driver JIT-compiles, so the
+# GPU tests run the kernels' sm_75 branches there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 arch="${1:-90}"
-cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DROOFLINE_CUDA=ON -DROOFLINE_CUDA_ARCHITECTURES="$arch" \
+build=build-device bin=carry/bin
+if [ "$arch" != 90 ]; then
+  build="build-device-${arch//;/_}" bin="carry/bin-${arch//;/_}"
+fi
+launcher=()
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DROOFLINE_CUDA=ON -DROOFLINE_CUDA_ARCHITECTURES="$arch" \
       -DROOFLINE_SANITIZE_FUZZ=OFF > /dev/null
-cmake --build build-device -j "$(nproc)" --target roofline roofline_tests
-mkdir -p carry/bin
-cp build-device/roofline build-device/tests/roofline_tests carry/bin/
-strip carry/bin/roofline carry/bin/roofline_tests
+cmake --build "$build" -j "$(nproc)" --target roofline roofline_tests
+mkdir -p "$bin"
+cp "$build/roofline" "$build/tests/roofline_tests" "$bin/"
+strip "$bin/roofline" "$bin/roofline_tests"
 if [ -d ../shared/testdata ]; then
   mkdir -p carry/shared/testdata/models
   cp -r ../shared/testdata/models/stories260K carry/shared/testdata/models/ 2>/dev/null || true
 fi
 # Debian's cpp-httplib is a shared library the GPU machine lacks: carry it (and brotli, which it links).
 mkdir -p carry/lib
-for lib in $(ldd carry/bin/roofline | awk '/libcpp-httplib|libbrotli/ {print $3}'); do cp -L "$lib" carry/lib/; done
+for lib in $(ldd "$bin/roofline" | awk '/libcpp-httplib|libbrotli/ {print $3}'); do cp -L "$lib" carry/lib/; done
 du -sh carry
-ldd carry/bin/roofline | grep -v -E "linux-vdso|libc.so|libm.so|libgcc|libstdc|ld-linux|libpthread|libdl|librt" || true
+ldd "$bin/roofline" | grep -v -E "linux-vdso|libc.so|libm.so|libgcc|libstdc|ld-linux|libpthread|libdl|librt" || true

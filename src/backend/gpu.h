@@ -18,6 +18,7 @@ struct GpuInfo {
   uint64_t total_bytes = 0, free_bytes = 0;
   int sm_count = 0;
   bool has_kernel_image = true;  // the binary was compiled for this compute capability
+  int code_arch = 0;  // what its kernels run as (10 * major + minor): below the GPU's in a PTX-only older build
 };
 
 bool gpu_support_compiled();                // built with -DROOFLINE_CUDA=ON

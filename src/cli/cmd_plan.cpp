@@ -73,7 +73,7 @@ std::string ngl_text(int n) { return n == EngineOptions::kGpuLayersAuto ? "auto"
 int run(int argc, char** argv) {
   CLI::App app{"Plan a model on a GPU before owning either: memory bill, layers on the GPU, predicted speed, serve command"};
   std::string model_path, type_name, gpu_name = "auto", ngl = "auto", ctk = "f16", ctv = "f16";
-  double vram = 0, vram_limit = 0, decode_eff = PlanSettings{}.decode_efficiency;
+  double vram = 0, vram_limit = 0;
   int n_ctx = 0, n_parallel = 4, n_batch = 512;
   bool json = false, no_prompt_cache = false;
   app.add_option("-m,--model", model_path, "a GGUF file, synthetic:SHAPE:MIX, or a Hugging Face config.json (with --type)")->required();
@@ -91,7 +91,6 @@ int run(int argc, char** argv) {
   double cache_ram_mib = PlanSettings{}.cache_ram_mib;
   app.add_option("--cache-ram", cache_ram_mib, "as serve's -cram: MiB of host memory for sliding-window snapshots (-1: no limit)")
       ->capture_default_str();
-  app.add_option("--decode-efficiency", decode_eff, "our decode's share of the bandwidth roofline")->capture_default_str();
   app.add_flag("--json", json, "print JSON (fits, n_gpu_layers, decode_tok_s, prefill_tok_s, bill, ...)");
   app.footer(kExitStatusHelp);
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
@@ -109,9 +108,7 @@ int run(int argc, char** argv) {
   if (n_parallel < 1) fail("-np {}: expected at least 1 slot", n_parallel);
   if (app.count("--vram") && !(vram > 0 && vram < 1e6)) fail("--vram {}: expected a positive size in GiB", vram);
   if (app.count("--vram-limit") && !(vram_limit > 0 && vram_limit < 1e6)) fail("--vram-limit {}: expected a positive size in GiB", vram_limit);
-  if (!(decode_eff > 0 && decode_eff <= 1)) fail("--decode-efficiency {}: expected a share in (0, 1]", decode_eff);
   settings.vram_limit_gib = vram_limit;
-  settings.decode_efficiency = decode_eff;
 
   // The model's tensor table, without weights.
   std::shared_ptr<const Model> model;
@@ -144,6 +141,8 @@ int run(int argc, char** argv) {
   GpuSpec gpu = resolve_gpu(gpu_name, settings.cuda_context_gib);
   if (app.count("--vram")) gpu.memory_gib = vram;
   if (gpu.host) settings.host_memory_gib = gpu.memory_gib;
+  // This machine's card: its host memory's read bandwidth is measured too (the layers -ngl leaves there).
+  if (gpu.measured) settings.host_read_gbs = measure_host_read_bandwidth((int)std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   Plan plan = make_plan(*model, gpu, settings);
   add_recommendations(plan, *model, model_for_mix);
   const PlanSettings& s = plan.settings;
@@ -176,6 +175,7 @@ int run(int argc, char** argv) {
     out["decode_tok_s"] = plan.decode_tok_s;
     out["decode_roofline_tok_s"] = plan.decode_roofline_tok_s;
     out["decode_tok_s_full_context"] = plan.decode_tok_s_full_context;
+    out["decode_tok_s_all_slots"] = plan.decode_tok_s_all_slots;
     out["prefill_tok_s"] = plan.prefill_tok_s;
     ordered_json bill = ordered_json::array();
     for (const DeviceBill* b : {&plan.gpu_bill, &plan.host_bill})
@@ -245,7 +245,10 @@ int run(int argc, char** argv) {
     std::printf("\n%s: all %d units on the host\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_units);
   else
     std::printf("\n%s: %d/%d units on the GPU\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_gpu_layers, plan.n_units);
-  std::printf("predicted: decode %.1f tok/s (roofline %.1f), prefill %.0f tok/s\n", plan.decode_tok_s, plan.decode_roofline_tok_s,
+  std::printf("predicted: decode %.1f tok/s (roofline %.1f)%s, prefill %.0f tok/s\n", plan.decode_tok_s, plan.decode_roofline_tok_s,
+              s.n_parallel > 1 && plan.decode_tok_s_all_slots > 0 ? fmt::format("; {:.1f} tok/s in all with the {} slots generating", plan.decode_tok_s_all_slots,
+                                                          s.n_parallel).c_str()
+                                            : "",
               plan.prefill_tok_s);
   std::printf("derivation:\n");
   for (const std::string& line : plan.derivation) std::printf("  %s\n", line.c_str());

@@ -39,8 +39,11 @@ int main(int argc, char** argv) {
   if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
     std::printf("roofline %s (commit %s)\n%s\n", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT, roofline::gpu_build_info().c_str());
     for (const auto& g : roofline::gpu_devices())
-      std::printf("GPU %d: %s, compute capability %d.%d, %.1f GiB\n", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
-                  g.total_bytes / 1073741824.0);
+      std::printf("GPU %d: %s, compute capability %d.%d, %.1f GiB%s\n", g.index, g.name.c_str(), g.cc_major, g.cc_minor,
+                  g.total_bytes / 1073741824.0,
+                  !g.has_kernel_image ? " (no kernels for it in this build)"
+                  : g.code_arch < 10 * g.cc_major + g.cc_minor ? (" (kernels run as sm_" + std::to_string(g.code_arch) + ")").c_str()
+                                                                : "");
     return 0;
   }
   for (const Command& c : command_registry()) {

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "roofline_version.h"
 
 namespace roofline {
 
@@ -75,6 +76,11 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   if (mo.recurrent && o.n_seq_max < 1) fail("the number of parallel sequences {} must be at least 1", o.n_seq_max);
   if (o.n_state_snapshots < 0) fail("the number of state snapshots {} cannot be negative", o.n_state_snapshots);
   const int n_cells = SequenceMemory::state_cells(mo);
+
+  // What to write down before tuning: the build (commit, CUDA runtime and driver, the architectures
+  // compiled in) and the model file's type; the GPU lines below add each GPU and its capability.
+  engine->report_.push_back(fmt::format("roofline {} (commit {}), {}; model: {}", ROOFLINE_VERSION, ROOFLINE_GIT_COMMIT,
+                                        gpu_build_info(), model->description()));
 
   // Placement: n_layer + 1 units; the last `units` of them on the GPUs (the output layer first).
   const int n_units = hp.n_layer + 1;
@@ -142,9 +148,13 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         }
         budgets.push_back(gpu_budget_bytes(usable, o.gpu_margin_gib, work_bytes));
         weights.push_back(o.tensor_split.empty() ? std::max(usable, 1.0) : i < o.tensor_split.size() ? o.tensor_split[i] : 0.0);
-        engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs), {:.1f} GiB total, {:.1f} GiB free{}",
-                                              g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, g.total_bytes / 1073741824.0,
-                                              g.free_bytes / 1073741824.0, limit_note));
+        const std::string code_note = g.code_arch > 0 && g.code_arch < 10 * g.cc_major + g.cc_minor
+                                          ? fmt::format(", kernels running as sm_{} (no code for {}.{} in this build)", g.code_arch,
+                                                        g.cc_major, g.cc_minor)
+                                          : "";
+        engine->report_.push_back(fmt::format("GPU {}: {} (compute capability {}.{}, {} SMs{}), {:.1f} GiB total, {:.1f} GiB free{}",
+                                              g.index, g.name, g.cc_major, g.cc_minor, g.sm_count, code_note,
+                                              g.total_bytes / 1073741824.0, g.free_bytes / 1073741824.0, limit_note));
       }
       // Bytes GPU i needs for model units [first, end): weights, plus KV blocks of its layers.
       auto cost = [&](int i, int first, int end) {

@@ -2,7 +2,8 @@
 // tensor TFLOPS without sparsity; GeForce cards at their FP32-accumulate rate, which is half the FP16-
 // accumulate rate on Turing/Ampere GeForce) and the CUDA programming guide's compute-capability
 // table. Memory is the nominal size; the driver reports slightly less on some cards (a V100 32 GB shows
-// ~31.7 GiB), which the planner's CUDA-context allowance covers.
+// ~31.7 GiB), which the planner's CUDA-context allowance covers. FP32: the CUDA cores' rate, which bounds
+// the int8 dot-product kernels that decode several rows at once.
 // stream_fraction: the share of the peak a streaming read reaches. Measured here on the H200 (~4.5 of
 // 4.8 TB/s, docs/performance.md); HBM2/HBM2e/GDDR6(X) cards reach ~0.85-0.92 in published STREAM-like
 // GPU benchmarks (e.g. BabelStream), older Pascal HBM2/GDDR5X ~0.80. These are estimates, not measured
@@ -22,7 +23,8 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-GpuSpec gpu(const char* name, const char* display, double gib, double gbs, double stream, int major, int minor, double tflops) {
+GpuSpec gpu(const char* name, const char* display, double gib, double gbs, double stream, int major, int minor, double tflops,
+            double fp32_tflops) {
   GpuSpec g;
   g.name = name;
   g.display_name = display;
@@ -32,6 +34,7 @@ GpuSpec gpu(const char* name, const char* display, double gib, double gbs, doubl
   g.cc_major = major;
   g.cc_minor = minor;
   g.tflops = tflops;
+  g.fp32_tflops = fp32_tflops;
   return g;
 }
 
@@ -40,26 +43,26 @@ GpuSpec gpu(const char* name, const char* display, double gib, double gbs, doubl
 const std::vector<GpuSpec>& gpu_table() {
   static const std::vector<GpuSpec> table = [] {
     std::vector<GpuSpec> t;
-    //            name          display                        GiB   GB/s   stream  cc     TFLOPS
-    t.push_back(gpu("p100", "Tesla P100-PCIE-16GB", 16, 732, 0.80, 6, 0, 18.7));   // FP16 (no tensor cores)
-    t.push_back(gpu("p40", "Tesla P40", 24, 346, 0.80, 6, 1, 11.8));              // FP32 (FP16 is 1/64 rate)
-    t.push_back(gpu("v100-16gb", "Tesla V100-SXM2-16GB", 16, 900, 0.88, 7, 0, 125));
-    t.push_back(gpu("v100-32gb", "Tesla V100-SXM2-32GB", 32, 900, 0.88, 7, 0, 125));
-    t.push_back(gpu("t4", "Tesla T4", 16, 320, 0.85, 7, 5, 65));
-    t.push_back(gpu("rtx2080ti", "GeForce RTX 2080 Ti", 11, 616, 0.88, 7, 5, 53.8));
-    t.push_back(gpu("rtx3090", "GeForce RTX 3090", 24, 936, 0.90, 8, 6, 71));
-    t.push_back(gpu("a10", "NVIDIA A10", 24, 600, 0.88, 8, 6, 125));
-    t.push_back(gpu("a100-40gb", "NVIDIA A100-SXM4-40GB", 40, 1555, 0.90, 8, 0, 312));
-    t.push_back(gpu("a100-80gb", "NVIDIA A100-SXM4-80GB", 80, 2039, 0.90, 8, 0, 312));
-    t.push_back(gpu("rtx4090", "GeForce RTX 4090", 24, 1008, 0.90, 8, 9, 165.2));
-    t.push_back(gpu("l4", "NVIDIA L4", 24, 300, 0.88, 8, 9, 121));
-    t.push_back(gpu("l40s", "NVIDIA L40S", 48, 864, 0.90, 8, 9, 362));
-    t.push_back(gpu("h100", "NVIDIA H100 80GB HBM3", 80, 3350, 0.92, 9, 0, 989));
-    t.push_back(gpu("h200", "NVIDIA H200", 141, 4800, 0.94, 9, 0, 989));  // stream 0.94: measured ~4.5 TB/s
-    t.push_back(gpu("rtx5090", "GeForce RTX 5090", 32, 1792, 0.90, 12, 0, 209.5));
+    //            name          display                        GiB   GB/s   stream  cc     TFLOPS (tensor FP16, FP32)
+    t.push_back(gpu("p100", "Tesla P100-PCIE-16GB", 16, 732, 0.80, 6, 0, 18.7, 9.3));   // FP16 (no tensor cores)
+    t.push_back(gpu("p40", "Tesla P40", 24, 346, 0.80, 6, 1, 11.8, 11.8));              // FP32 (FP16 is 1/64 rate)
+    t.push_back(gpu("v100-16gb", "Tesla V100-SXM2-16GB", 16, 900, 0.88, 7, 0, 125, 15.7));
+    t.push_back(gpu("v100-32gb", "Tesla V100-SXM2-32GB", 32, 900, 0.88, 7, 0, 125, 15.7));
+    t.push_back(gpu("t4", "Tesla T4", 16, 320, 0.85, 7, 5, 65, 8.1));
+    t.push_back(gpu("rtx2080ti", "GeForce RTX 2080 Ti", 11, 616, 0.88, 7, 5, 53.8, 13.4));
+    t.push_back(gpu("rtx3090", "GeForce RTX 3090", 24, 936, 0.90, 8, 6, 71, 35.6));
+    t.push_back(gpu("a10", "NVIDIA A10", 24, 600, 0.88, 8, 6, 125, 31.2));
+    t.push_back(gpu("a100-40gb", "NVIDIA A100-SXM4-40GB", 40, 1555, 0.90, 8, 0, 312, 19.5));
+    t.push_back(gpu("a100-80gb", "NVIDIA A100-SXM4-80GB", 80, 2039, 0.90, 8, 0, 312, 19.5));
+    t.push_back(gpu("rtx4090", "GeForce RTX 4090", 24, 1008, 0.90, 8, 9, 165.2, 82.6));
+    t.push_back(gpu("l4", "NVIDIA L4", 24, 300, 0.88, 8, 9, 121, 30.3));
+    t.push_back(gpu("l40s", "NVIDIA L40S", 48, 864, 0.90, 8, 9, 362, 91.6));
+    t.push_back(gpu("h100", "NVIDIA H100 80GB HBM3", 80, 3350, 0.92, 9, 0, 989, 67));
+    t.push_back(gpu("h200", "NVIDIA H200", 141, 4800, 0.94, 9, 0, 989, 67));  // stream 0.94: measured ~4.5 TB/s
+    t.push_back(gpu("rtx5090", "GeForce RTX 5090", 32, 1792, 0.90, 12, 0, 209.5, 104.8));
     // The host: a typical dual-channel DDR5 desktop (2 x 44.8 GB/s peak); memory is filled in from this
     // machine by the planner. Compute: a rough 1 TFLOPS for a many-core AVX2/AVX-512 CPU.
-    GpuSpec cpu = gpu("cpu", "host CPU", 0, 89.6, 0.70, 0, 0, 1.0);
+    GpuSpec cpu = gpu("cpu", "host CPU", 0, 89.6, 0.70, 0, 0, 1.0, 1.0);
     cpu.host = true;
     t.push_back(cpu);
     return t;

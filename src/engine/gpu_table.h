@@ -19,6 +19,7 @@ struct GpuSpec {
   double stream_fraction = 0.9;
   int cc_major = 0, cc_minor = 0;  // compute capability (0.0 for the host)
   double tflops = 0;         // dense FP16 tensor-core TFLOPS with FP32 accumulate (FP32 TFLOPS without tensor cores)
+  double fp32_tflops = 0;    // CUDA-core FP32 TFLOPS (0: unknown)
   bool host = false;         // the `cpu` entry: no GPU, everything runs on the host
   bool measured = false;     // --gpu auto: memory and bandwidth measured on this machine
   double achievable_gbs() const { return peak_gbs * stream_fraction; }

@@ -215,7 +215,8 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
 
   // Decode: a token reads every weight once, its embedding row, the KV of its depth and the states.
   const GpuSpec* host = find_gpu_spec("cpu");
-  const double host_gbs = host->achievable_gbs();
+  const bool host_measured = s.host_read_gbs > 0;
+  const double host_gbs = host_measured ? s.host_read_gbs : host->achievable_gbs();
   auto bytes_on = [&](int first_unit, int end_unit, double depth) {
     if (first_unit >= end_unit) return 0.0;
     const int b = std::min(first_unit, hp.n_layer), e = std::min(end_unit, hp.n_layer);
@@ -228,20 +229,47 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     n += state_bytes_per_token(model, b, e);
     return n;
   };
-  const double gpu_gbs = gpu.host ? host_gbs : gpu.achievable_gbs();
-  auto decode_rate = [&](double depth) {
-    const double on_gpu = gpu.host ? 0 : bytes_on(first_gpu_unit, p.n_units, depth);
-    const double on_host = gpu.host ? bytes_on(0, p.n_units, depth) : bytes_on(0, first_gpu_unit, depth);
-    const double seconds = on_gpu / (gpu_gbs * 1e9) + on_host / (host_gbs * 1e9);
-    return std::pair<double, double>{on_gpu, seconds > 0 ? 1.0 / seconds : 0.0};
+  // The Q8_0 weights among them: our Q8_0 products stream closer to the bandwidth than the K-quant ones.
+  auto q8_bytes_on = [&](int first_unit, int end_unit) {
+    double n = 0;
+    auto add = [&](const Weight& w, double share) {
+      if (w && w.type() == DType::Q8_0) n += (double)w.bytes() * share;
+    };
+    for (int il = std::min(first_unit, hp.n_layer); il < std::min(end_unit, hp.n_layer); ++il)
+      for (size_t t = 0; t < kLayerTensorCount; ++t) {
+        const LayerTensor lt = (LayerTensor)t;
+        const bool expert = lt == LayerTensor::FfnGateExps || lt == LayerTensor::FfnUpExps || lt == LayerTensor::FfnDownExps;
+        add(model.layer(il)[lt], expert ? (double)hp.n_expert_used / hp.n_expert : 1.0);
+      }
+    if (end_unit == p.n_units && first_unit < end_unit) add(model.output(), 1.0);
+    return n;
   };
-  const auto [gpu_bytes, roofline] = decode_rate(0);
-  p.gpu_bytes_per_token = gpu.host ? 0 : gpu_bytes;
+  const double gpu_gbs = gpu.host ? host_gbs : gpu.achievable_gbs();
+  const int gpu_layers = gpu.host ? 0 : std::max(0, hp.n_layer - first_gpu_unit);
+  struct DecodeTime {
+    double on_gpu = 0, on_host = 0, q8_on_gpu = 0;  // bytes
+    double bound = 0, predicted = 0;  // seconds: the roofline's, and the model's
+  };
+  auto decode_time = [&](double depth) {
+    DecodeTime t;
+    t.on_gpu = gpu.host ? 0 : bytes_on(first_gpu_unit, p.n_units, depth);
+    t.on_host = gpu.host ? bytes_on(0, p.n_units, depth) : bytes_on(0, first_gpu_unit, depth);
+    t.q8_on_gpu = gpu.host ? 0 : q8_bytes_on(first_gpu_unit, p.n_units);
+    t.bound = t.on_gpu / (gpu_gbs * 1e9) + t.on_host / (host_gbs * 1e9);
+    t.predicted = (t.on_gpu - t.q8_on_gpu) / (gpu_gbs * 1e9 * s.gpu_stream_efficiency) +
+                  t.q8_on_gpu / (gpu_gbs * 1e9 * s.gpu_q8_stream_efficiency) + gpu_layers * s.gpu_layer_us * 1e-6 +
+                  t.on_host / (host_gbs * 1e9 * s.host_stream_efficiency);
+    return t;
+  };
+  const DecodeTime t0 = decode_time(0);
+  const double roofline = t0.bound > 0 ? 1.0 / t0.bound : 0.0;
+  p.gpu_bytes_per_token = gpu.host ? 0 : t0.on_gpu;
   p.host_bytes_per_token = decode_bytes_per_token(model, 0, s.type_k, s.type_v) - p.gpu_bytes_per_token;
   p.decode_roofline_tok_s = roofline;
-  p.decode_tok_s = roofline * s.decode_efficiency;
+  p.decode_tok_s = t0.predicted > 0 ? 1.0 / t0.predicted : 0.0;
   const double slot_depth = (double)s.n_ctx / s.n_parallel;
-  p.decode_tok_s_full_context = decode_rate(slot_depth).second * s.decode_efficiency;
+  const DecodeTime t_full = decode_time(slot_depth);
+  p.decode_tok_s_full_context = t_full.predicted > 0 ? 1.0 / t_full.predicted : 0.0;
 
   // Prefill: FLOPs of a token at the middle of a 512-token prompt, at the card's dense FP16 rate.
   p.flops_per_token = flops_per_token(model, 256);
@@ -252,18 +280,30 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const double prefill_seconds = p.flops_per_token * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops);
   p.prefill_tok_s = 1.0 / prefill_seconds;
 
+  // Every slot generating at once: a step reads the weights once for all of them; each row after the
+  // first adds its FLOPs (and its own KV and state bytes, at a quarter of a slot's depth on average).
+  const DecodeTime t_mid = decode_time(slot_depth / 2);
+  const double row_flops_s = gpu_share * p.flops_per_token / std::max(gpu.fp32_tflops * 1e12 * s.batched_row_efficiency, 1.0) +
+                             (1 - gpu_share) * p.flops_per_token / host_flops;
+  const double row_extra_s = row_flops_s + (t_mid.predicted - t0.predicted);
+  const double step_all = t0.predicted + (s.n_parallel - 1) * row_extra_s;
+  const bool batched_known = !gpu.host && gpu.fp32_tflops > 0;
+  p.decode_tok_s_all_slots = batched_known && step_all > 0 ? s.n_parallel / step_all : 0.0;
+
   auto& d = p.derivation;
   if (gpu.host) {
-    d.push_back(fmt::format("decode roofline: {:.1f} GB/s ({:.0f} GB/s peak x {:.2f} streaming) / {:.2f} GB per token = {:.1f} tok/s",
-                            host_gbs, host->peak_gbs, host->stream_fraction, p.host_bytes_per_token / 1e9, roofline));
+    d.push_back(fmt::format("decode roofline: {:.1f} GB/s ({}) / {:.2f} GB per token = {:.1f} tok/s", host_gbs,
+                            host_measured ? std::string("measured") : fmt::format("{:.0f} GB/s peak x {:.2f} streaming", host->peak_gbs, host->stream_fraction),
+                            p.host_bytes_per_token / 1e9, roofline));
   } else {
     d.push_back(fmt::format("bytes a token reads at depth 0: {:.2f} GB on the GPU{}", p.gpu_bytes_per_token / 1e9,
                             p.host_bytes_per_token > 0 ? fmt::format(", {:.3f} GB on the host", p.host_bytes_per_token / 1e9) : ""));
     d.push_back(fmt::format("GPU read bandwidth: {:.0f} GB/s peak x {:.2f} ({}) = {:.0f} GB/s", gpu.peak_gbs, gpu.stream_fraction,
                             gpu.measured ? "measured" : "streaming fraction", gpu.achievable_gbs()));
     if (units < p.n_units)
-      d.push_back(fmt::format("host read bandwidth: {:.1f} GB/s (the `cpu` entry: {:.1f} GB/s peak x {:.2f})", host_gbs,
-                              host->peak_gbs, host->stream_fraction));
+      d.push_back(host_measured ? fmt::format("host read bandwidth: {:.1f} GB/s (measured)", host_gbs)
+                                : fmt::format("host read bandwidth: {:.1f} GB/s (the `cpu` entry: {:.1f} GB/s peak x {:.2f})", host_gbs,
+                                              host->peak_gbs, host->stream_fraction));
     d.push_back(fmt::format("decode roofline: 1 / ({:.2f} GB / {:.0f} GB/s{}) = {:.1f} tok/s", p.gpu_bytes_per_token / 1e9,
                             gpu.achievable_gbs(),
                             p.host_bytes_per_token > 0 ? fmt::format(" + {:.3f} GB / {:.1f} GB/s", p.host_bytes_per_token / 1e9, host_gbs) : "",
@@ -273,10 +313,25 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   for (int il = 0; il < hp.n_layer; ++il)
     slot_kv_read += kv_positions_read(hp, il, slot_depth) *
                     (double)(dtype_row_bytes(s.type_k, hp.kv_dim_k()) + dtype_row_bytes(s.type_v, hp.kv_dim_v()));
-  d.push_back(fmt::format("decode predicted: {:.1f} x {:.2f} (our decode's share of the roofline, measured on the H200) = {:.1f} tok/s "
-                          "(one sequence, short context); at depth {:.0f} (a full slot: +{:.2f} GB of KV per token) {:.1f} tok/s",
-                          roofline, s.decode_efficiency, p.decode_tok_s, slot_depth, slot_kv_read / 1e9,
-                          p.decode_tok_s_full_context));
+  std::string terms;
+  if (t0.on_gpu > t0.q8_on_gpu)
+    terms += fmt::format("{:.2f} GB / ({:.0f} GB/s x {:.2f})", (t0.on_gpu - t0.q8_on_gpu) / 1e9, gpu_gbs, s.gpu_stream_efficiency);
+  if (t0.q8_on_gpu > 0)
+    terms += fmt::format("{}{:.2f} GB of Q8_0 / ({:.0f} GB/s x {:.2f})", terms.empty() ? "" : " + ", t0.q8_on_gpu / 1e9, gpu_gbs,
+                         s.gpu_q8_stream_efficiency);
+  if (gpu_layers > 0) terms += fmt::format(" + {} layers x {:.0f} us", gpu_layers, s.gpu_layer_us);
+  if (t0.on_host > 0)
+    terms += fmt::format("{}{:.3f} GB / ({:.1f} GB/s x {:.2f})", terms.empty() ? "" : " + ", t0.on_host / 1e9, host_gbs,
+                         s.host_stream_efficiency);
+  d.push_back(fmt::format("decode predicted: 1 / ({}) = {:.1f} tok/s (one sequence, short context; the shares and the per-layer time "
+                          "are our kernels' on the H200); at depth {:.0f} (a full slot: +{:.2f} GB of KV per token) {:.1f} tok/s",
+                          terms, p.decode_tok_s, slot_depth, slot_kv_read / 1e9, p.decode_tok_s_full_context));
+  if (s.n_parallel > 1 && batched_known)
+    d.push_back(fmt::format("all {} slots generating: a step reads the weights once ({:.1f} ms) and each further row adds {:.1f} ms "
+                            "({:.1f} GFLOP at {:.2f} of {:.1f} FP32 TFLOPS{}) = {:.1f} tok/s in all, {:.1f} per slot",
+                            s.n_parallel, 1e3 * t0.predicted, 1e3 * row_extra_s, p.flops_per_token / 1e9, s.batched_row_efficiency,
+                            gpu.fp32_tflops, t_mid.predicted > t0.predicted ? ", and its KV" : "", p.decode_tok_s_all_slots,
+                            p.decode_tok_s_all_slots / s.n_parallel));
   d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
                           "on the H200){} = {:.0f} tok/s",
                           p.flops_per_token / 1e9, gpu.host ? host->tflops : gpu.tflops, s.prefill_efficiency,

@@ -48,10 +48,25 @@ struct PlanSettings {
   double cuda_context_gib = 0.5;    // driver context, cuBLAS and kernels: not visible as free memory
   double vram_limit_gib = 0;        // --vram-limit as serve takes it (0: none)
   double host_memory_gib = 0;       // host RAM (0: unknown, not checked)
-  // Measured on the H200 (docs/performance.md): our decode reaches ~45% of the bandwidth roofline
-  // (qwen3-32b 43-50%, qwen3.5-27b 43%), our prefill ~30% of the dense FP16 tensor peak (qwen3.5-27b
-  // pp512 5657 tok/s x 53 GFLOP/token ~ 300 of 989 TFLOPS). Not measured on other cards.
-  double decode_efficiency = 0.45;
+  // The decode time model, fitted on the H200 (docs/performance.md, "The planner's decode model"): one
+  // token takes  bytes on the GPU / (its read bandwidth x gpu_stream_efficiency)
+  //            + gpu_layer_us for each layer on the GPU (the ops without weights, kernel launches)
+  //            + bytes on the host / (host read bandwidth x host_stream_efficiency).
+  // From qwen3-32b and qwen3-8b Q4_K_M tg128 (115.4 and 348.7 tok/s at rooflines of 232 and 962): 0.69
+  // and 38 us; Q8_0 weights (qwen3-8b Q8_0: 295.6 tok/s through serve) stream at 0.87; the layers left
+  // on the host (qwen3-32b Q4_K_M with 19 of 65 units there, Q8_0 with 39: scripts/gpu/plan_check.sh
+  // cases 6 and 10) read at 0.81 and 0.85 of the host's measured bandwidth: 0.83. Not measured on other
+  // cards: their table bandwidth stands in for the H200's.
+  double gpu_stream_efficiency = 0.69;
+  double gpu_q8_stream_efficiency = 0.87;
+  double gpu_layer_us = 38;
+  double host_stream_efficiency = 0.83;
+  double host_read_gbs = 0;  // the host's read bandwidth, measured (0: the `cpu` table entry's)
+  // Every slot decoding at once: each row after the first adds its FLOPs at this share of the card's
+  // CUDA-core FP32 rate (H200, qwen3-32b -npl 2/4/8: 1.81 / 2.26 / 2.45 ms more per row for 65 GFLOP,
+  // 0.53 / 0.43 / 0.40 of 67 TFLOPS). Our prefill reaches
+  // ~30% of the dense FP16 tensor peak (qwen3.5-27b pp512 5657 tok/s x 53 GFLOP/token ~ 300 of 989 TFLOPS).
+  double batched_row_efficiency = 0.43;
   double prefill_efficiency = 0.30;
 };
 
@@ -82,6 +97,7 @@ struct Plan {
   // Decode: bytes one token reads on each device at depth 0, and the rates.
   double gpu_bytes_per_token = 0, host_bytes_per_token = 0;
   double decode_roofline_tok_s = 0, decode_tok_s = 0, decode_tok_s_full_context = 0;
+  double decode_tok_s_all_slots = 0;  // every slot generating at once, all slots together
   double flops_per_token = 0, prefill_tok_s = 0;
   std::vector<std::string> derivation;       // how the rates were computed, one line each
   std::vector<std::string> recommendations;  // computed alternatives when it does not fit

@@ -2,6 +2,8 @@
 // token masks (see grammar_matcher.h for the design).
 #include "serve/grammar_matcher.h"
 
+#include <functional>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -294,23 +296,40 @@ const std::vector<uint64_t>& GrammarAutomaton::mask(int32_t state, const TokenVo
   return masks_[state] = std::move(m);
 }
 
-int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const TokenVocab& vocab, const float* logits,
-                            const std::vector<int32_t>& history, std::vector<float>& scratch) {
-  const int32_t first = sampler.sample(logits, history).token;
-  if (matcher.token_allowed(vocab, first)) return first;
-  const std::vector<uint64_t>& m = matcher.mask(vocab);
-  const int n = vocab.n_vocab();
-  if (sampler.params().temperature <= 0 && !penalties_apply(sampler.params(), history)) {
-    // Greedy on raw logits: the best allowed token, read straight off the mask (the lowest id wins
-    // ties, as argmax_logits does).
-    int32_t best = -1;
-    for (size_t w = 0; w < m.size(); ++w)
-      for (uint64_t bits = m[w]; bits != 0; bits &= bits - 1) {
-        const int32_t t = (int32_t)(w * 64 + (size_t)__builtin_ctzll(bits));
-        if (t < n && (best < 0 || logits[t] > logits[best])) best = t;
-      }
-    return best >= 0 && logits[best] > -std::numeric_limits<float>::infinity() ? best : -1;
+namespace {
+
+// The allowed token with the largest logit (the lowest id on ties, as argmax_logits), -1 if none has a
+// finite logit. Whole words of allowed tokens go through a max the compiler vectorises first.
+int32_t masked_argmax(const std::vector<uint64_t>& m, const float* logits, int n) {
+  int32_t best = -1;
+  float best_v = -std::numeric_limits<float>::infinity();
+  for (size_t w = 0; w < m.size(); ++w) {
+    const uint64_t bits = m[w];
+    if (bits == 0) continue;
+    const int base = (int)(w * 64);
+    if (bits == ~0ull && base + 64 <= n) {
+      float mx = logits[base];
+      for (int i = 1; i < 64; ++i) mx = std::max(mx, logits[base + i]);
+      if (!(mx > best_v)) continue;
+      for (int i = 0; i < 64; ++i)
+        if (logits[base + i] == mx) {
+          best = base + i, best_v = mx;
+          break;
+        }
+      continue;
+    }
+    for (uint64_t b = bits; b != 0; b &= b - 1) {
+      const int32_t t = base + __builtin_ctzll(b);
+      if (t < n && logits[t] > best_v) best = t, best_v = logits[t];
+    }
   }
+  return best;
+}
+
+// The second draw of sample_with_grammar: from the logits masked to the allowed tokens.
+int32_t masked_draw(Sampler& sampler, const std::vector<uint64_t>& m, const float* logits, int n, const std::vector<int32_t>& history,
+                    std::vector<float>& scratch) {
+  if (sampler.params().temperature <= 0 && !penalties_apply(sampler.params(), history)) return masked_argmax(m, logits, n);
   scratch.assign(logits, logits + n);
   bool any = false;
   for (int w = 0; w < (int)m.size(); ++w) {
@@ -321,9 +340,44 @@ int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const Tok
     for (int t = w * 64; t < end; ++t)
       if (!(bits >> (t & 63) & 1)) scratch[(size_t)t] = -std::numeric_limits<float>::infinity();
   }
-  if (!any) return -1;
-  const int32_t t = sampler.sample(scratch.data(), history).token;
-  return matcher.token_allowed(vocab, t) ? t : -1;
+  return any ? sampler.sample(scratch.data(), history).token : -1;
+}
+
+}  // namespace
+
+int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const TokenVocab& vocab, const float* logits,
+                            const std::vector<int32_t>& history, std::vector<float>& scratch) {
+  const int32_t first = sampler.sample(logits, history).token;
+  if (matcher.token_allowed(vocab, first)) return first;
+  const int32_t t = masked_draw(sampler, matcher.mask(vocab), logits, vocab.n_vocab(), history, scratch);
+  return t >= 0 && matcher.token_allowed(vocab, t) ? t : -1;
+}
+
+void sample_rows_with_grammar(std::vector<GrammarRow>& rows, const TokenVocab& vocab, ThreadPool* pool) {
+  const size_t n = rows.size();
+  auto each = [&](const std::function<void(size_t)>& fn) {
+    if (pool && n > 1) pool->parallel_for(n, fn);
+    else for (size_t i = 0; i < n; ++i) fn(i);
+  };
+  // 1. Every row's first draw on its raw logits.
+  std::vector<int32_t> first(n);
+  each([&](size_t i) { first[i] = rows[i].sampler->sample(rows[i].logits, *rows[i].history).token; });
+  // 2. Kept where the grammar allows it; the others take a copy of their state's mask (a later mask()
+  //    may drop the cached one).
+  std::vector<std::vector<uint64_t>> masks(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (rows[i].matcher->token_allowed(vocab, first[i])) rows[i].token = first[i];
+    else masks[i] = rows[i].matcher->mask(vocab), rows[i].token = -1;
+  }
+  // 3. The masked draws.
+  std::vector<int32_t> second(n, -1);
+  each([&](size_t i) {
+    if (masks[i].empty()) return;
+    thread_local std::vector<float> scratch;
+    second[i] = masked_draw(*rows[i].sampler, masks[i], rows[i].logits, vocab.n_vocab(), *rows[i].history, scratch);
+  });
+  for (size_t i = 0; i < n; ++i)
+    if (!masks[i].empty()) rows[i].token = second[i] >= 0 && rows[i].matcher->token_allowed(vocab, second[i]) ? second[i] : -1;
 }
 
 }  // namespace roofline::serve

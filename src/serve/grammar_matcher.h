@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/sampler.h"
 #include "serve/grammar.h"
 
@@ -146,5 +147,19 @@ class GrammarMatcher {
 // redrawing on a rejection samples exactly the masked distribution. -1 when no token is allowed.
 int32_t sample_with_grammar(Sampler& sampler, GrammarMatcher& matcher, const TokenVocab& vocab, const float* logits,
                             const std::vector<int32_t>& history, std::vector<float>& scratch);
+
+// One constrained row of a step for sample_rows_with_grammar: its own sampler and matcher (rows may
+// share an automaton), logits and history; `token` receives what sample_with_grammar would return.
+struct GrammarRow {
+  Sampler* sampler = nullptr;
+  GrammarMatcher* matcher = nullptr;
+  const float* logits = nullptr;
+  const std::vector<int32_t>* history = nullptr;
+  int32_t token = -1;
+};
+// sample_with_grammar over many rows, the same tokens (each row's sampler draws in the same order): the
+// parts that read the whole vocabulary (the first draw, the masked one) run on `pool`; the automata,
+// which rows may share and which are not thread-safe, are used from the calling thread only.
+void sample_rows_with_grammar(std::vector<GrammarRow>& rows, const TokenVocab& vocab, ThreadPool* pool);
 
 }  // namespace roofline::serve

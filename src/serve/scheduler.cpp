@@ -20,33 +20,6 @@ namespace {
 
 double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
-// log-softmax of the raw logits at `token`, and the k most likely tokens (ties: lower id first).
-TokenLogprob compute_logprobs(const float* logits, int n_vocab, int32_t token, int k) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
-  double sum = 0;
-  for (int i = 0; i < n_vocab; ++i) sum += std::exp((double)logits[i] - mx);
-  const double lse = mx + std::log(sum);
-  TokenLogprob out;
-  out.token = token;
-  out.logprob = (float)((double)logits[token] - lse);
-  k = std::min(k, n_vocab);
-  if (k > 0) {
-    std::vector<std::pair<float, int32_t>> top;  // kept sorted, best first
-    top.reserve(k + 1);
-    for (int i = 0; i < n_vocab; ++i) {
-      const float l = logits[i];
-      if ((int)top.size() == k && l <= top.back().first) continue;
-      auto pos = std::upper_bound(top.begin(), top.end(), std::make_pair(l, (int32_t)i),
-                                  [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-      top.insert(pos, {l, (int32_t)i});
-      if ((int)top.size() > k) top.pop_back();
-    }
-    for (const auto& [l, id] : top) out.top.push_back({id, (float)((double)l - lse)});
-  }
-  return out;
-}
-
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace
@@ -104,11 +77,16 @@ void Request::finish(const Timings& t) {
 
 // ---- Scheduler state ----
 
+namespace {
+constexpr int32_t kNotSampled = -2;  // Choice::presampled: no token picked ahead
+}  // namespace
+
 struct Scheduler::Choice {
   int index = 0;
   int seq = -1;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
+  int32_t presampled = kNotSampled;  // its next token, when the step's constrained rows were sampled together
   std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
   int32_t pending = -1;
   int n_generated = 0;
@@ -439,7 +417,8 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
   const GenParams& p = a.params;
   int32_t tok;
   if (c.grammar) {
-    tok = sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
+    tok = c.presampled != kNotSampled ? std::exchange(c.presampled, kNotSampled)
+                                      : sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
     if (tok < 0) {  // the model gives every token the grammar allows no chance at all
       emit_pending(&a);
       Event e;
@@ -722,6 +701,7 @@ void Scheduler::complete_step() {
   for (size_t r = 0; r < hidden_refs_.size(); ++r) hidden_refs_[r].first->pooler->add(hidden_refs_[r].second, out->hidden[r]);
   for (auto& [a, chunk] : prefill_chunks_)
     if (a->params.embedding && a->n_prompt_done == (int)a->params.prompt.size() && !a->request->cancelled()) finish_embedding(*a, now);
+  presample_constrained_rows(*out);
   for (size_t r = 0; r < refs_.size();) {
     Active& a = *refs_[r].a;
     if (refs_[r].choice < 0) {
@@ -737,6 +717,25 @@ void Scheduler::complete_step() {
     ++r;
   }
   step_rows_done_ = (int)rows_.size();
+}
+
+// The constrained rows of a decode step sampled together: what reads the whole vocabulary runs on
+// the sampling pool, one row per thread (16 streams under a JSON schema: 16 masked picks at once).
+void Scheduler::presample_constrained_rows(const StepOutput& out) {
+  std::vector<GrammarRow> rows;
+  std::vector<Choice*> owners;
+  for (size_t r = 0; r < refs_.size(); ++r) {
+    if (refs_[r].choice < 0) continue;
+    Choice& c = refs_[r].a->choices[refs_[r].choice];
+    // A choice verifying drafts picks its rows in turn (each pick moves its grammar): take_drafted.
+    if (c.finished || !c.grammar || !out.logits[r] || !c.drafts.empty()) continue;
+    rows.push_back({c.sampler.get(), c.grammar.get(), out.logits[r], &c.history, -1});
+    owners.push_back(&c);
+  }
+  if (rows.size() < 2) return;
+  if (!sample_pool_) sample_pool_ = std::make_unique<ThreadPool>(std::min(8, ThreadPool::default_thread_count()));
+  sample_rows_with_grammar(rows, vocab(), sample_pool_.get());
+  for (size_t i = 0; i < rows.size(); ++i) owners[i]->presampled = rows[i].token;
 }
 
 // A failed internal check (or anything unexpected) while stepping must not end the process: the

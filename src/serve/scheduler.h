@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/pooling.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
@@ -40,6 +41,8 @@ struct TokenLogprob {
   float logprob = 0;
   std::vector<TopLogprob> top;  // the most likely tokens, best first
 };
+// log-softmax of the raw logits at `token`, and the k most likely tokens (ties: lower id first).
+TokenLogprob compute_logprobs(const float* logits, int n_vocab, int32_t token, int k);
 
 enum class Finish { None, Eos, StopWord, Length, Cancelled, Error };
 const char* finish_name(Finish f);  // OpenAI finish_reason: "stop", "length", ... (Cancelled/Error: "error")
@@ -229,6 +232,7 @@ class Scheduler {
   // equals the draft, cuts the rejected positions; returns the index of the next ref.
   size_t take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, std::chrono::steady_clock::time_point now);
   void complete_step();                    // waits for the step in flight and picks its tokens
+  void presample_constrained_rows(const StepOutput& out);
   void fail_all(const std::string& message);
   bool step_once();                           // step() without the guard
   void recover(const std::exception& e);      // something in step_once() threw
@@ -277,6 +281,7 @@ class Scheduler {
   std::unique_ptr<TokenVocab> vocab_;
   std::vector<std::shared_ptr<GrammarAutomaton>> automata_;  // of recent grammars, the latest used last
   std::vector<float> masked_logits_;  // constrained decoding's scratch row
+  std::unique_ptr<ThreadPool> sample_pool_;  // the step's constrained rows sampled in parallel
 };
 
 }  // namespace roofline::serve

@@ -6,6 +6,7 @@
 // and on the real Qwen3 vocabulary, with the mask's cost printed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -566,5 +567,71 @@ TEST(TokenMask, ConstrainedSamplingPicksFromTheMaskedDistribution) {
     const double p = std::exp((double)logits[(size_t)t]) / z;
     const double sd = std::sqrt(p * (1 - p) / draws);
     EXPECT_NEAR((double)count[(size_t)t] / draws, p, 5 * sd) << "token " << t;
+  }
+}
+
+// sample_rows_with_grammar (a step's constrained rows at once, the vocabulary-wide parts on a pool)
+// picks what sample_with_grammar picks row by row, for rows sharing one automaton, greedy (with ties
+// and whole 64-token words allowed) and sampled, over many steps of each row's output.
+TEST(TokenMask, RowsSampledTogetherMatchRowByRow) {
+  std::mt19937 rng(77);
+  std::vector<std::string> pieces;
+  const std::vector<std::string> atoms = {"{", "}", "[", "]", "\"", ":", ",", " ", "a", "b", "1", "2", "true", "null", "x", "\\"};
+  for (int t = 0; t < 700; ++t) {
+    std::string p;
+    for (int k = 0, n = 1 + (int)(rng() % 3); k < n; ++k) p += atoms[rng() % atoms.size()];
+    pieces.push_back(p);
+  }
+  std::vector<bool> eog(pieces.size(), false);
+  eog[5] = true;
+  pieces[5].clear();
+  TokenVocab v(pieces, eog);
+  auto g = Grammar::parse(json_schema_to_gbnf(json::parse(R"({"type":"object"})")));
+  ThreadPool pool(4);
+  for (const float temperature : {0.0f, 0.8f}) {
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    SamplingParams sp;
+    sp.temperature = temperature;
+    sp.seed = 5;
+    const int n_rows = 6;
+    auto shared_a = std::make_shared<GrammarAutomaton>(g), shared_b = std::make_shared<GrammarAutomaton>(g);
+    std::vector<std::unique_ptr<Sampler>> sa, sb;
+    std::vector<std::unique_ptr<GrammarMatcher>> ma, mb;
+    std::vector<std::vector<int32_t>> ha(n_rows), hb(n_rows);
+    for (int i = 0; i < n_rows; ++i) {
+      SamplingParams p = sp;
+      p.seed = sp.seed + (uint64_t)i;
+      sa.push_back(std::make_unique<Sampler>(p, v.n_vocab()));
+      sb.push_back(std::make_unique<Sampler>(p, v.n_vocab()));
+      ma.push_back(std::make_unique<GrammarMatcher>(shared_a));
+      mb.push_back(std::make_unique<GrammarMatcher>(shared_b));
+    }
+    std::vector<std::vector<float>> logits(n_rows, std::vector<float>((size_t)v.n_vocab()));
+    std::vector<float> scratch;
+    int masked = 0, ties = 0;
+    for (int step = 0; step < 30; ++step) {
+      std::vector<GrammarRow> rows;
+      for (int i = 0; i < n_rows; ++i) {
+        for (float& x : logits[(size_t)i]) x = (float)(rng() % 64) * 0.25f;  // coarse values: ties happen
+        if (i == 0 && step % 3 == 0) std::fill(logits[0].begin(), logits[0].end(), 1.0f);  // every token tied
+        ties += i == 0 && step % 3 == 0;
+        rows.push_back({sb[(size_t)i].get(), mb[(size_t)i].get(), logits[(size_t)i].data(), &hb[(size_t)i], -1});
+      }
+      sample_rows_with_grammar(rows, v, &pool);
+      for (int i = 0; i < n_rows; ++i) {
+        const auto& l = logits[(size_t)i];
+        const int32_t raw_best = (int32_t)(std::max_element(l.begin(), l.end()) - l.begin());
+        masked += !ma[(size_t)i]->token_allowed(v, raw_best);  // greedy: this row takes the masked path
+        const int32_t want = sample_with_grammar(*sa[(size_t)i], *ma[(size_t)i], v, logits[(size_t)i].data(), ha[(size_t)i], scratch);
+        ASSERT_EQ(rows[(size_t)i].token, want) << "step " << step << " row " << i;
+        if (want < 0) continue;
+        ma[(size_t)i]->accept_token(v, want);
+        mb[(size_t)i]->accept_token(v, want);
+        ha[(size_t)i].push_back(want);
+        hb[(size_t)i].push_back(want);
+      }
+    }
+    EXPECT_GT(masked, 20);  // most picks went through a mask
+    EXPECT_GT(ties, 0);
   }
 }

@@ -6,6 +6,8 @@
 // named function giving valid calls (finish_reason "tool_calls"); and the 400s for what is not
 // supported. Every output must parse and validate against its schema.
 #include <gtest/gtest.h>
+
+#include <thread>
 #include <httplib.h>
 
 #include <regex>
@@ -139,6 +141,39 @@ TEST_F(StructuredOutput, ChatJsonSchemaOutputsValidateWholeAndStreamed) {
       ASSERT_FALSE(doc.is_discarded()) << "not JSON: " << content;
       EXPECT_EQ(serve::test::validate_schema(doc, schema), "") << content;
     }
+  }
+}
+
+// Four constrained requests at once: their rows of each step are sampled together on the pool
+// (sample_rows_with_grammar) and each answer is the one the request gets alone (greedy), valid JSON.
+TEST_F(StructuredOutput, ConcurrentConstrainedRequestsAnswerAsAlone) {
+  const json schema = json::parse(kSchemas[0]);
+  auto body_for = [&](int i) {
+    json b = chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "t"}, {"schema", schema}}}}}, {"temperature", 0}});
+    b["messages"][0]["content"] = "Give me JSON number " + std::to_string(i) + ".";
+    return b;
+  };
+  std::vector<std::string> alone(4), together(4);
+  for (int i = 0; i < 4; ++i) {
+    auto [status, body] = post("/v1/chat/completions", body_for(i));
+    ASSERT_EQ(status, 200) << body;
+    alone[(size_t)i] = chat_content(body, false).first;
+  }
+  std::vector<std::thread> clients;
+  std::vector<int> statuses(4, 0);
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] {
+      auto [status, body] = post("/v1/chat/completions", body_for(i));
+      statuses[(size_t)i] = status;
+      if (status == 200) together[(size_t)i] = chat_content(body, false).first;
+    });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(statuses[(size_t)i], 200);
+    EXPECT_EQ(together[(size_t)i], alone[(size_t)i]) << "request " << i;
+    const json doc = json::parse(together[(size_t)i], nullptr, false);
+    ASSERT_FALSE(doc.is_discarded()) << together[(size_t)i];
+    EXPECT_EQ(serve::test::validate_schema(doc, schema), "");
   }
 }
 

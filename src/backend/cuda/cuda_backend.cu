@@ -927,7 +927,8 @@ auto roofline::make_gpu_backend(const GpuBackendOptions& options) -> std::unique
   if (options.device < 0 || options.device >= (int)devices.size()) fail("GPU {} does not exist ({} found)", options.device, devices.size());
   const GpuInfo& g = devices[options.device];
   if (!g.has_kernel_image)
-    fail("this binary has no kernels for {} (compute capability {}.{}): rebuild with -DROOFLINE_CUDA_ARCHITECTURES={}{}",
-         g.name, g.cc_major, g.cc_minor, g.cc_major, g.cc_minor);
+    fail("this binary has no kernels for {} (compute capability {}.{}; compiled for {}): rebuild with "
+         "-DROOFLINE_CUDA_ARCHITECTURES={}{}",
+         g.name, g.cc_major, g.cc_minor, ROOFLINE_CUDA_ARCHS, g.cc_major, g.cc_minor);
   return std::make_unique<cuda::CudaBackend>(options);
 }

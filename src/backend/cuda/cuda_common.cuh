@@ -84,6 +84,10 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 // wait_for_previous_kernel() before touching memory (a kernel that skipped it could finish before its
 // predecessor and release the next kernel early).
 bool pdl_enabled();
+// The architecture the current device's kernels run as, 10 * major + minor: its compute capability, or
+// less where the binary only has code for an older one (a PTX-only build JIT-compiled by the driver).
+// Host code picks kernel forms by this, never by the device's capability alone.
+int code_arch();
 // Tunables of attention_span, read when a backend is created: the shortest span of keys per split
 // (32, or ROOFLINE_ATTN_MIN_SPAN: 16-128) and the splits per row before spans double (32, or
 // ROOFLINE_ATTN_SPLITS: 8-512).

@@ -532,10 +532,7 @@ void run_chunked(const Shape& sh, const DeltaNetLayerDev& layer, const DeltaNetS
 
 bool delta_net_chunked_supported(const DeltaNetDims& d) {
   if (d.head_k > kMaxD || d.head_v > kMaxD || d.head_v % 4) return false;
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 8;
+  return code_arch() >= 80;  // tf32 tensor cores and cp.async
 }
 
 void delta_net_chunked(const DeltaNetDims& d, const DeltaNetLayerDev& layer, const DeltaNetSeqs& seqs, int max_seq_rows,

@@ -28,14 +28,32 @@ __global__ void probe_kernel() {}
 
 }  // namespace
 
+int code_arch() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  static int cached[64] = {};
+  int& arch = cached[device & 63];
+  if (arch == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaFuncAttributes attr{};
+    const bool loaded = cudaFuncGetAttributes(&attr, probe_kernel) == cudaSuccess;
+    cudaGetLastError();
+    // ptxVersion: the virtual architecture the running code was compiled for (75 in a compute_75
+    // build the driver JIT-compiles for a newer GPU); the kernels' __CUDA_ARCH__ branches follow it.
+    arch = loaded ? std::min(10 * major + minor, attr.ptxVersion) : 10 * major + minor;
+  }
+  return arch;
+}
+
 bool pdl_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("ROOFLINE_PDL");
     if (env && env[0] == '0') return false;
-    int device = 0, major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    return major >= 9;
+    // The kernels wait for their predecessor only where they were compiled for sm_90+: launching code
+    // built for an older architecture with PDL would let it run ahead of the kernel before it.
+    return code_arch() >= 90;
   }();
   return enabled;
 }
@@ -81,6 +99,7 @@ std::vector<GpuInfo> gpu_devices() {
     cudaFuncAttributes attr{};
     g.has_kernel_image = cudaFuncGetAttributes(&attr, cuda::probe_kernel) == cudaSuccess;
     cudaGetLastError();
+    g.code_arch = g.has_kernel_image ? cuda::code_arch() : 0;
     out.push_back(g);
   }
   return out;

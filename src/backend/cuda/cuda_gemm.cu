@@ -72,7 +72,9 @@ constexpr int kMaxFusedRows = 64;
 
 __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                           uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+  __trap();  // sm_70 has no m16n8k8 either: the host never takes this path there (gemm_fuses_dequant)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // sm_75 has no m16n8k16: the same product as two m16n8k8 (k 0-7: a0, a1, b0; k 8-15: a2, a3, b1).
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -528,6 +530,7 @@ void launch_mma_experts(const DeviceWeight& w, int64_t rows_per_expert, const Ex
 
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens) {
   if (n_tokens < 1 || n_tokens > kMaxFusedRows || w.cols % 256 != 0) return false;
+  if (code_arch() < 75) return false;  // the m16n8k8 f16 mma needs sm_75 (sm_70: dequantize + cuBLAS)
   return (w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes);
 }
 
