@@ -2,21 +2,26 @@
 // the achieved read rate (GB/s) and the fraction of the roofline: the decode bound is the time to read
 // every weight once (at the measured bandwidth of the device holding it), one embedding row and the KV
 // cache at that depth. `-npl` runs that many sequences in parallel, like llama-batched-bench.
+// With --prompt-file (or a draft model, -md) the tg tests decode greedily after a text prompt instead of
+// feeding random tokens, and with -md through speculative decoding, printing the draft's acceptance.
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
 #include "backend/gpu.h"
 #include "cli/command.h"
+#include "cli/draft_options.h"
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "engine/roofline_model.h"
+#include "engine/speculative.h"
 #include "roofline_version.h"
 
 namespace roofline::cli {
@@ -60,7 +65,16 @@ struct TestResult {
     double bytes_per_step = 0, gbps = 0;
   };
   std::vector<Device> devices;  // decode tests: each backend's share of the bytes read
+  bool speculative = false;     // tg with a draft model: several tokens per target step
+  DraftStats draft;             // its drafts over the timed runs
 };
+
+// The text the tg tests decode after with -md and no --prompt-file (the drafts need real text).
+constexpr const char* kDefaultBenchPrompt =
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined a screw "
+    "press, movable metal type and oil-based ink into a system that could produce books quickly and cheaply. Within "
+    "fifty years, presses were running in more than two hundred cities across Europe, and the number of books in "
+    "circulation grew from thousands to millions. Explain, step by step, how this invention changed";
 
 std::string human_size(uint64_t bytes) {
   const double gib = bytes / 1073741824.0;
@@ -119,11 +133,28 @@ int run(int argc, char** argv) {
   app.add_option("-r,--repetitions", reps, "repetitions per test")->capture_default_str();
   app.add_option("-o,--output", output, "output format: md, json, csv")->capture_default_str();
   app.add_flag("--no-warmup", no_warmup, "skip the warmup run");
+  std::string prompt_file;
+  app.add_option("--prompt-file", prompt_file,
+                 "tg tests decode greedily after this text (tokenized by the model's vocabulary; --tokenizer for "
+                 "synthetic models) instead of feeding random tokens; -d is then not used for them");
+  DraftArgs dargs;  // -md: tg through speculative decoding
+  add_draft_options(app, dargs);
   bool profile = false;
   app.add_flag("--profile", profile, "print the time of every GPU op of a decode step (CUDA graphs off while profiling)");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   if (output != "md" && output != "json" && output != "csv") fail("unknown output format '{}' (md, json, csv)", output);
   if (reps < 1) fail("repetitions must be at least 1");
+  if (dargs.given()) check_draft_args(dargs);
+  const bool text_tg = dargs.given() || !prompt_file.empty();
+  std::string prompt_text = kDefaultBenchPrompt;
+  if (!prompt_file.empty()) {
+    std::ifstream f(prompt_file, std::ios::binary);
+    if (!f) fail("--prompt-file {}: cannot open", prompt_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    prompt_text = ss.str();
+    if (prompt_text.empty()) fail("--prompt-file {}: the file is empty", prompt_file);
+  }
   for (const std::string& f : split_list(fa))
     if (f != "1" && f != "0" && f != "on" && f != "off" && f != "auto") fail("-fa '{}': expected on, off, auto, 1 or 0", f);
 
@@ -168,6 +199,11 @@ int run(int argc, char** argv) {
     const HParams& hp = model->hparams();
     uint64_t model_size = 0;
     for (const auto& t : model->file().tensors()) model_size += t.n_bytes;
+    std::vector<int32_t> prompt_tokens;
+    if (text_tg) {
+      prompt_tokens = load_tokenizer(*model)->encode(prompt_text, true, true);
+      if (prompt_tokens.empty()) fail("the bench prompt is empty after tokenization");
+    }
     for (const std::string& g : ngl_list)
       for (const std::string& tk : split_list(ctk))
         for (const std::string& tv : split_list(ctv))
@@ -183,6 +219,8 @@ int run(int argc, char** argv) {
                 for (int np : npl)
                   for (int p : p_list)
                     for (int n : n_list) max_ctx = std::max(max_ctx, np * ((p + n + 31) / 32 * 32) + 64);  // whole KV blocks per sequence
+                if (text_tg)  // the prompt, a warm-up round, the timed tokens and a last round's drafts
+                  for (int n : n_list) max_ctx = std::max(max_ctx, (int)prompt_tokens.size() + n + 2 * dargs.params.n_max + 8);
                 Config cfg{tk, tv, g, ub > 0 ? std::min(nb, ub) : nb, nt};
                 margs.n_ctx = max_ctx;
                 margs.n_threads = nt;
@@ -199,6 +237,8 @@ int run(int argc, char** argv) {
                 margs.n_seq_max = npl.empty() ? 1 : *std::max_element(npl.begin(), npl.end());
                 auto engine = create_engine(model, margs);
                 for (const std::string& line : engine->report()) log_info("{}", line);
+                std::unique_ptr<DraftModel> draft;
+                if (dargs.given()) draft = load_draft(dargs, margs, *engine);
                 const int units = engine->gpu_units();
                 const auto placed = engine->placements();
                 int n_gpu_ranges = 0;
@@ -229,6 +269,36 @@ int run(int argc, char** argv) {
                   // step(): the logits come back into buffers reused from step to step, as llama.cpp's do.
                   for (int i = 0; i < n_gen; ++i) engine->step({{seq, gen[i], true}});
                   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                  kv.free_sequence(seq);
+                  return s;
+                };
+                // After the text prompt and one round (untimed: the draft catches up with the prompt there),
+                // n_gen greedy tokens, speculative with a draft. Returns the seconds; adds the drafts to `stats`.
+                auto run_text = [&](int n_gen, DraftStats* stats) {
+                  auto& kv = engine->memory();
+                  const int seq = kv.create_sequence(false);
+                  std::vector<float> logits = engine->eval(seq, prompt_tokens);
+                  std::vector<int32_t> history = prompt_tokens, out;
+                  history.push_back(argmax_logits(logits.data(), hp.n_vocab));
+                  SamplingParams greedy;
+                  greedy.temperature = 0;
+                  Sampler sampler(greedy, hp.n_vocab);
+                  SpeculativeDecoder decoder(*engine, draft.get());
+                  decoder.round(seq, history, 1 + dargs.params.n_max, sampler, true, out);
+                  const DraftStats before = decoder.stats();
+                  const auto t0 = std::chrono::steady_clock::now();
+                  for (int done = 0; done < n_gen; done += (int)out.size()) {
+                    out.clear();
+                    decoder.round(seq, history, n_gen - done, sampler, true, out);
+                  }
+                  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                  if (stats) {
+                    const DraftStats& after = decoder.stats();
+                    stats->drafts += after.drafts - before.drafts;
+                    stats->drafted += after.drafted - before.drafted;
+                    stats->accepted += after.accepted - before.accepted;
+                  }
+                  decoder.release(seq);
                   kv.free_sequence(seq);
                   return s;
                 };
@@ -312,6 +382,17 @@ int run(int argc, char** argv) {
                   }
                   for (int n : n_list) {
                     if (n <= 0) continue;
+                    if (text_tg) {
+                      if (d != d_list.front()) continue;  // -d does not apply to the text tests
+                      if (!no_warmup) run_text(std::min(n, 8), nullptr);
+                      const int P = (int)prompt_tokens.size();
+                      TestResult r = base_result(0, n, P, 1);
+                      r.speculative = draft != nullptr;
+                      r.test = fmt::format("tg{} @ p{}", n, P) + (draft ? fmt::format(" +md{}", dargs.params.n_max) : "");
+                      for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back(n / run_text(n, &r.draft));
+                      finish(r, P + n / 2.0, !r.speculative, P + n / 2.0);
+                      continue;
+                    }
                     if (!no_warmup) run_once(d, 0, std::min(n, 4));
                     TestResult r = base_result(0, n, d, 1);
                     r.test = fmt::format("tg{}", n) + (d > 0 ? fmt::format(" @ d{}", d) : "");
@@ -356,6 +437,11 @@ int run(int argc, char** argv) {
                      {"test", r.test}, {"avg_ts", r.avg_ts}, {"stddev_ts", r.stddev_ts}, {"samples_ts", r.samples_ts},
                      {"host_read_gbps", host_bw}, {"gpu_read_gbps", gpu_bw}, {"gbps", r.gbps}, {"roofline_ts", r.roofline_ts},
                      {"roofline_pct", r.roofline_pct}, {"tflops", r.tflops}});
+      if (r.speculative) {
+        arr.back()["draft_n"] = r.draft.drafted;
+        arr.back()["draft_n_accepted"] = r.draft.accepted;
+        arr.back()["drafts"] = r.draft.drafts;
+      }
       if (!r.devices.empty()) {
         nlohmann::ordered_json devs = nlohmann::ordered_json::array();
         for (const auto& d : r.devices) devs.push_back({{"name", d.name}, {"bytes_per_step", d.bytes_per_step}, {"gbps", d.gbps}});
@@ -379,7 +465,13 @@ int run(int argc, char** argv) {
   std::printf("| model | size | params | backend | ngl | threads | type_k | type_v | test | t/s | GB/s | roofline t/s | %% roofline |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
   for (const TestResult& r : results) {
-    const bool decode = r.n_gen > 0 && r.n_prompt == 0;
+    const bool decode = r.n_gen > 0 && r.n_prompt == 0 && !r.speculative;
+    if (r.speculative) {  // several tokens per target step: no one-step roofline
+      std::printf("| %s | %s | %s | %s | %d | %d | %s | %s | %s | %.2f ± %.2f | - | - | - |\n", r.model_desc.c_str(),
+                  human_size(r.model_size).c_str(), human_params(r.n_params).c_str(), r.backend.c_str(), r.gpu_units,
+                  r.cfg.n_threads, r.cfg.ctk.c_str(), r.cfg.ctv.c_str(), r.test.c_str(), r.avg_ts, r.stddev_ts);
+      continue;
+    }
     const std::string gb = decode ? fmt::format("{:.1f}", r.gbps) : fmt::format("{:.1f} TFLOP/s", r.tflops);
     const std::string roof = decode ? fmt::format("{:.1f}", r.roofline_ts) : "-";
     const std::string pct = decode ? fmt::format("{:.0f}%", r.roofline_pct) : "-";
@@ -387,6 +479,13 @@ int run(int argc, char** argv) {
                 human_size(r.model_size).c_str(), human_params(r.n_params).c_str(), r.backend.c_str(), r.gpu_units,
                 r.cfg.n_threads, r.cfg.ctk.c_str(), r.cfg.ctv.c_str(), r.test.c_str(), r.avg_ts, r.stddev_ts, gb.c_str(),
                 roof.c_str(), pct.c_str());
+  }
+  for (const TestResult& r : results) {
+    if (!r.speculative) continue;
+    const double steps = (double)(r.draft.drafts > 0 ? r.draft.drafts : 1);
+    std::printf("\n%s %s: draft acceptance %lld/%lld = %.1f%% (drafts per round %.2f, accepted per round %.2f)", r.model_desc.c_str(),
+                r.test.c_str(), (long long)r.draft.accepted, (long long)r.draft.drafted, 100.0 * r.draft.acceptance(),
+                r.draft.drafted / steps, r.draft.accepted / steps);
   }
   for (const TestResult& r : results) {
     if (r.devices.size() < 2) continue;

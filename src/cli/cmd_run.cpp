@@ -15,11 +15,13 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "cli/draft_options.h"
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/chat_session.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 
 namespace roofline::cli {
 namespace {
@@ -84,8 +86,9 @@ struct RunArgs {
   SamplingParams sampling;
 };
 
-// One prompt, raw (no chat template): llama-cli's completion mode.
-int generate_once(Engine& engine, const Tokenizer& tokenizer, const RunArgs& ra) {
+// One prompt, raw (no chat template): llama-cli's completion mode. With a draft model each step of the
+// target verifies the draft's tokens (engine/speculative.h); the text is the same.
+int generate_once(Engine& engine, const Tokenizer& tokenizer, const RunArgs& ra, Drafter* drafter) {
   std::vector<int32_t> tokens = tokenizer.encode(ra.prompt, !ra.no_bos, true);
   if (tokens.empty()) fail("the prompt is empty after tokenization");
   const int n_ctx = engine.options().n_ctx;
@@ -103,21 +106,42 @@ int generate_once(Engine& engine, const Tokenizer& tokenizer, const RunArgs& ra)
   int generated = 0;
   const int room = n_ctx - (int)tokens.size();
   const int limit = ra.n_predict < 0 ? room : std::min(ra.n_predict, room);
-  while (generated < limit && !g_interrupted) {
-    const int32_t next = sampler.sample(logits.data(), history).token;
-    history.push_back(next);
-    ++generated;
-    if (tokenizer.is_eog(next)) break;
-    printer.add(tokenizer.token_to_piece(next, false));
-    if (generated == limit) break;
-    const int32_t one[1] = {next};
-    logits = engine.eval(seq, one, false);
+  SpeculativeDecoder decoder(engine, drafter);
+  const bool greedy = greedy_from_raw_logits(ra.sampling);
+  std::vector<int32_t> emitted;
+  if (limit > 0) emitted.push_back(sampler.sample(logits.data(), history).token);
+  history.insert(history.end(), emitted.begin(), emitted.end());
+  bool ended = false;
+  while (!emitted.empty()) {
+    // Tokens print one by one, whether a step gave one or several.
+    for (int32_t next : emitted) {
+      if (g_interrupted) {
+        ended = true;
+        break;
+      }
+      ++generated;
+      if (tokenizer.is_eog(next)) {
+        ended = true;
+        break;
+      }
+      printer.add(tokenizer.token_to_piece(next, false));
+      if (generated == limit) ended = true;
+    }
+    emitted.clear();
+    if (ended) break;
+    decoder.round(seq, history, limit - generated, sampler, greedy, emitted);
   }
   printer.flush();
   write_out("\n");
   const auto t2 = std::chrono::steady_clock::now();
   print_speed((int)tokens.size(), std::chrono::duration<double>(t1 - t0).count(), generated,
               std::chrono::duration<double>(t2 - t1).count());
+  if (drafter) {
+    const DraftStats& st = decoder.stats();
+    std::fprintf(stderr, "draft: %lld of %lld draft tokens accepted (%.1f%%) in %lld drafts\n", (long long)st.accepted,
+                 (long long)st.drafted, 100.0 * st.acceptance(), (long long)st.drafts);
+  }
+  decoder.release(seq);
   return 0;
 }
 
@@ -219,6 +243,8 @@ int run_body(int argc, char** argv, bool chat_command) {
                             : "Generate text from a prompt (or chat with -cnv)"};
   ModelArgs margs;
   add_model_options(app, margs);
+  DraftArgs dargs;
+  add_draft_options(app, dargs);
   RunArgs ra;
   ra.chat = chat_command;
   if (chat_command) ra.n_predict = -1;
@@ -272,6 +298,10 @@ int run_body(int argc, char** argv, bool chat_command) {
   sp.seed = seed == -1 ? 0xFFFFFFFFu : (uint64_t)seed;
   check_sampling(sp);
   (void)engine_options(margs);  // every engine flag checked before the model loads
+  if (dargs.given()) {
+    check_draft_args(dargs);
+    if (ra.chat) usage_fail("-md: speculative decoding is for completions (roofline run -p) and serve, not the chat loop");
+  }
 
   auto model = load_model(margs);
   fit_context(margs, model->hparams(), 4096);
@@ -285,7 +315,9 @@ int run_body(int argc, char** argv, bool chat_command) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   if (ra.chat) return chat_loop(*engine, tokenizer, *model, margs.model, ra);
-  return generate_once(*engine, *tokenizer, ra);
+  std::unique_ptr<DraftModel> draft;
+  if (dargs.given()) draft = load_draft(dargs, margs, *engine);
+  return generate_once(*engine, *tokenizer, ra, draft.get());
 }
 
 int run_run(int argc, char** argv) {

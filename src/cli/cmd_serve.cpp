@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/draft_options.h"
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -111,6 +112,8 @@ int run(int argc, char** argv) {
   // streams: 1376 tok/s with -b 512, 1459 with -b 2048), but their buffers (logits for every row) come
   // out of the GPU memory that -ngl auto would give to layers, so they are asked for, not the default.
   add_model_options(app, margs);
+  DraftArgs dargs;  // speculative decoding: -md, --draft-max, --draft-min, --draft-p-min, -ngld
+  add_draft_options(app, dargs);
   serve::ServerOptions so;
   std::string api_key, api_key_file, alias, template_file, template_text, template_kwargs, flash_attn = "auto",
       cont_batching = "on", reasoning_format = "auto";
@@ -205,6 +208,7 @@ int run(int argc, char** argv) {
   if (seed != -1) sp.seed = (uint64_t)seed;
   check_sampling(sp);
   (void)engine_options(margs);  // -c, -b, -ctk/-ctv, -ngl, -sm, -ts, --vram-limit
+  if (dargs.given()) check_draft_args(dargs);
   // llama-server flags roofline takes but that change nothing here: one line naming them.
   std::vector<std::string> ignored;
   auto is_off = [](const std::string& v) { return v == "off" || v == "0" || v == "false" || v == "disabled"; };
@@ -271,6 +275,7 @@ int run(int argc, char** argv) {
   // Load the model on a thread while /health says 503; this thread waits for it or for a signal.
   std::shared_ptr<const Model> model;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<DraftModel> draft;
   auto mc = std::make_unique<serve::ModelContext>();
   std::exception_ptr load_error;
   std::thread loader([&] {
@@ -290,6 +295,7 @@ int run(int argc, char** argv) {
         margs.n_state_snapshots = no_prompt_cache ? 0 : window_snapshot_count(*model, kv, n_parallel, cache_ram_mib);
       engine = create_engine(model, margs);
       for (const std::string& line : engine->report()) log_info("{}", line);
+      if (dargs.given()) draft = load_draft(dargs, margs, *engine);
       mc->tokenizer = load_tokenizer(*model);
       std::string source = template_override.empty() ? chat_template_from_metadata(model->metadata()) : template_override;
       if (source.empty()) {
@@ -345,6 +351,7 @@ int run(int argc, char** argv) {
   sched_opt.n_slots = n_parallel;
   sched_opt.queue_size = queue_size;
   sched_opt.prompt_cache = !no_prompt_cache;
+  sched_opt.drafter = draft.get();
   serve::Scheduler scheduler(runner, text, sched_opt, &metrics);
   scheduler.start();
   server.set_ready(mc.get(), &scheduler, &metrics);

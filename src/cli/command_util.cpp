@@ -23,6 +23,7 @@ std::vector<std::string> normalize_llama_flags(int argc, char** argv) {
       {"-sps", "--slot-prompt-similarity"}, {"-cram", "--cache-ram"}, {"-kvu", "--kv-unified"},
       {"-pg", "--prompt-gen"},    {"-nopo", "--no-op-offload"}, {"-mmp", "--mmap"},
       {"-cmoe", "--cpu-moe"},     {"-ncmoe", "--n-cpu-moe"},
+      {"-md", "--model-draft"},   {"-ngld", "--gpu-layers-draft"},
   };
   std::vector<std::string> out;
   out.reserve(argc);

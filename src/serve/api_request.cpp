@@ -169,6 +169,10 @@ void parse_sampling(const json& body, const ModelContext& mc, ApiRequest& r, boo
   r.gen.stop = parse_stop(body);
   r.gen.ignore_eos = get_bool(body, "ignore_eos", false);
   r.gen.cache_prompt = get_bool(body, "cache_prompt", true);
+  // llama-server's per-request draft settings (flat keys); without a draft model they change nothing.
+  r.gen.draft_max = (int)get_int(body, "speculative.n_max", 0, 1 << 20, -1);
+  r.gen.draft_min = (int)get_int(body, "speculative.n_min", 0, 1 << 20, -1);
+  r.gen.draft_p_min = (float)get_number(body, "speculative.p_min", 0.0, 1.0, -1.0);
   if (const char* n = first_present(body, {"n", "n_cmpl"})) r.gen.n = (int)get_int(body, n, 1, 128, 1);
   r.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {

@@ -205,6 +205,10 @@ json ResponseBuilder::timings(const Timings& t) const {
   j["predicted_ms"] = t.generate_ms;
   j["predicted_per_token_ms"] = t.n_generated > 0 ? t.generate_ms / t.n_generated : 0.0;
   j["predicted_per_second"] = t.generate_ms > 0 ? t.n_generated * 1000.0 / t.generate_ms : 0.0;
+  if (t.draft_n > 0) {  // speculative decoding, as llama-server reports it
+    j["draft_n"] = t.draft_n;
+    j["draft_n_accepted"] = t.draft_n_accepted;
+  }
   return j;
 }
 

@@ -87,6 +87,16 @@ void Metrics::on_context_high_water(int n_tokens) {
   n_tokens_max_ = std::max(n_tokens_max_, n_tokens);
 }
 
+void Metrics::on_draft(int n_drafted, int n_accepted) {
+  if (n_drafted <= 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  drafts_++;
+  draft_tokens_ += (uint64_t)n_drafted;
+  draft_accepted_ += (uint64_t)n_accepted;
+  if ((int)accepted_at_.size() < n_accepted) accepted_at_.resize((size_t)n_accepted, 0);
+  for (int k = 0; k < n_accepted; ++k) accepted_at_[(size_t)k]++;
+}
+
 std::string Metrics::render(const LiveGauges& g) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string out;
@@ -100,6 +110,16 @@ std::string Metrics::render(const LiveGauges& g) const {
   metric("tokens_predicted_seconds_total", "counter", "Predict process time", predicted_seconds_);
   metric("n_decode_total", "counter", "Total number of llama_decode() calls", (double)n_decode_);
   metric("n_tokens_max", "counter", "Largest observed n_tokens.", (double)n_tokens_max_);
+  metric("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens the target model verified.", (double)draft_tokens_);
+  metric("spec_decode_num_accepted_tokens_total", "counter", "Number of draft tokens the target model accepted.",
+         (double)draft_accepted_);
+  metric("spec_decode_num_drafts_total", "counter", "Number of drafts (rounds with at least one draft token).", (double)drafts_);
+  if (!accepted_at_.empty()) {
+    const char* name = "spec_decode_num_accepted_tokens_per_pos_total";
+    out += fmt::format("# HELP llamacpp:{} Number of accepted draft tokens at each draft position.\n# TYPE llamacpp:{} counter\n", name, name);
+    for (size_t k = 0; k < accepted_at_.size(); ++k)
+      out += fmt::format("llamacpp:{}{{position=\"{}\"}} {}\n", name, k, accepted_at_[k]);
+  }
   metric("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
          prompt_seconds_ > 0 ? prompt_tokens_ / prompt_seconds_ : 0.0);
   metric("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",

@@ -50,6 +50,8 @@ class Metrics {
   void on_request_done(double e2e_seconds, bool ok);
   void on_request_rejected();
   void on_context_high_water(int n_tokens);
+  // Speculative decoding: one choice's round verified n_drafted draft tokens, n_accepted of them accepted.
+  void on_draft(int n_drafted, int n_accepted);
 
   std::string render(const LiveGauges& live) const;
 
@@ -59,6 +61,8 @@ class Metrics {
   double prompt_seconds_ = 0, predicted_seconds_ = 0;
   uint64_t requests_ok_ = 0, requests_failed_ = 0, requests_rejected_ = 0;
   int n_tokens_max_ = 0;
+  uint64_t drafts_ = 0, draft_tokens_ = 0, draft_accepted_ = 0;
+  std::vector<uint64_t> accepted_at_;  // per draft position: drafts accepted at least that far
   Histogram ttft_, itl_, e2e_;
 };
 

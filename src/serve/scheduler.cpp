@@ -20,33 +20,6 @@ namespace {
 
 double ms_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
-// log-softmax of the raw logits at `token`, and the k most likely tokens (ties: lower id first).
-TokenLogprob compute_logprobs(const float* logits, int n_vocab, int32_t token, int k) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
-  double sum = 0;
-  for (int i = 0; i < n_vocab; ++i) sum += std::exp((double)logits[i] - mx);
-  const double lse = mx + std::log(sum);
-  TokenLogprob out;
-  out.token = token;
-  out.logprob = (float)((double)logits[token] - lse);
-  k = std::min(k, n_vocab);
-  if (k > 0) {
-    std::vector<std::pair<float, int32_t>> top;  // kept sorted, best first
-    top.reserve(k + 1);
-    for (int i = 0; i < n_vocab; ++i) {
-      const float l = logits[i];
-      if ((int)top.size() == k && l <= top.back().first) continue;
-      auto pos = std::upper_bound(top.begin(), top.end(), std::make_pair(l, (int32_t)i),
-                                  [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-      top.insert(pos, {l, (int32_t)i});
-      if ((int)top.size() > k) top.pop_back();
-    }
-    for (const auto& [l, id] : top) out.top.push_back({id, (float)((double)l - lse)});
-  }
-  return out;
-}
-
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace
@@ -122,6 +95,12 @@ struct Scheduler::Choice {
   TextStream text;
   bool finished = false;
   Clock::time_point t_last;
+  // Speculative decoding: the drafts riding the step in flight after `pending`, the blocks its rows took
+  // beyond the reservation, and while they are verified the positions known to hold accepted tokens
+  // (-1: all), so a choice ending half-way caches no rejected draft.
+  std::vector<int32_t> drafts;
+  int step_extra = 0;
+  int kv_valid = -1;
 };
 
 struct Scheduler::Active {
@@ -138,6 +117,7 @@ struct Scheduler::Active {
   bool grammar_greedy = false;  // constrained and greedy: the step picks the argmax its grammar allows
   bool prefilling = true;
   bool failed = false;
+  int draft_n = 0, draft_accepted = 0;  // speculative decoding, over all choices
   Clock::time_point t_submit, t_admit, t_first, t_last;
 };
 
@@ -150,6 +130,7 @@ Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions
   block_size_ = runner_.memory().block_size();
   n_blocks_ = runner_.memory().n_blocks();
   if (options_.max_prefill_per_step <= 0) options_.max_prefill_per_step = n_batch_;
+  if (options_.drafter) check_draft_target(runner_.memory(), "-md (a draft model)");
   slot_owner_.assign(options_.n_slots, -1);
   publish_status();
 }
@@ -371,10 +352,12 @@ void Scheduler::admit() {
 void Scheduler::finish_choice(Active& a, Choice& c) {
   c.finished = true;
   c.promised = 0;
+  c.drafts.clear();
   if (c.seq >= 0) {
     SequenceMemory& mem = runner_.memory();
+    if (options_.drafter) options_.drafter->release(c.seq);
     if (options_.prompt_cache && a.params.cache_prompt && !a.failed) {
-      const int len = mem.length(c.seq);
+      const int len = c.kv_valid >= 0 ? std::min(c.kv_valid, mem.length(c.seq)) : mem.length(c.seq);
       mem.cache_blocks(c.seq, std::span<const int32_t>(c.history.data(), std::min((size_t)len, c.history.size())));
     }
     mem.free_sequence(c.seq);
@@ -397,6 +380,8 @@ void Scheduler::finish_request(Active& a) {
   t.prompt_ms = started ? ms_between(a.t_admit, a.t_first) : ms_between(a.t_admit, now);
   t.generate_ms = started && a.t_last > a.t_first ? ms_between(a.t_first, a.t_last) : 0;
   t.ttft_ms = started ? ms_between(a.t_submit, a.t_first) : 0;
+  t.draft_n = a.draft_n;
+  t.draft_n_accepted = a.draft_accepted;
   const bool cancelled = a.request->cancelled();
   if (metrics_) {
     metrics_->on_generated(t.n_generated, t.generate_ms / 1000.0);
@@ -409,9 +394,12 @@ void Scheduler::finish_request(Active& a) {
              pooling_name(a.params.pooling), t.queue_ms, t.prompt_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
              a.failed ? "error" : cancelled ? "cancelled" : "ok");
   else
-    log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s, {}",
+    log_info("request {}: prompt {} tokens ({} cached), generated {}, ttft {:.1f} ms, prefill {:.1f} tok/s, decode {:.1f} tok/s{}, {}",
            a.params.id, t.n_prompt, t.n_cached, t.n_generated, t.ttft_ms, t.prompt_ms > 0 ? evaluated * 1000.0 / t.prompt_ms : 0.0,
            t.generate_ms > 0 && after_first > 0 ? after_first * 1000.0 / t.generate_ms : 0.0,
+           options_.drafter ? fmt::format(", draft acceptance {}/{} ({:.0f}%)", t.draft_n_accepted, t.draft_n,
+                                          t.draft_n > 0 ? 100.0 * t.draft_n_accepted / t.draft_n : 0.0)
+                            : std::string(),
            a.failed ? "error" : cancelled ? "cancelled" : "ok");
   a.request->finish(t);
 }
@@ -544,6 +532,74 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
   for (Choice& c : a.choices) take_token(a, c, greedy, logits, now);
 }
 
+void Scheduler::draft_choices(int budget) {
+  SequenceMemory& mem = runner_.memory();
+  const int server_n_max = options_.drafter->params().n_max;
+  std::vector<Drafter::Job> jobs;
+  std::vector<Choice*> owners;
+  const int n_active = (int)active_.size();
+  // In the decode rows' rotation, so a short budget goes to each choice in turn.
+  for (int k = 0; k < n_active; ++k) {
+    Active& a = *active_[(decode_rotation_ + k) % n_active];
+    if (a.prefilling) continue;
+    const int n_max = a.params.draft_max >= 0 ? std::min(a.params.draft_max, server_n_max) : server_n_max;
+    for (Choice& c : a.choices) {
+      c.drafts.clear();
+      if (c.finished || budget <= 0) continue;
+      // A step emits at most drafts + 1 tokens: never past max_tokens or the context.
+      const int room = std::min(a.max_gen - c.n_generated - 1, n_ctx_ - mem.length(c.seq) - 1);
+      const int n = std::min({n_max, room, budget});
+      if (n <= 0) continue;
+      Drafter::Job j;
+      j.key = c.seq;
+      j.history = &c.history;
+      j.n_max = n;
+      j.n_min = a.params.draft_min;
+      j.p_min = a.params.draft_p_min;
+      jobs.push_back(std::move(j));
+      owners.push_back(&c);
+      budget -= n;
+    }
+  }
+  if (jobs.empty()) return;
+  options_.drafter->draft(jobs);
+  for (size_t i = 0; i < jobs.size(); ++i) owners[i]->drafts = std::move(jobs[i].draft);
+}
+
+size_t Scheduler::take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, Clock::time_point now) {
+  const std::vector<int32_t> drafts = std::move(c.drafts);
+  c.drafts.clear();
+  const int n = (int)drafts.size();
+  if (c.finished) return r + (size_t)n + 1;
+  SequenceMemory& mem = runner_.memory();
+  const int seq = c.seq;
+  const int base = mem.length(seq) - 1 - n;  // positions before the step
+  int accepted = 0;
+  for (int i = 0; i <= n; ++i) {
+    c.kv_valid = base + 1 + i;  // the pending token and the drafts accepted so far
+    const size_t before = c.history.size();
+    take_token(a, c, out.argmax[r + (size_t)i], out.logits[r + (size_t)i], now);
+    const bool match = i < n && c.history.size() > before && c.history.back() == drafts[(size_t)i];
+    accepted += match ? 1 : 0;
+    if (c.finished || !match) break;
+  }
+  c.kv_valid = -1;
+  a.draft_n += n;
+  a.draft_accepted += accepted;
+  if (metrics_) metrics_->on_draft(n, accepted);
+  if (!c.finished) {
+    // The rejected drafts' positions go; blocks they alone took return to the choice's reservation.
+    const int keep = base + 1 + accepted;
+    const size_t blocks = mem.block_table(seq).size();
+    const int kept = mem.truncate(seq, keep);
+    ROOFLINE_CHECK(kept == keep, "cutting back rejected drafts left {} positions instead of {}", kept, keep);
+    const int freed = (int)(blocks - mem.block_table(seq).size());
+    c.promised += std::max(0, freed - c.step_extra);
+  }
+  c.step_extra = 0;
+  return r + (size_t)n + 1;
+}
+
 const TokenVocab& Scheduler::vocab() {
   if (!vocab_) {
     const int n = runner_.n_vocab();
@@ -650,14 +706,19 @@ void Scheduler::complete_step() {
   for (auto& [a, chunk] : prefill_chunks_)
     if (a->params.embedding && a->n_prompt_done == (int)a->params.prompt.size() && !a->request->cancelled()) finish_embedding(*a, now);
   presample_constrained_rows(*out);
-  for (size_t r = 0; r < refs_.size(); ++r) {
+  for (size_t r = 0; r < refs_.size();) {
     Active& a = *refs_[r].a;
     if (refs_[r].choice < 0) {
       start_decoding(a, out->argmax[r], out->logits[r], now);
     } else {
       Choice& c = a.choices[refs_[r].choice];
+      if (!c.drafts.empty()) {
+        r = take_drafted(a, c, *out, r, now);
+        continue;
+      }
       if (!c.finished) take_token(a, c, out->argmax[r], out->logits[r], now);
     }
+    ++r;
   }
   step_rows_done_ = (int)rows_.size();
 }
@@ -670,7 +731,8 @@ void Scheduler::presample_constrained_rows(const StepOutput& out) {
   for (size_t r = 0; r < refs_.size(); ++r) {
     if (refs_[r].choice < 0) continue;
     Choice& c = refs_[r].a->choices[refs_[r].choice];
-    if (c.finished || !c.grammar || !out.logits[r]) continue;
+    // A choice verifying drafts picks its rows in turn (each pick moves its grammar): take_drafted.
+    if (c.finished || !c.grammar || !out.logits[r] || !c.drafts.empty()) continue;
     rows.push_back({c.sampler.get(), c.grammar.get(), out.logits[r], &c.history, -1});
     owners.push_back(&c);
   }
@@ -761,12 +823,30 @@ bool Scheduler::step_once() {
   // While prompts wait, decode rows leave part of the batch to them, so they are never starved.
   const bool prefill_pending = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->prefilling; });
   int decode_budget = prefill_pending ? std::max(1, n_batch_ - std::max(1, n_batch_ / 8)) : n_batch_;
+  if (options_.drafter) {
+    // Every generating choice keeps its one row; drafts share what the decode budget leaves.
+    int n_decoding = 0;
+    for (auto& a : active_)
+      if (!a->prefilling)
+        for (const Choice& c : a->choices) n_decoding += c.finished ? 0 : 1;
+    draft_choices(decode_budget - n_decoding);
+  }
   for (int k = 0; k < n_active && decode_budget > 0; ++k) {
     Active& a = *active_[(decode_rotation_ + k) % n_active];
     if (a.prefilling) continue;
     for (Choice& c : a.choices) {
-      if (c.finished || decode_budget == 0) continue;
-      const int need = mem.blocks_needed(c.seq, 1);
+      if (c.finished || decode_budget == 0) {
+        c.drafts.clear();
+        continue;
+      }
+      if ((int)c.drafts.size() > decode_budget - 1) c.drafts.resize((size_t)(decode_budget - 1));
+      int need = mem.blocks_needed(c.seq, 1 + (int)c.drafts.size());
+      // Drafts only take blocks that are free: without them the choice steps without drafts.
+      if (!c.drafts.empty() && need > c.promised && available_blocks() - overflow < need - c.promised) {
+        c.drafts.clear();
+        need = mem.blocks_needed(c.seq, 1);
+      }
+      c.step_extra = 0;
       if (need > 0) {
         const int from_promise = std::min(need, c.promised);
         const int extra = need - from_promise;
@@ -783,6 +863,7 @@ bool Scheduler::step_once() {
         }
         c.promised -= from_promise;
         overflow += extra;
+        c.step_extra = extra;
       }
       if (a.grammar_greedy && c.grammar) {
         // Greedy under a grammar: the step picks the best token its mask allows where the logits are.
@@ -792,8 +873,12 @@ bool Scheduler::step_once() {
         rows_.push_back({c.seq, c.pending, true, a.greedy});
       }
       refs_.push_back({&a, c.index});
-      --budget;
-      --decode_budget;
+      for (int32_t t : c.drafts) {
+        rows_.push_back({c.seq, t, true, a.greedy});
+        refs_.push_back({&a, c.index});
+      }
+      budget -= 1 + (int)c.drafts.size();
+      decode_budget -= 1 + (int)c.drafts.size();
     }
   }
   decode_rotation_++;

@@ -2,7 +2,8 @@
 // KV blocks (prompt + max_tokens reserved up front), continuous batching (decode rows of every running
 // sequence plus chunks of pending prompts in one step), prompt caching (a new sequence adopts the
 // cached blocks of the longest matching prefix), n > 1 through forks, sampling, stop strings and
-// logprobs. One thread owns the StepRunner; HTTP threads only submit and read per-request channels.
+// logprobs, speculative decoding (a drafter's tokens verified inside the same steps, engine/speculative.h).
+// One thread owns the StepRunner; HTTP threads only submit and read per-request channels.
 // Each iteration picks the tokens of the step that just finished, launches the next step, and makes
 // the text and events of those tokens while the device computes it.
 #pragma once
@@ -21,6 +22,7 @@
 #include "core/thread_pool.h"
 #include "engine/pooling.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "serve/metrics.h"
 #include "serve/step_runner.h"
 
@@ -39,6 +41,8 @@ struct TokenLogprob {
   float logprob = 0;
   std::vector<TopLogprob> top;  // the most likely tokens, best first
 };
+// log-softmax of the raw logits at `token`, and the k most likely tokens (ties: lower id first).
+TokenLogprob compute_logprobs(const float* logits, int n_vocab, int32_t token, int k);
 
 enum class Finish { None, Eos, StopWord, Length, Cancelled, Error };
 const char* finish_name(Finish f);  // OpenAI finish_reason: "stop", "length", ... (Cancelled/Error: "error")
@@ -66,6 +70,8 @@ struct Timings {
   double generate_ms = 0;  // first token to the last
   double ttft_ms = 0;      // submission to the first token
   int slot = -1;
+  int draft_n = 0;           // speculative decoding: draft tokens the target verified (llama-server's draft_n)
+  int draft_n_accepted = 0;  // of them, accepted
 };
 
 struct GenParams {
@@ -87,6 +93,11 @@ struct GenParams {
   // Constrained decoding: every choice's output follows this grammar (tokens outside it are masked;
   // the choice ends when the grammar is complete and can take nothing more). Null: unconstrained.
   std::shared_ptr<const Grammar> grammar;
+  // Speculative decoding, llama-server's speculative.n_max / n_min / p_min of the request (-1: the
+  // server's --draft-max / --draft-min / --draft-p-min; n_max at most the server's, 0: no drafts).
+  int draft_max = -1;
+  int draft_min = -1;
+  float draft_p_min = -1;
 };
 
 // The channel between the scheduler (producer) and the HTTP thread (consumer) of one request.
@@ -127,6 +138,10 @@ struct SchedulerOptions {
   int queue_size = 16;          // waiting requests beyond the running ones (0: none wait)
   int max_prefill_per_step = 0; // prompt tokens per step (0: the runner's batch size)
   bool prompt_cache = true;
+  // Speculative decoding (engine/speculative.h): every generating choice carries up to the drafter's
+  // n_max draft tokens per step, verified in that step. Null: none. Refused for models whose memory
+  // cannot be cut back (recurrent or sliding-window layers).
+  Drafter* drafter = nullptr;
 };
 
 struct SlotStatus {
@@ -210,6 +225,12 @@ class Scheduler {
   Finish emit(Emission& m);                // text, stop strings and the event of one token
   void emit_pending(const Active* only);   // the queued emissions (of one request, or all)
   void start_decoding(Active& a, int32_t greedy, const float* logits, std::chrono::steady_clock::time_point now);
+  // Speculative decoding: drafts for the generating choices of the next step, within `budget` rows
+  // beyond their one row each.
+  void draft_choices(int budget);
+  // The rows of a choice that carried drafts (refs r .. r + drafts): accepts while the target's pick
+  // equals the draft, cuts the rejected positions; returns the index of the next ref.
+  size_t take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, std::chrono::steady_clock::time_point now);
   void complete_step();                    // waits for the step in flight and picks its tokens
   void presample_constrained_rows(const StepOutput& out);
   void fail_all(const std::string& message);

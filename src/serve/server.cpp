@@ -195,6 +195,8 @@ class RequestGroup {
       t.n_prompt += u.n_prompt;
       t.n_cached += u.n_cached;
       t.n_generated += u.n_generated;
+      t.draft_n += u.draft_n;
+      t.draft_n_accepted += u.draft_n_accepted;
       t.queue_ms = std::max(t.queue_ms, u.queue_ms);
       t.prompt_ms = std::max(t.prompt_ms, u.prompt_ms);
       t.generate_ms = std::max(t.generate_ms, u.generate_ms);

@@ -370,3 +370,47 @@ TEST(ServeCliTest, WebuiFlag) {
     EXPECT_EQ(s.client().Get("/health")->status, 200);
   }
 }
+
+// -md: speculative decoding gives the text of the server without a draft; the timings report the
+// drafts (llama-server's draft_n, draft_n_accepted), /metrics the spec_decode counters; a draft with
+// another vocabulary stops the server with one line.
+TEST(ServeCliTest, DraftModelFlags) {
+  ServeProcess plain({});
+  ServeProcess spec({"-md", "synthetic:tiny-qwen3:Q8_0", "--draft-max", "4", "-ngld", "0", "--metrics"});
+  ASSERT_TRUE(plain.ready()) << plain.log();
+  ASSERT_TRUE(spec.ready()) << spec.log();
+  auto pc = plain.client(), sc = spec.client();
+  for (const json& body : {json{{"prompt", "Once upon a time"}, {"n_predict", 23}, {"temperature", 0}},
+                           json{{"prompt", "The sky"}, {"n_predict", 40}, {"temperature", 0}, {"stop", json::array({"q"})}}}) {
+    const json want = post(pc, "/completion", body), got = post(sc, "/completion", body);
+    ASSERT_TRUE(got.contains("content")) << got.dump();
+    EXPECT_EQ(got["content"], want["content"]) << body.dump();
+    EXPECT_EQ(got["tokens_predicted"], want["tokens_predicted"]);
+    EXPECT_EQ(got["stop_type"], want["stop_type"]);
+    EXPECT_GT(got["timings"].value("draft_n", 0), 0) << got["timings"].dump();
+    EXPECT_EQ(got["timings"].value("draft_n_accepted", -1), got["timings"].value("draft_n", 0)) << "the target as its own draft";
+    EXPECT_FALSE(want["timings"].contains("draft_n"));
+  }
+  // llama-server's per-request settings: speculative.n_max 0 turns drafting off for the request.
+  json off = post(sc, "/completion", {{"prompt", "Once"}, {"n_predict", 8}, {"temperature", 0}, {"speculative.n_max", 0}});
+  EXPECT_FALSE(off["timings"].contains("draft_n")) << off.dump();
+  json two = post(sc, "/completion", {{"prompt", "Once"}, {"n_predict", 8}, {"temperature", 0}, {"speculative.n_max", 2}});
+  EXPECT_EQ(two["timings"].value("draft_n", 0), 4) << "7 tokens after the first: two steps of 2 drafts + the bonus, then one plain";
+  EXPECT_EQ(two["content"], off["content"]);
+  int status = 0;
+  post(sc, "/completion", {{"prompt", "Once"}, {"speculative.p_min", 3}}, &status);
+  EXPECT_EQ(status, 400);
+  auto m = sc.Get("/metrics");
+  ASSERT_TRUE(m && m->status == 200);
+  EXPECT_NE(m->body.find("llamacpp:spec_decode_num_draft_tokens_total "), std::string::npos);
+  EXPECT_NE(m->body.find("llamacpp:spec_decode_num_accepted_tokens_total "), std::string::npos);
+  EXPECT_NE(spec.log().find("draft acceptance"), std::string::npos) << spec.log();
+
+  const auto bad = roofline::test::run_cli({"serve", "-m", "synthetic:tiny-qwen3:Q8_0", "--port", "0", "-md", "synthetic:qwen3-0.6b:Q4_K_M"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("error: the draft model's vocabulary has 151936 tokens, the target's 512: a draft must share the target's "
+                         "vocabulary\n"), std::string::npos) << bad.err;
+  const auto hybrid = roofline::test::run_cli({"serve", "-m", "synthetic:tiny-qwen35:Q8_0", "--port", "0", "-md", "synthetic:tiny-qwen3:Q8_0"});
+  EXPECT_EQ(hybrid.exit_code, 1);
+  EXPECT_NE(hybrid.err.find("error: -md (a draft model): speculative decoding needs a target"), std::string::npos) << hybrid.err;
+}
