@@ -172,6 +172,8 @@ def run_level(client, level, args, vocab):
     return {'concurrency': level, 'requests': len(results) + len(errors), 'failed': len(errors),
             'ttft_p50_ms': pct(ttft, 50), 'ttft_p99_ms': pct(ttft, 99),
             'itl_p50_ms': pct(itl, 50), 'itl_p99_ms': pct(itl, 99),
+            'itl_mean_ms': sum(itl) / len(itl) if itl else math.nan,
+            'tokens_per_request': gen / len(results) if results else math.nan,
             'generated_tok_s': gen / wall, 'prompt_tokens': sum(r['prompt'] for r in results),
             'generated_tokens': gen, 'wall_s': wall}
 
@@ -253,9 +255,9 @@ def main():
             client.completion([vocab[0], vocab[0] + 1, vocab[0] + 2], 4)
         print(f'prompt {args.prompt_tokens} tokens (random ids), {args.max_tokens} generated (ignore_eos, greedy), '
               f'{args.per_stream} requests per stream')
-        print('| concurrency | requests | failed | TTFT p50 / p99 ms | inter-token p50 / p99 ms '
-              '| generated tok/s, all streams |')
-        print('|---|---|---|---|---|---|', flush=True)
+        print('| concurrency | requests | failed | TTFT p50 / p99 ms | inter-token p50 / p99 / mean ms '
+              '| tokens per request | generated tok/s, all streams |')
+        print('|---|---|---|---|---|---|---|', flush=True)
         rows = []
 
         def f(x):
@@ -265,7 +267,8 @@ def main():
             r = run_level(client, level, args, vocab)
             rows.append(r)
             print(f"| {level} | {r['requests']} | {r['failed']} | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} "
-                  f"| {f(r['itl_p50_ms'])} / {f(r['itl_p99_ms'])} | {f(r['generated_tok_s'])} |", flush=True)
+                  f"| {f(r['itl_p50_ms'])} / {f(r['itl_p99_ms'])} / {f(r['itl_mean_ms'])} | {f(r['tokens_per_request'])} "
+                  f"| {f(r['generated_tok_s'])} |", flush=True)
         if args.json:
             with open(args.json, 'w') as out:  # NaN (no samples) is written as null
                 json.dump([{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
