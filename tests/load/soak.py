@@ -449,7 +449,7 @@ class Api:
             ('completions max_tokens -7', '/v1/completions', {'model': 'soak', 'prompt': 'hi', 'max_tokens': -7}),
             ('prompt {}', '/v1/completions', {'model': 'soak', 'prompt': {}}),
             ('unknown route', '/v1/nonexistent', {'model': 'soak'}),
-            ('messages nested 100000 deep', '/v1/chat/completions', b'{"messages": ' + b'[' * 100000 + b']' * 100000 + b'}'),
+            ('messages nested 10000 deep', '/v1/chat/completions', b'{"messages": ' + b'[' * 10000 + b']' * 10000 + b'}'),
             ('max_tokens 3.5', '/v1/chat/completions', {**chat, 'max_tokens': 3.5}),
             ('seed 2^70', '/v1/chat/completions', {**chat, 'seed': 2 ** 70}),
             ('1000 stop strings', '/v1/chat/completions', {**chat, 'stop': ['x' * 50] * 1000}),
@@ -730,8 +730,8 @@ def report(args, api, rec, samples, extra_checks):
         out.append(f"- {'PASS' if ok else 'FAIL'} {name}: {detail}")
     if errors:
         out.append('')
-        out.append('Failures (distinct messages, first 20):')
-        for e, n in sorted(errors.items(), key=lambda kv: -kv[1])[:20]:
+        out.append(f'Failures ({len(errors)} distinct messages, the 10 most frequent):')
+        for e, n in sorted(errors.items(), key=lambda kv: -kv[1])[:10]:
             out.append(f'- {n} x {e}')
     if api.greedy_divergent and args.determinism == 'report':
         out.append('')
