@@ -631,7 +631,7 @@ def run(args, api, rec, server, pid):
 def final_checks(args, api, rec, server):
     """After the clients stop: the server goes idle (no slot left busy by a cancelled stream) and still answers."""
     problems = []
-    if api.metrics_enabled:
+    if api.metrics_enabled and not math.isnan(api.metric('llamacpp:requests_processing')):  # roofline's, llama-server's
         deadline = time.monotonic() + args.drain_timeout
         busy = math.nan
         while time.monotonic() < deadline:
