@@ -6,11 +6,14 @@ every answer:
   chat_stream  streaming /v1/chat/completions, ignore_eos: finish "length", usage = max_tokens, [DONE]
   completion   non-streaming /v1/completions, ignore_eos: finish "length", usage = max_tokens
   json_schema  response_format json_schema (a small bounded object): the content parses and validates
-  tools        tools with tool_choice "required": finish "tool_calls", calls whose JSON arguments validate
+  tools        tools with tool_choice "required", parallel_tool_calls false (one call, finish "tool_calls")
+               or true (calls until finish "tool_calls" or max_tokens): calls whose JSON arguments validate
   cancel       a stream of --cancel-max-tokens that the client drops after 1-3 tokens (the slot must be freed)
-  prefix       a long common system prompt (prompt cache) + one of 8 questions, greedy: the same request
-               always gives the same text (each question is sent twice in a row the first time)
-  malformed    bad JSON, wrong types, negative max_tokens, invalid UTF-8, unknown routes...: a 4xx with the
+  prefix       a long common system prompt (prompt cache; at most half the context) + one of 8 questions,
+               greedy: the same request always gives the same text (each question goes twice in a row
+               the first time)
+  malformed    bad JSON, wrong types, negative max_tokens, invalid UTF-8, nesting 10000 deep, ids out of
+               range, unsupported schemas, unknown routes, a prompt beyond the context: a 4xx with the
                OpenAI error envelope, never a 5xx or a dropped connection
   poll         GET /health, /metrics (when enabled), /v1/models
 A failure is a 5xx, a timeout, a connection error, an answer that breaks its kind's rules above, a greedy
@@ -783,6 +786,8 @@ def main():
             if status == 200:
                 props = json.loads(raw)
                 api.n_ctx = int((props.get('default_generation_settings') or {}).get('n_ctx') or 0)
+                if api.n_ctx:  # a prefix request within half the context (a byte-level vocabulary: a token a byte)
+                    api.prefix = api.prefix[:max(100, api.n_ctx // 2)]
         except (ValueError, AttributeError):
             pass
         api.chat_stream(random.Random(args.seed))  # warm-up, outside the windows
