@@ -355,10 +355,12 @@ class Api:
                     c['name'] += (tc.get('function') or {}).get('name') or ''
                     c['arguments'] += (tc.get('function') or {}).get('arguments') or ''
             finish, tokens = self._finish(chunks), self._usage_tokens(chunks) or 0
+            content = ''.join(((j.get('choices') or [{}])[0].get('delta') or {}).get('content') or '' for j in chunks)
             self.rec.tokens_left(tokens, chunks)
         else:
             j = self._post_json('/v1/chat/completions', body)
             ch = (j.get('choices') or [{}])[0]
+            content = (ch.get('message') or {}).get('content') or ''
             for i, tc in enumerate((ch.get('message') or {}).get('tool_calls') or []):
                 if tc.get('type') != 'function' or not tc.get('id'):
                     raise Failure(f'a tool call without type "function" or an id: {json.dumps(tc)[:200]}')
@@ -370,8 +372,8 @@ class Api:
         # next one off (that part stays content, the whole calls before it must still be right).
         ok_finish = finish == 'tool_calls' or (parallel and finish == 'length' and tokens == body['max_tokens'])
         if not ok_finish or not calls or (not parallel and len(calls) != 1):
-            raise Failure(f'tool_choice "required", parallel_tool_calls {str(parallel).lower()}: finish_reason {finish!r}, '
-                          f'{len(calls)} tool calls, {tokens} tokens')
+            raise Failure(f'tool_choice "required", parallel_tool_calls {str(parallel).lower()}{", streamed" if stream else ""}: '
+                          f'finish_reason {finish!r}, {len(calls)} tool calls, {tokens} tokens, content {content[:300]!r}')
         schemas = {t['function']['name']: t['function']['parameters'] for t in TOOLS}
         for c in calls.values():
             if c['name'] not in schemas:
