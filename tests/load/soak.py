@@ -161,6 +161,8 @@ def validate(value, schema, where='$'):
     elif t == 'string':
         if not isinstance(value, str):
             raise Failure(f'{where}: expected a string, got {value!r}')
+        if any('\ud800' <= c <= '\udfff' for c in value):  # json.loads keeps a lone surrogate escape; strict parsers fail
+            raise Failure(f'{where}: a lone surrogate in {value!r}')
         if len(value) > schema.get('maxLength', math.inf):
             raise Failure(f'{where}: {len(value)} characters > maxLength {schema["maxLength"]}')
     elif t == 'integer':
