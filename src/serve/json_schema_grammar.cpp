@@ -27,7 +27,10 @@ const std::set<std::string> kKeywords = {"type",     "properties", "required", "
 // Built-in rules, added to the output when used.
 const std::map<std::string, std::string> kBuiltins = {
     {"ws", R"(| " " | "\n" [ \t]{0,20})"},
-    {"json-char", R"([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))"},
+    // A \u escape outside U+D800..U+DFFF, or a high surrogate escape with its low one: strict parsers
+    // (nlohmann's, the server's own tool-call parser) reject a lone surrogate.
+    {"json-char", R"([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | )"
+                  R"([dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2})))"},
     {"json-string", R"("\"" json-char* "\"")"},
     {"json-int", R"("-"? ([0-9] | [1-9] [0-9]{1,15}))"},
     {"json-number", R"(json-int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?)"},

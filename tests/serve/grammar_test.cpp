@@ -277,6 +277,7 @@ TEST(JsonSchemaGrammar, AcceptsValidDocumentsAndRejectsInvalidOnes) {
       "{\n  \"name\": \"\",\n  \"age\": 0,\n  \"kind\": 1.5e-3\n}",
       R"({"name": "x\"\u00e9\n", "age": 7, "tags": []})",
       R"({"name": "a", "age": 1, "home": {"city": ""}})",
+      R"({"name": "\uD83D\ude00 \uffff\ud7ff\ue000", "age": 1})",  // a surrogate pair; the code points around them
   };
   for (const std::string& doc : good) {
     EXPECT_TRUE(full_match(g, doc)) << doc;
@@ -295,6 +296,10 @@ TEST(JsonSchemaGrammar, AcceptsValidDocumentsAndRejectsInvalidOnes) {
       R"({"name": "Ann", "age": 03})",
       R"({"name": "Ann", "age": 3,})",
       "{\"name\": \"a\tb\", \"age\": 3}",           // control characters must be escaped
+      R"({"name": "\ud800", "age": 3})",          // a lone surrogate escape, which strict parsers reject
+      R"({"name": "\uDBFF-", "age": 3})",
+      R"({"name": "\udc00", "age": 3})",
+      R"({"name": "\ud800\u0041", "age": 3})",
   };
   for (const std::string& doc : bad) EXPECT_FALSE(full_match(g, doc)) << doc;
 }
