@@ -413,6 +413,25 @@ __global__ void split_k_reduce_kernel(const float* part, int splits, int n_tok, 
   *dst = accumulate ? *dst + sum : sum;
 }
 
+// Kernel attributes belong to a device: the opt-in shared memory of `Kernel` is set once on each device
+// that launches it (outside graph captures: a form's first launch is in a prefill step, which is not
+// captured), and its CTAs per wave there (SMs x CTAs per SM at `smem`) are kept for the split choice.
+template <auto Kernel>
+int smem_set_once(int smem, int threads) {
+  static int slots[64] = {};
+  int dev = 0;
+  ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
+  int& s = slots[dev & 63];
+  if (s == 0) {
+    int sms = 0, occ = 0;
+    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ROOFLINE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, Kernel, threads, smem));
+    s = std::max(1, sms * occ);
+  }
+  return s;
+}
+
 template <DType T, int NT, int MT>
 void launch_mma_rows_nt(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
                         size_t part_floats, cudaStream_t stream) {
@@ -424,14 +443,7 @@ void launch_mma_rows_nt(const DeviceWeight& w, const __half* x, int n_tok, float
   constexpr int kRowsPerCta = kMmaWarps * 16 * MT;
   const int64_t tiles = (w.rows + kRowsPerCta - 1) / kRowsPerCta, n_sb = w.cols / 256;
   constexpr int smem = mma_smem_bytes<T, NT, MT>();
-  static const int slots = [] {
-    int dev = 0, sms = 0, occ = 0;
-    ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
-    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(mma_rows_kernel<T, NT, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    ROOFLINE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, mma_rows_kernel<T, NT, MT>, kMmaThreads, smem));
-    return std::max(1, sms * occ);
-  }();
+  const int slots = smem_set_once<mma_rows_kernel<T, NT, MT>>(smem, kMmaThreads);
   const double weight_bytes = (double)w.rows * (double)w.row_bytes;
   const int64_t max_splits = std::min<int64_t>({n_sb, 32, (int64_t)(part_floats / ((size_t)n_tok * (size_t)w.rows))});
   int64_t splits = 1, best_cost = INT64_MAX;
@@ -505,11 +517,7 @@ void launch_mma_experts_nt(const DeviceWeight& w, int64_t rows_per_expert, const
          pdl_enabled(), x, tiles, w.cols, NT, reinterpret_cast<int4*>(scratch));
   constexpr int kRowsPerCta = kMmaWarps * 16 * kMmaTilesExperts;
   constexpr int smem = mma_smem_bytes<T, NT, kMmaTilesExperts>();
-  static const bool attributes_set = [] {
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(mma_experts_kernel<T, NT, kMmaTilesExperts>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)attributes_set;
+  smem_set_once<mma_experts_kernel<T, NT, kMmaTilesExperts>>(smem, kMmaThreads);
   launch(mma_experts_kernel<T, NT, kMmaTilesExperts>, dim3((unsigned)((rows_per_expert + kRowsPerCta - 1) / kRowsPerCta), (unsigned)tiles.max_tiles),
          dim3(kMmaThreads), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const __half*)scratch, per_tile * 8, y, ldy);
 }
