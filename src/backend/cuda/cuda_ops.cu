@@ -176,64 +176,19 @@ __global__ void add_bias_kernel(float* y, const float* b, int n) {
 }
 
 // One CTA per row: each thread the best (value, index) of its strided elements, then a fixed-order
-// tree over the CTA. A larger value wins, an equal one the lower index.
-__global__ void argmax_rows_kernel(const float* x, int n, int32_t* out) {
+// tree over the CTA. A larger value wins, an equal one the lower index. Rows with a mask (allowed !=
+// nullptr and has_mask[row]: bits allowed[row * words ..]) consider only the allowed tokens and give
+// -1 when none has a finite logit (argmax_allowed on the host); the others are argmax_logits.
+__global__ void argmax_rows_kernel(const float* x, int n, const uint64_t* allowed, const uint8_t* has_mask, int words,
+                                   int32_t* out) {
   wait_for_previous_kernel();
   __shared__ float best_v[32];
   __shared__ int best_i[32];
   const float* row = x + (int64_t)blockIdx.x * n;
+  const bool masked = allowed && has_mask[blockIdx.x] != 0;
+  const uint64_t* m = masked ? allowed + (int64_t)blockIdx.x * words : nullptr;
   const float x0 = row[0];
-  if (x0 != x0) {  // a NaN first: the CPU's scan never moves off it
-    if (threadIdx.x == 0) out[blockIdx.x] = 0;
-    return;
-  }
-  float v = x0;
-  int idx = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float e = row[i];
-    if (e > v) {  // false for NaN; strided ascending, so the first of equals is kept
-      v = e;
-      idx = i;
-    }
-  }
-  auto better = [](float av, int ai, float bv, int bi) { return bv > av || (bv == av && bi < ai); };
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-    const int oi = __shfl_xor_sync(0xffffffffu, idx, offset);
-    if (better(v, idx, ov, oi)) {
-      v = ov;
-      idx = oi;
-    }
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    best_v[warp] = v;
-    best_i[warp] = idx;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < (int)(blockDim.x / 32); ++w)
-      if (better(v, idx, best_v[w], best_i[w])) {
-        v = best_v[w];
-        idx = best_i[w];
-      }
-    out[blockIdx.x] = idx;
-  }
-}
-
-// Rows with a mask (allowed + row * words, has_mask[row]): the largest finite logit among the allowed
-// tokens, lowest id on ties, -1 if none (argmax_allowed on the host); other rows as argmax_rows_kernel.
-__global__ void argmax_rows_allowed_kernel(const float* x, int n, const uint64_t* allowed, const uint8_t* has_mask, int words,
-                                           int32_t* out) {
-  wait_for_previous_kernel();
-  __shared__ float best_v[32];
-  __shared__ int best_i[32];
-  const float* row = x + (int64_t)blockIdx.x * n;
-  const bool masked = has_mask[blockIdx.x] != 0;
-  const uint64_t* m = allowed + (int64_t)blockIdx.x * words;
-  const float x0 = row[0];
-  if (!masked && x0 != x0) {  // as argmax_rows_kernel: a NaN first wins
+  if (!masked && x0 != x0) {  // a NaN first: the CPU's scan never moves off it
     if (threadIdx.x == 0) out[blockIdx.x] = 0;
     return;
   }
@@ -242,11 +197,12 @@ __global__ void argmax_rows_allowed_kernel(const float* x, int n, const uint64_t
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     if (masked && !((m[i >> 6] >> (i & 63)) & 1)) continue;
     const float e = row[i];
-    if (e > v) {
+    if (e > v) {  // false for NaN; strided ascending, so the first of equals is kept
       v = e;
       idx = i;
     }
   }
+  // -1 (nothing allowed found) loses to any index.
   auto better = [](float av, int ai, float bv, int bi) { return bi >= 0 && (ai < 0 || bv > av || (bv == av && bi < ai)); };
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -277,13 +233,14 @@ __global__ void argmax_rows_allowed_kernel(const float* x, int n, const uint64_t
 
 void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream) {
   if (n_rows == 0) return;
-  launch(argmax_rows_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, out);
+  launch(argmax_rows_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, (const uint64_t*)nullptr,
+         (const uint8_t*)nullptr, 0, out);
 }
 
 void argmax_rows_allowed(const float* x, int n_rows, int n, const uint64_t* allowed, const uint8_t* has_mask, int32_t* out,
                          cudaStream_t stream) {
   if (n_rows == 0) return;
-  launch(argmax_rows_allowed_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, allowed, has_mask, (n + 63) / 64, out);
+  launch(argmax_rows_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, allowed, has_mask, (n + 63) / 64, out);
 }
 
 void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream) {
