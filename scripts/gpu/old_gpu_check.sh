@@ -6,14 +6,9 @@
 # --version, every GPU test, and a short bench in that build. Carry ["carry/pack"]; results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-[ -x carry/bin-75-virtual/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin-75-virtual
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
+CARRY_BIN=carry/bin-75-virtual STAMP_FILE=old_gpu_summary.txt
+source scripts/gpu/device_env.sh
 export CUDA_CACHE_MAXSIZE=4294967296  # the JIT-compiled kernels are cached for the later processes
-t0=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/old_gpu_summary.txt"; }
 "$bin/roofline" --version 2>&1 | tee "$out/version_75.txt"
 stamp "GPU tests (compute_75 PTX, JIT)"
 ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout "${TEST_TIMEOUT:-420}" "$bin/roofline_tests" \

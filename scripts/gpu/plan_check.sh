@@ -7,12 +7,8 @@
 # carry ["carry/pack"] (bin.tar.xz); CASES="MODEL MIX VRAM_GIB CTX NP N_PREDICT\n..." replaces the list.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin/roofline
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
-t0=$(date +%s)
+source scripts/gpu/device_env.sh
+roofline=$bin/roofline
 first="${1:-1}" last="${2:-1000}"
 default_cases="qwen3-8b Q4_K_M 16 32768 1 128
 qwen3-8b Q8_0 16 16384 1 128
@@ -37,13 +33,13 @@ while read -r model mix vram ctx np npred; do
   { [ $i -lt "$first" ] || [ $i -gt "$last" ]; } && continue
   spec="synthetic:$model:$mix"
   plan_json="$(mktemp)" case_out="$(mktemp)" log="$(mktemp)"
-  timeout 120 "$bin" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" --json > "$plan_json" 2> /dev/null
-  "$bin" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" > "$case_out" 2>&1
+  timeout 120 "$roofline" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" --json > "$plan_json" 2> /dev/null
+  "$roofline" plan -m "$spec" --gpu auto --vram-limit "$vram" -c "$ctx" -np "$np" > "$case_out" 2>&1
   read -r fits ngl units pred < <(python3 -c "
 import json,sys
 j=json.load(open('$plan_json'))
 print(j['fits'], j['n_gpu_layers'], j['n_units'], round(j['decode_tok_s'],2))" 2>/dev/null || echo "? ? ? ?")
-  "$bin" serve -m "$spec" --vram-limit "$vram" -c "$ctx" -np "$np" -ngl auto --port $port > "$log" 2>&1 &
+  "$roofline" serve -m "$spec" --vram-limit "$vram" -c "$ctx" -np "$np" -ngl auto --port $port > "$log" 2>&1 &
   pid=$!
   ready=0
   for _ in $(seq 1 300); do

@@ -5,13 +5,7 @@
 # its own time limit so the whole stays under ~330 s.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-t0=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
-[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
+source scripts/gpu/device_env.sh
 stamp "GPU tests"
 ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout "${TEST_TIMEOUT:-150}" "$bin/roofline_tests" \
     --gtest_filter='Gpu*:*.Gpu*' > "$out/gpu_tests.txt" 2>&1

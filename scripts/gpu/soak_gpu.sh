@@ -21,13 +21,7 @@
 # the server log's tail on a failure), summary.txt (timings, exit status, nvidia-smi before and after).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-t0=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
-[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
+source scripts/gpu/device_env.sh
 export PYTHONUNBUFFERED=1
 duration="${DURATION:-240}"
 stamp "start: $(nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | head -1), $(nproc) cores, $("$bin/roofline" --version | head -1)"

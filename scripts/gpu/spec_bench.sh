@@ -18,13 +18,7 @@
 # Everything lands in $OUT (summary.txt, one log per run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-t0=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
-[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
+source scripts/gpu/device_env.sh
 target="${TARGET:-synthetic:qwen3-32b:Q4_K_M}"
 draft="${DRAFT:-synthetic:qwen3-8b:Q4_K_M}"
 draft_max="${DRAFT_MAX:-2 4 8}"

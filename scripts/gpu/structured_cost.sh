@@ -5,13 +5,8 @@
 # times. Optionally runs every GPU test first (GPU_TESTS=1). Carry ["carry/pack"]; results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out="${OUT:-/tmp/out}"
-mkdir -p "$out"
-[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
-t0=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/structured_cost.md"; }
+STAMP_FILE=structured_cost.md
+source scripts/gpu/device_env.sh
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   stamp "GPU tests"
   ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" --gtest_filter='Gpu*:*.Gpu*' \
