@@ -105,6 +105,27 @@ std::vector<Outcome> alone(std::shared_ptr<const Model> model, const std::vector
   return out;
 }
 
+// The requests all at once on a fresh target engine, `draft_model` drafting up to n_max tokens per
+// step; every target sequence is freed at the end.
+std::vector<Outcome> with_draft(std::shared_ptr<const Model> model, std::shared_ptr<const Model> draft_model, int n_max, int n_slots,
+                                const std::vector<GenParams>& params, Metrics* metrics = nullptr) {
+  auto engine = engine_for(std::move(model));
+  DraftParams dp;
+  dp.n_max = n_max;
+  DraftModel draft(engine_for(std::move(draft_model)), dp);
+  EngineRunner runner(*engine);
+  LetterText text;
+  SchedulerOptions o;
+  o.n_slots = n_slots;
+  o.drafter = &draft;
+  Scheduler s(runner, text, o, metrics);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (const GenParams& p : params) reqs.push_back(s.submit(p));
+  const auto got = run(s, reqs);
+  EXPECT_EQ(engine->memory().used_blocks(), 0) << "every sequence freed";
+  return got;
+}
+
 void expect_same(const Outcome& got, const Outcome& want, const std::string& what) {
   EXPECT_EQ(got.tokens, want.tokens) << what;
   EXPECT_EQ(got.other_choices, want.other_choices) << what;
@@ -128,20 +149,8 @@ TEST(SpeculativeSchedulerTest, ConcurrentSlotsWithDraftsMatchEachAlone) {
 
   for (const char* draft_spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q8_0:5"}) {
     SCOPED_TRACE(draft_spec);
-    auto engine = engine_for(model);
-    DraftParams dp;
-    dp.n_max = 4;
-    DraftModel draft(engine_for(load(draft_spec)), dp);
-    EngineRunner runner(*engine);
-    LetterText text;
     Metrics metrics;
-    SchedulerOptions o;
-    o.n_slots = 4;
-    o.drafter = &draft;
-    Scheduler s(runner, text, o, &metrics);
-    std::vector<std::shared_ptr<Request>> reqs;
-    for (const GenParams& p : params) reqs.push_back(s.submit(p));
-    const auto got = run(s, reqs);
+    const auto got = with_draft(model, load(draft_spec), 4, 4, params, &metrics);
     int drafted = 0, accepted = 0;
     for (size_t k = 0; k < params.size(); ++k) {
       expect_same(got[k], want[k], "request " + std::to_string(k));
@@ -157,7 +166,6 @@ TEST(SpeculativeSchedulerTest, ConcurrentSlotsWithDraftsMatchEachAlone) {
     EXPECT_NE(m.find("llamacpp:spec_decode_num_drafts_total"), std::string::npos);
     if (accepted > 0)
       EXPECT_NE(m.find("llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} "), std::string::npos) << m;
-    EXPECT_EQ(engine->memory().used_blocks(), 0) << "every sequence freed";
   }
 }
 
@@ -222,19 +230,7 @@ TEST(SpeculativeSchedulerTest, SeededSamplingWithDraftsMatches) {
     params.push_back(p);
   }
   const auto want = alone(model, params);
-  auto engine = engine_for(model);
-  DraftParams dp;
-  dp.n_max = 3;
-  DraftModel draft(engine_for(model), dp);
-  EngineRunner runner(*engine);
-  LetterText text;
-  SchedulerOptions o;
-  o.n_slots = 3;
-  o.drafter = &draft;
-  Scheduler s(runner, text, o);
-  std::vector<std::shared_ptr<Request>> reqs;
-  for (const GenParams& p : params) reqs.push_back(s.submit(p));
-  const auto got = run(s, reqs);
+  const auto got = with_draft(model, model, 3, 3, params);
   for (size_t k = 0; k < params.size(); ++k) {
     expect_same(got[k], want[k], "request " + std::to_string(k));
     EXPECT_EQ(got[k].tokens.size(), 21u);
@@ -314,19 +310,7 @@ TEST(SpeculativeSchedulerTest, GrammarConstrainedRequestsMatch) {
   for (const Outcome& w : want) ASSERT_EQ(w.tokens.size(), 9u) << w.text;
   for (const char* draft_spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen3:Q8_0:21"}) {
     SCOPED_TRACE(draft_spec);
-    auto engine = engine_for(model);
-    DraftParams dp;
-    dp.n_max = 4;
-    DraftModel draft(engine_for(load(draft_spec)), dp);
-    EngineRunner runner(*engine);
-    LetterText text;
-    SchedulerOptions o;
-    o.n_slots = 3;
-    o.drafter = &draft;
-    Scheduler s(runner, text, o);
-    std::vector<std::shared_ptr<Request>> reqs;
-    for (const GenParams& p : params) reqs.push_back(s.submit(p));
-    const auto got = run(s, reqs);
+    const auto got = with_draft(model, load(draft_spec), 4, 3, params);
     for (size_t k = 0; k < params.size(); ++k) {
       expect_same(got[k], want[k], "request " + std::to_string(k));
       EXPECT_GT(got[k].timings.draft_n, 0);
