@@ -420,7 +420,8 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
   const GenParams& p = a.params;
   int32_t tok;
   if (c.grammar) {
-    if (!logits) tok = greedy >= 0 && c.grammar->token_allowed(vocab(), greedy) ? greedy : -1;  // picked by the step
+    // A step argmax of a constrained row is the best token its mask allows (grammar_greedy rows).
+    if (!logits || greedy >= 0) tok = greedy >= 0 && c.grammar->token_allowed(vocab(), greedy) ? greedy : -1;
     else if (c.presampled != kNotSampled) tok = std::exchange(c.presampled, kNotSampled);
     else tok = sample_with_grammar(*c.sampler, *c.grammar, vocab(), logits, c.history, masked_logits_);
     if (tok < 0) {  // the model gives every token the grammar allows no chance at all
@@ -732,7 +733,7 @@ void Scheduler::presample_constrained_rows(const StepOutput& out) {
     if (refs_[r].choice < 0) continue;
     Choice& c = refs_[r].a->choices[refs_[r].choice];
     // A choice verifying drafts picks its rows in turn (each pick moves its grammar): take_drafted.
-    if (c.finished || !c.grammar || !out.logits[r] || !c.drafts.empty()) continue;
+    if (c.finished || !c.grammar || !out.logits[r] || out.argmax[r] >= 0 || !c.drafts.empty()) continue;
     rows.push_back({c.sampler.get(), c.grammar.get(), out.logits[r], &c.history, -1});
     owners.push_back(&c);
   }
