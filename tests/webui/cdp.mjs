@@ -43,7 +43,13 @@ export async function launchChromium({ binary = process.env.CHROMIUM || '/usr/bi
         await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
         if (proc.exitCode === null) proc.kill('SIGKILL');
       }
-      rmSync(profile, { recursive: true, force: true });
+      // Chromium's helper processes can still be writing into the profile for a moment after the
+      // browser exits; retry the removal, and never let a leftover temp folder fail the test.
+      try {
+        rmSync(profile, { recursive: true, force: true, maxRetries: 20, retryDelay: 100 });
+      } catch (e) {
+        console.error(`webui: could not remove ${profile}: ${e.message}`);
+      }
     },
   };
 }
