@@ -79,6 +79,7 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
   layers_ = layers;
   layer_data_.clear();
   layer_data_.resize(layers.n_layers());
+  packed_.clear();
   const ArchInfo& arch = model_->arch();
   for (int il = layers.begin; il < layers.end; ++il) {
     const LayerWeights& L = model_->layer(il);
@@ -91,6 +92,7 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
       } else {
         if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
         vec_dot_fn(w.type());  // throws for a type without a CPU kernel
+        packed_.add(w, pool_);
       }
     }
     if (arch.moe) d.experts.build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
@@ -98,6 +100,7 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
   if (layers.output) {
     output_norm_ = to_floats(model_->output_norm());
     vec_dot_fn(model_->output().type());
+    packed_.add(model_->output(), pool_);
   }
   rope_factors_ = to_floats(model_->rope_freqs());
 }
@@ -237,7 +240,7 @@ void CpuBackend::products_of_one_input(std::initializer_list<MatmulOut> outs, co
     const MatmulOut* end = begin + 1;
     while (end != outs.end() && act_format_for(end->w->type()) == format) ++end;
     if (act_.format() != format || begin == outs.begin()) act_.prepare(format, x, n, n_cols, pool_);
-    matmul_multi(std::span<const MatmulOut>(begin, end), act_, pool_);
+    matmul_multi(std::span<const MatmulOut>(begin, end), act_, pool_, &packed_);
     begin = end;
   }
 }
@@ -299,7 +302,7 @@ void CpuBackend::dense_ffn_block(const LayerWeights& L) {
     }
   });
   observe(w_down, gate_.data(), n);
-  matmul(w_down, gate_.data(), n, xn_.data(), pool_);
+  matmul(w_down, gate_.data(), n, xn_.data(), pool_, &packed_);
 }
 
 // Routed experts (grouped by expert), plus the shared expert scaled by sigmoid(gate . x) where the
@@ -327,7 +330,7 @@ void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
       scale[(size_t)r] = 1.0f / (1.0f + std::exp(-dot));
     }
     observe(w_down, shexp_gate_.data(), n);
-    matmul(w_down, shexp_gate_.data(), n, xn_.data(), pool_);
+    matmul(w_down, shexp_gate_.data(), n, xn_.data(), pool_, &packed_);
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < n_embd; ++i) xn_[(size_t)r * n_embd + i] = moe_out_[(size_t)r * n_embd + i] + scale[(size_t)r] * xn_[(size_t)r * n_embd + i];
   } else {
@@ -391,7 +394,7 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
   if (gated)
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-attn_gate_[i]));
   observe(wo, attn_.data(), n);
-  matmul(wo, attn_.data(), n, xn_.data(), pool_);
+  matmul(wo, attn_.data(), n, xn_.data(), pool_, &packed_);
 }
 
 void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
@@ -416,7 +419,7 @@ void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
                     pool_);
   const Weight& w_out = L[LT::SsmOut];
   observe(w_out, dn_out_.data(), n);
-  matmul(w_out, dn_out_.data(), n, xn_.data(), pool_);
+  matmul(w_out, dn_out_.data(), n, xn_.data(), pool_, &packed_);
 }
 
 void CpuBackend::output(float* logits) {
@@ -430,7 +433,7 @@ void CpuBackend::output(float* logits) {
     rms_norm(x_.data() + (size_t)step_.logit_rows[i] * n_embd, output_norm_.data(), normed.data() + (size_t)i * n_embd,
              n_embd, hp.rms_eps);
   observe(model_->output(), normed.data(), n_out);
-  matmul(model_->output(), normed.data(), n_out, logits, pool_);
+  matmul(model_->output(), normed.data(), n_out, logits, pool_, &packed_);
   if (const float cap = hp.final_logit_softcap; cap > 0) {
     const size_t n = (size_t)n_out * hp.n_vocab;
     for (size_t i = 0; i < n; ++i) logits[i] = cap * std::tanh(logits[i] / cap);

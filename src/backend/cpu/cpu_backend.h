@@ -92,6 +92,7 @@ class CpuBackend final : public Backend {
   std::vector<float> moe_out_, shexp_gate_, shexp_up_;  // MoE layers
   MoeExperts moe_;
   ActRows act_;
+  PackedWeights packed_;  // copies of the weights the packed kernels read (packed_weights.h)
   MatmulObserver observer_;
 };
 

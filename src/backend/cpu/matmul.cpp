@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "formats/quant_blocks.h"
 
 namespace roofline::cpu {
 
@@ -14,12 +15,26 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
   n_rows_ = n_rows;
   row_bytes_ = act_row_bytes(format, n_cols);
   data_.resize(row_bytes_ * (size_t)n_rows);
+  const bool sums = format == ActFormat::Q8_0;
+  const size_t nb = (size_t)n_cols / kQK;
+  if (sums) {
+    block_scales_.resize(nb * (size_t)n_rows);
+    block_sums_.resize(nb * (size_t)n_rows);
+  }
   pool.parallel_for((size_t)n_rows, [&](size_t r) {
-    quantize_act_row(format, x + r * (size_t)n_cols, data_.data() + r * row_bytes_, n_cols);
+    uint8_t* row = data_.data() + r * row_bytes_;
+    quantize_act_row(format, x + r * (size_t)n_cols, row, n_cols);
+    if (sums) q8_0_scales_and_sums(row, (int64_t)nb, block_scales_.data() + r * nb, block_sums_.data() + r * nb);
   });
 }
 
-void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool) {
+PackedActs ActRows::packed() const {
+  ROOFLINE_CHECK(format_ == ActFormat::Q8_0);
+  return PackedActs{data_.data(), row_bytes_, block_scales_.data(), block_sums_.data(),
+                    row_bytes_ / sizeof(BlockQ8_0)};
+}
+
+void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool, const PackedWeights* packed) {
   constexpr int kMaxOuts = 4;
   ROOFLINE_CHECK(!outs.empty() && outs.size() <= kMaxOuts);
   const int n_act = act.n_rows();
@@ -38,7 +53,10 @@ void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPoo
   const int64_t prefill_rows = cpu_isa() >= CpuIsa::Avx512 ? 64 : 16;
   const int64_t rows_per_task =
       n_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : prefill_rows;
+  ROOFLINE_CHECK(rows_per_task % kPackRows == 0);  // packed tasks start on a 16-row group
   constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
+  const PackedMatrix* packs[kMaxOuts] = {};
+  for (size_t m = 0; m < outs.size(); ++m) packs[m] = packed ? packed->find(*outs[m].w) : nullptr;
   size_t first_task[kMaxOuts + 1] = {0};  // product m owns tasks [first_task[m], first_task[m + 1])
   for (size_t m = 0; m < outs.size(); ++m)
     first_task[m + 1] = first_task[m] + (size_t)((outs[m].w->rows() + rows_per_task - 1) / rows_per_task);
@@ -49,6 +67,16 @@ void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPoo
     const int64_t n_out = w.rows(), n_in = w.cols();
     const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
     const int64_t r0 = (int64_t)(task - first_task[m]) * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
+    if (const PackedMatrix* pm = packs[m]) {  // rows_per_task is a multiple of the 16-row groups
+      const PackedActs pa = act.packed();
+      const uint8_t* group = pm->data() + (size_t)(r0 / kPackRows) * pm->group_bytes();
+      for (int t0 = 0; t0 < n_act; t0 += kActTile) {
+        const int n_a = std::min(kActTile, n_act - t0);
+        pm->tile()(group, pm->group_bytes(), (int)(r1 - r0), pa, t0, n_a, n_in, outs[m].y + (size_t)t0 * n_out + r0,
+                   (size_t)n_out);
+      }
+      return;
+    }
     const VecDotTileFn tile = vec_dot_tile_fn(w.type());
     for (int t0 = 0; t0 < n_act; t0 += kActTile) {
       const int n_a = std::min(kActTile, n_act - t0);
@@ -58,15 +86,15 @@ void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPoo
   });
 }
 
-void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool) {
+void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool, const PackedWeights* packed) {
   const MatmulOut out{&w, y};
-  matmul_multi(std::span<const MatmulOut>(&out, 1), act, pool);
+  matmul_multi(std::span<const MatmulOut>(&out, 1), act, pool, packed);
 }
 
-void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool) {
+void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool, const PackedWeights* packed) {
   ActRows act;
   act.prepare(act_format_for(w.type()), x, n_rows, w.cols(), pool);
-  matmul(w, act, y, pool);
+  matmul(w, act, y, pool, packed);
 }
 
 }  // namespace roofline::cpu

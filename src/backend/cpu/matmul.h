@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/vec_dot.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
@@ -22,16 +23,21 @@ class ActRows {
   const uint8_t* row(int r) const { return data_.data() + (size_t)r * row_bytes_; }
   int n_rows() const { return n_rows_; }
   size_t row_stride() const { return row_bytes_; }
+  // Q8_0 rows as the packed kernels read them (their block scales and level sums are kept with them).
+  PackedActs packed() const;
 
  private:
   ActFormat format_ = ActFormat::F32;
   size_t row_bytes_ = 0;
   int n_rows_ = 0;
   std::vector<uint8_t> data_;
+  std::vector<float> block_scales_;   // Q8_0: per row and block
+  std::vector<int32_t> block_sums_;   // Q8_0: per row and block, the sum of the 32 levels
 };
 
 // y: [n_rows x w.rows()], rows of the activations in `act` (prepared for act_format_for(w.type())).
-void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool);
+// A weight found in `packed` is read from its packed copy (packed_weights.h), every other in place.
+void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool, const PackedWeights* packed = nullptr);
 // Several products of the same activations (Q, K and V; gate and up) in one dispatch over the pool,
 // their output rows split into tasks together: one wait instead of one per product. Every weight's
 // act_format_for must be act.format().
@@ -39,8 +45,10 @@ struct MatmulOut {
   const Weight* w;
   float* y;  // [n_rows x w->rows()]
 };
-void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool);
+void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool,
+                  const PackedWeights* packed = nullptr);
 // Convenience: converts x and multiplies.
-void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool);
+void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool,
+            const PackedWeights* packed = nullptr);
 
 }  // namespace roofline::cpu

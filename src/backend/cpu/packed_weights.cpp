@@ -1,0 +1,126 @@
+// Repacking GGUF matrices into 16-row interleaved groups (layout in packed_weights.h), and the table of
+// a backend's packed copies.
+#include "backend/cpu/packed_weights.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "formats/quant_blocks.h"
+
+namespace roofline::cpu {
+
+size_t packed_entry_bytes(DType type) {
+  switch (type) {
+    case DType::Q4_0: return 2 * kPackRows + 4 * 64;
+    case DType::Q8_0: return 2 * kPackRows + 8 * 64;
+    default: return 0;
+  }
+}
+
+void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_t g0, int64_t g1, uint8_t* dst) {
+  const size_t entry = packed_entry_bytes(type);
+  ROOFLINE_CHECK(entry > 0 && n % kQK == 0);
+  const int64_t nb = n / kQK;
+  const size_t row_bytes = dtype_row_bytes(type, n);
+  const int chunks = type == DType::Q4_0 ? 4 : 8;
+  for (int64_t g = g0; g < g1; ++g) {
+    uint8_t* group = dst + (size_t)g * packed_group_bytes(type, n);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* e = group + (size_t)b * entry;
+      auto* scales = reinterpret_cast<uint16_t*>(e);  // entries are 2-byte aligned (sizes are even)
+      uint8_t* levels = e + 2 * kPackRows;
+      for (int i = 0; i < kPackRows; ++i) {
+        const int64_t r = g * kPackRows + i;
+        if (r >= rows) {  // padding row: scale 0 and zero levels (any levels would do)
+          scales[i] = 0;
+          for (int j = 0; j < chunks; ++j) std::memset(levels + 64 * j + 4 * i, 0, 4);
+          continue;
+        }
+        const uint8_t* row = src + (size_t)r * row_bytes;
+        if (type == DType::Q4_0) {
+          const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
+          std::memcpy(&scales[i], &blk.d, 2);
+          for (int j = 0; j < 4; ++j) std::memcpy(levels + 64 * j + 4 * i, blk.qs + 4 * j, 4);
+        } else {
+          const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
+          std::memcpy(&scales[i], &blk.d, 2);
+          for (int j = 0; j < 8; ++j)
+            for (int t = 0; t < 4; ++t) levels[64 * j + 4 * i + t] = (uint8_t)(blk.qs[4 * j + t] ^ 0x80);
+        }
+      }
+    }
+  }
+}
+
+void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* sums) {
+  const auto* blocks = static_cast<const BlockQ8_0*>(row);
+  for (int64_t b = 0; b < nb; ++b) {
+    scales[b] = fp16_to_f32(blocks[b].d);
+    int32_t s = 0;
+    for (int i = 0; i < kQK; ++i) s += blocks[b].qs[i];
+    sums[b] = s;
+  }
+}
+
+PackedTileFn packed_tile_fn_at(CpuIsa level, DType type) {
+  ROOFLINE_CHECK(level <= cpu_isa_detected());
+  return level >= CpuIsa::Avx512 ? detail::avx512_packed_tile(type) : nullptr;
+}
+
+PackedTileFn packed_tile_fn(DType type) { return packed_tile_fn_at(cpu_isa(), type); }
+
+void PackedMatrix::AlignedFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+
+PackedMatrix::PackedMatrix(const Weight& w, ThreadPool& pool) {
+  tile_ = packed_tile_fn(w.type());
+  ROOFLINE_CHECK(tile_ != nullptr);
+  if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
+  const int64_t rows = w.rows(), n = w.cols();
+  const int64_t groups = (rows + kPackRows - 1) / kPackRows;
+  group_bytes_ = packed_group_bytes(w.type(), n);
+  bytes_ = group_bytes_ * (size_t)groups;
+  data_.reset(static_cast<uint8_t*>(::operator new[](bytes_, std::align_val_t(64))));
+  // Tasks of 16 groups (256 rows): long sequential reads of the source.
+  constexpr int64_t kGroupsPerTask = 16;
+  const int64_t tasks = (groups + kGroupsPerTask - 1) / kGroupsPerTask;
+  pool.parallel_for((size_t)tasks, [&](size_t t) {
+    const int64_t g0 = (int64_t)t * kGroupsPerTask, g1 = std::min(groups, g0 + kGroupsPerTask);
+    pack_groups(w.type(), w.data(), rows, n, g0, g1, data_.get());
+  });
+}
+
+bool repack_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("ROOFLINE_CPU_REPACK");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+bool PackedWeights::add(const Weight& w, ThreadPool& pool) {
+  if (!repack_enabled()) return false;
+  // Matrices only (stacked expert tensors are multiplied through per-expert views, in place).
+  if (!w || packed_tile_fn(w.type()) == nullptr || w.cols() % kQK != 0 || w.tensor->n_rows() != w.rows()) return false;
+  if (packed_.count(w.tensor)) return true;
+  packed_.emplace(std::piecewise_construct, std::forward_as_tuple(w.tensor), std::forward_as_tuple(w, pool));
+  return true;
+}
+
+const PackedMatrix* PackedWeights::find(const Weight& w) const {
+  if (packed_.empty()) return nullptr;
+  const auto it = packed_.find(w.tensor);
+  return it == packed_.end() ? nullptr : &it->second;
+}
+
+uint64_t PackedWeights::bytes() const {
+  uint64_t n = 0;
+  for (const auto& [t, m] : packed_) n += m.bytes();
+  return n;
+}
+
+}  // namespace roofline::cpu

@@ -1,0 +1,100 @@
+// Weights repacked once at load into the layout the CPU's row-interleaved kernels stream (today: Q4_0 and
+// Q8_0 with AVX-512 VNNI). In a GGUF row each 32-element block holds one row's values; a prefill product
+// then needs one scale conversion, multiply and add per block, row and activation row. Here 16 weight
+// rows are interleaved so that one 512-bit vpdpbusd multiplies 4 values of each of the 16 rows with the
+// same 4 activation values: the int32 sums of a block land in the 16 lanes of one register, and the
+// float work per block is one conversion, one scale product and one FMA for 16 outputs at once.
+//
+// Layout of a packed matrix of R rows and n columns (nb = n / 32 blocks): groups of 16 rows (the last
+// group padded with rows of zero scale), group g at g * nb * entry bytes; in a group, block b's entry:
+//   16 x f16   the scales d of rows 16g .. 16g + 15
+//   Q4_0: 4 chunks of 64 bytes: chunk j holds, for row i = 0..15, bytes 4j .. 4j + 3 of the row's qs
+//         (low nibbles: elements 4j .. 4j+3, high nibbles: elements 16 + 4j .. 16 + 4j + 3), unchanged
+//         (unsigned levels 0..15, value = level - 8). Entry 32 + 256 = 288 bytes = 16 x 18.
+//   Q8_0: 8 chunks of 64 bytes: chunk j holds, for row i, elements 4j .. 4j + 3 as unsigned bytes
+//         q + 128 (value = byte - 128). Entry 32 + 512 = 544 bytes = 16 x 34.
+// So a packed matrix has the bytes of the GGUF tensor (plus the padding rows), and one output is
+// sum over blocks, in order, of float(int32 sum) * (d_w * d_a) by FMA: the same operations whatever the
+// number of activation rows (batch invariance holds on this path as on the others).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "backend/cpu/vec_dot.h"
+#include "core/thread_pool.h"
+#include "model/model.h"
+
+namespace roofline::cpu {
+
+constexpr int kPackRows = 16;  // weight rows per interleaved group
+
+// Bytes of one block entry of a group (scales and levels of 16 rows), or 0 for a type with no packed layout.
+size_t packed_entry_bytes(DType type);
+// Bytes of one group of 16 rows for rows of n elements.
+inline size_t packed_group_bytes(DType type, int64_t n) { return packed_entry_bytes(type) * (size_t)(n / 32); }
+// Repacks rows [16 * g0, 16 * g1) of a GGUF matrix (rows of n elements, `rows` in all) into the layout
+// above, writing groups g0 .. g1 - 1 at dst (the start of the whole packed matrix). Portable code.
+void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_t g0, int64_t g1, uint8_t* dst);
+
+// Activation rows as the packed kernels read them: Q8_0 rows (act_format_for of both types), and per row
+// and block the scale as a float and the sum of the 32 levels (row c, block b at c * blocks_per_row + b).
+struct PackedActs {
+  const uint8_t* rows = nullptr;
+  size_t row_stride = 0;
+  const float* scales = nullptr;
+  const int32_t* sums = nullptr;
+  size_t blocks_per_row = 0;
+};
+// Scales and level sums of one Q8_0 row of nb blocks (portable; ActRows calls it for every Q8_0 row).
+void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* sums);
+
+// y[c * ldy + r] = dot(weight row r, activation row c0 + c) for r < n_w (rows counted from the first row
+// of the group at `packed`), c < n_a; rows of n elements.
+using PackedTileFn = void (*)(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0,
+                              int n_a, int64_t n, float* y, size_t ldy);
+// The packed kernel for a type at cpu_isa() (nullptr: the type is read from its GGUF layout).
+PackedTileFn packed_tile_fn(DType type);
+// The same at one level (tests): nullptr where that level has no packed kernel for the type.
+PackedTileFn packed_tile_fn_at(CpuIsa level, DType type);
+
+// One repacked matrix, 64-byte aligned.
+class PackedMatrix {
+ public:
+  PackedMatrix(const Weight& w, ThreadPool& pool);
+  const uint8_t* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  size_t group_bytes() const { return group_bytes_; }
+  PackedTileFn tile() const { return tile_; }
+
+ private:
+  struct AlignedFree {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, AlignedFree> data_;
+  size_t bytes_ = 0, group_bytes_ = 0;
+  PackedTileFn tile_ = nullptr;
+};
+
+// The packed copies a backend made of its weights, found by tensor. Matrices of other types (or on a CPU
+// without the kernels, or with ROOFLINE_CPU_REPACK=0 in the environment, to compare) are not added and
+// products read them in place.
+class PackedWeights {
+ public:
+  // Packs w when packed_tile_fn(w.type()) exists; returns whether it did (or had already).
+  bool add(const Weight& w, ThreadPool& pool);
+  const PackedMatrix* find(const Weight& w) const;
+  uint64_t bytes() const;
+  void clear() { packed_.clear(); }
+
+ private:
+  std::unordered_map<const gguf::TensorInfo*, PackedMatrix> packed_;
+};
+
+namespace detail {
+PackedTileFn avx512_packed_tile(DType type);  // nullptr if not compiled in or no kernel for the type
+}
+
+}  // namespace roofline::cpu

@@ -1,0 +1,247 @@
+// Packed weights (backend/cpu/packed_weights.h): the repacked layout against the GGUF rows it came from,
+// the packed kernels against a double-precision reference on random data (row counts that leave a
+// partial 16-row group, odd block counts), batch invariance (every activation row gives the same bits
+// alone, in any tile shape, and through matmul's task split), worst-case levels, and which matrices a
+// backend packs. The kernels need AVX-512 VNNI: their tests skip on a CPU without it.
+#include "backend/cpu/packed_weights.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "formats/quant_blocks.h"
+#include "formats/quant_ref.h"
+
+namespace roofline::cpu {
+namespace {
+
+const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0};
+
+// A matrix of `rows` rows of n elements in a GGUF type, with its TensorInfo (Weight views it).
+struct Matrix {
+  gguf::TensorInfo info;
+  std::vector<uint8_t> bytes;
+  Weight weight() const { return Weight{&info}; }
+};
+
+Matrix random_matrix(DType t, int64_t rows, int64_t n, uint64_t seed, int fill = -1) {
+  Matrix m;
+  m.info.name = "test.weight";
+  m.info.type = t;
+  m.info.n_dims = 2;
+  m.info.ne = {n, rows, 1, 1};
+  m.bytes.resize(dtype_row_bytes(t, n) * (size_t)rows);
+  Rng rng(seed);
+  if (fill >= 0) {  // every level byte `fill`, scales random
+    std::memset(m.bytes.data(), fill, m.bytes.size());
+    const size_t block = t == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+    for (size_t off = 0; off < m.bytes.size(); off += block) {
+      const uint16_t d = f32_to_fp16((float)(0.01 + rng.uniform() * 0.02));
+      std::memcpy(m.bytes.data() + off, &d, 2);
+    }
+  } else {
+    std::vector<float> x((size_t)(rows * n));
+    for (float& v : x) v = (float)rng.normal();
+    quantize_rows_ref(t, x.data(), m.bytes.data(), rows, n);
+  }
+  m.info.n_bytes = m.bytes.size();
+  m.info.data = m.bytes.data();
+  return m;
+}
+
+std::vector<float> random_acts(int n_a, int64_t n, uint64_t seed, double magnitude = 1.0, bool extreme = false) {
+  Rng rng(seed);
+  std::vector<float> x((size_t)(n_a * n));
+  for (float& v : x) v = extreme ? (float)(rng.uniform() < 0.5 ? -magnitude : magnitude) : (float)(rng.normal() * magnitude);
+  return x;
+}
+
+// Reference: the dequantized weights times the dequantized activation rows, in double.
+std::vector<double> reference(const Matrix& m, const ActRows& act) {
+  const int64_t rows = m.info.ne[1], n = m.info.ne[0];
+  std::vector<float> w((size_t)(rows * n));
+  dequantize_rows_ref(m.info.type, m.bytes.data(), w.data(), rows, n);
+  std::vector<double> y((size_t)act.n_rows() * rows);
+  std::vector<float> a((size_t)n);
+  for (int c = 0; c < act.n_rows(); ++c) {
+    dequantize_row_ref(DType::Q8_0, act.row(c), a.data(), n);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) s += (double)w[(size_t)(r * n + i)] * a[(size_t)i];
+      y[(size_t)c * rows + r] = s;
+    }
+  }
+  return y;
+}
+
+// The packed tile over all rows and activation rows [c0, c0 + n_a), into an output with padding that must
+// stay untouched.
+std::vector<float> run_packed(const PackedMatrix& pm, int64_t rows, const ActRows& act, int c0, int n_a, int64_t n) {
+  const size_t ldy = (size_t)rows + 5;
+  std::vector<float> padded(ldy * (size_t)n_a, -777.f);
+  pm.tile()(pm.data(), pm.group_bytes(), (int)rows, act.packed(), c0, n_a, n, padded.data(), ldy);
+  std::vector<float> y((size_t)n_a * rows);
+  for (int c = 0; c < n_a; ++c)
+    for (size_t r = 0; r < ldy; ++r) {
+      if (r < (size_t)rows) y[(size_t)c * rows + r] = padded[c * ldy + r];
+      else EXPECT_EQ(padded[c * ldy + r], -777.f) << "the tile wrote past its rows";
+    }
+  return y;
+}
+
+bool have_kernels() { return packed_tile_fn_at(cpu_isa_detected(), DType::Q4_0) != nullptr; }
+
+class PackedType : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PackedType, LayoutHoldsEveryRowsScalesAndLevels) {
+  const DType t = GetParam();
+  const int64_t rows = 21, n = 32 * 3;
+  const Matrix m = random_matrix(t, rows, n, 11);
+  std::vector<uint8_t> packed(packed_group_bytes(t, n) * 2);
+  pack_groups(t, m.bytes.data(), rows, n, 0, 2, packed.data());
+  const size_t entry = packed_entry_bytes(t), row_bytes = dtype_row_bytes(t, n);
+  ASSERT_EQ(entry * 2, t == DType::Q4_0 ? 16 * 18 * 2u : 16 * 34 * 2u);  // the tensor's bytes per 16 rows
+  for (int64_t r = 0; r < 32; ++r) {
+    for (int64_t b = 0; b < n / 32; ++b) {
+      const uint8_t* e = packed.data() + (size_t)(r / 16) * packed_group_bytes(t, n) + (size_t)b * entry;
+      const int i = (int)(r % 16);
+      uint16_t d;
+      std::memcpy(&d, e + 2 * i, 2);
+      float got[32];
+      for (int k = 0; k < 32; ++k) {
+        if (t == DType::Q4_0) {
+          const uint8_t byte = e[32 + 64 * ((k % 16) / 4) + 4 * i + k % 4];
+          got[k] = fp16_to_f32(d) * (float)((k < 16 ? byte & 15 : byte >> 4) - 8);
+        } else {
+          got[k] = fp16_to_f32(d) * (float)((int)e[32 + 64 * (k / 4) + 4 * i + k % 4] - 128);
+        }
+      }
+      if (r >= rows) {
+        EXPECT_EQ(d, 0) << "padding row " << r;
+        continue;
+      }
+      float want[32];
+      dequantize_row_ref(t, m.bytes.data() + (size_t)r * row_bytes + (size_t)b * (row_bytes / (size_t)(n / 32)), want, 32);
+      for (int k = 0; k < 32; ++k) ASSERT_EQ(got[k], want[k]) << "row " << r << " block " << b << " element " << k;
+    }
+  }
+}
+
+TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
+  if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  const DType t = GetParam();
+  ThreadPool pool(2);
+  for (int64_t rows : {16, 37}) {
+    const int64_t n = 32 * 67;
+    const Matrix m = random_matrix(t, rows, n, 100 + (uint64_t)rows);
+    const PackedMatrix pm(m.weight(), pool);
+    const int n_act = 17;
+    const std::vector<float> x = random_acts(n_act, n, 7 + (uint64_t)rows);
+    ActRows act;
+    act.prepare(ActFormat::Q8_0, x.data(), n_act, n, pool);
+    const std::vector<double> ref = reference(m, act);
+    const std::vector<float> all = run_packed(pm, rows, act, 0, n_act, n);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      num += (all[i] - ref[i]) * (all[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    EXPECT_LT(num / den, 1e-11) << dtype_name(t) << " rows " << rows;
+    // Every activation row alone, and every tile shape from every start, gives the same bits.
+    for (int c0 = 0; c0 < n_act; ++c0) {
+      for (int n_a = 1; c0 + n_a <= n_act; n_a += 3) {
+        const std::vector<float> part = run_packed(pm, rows, act, c0, n_a, n);
+        ASSERT_EQ(std::memcmp(part.data(), all.data() + (size_t)c0 * rows, part.size() * sizeof(float)), 0)
+            << dtype_name(t) << " rows " << rows << " from " << c0 << " n_a " << n_a;
+      }
+    }
+  }
+}
+
+// Extreme levels (Q8_0 bytes 0x80 = -128 and 0x7F; Q4_0 nibbles 0 and 15) times activations at +-127 of
+// large and small magnitude: each output within 1e-5 of the sum of |w a| (an int32 wrap would not be).
+TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
+  if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  const DType t = GetParam();
+  ThreadPool pool(1);
+  const int64_t rows = 19, n = 32 * 5;
+  int seed = 0;
+  for (int fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77}) {
+    for (double magnitude : {1e-3, 1.0, 3e4}) {
+      const Matrix m = random_matrix(t, rows, n, 500 + seed, fill);
+      const PackedMatrix pm(m.weight(), pool);
+      const std::vector<float> x = random_acts(3, n, 900 + seed++, magnitude, true);
+      ActRows act;
+      act.prepare(ActFormat::Q8_0, x.data(), 3, n, pool);
+      const std::vector<double> ref = reference(m, act);
+      const std::vector<float> y = run_packed(pm, rows, act, 0, 3, n);
+      std::vector<float> w((size_t)(rows * n)), a((size_t)n);
+      dequantize_rows_ref(t, m.bytes.data(), w.data(), rows, n);
+      for (int c = 0; c < 3; ++c) {
+        dequantize_row_ref(DType::Q8_0, act.row(c), a.data(), n);
+        for (int64_t r = 0; r < rows; ++r) {
+          double mass = 0;
+          for (int64_t i = 0; i < n; ++i) mass += std::fabs((double)w[(size_t)(r * n + i)] * a[(size_t)i]);
+          const size_t o = (size_t)c * rows + (size_t)r;
+          ASSERT_LE(std::fabs(y[o] - ref[o]), 1e-5 * mass + 1e-30)
+              << dtype_name(t) << " fill " << fill << " magnitude " << magnitude << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+// Through matmul: several tasks of rows (prefill and decode splits), packed against in place, and each
+// activation row alone against the batch.
+TEST_P(PackedType, MatmulReadsThePackedCopy) {
+  if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  const DType t = GetParam();
+  ThreadPool pool(2);
+  const int64_t rows = 300, n = 32 * 9;
+  const Matrix m = random_matrix(t, rows, n, 42);
+  PackedWeights packed;
+  ASSERT_TRUE(packed.add(m.weight(), pool));
+  ASSERT_NE(packed.find(m.weight()), nullptr);
+  EXPECT_EQ(packed.bytes(), packed_group_bytes(t, n) * 19);  // 300 rows: 19 groups of 16
+  const int n_act = 21;
+  const std::vector<float> x = random_acts(n_act, n, 3);
+  std::vector<float> y_packed((size_t)(n_act * rows)), y_plain((size_t)(n_act * rows));
+  matmul(m.weight(), x.data(), n_act, y_packed.data(), pool, &packed);
+  matmul(m.weight(), x.data(), n_act, y_plain.data(), pool);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < y_plain.size(); ++i) {
+    num += (y_packed[i] - y_plain[i]) * (y_packed[i] - y_plain[i]);
+    den += (double)y_plain[i] * y_plain[i];
+  }
+  EXPECT_LT(num / den, 1e-11);  // the same integer sums; float order only
+  for (int c : {0, 5, 20}) {
+    std::vector<float> one((size_t)rows);
+    matmul(m.weight(), x.data() + (size_t)c * n, 1, one.data(), pool, &packed);
+    EXPECT_EQ(std::memcmp(one.data(), y_packed.data() + (size_t)c * rows, one.size() * sizeof(float)), 0) << "row " << c;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Packed, PackedType, ::testing::ValuesIn(kPackedTypes),
+                         [](const ::testing::TestParamInfo<DType>& info) { return dtype_name(info.param); });
+
+TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
+  ThreadPool pool(1);
+  const Matrix k = random_matrix(DType::Q4_K, 16, 256, 1);
+  PackedWeights packed;
+  EXPECT_FALSE(packed.add(k.weight(), pool));
+  EXPECT_EQ(packed.find(k.weight()), nullptr);
+  Matrix stacked = random_matrix(DType::Q8_0, 32, 64, 2);  // as if 2 experts of 16 rows
+  stacked.info.ne = {64, 16, 2, 1};
+  EXPECT_FALSE(packed.add(stacked.weight(), pool));
+  const Matrix q = random_matrix(DType::Q8_0, 16, 64, 3);
+  EXPECT_EQ(packed.add(q.weight(), pool), have_kernels() && cpu_isa() >= CpuIsa::Avx512);
+  EXPECT_EQ(packed.bytes(), packed.find(q.weight()) ? packed_group_bytes(DType::Q8_0, 64) : 0u);
+}
+
+}  // namespace
+}  // namespace roofline::cpu
