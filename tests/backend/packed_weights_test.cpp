@@ -20,7 +20,7 @@
 namespace roofline::cpu {
 namespace {
 
-const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0};
+const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0, DType::Q4_K};
 
 // A matrix of `rows` rows of n elements in a GGUF type, with its TensorInfo (Weight views it).
 struct Matrix {
@@ -38,11 +38,13 @@ Matrix random_matrix(DType t, int64_t rows, int64_t n, uint64_t seed, int fill =
   m.bytes.resize(dtype_row_bytes(t, n) * (size_t)rows);
   Rng rng(seed);
   if (fill >= 0) {  // every level byte `fill`, scales random
-    std::memset(m.bytes.data(), fill, m.bytes.size());
-    const size_t block = t == DType::Q4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ8_0);
+    std::memset(m.bytes.data(), fill, m.bytes.size());  // Q4_K: its scale bytes too (0xFF: scales and mins 63)
+    const size_t block = dtype_row_bytes(t, dtype_block_size(t));
     for (size_t off = 0; off < m.bytes.size(); off += block) {
-      const uint16_t d = f32_to_fp16((float)(0.01 + rng.uniform() * 0.02));
-      std::memcpy(m.bytes.data() + off, &d, 2);
+      for (int s = 0; s < (t == DType::Q4_K ? 2 : 1); ++s) {  // d (and Q4_K's dmin)
+        const uint16_t d = f32_to_fp16((float)(0.01 + rng.uniform() * 0.02));
+        std::memcpy(m.bytes.data() + off + 2 * s, &d, 2);
+      }
     }
   } else {
     std::vector<float> x((size_t)(rows * n));
@@ -61,15 +63,28 @@ std::vector<float> random_acts(int n_a, int64_t n, uint64_t seed, double magnitu
   return x;
 }
 
+ActFormat act_of(DType t) { return act_format_for(t); }
+
+// An activation row as the kernels see it: d * q.
+std::vector<float> dequant_act(ActFormat f, const uint8_t* row, int64_t n) {
+  std::vector<float> a((size_t)n);
+  if (f == ActFormat::Q8_0) {
+    dequantize_row_ref(DType::Q8_0, row, a.data(), n);
+  } else {
+    const auto* b = reinterpret_cast<const BlockQ8_K*>(row);
+    for (int64_t i = 0; i < n; ++i) a[(size_t)i] = b[i / 256].d * (float)b[i / 256].qs[i % 256];
+  }
+  return a;
+}
+
 // Reference: the dequantized weights times the dequantized activation rows, in double.
 std::vector<double> reference(const Matrix& m, const ActRows& act) {
   const int64_t rows = m.info.ne[1], n = m.info.ne[0];
   std::vector<float> w((size_t)(rows * n));
   dequantize_rows_ref(m.info.type, m.bytes.data(), w.data(), rows, n);
   std::vector<double> y((size_t)act.n_rows() * rows);
-  std::vector<float> a((size_t)n);
   for (int c = 0; c < act.n_rows(); ++c) {
-    dequantize_row_ref(DType::Q8_0, act.row(c), a.data(), n);
+    const std::vector<float> a = dequant_act(act.format(), act.row(c), n);
     for (int64_t r = 0; r < rows; ++r) {
       double s = 0;
       for (int64_t i = 0; i < n; ++i) s += (double)w[(size_t)(r * n + i)] * a[(size_t)i];
@@ -98,36 +113,42 @@ bool have_kernels() { return packed_tile_fn_at(cpu_isa_detected(), DType::Q4_0) 
 
 class PackedType : public ::testing::TestWithParam<DType> {};
 
-TEST_P(PackedType, LayoutHoldsEveryRowsScalesAndLevels) {
+// The GGUF block of row i, block b, rebuilt from a packed entry (the inverse of pack_groups).
+std::vector<uint8_t> unpack_block(DType t, const uint8_t* e, int i) {
+  std::vector<uint8_t> blk(dtype_row_bytes(t, dtype_block_size(t)));
+  const auto chunks = [&](const uint8_t* levels, uint8_t* qs, int n_chunks, uint8_t x) {
+    for (int j = 0; j < n_chunks; ++j)
+      for (int u = 0; u < 4; ++u) qs[4 * j + u] = (uint8_t)(levels[64 * j + 4 * i + u] ^ x);
+  };
+  std::memcpy(blk.data(), e + 2 * i, 2);  // d
+  if (t == DType::Q4_0) chunks(e + 32, blk.data() + 2, 4, 0);
+  if (t == DType::Q8_0) chunks(e + 32, blk.data() + 2, 8, 0x80);
+  if (t == DType::Q4_K) {
+    std::memcpy(blk.data() + 2, e + 32 + 2 * i, 2);  // dmin
+    for (int k = 0; k < kKScaleBytes; ++k) blk[4 + k] = e[64 + 16 * k + i];
+    chunks(e + 64 + 16 * kKScaleBytes, blk.data() + 4 + kKScaleBytes, 32, 0);
+  }
+  return blk;
+}
+
+TEST_P(PackedType, LayoutHoldsEveryRowsBlockBytes) {
   const DType t = GetParam();
-  const int64_t rows = 21, n = 32 * 3;
+  const int64_t rows = 21, n = dtype_block_size(t) * 3;
   const Matrix m = random_matrix(t, rows, n, 11);
   std::vector<uint8_t> packed(packed_group_bytes(t, n) * 2);
   pack_groups(t, m.bytes.data(), rows, n, 0, 2, packed.data());
-  const size_t entry = packed_entry_bytes(t), row_bytes = dtype_row_bytes(t, n);
-  ASSERT_EQ(entry * 2, t == DType::Q4_0 ? 16 * 18 * 2u : 16 * 34 * 2u);  // the tensor's bytes per 16 rows
+  const size_t entry = packed_entry_bytes(t), row_bytes = dtype_row_bytes(t, n), block_bytes = row_bytes / 3;
+  ASSERT_EQ(entry, 16 * block_bytes);  // the tensor's bytes per 16 rows
   for (int64_t r = 0; r < 32; ++r) {
-    for (int64_t b = 0; b < n / 32; ++b) {
+    for (int64_t b = 0; b < 3; ++b) {
       const uint8_t* e = packed.data() + (size_t)(r / 16) * packed_group_bytes(t, n) + (size_t)b * entry;
-      const int i = (int)(r % 16);
-      uint16_t d;
-      std::memcpy(&d, e + 2 * i, 2);
-      float got[32];
-      for (int k = 0; k < 32; ++k) {
-        if (t == DType::Q4_0) {
-          const uint8_t byte = e[32 + 64 * ((k % 16) / 4) + 4 * i + k % 4];
-          got[k] = fp16_to_f32(d) * (float)((k < 16 ? byte & 15 : byte >> 4) - 8);
-        } else {
-          got[k] = fp16_to_f32(d) * (float)((int)e[32 + 64 * (k / 4) + 4 * i + k % 4] - 128);
-        }
-      }
+      const std::vector<uint8_t> got = unpack_block(t, e, (int)(r % 16));
       if (r >= rows) {
-        EXPECT_EQ(d, 0) << "padding row " << r;
+        EXPECT_EQ(got[0] | got[1], 0) << "padding row " << r << " has a scale";
         continue;
       }
-      float want[32];
-      dequantize_row_ref(t, m.bytes.data() + (size_t)r * row_bytes + (size_t)b * (row_bytes / (size_t)(n / 32)), want, 32);
-      for (int k = 0; k < 32; ++k) ASSERT_EQ(got[k], want[k]) << "row " << r << " block " << b << " element " << k;
+      ASSERT_EQ(std::memcmp(got.data(), m.bytes.data() + (size_t)r * row_bytes + (size_t)b * block_bytes, block_bytes), 0)
+          << "row " << r << " block " << b;
     }
   }
 }
@@ -137,13 +158,13 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
   const DType t = GetParam();
   ThreadPool pool(2);
   for (int64_t rows : {16, 37}) {
-    const int64_t n = 32 * 67;
+    const int64_t n = t == DType::Q4_K ? 256 * 9 : 32 * 67;
     const Matrix m = random_matrix(t, rows, n, 100 + (uint64_t)rows);
     const PackedMatrix pm(m.weight(), pool);
     const int n_act = 17;
     const std::vector<float> x = random_acts(n_act, n, 7 + (uint64_t)rows);
     ActRows act;
-    act.prepare(ActFormat::Q8_0, x.data(), n_act, n, pool);
+    act.prepare(act_of(t), x.data(), n_act, n, pool);
     const std::vector<double> ref = reference(m, act);
     const std::vector<float> all = run_packed(pm, rows, act, 0, n_act, n);
     double num = 0, den = 0;
@@ -163,13 +184,13 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
   }
 }
 
-// Extreme levels (Q8_0 bytes 0x80 = -128 and 0x7F; Q4_0 nibbles 0 and 15) times activations at +-127 of
+// Extreme levels (Q8_0 bytes 0x80 = -128 and 0x7F; Q4_0 nibbles 0 and 15; Q4_K scales and mins of 63) times activations at +-127 of
 // large and small magnitude: each output within 1e-5 of the sum of |w a| (an int32 wrap would not be).
 TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
   if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   const DType t = GetParam();
   ThreadPool pool(1);
-  const int64_t rows = 19, n = 32 * 5;
+  const int64_t rows = 19, n = dtype_block_size(t) * 5;
   int seed = 0;
   for (int fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77}) {
     for (double magnitude : {1e-3, 1.0, 3e4}) {
@@ -177,13 +198,13 @@ TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
       const PackedMatrix pm(m.weight(), pool);
       const std::vector<float> x = random_acts(3, n, 900 + seed++, magnitude, true);
       ActRows act;
-      act.prepare(ActFormat::Q8_0, x.data(), 3, n, pool);
+      act.prepare(act_of(t), x.data(), 3, n, pool);
       const std::vector<double> ref = reference(m, act);
       const std::vector<float> y = run_packed(pm, rows, act, 0, 3, n);
-      std::vector<float> w((size_t)(rows * n)), a((size_t)n);
+      std::vector<float> w((size_t)(rows * n));
       dequantize_rows_ref(t, m.bytes.data(), w.data(), rows, n);
       for (int c = 0; c < 3; ++c) {
-        dequantize_row_ref(DType::Q8_0, act.row(c), a.data(), n);
+        const std::vector<float> a = dequant_act(act.format(), act.row(c), n);
         for (int64_t r = 0; r < rows; ++r) {
           double mass = 0;
           for (int64_t i = 0; i < n; ++i) mass += std::fabs((double)w[(size_t)(r * n + i)] * a[(size_t)i]);
@@ -202,7 +223,7 @@ TEST_P(PackedType, MatmulReadsThePackedCopy) {
   if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   const DType t = GetParam();
   ThreadPool pool(2);
-  const int64_t rows = 300, n = 32 * 9;
+  const int64_t rows = 300, n = dtype_block_size(t) * 9;
   const Matrix m = random_matrix(t, rows, n, 42);
   PackedWeights packed;
   ASSERT_TRUE(packed.add(m.weight(), pool));
@@ -231,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(Packed, PackedType, ::testing::ValuesIn(kPackedTypes),
 
 TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
   ThreadPool pool(1);
-  const Matrix k = random_matrix(DType::Q4_K, 16, 256, 1);
+  const Matrix k = random_matrix(DType::Q6_K, 16, 256, 1);
   PackedWeights packed;
   EXPECT_FALSE(packed.add(k.weight(), pool));
   EXPECT_EQ(packed.find(k.weight()), nullptr);

@@ -15,22 +15,27 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
   n_rows_ = n_rows;
   row_bytes_ = act_row_bytes(format, n_cols);
   data_.resize(row_bytes_ * (size_t)n_rows);
-  const bool sums = format == ActFormat::Q8_0;
-  const size_t nb = (size_t)n_cols / kQK;
-  if (sums) {
+  // Block sums for the packed kernels (packed_weights.h), cheap next to the quantization itself.
+  const bool q8_0 = format == ActFormat::Q8_0, q8_k = format == ActFormat::Q8_K;
+  const size_t nb = (size_t)n_cols / (q8_k ? kQKK : kQK);
+  if (q8_0) {
     block_scales_.resize(nb * (size_t)n_rows);
     block_sums_.resize(nb * (size_t)n_rows);
   }
+  if (q8_k) sub_sums_.resize(8 * nb * (size_t)n_rows);
   pool.parallel_for((size_t)n_rows, [&](size_t r) {
     uint8_t* row = data_.data() + r * row_bytes_;
     quantize_act_row(format, x + r * (size_t)n_cols, row, n_cols);
-    if (sums) q8_0_scales_and_sums(row, (int64_t)nb, block_scales_.data() + r * nb, block_sums_.data() + r * nb);
+    if (q8_0) q8_0_scales_and_sums(row, (int64_t)nb, block_scales_.data() + r * nb, block_sums_.data() + r * nb);
+    if (q8_k) q8_k_sub_sums(row, (int64_t)nb, sub_sums_.data() + 8 * r * nb);
   });
 }
 
 PackedActs ActRows::packed() const {
+  if (format_ == ActFormat::Q8_K)
+    return PackedActs{data_.data(), row_bytes_, nullptr, nullptr, sub_sums_.data(), row_bytes_ / sizeof(BlockQ8_K)};
   ROOFLINE_CHECK(format_ == ActFormat::Q8_0);
-  return PackedActs{data_.data(), row_bytes_, block_scales_.data(), block_sums_.data(),
+  return PackedActs{data_.data(), row_bytes_, block_scales_.data(), block_sums_.data(), nullptr,
                     row_bytes_ / sizeof(BlockQ8_0)};
 }
 

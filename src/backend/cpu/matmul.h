@@ -23,7 +23,7 @@ class ActRows {
   const uint8_t* row(int r) const { return data_.data() + (size_t)r * row_bytes_; }
   int n_rows() const { return n_rows_; }
   size_t row_stride() const { return row_bytes_; }
-  // Q8_0 rows as the packed kernels read them (their block scales and level sums are kept with them).
+  // Q8_0 or Q8_K rows as the packed kernels read them (with the block sums they need, kept with them).
   PackedActs packed() const;
 
  private:
@@ -33,6 +33,7 @@ class ActRows {
   std::vector<uint8_t> data_;
   std::vector<float> block_scales_;   // Q8_0: per row and block
   std::vector<int32_t> block_sums_;   // Q8_0: per row and block, the sum of the 32 levels
+  std::vector<int16_t> sub_sums_;     // Q8_K: per row and super-block, the 8 sums of 32 levels
 };
 
 // y: [n_rows x w.rows()], rows of the activations in `act` (prepared for act_format_for(w.type())).

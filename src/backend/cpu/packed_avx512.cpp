@@ -1,10 +1,13 @@
-// AVX-512 VNNI kernels over packed weights (layout in packed_weights.h): Q4_0 and Q8_0 in groups of 16
-// interleaved rows. Per block, group and activation row: 8 vpdpbusd (unsigned weight levels x the same 4
+// AVX-512 VNNI kernels over packed weights (layout in packed_weights.h): Q4_0, Q8_0 and Q4_K in groups
+// of 16 interleaved rows. Per block, group and activation row: 8 vpdpbusd (unsigned weight levels x the same 4
 // signed activation values broadcast to all lanes, 16 rows x 4 values each), one int32 add, one
 // conversion, one scale product and one FMA, for 16 outputs; the weight levels of a block are loaded
 // (and for Q4_0 split into nibbles) once and used for up to 8 activation rows. The level offset (8 for
 // Q4_0, 128 for Q8_0) comes out through the activation block sum: sum (u - C) a = sum u a - C sum a, so
-// the int32 accumulator starts at -C * sum a. Integer work is exact; the float steps per output are the
+// the int32 accumulator starts at -C * sum a. Q4_K: the same 8 vpdpbusd per sub-block of 32 (no offset),
+// times d * scale as floats per sub-block; the 16 rows' 6-bit scales and mins are decoded per super-block
+// with 128-bit ops on the transposed scale bytes, and the mins term is 4 vpdpwssd of (min pair) x
+// (activation sub-block sum pair) per activation row. Integer work is exact; the float steps per output are the
 // same for any number of activation rows (batch invariance). Compiled through a target pragma, called
 // only after avx512_supported().
 #include <cstddef>
@@ -91,22 +94,100 @@ void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc)
   }
 }
 
-template <int NA, bool Q4>
+// The activation rows c0 .. c0 + NA - 1 of a Q4_K tile: Q8_K blocks and sub-block sums.
+template <int NA>
+struct RowsK {
+  const BlockQ8_K* q[NA];
+  const int16_t* sub[NA];
+  RowsK(const PackedActs& a, int c0) {
+    for (int j = 0; j < NA; ++j) {
+      q[j] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + j) * a.row_stride);
+      sub[j] = a.sub_sums + 8 * (size_t)(c0 + j) * a.blocks_per_row;
+    }
+  }
+};
+
+template <int NA>
+void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
+  constexpr size_t kScales = 4 * kPackRows, kLevels = kScales + kKScaleBytes * kPackRows;
+  constexpr size_t kEntry = kLevels + 32 * 64;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+  for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* e = group + (size_t)b * kEntry;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + 2 * kPackRows)));
+    // Scale byte k of the 16 rows; the 6-bit scales and mins of sub-block k as in unpack_k4_scale_min.
+    __m128i B[kKScaleBytes];
+    for (int k = 0; k < kKScaleBytes; ++k) B[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * k));
+    __m128i sc[8], mn[8];
+    for (int k = 0; k < 4; ++k) {
+      sc[k] = _mm_and_si128(B[k], m63);
+      mn[k] = _mm_and_si128(B[k + 4], m63);
+    }
+    for (int k = 4; k < 8; ++k) {
+      sc[k] = _mm_or_si128(_mm_and_si128(B[k + 4], m15), _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(B[k - 4], 6), m3), 4));
+      mn[k] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(B[k + 4], 4), m15),
+                           _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(B[k], 6), m3), 4));
+    }
+    __m512 sub_acc[NA];
+    for (int j = 0; j < NA; ++j) sub_acc[j] = _mm512_setzero_ps();
+    const uint8_t* lv = e + kLevels;
+    for (int k = 0; k < 8; ++k) {  // sub-block k: chunks 8 (k / 2) + t, low nibbles for even k
+      const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc[k])));
+      __m512i w[8];
+      for (int t = 0; t < 8; ++t) {
+        const __m512i v = _mm512_loadu_si512(lv + 64 * (8 * (k / 2) + t));
+        w[t] = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
+      }
+      for (int j = 0; j < NA; ++j) {
+        const int8_t* q = A.q[j][b].qs + 32 * k;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int t = 0; t < 8; t += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(load32(q + 4 * t)));
+          s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(load32(q + 4 * t + 4)));
+        }
+        sub_acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dsc, sub_acc[j]);
+      }
+    }
+    // Mins as int16 pairs (m of sub-blocks 2p and 2p + 1 of each row) against the activation's pairs of sums.
+    __m512i mpair[4];
+    for (int p = 0; p < 4; ++p)
+      mpair[p] = _mm512_cvtepu8_epi16(
+          _mm256_set_m128i(_mm_unpackhi_epi8(mn[2 * p], mn[2 * p + 1]), _mm_unpacklo_epi8(mn[2 * p], mn[2 * p + 1])));
+    for (int j = 0; j < NA; ++j) {
+      const int16_t* ss = A.sub[j] + 8 * b;
+      __m512i mins = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
+      const __m512 da = _mm512_set1_ps(A.q[j][b].d);
+      acc[j] = _mm512_fmadd_ps(sub_acc[j], da, acc[j]);
+      acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc[j]);
+    }
+  }
+}
+
+enum class Kind { Q4_0, Q8_0, Q4_K };
+
+template <int NA, Kind K>
 void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
-  const Rows<NA> A(a, c0);
   __m512 acc[NA];
-  group_dot<NA, Q4>(group, nb, A, acc);
+  if constexpr (K == Kind::Q4_K) {
+    group_dot_q4_k<NA>(group, nb, RowsK<NA>(a, c0), acc);
+  } else {
+    group_dot<NA, K == Kind::Q4_0>(group, nb, Rows<NA>(a, c0), acc);
+  }
   for (int j = 0; j < NA; ++j) _mm512_mask_storeu_ps(y + (size_t)j * ldy, keep, acc[j]);
 }
 
-template <bool Q4>
+template <Kind K>
 void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int n_a, int64_t n,
                  float* y, size_t ldy) {
   using Fn = void (*)(const uint8_t*, int64_t, const PackedActs&, int, float*, size_t, __mmask16);
-  static constexpr Fn kFns[kMaxNA + 1] = {nullptr,           group_rows<1, Q4>, group_rows<2, Q4>,
-                                          group_rows<3, Q4>, group_rows<4, Q4>, group_rows<5, Q4>,
-                                          group_rows<6, Q4>, group_rows<7, Q4>, group_rows<8, Q4>};
-  const int64_t nb = n / kQK;
+  static constexpr Fn kFns[kMaxNA + 1] = {nullptr,          group_rows<1, K>, group_rows<2, K>,
+                                          group_rows<3, K>, group_rows<4, K>, group_rows<5, K>,
+                                          group_rows<6, K>, group_rows<7, K>, group_rows<8, K>};
+  const int64_t nb = n / (K == Kind::Q4_K ? kQKK : kQK);
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     const __mmask16 keep = (__mmask16)((1u << rows) - 1);
@@ -124,8 +205,9 @@ namespace detail {
 PackedTileFn avx512_packed_tile(DType type) {
   if (!avx512_supported()) return nullptr;
   switch (type) {
-    case DType::Q4_0: return packed_tile<true>;
-    case DType::Q8_0: return packed_tile<false>;
+    case DType::Q4_0: return packed_tile<Kind::Q4_0>;
+    case DType::Q8_0: return packed_tile<Kind::Q8_0>;
+    case DType::Q4_K: return packed_tile<Kind::Q4_K>;
     default: return nullptr;
   }
 }

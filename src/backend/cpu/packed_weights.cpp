@@ -18,39 +18,57 @@ size_t packed_entry_bytes(DType type) {
   switch (type) {
     case DType::Q4_0: return 2 * kPackRows + 4 * 64;
     case DType::Q8_0: return 2 * kPackRows + 8 * 64;
+    case DType::Q4_K: return 4 * kPackRows + kKScaleBytes * kPackRows + 32 * 64;
     default: return 0;
   }
 }
 
+namespace {
+// Row-interleaved 4-byte chunks: chunk j of `levels` gets bytes 4j .. 4j + 3 of `src` for row i (xor x).
+void put_chunks(uint8_t* levels, int i, const uint8_t* src, int chunks, uint8_t x) {
+  for (int j = 0; j < chunks; ++j)
+    for (int t = 0; t < 4; ++t) levels[64 * j + 4 * i + t] = (uint8_t)(src[4 * j + t] ^ x);
+}
+}  // namespace
+
 void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_t g0, int64_t g1, uint8_t* dst) {
   const size_t entry = packed_entry_bytes(type);
-  ROOFLINE_CHECK(entry > 0 && n % kQK == 0);
-  const int64_t nb = n / kQK;
-  const size_t row_bytes = dtype_row_bytes(type, n);
-  const int chunks = type == DType::Q4_0 ? 4 : 8;
+  const int64_t block = dtype_block_size(type);
+  ROOFLINE_CHECK(entry > 0 && n % block == 0);
+  const int64_t nb = n / block;
+  const size_t row_bytes = dtype_row_bytes(type, n), block_bytes = row_bytes / (size_t)nb;
   for (int64_t g = g0; g < g1; ++g) {
     uint8_t* group = dst + (size_t)g * packed_group_bytes(type, n);
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* e = group + (size_t)b * entry;
-      auto* scales = reinterpret_cast<uint16_t*>(e);  // entries are 2-byte aligned (sizes are even)
-      uint8_t* levels = e + 2 * kPackRows;
+      auto* d = reinterpret_cast<uint16_t*>(e);  // entries are 2-byte aligned (sizes are even)
       for (int i = 0; i < kPackRows; ++i) {
         const int64_t r = g * kPackRows + i;
-        if (r >= rows) {  // padding row: scale 0 and zero levels (any levels would do)
-          scales[i] = 0;
-          for (int j = 0; j < chunks; ++j) std::memset(levels + 64 * j + 4 * i, 0, 4);
-          continue;
-        }
-        const uint8_t* row = src + (size_t)r * row_bytes;
-        if (type == DType::Q4_0) {
-          const auto& blk = reinterpret_cast<const BlockQ4_0*>(row)[b];
-          std::memcpy(&scales[i], &blk.d, 2);
-          for (int j = 0; j < 4; ++j) std::memcpy(levels + 64 * j + 4 * i, blk.qs + 4 * j, 4);
-        } else {
-          const auto& blk = reinterpret_cast<const BlockQ8_0*>(row)[b];
-          std::memcpy(&scales[i], &blk.d, 2);
-          for (int j = 0; j < 8; ++j)
-            for (int t = 0; t < 4; ++t) levels[64 * j + 4 * i + t] = (uint8_t)(blk.qs[4 * j + t] ^ 0x80);
+        // A padding row: zero scales (and zero levels, though any would do).
+        static const uint8_t kZeroBlock[sizeof(BlockQ4_K)] = {};
+        const uint8_t* blk = r < rows ? src + (size_t)r * row_bytes + (size_t)b * block_bytes : kZeroBlock;
+        switch (type) {
+          case DType::Q4_0: {
+            const auto& q = *reinterpret_cast<const BlockQ4_0*>(blk);
+            std::memcpy(&d[i], &q.d, 2);
+            put_chunks(e + 2 * kPackRows, i, q.qs, 4, 0);
+            break;
+          }
+          case DType::Q8_0: {
+            const auto& q = *reinterpret_cast<const BlockQ8_0*>(blk);
+            std::memcpy(&d[i], &q.d, 2);
+            put_chunks(e + 2 * kPackRows, i, reinterpret_cast<const uint8_t*>(q.qs), 8, 0x80);
+            break;
+          }
+          case DType::Q4_K: {
+            const auto& q = *reinterpret_cast<const BlockQ4_K*>(blk);
+            std::memcpy(&d[i], &q.d, 2);
+            std::memcpy(&d[kPackRows + i], &q.dmin, 2);
+            for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = q.scales[k];
+            put_chunks(e + (4 + kKScaleBytes) * kPackRows, i, q.qs, 32, 0);
+            break;
+          }
+          default: ROOFLINE_CHECK(false);
         }
       }
     }
@@ -65,6 +83,13 @@ void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* s
     for (int i = 0; i < kQK; ++i) s += blocks[b].qs[i];
     sums[b] = s;
   }
+}
+
+void q8_k_sub_sums(const void* row, int64_t nb, int16_t* sub_sums) {
+  const auto* blocks = static_cast<const BlockQ8_K*>(row);
+  for (int64_t b = 0; b < nb; ++b)
+    for (int k = 0; k < 8; ++k)  // |sum| <= 32 * 127: fits int16
+      sub_sums[8 * b + k] = (int16_t)(blocks[b].bsums[2 * k] + blocks[b].bsums[2 * k + 1]);
 }
 
 PackedTileFn packed_tile_fn_at(CpuIsa level, DType type) {
@@ -105,7 +130,7 @@ bool repack_enabled() {
 bool PackedWeights::add(const Weight& w, ThreadPool& pool) {
   if (!repack_enabled()) return false;
   // Matrices only (stacked expert tensors are multiplied through per-expert views, in place).
-  if (!w || packed_tile_fn(w.type()) == nullptr || w.cols() % kQK != 0 || w.tensor->n_rows() != w.rows()) return false;
+  if (!w || packed_tile_fn(w.type()) == nullptr || w.cols() % dtype_block_size(w.type()) != 0 || w.tensor->n_rows() != w.rows()) return false;
   if (packed_.count(w.tensor)) return true;
   packed_.emplace(std::piecewise_construct, std::forward_as_tuple(w.tensor), std::forward_as_tuple(w, pool));
   return true;

@@ -1,21 +1,24 @@
-// Weights repacked once at load into the layout the CPU's row-interleaved kernels stream (today: Q4_0 and
-// Q8_0 with AVX-512 VNNI). In a GGUF row each 32-element block holds one row's values; a prefill product
-// then needs one scale conversion, multiply and add per block, row and activation row. Here 16 weight
+// Weights repacked once at load into the layout the CPU's row-interleaved kernels stream (today: Q4_0,
+// Q8_0 and Q4_K with AVX-512 VNNI). In a GGUF row each block holds one row's values; a prefill product
+// then needs scale conversions, multiplies and adds per block, row and activation row. Here 16 weight
 // rows are interleaved so that one 512-bit vpdpbusd multiplies 4 values of each of the 16 rows with the
-// same 4 activation values: the int32 sums of a block land in the 16 lanes of one register, and the
-// float work per block is one conversion, one scale product and one FMA for 16 outputs at once.
+// same 4 activation values: the int32 sums of a (sub-)block land in the 16 lanes of one register, and
+// the float work per (sub-)block is one conversion and one FMA for 16 outputs at once.
 //
-// Layout of a packed matrix of R rows and n columns (nb = n / 32 blocks): groups of 16 rows (the last
-// group padded with rows of zero scale), group g at g * nb * entry bytes; in a group, block b's entry:
-//   16 x f16   the scales d of rows 16g .. 16g + 15
-//   Q4_0: 4 chunks of 64 bytes: chunk j holds, for row i = 0..15, bytes 4j .. 4j + 3 of the row's qs
-//         (low nibbles: elements 4j .. 4j+3, high nibbles: elements 16 + 4j .. 16 + 4j + 3), unchanged
-//         (unsigned levels 0..15, value = level - 8). Entry 32 + 256 = 288 bytes = 16 x 18.
-//   Q8_0: 8 chunks of 64 bytes: chunk j holds, for row i, elements 4j .. 4j + 3 as unsigned bytes
-//         q + 128 (value = byte - 128). Entry 32 + 512 = 544 bytes = 16 x 34.
-// So a packed matrix has the bytes of the GGUF tensor (plus the padding rows), and one output is
-// sum over blocks, in order, of float(int32 sum) * (d_w * d_a) by FMA: the same operations whatever the
-// number of activation rows (batch invariance holds on this path as on the others).
+// Layout of a packed matrix of R rows and n columns (nb = n / block blocks per row): groups of 16 rows
+// (the last group padded with rows of zero scales), group g at g * nb * entry bytes; in a group, block
+// b's entry holds the block of rows 16g .. 16g + 15, with "row-interleaved 4-byte chunks": chunk j is
+// 64 bytes, bytes 4j .. 4j + 3 of the block's level bytes for row 0, then row 1, ..., row 15.
+//   Q4_0: 16 x f16 d, then chunks 0..3 of qs, unchanged (low nibbles: elements 4j .. 4j + 3, high
+//         nibbles: elements 16 + 4j ..; unsigned levels 0..15, value = level - 8). 288 bytes = 16 x 18.
+//   Q8_0: 16 x f16 d, then chunks 0..7 of qs as unsigned bytes q + 128 (value = byte - 128).
+//         544 bytes = 16 x 34.
+//   Q4_K: 16 x f16 d, 16 x f16 dmin, the 12 scale bytes transposed (byte k of row i at 16k + i), then
+//         chunks 0..31 of qs (chunk 8p + t: low nibbles are elements 4t .. 4t + 3 of sub-block 2p, high
+//         nibbles those of sub-block 2p + 1). 2304 bytes = 16 x 144.
+// So a packed matrix has the bytes of the GGUF tensor (plus the padding rows), and one output is a sum over
+// blocks, in order, by FMA: the same operations whatever the number of activation rows (batch invariance
+// holds on this path as on the others).
 #pragma once
 
 #include <cstddef>
@@ -34,22 +37,28 @@ constexpr int kPackRows = 16;  // weight rows per interleaved group
 // Bytes of one block entry of a group (scales and levels of 16 rows), or 0 for a type with no packed layout.
 size_t packed_entry_bytes(DType type);
 // Bytes of one group of 16 rows for rows of n elements.
-inline size_t packed_group_bytes(DType type, int64_t n) { return packed_entry_bytes(type) * (size_t)(n / 32); }
+inline size_t packed_group_bytes(DType type, int64_t n) {
+  return packed_entry_bytes(type) * (size_t)(n / dtype_block_size(type));
+}
 // Repacks rows [16 * g0, 16 * g1) of a GGUF matrix (rows of n elements, `rows` in all) into the layout
 // above, writing groups g0 .. g1 - 1 at dst (the start of the whole packed matrix). Portable code.
 void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_t g0, int64_t g1, uint8_t* dst);
 
-// Activation rows as the packed kernels read them: Q8_0 rows (act_format_for of both types), and per row
-// and block the scale as a float and the sum of the 32 levels (row c, block b at c * blocks_per_row + b).
+// Activation rows as the packed kernels read them (act_format_for of the weight type), with per row and
+// block: Q8_0, the scale as a float and the sum of the 32 levels (row c, block b at c * blocks_per_row +
+// b); Q8_K, the sums of the levels of the 8 sub-blocks of 32 (at 8 * (c * blocks_per_row + b)).
 struct PackedActs {
   const uint8_t* rows = nullptr;
   size_t row_stride = 0;
-  const float* scales = nullptr;
-  const int32_t* sums = nullptr;
+  const float* scales = nullptr;      // Q8_0
+  const int32_t* sums = nullptr;      // Q8_0
+  const int16_t* sub_sums = nullptr;  // Q8_K
   size_t blocks_per_row = 0;
 };
 // Scales and level sums of one Q8_0 row of nb blocks (portable; ActRows calls it for every Q8_0 row).
 void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* sums);
+// Sub-block sums of one Q8_K row of nb super-blocks: 8 per super-block (from its 16 sums of 16).
+void q8_k_sub_sums(const void* row, int64_t nb, int16_t* sub_sums);
 
 // y[c * ldy + r] = dot(weight row r, activation row c0 + c) for r < n_w (rows counted from the first row
 // of the group at `packed`), c < n_a; rows of n elements.
