@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -20,7 +21,7 @@
 namespace roofline::cpu {
 namespace {
 
-const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0, DType::Q4_K};
+const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K};
 
 // A matrix of `rows` rows of n elements in a GGUF type, with its TensorInfo (Weight views it).
 struct Matrix {
@@ -41,9 +42,9 @@ Matrix random_matrix(DType t, int64_t rows, int64_t n, uint64_t seed, int fill =
     std::memset(m.bytes.data(), fill, m.bytes.size());  // Q4_K: its scale bytes too (0xFF: scales and mins 63)
     const size_t block = dtype_row_bytes(t, dtype_block_size(t));
     for (size_t off = 0; off < m.bytes.size(); off += block) {
-      for (int s = 0; s < (t == DType::Q4_K ? 2 : 1); ++s) {  // d (and Q4_K's dmin)
+      for (int s = 0; s < (t == DType::Q4_K ? 2 : 1); ++s) {  // d (and Q4_K's dmin; Q6_K's d comes last)
         const uint16_t d = f32_to_fp16((float)(0.01 + rng.uniform() * 0.02));
-        std::memcpy(m.bytes.data() + off + 2 * s, &d, 2);
+        std::memcpy(m.bytes.data() + off + (t == DType::Q6_K ? offsetof(BlockQ6_K, d) : 2 * s), &d, 2);
       }
     }
   } else {
@@ -120,13 +121,18 @@ std::vector<uint8_t> unpack_block(DType t, const uint8_t* e, int i) {
     for (int j = 0; j < n_chunks; ++j)
       for (int u = 0; u < 4; ++u) qs[4 * j + u] = (uint8_t)(levels[64 * j + 4 * i + u] ^ x);
   };
-  std::memcpy(blk.data(), e + 2 * i, 2);  // d
+  std::memcpy(blk.data() + (t == DType::Q6_K ? offsetof(BlockQ6_K, d) : 0), e + 2 * i, 2);  // d
   if (t == DType::Q4_0) chunks(e + 32, blk.data() + 2, 4, 0);
   if (t == DType::Q8_0) chunks(e + 32, blk.data() + 2, 8, 0x80);
   if (t == DType::Q4_K) {
     std::memcpy(blk.data() + 2, e + 32 + 2 * i, 2);  // dmin
     for (int k = 0; k < kKScaleBytes; ++k) blk[4 + k] = e[64 + 16 * k + i];
     chunks(e + 64 + 16 * kKScaleBytes, blk.data() + 4 + kKScaleBytes, 32, 0);
+  }
+  if (t == DType::Q6_K) {
+    for (int k = 0; k < 16; ++k) blk[offsetof(BlockQ6_K, scales) + k] = e[32 + 16 * k + i];
+    chunks(e + 32 + 256, blk.data() + offsetof(BlockQ6_K, ql), 32, 0);
+    chunks(e + 32 + 256 + 32 * 64, blk.data() + offsetof(BlockQ6_K, qh), 16, 0);
   }
   return blk;
 }
@@ -144,7 +150,8 @@ TEST_P(PackedType, LayoutHoldsEveryRowsBlockBytes) {
       const uint8_t* e = packed.data() + (size_t)(r / 16) * packed_group_bytes(t, n) + (size_t)b * entry;
       const std::vector<uint8_t> got = unpack_block(t, e, (int)(r % 16));
       if (r >= rows) {
-        EXPECT_EQ(got[0] | got[1], 0) << "padding row " << r << " has a scale";
+        const size_t d_at = t == DType::Q6_K ? offsetof(BlockQ6_K, d) : 0;
+        EXPECT_EQ(got[d_at] | got[d_at + 1], 0) << "padding row " << r << " has a scale";
         continue;
       }
       ASSERT_EQ(std::memcmp(got.data(), m.bytes.data() + (size_t)r * row_bytes + (size_t)b * block_bytes, block_bytes), 0)
@@ -158,7 +165,7 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
   const DType t = GetParam();
   ThreadPool pool(2);
   for (int64_t rows : {16, 37}) {
-    const int64_t n = t == DType::Q4_K ? 256 * 9 : 32 * 67;
+    const int64_t n = dtype_block_size(t) == 256 ? 256 * 9 : 32 * 67;
     const Matrix m = random_matrix(t, rows, n, 100 + (uint64_t)rows);
     const PackedMatrix pm(m.weight(), pool);
     const int n_act = 17;
@@ -184,7 +191,8 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
   }
 }
 
-// Extreme levels (Q8_0 bytes 0x80 = -128 and 0x7F; Q4_0 nibbles 0 and 15; Q4_K scales and mins of 63) times activations at +-127 of
+// Extreme levels (Q8_0 bytes 0x80 = -128 and 0x7F; Q4_0 nibbles 0 and 15; Q4_K scales and mins of 63;
+// Q6_K levels 0 and 63, scales -128 and 127) times activations at +-127 of
 // large and small magnitude: each output within 1e-5 of the sum of |w a| (an int32 wrap would not be).
 TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
   if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
@@ -252,7 +260,7 @@ INSTANTIATE_TEST_SUITE_P(Packed, PackedType, ::testing::ValuesIn(kPackedTypes),
 
 TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
   ThreadPool pool(1);
-  const Matrix k = random_matrix(DType::Q6_K, 16, 256, 1);
+  const Matrix k = random_matrix(DType::Q5_K, 16, 256, 1);
   PackedWeights packed;
   EXPECT_FALSE(packed.add(k.weight(), pool));
   EXPECT_EQ(packed.find(k.weight()), nullptr);

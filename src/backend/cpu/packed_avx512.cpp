@@ -7,7 +7,9 @@
 // the int32 accumulator starts at -C * sum a. Q4_K: the same 8 vpdpbusd per sub-block of 32 (no offset),
 // times d * scale as floats per sub-block; the 16 rows' 6-bit scales and mins are decoded per super-block
 // with 128-bit ops on the transposed scale bytes, and the mins term is 4 vpdpwssd of (min pair) x
-// (activation sub-block sum pair) per activation row. Integer work is exact; the float steps per output are the
+// (activation sub-block sum pair) per activation row. Q6_K: 6-bit levels assembled from the ql and qh
+// chunks (4 sub-block rows of 4 values per chunk triple), 4 vpdpbusd per sub-block of 16 starting at
+// -32 * (activation sum of the 16), times d * scale as floats. Integer work is exact; the float steps per output are the
 // same for any number of activation rows (batch invariance). Compiled through a target pragma, called
 // only after avx512_supported().
 #include <cstddef>
@@ -167,13 +169,70 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
   }
 }
 
-enum class Kind { Q4_0, Q8_0, Q4_K };
+// Q6_K. For half h and chunk u (elements 4u .. 4u + 3 of each 32-element quarter), the ql chunks A =
+// 16h + u and B = 16h + 8 + u and the qh chunk C = 8h + u hold quarter 0: A low | C bits 0-1, quarter 1:
+// B low | C bits 2-3, quarter 2: A high | C bits 4-5, quarter 3: B high | C bits 6-7. Quarter g of half
+// h, chunks u = 4v .. 4v + 3, is sub-block 8h + 2g + v.
+inline __m512i q6_levels(const uint8_t* lv, int h, int g, int u) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i ql = _mm512_loadu_si512(lv + 64 * (16 * h + 8 * (g & 1) + u));
+  const __m512i qh = _mm512_loadu_si512(lv + 64 * (32 + 8 * h + u));
+  const __m512i lo = _mm512_and_si512(g < 2 ? ql : _mm512_srli_epi16(ql, 4), low4);
+  __m512i hi;  // the two high bits of quarter g moved to bits 4-5
+  switch (g) {
+    case 0: hi = _mm512_slli_epi16(qh, 4); break;
+    case 1: hi = _mm512_slli_epi16(qh, 2); break;
+    case 2: hi = qh; break;
+    default: hi = _mm512_srli_epi16(qh, 2); break;
+  }
+  return _mm512_or_si512(lo, _mm512_and_si512(hi, bits45));
+}
+
+template <int NA>
+void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
+  constexpr size_t kScales = 2 * kPackRows, kLevels = kScales + 16 * kPackRows;
+  constexpr size_t kEntry = kLevels + (32 + 16) * 64;
+  for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* e = group + (size_t)b * kEntry;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
+    const uint8_t* lv = e + kLevels;
+    __m512 sub_acc[NA];
+    for (int j = 0; j < NA; ++j) sub_acc[j] = _mm512_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      for (int v = 0; v < 2; ++v) {
+        for (int g = 0; g < 4; ++g) {
+          const int sb = 8 * h + 2 * g + v;
+          const __m512 dsc = _mm512_mul_ps(
+              d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * sb)))));
+          __m512i w[4];
+          for (int t = 0; t < 4; ++t) w[t] = q6_levels(lv, h, g, 4 * v + t);
+          for (int j = 0; j < NA; ++j) {
+            const int8_t* q = A.q[j][b].qs + 16 * sb;
+            __m512i s0 = _mm512_set1_epi32(-32 * (int32_t)A.q[j][b].bsums[sb]);
+            __m512i s1 = _mm512_setzero_si512();
+            s0 = _mm512_dpbusd_epi32(s0, w[0], _mm512_set1_epi32(load32(q)));
+            s1 = _mm512_dpbusd_epi32(s1, w[1], _mm512_set1_epi32(load32(q + 4)));
+            s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(load32(q + 8)));
+            s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_set1_epi32(load32(q + 12)));
+            sub_acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dsc, sub_acc[j]);
+          }
+        }
+      }
+    }
+    for (int j = 0; j < NA; ++j) acc[j] = _mm512_fmadd_ps(sub_acc[j], _mm512_set1_ps(A.q[j][b].d), acc[j]);
+  }
+}
+
+enum class Kind { Q4_0, Q8_0, Q4_K, Q6_K };
 
 template <int NA, Kind K>
 void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
   __m512 acc[NA];
   if constexpr (K == Kind::Q4_K) {
     group_dot_q4_k<NA>(group, nb, RowsK<NA>(a, c0), acc);
+  } else if constexpr (K == Kind::Q6_K) {
+    group_dot_q6_k<NA>(group, nb, RowsK<NA>(a, c0), acc);
   } else {
     group_dot<NA, K == Kind::Q4_0>(group, nb, Rows<NA>(a, c0), acc);
   }
@@ -187,7 +246,7 @@ void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const Packe
   static constexpr Fn kFns[kMaxNA + 1] = {nullptr,          group_rows<1, K>, group_rows<2, K>,
                                           group_rows<3, K>, group_rows<4, K>, group_rows<5, K>,
                                           group_rows<6, K>, group_rows<7, K>, group_rows<8, K>};
-  const int64_t nb = n / (K == Kind::Q4_K ? kQKK : kQK);
+  const int64_t nb = n / (K == Kind::Q4_K || K == Kind::Q6_K ? kQKK : kQK);
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     const __mmask16 keep = (__mmask16)((1u << rows) - 1);
@@ -208,6 +267,7 @@ PackedTileFn avx512_packed_tile(DType type) {
     case DType::Q4_0: return packed_tile<Kind::Q4_0>;
     case DType::Q8_0: return packed_tile<Kind::Q8_0>;
     case DType::Q4_K: return packed_tile<Kind::Q4_K>;
+    case DType::Q6_K: return packed_tile<Kind::Q6_K>;
     default: return nullptr;
   }
 }

@@ -19,6 +19,7 @@ size_t packed_entry_bytes(DType type) {
     case DType::Q4_0: return 2 * kPackRows + 4 * 64;
     case DType::Q8_0: return 2 * kPackRows + 8 * 64;
     case DType::Q4_K: return 4 * kPackRows + kKScaleBytes * kPackRows + 32 * 64;
+    case DType::Q6_K: return 2 * kPackRows + 16 * kPackRows + (32 + 16) * 64;
     default: return 0;
   }
 }
@@ -45,7 +46,7 @@ void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_
       for (int i = 0; i < kPackRows; ++i) {
         const int64_t r = g * kPackRows + i;
         // A padding row: zero scales (and zero levels, though any would do).
-        static const uint8_t kZeroBlock[sizeof(BlockQ4_K)] = {};
+        static const uint8_t kZeroBlock[sizeof(BlockQ6_K)] = {};  // the largest block packed
         const uint8_t* blk = r < rows ? src + (size_t)r * row_bytes + (size_t)b * block_bytes : kZeroBlock;
         switch (type) {
           case DType::Q4_0: {
@@ -66,6 +67,14 @@ void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_
             std::memcpy(&d[kPackRows + i], &q.dmin, 2);
             for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = q.scales[k];
             put_chunks(e + (4 + kKScaleBytes) * kPackRows, i, q.qs, 32, 0);
+            break;
+          }
+          case DType::Q6_K: {
+            const auto& q = *reinterpret_cast<const BlockQ6_K*>(blk);
+            std::memcpy(&d[i], &q.d, 2);
+            for (int k = 0; k < 16; ++k) e[2 * kPackRows + kPackRows * k + i] = (uint8_t)q.scales[k];
+            put_chunks(e + 18 * kPackRows, i, q.ql, 32, 0);
+            put_chunks(e + 18 * kPackRows + 32 * 64, i, q.qh, 16, 0);
             break;
           }
           default: ROOFLINE_CHECK(false);
