@@ -1,6 +1,7 @@
 // Throughput of the CPU dot kernels (backend/cpu/vec_dot.h): GB/s of weight data streamed through a
 // [rows x cols] matrix for one token (one dot per row) and for a batch of tokens (the prefill tile),
-// hot (one matrix, cache-resident where it fits) and cold (rotating over copies larger than L3).
+// hot (one matrix, cache-resident where it fits) and cold (rotating over copies larger than L3); and the
+// same through the packed kernels (backend/cpu/packed_weights.h) for the types that have them.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/packed_weights.h"
 #include "backend/cpu/vec_dot.h"
 #include "core/fp16.h"
 #include "core/rng.h"
@@ -54,6 +56,15 @@ struct Setup {
   std::vector<std::vector<uint8_t>> mats;  // copies, to defeat the caches in the cold runs
   std::vector<uint8_t> act;                // 16 activation rows
   size_t w_row, a_row;
+  std::vector<std::vector<uint8_t>> packed;  // the copies packed (types with a packed kernel)
+  std::vector<float> act_scales;             // the activation rows' block sums for the packed kernels
+  std::vector<int32_t> act_sums;
+  std::vector<KSums> act_k_sums;
+  PackedActs packed_acts() const {
+    const int64_t nb = cols / dtype_block_size(mats.empty() ? DType::F32 : type);
+    return PackedActs{act.data(), a_row, act_scales.data(), act_sums.data(), act_k_sums.data(), (size_t)nb};
+  }
+  DType type = DType::F32;
 };
 
 Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
@@ -66,7 +77,14 @@ Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
   auto s = std::make_unique<Setup>();
   s->rows = rows;
   s->cols = cols;
+  s->type = t;
   for (int c = 0; c < copies; ++c) s->mats.push_back(random_matrix(t, rows, cols, 1 + c));
+  if (packed_entry_bytes(t) > 0) {
+    for (const auto& m : s->mats) {
+      s->packed.emplace_back(packed_group_bytes(t, cols) * (size_t)(rows / kPackRows));
+      pack_groups(t, m.data(), rows, cols, 0, rows / kPackRows, s->packed.back().data());
+    }
+  }
   const ActFormat f = act_format_for(t);
   s->w_row = dtype_row_bytes(t, cols);
   s->a_row = act_row_bytes(f, cols);
@@ -76,6 +94,17 @@ Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
   for (int r = 0; r < 16; ++r) {
     for (float& v : x) v = (float)rng.normal();
     quantize_act_row(f, x.data(), s->act.data() + r * s->a_row, cols);
+  }
+  const int64_t nb = cols / dtype_block_size(t);
+  if (f == ActFormat::Q8_0) {
+    s->act_scales.resize((size_t)(16 * nb));
+    s->act_sums.resize((size_t)(16 * nb));
+    for (int r = 0; r < 16; ++r)
+      q8_0_scales_and_sums(s->act.data() + r * s->a_row, nb, s->act_scales.data() + r * nb, s->act_sums.data() + r * nb);
+  }
+  if (f == ActFormat::Q8_K) {
+    s->act_k_sums.resize((size_t)(16 * nb));
+    for (int r = 0; r < 16; ++r) q8_k_sums(s->act.data() + r * s->a_row, nb, s->act_k_sums.data() + r * nb);
   }
   cache.emplace_back(std::make_tuple(t, rows, cols, copies), std::move(s));
   return *cache.back().second;
@@ -127,6 +156,43 @@ void BM_Matmul(benchmark::State& state, DType t) {
   state.SetLabel(std::string(cpu_simd_name()) + (cold ? " cold" : " hot"));
 }
 
+// The packed kernels (tokens >= 1 only: decode runs them with one activation row).
+void BM_MatmulPacked(benchmark::State& state, DType t) {
+  const int tokens = (int)state.range(0);
+  const bool cold = state.range(1) != 0;
+  Setup& s = setup(t, 6144, 2048, cold ? 12 : 1);
+  const PackedTileFn tile = packed_tile_fn(t);
+  if (!tile || tokens == 0) {
+    state.SkipWithError("no packed kernel for this type on this CPU (or tokens = 0)");
+    return;
+  }
+  const size_t group_bytes = packed_group_bytes(t, s.cols);
+  const PackedActs acts = s.packed_acts();
+  const int64_t n_chunks = s.rows / kChunkRows;
+  int64_t chunk = state.thread_index();
+  size_t m = 0;
+  std::vector<float> y((size_t)s.rows * tokens);
+  double best = 1e30;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint8_t* w = s.packed[m].data() + (size_t)(chunk * kChunkRows / kPackRows) * group_bytes;
+    tile(w, group_bytes, (int)kChunkRows, acts, 0, tokens, s.cols, y.data() + chunk * kChunkRows, (size_t)s.rows);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    chunk += state.threads();
+    if (chunk >= n_chunks) {
+      chunk = state.thread_index();
+      m = (m + 1) % s.mats.size();
+    }
+  }
+  const double bytes = (double)kChunkRows * (double)s.w_row;
+  state.SetBytesProcessed((int64_t)(bytes * (double)state.iterations()));
+  state.counters["GBps_best"] = bytes / best * 1e-9;
+  state.counters["GMACps_best"] = (double)kChunkRows * (double)s.cols * tokens / best * 1e-9;
+  state.SetLabel(std::string("packed ") + (cold ? "cold" : "hot"));
+}
+
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens", "cold"});
   for (int cold : {0, 1}) {
@@ -146,6 +212,10 @@ BENCHMARK_CAPTURE(BM_Matmul, Q2_K, DType::Q2_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, IQ4_NL, DType::IQ4_NL)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, F16, DType::F16)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, BF16, DType::BF16)->Apply(Args);
+BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_K, DType::Q4_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_MatmulPacked, Q6_K, DType::Q6_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_MatmulPacked, Q8_0, DType::Q8_0)->Apply(Args);
+BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_0, DType::Q4_0)->Apply(Args);
 
 }  // namespace
 }  // namespace roofline::cpu

@@ -22,18 +22,18 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
     block_scales_.resize(nb * (size_t)n_rows);
     block_sums_.resize(nb * (size_t)n_rows);
   }
-  if (q8_k) sub_sums_.resize(8 * nb * (size_t)n_rows);
+  if (q8_k) k_sums_.resize(nb * (size_t)n_rows);
   pool.parallel_for((size_t)n_rows, [&](size_t r) {
     uint8_t* row = data_.data() + r * row_bytes_;
     quantize_act_row(format, x + r * (size_t)n_cols, row, n_cols);
     if (q8_0) q8_0_scales_and_sums(row, (int64_t)nb, block_scales_.data() + r * nb, block_sums_.data() + r * nb);
-    if (q8_k) q8_k_sub_sums(row, (int64_t)nb, sub_sums_.data() + 8 * r * nb);
+    if (q8_k) q8_k_sums(row, (int64_t)nb, k_sums_.data() + r * nb);
   });
 }
 
 PackedActs ActRows::packed() const {
   if (format_ == ActFormat::Q8_K)
-    return PackedActs{data_.data(), row_bytes_, nullptr, nullptr, sub_sums_.data(), row_bytes_ / sizeof(BlockQ8_K)};
+    return PackedActs{data_.data(), row_bytes_, nullptr, nullptr, k_sums_.data(), row_bytes_ / sizeof(BlockQ8_K)};
   ROOFLINE_CHECK(format_ == ActFormat::Q8_0);
   return PackedActs{data_.data(), row_bytes_, block_scales_.data(), block_sums_.data(), nullptr,
                     row_bytes_ / sizeof(BlockQ8_0)};

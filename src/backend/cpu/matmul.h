@@ -33,7 +33,7 @@ class ActRows {
   std::vector<uint8_t> data_;
   std::vector<float> block_scales_;   // Q8_0: per row and block
   std::vector<int32_t> block_sums_;   // Q8_0: per row and block, the sum of the 32 levels
-  std::vector<int16_t> sub_sums_;     // Q8_K: per row and super-block, the 8 sums of 32 levels
+  std::vector<KSums> k_sums_;         // Q8_K: per row and super-block
 };
 
 // y: [n_rows x w.rows()], rows of the activations in `act` (prepared for act_format_for(w.type())).

@@ -100,11 +100,11 @@ void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc)
 template <int NA>
 struct RowsK {
   const BlockQ8_K* q[NA];
-  const int16_t* sub[NA];
+  const KSums* sums[NA];
   RowsK(const PackedActs& a, int c0) {
     for (int j = 0; j < NA; ++j) {
       q[j] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + j) * a.row_stride);
-      sub[j] = a.sub_sums + 8 * (size_t)(c0 + j) * a.blocks_per_row;
+      sums[j] = a.k_sums + (size_t)(c0 + j) * a.blocks_per_row;
     }
   }
 };
@@ -159,7 +159,7 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
       mpair[p] = _mm512_cvtepu8_epi16(
           _mm256_set_m128i(_mm_unpackhi_epi8(mn[2 * p], mn[2 * p + 1]), _mm_unpacklo_epi8(mn[2 * p], mn[2 * p + 1])));
     for (int j = 0; j < NA; ++j) {
-      const int16_t* ss = A.sub[j] + 8 * b;
+      const int16_t* ss = A.sums[j][b].sub;
       __m512i mins = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
       const __m512 da = _mm512_set1_ps(A.q[j][b].d);
@@ -209,7 +209,7 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
           for (int t = 0; t < 4; ++t) w[t] = q6_levels(lv, h, g, 4 * v + t);
           for (int j = 0; j < NA; ++j) {
             const int8_t* q = A.q[j][b].qs + 16 * sb;
-            __m512i s0 = _mm512_set1_epi32(-32 * (int32_t)A.q[j][b].bsums[sb]);
+            __m512i s0 = _mm512_set1_epi32(A.sums[j][b].minus32[sb]);
             __m512i s1 = _mm512_setzero_si512();
             s0 = _mm512_dpbusd_epi32(s0, w[0], _mm512_set1_epi32(load32(q)));
             s1 = _mm512_dpbusd_epi32(s1, w[1], _mm512_set1_epi32(load32(q + 4)));

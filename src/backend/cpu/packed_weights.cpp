@@ -94,11 +94,13 @@ void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* s
   }
 }
 
-void q8_k_sub_sums(const void* row, int64_t nb, int16_t* sub_sums) {
+void q8_k_sums(const void* row, int64_t nb, KSums* sums) {
   const auto* blocks = static_cast<const BlockQ8_K*>(row);
-  for (int64_t b = 0; b < nb; ++b)
+  for (int64_t b = 0; b < nb; ++b) {
     for (int k = 0; k < 8; ++k)  // |sum| <= 32 * 127: fits int16
-      sub_sums[8 * b + k] = (int16_t)(blocks[b].bsums[2 * k] + blocks[b].bsums[2 * k + 1]);
+      sums[b].sub[k] = (int16_t)(blocks[b].bsums[2 * k] + blocks[b].bsums[2 * k + 1]);
+    for (int k = 0; k < 16; ++k) sums[b].minus32[k] = -32 * (int32_t)blocks[b].bsums[k];
+  }
 }
 
 PackedTileFn packed_tile_fn_at(CpuIsa level, DType type) {

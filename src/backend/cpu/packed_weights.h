@@ -48,19 +48,23 @@ void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_
 
 // Activation rows as the packed kernels read them (act_format_for of the weight type), with per row and
 // block: Q8_0, the scale as a float and the sum of the 32 levels (row c, block b at c * blocks_per_row +
-// b); Q8_K, the sums of the levels of the 8 sub-blocks of 32 (at 8 * (c * blocks_per_row + b)).
+// b); Q8_K, its KSums (at c * blocks_per_row + b).
+struct KSums {
+  int16_t sub[8];       // the sums of the levels of the 8 sub-blocks of 32 (Q4_K's mins term)
+  int32_t minus32[16];  // -32 x the sums of the 16 sub-blocks of 16 (Q6_K's level offset)
+};
 struct PackedActs {
   const uint8_t* rows = nullptr;
   size_t row_stride = 0;
   const float* scales = nullptr;      // Q8_0
   const int32_t* sums = nullptr;      // Q8_0
-  const int16_t* sub_sums = nullptr;  // Q8_K
+  const KSums* k_sums = nullptr;      // Q8_K
   size_t blocks_per_row = 0;
 };
 // Scales and level sums of one Q8_0 row of nb blocks (portable; ActRows calls it for every Q8_0 row).
 void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* sums);
-// Sub-block sums of one Q8_K row of nb super-blocks: 8 per super-block (from its 16 sums of 16).
-void q8_k_sub_sums(const void* row, int64_t nb, int16_t* sub_sums);
+// The KSums of one Q8_K row of nb super-blocks (from their sums of 16).
+void q8_k_sums(const void* row, int64_t nb, KSums* sums);
 
 // y[c * ldy + r] = dot(weight row r, activation row c0 + c) for r < n_w (rows counted from the first row
 // of the group at `packed`), c < n_a; rows of n elements.
