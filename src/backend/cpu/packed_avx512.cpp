@@ -173,6 +173,7 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
 // 16h + u and B = 16h + 8 + u and the qh chunk C = 8h + u hold quarter 0: A low | C bits 0-1, quarter 1:
 // B low | C bits 2-3, quarter 2: A high | C bits 4-5, quarter 3: B high | C bits 6-7. Quarter g of half
 // h, chunks u = 4v .. 4v + 3, is sub-block 8h + 2g + v.
+// The 6-bit levels of quarter g from chunk triple (A, B, C), in bits 0-5 of each byte.
 inline __m512i q6_levels(const uint8_t* lv, int h, int g, int u) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   const __m512i ql = _mm512_loadu_si512(lv + 64 * (16 * h + 8 * (g & 1) + u));
@@ -188,6 +189,18 @@ inline __m512i q6_levels(const uint8_t* lv, int h, int g, int u) {
   return _mm512_or_si512(lo, _mm512_and_si512(hi, bits45));
 }
 
+// The 6-bit levels of the four quarters from one chunk triple (fewer loads and shifts, more registers).
+inline void q6_quarters(const uint8_t* lv, int h, int u, __m512i* w0, __m512i* w1, __m512i* w2, __m512i* w3) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  const __m512i a = _mm512_loadu_si512(lv + 64 * (16 * h + u));
+  const __m512i b = _mm512_loadu_si512(lv + 64 * (16 * h + 8 + u));
+  const __m512i c = _mm512_loadu_si512(lv + 64 * (32 + 8 * h + u));
+  *w0 = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(_mm512_slli_epi16(c, 4), bits45));
+  *w1 = _mm512_or_si512(_mm512_and_si512(b, low4), _mm512_and_si512(_mm512_slli_epi16(c, 2), bits45));
+  *w2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(c, bits45));
+  *w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), low4), _mm512_and_si512(_mm512_srli_epi16(c, 2), bits45));
+}
+
 template <int NA>
 void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
   constexpr size_t kScales = 2 * kPackRows, kLevels = kScales + 16 * kPackRows;
@@ -201,20 +214,26 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
     for (int j = 0; j < NA; ++j) sub_acc[j] = _mm512_setzero_ps();
     for (int h = 0; h < 2; ++h) {
       for (int v = 0; v < 2; ++v) {
+        // [quarter g][chunk t]: sub-block 8h + 2g + v. One or two activation rows (decode): all four
+        // quarters from each triple at once; more rows: a quarter at a time, which keeps the
+        // accumulators of 8 rows in registers. The same operations per output either way.
+        __m512i w[4][4];
+        if constexpr (NA <= 2)
+          for (int t = 0; t < 4; ++t) q6_quarters(lv, h, 4 * v + t, &w[0][t], &w[1][t], &w[2][t], &w[3][t]);
         for (int g = 0; g < 4; ++g) {
           const int sb = 8 * h + 2 * g + v;
+          if constexpr (NA > 2)
+            for (int t = 0; t < 4; ++t) w[g][t] = q6_levels(lv, h, g, 4 * v + t);
           const __m512 dsc = _mm512_mul_ps(
               d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * sb)))));
-          __m512i w[4];
-          for (int t = 0; t < 4; ++t) w[t] = q6_levels(lv, h, g, 4 * v + t);
           for (int j = 0; j < NA; ++j) {
             const int8_t* q = A.q[j][b].qs + 16 * sb;
             __m512i s0 = _mm512_set1_epi32(A.sums[j][b].minus32[sb]);
             __m512i s1 = _mm512_setzero_si512();
-            s0 = _mm512_dpbusd_epi32(s0, w[0], _mm512_set1_epi32(load32(q)));
-            s1 = _mm512_dpbusd_epi32(s1, w[1], _mm512_set1_epi32(load32(q + 4)));
-            s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_set1_epi32(load32(q + 8)));
-            s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_set1_epi32(load32(q + 12)));
+            s0 = _mm512_dpbusd_epi32(s0, w[g][0], _mm512_set1_epi32(load32(q)));
+            s1 = _mm512_dpbusd_epi32(s1, w[g][1], _mm512_set1_epi32(load32(q + 4)));
+            s0 = _mm512_dpbusd_epi32(s0, w[g][2], _mm512_set1_epi32(load32(q + 8)));
+            s1 = _mm512_dpbusd_epi32(s1, w[g][3], _mm512_set1_epi32(load32(q + 12)));
             sub_acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dsc, sub_acc[j]);
           }
         }
