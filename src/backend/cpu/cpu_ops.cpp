@@ -2,7 +2,11 @@
 #include "backend/cpu/cpu_ops.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/vec_dot.h"
 #include "core/error.h"
@@ -88,48 +92,88 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
   const int n_rows = step.n_tokens();
   const size_t k_head_bytes = dtype_row_bytes(kv.type_k, head_dim_k);
   const size_t v_head_bytes = dtype_row_bytes(kv.type_v, head_dim_v);
-  // One task per (row, kv head): the K/V of a position are dequantized once for the group's query heads.
-  pool.parallel_for((size_t)n_rows * n_head_kv, [&](size_t task) {
-    const int r = (int)(task / n_head_kv);
-    const int kvh = (int)(task % n_head_kv);
-    const StepSequence& s = step.sequences[step.row_seq[r]];
-    const int first = window > 0 ? std::max(0, step.positions[r] - window + 1) : 0;  // the first key position
-    const int n_keys = step.positions[r] + 1 - first;
+  // Tiles of up to 16 consecutive rows of one sequence; one task per (tile, kv head). The K and V of a
+  // position are dequantized once per tile for every query head of the group and every row that sees
+  // it (prefill: 16x fewer conversions than one row at a time). Each row's own operations (its dots,
+  // softmax and weighted sum over its keys in position order) do not depend on the tile: batch invariance.
+  constexpr int kRowTile = 16;
+  std::vector<std::pair<int, int>> tiles;
+  for (int r = 0; r < n_rows;) {
+    int r1 = r + 1;
+    while (r1 < n_rows && r1 - r < kRowTile && step.row_seq[r1] == step.row_seq[r]) ++r1;
+    tiles.emplace_back(r, r1);
+    r = r1;
+  }
+  pool.parallel_for(tiles.size() * (size_t)n_head_kv, [&](size_t task) {
+    const auto [r0, r1] = tiles[task / (size_t)n_head_kv];
+    const int kvh = (int)(task % (size_t)n_head_kv);
+    const int nr = r1 - r0;
+    const StepSequence& s = step.sequences[step.row_seq[r0]];
     thread_local std::vector<float> scores, kbuf, vbuf;
-    scores.assign((size_t)n_gqa * n_keys, 0.0f);
+    int first[kRowTile], last[kRowTile];
+    size_t offset[kRowTile];  // row i's scores: n_gqa x (last - first + 1) from offset[i]
+    size_t total = 0;
+    int lo = INT32_MAX, hi = -1;
+    for (int i = 0; i < nr; ++i) {
+      last[i] = step.positions[r0 + i];
+      first[i] = window > 0 ? std::max(0, last[i] - window + 1) : 0;  // the first key position
+      offset[i] = total;
+      total += (size_t)n_gqa * (size_t)(last[i] + 1 - first[i]);
+      lo = std::min(lo, first[i]);
+      hi = std::max(hi, last[i]);
+    }
+    const auto sees = [&](int i, int j) { return j >= first[i] && j <= last[i]; };
+    const auto seen = [&](int j) {
+      for (int i = 0; i < nr; ++i)
+        if (sees(i, j)) return true;
+      return false;
+    };
+    scores.assign(total, 0.0f);
     kbuf.resize(head_dim_k);
     vbuf.resize(head_dim_v);
-    const float* qh = q + (size_t)r * n_head * head_dim_k + (size_t)kvh * n_gqa * head_dim_k;
-    for (int j = 0; j < n_keys; ++j) {
-      const size_t slot = kv_slot(kv, s, first + j);
+    for (int j = lo; j <= hi; ++j) {
+      if (!seen(j)) continue;
+      const size_t slot = kv_slot(kv, s, j);
       kv_row_to_f32(kv.type_k, kv.k + slot * kv.k_row_bytes + kvh * k_head_bytes, kbuf.data(), head_dim_k);
+      for (int i = 0; i < nr; ++i) {
+        if (!sees(i, j)) continue;
+        const int n_keys = last[i] + 1 - first[i];
+        const float* qh = q + (size_t)(r0 + i) * n_head * head_dim_k + (size_t)kvh * n_gqa * head_dim_k;
+        for (int g = 0; g < n_gqa; ++g)
+          scores[offset[i] + (size_t)g * n_keys + (size_t)(j - first[i])] =
+              dot8(qh + (size_t)g * head_dim_k, kbuf.data(), head_dim_k) * scale;
+      }
+    }
+    for (int i = 0; i < nr; ++i) {
+      const int n_keys = last[i] + 1 - first[i];
       for (int g = 0; g < n_gqa; ++g) {
-        const float* qv = qh + (size_t)g * head_dim_k;
-        scores[(size_t)g * n_keys + j] = dot8(qv, kbuf.data(), head_dim_k) * scale;
+        float* sc = scores.data() + offset[i] + (size_t)g * n_keys;
+        float mx = sc[0];
+        for (int j = 1; j < n_keys; ++j) mx = std::max(mx, sc[j]);
+        float sum = 0;
+        for (int j = 0; j < n_keys; ++j) {
+          sc[j] = std::exp(sc[j] - mx);
+          sum += sc[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < n_keys; ++j) sc[j] *= inv;
       }
+      float* oh = out + (size_t)(r0 + i) * n_head * head_dim_v + (size_t)kvh * n_gqa * head_dim_v;
+      std::fill(oh, oh + (size_t)n_gqa * head_dim_v, 0.0f);
     }
-    for (int g = 0; g < n_gqa; ++g) {
-      float* sc = scores.data() + (size_t)g * n_keys;
-      float mx = sc[0];
-      for (int j = 1; j < n_keys; ++j) mx = std::max(mx, sc[j]);
-      float sum = 0;
-      for (int j = 0; j < n_keys; ++j) {
-        sc[j] = std::exp(sc[j] - mx);
-        sum += sc[j];
-      }
-      const float inv = 1.0f / sum;
-      for (int j = 0; j < n_keys; ++j) sc[j] *= inv;
-    }
-    float* oh = out + (size_t)r * n_head * head_dim_v + (size_t)kvh * n_gqa * head_dim_v;
-    for (int g = 0; g < n_gqa; ++g)
-      for (int d = 0; d < head_dim_v; ++d) oh[(size_t)g * head_dim_v + d] = 0.0f;
-    for (int j = 0; j < n_keys; ++j) {
-      const size_t slot = kv_slot(kv, s, first + j);
+    for (int j = lo; j <= hi; ++j) {
+      if (!seen(j)) continue;
+      const size_t slot = kv_slot(kv, s, j);
       kv_row_to_f32(kv.type_v, kv.v + slot * kv.v_row_bytes + kvh * v_head_bytes, vbuf.data(), head_dim_v);
-      for (int g = 0; g < n_gqa; ++g) {
-        const float p = scores[(size_t)g * n_keys + j];
-        float* o = oh + (size_t)g * head_dim_v;
-        for (int d = 0; d < head_dim_v; ++d) o[d] += p * vbuf[d];
+      for (int i = 0; i < nr; ++i) {
+        if (!sees(i, j)) continue;
+        const int n_keys = last[i] + 1 - first[i];
+        float* oh = out + (size_t)(r0 + i) * n_head * head_dim_v + (size_t)kvh * n_gqa * head_dim_v;
+        for (int g = 0; g < n_gqa; ++g) {
+          const float p = scores[offset[i] + (size_t)g * n_keys + (size_t)(j - first[i])];
+          float* o = oh + (size_t)g * head_dim_v;
+          for (int d = 0; d < head_dim_v; ++d) o[d] += p * vbuf[d];
+        }
       }
     }
   });
