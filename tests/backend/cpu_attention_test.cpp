@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -16,7 +18,8 @@
 namespace roofline::cpu {
 namespace {
 
-constexpr int kHeads = 6, kHeadsKv = 2, kDimK = 64, kDimV = 32, kBlock = 8, kBlocks = 16;
+constexpr int kHeads = 6, kHeadsKv = 2, kBlock = 8, kBlocks = 16;
+int kDimK = 64, kDimV = 32;  // set per case
 
 struct Cache {
   DType type;
@@ -100,41 +103,48 @@ std::vector<double> reference(KvLayerView kv, const StepDesc& st, const std::vec
   return out;
 }
 
+// Head dimensions (K, V): 64/32 takes the portable loops everywhere; 128/128 and 64/64 the AVX-512 ones
+// where the CPU has them (and the portable ones under ROOFLINE_CPU_ISA=avx2).
 TEST(CpuAttention, MatchesTheReferenceAndEachRowAlone) {
   ThreadPool pool(2);
-  for (DType type : {DType::F16, DType::Q8_0}) {
-    for (int window : {0, 7}) {
-      SCOPED_TRACE(dtype_name(type) + " window " + std::to_string(window));
-      Rng rng(31 + (uint64_t)window);
-      Cache cache = random_cache(type, rng);
-      const KvLayerView kv = cache.view();
-      const StepDesc st = two_sequences();
-      std::vector<float> q((size_t)st.n_tokens() * kHeads * kDimK);
-      for (float& x : q) x = (float)rng.normal();
-      const float scale = 1.0f / std::sqrt((float)kDimK);
-      std::vector<float> out((size_t)st.n_tokens() * kHeads * kDimV);
-      attention(kv, st, q.data(), out.data(), kHeads, kHeadsKv, kDimK, kDimV, scale, pool, window);
-      const std::vector<double> ref = reference(kv, st, q, scale, window);
-      double num = 0, den = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        num += (out[i] - ref[i]) * (out[i] - ref[i]);
-        den += ref[i] * ref[i];
-      }
-      EXPECT_LT(num / den, 1e-12);
-      for (int r = 0; r < st.n_tokens(); ++r) {
-        StepDesc one;
-        one.tokens = {0};
-        one.positions = {st.positions[r]};
-        one.row_seq = {0};
-        one.sequences = {st.sequences[st.row_seq[r]]};
-        one.sequences[0].first_token = 0;
-        one.sequences[0].n_new = 1;
-        one.sequences[0].n_past = st.positions[r];
-        std::vector<float> alone((size_t)kHeads * kDimV);
-        attention(kv, one, q.data() + (size_t)r * kHeads * kDimK, alone.data(), kHeads, kHeadsKv, kDimK, kDimV, scale,
-                  pool, window);
-        ASSERT_EQ(std::memcmp(alone.data(), out.data() + (size_t)r * kHeads * kDimV, alone.size() * sizeof(float)), 0)
-            << "row " << r;
+  for (auto [dk, dv] : {std::pair{64, 32}, std::pair{128, 128}, std::pair{64, 64}}) {
+    kDimK = dk;
+    kDimV = dv;
+    for (DType type : {DType::F16, DType::Q8_0}) {
+      for (int window : {0, 7}) {
+        SCOPED_TRACE(dtype_name(type) + " window " + std::to_string(window) + " dims " + std::to_string(dk) + "/" +
+                     std::to_string(dv));
+        Rng rng(31 + (uint64_t)window);
+        Cache cache = random_cache(type, rng);
+        const KvLayerView kv = cache.view();
+        const StepDesc st = two_sequences();
+        std::vector<float> q((size_t)st.n_tokens() * kHeads * kDimK);
+        for (float& x : q) x = (float)rng.normal();
+        const float scale = 1.0f / std::sqrt((float)kDimK);
+        std::vector<float> out((size_t)st.n_tokens() * kHeads * kDimV);
+        attention(kv, st, q.data(), out.data(), kHeads, kHeadsKv, kDimK, kDimV, scale, pool, window);
+        const std::vector<double> ref = reference(kv, st, q, scale, window);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < out.size(); ++i) {
+          num += (out[i] - ref[i]) * (out[i] - ref[i]);
+          den += ref[i] * ref[i];
+        }
+        EXPECT_LT(num / den, 1e-12);
+        for (int r = 0; r < st.n_tokens(); ++r) {
+          StepDesc one;
+          one.tokens = {0};
+          one.positions = {st.positions[r]};
+          one.row_seq = {0};
+          one.sequences = {st.sequences[st.row_seq[r]]};
+          one.sequences[0].first_token = 0;
+          one.sequences[0].n_new = 1;
+          one.sequences[0].n_past = st.positions[r];
+          std::vector<float> alone((size_t)kHeads * kDimV);
+          attention(kv, one, q.data() + (size_t)r * kHeads * kDimK, alone.data(), kHeads, kHeadsKv, kDimK, kDimV, scale,
+                    pool, window);
+          ASSERT_EQ(std::memcmp(alone.data(), out.data() + (size_t)r * kHeads * kDimV, alone.size() * sizeof(float)), 0)
+              << "row " << r;
+        }
       }
     }
   }

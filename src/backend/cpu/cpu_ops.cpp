@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/attention_kernels.h"
 #include "backend/cpu/vec_dot.h"
 #include "core/error.h"
 #include "formats/quant_ref.h"
@@ -86,6 +87,18 @@ void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const
   });
 }
 
+void softmax_row(float* sc, int n) {
+  float mx = sc[0];
+  for (int j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
+  float sum = 0;
+  for (int j = 0; j < n; ++j) {
+    sc[j] = std::exp(sc[j] - mx);
+    sum += sc[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int j = 0; j < n; ++j) sc[j] *= inv;
+}
+
 void attention(const KvLayerView& kv, const StepDesc& step, const float* q, float* out, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, ThreadPool& pool, int window) {
   const int n_gqa = n_head / n_head_kv;
@@ -96,7 +109,7 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
   // position are dequantized once per tile for every query head of the group and every row that sees
   // it (prefill: 16x fewer conversions than one row at a time). Each row's own operations (its dots,
   // softmax and weighted sum over its keys in position order) do not depend on the tile: batch invariance.
-  constexpr int kRowTile = 16;
+  constexpr int kRowTile = kAttentionRowTile;
   std::vector<std::pair<int, int>> tiles;
   for (int r = 0; r < n_rows;) {
     int r1 = r + 1;
@@ -122,6 +135,23 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
       lo = std::min(lo, first[i]);
       hi = std::max(hi, last[i]);
     }
+    AttentionTile tile;
+    tile.kv = &kv;
+    tile.seq = &s;
+    tile.kvh = kvh;
+    tile.nr = nr;
+    tile.n_gqa = n_gqa;
+    tile.head_dim_k = head_dim_k;
+    tile.head_dim_v = head_dim_v;
+    tile.q = q + (size_t)r0 * n_head * head_dim_k + (size_t)kvh * n_gqa * head_dim_k;
+    tile.q_row_stride = (size_t)n_head * head_dim_k;
+    tile.out = out + (size_t)r0 * n_head * head_dim_v + (size_t)kvh * n_gqa * head_dim_v;
+    tile.out_row_stride = (size_t)n_head * head_dim_v;
+    tile.first = first;
+    tile.last = last;
+    tile.scale = scale;
+    if (detail::attention_tile_avx512(tile)) return;
+    // The portable loops: a position at a time.
     const auto sees = [&](int i, int j) { return j >= first[i] && j <= last[i]; };
     const auto seen = [&](int j) {
       for (int i = 0; i < nr; ++i)
@@ -146,18 +176,7 @@ void attention(const KvLayerView& kv, const StepDesc& step, const float* q, floa
     }
     for (int i = 0; i < nr; ++i) {
       const int n_keys = last[i] + 1 - first[i];
-      for (int g = 0; g < n_gqa; ++g) {
-        float* sc = scores.data() + offset[i] + (size_t)g * n_keys;
-        float mx = sc[0];
-        for (int j = 1; j < n_keys; ++j) mx = std::max(mx, sc[j]);
-        float sum = 0;
-        for (int j = 0; j < n_keys; ++j) {
-          sc[j] = std::exp(sc[j] - mx);
-          sum += sc[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int j = 0; j < n_keys; ++j) sc[j] *= inv;
-      }
+      for (int g = 0; g < n_gqa; ++g) softmax_row(scores.data() + offset[i] + (size_t)g * n_keys, n_keys);
       float* oh = out + (size_t)(r0 + i) * n_head * head_dim_v + (size_t)kvh * n_gqa * head_dim_v;
       std::fill(oh, oh + (size_t)n_gqa * head_dim_v, 0.0f);
     }

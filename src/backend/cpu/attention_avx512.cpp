@@ -1,0 +1,147 @@
+// AVX-512 inner loops of the CPU paged attention (cpu_ops.cpp's attention, same tiles and the same
+// two passes): keys and values of a block of 64 positions dequantized once into floats, then per query
+// vector its scores against the block with the query held in registers (one product per 16 dimensions,
+// two FMA chains, one horizontal sum), and per output vector its weighted sum over the block with the
+// output held in registers. Every score and output element is a fixed sequence of operations over its
+// own query, keys and values (keys in position order), whatever the tile: batch invariance. Head
+// dimensions 64, 128 and 256 (K and V equal); others take the portable loops.
+#include "backend/cpu/attention_kernels.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <vector>
+
+#include "backend/cpu/vec_dot.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace roofline::cpu::detail {
+namespace {
+
+constexpr int kKeyBlock = 64;
+
+template <int D16>  // head dimension / 16
+void tile(const AttentionTile& t) {
+  constexpr int kDim = 16 * D16;
+  const KvLayerView& kv = *t.kv;
+  const size_t k_head_bytes = dtype_row_bytes(kv.type_k, kDim), v_head_bytes = dtype_row_bytes(kv.type_v, kDim);
+  thread_local std::vector<float> scores, block;
+  size_t offset[kAttentionRowTile];  // row i's scores: n_gqa x (last - first + 1) from offset[i]
+  size_t total = 0;
+  int lo = INT_MAX, hi = -1;
+  for (int i = 0; i < t.nr; ++i) {
+    offset[i] = total;
+    total += (size_t)t.n_gqa * (size_t)(t.last[i] + 1 - t.first[i]);
+    lo = std::min(lo, t.first[i]);
+    hi = std::max(hi, t.last[i]);
+  }
+  scores.assign(total, 0.0f);
+  block.resize((size_t)kKeyBlock * kDim);
+  // Dequantizes the positions [j0, j1) that some row sees into `block` (K or V of this kv head).
+  const auto load_block = [&](int j0, int j1, bool keys) {
+    for (int j = j0; j < j1; ++j) {
+      bool seen = false;
+      for (int i = 0; i < t.nr && !seen; ++i) seen = j >= t.first[i] && j <= t.last[i];
+      if (!seen) continue;
+      const size_t slot = kv_slot(kv, *t.seq, j);
+      if (keys) {
+        kv_row_to_f32(kv.type_k, kv.k + slot * kv.k_row_bytes + (size_t)t.kvh * k_head_bytes, block.data() + (size_t)(j - j0) * kDim, kDim);
+      } else {
+        kv_row_to_f32(kv.type_v, kv.v + slot * kv.v_row_bytes + (size_t)t.kvh * v_head_bytes, block.data() + (size_t)(j - j0) * kDim, kDim);
+      }
+    }
+  };
+  for (int j0 = lo; j0 <= hi; j0 += kKeyBlock) {
+    const int j1 = std::min(hi + 1, j0 + kKeyBlock);
+    load_block(j0, j1, true);
+    for (int i = 0; i < t.nr; ++i) {
+      const int a = std::max(j0, t.first[i]), b = std::min(j1, t.last[i] + 1);
+      if (a >= b) continue;
+      const int n_keys = t.last[i] + 1 - t.first[i];
+      for (int g = 0; g < t.n_gqa; ++g) {
+        const float* qv = t.q + (size_t)i * t.q_row_stride + (size_t)g * kDim;
+        __m512 qr[D16];
+        for (int x = 0; x < D16; ++x) qr[x] = _mm512_loadu_ps(qv + 16 * x);
+        float* sc = scores.data() + offset[i] + (size_t)g * n_keys;
+        for (int j = a; j < b; ++j) {
+          const float* kr = block.data() + (size_t)(j - j0) * kDim;
+          __m512 s0 = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kr));
+          __m512 s1 = _mm512_mul_ps(qr[1], _mm512_loadu_ps(kr + 16));
+          for (int x = 2; x < D16; x += 2) {
+            s0 = _mm512_fmadd_ps(qr[x], _mm512_loadu_ps(kr + 16 * x), s0);
+            s1 = _mm512_fmadd_ps(qr[x + 1], _mm512_loadu_ps(kr + 16 * x + 16), s1);
+          }
+          sc[j - t.first[i]] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * t.scale;
+        }
+      }
+    }
+  }
+  for (int i = 0; i < t.nr; ++i) {
+    const int n_keys = t.last[i] + 1 - t.first[i];
+    for (int g = 0; g < t.n_gqa; ++g) softmax_row(scores.data() + offset[i] + (size_t)g * n_keys, n_keys);
+    float* oh = t.out + (size_t)i * t.out_row_stride;
+    std::fill(oh, oh + (size_t)t.n_gqa * kDim, 0.0f);
+  }
+  for (int j0 = lo; j0 <= hi; j0 += kKeyBlock) {
+    const int j1 = std::min(hi + 1, j0 + kKeyBlock);
+    load_block(j0, j1, false);
+    for (int i = 0; i < t.nr; ++i) {
+      const int a = std::max(j0, t.first[i]), b = std::min(j1, t.last[i] + 1);
+      if (a >= b) continue;
+      const int n_keys = t.last[i] + 1 - t.first[i];
+      for (int g = 0; g < t.n_gqa; ++g) {
+        float* o = t.out + (size_t)i * t.out_row_stride + (size_t)g * kDim;
+        const float* p = scores.data() + offset[i] + (size_t)g * n_keys - t.first[i];
+        __m512 acc[D16];
+        for (int x = 0; x < D16; ++x) acc[x] = _mm512_loadu_ps(o + 16 * x);
+        for (int j = a; j < b; ++j) {
+          const __m512 pj = _mm512_set1_ps(p[j]);
+          const float* vr = block.data() + (size_t)(j - j0) * kDim;
+          for (int x = 0; x < D16; ++x) acc[x] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * x), acc[x]);
+        }
+        for (int x = 0; x < D16; ++x) _mm512_storeu_ps(o + 16 * x, acc[x]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool attention_tile_avx512(const AttentionTile& t) {
+  if (!avx512_supported() || cpu_isa() < CpuIsa::Avx512 || t.head_dim_k != t.head_dim_v) return false;
+  switch (t.head_dim_k) {
+    case 64: tile<4>(t); return true;
+    case 128: tile<8>(t); return true;
+    case 256: tile<16>(t); return true;
+    default: return false;
+  }
+}
+
+}  // namespace roofline::cpu::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86-64 GCC/Clang
+
+namespace roofline::cpu::detail {
+bool attention_tile_avx512(const AttentionTile&) { return false; }
+}  // namespace roofline::cpu::detail
+
+#endif
