@@ -43,4 +43,10 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+void release_mapped_pages(const void* p, size_t n) {
+  const auto page = (uintptr_t)::sysconf(_SC_PAGESIZE);
+  const uintptr_t begin = ((uintptr_t)p + page - 1) / page * page, end = ((uintptr_t)p + n) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace roofline

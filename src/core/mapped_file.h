@@ -25,4 +25,10 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Drops this process's pages of [p, p + n) (the whole pages inside it) from a read-only file mapping: they
+// leave the resident set and stay in the page cache, and a later read maps them again. For data that
+// has been copied elsewhere (repacked weights). Only for MappedFile memory (anonymous memory would read
+// back as zeros); errors are ignored.
+void release_mapped_pages(const void* p, size_t n);
+
 }  // namespace roofline

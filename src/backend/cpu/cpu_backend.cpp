@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "backend/cpu/delta_net_cpu.h"
 #include "formats/quant_ref.h"
 
@@ -92,7 +93,7 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
       } else {
         if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
         vec_dot_fn(w.type());  // throws for a type without a CPU kernel
-        packed_.add(w, pool_);
+        pack(w);
       }
     }
     if (arch.moe) d.experts.build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
@@ -100,9 +101,15 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
   if (layers.output) {
     output_norm_ = to_floats(model_->output_norm());
     vec_dot_fn(model_->output().type());
-    packed_.add(model_->output(), pool_);
+    pack(model_->output());
   }
   rope_factors_ = to_floats(model_->rope_freqs());
+}
+
+// A packed copy of w where the packed kernels read its type; the file's pages of the original then leave
+// the resident set (they stay in the page cache; an embedding lookup of a tied output maps them again).
+void CpuBackend::pack(const Weight& w) {
+  if (packed_.add(w, pool_) && !model_->file().in_memory()) release_mapped_pages(w.data(), w.bytes());
 }
 
 void CpuBackend::init_kv(const KvConfig& kv) {

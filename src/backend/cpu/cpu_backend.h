@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
     std::vector<float> state;               // DeltaNet layers: n_cells x state_floats
     ExpertViews experts;                    // MoE layers: each expert of the stacked tensors as a 2-D view
   };
+  void pack(const Weight& w);
   void forward_layer(int il);
   void attention_block(int il, const LayerWeights& L, const LayerData& d);  // xn_ -> xn_ (the block's output)
   void delta_net_block(const LayerWeights& L, LayerData& d);               // xn_ -> xn_
