@@ -110,7 +110,9 @@ std::vector<float> run_packed(const PackedMatrix& pm, int64_t rows, const ActRow
   return y;
 }
 
+// The kernels are tested at the level the CPU has, whatever ROOFLINE_CPU_ISA caps the products at.
 bool have_kernels() { return packed_tile_fn_at(cpu_isa_detected(), DType::Q4_0) != nullptr; }
+PackedTileFn kernel(DType t) { return packed_tile_fn_at(cpu_isa_detected(), t); }
 
 class PackedType : public ::testing::TestWithParam<DType> {};
 
@@ -167,7 +169,7 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
   for (int64_t rows : {16, 37}) {
     const int64_t n = dtype_block_size(t) == 256 ? 256 * 9 : 32 * 67;
     const Matrix m = random_matrix(t, rows, n, 100 + (uint64_t)rows);
-    const PackedMatrix pm(m.weight(), pool);
+    const PackedMatrix pm(m.weight(), pool, kernel(t));
     const int n_act = 17;
     const std::vector<float> x = random_acts(n_act, n, 7 + (uint64_t)rows);
     ActRows act;
@@ -203,7 +205,7 @@ TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
   for (int fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77}) {
     for (double magnitude : {1e-3, 1.0, 3e4}) {
       const Matrix m = random_matrix(t, rows, n, 500 + seed, fill);
-      const PackedMatrix pm(m.weight(), pool);
+      const PackedMatrix pm(m.weight(), pool, kernel(t));
       const std::vector<float> x = random_acts(3, n, 900 + seed++, magnitude, true);
       ActRows act;
       act.prepare(act_of(t), x.data(), 3, n, pool);
@@ -228,7 +230,7 @@ TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
 // Through matmul: several tasks of rows (prefill and decode splits), packed against in place, and each
 // activation row alone against the batch.
 TEST_P(PackedType, MatmulReadsThePackedCopy) {
-  if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (packed_tile_fn(GetParam()) == nullptr) GTEST_SKIP() << "no packed kernels at this CPU's level (or ROOFLINE_CPU_ISA's cap)";
   const DType t = GetParam();
   ThreadPool pool(2);
   const int64_t rows = 300, n = dtype_block_size(t) * 9;
@@ -268,7 +270,7 @@ TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
   stacked.info.ne = {64, 16, 2, 1};
   EXPECT_FALSE(packed.add(stacked.weight(), pool));
   const Matrix q = random_matrix(DType::Q8_0, 16, 64, 3);
-  EXPECT_EQ(packed.add(q.weight(), pool), have_kernels() && cpu_isa() >= CpuIsa::Avx512);
+  EXPECT_EQ(packed.add(q.weight(), pool), packed_tile_fn(DType::Q8_0) != nullptr);
   EXPECT_EQ(packed.bytes(), packed.find(q.weight()) ? packed_group_bytes(DType::Q8_0, 64) : 0u);
 }
 

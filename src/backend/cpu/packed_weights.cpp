@@ -112,8 +112,7 @@ PackedTileFn packed_tile_fn(DType type) { return packed_tile_fn_at(cpu_isa(), ty
 
 void PackedMatrix::AlignedFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
 
-PackedMatrix::PackedMatrix(const Weight& w, ThreadPool& pool) {
-  tile_ = packed_tile_fn(w.type());
+PackedMatrix::PackedMatrix(const Weight& w, ThreadPool& pool, PackedTileFn tile) : tile_(tile) {
   ROOFLINE_CHECK(tile_ != nullptr);
   if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
   const int64_t rows = w.rows(), n = w.cols();
@@ -143,7 +142,7 @@ bool PackedWeights::add(const Weight& w, ThreadPool& pool) {
   // Matrices only (stacked expert tensors are multiplied through per-expert views, in place).
   if (!w || packed_tile_fn(w.type()) == nullptr || w.cols() % dtype_block_size(w.type()) != 0 || w.tensor->n_rows() != w.rows()) return false;
   if (packed_.count(w.tensor)) return true;
-  packed_.emplace(std::piecewise_construct, std::forward_as_tuple(w.tensor), std::forward_as_tuple(w, pool));
+  packed_.emplace(std::piecewise_construct, std::forward_as_tuple(w.tensor), std::forward_as_tuple(w, pool, packed_tile_fn(w.type())));
   return true;
 }
 

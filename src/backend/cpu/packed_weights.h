@@ -78,7 +78,8 @@ PackedTileFn packed_tile_fn_at(CpuIsa level, DType type);
 // One repacked matrix, 64-byte aligned.
 class PackedMatrix {
  public:
-  PackedMatrix(const Weight& w, ThreadPool& pool);
+  // Packs w for `tile` (a kernel for w's type: packed_tile_fn or, in tests, packed_tile_fn_at).
+  PackedMatrix(const Weight& w, ThreadPool& pool, PackedTileFn tile);
   const uint8_t* data() const { return data_.get(); }
   size_t bytes() const { return bytes_; }
   size_t group_bytes() const { return group_bytes_; }
