@@ -503,6 +503,29 @@ TEST(KvRowToF32, F16IsBitIdenticalToTheReferenceCodec) {
   }
 }
 
+// The KV store's F16 conversion against the reference codec: every 4099th f32 bit pattern (all
+// exponents, signs, infinities and NaNs), every pattern around the half subnormal and overflow
+// boundaries, and ties, at row lengths that exercise the 8-wide loop and its tail.
+TEST(KvRowFromF32, F16IsBitIdenticalToTheReferenceCodec) {
+  std::vector<uint32_t> bits;
+  for (uint64_t u = 0; u < (1ull << 32); u += 4099) bits.push_back((uint32_t)u);
+  for (uint32_t edge : {0x33000000u, 0x38800000u, 0x477ff000u, 0x7f800000u})
+    for (uint32_t d = 0; d < 8192; ++d) {
+      bits.push_back(edge - 4096 + d);
+      bits.push_back((edge - 4096 + d) | 0x80000000u);
+    }
+  for (uint32_t m = 0; m < 4096; ++m) bits.push_back(0x3f800000u | (m << 13) | 0x1000u);  // halfway cases
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), x.size() * sizeof(float));
+  for (int64_t n : {int64_t{1}, int64_t{13}, (int64_t)x.size()}) {
+    std::vector<uint16_t> fast((size_t)n), ref((size_t)n);
+    kv_row_from_f32(DType::F16, x.data(), fast.data(), n);
+    quantize_row_ref(DType::F16, x.data(), ref.data(), n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(fast[(size_t)i], ref[(size_t)i]) << "n=" << n << " f32 bits 0x" << std::hex << bits[(size_t)i];
+  }
+}
+
 // The quantized KV row types, from blocks written by hand (f16 scales given as bits, little endian) and
 // values worked out here: Q8_0 is d * q, Q4_0 is d * (nibble - 8) with element j in the low nibble of
 // byte j and element j + 16 in its high nibble; BF16 is the top half of an f32.

@@ -82,8 +82,8 @@ void kv_store(const KvLayerView& kv, const StepDesc& step, const float* k, const
               ThreadPool& pool) {
   pool.parallel_for((size_t)step.n_tokens(), [&](size_t r) {
     const size_t slot = slot_of(step, (int)r, kv);
-    quantize_row_ref(kv.type_k, k + r * kv_dim_k, kv.k + slot * kv.k_row_bytes, kv_dim_k);
-    quantize_row_ref(kv.type_v, v + r * kv_dim_v, kv.v + slot * kv.v_row_bytes, kv_dim_v);
+    kv_row_from_f32(kv.type_k, k + r * kv_dim_k, kv.k + slot * kv.k_row_bytes, kv_dim_k);
+    kv_row_from_f32(kv.type_v, v + r * kv_dim_v, kv.v + slot * kv.v_row_bytes, kv_dim_v);
   });
 }
 

@@ -208,6 +208,12 @@ const char* cpu_simd_name() {
   return "scalar";
 }
 
+void kv_row_from_f32(DType type, const float* src, void* dst, int64_t n) {
+  if (type == DType::F16 && cpu_isa() >= CpuIsa::Avx2)
+    return detail::f32_row_to_f16_avx2(src, static_cast<uint16_t*>(dst), n);
+  quantize_row_ref(type, src, dst, n);
+}
+
 void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n) {
   if (type == DType::F16 && cpu_isa() >= CpuIsa::Avx2)
     return detail::f16_row_to_f32_avx2(static_cast<const uint16_t*>(src), dst, n);

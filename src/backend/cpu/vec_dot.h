@@ -66,6 +66,9 @@ const char* cpu_simd_name();  // "AVX-512 VNNI", "AVX2" or "scalar": cpu_isa()'s
 // conversion where present (exact, so the same bits as the reference codec), every other type
 // through the reference codec (formats/quant_ref.h).
 void kv_row_to_f32(DType type, const void* src, float* dst, int64_t n);
+// The other way, for the KV store: F16 with F16C (round to nearest even, the same bits as the reference
+// codec), every other type through quantize_row_ref.
+void kv_row_from_f32(DType type, const float* src, void* dst, int64_t n);
 
 // A tile of dots for prefill: y[c * ldy + r] = dot(weight row r, activation row c) for r < n_w,
 // c < n_a. Weight row r starts at w + r * w_stride bytes, activation row c at a + c * a_stride.
@@ -94,6 +97,7 @@ VecDotTileFn avx512_tile(DType t);
 void quantize_act_row_scalar(ActFormat format, const float* x, void* dst, int64_t n);
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n);
 void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n);
+void f32_row_to_f16_avx2(const float* src, uint16_t* dst, int64_t n);
 }  // namespace detail
 
 }  // namespace roofline::cpu

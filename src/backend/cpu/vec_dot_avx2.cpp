@@ -661,6 +661,14 @@ void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = f16(src[i]);
 }
 
+void f32_row_to_f16_avx2(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), 0);
+}
+
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n) {
   switch (format) {
     case ActFormat::F32: std::memcpy(dst, x, (size_t)n * sizeof(float)); return;
@@ -720,6 +728,7 @@ void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t 
   quantize_act_row_scalar(format, x, dst, n);
 }
 void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) { dequantize_row_ref(DType::F16, src, dst, n); }
+void f32_row_to_f16_avx2(const float* src, uint16_t* dst, int64_t n) { quantize_row_ref(DType::F16, src, dst, n); }
 }  // namespace roofline::cpu::detail
 
 #endif
