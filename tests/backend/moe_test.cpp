@@ -192,6 +192,53 @@ TEST(MoeTest, GroupedExpertProductsMatchAPerRowReference) {
     std::vector<float> alone((size_t)c.n_embd);
     moe.forward(Weight{&tr}, views, hp, x.data() + (size_t)(c.n_rows - 1) * c.n_embd, 1, alone.data(), pool);
     EXPECT_EQ(0, std::memcmp(alone.data(), out.data() + (size_t)(c.n_rows - 1) * c.n_embd, alone.size() * 4));
+
+    // The same through packed copies of the experts (the types with packed kernels on this CPU): as close to
+    // the reference, and the last row alone gives the same bits.
+    cpu::PackedWeights packed;
+    bool any = false;
+    for (const auto* v : {&views.gate, &views.up, &views.down})
+      for (const gguf::TensorInfo& t : *v) any = packed.add(Weight{&t}, pool) || any;
+    if (!any) continue;
+    std::vector<float> out_p((size_t)c.n_rows * c.n_embd), alone_p((size_t)c.n_embd);
+    moe.forward(Weight{&tr}, views, hp, x.data(), c.n_rows, out_p.data(), pool, nullptr, &packed);
+    double num_p = 0;
+    for (size_t i = 0; i < out.size(); ++i) num_p += ((double)out_p[i] - out[i]) * ((double)out_p[i] - out[i]);
+    EXPECT_LT(num_p / den, c.bound) << "packed experts against the experts read in place";
+    moe.forward(Weight{&tr}, views, hp, x.data() + (size_t)(c.n_rows - 1) * c.n_embd, 1, alone_p.data(), pool, nullptr,
+                &packed);
+    EXPECT_EQ(0, std::memcmp(alone_p.data(), out_p.data() + (size_t)(c.n_rows - 1) * c.n_embd, alone_p.size() * 4));
+  }
+}
+
+// Host-memory experts (--cpu-moe for a GPU backend) on a synthetic Q4_K_M MoE model: the same routed output
+// as the CPU's MoE over the layer's experts read in place, and each row alone gives the same bits.
+TEST(MoeTest, HostExpertsMatchTheExpertsReadInPlace) {
+  auto m = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-qwen3moe:Q4_K_M")));
+  const HParams& hp = m->hparams();
+  HostExperts host(m, std::vector<bool>((size_t)hp.n_layer, true), 2);
+  ThreadPool pool(2);
+  const int n = 5;
+  const std::vector<float> x = random_floats((size_t)n * hp.n_embd, 9, 1.0f);
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = m->layer(il);
+    cpu::ExpertViews views;
+    views.build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
+    cpu::MoeExperts moe;
+    std::vector<float> want((size_t)n * hp.n_embd), got((size_t)n * hp.n_embd), alone((size_t)hp.n_embd);
+    moe.forward(L[LayerTensor::FfnGateInp], views, hp, x.data(), n, want.data(), pool);
+    host.forward(il, x.data(), n, got.data());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+      den += (double)want[i] * want[i];
+    }
+    std::printf("  layer %d: NMSE %.3g\n", il, num / den);
+    EXPECT_LT(num / den, 1e-6) << "layer " << il;  // float order of the packed kernels, 8-bit hidden rows
+    for (int r = 0; r < n; ++r) {
+      host.forward(il, x.data() + (size_t)r * hp.n_embd, 1, alone.data());
+      EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + (size_t)r * hp.n_embd, alone.size() * 4)) << "layer " << il << " row " << r;
+    }
   }
 }
 

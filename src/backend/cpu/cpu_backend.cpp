@@ -96,7 +96,11 @@ void CpuBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers
         pack(w);
       }
     }
-    if (arch.moe) d.experts.build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
+    if (arch.moe) {
+      d.experts.build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
+      for (auto* views : {&d.experts.gate, &d.experts.up, &d.experts.down})
+        for (const gguf::TensorInfo& t : *views) pack(Weight{&t});
+    }
   }
   if (layers.output) {
     output_norm_ = to_floats(model_->output_norm());
@@ -321,7 +325,7 @@ void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
   const int n = step_.n_tokens();
   const int n_embd = hp.n_embd;
   observe(L[LT::FfnGateInp], xn_.data(), n);
-  moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_, &observer_);
+  moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_, &observer_, &packed_);
   if (hp.n_ff_shexp > 0) {
     const Weight &w_gate = L[LT::FfnGateShexp], &w_up = L[LT::FfnUpShexp], &w_down = L[LT::FfnDownShexp];
     observe(w_gate, xn_.data(), n);

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/moe_cpu.h"
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 
 namespace roofline {
@@ -43,6 +44,7 @@ struct HostExperts::Impl {
   std::shared_ptr<const Model> model;
   ThreadPool pool;
   std::vector<cpu::ExpertViews> views;  // per layer (empty for layers on the GPU)
+  cpu::PackedWeights packed;            // the experts' packed copies (types with packed kernels)
   cpu::MoeExperts moe;
   Impl(std::shared_ptr<const Model> m, int n_threads) : model(std::move(m)), pool(n_threads) {}
 };
@@ -59,9 +61,20 @@ HostExperts::HostExperts(std::shared_ptr<const Model> model, const std::vector<b
       if (!L[t].data()) fail("tensor {} has no data (a layout-only model cannot run)", L[t].tensor->name);
       cpu::vec_dot_fn(L[t].type());  // throws for a type without a CPU kernel
     }
-    for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
-      populate_pages(L[t].data(), (size_t)L[t].bytes(), impl_->pool);
     impl_->views[(size_t)il].build(L[LayerTensor::FfnGateExps], L[LayerTensor::FfnUpExps], L[LayerTensor::FfnDownExps]);
+    // Packed where the packed kernels read the type (the file's pages then leave the resident set: the
+    // copy is what the products read); otherwise mapped in now.
+    const cpu::ExpertViews& v = impl_->views[(size_t)il];
+    for (const auto* expert_views : {&v.gate, &v.up, &v.down}) {
+      bool all_packed = true;
+      for (const gguf::TensorInfo& t : *expert_views) all_packed = impl_->packed.add(Weight{&t}, impl_->pool) && all_packed;
+      const gguf::TensorInfo& stacked = expert_views == &v.gate ? *v.gate_stacked : expert_views == &v.up ? *v.up_stacked : *v.down_stacked;
+      if (!all_packed) {
+        populate_pages(stacked.data, stacked.n_bytes, impl_->pool);
+      } else if (!m.file().in_memory()) {
+        release_mapped_pages(stacked.data, stacked.n_bytes);
+      }
+    }
   }
 }
 
@@ -70,7 +83,8 @@ HostExperts::~HostExperts() = default;
 void HostExperts::forward(int il, const float* xn, int n, float* out) {
   ROOFLINE_CHECK(holds(il), "internal error: layer {} keeps its experts on the GPU", il);
   const Model& m = *impl_->model;
-  impl_->moe.forward(m.layer(il)[LayerTensor::FfnGateInp], impl_->views[(size_t)il], m.hparams(), xn, n, out, impl_->pool);
+  impl_->moe.forward(m.layer(il)[LayerTensor::FfnGateInp], impl_->views[(size_t)il], m.hparams(), xn, n, out, impl_->pool,
+                     nullptr, &impl_->packed);
 }
 
 std::vector<bool> experts_on_host(const Model& model, int n_cpu_moe, const std::vector<std::string>& patterns,

@@ -4,11 +4,34 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "formats/quant_blocks.h"
 
 namespace roofline::cpu {
+
+void ActRows::gather(const ActRows& src, std::span<const int> rows) {
+  format_ = src.format_;
+  row_bytes_ = src.row_bytes_;
+  n_rows_ = (int)rows.size();
+  data_.resize(row_bytes_ * rows.size());
+  const size_t nb = src.block_scales_.empty() ? 0 : src.block_scales_.size() / (size_t)src.n_rows_;
+  const size_t nk = src.k_sums_.empty() ? 0 : src.k_sums_.size() / (size_t)src.n_rows_;
+  block_scales_.resize(nb * rows.size());
+  block_sums_.resize(nb * rows.size());
+  k_sums_.resize(nk * rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t r = (size_t)rows[i];
+    ROOFLINE_CHECK(rows[i] >= 0 && rows[i] < src.n_rows_);
+    std::memcpy(data_.data() + i * row_bytes_, src.data_.data() + r * row_bytes_, row_bytes_);
+    if (nb) {
+      std::memcpy(block_scales_.data() + i * nb, src.block_scales_.data() + r * nb, nb * sizeof(float));
+      std::memcpy(block_sums_.data() + i * nb, src.block_sums_.data() + r * nb, nb * sizeof(int32_t));
+    }
+    if (nk) std::memcpy(k_sums_.data() + i * nk, src.k_sums_.data() + r * nk, nk * sizeof(KSums));
+  }
+}
 
 void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_cols, ThreadPool& pool) {
   format_ = format;
@@ -39,15 +62,15 @@ PackedActs ActRows::packed() const {
                     row_bytes_ / sizeof(BlockQ8_0)};
 }
 
-void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool, const PackedWeights* packed) {
-  constexpr int kMaxOuts = 4;
-  ROOFLINE_CHECK(!outs.empty() && outs.size() <= kMaxOuts);
-  const int n_act = act.n_rows();
+void matmul_products(std::span<const Product> products, ThreadPool& pool, const PackedWeights* packed) {
+  if (products.empty()) return;
   int64_t total_rows = 0;
-  for (const MatmulOut& o : outs) {
-    ROOFLINE_CHECK(act.format() == act_format_for(o.w->type()));
-    if (!o.w->data()) fail("tensor {} has no data (a layout-only model cannot run)", o.w->tensor->name);
-    total_rows += o.w->rows();
+  int max_act = 0;
+  for (const Product& p : products) {
+    ROOFLINE_CHECK(p.act->format() == act_format_for(p.w->type()));
+    if (!p.w->data()) fail("tensor {} has no data (a layout-only model cannot run)", p.w->tensor->name);
+    total_rows += p.w->rows();
+    max_act = std::max(max_act, p.act->n_rows());
   }
   // Output rows per task. Decode (a few activation rows): large chunks, so each thread streams long
   // runs of consecutive weight rows (the hardware prefetchers lose their stream at every jump to the
@@ -57,27 +80,34 @@ void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPoo
   // types first convert the tile's activation rows into a panel (built once per task, so over more rows).
   const int64_t prefill_rows = cpu_isa() >= CpuIsa::Avx512 ? 64 : 16;
   const int64_t rows_per_task =
-      n_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : prefill_rows;
+      max_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : prefill_rows;
   ROOFLINE_CHECK(rows_per_task % kPackRows == 0);  // packed tasks start on a 16-row group
   constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
-  const PackedMatrix* packs[kMaxOuts] = {};
-  for (size_t m = 0; m < outs.size(); ++m) packs[m] = packed ? packed->find(*outs[m].w) : nullptr;
-  size_t first_task[kMaxOuts + 1] = {0};  // product m owns tasks [first_task[m], first_task[m + 1])
-  for (size_t m = 0; m < outs.size(); ++m)
-    first_task[m + 1] = first_task[m] + (size_t)((outs[m].w->rows() + rows_per_task - 1) / rows_per_task);
-  pool.parallel_for(first_task[outs.size()], [&](size_t task) {
-    size_t m = 0;
-    while (task >= first_task[m + 1]) ++m;
-    const Weight& w = *outs[m].w;
+  thread_local std::vector<const PackedMatrix*> packs;
+  thread_local std::vector<size_t> first_task;  // product m owns tasks [first_task[m], first_task[m + 1])
+  packs.assign(products.size(), nullptr);
+  first_task.assign(products.size() + 1, 0);
+  for (size_t m = 0; m < products.size(); ++m) {
+    packs[m] = packed ? packed->find(*products[m].w) : nullptr;
+    first_task[m + 1] = first_task[m] + (size_t)((products[m].w->rows() + rows_per_task - 1) / rows_per_task);
+  }
+  const std::vector<const PackedMatrix*>& pk = packs;  // the calling thread's, read by every worker
+  const std::vector<size_t>& ft = first_task;
+  pool.parallel_for(ft.back(), [&](size_t task) {
+    const size_t m = (size_t)(std::upper_bound(ft.begin(), ft.end(), task) - ft.begin()) - 1;
+    const Product& p = products[m];
+    const Weight& w = *p.w;
+    const ActRows& act = *p.act;
+    const int n_act = act.n_rows();
     const int64_t n_out = w.rows(), n_in = w.cols();
     const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
-    const int64_t r0 = (int64_t)(task - first_task[m]) * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
-    if (const PackedMatrix* pm = packs[m]) {  // rows_per_task is a multiple of the 16-row groups
+    const int64_t r0 = (int64_t)(task - ft[m]) * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
+    if (const PackedMatrix* pm = pk[m]) {  // rows_per_task is a multiple of the 16-row groups
       const PackedActs pa = act.packed();
       const uint8_t* group = pm->data() + (size_t)(r0 / kPackRows) * pm->group_bytes();
       for (int t0 = 0; t0 < n_act; t0 += kActTile) {
         const int n_a = std::min(kActTile, n_act - t0);
-        pm->tile()(group, pm->group_bytes(), (int)(r1 - r0), pa, t0, n_a, n_in, outs[m].y + (size_t)t0 * n_out + r0,
+        pm->tile()(group, pm->group_bytes(), (int)(r1 - r0), pa, t0, n_a, n_in, p.y + (size_t)t0 * n_out + r0,
                    (size_t)n_out);
       }
       return;
@@ -86,9 +116,17 @@ void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPoo
     for (int t0 = 0; t0 < n_act; t0 += kActTile) {
       const int n_a = std::min(kActTile, n_act - t0);
       tile(w.data() + (size_t)r0 * w_row_bytes, w_row_bytes, (int)(r1 - r0), act.row(t0), act.row_stride(), n_a, n_in,
-           outs[m].y + (size_t)t0 * n_out + r0, (size_t)n_out);
+           p.y + (size_t)t0 * n_out + r0, (size_t)n_out);
     }
   });
+}
+
+void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool, const PackedWeights* packed) {
+  constexpr size_t kMaxOuts = 4;
+  ROOFLINE_CHECK(!outs.empty() && outs.size() <= kMaxOuts);
+  Product products[kMaxOuts];
+  for (size_t m = 0; m < outs.size(); ++m) products[m] = Product{outs[m].w, &act, outs[m].y};
+  matmul_products(std::span<const Product>(products, outs.size()), pool, packed);
 }
 
 void matmul(const Weight& w, const ActRows& act, float* y, ThreadPool& pool, const PackedWeights* packed) {

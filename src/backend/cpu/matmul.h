@@ -19,6 +19,8 @@ namespace roofline::cpu {
 class ActRows {
  public:
   void prepare(ActFormat format, const float* x, int n_rows, int64_t n_cols, ThreadPool& pool);
+  // These rows of `src` (already prepared), in this order: the same bytes as preparing them again.
+  void gather(const ActRows& src, std::span<const int> rows);
   ActFormat format() const { return format_; }
   const uint8_t* row(int r) const { return data_.data() + (size_t)r * row_bytes_; }
   int n_rows() const { return n_rows_; }
@@ -48,6 +50,14 @@ struct MatmulOut {
 };
 void matmul_multi(std::span<const MatmulOut> outs, const ActRows& act, ThreadPool& pool,
                   const PackedWeights* packed = nullptr);
+// Any number of products, each of its own activation rows, in one dispatch over the pool (a MoE layer's
+// experts: one wait for all of them instead of one per product).
+struct Product {
+  const Weight* w = nullptr;
+  const ActRows* act = nullptr;
+  float* y = nullptr;  // [act->n_rows() x w->rows()]
+};
+void matmul_products(std::span<const Product> products, ThreadPool& pool, const PackedWeights* packed = nullptr);
 // Convenience: converts x and multiplies.
 void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool,
             const PackedWeights* packed = nullptr);

@@ -58,54 +58,105 @@ void ExpertViews::build(const Weight& gate_exps, const Weight& up_exps, const We
 }
 
 void MoeExperts::forward(const Weight& router, const ExpertViews& experts, const HParams& hp, const float* x, int n,
-                         float* out, ThreadPool& pool, const Backend::MatmulObserver* observer) {
+                         float* out, ThreadPool& pool, const Backend::MatmulObserver* observer, const PackedWeights* packed) {
   const int n_embd = hp.n_embd, n_expert = hp.n_expert, k = hp.n_expert_used, n_ff = hp.n_ff_exp;
   logits_.resize((size_t)n * n_expert);
   ids_.resize((size_t)n * k);
   weights_.resize((size_t)n * k);
-  matmul(router, x, n, logits_.data(), pool);
-  pool.parallel_for((size_t)n, [&](size_t r) {
+  matmul(router, x, n, logits_.data(), pool, packed);
+  const auto route = [&](size_t r) {
     route_row(logits_.data() + r * n_expert, n_expert, k, hp.expert_weights_norm, hp.expert_weights_scale,
               ids_.data() + r * k, weights_.data() + r * k);
-  });
+  };
+  if (n <= 4) {
+    for (int r = 0; r < n; ++r) route((size_t)r);
+  } else {
+    pool.parallel_for((size_t)n, route);
+  }
 
-  // The rows (and their weights) each expert was chosen by, experts in index order.
+  // The rows (and their weights) each expert was chosen by; the experts used, in index order, and where
+  // each one's rows start in the gathered buffers.
   std::vector<std::vector<std::pair<int, float>>> chosen_by((size_t)n_expert);
   for (int r = 0; r < n; ++r)
     for (int i = 0; i < k; ++i) chosen_by[(size_t)ids_[(size_t)r * k + i]].push_back({r, weights_[(size_t)r * k + i]});
-
-  std::fill(out, out + (size_t)n * n_embd, 0.0f);
+  std::vector<int> used, first_row;
+  int n_gathered = 0;
   for (int e = 0; e < n_expert; ++e) {
-    const auto& rows = chosen_by[(size_t)e];
-    const int m = (int)rows.size();
-    if (m == 0) continue;
-    xe_.resize((size_t)m * n_embd);
-    gate_.resize((size_t)m * n_ff);
-    up_.resize((size_t)m * n_ff);
-    ye_.resize((size_t)m * n_embd);
-    for (int j = 0; j < m; ++j)
-      std::memcpy(xe_.data() + (size_t)j * n_embd, x + (size_t)rows[(size_t)j].first * n_embd, n_embd * sizeof(float));
-    const Weight w_gate{&experts.gate[(size_t)e]}, w_up{&experts.up[(size_t)e]}, w_down{&experts.down[(size_t)e]};
+    if (chosen_by[(size_t)e].empty()) continue;
+    used.push_back(e);
+    first_row.push_back(n_gathered);
+    n_gathered += (int)chosen_by[(size_t)e].size();
+  }
+  const size_t n_used = used.size();
+  if (in_gate_.size() < n_used) {
+    in_gate_.resize(n_used);
+    in_up_.resize(n_used);
+    hidden_.resize(n_used);
+  }
+  gate_.resize((size_t)n_gathered * n_ff);
+  up_.resize((size_t)n_gathered * n_ff);
+  ye_.resize((size_t)n_gathered * n_embd);
+
+  // x's rows converted once per format, each expert's rows gathered from them (the same bytes as converting
+  // them per expert), then every expert's gate and up products in one dispatch.
+  const DType t_gate = experts.gate_stacked->type, t_up = experts.up_stacked->type, t_down = experts.down_stacked->type;
+  const bool same_format = act_format_for(t_gate) == act_format_for(t_up);
+  x_gate_.prepare(act_format_for(t_gate), x, n, n_embd, pool);
+  if (!same_format) x_up_.prepare(act_format_for(t_up), x, n, n_embd, pool);
+  std::vector<Weight> w_gate(n_used), w_up(n_used), w_down(n_used);
+  std::vector<Product> products;
+  products.reserve(2 * n_used);
+  std::vector<int> rows;
+  for (size_t i = 0; i < n_used; ++i) {
+    const int e = used[i];
+    rows.clear();
+    for (const auto& [r, w] : chosen_by[(size_t)e]) rows.push_back(r);
+    in_gate_[i].gather(x_gate_, rows);
+    if (!same_format) in_up_[i].gather(x_up_, rows);
+    w_gate[i] = Weight{&experts.gate[(size_t)e]};
+    w_up[i] = Weight{&experts.up[(size_t)e]};
+    w_down[i] = Weight{&experts.down[(size_t)e]};
     if (observer && *observer) {
-      (*observer)(*experts.gate_stacked, xe_.data(), m, n_embd, e);
-      (*observer)(*experts.up_stacked, xe_.data(), m, n_embd, e);
+      xe_.resize(rows.size() * (size_t)n_embd);
+      for (size_t j = 0; j < rows.size(); ++j)
+        std::memcpy(xe_.data() + j * n_embd, x + (size_t)rows[j] * n_embd, n_embd * sizeof(float));
+      (*observer)(*experts.gate_stacked, xe_.data(), (int)rows.size(), n_embd, e);
+      (*observer)(*experts.up_stacked, xe_.data(), (int)rows.size(), n_embd, e);
     }
-    if (act_format_for(w_gate.type()) == act_format_for(w_up.type())) {
-      act_.prepare(act_format_for(w_gate.type()), xe_.data(), m, n_embd, pool);
-      const MatmulOut outs[] = {{&w_gate, gate_.data()}, {&w_up, up_.data()}};
-      matmul_multi(outs, act_, pool);
-    } else {
-      matmul(w_gate, xe_.data(), m, gate_.data(), pool);
-      matmul(w_up, xe_.data(), m, up_.data(), pool);
-    }
-    for (size_t i = 0; i < gate_.size(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
-    if (observer && *observer) (*observer)(*experts.down_stacked, gate_.data(), m, n_ff, e);
-    matmul(w_down, gate_.data(), m, ye_.data(), pool);
-    for (int j = 0; j < m; ++j) {
-      float* o = out + (size_t)rows[(size_t)j].first * n_embd;
-      const float* y = ye_.data() + (size_t)j * n_embd;
-      const float w = rows[(size_t)j].second;
-      for (int i = 0; i < n_embd; ++i) o[i] += w * y[i];
+    products.push_back({&w_gate[i], &in_gate_[i], gate_.data() + (size_t)first_row[i] * n_ff});
+    products.push_back({&w_up[i], same_format ? &in_gate_[i] : &in_up_[i], up_.data() + (size_t)first_row[i] * n_ff});
+  }
+  matmul_products(products, pool, packed);
+
+  // silu(gate) * up and its rows for the down products, one task per expert (in order, on this thread, when
+  // an observer watches the down inputs).
+  const auto hidden = [&](size_t i) {
+    const int m = (int)chosen_by[(size_t)used[i]].size();
+    float* g = gate_.data() + (size_t)first_row[i] * n_ff;
+    const float* u = up_.data() + (size_t)first_row[i] * n_ff;
+    for (size_t j = 0; j < (size_t)m * n_ff; ++j) g[j] = silu(g[j]) * u[j];
+    if (observer && *observer) (*observer)(*experts.down_stacked, g, m, n_ff, used[i]);
+    hidden_[i].prepare(act_format_for(t_down), g, m, n_ff, serial_);
+  };
+  if (observer && *observer) {
+    for (size_t i = 0; i < n_used; ++i) hidden(i);
+  } else {
+    pool.parallel_for(n_used, hidden);
+  }
+  products.clear();
+  for (size_t i = 0; i < n_used; ++i)
+    products.push_back({&w_down[i], &hidden_[i], ye_.data() + (size_t)first_row[i] * n_embd});
+  matmul_products(products, pool, packed);
+
+  // Each row's experts added in expert order.
+  std::fill(out, out + (size_t)n * n_embd, 0.0f);
+  for (size_t i = 0; i < n_used; ++i) {
+    const auto& chosen = chosen_by[(size_t)used[i]];
+    for (size_t j = 0; j < chosen.size(); ++j) {
+      float* o = out + (size_t)chosen[j].first * n_embd;
+      const float* y = ye_.data() + (size_t)(first_row[i] + (int)j) * n_embd;
+      const float w = chosen[j].second;
+      for (int c = 0; c < n_embd; ++c) o[c] += w * y[c];
     }
   }
 }

@@ -1,7 +1,9 @@
 // Mixture-of-experts feed-forward on the CPU (qwen3moe, qwen35moe): routing per row (softmax over
 // the router's logits, top-k, renormalised top-k weights) and the routed experts' SwiGLU products
 // grouped by expert within a step, so rows that picked expert e are multiplied together and each
-// expert a step uses is read once, however many rows chose it.
+// expert a step uses is read once, however many rows chose it. The products of all the experts a step
+// uses go to the thread pool together (gate and up in one dispatch, down in another), so a decode token
+// costs a few waits per layer, not a few per expert.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +36,10 @@ struct ExpertViews {
 class MoeExperts {
  public:
   // x: [n x n_embd] (the FFN's normed input), out: [n x n_embd] (overwritten). An observer (importance
-  // matrices) sees each expert's input rows with the stacked tensor and the expert's index.
+  // matrices) sees each expert's input rows with the stacked tensor and the expert's index. Experts found
+  // in `packed` are read from their packed copies.
   void forward(const Weight& router, const ExpertViews& experts, const HParams& hp, const float* x, int n, float* out,
-               ThreadPool& pool, const Backend::MatmulObserver* observer = nullptr);
+               ThreadPool& pool, const Backend::MatmulObserver* observer = nullptr, const PackedWeights* packed = nullptr);
 
   // The routing of the last forward: [n x n_expert_used] expert ids and weights.
   const std::vector<int32_t>& ids() const { return ids_; }
@@ -45,7 +48,10 @@ class MoeExperts {
  private:
   std::vector<float> logits_, weights_, xe_, gate_, up_, ye_;
   std::vector<int32_t> ids_;
-  ActRows act_;
+  ActRows x_gate_, x_up_;                 // the step's rows for the gate and up products
+  std::vector<ActRows> in_gate_, in_up_;  // per used expert: its rows of x_gate_ / x_up_
+  std::vector<ActRows> hidden_;           // per used expert: silu(gate) * up, for the down product
+  ThreadPool serial_{1};                  // to prepare rows inside a pool task
 };
 
 }  // namespace roofline::cpu
