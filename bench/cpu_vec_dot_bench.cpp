@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -117,29 +118,18 @@ Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
 // unpreempted) as well as from the CPU time of all of them.
 constexpr int64_t kChunkRows = 256;
 
-void BM_Matmul(benchmark::State& state, DType t) {
-  const int tokens = (int)state.range(0);  // 0: single dots on one activation row
-  const bool cold = state.range(1) != 0;
-  Setup& s = setup(t, 6144, 2048, cold ? 12 : 1);
-  const VecDotFn dot = vec_dot_fn(t);
-  const VecDotTileFn tile = vec_dot_tile_fn(t);
+// Runs `chunk_fn(matrix copy, first row)` once per iteration over the chunks of the matrices (threads take
+// interleaved chunks, so together they stream each matrix once) and reports per thread (summed over
+// threads), from the fastest chunk: GB/s of weights, multiply-adds/s.
+template <typename ChunkFn>
+void run_chunks(benchmark::State& state, const Setup& s, int tokens, const std::string& label, ChunkFn chunk_fn) {
   const int64_t n_chunks = s.rows / kChunkRows;
-  // Threads take interleaved chunks, so together they stream each matrix once.
   int64_t chunk = state.thread_index();
   size_t m = 0;
-  std::vector<float> y((size_t)s.rows * std::max(tokens, 1));
   double best = 1e30;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    const uint8_t* w = s.mats[m].data();
-    const int64_t r0 = chunk * kChunkRows, r1 = r0 + kChunkRows;
-    if (tokens == 0) {
-      for (int64_t r = r0; r < r1; ++r) y[(size_t)r] = dot(w + (size_t)r * s.w_row, s.act.data(), s.cols);
-    } else {
-      tile(w + (size_t)r0 * s.w_row, s.w_row, (int)(r1 - r0), s.act.data(), s.a_row, tokens, s.cols, y.data() + r0,
-           (size_t)s.rows);
-    }
-    benchmark::DoNotOptimize(y.data());
+    chunk_fn(m, chunk * kChunkRows);
     benchmark::ClobberMemory();
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     chunk += state.threads();
@@ -150,17 +140,33 @@ void BM_Matmul(benchmark::State& state, DType t) {
   }
   const double bytes = (double)kChunkRows * (double)s.w_row;
   state.SetBytesProcessed((int64_t)(bytes * (double)state.iterations()));
-  // Per thread (summed over threads), from the fastest chunk: GB/s of weights, multiply-adds/s.
   state.counters["GBps_best"] = bytes / best * 1e-9;
   state.counters["GMACps_best"] = (double)kChunkRows * (double)s.cols * std::max(tokens, 1) / best * 1e-9;
-  state.SetLabel(std::string(cpu_simd_name()) + (cold ? " cold" : " hot"));
+  state.SetLabel(label + (state.range(1) != 0 ? " cold" : " hot"));
+}
+
+void BM_Matmul(benchmark::State& state, DType t) {
+  const int tokens = (int)state.range(0);  // 0: single dots on one activation row
+  Setup& s = setup(t, 6144, 2048, state.range(1) != 0 ? 12 : 1);
+  const VecDotFn dot = vec_dot_fn(t);
+  const VecDotTileFn tile = vec_dot_tile_fn(t);
+  std::vector<float> y((size_t)s.rows * std::max(tokens, 1));
+  run_chunks(state, s, tokens, cpu_simd_name(), [&](size_t m, int64_t r0) {
+    const uint8_t* w = s.mats[m].data();
+    if (tokens == 0) {
+      for (int64_t r = r0; r < r0 + kChunkRows; ++r) y[(size_t)r] = dot(w + (size_t)r * s.w_row, s.act.data(), s.cols);
+    } else {
+      tile(w + (size_t)r0 * s.w_row, s.w_row, (int)kChunkRows, s.act.data(), s.a_row, tokens, s.cols, y.data() + r0,
+           (size_t)s.rows);
+    }
+    benchmark::DoNotOptimize(y.data());
+  });
 }
 
 // The packed kernels (tokens >= 1 only: decode runs them with one activation row).
 void BM_MatmulPacked(benchmark::State& state, DType t) {
   const int tokens = (int)state.range(0);
-  const bool cold = state.range(1) != 0;
-  Setup& s = setup(t, 6144, 2048, cold ? 12 : 1);
+  Setup& s = setup(t, 6144, 2048, state.range(1) != 0 ? 12 : 1);
   const PackedTileFn tile = packed_tile_fn(t);
   if (!tile || tokens == 0) {
     state.SkipWithError("no packed kernel for this type on this CPU (or tokens = 0)");
@@ -168,29 +174,12 @@ void BM_MatmulPacked(benchmark::State& state, DType t) {
   }
   const size_t group_bytes = packed_group_bytes(t, s.cols);
   const PackedActs acts = s.packed_acts();
-  const int64_t n_chunks = s.rows / kChunkRows;
-  int64_t chunk = state.thread_index();
-  size_t m = 0;
   std::vector<float> y((size_t)s.rows * tokens);
-  double best = 1e30;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const uint8_t* w = s.packed[m].data() + (size_t)(chunk * kChunkRows / kPackRows) * group_bytes;
-    tile(w, group_bytes, (int)kChunkRows, acts, 0, tokens, s.cols, y.data() + chunk * kChunkRows, (size_t)s.rows);
+  run_chunks(state, s, tokens, "packed", [&](size_t m, int64_t r0) {
+    tile(s.packed[m].data() + (size_t)(r0 / kPackRows) * group_bytes, group_bytes, (int)kChunkRows, acts, 0, tokens,
+         s.cols, y.data() + r0, (size_t)s.rows);
     benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    chunk += state.threads();
-    if (chunk >= n_chunks) {
-      chunk = state.thread_index();
-      m = (m + 1) % s.mats.size();
-    }
-  }
-  const double bytes = (double)kChunkRows * (double)s.w_row;
-  state.SetBytesProcessed((int64_t)(bytes * (double)state.iterations()));
-  state.counters["GBps_best"] = bytes / best * 1e-9;
-  state.counters["GMACps_best"] = (double)kChunkRows * (double)s.cols * tokens / best * 1e-9;
-  state.SetLabel(std::string("packed ") + (cold ? "cold" : "hot"));
+  });
 }
 
 void Args(benchmark::internal::Benchmark* b) {

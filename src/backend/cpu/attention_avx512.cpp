@@ -15,17 +15,7 @@
 #include "backend/cpu/vec_dot.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "backend/cpu/avx512_region_begin.h"
 
 namespace roofline::cpu::detail {
 namespace {
@@ -131,12 +121,7 @@ bool attention_tile_avx512(const AttentionTile& t) {
 
 }  // namespace roofline::cpu::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "backend/cpu/avx512_region_end.h"
 
 #else  // not x86-64 GCC/Clang
 

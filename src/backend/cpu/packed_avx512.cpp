@@ -20,19 +20,7 @@
 #include "formats/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
-// GCC 12's reduce/insert intrinsics pass a self-initialized "undefined" vector that its own warnings flag.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "backend/cpu/avx512_region_begin.h"
 
 namespace roofline::cpu {
 namespace {
@@ -293,12 +281,7 @@ PackedTileFn avx512_packed_tile(DType type) {
 }  // namespace detail
 }  // namespace roofline::cpu
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "backend/cpu/avx512_region_end.h"
 
 #else  // not x86-64 GCC/Clang
 
