@@ -80,13 +80,16 @@ class GrammarAutomaton {
 
  private:
   static constexpr int32_t kUnknown = -2;
+  // State::partial of an incomplete character whose every possible code point is legal and matched
+  // by every stack of the state: the bits read so far no longer matter.
+  static constexpr uint32_t kAnyTail = 0xFFFFFFFFu;
   struct StackNode {
     uint32_t pos;     // the element to match next (or to resume at, below the top)
     uint32_t parent;  // the node below; 0 is the empty stack
   };
   struct State {
     std::vector<uint32_t> stacks;  // sorted stack ids (0: the empty stack, i.e. complete)
-    uint32_t partial = 0;          // code point bits read so far of an incomplete UTF-8 character
+    uint32_t partial = 0;          // code point bits read so far of an incomplete UTF-8 character (or kAnyTail)
     uint8_t need = 0;              // continuation bytes still expected
     uint8_t length = 0;            // the incomplete character's length in bytes (2..4)
   };
