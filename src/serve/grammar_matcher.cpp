@@ -73,6 +73,16 @@ GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar) : g_(
 
 bool GrammarAutomaton::full() const { return states_.size() > kMaxStates; }
 
+size_t GrammarAutomaton::bytes() const {
+  constexpr size_t kMapNode = 2 * sizeof(void*);  // an unordered_map node's link and cached hash, beyond its pair
+  size_t b = transitions_.capacity() * sizeof(int32_t) + states_.capacity() * sizeof(State) + state_heap_bytes_ +
+             state_ids_.bucket_count() * sizeof(void*) + nodes_.capacity() * sizeof(StackNode) +
+             node_ids_.size() * (sizeof(uint64_t) + sizeof(uint32_t) + kMapNode) + node_ids_.bucket_count() * sizeof(void*) +
+             masks_.bucket_count() * sizeof(void*) + walk_.capacity() * sizeof(int32_t);
+  for (const auto& [state, m] : masks_) b += m.capacity() * sizeof(uint64_t) + sizeof(state) + sizeof(m) + kMapNode;
+  return b;
+}
+
 int32_t GrammarAutomaton::import_state(const GrammarAutomaton& from, int32_t state) {
   State s = from.states_[(size_t)state];
   for (uint32_t& id : s.stacks) {
@@ -142,8 +152,10 @@ int32_t GrammarAutomaton::intern(State s) {
   std::memcpy(key.data() + s.stacks.size() * 4, &s.partial, 4);
   key[key.size() - 2] = (char)s.need;
   key.back() = (char)s.length;
+  const size_t key_heap = key.capacity() > 15 ? key.capacity() + 1 : 0;  // beyond the string's inline buffer
   auto [it, inserted] = state_ids_.try_emplace(std::move(key), (int32_t)states_.size());
   if (inserted) {
+    state_heap_bytes_ += s.stacks.capacity() * sizeof(uint32_t) + key_heap + sizeof(std::string) + sizeof(int32_t) + 2 * sizeof(void*);
     states_.push_back(std::move(s));
     transitions_.resize(states_.size() * 256, kUnknown);
   }

@@ -75,6 +75,8 @@ class GrammarAutomaton {
   // Past this many states a matcher moves to a fresh automaton (bounding the transition tables).
   bool full() const;
   void forget_masks() { masks_.clear(); }
+  // Heap bytes held: transitions, states, stack nodes, cached masks (hash map nodes estimated).
+  size_t bytes() const;
   // The same state, built in this automaton from `from`'s state (when a matcher moves).
   int32_t import_state(const GrammarAutomaton& from, int32_t state);
 
@@ -110,6 +112,7 @@ class GrammarAutomaton {
   std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
   const TokenVocab* masks_vocab_ = nullptr;  // the vocabulary the cached masks are of
   std::vector<int32_t> walk_;  // per trie depth, the state after that many bytes
+  size_t state_heap_bytes_ = 0;  // the states' stack lists and their map entries
   int32_t start_ = 0;
 };
 
