@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "engine/memory_plan.h"
 #include "engine/pooling.h"
+#include "serve/malloc_arenas.h"
 #include "serve/server.h"
 
 namespace roofline::cli {
@@ -264,6 +265,8 @@ int run(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  // Before any thread of ours allocates: one arena per connection thread held memory for minutes.
+  if (const std::string arenas = serve::limit_malloc_arenas(); !arenas.empty()) log_info("{}", arenas);
   serve::Server server(so);
   const int port = server.bind();
   server.start();

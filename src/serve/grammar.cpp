@@ -23,22 +23,32 @@ bool CharClass::matches(uint32_t cp) const {
   return in != negated;
 }
 
-bool CharClass::matches_any(uint32_t lo, uint32_t hi) const {
-  if (!negated) {
-    for (const auto& [a, b] : ranges)
-      if (a <= hi && b >= lo) return true;
-    return false;
-  }
-  // Complement: some point of [lo, hi] outside every range. Walk the ranges in order of start.
-  std::vector<std::pair<uint32_t, uint32_t>> sorted = ranges;
-  std::sort(sorted.begin(), sorted.end());
+namespace {
+// Whether the ranges together cover every point of [lo, hi]. Walks them in order of start.
+bool ranges_cover(std::vector<std::pair<uint32_t, uint32_t>> ranges, uint32_t lo, uint32_t hi) {
+  std::sort(ranges.begin(), ranges.end());
   uint64_t next = lo;  // the smallest point not yet known to be covered
-  for (const auto& [a, b] : sorted) {
+  for (const auto& [a, b] : ranges) {
     if (a > next) break;
     if ((uint64_t)b + 1 > next) next = (uint64_t)b + 1;
-    if (next > hi) return false;
+    if (next > hi) return true;
   }
-  return next <= hi;
+  return next > hi;
+}
+bool ranges_touch(const std::vector<std::pair<uint32_t, uint32_t>>& ranges, uint32_t lo, uint32_t hi) {
+  for (const auto& [a, b] : ranges)
+    if (a <= hi && b >= lo) return true;
+  return false;
+}
+}  // namespace
+
+bool CharClass::matches_any(uint32_t lo, uint32_t hi) const {
+  // Complement: some point of [lo, hi] outside every range.
+  return negated ? !ranges_cover(ranges, lo, hi) : ranges_touch(ranges, lo, hi);
+}
+
+bool CharClass::matches_all(uint32_t lo, uint32_t hi) const {
+  return negated ? !ranges_touch(ranges, lo, hi) : ranges_cover(ranges, lo, hi);
 }
 
 using unicode::append_utf8;

@@ -25,6 +25,8 @@ struct CharClass {
   bool matches(uint32_t cp) const;
   // Whether some code point in [lo, hi] matches (to prune a partial UTF-8 sequence).
   bool matches_any(uint32_t lo, uint32_t hi) const;
+  // Whether every code point in [lo, hi] matches.
+  bool matches_all(uint32_t lo, uint32_t hi) const;
 };
 
 struct GrammarElement {

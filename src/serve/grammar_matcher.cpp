@@ -73,6 +73,16 @@ GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar) : g_(
 
 bool GrammarAutomaton::full() const { return states_.size() > kMaxStates; }
 
+size_t GrammarAutomaton::bytes() const {
+  constexpr size_t kMapNode = 2 * sizeof(void*);  // an unordered_map node's link and cached hash, beyond its pair
+  size_t b = transitions_.capacity() * sizeof(int32_t) + states_.capacity() * sizeof(State) + state_heap_bytes_ +
+             state_ids_.bucket_count() * sizeof(void*) + nodes_.capacity() * sizeof(StackNode) +
+             node_ids_.size() * (sizeof(uint64_t) + sizeof(uint32_t) + kMapNode) + node_ids_.bucket_count() * sizeof(void*) +
+             masks_.bucket_count() * sizeof(void*) + walk_.capacity() * sizeof(int32_t);
+  for (const auto& [state, m] : masks_) b += m.capacity() * sizeof(uint64_t) + sizeof(state) + sizeof(m) + kMapNode;
+  return b;
+}
+
 int32_t GrammarAutomaton::import_state(const GrammarAutomaton& from, int32_t state) {
   State s = from.states_[(size_t)state];
   for (uint32_t& id : s.stacks) {
@@ -142,8 +152,10 @@ int32_t GrammarAutomaton::intern(State s) {
   std::memcpy(key.data() + s.stacks.size() * 4, &s.partial, 4);
   key[key.size() - 2] = (char)s.need;
   key.back() = (char)s.length;
+  const size_t key_heap = key.capacity() > 15 ? key.capacity() + 1 : 0;  // beyond the string's inline buffer
   auto [it, inserted] = state_ids_.try_emplace(std::move(key), (int32_t)states_.size());
   if (inserted) {
+    state_heap_bytes_ += s.stacks.capacity() * sizeof(uint32_t) + key_heap + sizeof(std::string) + sizeof(int32_t) + 2 * sizeof(void*);
     states_.push_back(std::move(s));
     transitions_.resize(states_.size() * 256, kUnknown);
   }
@@ -161,6 +173,23 @@ int32_t GrammarAutomaton::step(int32_t state, uint8_t byte) {
 
 int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
   const State& from = states_[(size_t)state];
+  const std::vector<GrammarElement>& el = g_->elements();
+  const std::vector<CharClass>& classes = g_->classes();
+  if (from.need > 0 && from.partial == kAnyTail) {
+    // Every code point this character may still become is legal and matched by every stack kept:
+    // any continuation byte goes on, and the last one advances them all.
+    if ((byte & 0xC0) != 0x80) return kDead;
+    State to;
+    to.need = (uint8_t)(from.need - 1);
+    if (to.need > 0) {
+      to.stacks = from.stacks;
+      to.partial = kAnyTail;
+      to.length = from.length;
+    } else {
+      for (uint32_t s : from.stacks) expand(nodes_[s].pos + 1, nodes_[s].parent, to.stacks);
+    }
+    return intern(std::move(to));
+  }
   uint32_t cp;
   State to;
   if (from.need > 0) {
@@ -185,25 +214,28 @@ int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
   } else {
     return kDead;  // a continuation byte out of place, or a byte UTF-8 never uses
   }
-  const std::vector<GrammarElement>& el = g_->elements();
-  const std::vector<CharClass>& classes = g_->classes();
   if (to.need > 0) {
-    // An incomplete character: the same stacks, kept only if some class matches a code point that
-    // starts with these bits.
-    // Only code points a sequence of this length may encode count (no overlong forms, none past U+10FFFF).
+    // An incomplete character: the stacks whose class matches a code point that starts with these
+    // bits (dead when none). Only code points a sequence of this length may encode count (no overlong
+    // forms, none past U+10FFFF).
     const uint32_t shift = 6u * to.need;
-    const uint32_t lo = std::max(cp << shift, kMinForLength[to.length]);
-    const uint32_t hi = std::min(((cp + 1) << shift) - 1, kMaxForLength[to.length]);
+    const uint32_t first = cp << shift, last = ((cp + 1) << shift) - 1;
+    const uint32_t lo = std::max(first, kMinForLength[to.length]);
+    const uint32_t hi = std::min(last, kMaxForLength[to.length]);
     if (lo > hi || (is_surrogate(lo) && is_surrogate(hi))) return kDead;
-    bool any = false;
-    for (uint32_t s : from.stacks)
-      if (s != 0 && classes[el[nodes_[s].pos].index].matches_any(lo, hi)) {
-        any = true;
-        break;
-      }
-    if (!any) return kDead;
-    to.stacks = from.stacks;
-    to.partial = cp;
+    bool uniform = first == lo && last == hi && !(first <= 0xDFFF && last >= 0xD800);
+    for (uint32_t s : from.stacks) {
+      if (s == 0) continue;
+      const CharClass& c = classes[el[nodes_[s].pos].index];
+      if (!c.matches_any(lo, hi)) continue;
+      to.stacks.push_back(s);
+      uniform = uniform && c.matches_all(first, last);
+    }
+    if (to.stacks.empty()) return kDead;
+    // When every code point left is legal and matched by every stack kept, which one it will be no
+    // longer matters: such states share one id instead of one per prefix of bits (a JSON string after
+    // random bytes would otherwise make tens of thousands of states).
+    to.partial = uniform ? kAnyTail : cp;
     return intern(std::move(to));
   }
   if (from.need > 0 && (cp < kMinForLength[from.length] || is_surrogate(cp))) return kDead;  // overlong or a surrogate

@@ -75,18 +75,23 @@ class GrammarAutomaton {
   // Past this many states a matcher moves to a fresh automaton (bounding the transition tables).
   bool full() const;
   void forget_masks() { masks_.clear(); }
+  // Heap bytes held: transitions, states, stack nodes, cached masks (hash map nodes estimated).
+  size_t bytes() const;
   // The same state, built in this automaton from `from`'s state (when a matcher moves).
   int32_t import_state(const GrammarAutomaton& from, int32_t state);
 
  private:
   static constexpr int32_t kUnknown = -2;
+  // State::partial of an incomplete character whose every possible code point is legal and matched
+  // by every stack of the state: the bits read so far no longer matter.
+  static constexpr uint32_t kAnyTail = 0xFFFFFFFFu;
   struct StackNode {
     uint32_t pos;     // the element to match next (or to resume at, below the top)
     uint32_t parent;  // the node below; 0 is the empty stack
   };
   struct State {
     std::vector<uint32_t> stacks;  // sorted stack ids (0: the empty stack, i.e. complete)
-    uint32_t partial = 0;          // code point bits read so far of an incomplete UTF-8 character
+    uint32_t partial = 0;          // code point bits read so far of an incomplete UTF-8 character (or kAnyTail)
     uint8_t need = 0;              // continuation bytes still expected
     uint8_t length = 0;            // the incomplete character's length in bytes (2..4)
   };
@@ -107,6 +112,7 @@ class GrammarAutomaton {
   std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
   const TokenVocab* masks_vocab_ = nullptr;  // the vocabulary the cached masks are of
   std::vector<int32_t> walk_;  // per trie depth, the state after that many bytes
+  size_t state_heap_bytes_ = 0;  // the states' stack lists and their map entries
   int32_t start_ = 0;
 };
 

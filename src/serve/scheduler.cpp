@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "serve/automaton_cache.h"
 #include "serve/grammar_matcher.h"
 #include "serve/text_stream.h"
 
@@ -122,7 +123,7 @@ struct Scheduler::Active {
 };
 
 Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions options, Metrics* metrics)
-    : runner_(runner), text_(text), options_(options), metrics_(metrics) {
+    : runner_(runner), text_(text), options_(options), metrics_(metrics), automata_(std::make_unique<AutomatonCache>()) {
   if (options_.n_slots <= 0) fail("the number of slots must be positive (got {})", options_.n_slots);
   if (options_.queue_size < 0) fail("the queue size must not be negative (got {})", options_.queue_size);
   n_ctx_ = runner_.n_ctx();
@@ -338,7 +339,7 @@ void Scheduler::admit() {
     c.promised = total0 - matched;
     SamplingParams sp = a->params.sampling;
     c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
-    if (a->params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automaton_for(a->params.grammar));
+    if (a->params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automata_->get(a->params.grammar));
     c.history = a->params.prompt;
     c.text = TextStream(a->params.stop);
     a->choices.push_back(std::move(c));
@@ -524,7 +525,7 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
     SamplingParams sp = a.params.sampling;
     if (sp.seed != 0xFFFFFFFFu) sp.seed += (uint64_t)i;  // distinct, reproducible choices
     c.sampler = std::make_unique<Sampler>(sp, runner_.n_vocab());
-    if (a.params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automaton_for(a.params.grammar));
+    if (a.params.grammar) c.grammar = std::make_unique<GrammarMatcher>(automata_->get(a.params.grammar));
     c.history = a.params.prompt;
     c.text = TextStream(a.params.stop);
     a.choices.push_back(std::move(c));
@@ -615,20 +616,6 @@ const TokenVocab& Scheduler::vocab() {
     log_info("constrained decoding: vocabulary trie of {} tokens, {} nodes", n, vocab_->n_nodes());
   }
   return *vocab_;
-}
-
-std::shared_ptr<GrammarAutomaton> Scheduler::automaton_for(const std::shared_ptr<const Grammar>& grammar) {
-  constexpr size_t kKept = 8;
-  for (size_t i = automata_.size(); i-- > 0;) {
-    if (automata_[i]->grammar() != grammar || automata_[i]->full()) continue;
-    auto a = automata_[i];
-    automata_.erase(automata_.begin() + (long)i);
-    automata_.push_back(a);
-    return a;
-  }
-  automata_.push_back(std::make_shared<GrammarAutomaton>(grammar));
-  if (automata_.size() > kKept) automata_.erase(automata_.begin());
-  return automata_.back();
 }
 
 void Scheduler::fail_all(const std::string& message) {

@@ -30,6 +30,7 @@ namespace roofline::serve {
 
 class Grammar;
 class GrammarAutomaton;
+class AutomatonCache;
 class TokenVocab;
 
 struct TopLogprob {
@@ -241,8 +242,6 @@ class Scheduler {
   void publish_status();
   int available_blocks() const;
   const TokenVocab& vocab();  // the vocabulary trie of constrained decoding, built on first use
-  // The automaton of a grammar, shared by its choices and kept for the next requests of that grammar.
-  std::shared_ptr<GrammarAutomaton> automaton_for(const std::shared_ptr<const Grammar>& grammar);
 
   StepRunner& runner_;
   const TokenText& text_;
@@ -279,7 +278,8 @@ class Scheduler {
   int step_rows_done_ = 0;           // rows of the step just finished (metrics)
   std::vector<Emission> pending_;    // tokens picked whose text and events are not out yet
   std::unique_ptr<TokenVocab> vocab_;
-  std::vector<std::shared_ptr<GrammarAutomaton>> automata_;  // of recent grammars, the latest used last
+  // The automata of recent grammars, shared by a request's choices and kept for the next requests.
+  std::unique_ptr<AutomatonCache> automata_;
   std::vector<float> masked_logits_;  // constrained decoding's scratch row
   std::unique_ptr<ThreadPool> sample_pool_;  // the step's constrained rows sampled in parallel
 };

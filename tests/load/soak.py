@@ -26,8 +26,10 @@ TTFT p50/p99 of the streams and, for a server it started (or --server-pid), the 
 idle (requests_processing 0 in /metrics) and answer one more request; a server it started must exit 0 on
 SIGTERM. Exit 1 on any failure, when RSS (or GPU memory) grew more than --max-rss-growth-mib
 (--max-gpu-growth-mib) from the first window after --warmup-windows to the last, or when tok/s in the
-last window fell below --min-rate-ratio of that first one. Python 3 standard library only; the server
-handling (--url, or --bin/--model/--server-args) is load.py's.
+last window fell below --min-rate-ratio of that first one. RSS is also sampled every 2 s: the slope of
+a least-squares line through the samples of the second half of the run (and after the warm-up windows)
+is reported in MiB/min, and fails the run when above --max-rss-slope-mib-min (when given). Python 3
+standard library only; the server handling (--url, or --bin/--model/--server-args) is load.py's.
 
   python3 tests/load/soak.py --url http://127.0.0.1:8080 [--duration 300] [--concurrency 8] [--window 30]
   python3 tests/load/soak.py --bin build/roofline --model M.gguf --server-args "-np 4 -c 4096" \\
@@ -80,6 +82,8 @@ def parse_args():
     p.add_argument('--determinism', choices=['strict', 'report'], default='strict',
                    help='strict: a greedy answer that differs from an earlier one is a failure; report: counted only')
     p.add_argument('--max-rss-growth-mib', type=float, default=256, help='server RSS growth allowed (default 256)')
+    p.add_argument('--max-rss-slope-mib-min', type=float, default=0,
+                   help='server RSS slope allowed over the second half of the run, MiB/min (default 0: reported only)')
     p.add_argument('--max-gpu-growth-mib', type=float, default=256, help='GPU memory growth allowed (default 256)')
     p.add_argument('--min-rate-ratio', type=float, default=0.7,
                    help='tok/s of the last window must be at least this share of the first compared one (default 0.7)')
@@ -606,6 +610,8 @@ def run(args, api, rec, server, pid):
     # Windows are [k*W, (k+1)*W) for every full one inside the duration; samples are taken at each end.
     n_windows = int(args.duration // args.window)
     samples = []  # per window: RSS MiB, GPU MiB
+    rss_trace = []  # (s, RSS MiB) every RSS_EVERY seconds, for the slope
+    next_rss = 0.0
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.concurrency)]
     for t in threads:
         t.start()
@@ -616,6 +622,9 @@ def run(args, api, rec, server, pid):
         end = (k + 1) * args.window
         while rec.now() < end:
             time.sleep(min(0.25, max(0.0, end - rec.now())))
+            if pid and rec.now() >= next_rss:
+                rss_trace.append((rec.now(), rss_mib(pid)))
+                next_rss = rec.now() + RSS_EVERY
             if server and server.proc.poll() is not None:
                 crashed = server.proc.returncode
                 break
@@ -632,7 +641,7 @@ def run(args, api, rec, server, pid):
                 error=f'the server exited with {crashed} during the run', ttft=None, tokens=0)
     for t in threads:
         t.join(args.request_timeout + 30)
-    return samples, crashed
+    return samples, rss_trace, crashed
 
 
 def final_checks(args, api, rec, server):
@@ -662,7 +671,23 @@ def fmt(x, digits=1):
     return f'{x:.{digits}f}' if isinstance(x, (int, float)) and math.isfinite(x) else '-'
 
 
-def report(args, api, rec, samples, extra_checks):
+RSS_EVERY = 2.0  # seconds between RSS samples of the slope
+
+
+def rss_slope(args, trace):
+    """MiB/min of a least-squares line through the RSS samples of the second half of the run (and after
+    the warm-up windows), and the samples used; NaN with fewer than 5."""
+    start = max(args.duration / 2, args.warmup_windows * args.window)
+    pts = [(t, m) for t, m in trace if t >= start and math.isfinite(m)]
+    if len(pts) < 5:
+        return math.nan, pts
+    mt = sum(t for t, _ in pts) / len(pts)
+    mm = sum(m for _, m in pts) / len(pts)
+    var = sum((t - mt) ** 2 for t, _ in pts)
+    return (sum((t - mt) * (m - mm) for t, m in pts) / var * 60 if var > 0 else math.nan), pts
+
+
+def report(args, api, rec, samples, rss_trace, extra_checks):
     n_full = len(samples)
     windows = [window_stats(rec, k * args.window, (k + 1) * args.window, str(k + 1)) for k in range(n_full)]
     for w, s in zip(windows, samples):
@@ -687,6 +712,7 @@ def report(args, api, rec, samples, extra_checks):
             errors[key] = errors.get(key, 0) + 1
 
     checks = []  # (name, passed, detail)
+    slope, slope_pts = rss_slope(args, rss_trace)
     n_failed = sum(1 for r in rec.requests if not r['ok'])
     checks.append(('no failed request', n_failed == 0, f'{n_failed} of {len(rec.requests)} failed'))
     first, last = windows[min(args.warmup_windows, n_full - 1)] if windows else None, windows[-1] if windows else None
@@ -704,6 +730,14 @@ def report(args, api, rec, samples, extra_checks):
                 checks.append((f'{what} growth', b - a <= limit,
                                f"window {first['window']} {fmt(a, 0)} MiB -> window {last['window']} {fmt(b, 0)} MiB, "
                                f"{b - a:+.0f} MiB (max {limit:g})"))
+    if math.isfinite(slope):
+        detail = (f'{slope:+.2f} MiB/min from {slope_pts[0][0]:.0f} s to {slope_pts[-1][0]:.0f} s '
+                  f'({slope_pts[0][1]:.1f} -> {slope_pts[-1][1]:.1f} MiB, {len(slope_pts)} samples)')
+        if args.max_rss_slope_mib_min > 0:
+            checks.append(('server RSS slope, second half', slope <= args.max_rss_slope_mib_min,
+                           f'{detail} (max {args.max_rss_slope_mib_min:g})'))
+        else:
+            checks.append(('server RSS slope, second half', True, f'{detail} (reported only)'))
     for name, ok, detail in extra_checks:
         checks.append((name, ok, detail))
     if api.greedy_compared:
@@ -763,6 +797,7 @@ def report(args, api, rec, samples, extra_checks):
                              'checks': [{'name': n, 'passed': ok, 'detail': d} for n, ok, d in checks],
                              'failures': errors, 'greedy_divergent': api.greedy_divergent,
                              'prompt_cache_tokens': {'cached': api.cached_tokens[0], 'total': api.cached_tokens[1]},
+                             'rss_trace': [[round(t, 1), m] for t, m in rss_trace], 'rss_slope_mib_min': slope,
                              'passed': passed}), f, indent=2)
     return passed
 
@@ -798,14 +833,14 @@ def main():
         rec.t0 = time.monotonic()
         rec.requests.clear()
         rec.token_times.clear()
-        samples, crashed = run(args, api, rec, server, pid)
+        samples, rss_trace, crashed = run(args, api, rec, server, pid)
         if crashed is None:
             final_checks(args, api, rec, server)
     finally:
         if server:
             code = server.stop()
             extra_checks.append(('server exit on SIGTERM', code == 0, f'exit status {code}'))
-    passed = report(args, api, rec, samples, extra_checks)
+    passed = report(args, api, rec, samples, rss_trace, extra_checks)
     if server and not passed:
         print('--- the last lines of the server log ---\n' + ''.join(server.log[-60:]), file=sys.stderr)
     return 0 if passed else 1

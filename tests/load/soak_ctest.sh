@@ -5,7 +5,10 @@
 # answer that changes, a server that stays busy after the clients stop or does not exit 0 on SIGTERM,
 # RSS growth over 256 MiB or tok/s falling below 0.4 of the first window fail it (0.4, not soak.py's
 # 0.7: the 2-core CI machine is shared, a slower last window is more likely load from elsewhere than
-# the server). Usage: soak_ctest.sh ROOFLINE_BINARY [JSON_OUT]
+# the server). The RSS slope of the second half is reported, not checked: 24 s is mostly warm-up (before
+# and after the soak's memory fixes: +12.9 and +4.9 MiB/min over 6 samples), too short to tell a leak
+# from it on a shared machine; long soaks check it (--max-rss-slope-mib-min, docs/performance.md).
+# Usage: soak_ctest.sh ROOFLINE_BINARY [JSON_OUT]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$(realpath "${1:?usage: soak_ctest.sh ROOFLINE_BINARY [JSON_OUT]}")"
