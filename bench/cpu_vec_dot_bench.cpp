@@ -202,6 +202,7 @@ BENCHMARK_CAPTURE(BM_Matmul, IQ4_NL, DType::IQ4_NL)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, F16, DType::F16)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, BF16, DType::BF16)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_K, DType::Q4_K)->Apply(Args);
+BENCHMARK_CAPTURE(BM_MatmulPacked, Q5_K, DType::Q5_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q6_K, DType::Q6_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q8_0, DType::Q8_0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_0, DType::Q4_0)->Apply(Args);

@@ -21,7 +21,7 @@
 namespace roofline::cpu {
 namespace {
 
-const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K};
+const DType kPackedTypes[] = {DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 // A matrix of `rows` rows of n elements in a GGUF type, with its TensorInfo (Weight views it).
 struct Matrix {
@@ -42,7 +42,7 @@ Matrix random_matrix(DType t, int64_t rows, int64_t n, uint64_t seed, int fill =
     std::memset(m.bytes.data(), fill, m.bytes.size());  // Q4_K: its scale bytes too (0xFF: scales and mins 63)
     const size_t block = dtype_row_bytes(t, dtype_block_size(t));
     for (size_t off = 0; off < m.bytes.size(); off += block) {
-      for (int s = 0; s < (t == DType::Q4_K ? 2 : 1); ++s) {  // d (and Q4_K's dmin; Q6_K's d comes last)
+      for (int s = 0; s < (t == DType::Q4_K || t == DType::Q5_K ? 2 : 1); ++s) {  // d (and dmin; Q6_K's d comes last)
         const uint16_t d = f32_to_fp16((float)(0.01 + rng.uniform() * 0.02));
         std::memcpy(m.bytes.data() + off + (t == DType::Q6_K ? offsetof(BlockQ6_K, d) : 2 * s), &d, 2);
       }
@@ -131,6 +131,12 @@ std::vector<uint8_t> unpack_block(DType t, const uint8_t* e, int i) {
     for (int k = 0; k < kKScaleBytes; ++k) blk[4 + k] = e[64 + 16 * k + i];
     chunks(e + 64 + 16 * kKScaleBytes, blk.data() + 4 + kKScaleBytes, 32, 0);
   }
+  if (t == DType::Q5_K) {
+    std::memcpy(blk.data() + 2, e + 32 + 2 * i, 2);  // dmin
+    for (int k = 0; k < kKScaleBytes; ++k) blk[4 + k] = e[64 + 16 * k + i];
+    chunks(e + 64 + 16 * kKScaleBytes, blk.data() + offsetof(BlockQ5_K, qh), 8, 0);
+    chunks(e + 64 + 16 * kKScaleBytes + 8 * 64, blk.data() + offsetof(BlockQ5_K, qs), 32, 0);
+  }
   if (t == DType::Q6_K) {
     for (int k = 0; k < 16; ++k) blk[offsetof(BlockQ6_K, scales) + k] = e[32 + 16 * k + i];
     chunks(e + 32 + 256, blk.data() + offsetof(BlockQ6_K, ql), 32, 0);
@@ -194,7 +200,7 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
 }
 
 // Extreme levels (Q8_0 bytes 0x80 = -128 and 0x7F; Q4_0 nibbles 0 and 15; Q4_K scales and mins of 63;
-// Q6_K levels 0 and 63, scales -128 and 127) times activations at +-127 of
+// Q5_K levels 0 and 31; Q6_K levels 0 and 63, scales -128 and 127) times activations at +-127 of
 // large and small magnitude: each output within 1e-5 of the sum of |w a| (an int32 wrap would not be).
 TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
   if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
@@ -262,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Packed, PackedType, ::testing::ValuesIn(kPackedTypes),
 
 TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
   ThreadPool pool(1);
-  const Matrix k = random_matrix(DType::Q5_K, 16, 256, 1);
+  const Matrix k = random_matrix(DType::Q3_K, 16, 256, 1);
   PackedWeights packed;
   EXPECT_FALSE(packed.add(k.weight(), pool));
   EXPECT_EQ(packed.find(k.weight()), nullptr);

@@ -1,5 +1,5 @@
-// AVX-512 VNNI kernels over packed weights (layout in packed_weights.h): Q4_0, Q8_0 and Q4_K in groups
-// of 16 interleaved rows. Per block, group and activation row: 8 vpdpbusd (unsigned weight levels x the same 4
+// AVX-512 VNNI kernels over packed weights (layout in packed_weights.h): Q4_0, Q8_0, Q4_K, Q5_K and Q6_K
+// in groups of 16 interleaved rows. Per block, group and activation row: 8 vpdpbusd (unsigned weight levels x the same 4
 // signed activation values broadcast to all lanes, 16 rows x 4 values each), one int32 add, one
 // conversion, one scale product and one FMA, for 16 outputs; the weight levels of a block are loaded
 // (and for Q4_0 split into nibbles) once and used for up to 8 activation rows. The level offset (8 for
@@ -7,7 +7,7 @@
 // the int32 accumulator starts at -C * sum a. Q4_K: the same 8 vpdpbusd per sub-block of 32 (no offset),
 // times d * scale as floats per sub-block; the 16 rows' 6-bit scales and mins are decoded per super-block
 // with 128-bit ops on the transposed scale bytes, and the mins term is 4 vpdpwssd of (min pair) x
-// (activation sub-block sum pair) per activation row. Q6_K: 6-bit levels assembled from the ql and qh
+// (activation sub-block sum pair) per activation row; Q5_K adds each level's fifth bit from its qh chunk. Q6_K: 6-bit levels assembled from the ql and qh
 // chunks (4 sub-block rows of 4 values per chunk triple), 4 vpdpbusd per sub-block of 16 starting at
 // -32 * (activation sum of the 16), times d * scale as floats. Integer work is exact; the float steps per output are the
 // same for any number of activation rows (batch invariance). Compiled through a target pragma, called
@@ -97,10 +97,13 @@ struct RowsK {
   }
 };
 
-template <int NA>
+// Q4_K, or Q5_K (kFive: 8 qh chunks before the qs chunks; sub-block k's fifth bits are bit k of each qh byte).
+template <int NA, bool kFive>
 void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
-  constexpr size_t kScales = 4 * kPackRows, kLevels = kScales + kKScaleBytes * kPackRows;
+  constexpr size_t kScales = 4 * kPackRows, kHigh = kScales + kKScaleBytes * kPackRows;
+  constexpr size_t kLevels = kHigh + (kFive ? 8 * 64 : 0);
   constexpr size_t kEntry = kLevels + 32 * 64;
+  const __m512i bit4 = _mm512_set1_epi8(0x10);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
@@ -130,6 +133,11 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
       for (int t = 0; t < 8; ++t) {
         const __m512i v = _mm512_loadu_si512(lv + 64 * (8 * (k / 2) + t));
         w[t] = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
+        if constexpr (kFive) {  // bit k of each qh byte to bit 4 (16-bit shifts: the mask keeps each byte's own bit)
+          const __m512i h = _mm512_loadu_si512(e + kHigh + 64 * t);
+          const __m512i moved = k < 4 ? _mm512_slli_epi16(h, 4 - k) : _mm512_srli_epi16(h, k - 4);
+          w[t] = _mm512_or_si512(w[t], _mm512_and_si512(moved, bit4));
+        }
       }
       for (int j = 0; j < NA; ++j) {
         const int8_t* q = A.q[j][b].qs + 32 * k;
@@ -231,13 +239,13 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
   }
 }
 
-enum class Kind { Q4_0, Q8_0, Q4_K, Q6_K };
+enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
 
 template <int NA, Kind K>
 void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
   __m512 acc[NA];
-  if constexpr (K == Kind::Q4_K) {
-    group_dot_q4_k<NA>(group, nb, RowsK<NA>(a, c0), acc);
+  if constexpr (K == Kind::Q4_K || K == Kind::Q5_K) {
+    group_dot_q4_k<NA, K == Kind::Q5_K>(group, nb, RowsK<NA>(a, c0), acc);
   } else if constexpr (K == Kind::Q6_K) {
     group_dot_q6_k<NA>(group, nb, RowsK<NA>(a, c0), acc);
   } else {
@@ -253,7 +261,7 @@ void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const Packe
   static constexpr Fn kFns[kMaxNA + 1] = {nullptr,          group_rows<1, K>, group_rows<2, K>,
                                           group_rows<3, K>, group_rows<4, K>, group_rows<5, K>,
                                           group_rows<6, K>, group_rows<7, K>, group_rows<8, K>};
-  const int64_t nb = n / (K == Kind::Q4_K || K == Kind::Q6_K ? kQKK : kQK);
+  const int64_t nb = n / (K == Kind::Q4_0 || K == Kind::Q8_0 ? kQK : kQKK);
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     const __mmask16 keep = (__mmask16)((1u << rows) - 1);
@@ -274,6 +282,7 @@ PackedTileFn avx512_packed_tile(DType type) {
     case DType::Q4_0: return packed_tile<Kind::Q4_0>;
     case DType::Q8_0: return packed_tile<Kind::Q8_0>;
     case DType::Q4_K: return packed_tile<Kind::Q4_K>;
+    case DType::Q5_K: return packed_tile<Kind::Q5_K>;
     case DType::Q6_K: return packed_tile<Kind::Q6_K>;
     default: return nullptr;
   }

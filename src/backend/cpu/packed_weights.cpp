@@ -19,6 +19,7 @@ size_t packed_entry_bytes(DType type) {
     case DType::Q4_0: return 2 * kPackRows + 4 * 64;
     case DType::Q8_0: return 2 * kPackRows + 8 * 64;
     case DType::Q4_K: return 4 * kPackRows + kKScaleBytes * kPackRows + 32 * 64;
+    case DType::Q5_K: return 4 * kPackRows + kKScaleBytes * kPackRows + (8 + 32) * 64;
     case DType::Q6_K: return 2 * kPackRows + 16 * kPackRows + (32 + 16) * 64;
     default: return 0;
   }
@@ -67,6 +68,15 @@ void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_
             std::memcpy(&d[kPackRows + i], &q.dmin, 2);
             for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = q.scales[k];
             put_chunks(e + (4 + kKScaleBytes) * kPackRows, i, q.qs, 32, 0);
+            break;
+          }
+          case DType::Q5_K: {
+            const auto& q = *reinterpret_cast<const BlockQ5_K*>(blk);
+            std::memcpy(&d[i], &q.d, 2);
+            std::memcpy(&d[kPackRows + i], &q.dmin, 2);
+            for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = q.scales[k];
+            put_chunks(e + (4 + kKScaleBytes) * kPackRows, i, q.qh, 8, 0);
+            put_chunks(e + (4 + kKScaleBytes) * kPackRows + 8 * 64, i, q.qs, 32, 0);
             break;
           }
           case DType::Q6_K: {

@@ -1,5 +1,5 @@
 // Weights repacked once at load into the layout the CPU's row-interleaved kernels stream (today: Q4_0,
-// Q8_0, Q4_K and Q6_K with AVX-512 VNNI). In a GGUF row each block holds one row's values; a prefill product
+// Q8_0, Q4_K, Q5_K and Q6_K with AVX-512 VNNI). In a GGUF row each block holds one row's values; a prefill product
 // then needs scale conversions, multiplies and adds per block, row and activation row. Here 16 weight
 // rows are interleaved so that one 512-bit vpdpbusd multiplies 4 values of each of the 16 rows with the
 // same 4 activation values: the int32 sums of a (sub-)block land in the 16 lanes of one register, and
@@ -16,6 +16,7 @@
 //   Q4_K: 16 x f16 d, 16 x f16 dmin, the 12 scale bytes transposed (byte k of row i at 16k + i), then
 //         chunks 0..31 of qs (chunk 8p + t: low nibbles are elements 4t .. 4t + 3 of sub-block 2p, high
 //         nibbles those of sub-block 2p + 1). 2304 bytes = 16 x 144.
+//   Q5_K: as Q4_K, with chunks 0..7 of qh between the scales and the qs chunks. 2816 bytes = 16 x 176.
 //   Q6_K: 16 x f16 d, the 16 int8 scales transposed (scale k of row i at 16k + i), chunks 0..31 of ql,
 //         then chunks 0..15 of qh. 3360 bytes = 16 x 210.
 // So a packed matrix has the bytes of the GGUF tensor (plus the padding rows), and one output is a sum over
