@@ -266,6 +266,37 @@ TEST_P(PackedType, MatmulReadsThePackedCopy) {
 INSTANTIATE_TEST_SUITE_P(Packed, PackedType, ::testing::ValuesIn(kPackedTypes),
                          [](const ::testing::TestParamInfo<DType>& info) { return dtype_name(info.param); });
 
+// Gathered activation rows (a MoE layer's rows per expert) are the bytes and block sums of preparing those
+// rows again, also on an ActRows last prepared in another format.
+TEST(PackedWeights, GatheredRowsAreTheRowsPreparedAgain) {
+  ThreadPool pool(2);
+  const int64_t n = 512;
+  const std::vector<float> x = random_acts(7, n, 77);
+  const std::vector<int> pick = {5, 0, 5, 3};
+  std::vector<float> picked;
+  for (int r : pick) picked.insert(picked.end(), x.begin() + r * n, x.begin() + (r + 1) * n);
+  for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_K}) {
+    ActRows src, gathered, want;
+    src.prepare(f == ActFormat::Q8_0 ? ActFormat::Q8_K : ActFormat::Q8_0, x.data(), 7, n, pool);  // the other format first
+    src.prepare(f, x.data(), 7, n, pool);
+    gathered.prepare(ActFormat::Q8_0, x.data(), 2, n, pool);
+    gathered.gather(src, pick);
+    want.prepare(f, picked.data(), (int)pick.size(), n, pool);
+    ASSERT_EQ(gathered.n_rows(), want.n_rows());
+    ASSERT_EQ(gathered.format(), want.format());
+    EXPECT_EQ(std::memcmp(gathered.row(0), want.row(0), want.row_stride() * pick.size()), 0);
+    const PackedActs g = gathered.packed(), w = want.packed();
+    ASSERT_EQ(g.blocks_per_row, w.blocks_per_row);
+    const size_t nb = w.blocks_per_row * pick.size();
+    if (f == ActFormat::Q8_0) {
+      EXPECT_EQ(std::memcmp(g.scales, w.scales, nb * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(g.sums, w.sums, nb * sizeof(int32_t)), 0);
+    } else {
+      EXPECT_EQ(std::memcmp(g.k_sums, w.k_sums, nb * sizeof(KSums)), 0);
+    }
+  }
+}
+
 TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
   ThreadPool pool(1);
   const Matrix k = random_matrix(DType::Q3_K, 16, 256, 1);

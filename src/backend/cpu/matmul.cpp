@@ -41,11 +41,9 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
   // Block sums for the packed kernels (packed_weights.h), cheap next to the quantization itself.
   const bool q8_0 = format == ActFormat::Q8_0, q8_k = format == ActFormat::Q8_K;
   const size_t nb = (size_t)n_cols / (q8_k ? kQKK : kQK);
-  if (q8_0) {
-    block_scales_.resize(nb * (size_t)n_rows);
-    block_sums_.resize(nb * (size_t)n_rows);
-  }
-  if (q8_k) k_sums_.resize(nb * (size_t)n_rows);
+  block_scales_.resize(q8_0 ? nb * (size_t)n_rows : 0);
+  block_sums_.resize(q8_0 ? nb * (size_t)n_rows : 0);
+  k_sums_.resize(q8_k ? nb * (size_t)n_rows : 0);
   pool.parallel_for((size_t)n_rows, [&](size_t r) {
     uint8_t* row = data_.data() + r * row_bytes_;
     quantize_act_row(format, x + r * (size_t)n_cols, row, n_cols);
