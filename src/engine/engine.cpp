@@ -226,6 +226,11 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     auto cpu = std::make_unique<cpu::CpuBackend>(o.n_threads);
     LayerSet set{0, std::min(first_gpu_layer, hp.n_layer), true, units == 0};
     cpu->load(model, set);
+    engine->report_.push_back(
+        cpu->packed_count() > 0
+            ? fmt::format("CPU: {} threads, {} kernels; {} weight matrices repacked for them ({:.1f} MiB)", cpu->n_threads(),
+                          cpu::cpu_simd_name(), cpu->packed_count(), (double)cpu->packed_bytes() / (1024.0 * 1024.0))
+            : fmt::format("CPU: {} threads, {} kernels", cpu->n_threads(), cpu::cpu_simd_name()));
     cpu->init_kv(kv);
     cpu->init_state(n_cells);
     cpu->init_snapshots(mo.windowed ? o.n_state_snapshots : 0);

@@ -236,7 +236,8 @@ TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
 // Through matmul: several tasks of rows (prefill and decode splits), packed against in place, and each
 // activation row alone against the batch.
 TEST_P(PackedType, MatmulReadsThePackedCopy) {
-  if (packed_tile_fn(GetParam()) == nullptr) GTEST_SKIP() << "no packed kernels at this CPU's level (or ROOFLINE_CPU_ISA's cap)";
+  if (packed_tile_fn(GetParam()) == nullptr || !repack_enabled())
+    GTEST_SKIP() << "no packed kernels at this CPU's level (or ROOFLINE_CPU_ISA's cap, or ROOFLINE_CPU_REPACK=0)";
   const DType t = GetParam();
   ThreadPool pool(2);
   const int64_t rows = 300, n = dtype_block_size(t) * 9;
@@ -307,7 +308,7 @@ TEST(PackedWeights, OnlyMatricesOfPackedTypesAreAdded) {
   stacked.info.ne = {64, 16, 2, 1};
   EXPECT_FALSE(packed.add(stacked.weight(), pool));
   const Matrix q = random_matrix(DType::Q8_0, 16, 64, 3);
-  EXPECT_EQ(packed.add(q.weight(), pool), packed_tile_fn(DType::Q8_0) != nullptr);
+  EXPECT_EQ(packed.add(q.weight(), pool), packed_tile_fn(DType::Q8_0) != nullptr && repack_enabled());
   EXPECT_EQ(packed.bytes(), packed.find(q.weight()) ? packed_group_bytes(DType::Q8_0, 64) : 0u);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "backend/cpu/packed_weights.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -173,6 +174,20 @@ TEST(EngineTest, StepGivesDecodesLogitsAndGreedyTokens) {
     }
   }
   EXPECT_TRUE(eng->step({}).logits.empty());
+}
+
+// The startup report names the CPU's threads and kernels, and what it repacked for them (packed_weights.h):
+// a Q8_0 model's matrices where this CPU has the packed kernels.
+TEST(EngineTest, ReportSaysWhatTheCpuRepacked) {
+  auto model = tiny("tiny-qwen3:Q8_0");
+  EngineOptions o;
+  o.n_threads = 2;
+  auto engine = Engine::create(model, o);
+  std::string report;
+  for (const std::string& line : engine->report()) report += line + "\n";
+  EXPECT_NE(report.find(std::string("CPU: 2 threads, ") + cpu::cpu_simd_name() + " kernels"), std::string::npos) << report;
+  EXPECT_EQ(report.find("weight matrices repacked for them") != std::string::npos,
+            cpu::packed_tile_fn(DType::Q8_0) != nullptr && cpu::repack_enabled()) << report;
 }
 
 TEST(EngineTest, ForkSharesPrefixBlocks) {

@@ -45,6 +45,9 @@ class CpuBackend final : public Backend {
   void set_matmul_observer(MatmulObserver observer) override { observer_ = std::move(observer); }
 
   int n_threads() const { return pool_.size(); }
+  // Bytes of the weights repacked for the CPU's packed kernels (packed_weights.h), and how many matrices.
+  uint64_t packed_bytes() const { return packed_.bytes(); }
+  size_t packed_count() const { return packed_.count(); }
   // Bytes it holds for the KV cache, rings, window snapshots and recurrent states (what the bill counts).
   uint64_t kv_bytes_allocated() const;
 

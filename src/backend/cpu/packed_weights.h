@@ -95,6 +95,9 @@ class PackedMatrix {
   PackedTileFn tile_ = nullptr;
 };
 
+// False when ROOFLINE_CPU_REPACK=0 is set (read once).
+bool repack_enabled();
+
 // The packed copies a backend made of its weights, found by tensor. Matrices of other types (or on a CPU
 // without the kernels, or with ROOFLINE_CPU_REPACK=0 in the environment, to compare) are not added and
 // products read them in place.
@@ -104,6 +107,7 @@ class PackedWeights {
   bool add(const Weight& w, ThreadPool& pool);
   const PackedMatrix* find(const Weight& w) const;
   uint64_t bytes() const;
+  size_t count() const { return packed_.size(); }
   void clear() { packed_.clear(); }
 
  private:
