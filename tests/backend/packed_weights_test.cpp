@@ -126,16 +126,13 @@ std::vector<uint8_t> unpack_block(DType t, const uint8_t* e, int i) {
   std::memcpy(blk.data() + (t == DType::Q6_K ? offsetof(BlockQ6_K, d) : 0), e + 2 * i, 2);  // d
   if (t == DType::Q4_0) chunks(e + 32, blk.data() + 2, 4, 0);
   if (t == DType::Q8_0) chunks(e + 32, blk.data() + 2, 8, 0x80);
-  if (t == DType::Q4_K) {
+  if (t == DType::Q4_K || t == DType::Q5_K) {  // the same header; Q5_K's qh chunks come before its qs chunks
+    const bool five = t == DType::Q5_K;
     std::memcpy(blk.data() + 2, e + 32 + 2 * i, 2);  // dmin
     for (int k = 0; k < kKScaleBytes; ++k) blk[4 + k] = e[64 + 16 * k + i];
-    chunks(e + 64 + 16 * kKScaleBytes, blk.data() + 4 + kKScaleBytes, 32, 0);
-  }
-  if (t == DType::Q5_K) {
-    std::memcpy(blk.data() + 2, e + 32 + 2 * i, 2);  // dmin
-    for (int k = 0; k < kKScaleBytes; ++k) blk[4 + k] = e[64 + 16 * k + i];
-    chunks(e + 64 + 16 * kKScaleBytes, blk.data() + offsetof(BlockQ5_K, qh), 8, 0);
-    chunks(e + 64 + 16 * kKScaleBytes + 8 * 64, blk.data() + offsetof(BlockQ5_K, qs), 32, 0);
+    if (five) chunks(e + 64 + 16 * kKScaleBytes, blk.data() + offsetof(BlockQ5_K, qh), 8, 0);
+    chunks(e + 64 + 16 * kKScaleBytes + (five ? 8 * 64 : 0),
+           blk.data() + (five ? offsetof(BlockQ5_K, qs) : offsetof(BlockQ4_K, qs)), 32, 0);
   }
   if (t == DType::Q6_K) {
     for (int k = 0; k < 16; ++k) blk[offsetof(BlockQ6_K, scales) + k] = e[32 + 16 * k + i];

@@ -46,11 +46,9 @@ void tile(const AttentionTile& t) {
       for (int i = 0; i < t.nr && !seen; ++i) seen = j >= t.first[i] && j <= t.last[i];
       if (!seen) continue;
       const size_t slot = kv_slot(kv, *t.seq, j);
-      if (keys) {
-        kv_row_to_f32(kv.type_k, kv.k + slot * kv.k_row_bytes + (size_t)t.kvh * k_head_bytes, block.data() + (size_t)(j - j0) * kDim, kDim);
-      } else {
-        kv_row_to_f32(kv.type_v, kv.v + slot * kv.v_row_bytes + (size_t)t.kvh * v_head_bytes, block.data() + (size_t)(j - j0) * kDim, kDim);
-      }
+      const uint8_t* row = keys ? kv.k + slot * kv.k_row_bytes + (size_t)t.kvh * k_head_bytes
+                                : kv.v + slot * kv.v_row_bytes + (size_t)t.kvh * v_head_bytes;
+      kv_row_to_f32(keys ? kv.type_k : kv.type_v, row, block.data() + (size_t)(j - j0) * kDim, kDim);
     }
   };
   for (int j0 = lo; j0 <= hi; j0 += kKeyBlock) {

@@ -3,6 +3,7 @@
 #include "backend/cpu/packed_weights.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -24,6 +25,9 @@ size_t packed_entry_bytes(DType type) {
     default: return 0;
   }
 }
+
+static_assert(offsetof(BlockQ5_K, d) == offsetof(BlockQ4_K, d) && offsetof(BlockQ5_K, dmin) == offsetof(BlockQ4_K, dmin) &&
+              offsetof(BlockQ5_K, scales) == offsetof(BlockQ4_K, scales));
 
 namespace {
 // Row-interleaved 4-byte chunks: chunk j of `levels` gets bytes 4j .. 4j + 3 of `src` for row i (xor x).
@@ -62,21 +66,21 @@ void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_
             put_chunks(e + 2 * kPackRows, i, reinterpret_cast<const uint8_t*>(q.qs), 8, 0x80);
             break;
           }
-          case DType::Q4_K: {
-            const auto& q = *reinterpret_cast<const BlockQ4_K*>(blk);
-            std::memcpy(&d[i], &q.d, 2);
-            std::memcpy(&d[kPackRows + i], &q.dmin, 2);
-            for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = q.scales[k];
-            put_chunks(e + (4 + kKScaleBytes) * kPackRows, i, q.qs, 32, 0);
-            break;
-          }
-          case DType::Q5_K: {
-            const auto& q = *reinterpret_cast<const BlockQ5_K*>(blk);
-            std::memcpy(&d[i], &q.d, 2);
-            std::memcpy(&d[kPackRows + i], &q.dmin, 2);
-            for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = q.scales[k];
-            put_chunks(e + (4 + kKScaleBytes) * kPackRows, i, q.qh, 8, 0);
-            put_chunks(e + (4 + kKScaleBytes) * kPackRows + 8 * 64, i, q.qs, 32, 0);
+          case DType::Q4_K:
+          case DType::Q5_K: {  // Q5_K: Q4_K's header, then qh before qs
+            const auto& h = *reinterpret_cast<const BlockQ4_K*>(blk);
+            std::memcpy(&d[i], &h.d, 2);
+            std::memcpy(&d[kPackRows + i], &h.dmin, 2);
+            for (int k = 0; k < kKScaleBytes; ++k) e[4 * kPackRows + kPackRows * k + i] = h.scales[k];
+            uint8_t* levels = e + (4 + kKScaleBytes) * kPackRows;
+            const uint8_t* qs = h.qs;
+            if (type == DType::Q5_K) {
+              const auto& q5 = *reinterpret_cast<const BlockQ5_K*>(blk);
+              put_chunks(levels, i, q5.qh, 8, 0);
+              levels += 8 * 64;
+              qs = q5.qs;
+            }
+            put_chunks(levels, i, qs, 32, 0);
             break;
           }
           case DType::Q6_K: {
