@@ -16,6 +16,7 @@
 #include "backend/cpu/packed_weights.h"
 #include "backend/cpu/vec_dot.h"
 #include "core/fp16.h"
+#include "core/thread_pool.h"
 #include "core/rng.h"
 #include "formats/quant_blocks.h"
 
@@ -206,6 +207,22 @@ BENCHMARK_CAPTURE(BM_MatmulPacked, Q5_K, DType::Q5_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q6_K, DType::Q6_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q8_0, DType::Q8_0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_0, DType::Q4_0)->Apply(Args);
+
+// One parallel_for of a pool of `threads` threads over `tasks` tasks that each add to one float of their
+// own (64 bytes apart): the cost of a dispatch, its wake-ups and the task hand-out, as the many short
+// parallel steps of a forward step see it.
+void BM_PoolDispatch(benchmark::State& state) {
+  static std::unique_ptr<ThreadPool> pool;
+  if (!pool || pool->size() != (int)state.range(0)) pool = std::make_unique<ThreadPool>((int)state.range(0));
+  const size_t tasks = (size_t)state.range(1);
+  std::vector<float> sink(tasks * 16);
+  for (auto _ : state) {
+    pool->parallel_for(tasks, [&](size_t i) { sink[i * 16] += 1.0f; });
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::to_string(state.range(0)) + " threads, " + std::to_string(tasks) + " tasks");
+}
+BENCHMARK(BM_PoolDispatch)->ArgNames({"pool", "tasks"})->ArgsProduct({{2, 4, 8, 16}, {2, 16, 128, 1024}})->UseRealTime();
 
 }  // namespace
 }  // namespace roofline::cpu

@@ -14,11 +14,18 @@ t="${THREADS:-$(nproc)}" p="${P:-128}" n="${N:-64}" r="${R:-2}"
 work="${WORK:-/tmp/roofline-cpu-sbs}"
 rl="${ROOFLINE:-build/roofline}"
 mkdir -p "$work"
-echo "threads $t, -p $p -n $n -r $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# Every file first, then sync: no writeback of a file just written runs under a benchmark.
 for shape in $shapes; do
   for mix in $mixes; do
     f="$work/$shape-$mix.gguf"
     [ -f "$f" ] || "$rl" synth "$shape:$mix" -o "$f" > /dev/null
+  done
+done
+sync
+echo "threads $t, -p $p -n $n -r $r, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for shape in $shapes; do
+  for mix in $mixes; do
+    f="$work/$shape-$mix.gguf"
     echo "== $shape $mix"
     "$rl" bench -m "$f" -p "$p" -n "$n" -r "$r" -t "$t" -ngl 0 2>/dev/null | grep -E "^\| (qwen|llama)" | sed 's/^/roofline  /'
     "$lb" -m "$f" -p "$p" -n "$n" -r "$r" -t "$t" -ngl 0 2>/dev/null | grep -E "^\| (qwen|llama)" | sed 's/^/llama.cpp /'

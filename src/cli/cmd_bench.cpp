@@ -142,7 +142,7 @@ int run(int argc, char** argv) {
   DraftArgs dargs;  // -md: tg through speculative decoding
   add_draft_options(app, dargs);
   bool profile = false;
-  app.add_flag("--profile", profile, "print the time of every GPU op of a decode step (CUDA graphs off while profiling)");
+  app.add_flag("--profile", profile, "print the time of every op of the steps, per step size (GPU: CUDA graphs off while profiling; CPU: wall time per op, thread-pool waits included)");
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   if (output != "md" && output != "json" && output != "csv") fail("unknown output format '{}' (md, json, csv)", output);
   if (reps < 1) fail("repetitions must be at least 1");
@@ -187,6 +187,7 @@ int run(int argc, char** argv) {
   if (profile) {
     setenv("ROOFLINE_PROFILE", "1", 1);
     setenv("ROOFLINE_PROFILE_BW", fmt::format("{:.0f}", gpu_bw).c_str(), 1);
+    setenv("ROOFLINE_PROFILE_HOST_BW", fmt::format("{:.1f}", host_bw).c_str(), 1);
   }
   log_info("read bandwidth: host {:.1f} GB/s ({} threads){}", host_bw, max_threads,
            use_gpu ? fmt::format(", GPU {:.0f} GB/s ({})", gpu_bw, gpu_name) : "");

@@ -42,9 +42,10 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
-  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<const std::function<void(int, int)>*> job_{nullptr};  // stored before the generation is bumped
   std::atomic<uint64_t> generation_{0};  // bumped (under mutex_) for each job
   std::atomic<int> pending_{0};          // workers still running the current job
+  std::atomic<bool> caller_sleeping_{false};  // the caller waits on done_ (set under mutex_)
   std::atomic<bool> stop_{false};
   std::exception_ptr error_;
 };

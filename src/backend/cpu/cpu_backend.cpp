@@ -171,6 +171,7 @@ KvLayerView CpuBackend::kv_view(int il) {
 
 void CpuBackend::begin_step(const StepDesc& step) {
   step_ = step;
+  profiler_.begin_step(step.n_tokens());
   const HParams& hp = model_->hparams();
   const size_t n = (size_t)step.n_tokens();
   x_.resize(n * hp.n_embd);
@@ -240,20 +241,35 @@ void CpuBackend::get_hidden(float* hidden) { std::memcpy(hidden, x_.data(), x_.s
 void CpuBackend::forward(int layer_begin, int layer_end) {
   ROOFLINE_CHECK(layer_begin >= layers_.begin && layer_end <= layers_.end);
   for (int il = layer_begin; il < layer_end; ++il) forward_layer(il);
+  profiler_.end_ops();
 }
 
 // Products of one input x (n rows of n_cols): the activations converted once per format, and the
 // products that read the same format run in one dispatch (matmul_multi), in the order given.
-void CpuBackend::products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols) {
+void CpuBackend::products_of_one_input(const char* op, std::initializer_list<MatmulOut> outs, const float* x, int n,
+                                       int64_t n_cols) {
   const MatmulOut* begin = outs.begin();
   while (begin != outs.end()) {
     const ActFormat format = act_format_for(begin->w->type());
     const MatmulOut* end = begin + 1;
-    while (end != outs.end() && act_format_for(end->w->type()) == format) ++end;
-    if (act_.format() != format || begin == outs.begin()) act_.prepare(format, x, n, n_cols, pool_);
+    double bytes = (double)begin->w->bytes();
+    while (end != outs.end() && act_format_for(end->w->type()) == format) bytes += (double)(end++)->w->bytes();
+    if (act_.format() != format || begin == outs.begin()) {
+      profiler_.mark("quantize activations");
+      act_.prepare(format, x, n, n_cols, pool_);
+    }
+    profiler_.mark(op, bytes);
     matmul_multi(std::span<const MatmulOut>(begin, end), act_, pool_, &packed_);
     begin = end;
   }
+}
+
+void CpuBackend::product(const char* op, const Weight& w, const float* x, float* y) {
+  observe(w, x, step_.n_tokens());
+  profiler_.mark("quantize activations");
+  act_.prepare(act_format_for(w.type()), x, step_.n_tokens(), w.cols(), pool_);
+  profiler_.mark(op, (double)w.bytes());
+  matmul(w, act_, y, pool_, &packed_);
 }
 
 void CpuBackend::forward_layer(int il) {
@@ -265,20 +281,24 @@ void CpuBackend::forward_layer(int il) {
   using LT = LayerTensor;
 
   // Mixer block.
+  profiler_.mark("norm");
   pool_.parallel_for((size_t)n, [&](size_t r) {
     rms_norm(x_.data() + r * n_embd, d[LT::AttnNorm].data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
   if (L.mixer == MixerKind::Attention) attention_block(il, L, d);
   else delta_net_block(L, d);
+  profiler_.mark("residual");
   post_norm(d[LT::AttnPostNorm]);
   add_residual();
 
   // Feed-forward block.
+  profiler_.mark("norm");
   pool_.parallel_for((size_t)n, [&](size_t r) {
     rms_norm(x_.data() + r * n_embd, d[LT::FfnNorm].data(), xn_.data() + r * n_embd, n_embd, hp.rms_eps);
   });
   if (hp.is_moe()) moe_ffn_block(L, d);
   else dense_ffn_block(L);
+  profiler_.mark("residual");
   post_norm(d[LT::FfnPostNorm]);
   add_residual();
 }
@@ -299,21 +319,18 @@ void CpuBackend::dense_ffn_block(const LayerWeights& L) {
   const Weight &w_gate = L[LT::FfnGate], &w_up = L[LT::FfnUp], &w_down = L[LT::FfnDown];
   observe(w_gate, xn_.data(), n);
   observe(w_up, xn_.data(), n);
-  products_of_one_input({{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, model_->hparams().n_embd);
-  // The gated activation by rows over the pool (elementwise: the same bits in any split).
-  const size_t n_ff = (size_t)model_->hparams().n_ff;
+  products_of_one_input("gate+up", {{&w_gate, gate_.data()}, {&w_up, up_.data()}}, xn_.data(), n, model_->hparams().n_embd);
+  profiler_.mark("swiglu");
+  // The gated activation over the pool in chunks of elements (elementwise: the same bits in any split;
+  // decode's one row is split too).
+  const size_t n_elems = (size_t)n * (size_t)model_->hparams().n_ff;
   const bool geglu = model_->arch().ffn == FfnKind::GeGLU;
-  pool_.parallel_for((size_t)n, [&](size_t r) {
-    float* g = gate_.data() + r * n_ff;
-    const float* u = up_.data() + r * n_ff;
-    if (geglu) {
-      for (size_t i = 0; i < n_ff; ++i) g[i] = gelu_tanh(g[i]) * u[i];
-    } else {
-      for (size_t i = 0; i < n_ff; ++i) g[i] = silu(g[i]) * u[i];
-    }
+  constexpr size_t kChunk = 1024;
+  pool_.parallel_for((n_elems + kChunk - 1) / kChunk, [&](size_t c) {
+    const size_t b = c * kChunk;
+    gated_activation(gate_.data() + b, up_.data() + b, std::min(kChunk, n_elems - b), geglu);
   });
-  observe(w_down, gate_.data(), n);
-  matmul(w_down, gate_.data(), n, xn_.data(), pool_, &packed_);
+  product("down", w_down, gate_.data(), xn_.data());
 }
 
 // Routed experts (grouped by expert), plus the shared expert scaled by sigmoid(gate . x) where the
@@ -325,13 +342,15 @@ void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
   const int n = step_.n_tokens();
   const int n_embd = hp.n_embd;
   observe(L[LT::FfnGateInp], xn_.data(), n);
+  profiler_.mark("moe experts");
   moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_, &observer_, &packed_);
   if (hp.n_ff_shexp > 0) {
     const Weight &w_gate = L[LT::FfnGateShexp], &w_up = L[LT::FfnUpShexp], &w_down = L[LT::FfnDownShexp];
     observe(w_gate, xn_.data(), n);
     observe(w_up, xn_.data(), n);
-    products_of_one_input({{&w_gate, shexp_gate_.data()}, {&w_up, shexp_up_.data()}}, xn_.data(), n, n_embd);
-    for (size_t i = 0; i < shexp_gate_.size(); ++i) shexp_gate_[i] = silu(shexp_gate_[i]) * shexp_up_[i];
+    products_of_one_input("shared expert gate+up", {{&w_gate, shexp_gate_.data()}, {&w_up, shexp_up_.data()}}, xn_.data(), n, n_embd);
+    profiler_.mark("shared expert gating");
+    gated_activation(shexp_gate_.data(), shexp_up_.data(), (size_t)n * hp.n_ff_shexp, false);
     std::vector<float> scale((size_t)n);
     const float* g = d[LT::FfnGateInpShexp].data();
     for (int r = 0; r < n; ++r) {
@@ -340,8 +359,8 @@ void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
       for (int i = 0; i < n_embd; ++i) dot += g[i] * xr[i];
       scale[(size_t)r] = 1.0f / (1.0f + std::exp(-dot));
     }
-    observe(w_down, shexp_gate_.data(), n);
-    matmul(w_down, shexp_gate_.data(), n, xn_.data(), pool_, &packed_);
+    product("shared expert down", w_down, shexp_gate_.data(), xn_.data());
+    profiler_.mark("moe combine");
     for (int r = 0; r < n; ++r)
       for (int i = 0; i < n_embd; ++i) xn_[(size_t)r * n_embd + i] = moe_out_[(size_t)r * n_embd + i] + scale[(size_t)r] * xn_[(size_t)r * n_embd + i];
   } else {
@@ -368,8 +387,9 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
   observe(wk, xn_.data(), n);
   observe(wv, xn_.data(), n);
   const bool gated = hp.attn_output_gate;
-  products_of_one_input({{&wq, gated ? q_full_.data() : q_.data()}, {&wk, k_.data()}, {&wv, v_.data()}}, xn_.data(), n,
-                        n_embd);
+  products_of_one_input("q+k+v", {{&wq, gated ? q_full_.data() : q_.data()}, {&wk, k_.data()}, {&wv, v_.data()}}, xn_.data(),
+                        n, n_embd);
+  profiler_.mark("q/k norm, rope");
   add_bias(q_.data(), d[LT::AttnQBias], n);
   add_bias(k_.data(), d[LT::AttnKBias], n);
   add_bias(v_.data(), d[LT::AttnVBias], n);
@@ -398,14 +418,15 @@ void CpuBackend::attention_block(int il, const LayerWeights& L, const LayerData&
     rope_row(kr, hp.n_head_kv, hd, hp.n_rot, style, c, s);
   });
   const KvLayerView kv = kv_view(il);
+  profiler_.mark("kv store");
   kv_store(kv, step_, k_.data(), v_.data(), hp.kv_dim_k(), hp.kv_dim_v(), pool_);
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hd);
+  profiler_.mark("attention");
   attention(kv, step_, q_.data(), attn_.data(), hp.n_head, hp.n_head_kv, hd, hp.head_dim_v, scale, pool_,
             hp.attention_window(il));
   if (gated)
     for (size_t i = 0; i < attn_.size(); ++i) attn_[i] *= 1.0f / (1.0f + std::exp(-attn_gate_[i]));
-  observe(wo, attn_.data(), n);
-  matmul(wo, attn_.data(), n, xn_.data(), pool_, &packed_);
+  product("o", wo, attn_.data(), xn_.data());
 }
 
 void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
@@ -415,8 +436,10 @@ void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
   using LT = LayerTensor;
   const Weight &w_qkv = L[LT::SsmQkv], &w_z = L[LT::SsmGate], &w_alpha = L[LT::SsmAlpha], &w_beta = L[LT::SsmBeta];
   for (const Weight* w : {&w_qkv, &w_z, &w_alpha, &w_beta}) observe(*w, xn_.data(), n);
-  products_of_one_input({{&w_qkv, dn_qkv_.data()}, {&w_z, dn_z_.data()}, {&w_alpha, dn_alpha_.data()}, {&w_beta, dn_beta_.data()}},
+  products_of_one_input("delta net qkv+z+alpha+beta",
+                        {{&w_qkv, dn_qkv_.data()}, {&w_z, dn_z_.data()}, {&w_alpha, dn_alpha_.data()}, {&w_beta, dn_beta_.data()}},
                         xn_.data(), n, hp.n_embd);
+  profiler_.mark("delta net");
   std::vector<DeltaNetSeq> seqs;
   seqs.reserve(step_.sequences.size());
   for (const StepSequence& s : step_.sequences)
@@ -428,9 +451,7 @@ void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
   w.norm = d[LT::SsmNorm].data();
   delta_net_forward(dn, w, hp.rms_eps, seqs, dn_qkv_.data(), dn_z_.data(), dn_alpha_.data(), dn_beta_.data(), dn_out_.data(),
                     pool_);
-  const Weight& w_out = L[LT::SsmOut];
-  observe(w_out, dn_out_.data(), n);
-  matmul(w_out, dn_out_.data(), n, xn_.data(), pool_, &packed_);
+  product("ssm_out", L[LT::SsmOut], dn_out_.data(), xn_.data());
 }
 
 void CpuBackend::output(float* logits) {
@@ -439,16 +460,19 @@ void CpuBackend::output(float* logits) {
   const int n_embd = hp.n_embd;
   const int n_out = (int)step_.logit_rows.size();
   if (n_out == 0) return;
+  profiler_.mark("output norm");
   std::vector<float> normed((size_t)n_out * n_embd);
   for (int i = 0; i < n_out; ++i)
     rms_norm(x_.data() + (size_t)step_.logit_rows[i] * n_embd, output_norm_.data(), normed.data() + (size_t)i * n_embd,
              n_embd, hp.rms_eps);
   observe(model_->output(), normed.data(), n_out);
+  profiler_.mark("output", (double)model_->output().bytes());
   matmul(model_->output(), normed.data(), n_out, logits, pool_, &packed_);
   if (const float cap = hp.final_logit_softcap; cap > 0) {
     const size_t n = (size_t)n_out * hp.n_vocab;
     for (size_t i = 0; i < n; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
   }
+  profiler_.end_ops();
 }
 
 void CpuBackend::output_hidden(float* hidden) {

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_step_profiler.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/moe_cpu.h"
 #include "core/thread_pool.h"
@@ -69,7 +70,9 @@ class CpuBackend final : public Backend {
   void moe_ffn_block(const LayerWeights& L, const LayerData& d);             // xn_ -> xn_
   void post_norm(const std::vector<float>& w);
   void add_residual();  // x_ += xn_  // xn_ = rms_norm(xn_) * w (gemma's post norms; none when w is empty)
-  void products_of_one_input(std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
+  // op: the profile's name for the products.
+  void products_of_one_input(const char* op, std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
+  void product(const char* op, const Weight& w, const float* x, float* y);  // y = w . x over the step's rows
   void observe(const Weight& w, const float* x, int n_rows) const {
     if (observer_) observer_(*w.tensor, x, n_rows, w.cols(), -1);
   }
@@ -98,6 +101,7 @@ class CpuBackend final : public Backend {
   ActRows act_;
   PackedWeights packed_;  // copies of the weights the packed kernels read (packed_weights.h)
   MatmulObserver observer_;
+  CpuStepProfiler profiler_;  // ROOFLINE_PROFILE: per-op times (cpu_step_profiler.h)
 };
 
 }  // namespace roofline::cpu

@@ -16,10 +16,27 @@
 namespace roofline::cpu {
 
 void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
+  // 16 lane sums (independent chains the compiler vectorizes), added in lane order, then the tail.
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int i0 = 0;
+  for (; i0 + kLanes <= n; i0 += kLanes)
+    for (int j = 0; j < kLanes; ++j) lanes[j] += x[i0 + j] * x[i0 + j];
   float sum = 0;
-  for (int i = 0; i < n; ++i) sum += x[i] * x[i];
+  for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+  for (int i = i0; i < n; ++i) sum += x[i] * x[i];
   const float scale = 1.0f / std::sqrt(sum / (float)n + eps);
   for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+void gated_activation(float* g, const float* u, size_t n, bool geglu) {
+  if (cpu_isa() >= CpuIsa::Avx512) {
+    detail::gated_activation_avx512(g, u, n, geglu);
+  } else if (geglu) {
+    for (size_t i = 0; i < n; ++i) g[i] = gelu_tanh(g[i]) * u[i];
+  } else {
+    for (size_t i = 0; i < n; ++i) g[i] = silu(g[i]) * u[i];
+  }
 }
 
 RopeTable rope_table(const std::vector<int32_t>& positions, int n_rot, float freq_base, float freq_scale,

@@ -63,4 +63,12 @@ inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
 }
 
+// g[i] = silu(g[i]) * u[i] (or gelu_tanh with geglu) for i < n: the AVX-512 form where cpu_isa() has it
+// (activations_avx512.cpp; within a few ulps of these scalar functions), else the scalar ones. Elementwise:
+// callers may split rows and columns any way.
+void gated_activation(float* g, const float* u, size_t n, bool geglu);
+namespace detail {
+void gated_activation_avx512(float* g, const float* u, size_t n, bool geglu);
+}  // namespace detail
+
 }  // namespace roofline::cpu

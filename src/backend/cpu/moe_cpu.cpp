@@ -134,7 +134,7 @@ void MoeExperts::forward(const Weight& router, const ExpertViews& experts, const
     const int m = (int)chosen_by[(size_t)used[i]].size();
     float* g = gate_.data() + (size_t)first_row[i] * n_ff;
     const float* u = up_.data() + (size_t)first_row[i] * n_ff;
-    for (size_t j = 0; j < (size_t)m * n_ff; ++j) g[j] = silu(g[j]) * u[j];
+    gated_activation(g, u, (size_t)m * n_ff, false);
     if (observer && *observer) (*observer)(*experts.down_stacked, g, m, n_ff, used[i]);
     hidden_[i].prepare(act_format_for(t_down), g, m, n_ff, serial_);
   };

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Where the GPU machine's host CPU spends a step (issue #18), no GPU visible: qwen3-1.7b files written
+# first (and synced, so no writeback runs under a benchmark); then `roofline bench` of this build and, when
+# carry/bin/roofline_old exists, the build before it, alternated per type and thread count; then the CPU
+# per-op profile (`bench --profile`) of decode and of a 128-token prompt at 16 threads, and the thread
+# pool's dispatch cost (bench/cpu_vec_dot_bench, carried as carry/bin/cpu_vec_dot_bench with its libbenchmark).
+# TYPES (Q4_0 Q8_0 Q4_K_M), THREADS_LIST (4 16) and PROFILE_THREADS (16) override. Carry ["carry/pack"];
+# results in $OUT/cpu_diag.md and $OUT/profile_*.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+STAMP_FILE=cpu_diag.md
+source scripts/gpu/device_env.sh
+export CUDA_VISIBLE_DEVICES=
+work="${WORK:-/tmp/cpu-host}"
+mkdir -p "$work"
+types="${TYPES:-Q4_0 Q8_0 Q4_K_M}"
+for q in $types; do
+  f="$work/qwen3-1.7b-$q.gguf"
+  [ -f "$f" ] || "$bin/roofline" synth "qwen3-1.7b:$q" -o "$f" > /dev/null 2>&1
+done
+sync
+stamp "files written; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+bins="$bin/roofline"
+[ -x "$bin/roofline_old" ] && bins="$bin/roofline_old $bin/roofline"
+for q in $types; do
+  f="$work/qwen3-1.7b-$q.gguf"
+  for t in ${THREADS_LIST:-4 16}; do
+    for b in $bins $bins; do
+      line=$(timeout 100 "$b" bench -m "$f" -ngl 0 -t "$t" -p 128 -n 32 -r 2 2>/dev/null | grep -E "pp128|tg32" | awk -F'|' '{print $11, $12}' | tr '\n' ' ')
+      stamp "$q t=$t $(basename "$b"): $line"
+    done
+  done
+done
+if [ -x "$bin/cpu_vec_dot_bench" ]; then
+  timeout 60 "$bin/cpu_vec_dot_bench" --benchmark_filter='BM_PoolDispatch/pool:(4|16)/' --benchmark_min_time=0.2 2>&1 |
+    grep -E "^BM_" | awk '{print $1, $2, $3}' | tee -a "$out/cpu_diag.md"
+fi
+pt="${PROFILE_THREADS:-16}"
+for q in $types; do
+  f="$work/qwen3-1.7b-$q.gguf"
+  timeout 100 "$bin/roofline" bench -m "$f" -ngl 0 -t "$pt" -p 128 -n 32 -r 1 --profile > "$out/profile_${q}_t$pt.txt" 2>&1
+  stamp "profile $q t=$pt: $(grep -E '^\| total' "$out/profile_${q}_t$pt.txt" | tr '\n' ' ')"
+done
+stamp done
