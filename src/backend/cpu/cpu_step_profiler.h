@@ -6,9 +6,9 @@
 #pragma once
 
 #include <chrono>
-#include <map>
-#include <string>
 #include <vector>
+
+#include "core/op_profile.h"
 
 namespace roofline::cpu {
 
@@ -25,7 +25,7 @@ class CpuStepProfiler {
   void begin_step(int rows) {
     if (enabled_) {
       rows_ = rows;
-      ++steps_[rows];
+      ++profile_.steps[rows];
     }
   }
   // Op `op` (reading `bytes` of weights) starts now; the previous op ends.
@@ -36,7 +36,7 @@ class CpuStepProfiler {
   void end_ops() {
     if (enabled_) end_ops_now();
   }
-  void print() const;
+  void print() const;  // the tables (core/op_profile.h)
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -45,16 +45,12 @@ class CpuStepProfiler {
     double bytes;
     Clock::time_point t;
   };
-  struct Row {
-    double calls = 0, us = 0, bytes = 0;
-  };
   void end_ops_now();
 
   bool enabled_ = false;
   int rows_ = 0;
   std::vector<Mark> marks_;
-  std::map<int, std::map<std::string, Row>> totals_;  // by step size, then op
-  std::map<int, int> steps_;
+  OpProfile profile_;
 };
 
 }  // namespace roofline::cpu

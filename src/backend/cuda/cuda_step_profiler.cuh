@@ -6,9 +6,10 @@
 
 #include <cuda_runtime.h>
 
-#include <map>
 #include <string>
 #include <vector>
+
+#include "core/op_profile.h"
 
 namespace roofline::cuda {
 
@@ -25,7 +26,7 @@ class StepProfiler {
   void mark(cudaStream_t stream, const char* op, double bytes, int rows);
   // After a step: waits for it and adds its ops' times to the totals.
   void collect(cudaStream_t stream);
-  void print() const;
+  void print() const;  // the tables (core/op_profile.h)
 
  private:
   struct Mark {
@@ -34,13 +35,9 @@ class StepProfiler {
     cudaEvent_t event;
     int rows;
   };
-  struct Row {
-    double calls = 0, us = 0, bytes = 0;
-  };
   bool enabled_ = false;
   std::vector<Mark> marks_;
-  std::map<int, std::map<std::string, Row>> totals_;  // step rows -> op -> totals
-  std::map<int, int> steps_;                          // step rows -> steps profiled
+  OpProfile profile_;
 };
 
 }  // namespace roofline::cuda
