@@ -136,8 +136,14 @@ std::vector<uint8_t> unpack_block(DType t, const uint8_t* e, int i) {
   }
   if (t == DType::Q6_K) {
     for (int k = 0; k < 16; ++k) blk[offsetof(BlockQ6_K, scales) + k] = e[32 + 16 * k + i];
-    chunks(e + 32 + 256, blk.data() + offsetof(BlockQ6_K, ql), 32, 0);
-    chunks(e + 32 + 256 + 32 * 64, blk.data() + offsetof(BlockQ6_K, qh), 16, 0);
+    for (int h = 0; h < 2; ++h)  // the chunks of each (h, v) together, in reading order
+      for (int v = 0; v < 2; ++v)
+        for (int t = 0; t < 4; ++t) {
+          const int u = 4 * v + t;
+          chunks(e + 32 + 256 + 64 * q6_packed_chunk(h, v, 0, t), blk.data() + offsetof(BlockQ6_K, ql) + 4 * (16 * h + u), 1, 0);
+          chunks(e + 32 + 256 + 64 * q6_packed_chunk(h, v, 1, t), blk.data() + offsetof(BlockQ6_K, ql) + 4 * (16 * h + 8 + u), 1, 0);
+          chunks(e + 32 + 256 + 64 * q6_packed_chunk(h, v, 2, t), blk.data() + offsetof(BlockQ6_K, qh) + 4 * (8 * h + u), 1, 0);
+        }
   }
   return blk;
 }

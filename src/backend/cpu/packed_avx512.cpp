@@ -168,12 +168,13 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
 // Q6_K. For half h and chunk u (elements 4u .. 4u + 3 of each 32-element quarter), the ql chunks A =
 // 16h + u and B = 16h + 8 + u and the qh chunk C = 8h + u hold quarter 0: A low | C bits 0-1, quarter 1:
 // B low | C bits 2-3, quarter 2: A high | C bits 4-5, quarter 3: B high | C bits 6-7. Quarter g of half
-// h, chunks u = 4v .. 4v + 3, is sub-block 8h + 2g + v.
-// The 6-bit levels of quarter g from chunk triple (A, B, C), in bits 0-5 of each byte.
-inline __m512i q6_levels(const uint8_t* lv, int h, int g, int u) {
+// h, chunks u = 4v .. 4v + 3, is sub-block 8h + 2g + v. The packed entry holds the chunks of each (h, v)
+// together, in reading order (q6_packed_chunk).
+// The 6-bit levels of quarter g from chunk triple (A, B, C) of (h, v, t), in bits 0-5 of each byte.
+inline __m512i q6_levels(const uint8_t* lv, int h, int v, int g, int t) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  const __m512i ql = _mm512_loadu_si512(lv + 64 * (16 * h + 8 * (g & 1) + u));
-  const __m512i qh = _mm512_loadu_si512(lv + 64 * (32 + 8 * h + u));
+  const __m512i ql = _mm512_loadu_si512(lv + 64 * q6_packed_chunk(h, v, g & 1, t));
+  const __m512i qh = _mm512_loadu_si512(lv + 64 * q6_packed_chunk(h, v, 2, t));
   const __m512i lo = _mm512_and_si512(g < 2 ? ql : _mm512_srli_epi16(ql, 4), low4);
   __m512i hi;  // the two high bits of quarter g moved to bits 4-5
   switch (g) {
@@ -186,11 +187,11 @@ inline __m512i q6_levels(const uint8_t* lv, int h, int g, int u) {
 }
 
 // The 6-bit levels of the four quarters from one chunk triple (fewer loads and shifts, more registers).
-inline void q6_quarters(const uint8_t* lv, int h, int u, __m512i* w0, __m512i* w1, __m512i* w2, __m512i* w3) {
+inline void q6_quarters(const uint8_t* lv, int h, int v, int t, __m512i* w0, __m512i* w1, __m512i* w2, __m512i* w3) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  const __m512i a = _mm512_loadu_si512(lv + 64 * (16 * h + u));
-  const __m512i b = _mm512_loadu_si512(lv + 64 * (16 * h + 8 + u));
-  const __m512i c = _mm512_loadu_si512(lv + 64 * (32 + 8 * h + u));
+  const __m512i a = _mm512_loadu_si512(lv + 64 * q6_packed_chunk(h, v, 0, t));
+  const __m512i b = _mm512_loadu_si512(lv + 64 * q6_packed_chunk(h, v, 1, t));
+  const __m512i c = _mm512_loadu_si512(lv + 64 * q6_packed_chunk(h, v, 2, t));
   *w0 = _mm512_or_si512(_mm512_and_si512(a, low4), _mm512_and_si512(_mm512_slli_epi16(c, 4), bits45));
   *w1 = _mm512_or_si512(_mm512_and_si512(b, low4), _mm512_and_si512(_mm512_slli_epi16(c, 2), bits45));
   *w2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low4), _mm512_and_si512(c, bits45));
@@ -215,11 +216,11 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
         // accumulators of 8 rows in registers. The same operations per output either way.
         __m512i w[4][4];
         if constexpr (NA <= 2)
-          for (int t = 0; t < 4; ++t) q6_quarters(lv, h, 4 * v + t, &w[0][t], &w[1][t], &w[2][t], &w[3][t]);
+          for (int t = 0; t < 4; ++t) q6_quarters(lv, h, v, t, &w[0][t], &w[1][t], &w[2][t], &w[3][t]);
         for (int g = 0; g < 4; ++g) {
           const int sb = 8 * h + 2 * g + v;
           if constexpr (NA > 2)
-            for (int t = 0; t < 4; ++t) w[g][t] = q6_levels(lv, h, g, 4 * v + t);
+            for (int t = 0; t < 4; ++t) w[g][t] = q6_levels(lv, h, v, g, t);
           const __m512 dsc = _mm512_mul_ps(
               d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * sb)))));
           for (int j = 0; j < NA; ++j) {

@@ -87,8 +87,15 @@ void pack_groups(DType type, const uint8_t* src, int64_t rows, int64_t n, int64_
             const auto& q = *reinterpret_cast<const BlockQ6_K*>(blk);
             std::memcpy(&d[i], &q.d, 2);
             for (int k = 0; k < 16; ++k) e[2 * kPackRows + kPackRows * k + i] = (uint8_t)q.scales[k];
-            put_chunks(e + 18 * kPackRows, i, q.ql, 32, 0);
-            put_chunks(e + 18 * kPackRows + 32 * 64, i, q.qh, 16, 0);
+            uint8_t* levels = e + 18 * kPackRows;
+            for (int h = 0; h < 2; ++h)
+              for (int v = 0; v < 2; ++v)
+                for (int t = 0; t < 4; ++t) {
+                  const int u = 4 * v + t;
+                  put_chunks(levels + 64 * q6_packed_chunk(h, v, 0, t), i, q.ql + 4 * (16 * h + u), 1, 0);
+                  put_chunks(levels + 64 * q6_packed_chunk(h, v, 1, t), i, q.ql + 4 * (16 * h + 8 + u), 1, 0);
+                  put_chunks(levels + 64 * q6_packed_chunk(h, v, 2, t), i, q.qh + 4 * (8 * h + u), 1, 0);
+                }
             break;
           }
           default: ROOFLINE_CHECK(false);

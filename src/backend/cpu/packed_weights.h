@@ -17,8 +17,10 @@
 //         chunks 0..31 of qs (chunk 8p + t: low nibbles are elements 4t .. 4t + 3 of sub-block 2p, high
 //         nibbles those of sub-block 2p + 1). 2304 bytes = 16 x 144.
 //   Q5_K: as Q4_K, with chunks 0..7 of qh between the scales and the qs chunks. 2816 bytes = 16 x 176.
-//   Q6_K: 16 x f16 d, the 16 int8 scales transposed (scale k of row i at 16k + i), chunks 0..31 of ql,
-//         then chunks 0..15 of qh. 3360 bytes = 16 x 210.
+//   Q6_K: 16 x f16 d, the 16 int8 scales transposed (scale k of row i at 16k + i), then the 48 level
+//         chunks in the order decode reads them: for half h and v (0, 1), for t = 0..3, the triple ql
+//         chunk 16h + 4v + t, ql chunk 16h + 8 + 4v + t, qh chunk 8h + 4v + t, so one super-block is read
+//         front to back. 3360 bytes = 16 x 210.
 // So a packed matrix has the bytes of the GGUF tensor (plus the padding rows), and one output is a sum over
 // blocks, in order, by FMA: the same operations whatever the number of activation rows (batch invariance
 // holds on this path as on the others).
@@ -36,6 +38,10 @@
 namespace roofline::cpu {
 
 constexpr int kPackRows = 16;  // weight rows per interleaved group
+
+// Q6_K: the packed chunk (0..47) holding ql chunk (kind 0: 16h + u, kind 1: 16h + 8 + u) or qh chunk (kind 2:
+// 8h + u) of half h, u = 4v + t (the layout above).
+constexpr int q6_packed_chunk(int h, int v, int kind, int t) { return 12 * (2 * h + v) + 3 * t + kind; }
 
 // Bytes of one block entry of a group (scales and levels of 16 rows), or 0 for a type with no packed layout.
 size_t packed_entry_bytes(DType type);
