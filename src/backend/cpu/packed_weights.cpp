@@ -131,22 +131,19 @@ PackedTileFn packed_tile_fn_at(CpuIsa level, DType type) {
 
 PackedTileFn packed_tile_fn(DType type) { return packed_tile_fn_at(cpu_isa(), type); }
 
-void PackedMatrix::AlignedFree::operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
-
 PackedMatrix::PackedMatrix(const Weight& w, ThreadPool& pool, PackedTileFn tile) : tile_(tile) {
   ROOFLINE_CHECK(tile_ != nullptr);
   if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
   const int64_t rows = w.rows(), n = w.cols();
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;
   group_bytes_ = packed_group_bytes(w.type(), n);
-  bytes_ = group_bytes_ * (size_t)groups;
-  data_.reset(static_cast<uint8_t*>(::operator new[](bytes_, std::align_val_t(64))));
+  data_ = HugePageBuffer(group_bytes_ * (size_t)groups);
   // Tasks of 16 groups (256 rows): long sequential reads of the source.
   constexpr int64_t kGroupsPerTask = 16;
   const int64_t tasks = (groups + kGroupsPerTask - 1) / kGroupsPerTask;
   pool.parallel_for((size_t)tasks, [&](size_t t) {
     const int64_t g0 = (int64_t)t * kGroupsPerTask, g1 = std::min(groups, g0 + kGroupsPerTask);
-    pack_groups(w.type(), w.data(), rows, n, g0, g1, data_.get());
+    pack_groups(w.type(), w.data(), rows, n, g0, g1, data_.data());
   });
 }
 

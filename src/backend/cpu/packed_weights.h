@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "backend/cpu/vec_dot.h"
+#include "core/huge_page_buffer.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
 
@@ -82,22 +83,20 @@ PackedTileFn packed_tile_fn(DType type);
 // The same at one level (tests): nullptr where that level has no packed kernel for the type.
 PackedTileFn packed_tile_fn_at(CpuIsa level, DType type);
 
-// One repacked matrix, 64-byte aligned.
+// One repacked matrix, in a mapping that starts on a 2 MiB boundary and asks for huge pages
+// (core/huge_page_buffer.h): decode streams it once per token.
 class PackedMatrix {
  public:
   // Packs w for `tile` (a kernel for w's type: packed_tile_fn or, in tests, packed_tile_fn_at).
   PackedMatrix(const Weight& w, ThreadPool& pool, PackedTileFn tile);
-  const uint8_t* data() const { return data_.get(); }
-  size_t bytes() const { return bytes_; }
+  const uint8_t* data() const { return data_.data(); }
+  size_t bytes() const { return data_.size(); }
   size_t group_bytes() const { return group_bytes_; }
   PackedTileFn tile() const { return tile_; }
 
  private:
-  struct AlignedFree {
-    void operator()(uint8_t* p) const;
-  };
-  std::unique_ptr<uint8_t, AlignedFree> data_;
-  size_t bytes_ = 0, group_bytes_ = 0;
+  HugePageBuffer data_;
+  size_t group_bytes_ = 0;
   PackedTileFn tile_ = nullptr;
 };
 
