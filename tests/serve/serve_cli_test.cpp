@@ -410,7 +410,7 @@ TEST(ServeCliTest, DraftModelFlags) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("error: the draft model's vocabulary has 151936 tokens, the target's 512: a draft must share the target's "
                          "vocabulary\n"), std::string::npos) << bad.err;
-  const auto hybrid = roofline::test::run_cli({"serve", "-m", "synthetic:tiny-qwen35:Q8_0", "--port", "0", "-md", "synthetic:tiny-qwen3:Q8_0"});
-  EXPECT_EQ(hybrid.exit_code, 1);
-  EXPECT_NE(hybrid.err.find("error: -md (a draft model): speculative decoding needs a target"), std::string::npos) << hybrid.err;
+  const auto no_mtp = roofline::test::run_cli({"serve", "-m", "synthetic:tiny-qwen35:Q8_0", "--port", "0", "--spec-type", "draft-mtp"});
+  EXPECT_EQ(no_mtp.exit_code, 1);
+  EXPECT_NE(no_mtp.err.find("has no MTP block"), std::string::npos) << no_mtp.err;
 }
