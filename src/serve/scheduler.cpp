@@ -1,6 +1,7 @@
 // The scheduler: admission by KV blocks from a bounded FIFO queue, one batch per step mixing decode
 // rows of running sequences with prompt chunks, sampling, stop strings, logprobs, prompt caching and
-// forks for n > 1. Only the stepping thread touches the runner and the KV cache.
+// forks for n > 1 (speculative decoding's drafts: scheduler_drafts.cpp). Only the stepping thread touches the
+// runner and the KV cache.
 #include "serve/scheduler.h"
 
 #include <algorithm>
@@ -11,11 +12,10 @@
 #include "core/log.h"
 #include "serve/automaton_cache.h"
 #include "serve/grammar_matcher.h"
+#include "serve/scheduler_state.h"
 #include "serve/text_stream.h"
 
 namespace roofline::serve {
-
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -75,52 +75,6 @@ void Request::finish(const Timings& t) {
   }
   cv_.notify_all();
 }
-
-// ---- Scheduler state ----
-
-namespace {
-constexpr int32_t kNotSampled = -2;  // Choice::presampled: no token picked ahead
-}  // namespace
-
-struct Scheduler::Choice {
-  int index = 0;
-  int seq = -1;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
-  int32_t presampled = kNotSampled;  // its next token, when the step's constrained rows were sampled together
-  std::vector<uint64_t> allowed;  // the grammar's mask for the row in flight (a greedy constrained choice)
-  std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
-  int32_t pending = -1;
-  int n_generated = 0;
-  int promised = 0;  // KV blocks it may still allocate from the request's reservation
-  TextStream text;
-  bool finished = false;
-  Clock::time_point t_last;
-  // Speculative decoding: the drafts riding the step in flight after `pending`, the blocks its rows took
-  // beyond the reservation, and while they are verified the positions known to hold accepted tokens
-  // (-1: all), so a choice ending half-way caches no rejected draft.
-  std::vector<int32_t> drafts;
-  int step_extra = 0;
-  int kv_valid = -1;
-};
-
-struct Scheduler::Active {
-  std::shared_ptr<Request> request;
-  GenParams params;
-  std::vector<Choice> choices;  // choice 0 from admission, the others forked after the prompt
-  std::vector<int> slots;
-  int n_prompt_done = 0;  // prompt positions in choice 0's KV (adopted + evaluated)
-  int n_cached = 0;
-  int max_gen = 0;
-  int fork_promise = 0;   // blocks each not-yet-forked choice may allocate
-  std::unique_ptr<PromptPooler> pooler;  // embedding requests
-  bool greedy = false;    // its tokens are the argmax of the raw logits (the step may pick them)
-  bool grammar_greedy = false;  // constrained and greedy: the step picks the argmax its grammar allows
-  bool prefilling = true;
-  bool failed = false;
-  int draft_n = 0, draft_accepted = 0;  // speculative decoding, over all choices
-  Clock::time_point t_submit, t_admit, t_first, t_last;
-};
 
 Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions options, Metrics* metrics)
     : runner_(runner), text_(text), options_(options), metrics_(metrics), automata_(std::make_unique<AutomatonCache>()) {
@@ -534,84 +488,6 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
   }
   a.fork_promise = 0;
   for (Choice& c : a.choices) take_token(a, c, greedy, logits, now);
-}
-
-void Scheduler::draft_choices(int budget) {
-  SequenceMemory& mem = runner_.memory();
-  const int server_n_max = options_.drafter->params().n_max;
-  std::vector<Drafter::Job> jobs;
-  std::vector<Choice*> owners;
-  const int n_active = (int)active_.size();
-  // In the decode rows' rotation, so a short budget goes to each choice in turn.
-  for (int k = 0; k < n_active; ++k) {
-    Active& a = *active_[(decode_rotation_ + k) % n_active];
-    if (a.prefilling) continue;
-    const int n_max = a.params.draft_max >= 0 ? std::min(a.params.draft_max, server_n_max) : server_n_max;
-    for (Choice& c : a.choices) {
-      c.drafts.clear();
-      // A choice feeding accepted tokens again (its recurrent state went back before rejected drafts)
-      // drafts in its next step.
-      if (c.finished || budget <= 0 || replay_rows(c) > 0) continue;
-      // A step emits at most drafts + 1 tokens: never past max_tokens or the context.
-      const int room = std::min(a.max_gen - c.n_generated - 1, n_ctx_ - mem.length(c.seq) - 1);
-      const int n = std::min({n_max, room, budget});
-      if (n <= 0) continue;
-      Drafter::Job j;
-      j.key = c.seq;
-      j.history = &c.history;
-      j.n_max = n;
-      j.n_min = a.params.draft_min;
-      j.p_min = a.params.draft_p_min;
-      jobs.push_back(std::move(j));
-      owners.push_back(&c);
-      budget -= n;
-    }
-  }
-  if (jobs.empty()) return;
-  options_.drafter->draft(jobs);
-  for (size_t i = 0; i < jobs.size(); ++i) owners[i]->drafts = std::move(jobs[i].draft);
-}
-
-int Scheduler::replay_rows(const Choice& c) {
-  const int n = (int)c.history.size() - 1 - runner_.memory().length(c.seq);
-  ROOFLINE_CHECK(n >= 0, "choice {} holds more positions than tokens", c.index);
-  return n;
-}
-
-size_t Scheduler::take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, Clock::time_point now) {
-  const std::vector<int32_t> drafts = std::move(c.drafts);
-  c.drafts.clear();
-  const int n = (int)drafts.size();
-  if (c.finished) return r + (size_t)n + 1;
-  SequenceMemory& mem = runner_.memory();
-  const int seq = c.seq;
-  const int base = mem.length(seq) - 1 - n;  // positions before the step
-  int accepted = 0;
-  for (int i = 0; i <= n; ++i) {
-    c.kv_valid = base + 1 + i;  // the pending token and the drafts accepted so far
-    const size_t before = c.history.size();
-    take_token(a, c, out.argmax[r + (size_t)i], out.logits[r + (size_t)i], now);
-    const bool match = i < n && c.history.size() > before && c.history.back() == drafts[(size_t)i];
-    accepted += match ? 1 : 0;
-    if (c.finished || !match) break;
-  }
-  c.kv_valid = -1;
-  a.draft_n += n;
-  a.draft_accepted += accepted;
-  if (metrics_) metrics_->on_draft(n, accepted);
-  if (!c.finished) {
-    // The rejected drafts' positions go; blocks they alone took return to the choice's reservation.
-    const int keep = base + 1 + accepted;
-    const size_t blocks = mem.block_table(seq).size();
-    // A recurrent target goes back to its state before the step; the next step feeds the accepted tokens again.
-    const int kept = mem.roll_back(seq, keep);
-    ROOFLINE_CHECK(kept == keep || (mem.recurrent() && kept == base), "cutting back rejected drafts left {} positions instead of {}",
-                   kept, keep);
-    const int freed = (int)(blocks - mem.block_table(seq).size());
-    c.promised += std::max(0, freed - c.step_extra);
-  }
-  c.step_extra = 0;
-  return r + (size_t)n + 1;
 }
 
 const TokenVocab& Scheduler::vocab() {
