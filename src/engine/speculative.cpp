@@ -225,10 +225,11 @@ void SpeculativeDecoder::round(int seq, std::vector<int32_t>& history, int max_n
   ROOFLINE_CHECK(n_replay >= 0, "the target holds more positions than the history");
   std::vector<int32_t> draft;
   // Drafts beyond what may still be emitted, or past the context, would only be thrown away. A round that
-  // feeds tokens again carries none (its kept state would be the one before them).
+  // feeds tokens again keeps the state before them, so its own rejections make the next round feed them
+  // too: past n_max such tokens a round carries no drafts (which ends the chain).
   const int room = std::min(max_new - 1, target_.options().n_ctx - base - 1);
   const int n_batch_room = target_.options().n_batch - 1 - n_replay;
-  if (drafter_ && room > 0 && n_replay == 0) {
+  if (drafter_ && room > 0 && n_replay <= drafter_->params().n_max) {
     jobs_.assign(1, Drafter::Job{});
     jobs_[0].key = seq;
     jobs_[0].history = &history;
@@ -259,7 +260,7 @@ void SpeculativeDecoder::round(int seq, std::vector<int32_t>& history, int max_n
   const int keep = base + 1 + accepted;
   if (mem.length(seq) != keep) {
     const int kept = mem.roll_back(seq, keep);
-    ROOFLINE_CHECK(kept == keep || (mem.recurrent() && kept == base),
+    ROOFLINE_CHECK(kept == keep || (mem.recurrent() && kept == len),
                    "cutting back rejected drafts left {} positions instead of {}", kept, keep);
   }
 }

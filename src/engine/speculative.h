@@ -5,8 +5,8 @@
 // every draft is accepted, the last row's pick (the bonus token) is emitted too. Positions of rejected
 // drafts are cut from the target's and the draft's sequence memory; a target with recurrent layers
 // (DeltaNet states, sliding-window rings) keeps its state before a verification step and, when drafts
-// are rejected, goes back to it and feeds the accepted tokens again in its next step (which then
-// carries no drafts: SequenceMemory::roll_back). Every emitted token is the
+// are rejected, goes back to it and feeds the accepted tokens again in its next step, in front of the
+// new pending token and drafts (SequenceMemory::roll_back). Every emitted token is the
 // target's own pick from its own logits, so the output is exactly what decoding without a draft
 // gives (token for token under greedy sampling, and with a seeded sampler too, since the sampler
 // draws once per emitted token either way) as long as a row's logits do not depend on the batch.

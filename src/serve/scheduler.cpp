@@ -735,7 +735,7 @@ bool Scheduler::step_once() {
         c.drafts.clear();
         continue;
       }
-      if ((int)c.drafts.size() > decode_budget - 1) c.drafts.resize((size_t)(decode_budget - 1));
+      if ((int)c.drafts.size() > decode_budget - 1 - n_replay) c.drafts.resize((size_t)(decode_budget - 1 - n_replay));
       int need = mem.blocks_needed(c.seq, n_replay + 1 + (int)c.drafts.size());
       // Drafts only take blocks that are free: without them the choice steps without drafts.
       if (!c.drafts.empty() && need > c.promised && available_blocks() - overflow < need - c.promised) {

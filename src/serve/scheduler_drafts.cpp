@@ -22,10 +22,11 @@ void Scheduler::draft_choices(int budget) {
     for (Choice& c : a.choices) {
       c.drafts.clear();
       // A choice feeding accepted tokens again (its recurrent state went back before rejected drafts)
-      // drafts in its next step.
-      if (c.finished || budget <= 0 || replay_rows(c) > 0) continue;
+      // drafts while they are few; its kept state is then the one before them, so a step after more
+      // rejections feeds them again too, and one with more than n_max of them carries no drafts.
+      if (c.finished || budget <= 0 || replay_rows(c) > n_max) continue;
       // A step emits at most drafts + 1 tokens: never past max_tokens or the context.
-      const int room = std::min(a.max_gen - c.n_generated - 1, n_ctx_ - mem.length(c.seq) - 1);
+      const int room = std::min(a.max_gen - c.n_generated - 1, n_ctx_ - ((int)c.history.size() - 1) - 1);
       const int n = std::min({n_max, room, budget});
       if (n <= 0) continue;
       Drafter::Job j;
@@ -57,7 +58,7 @@ size_t Scheduler::take_drafted(Active& a, Choice& c, const StepOutput& out, size
   if (c.finished) return r + (size_t)n + 1;
   SequenceMemory& mem = runner_.memory();
   const int seq = c.seq;
-  const int base = mem.length(seq) - 1 - n;  // positions before the step
+  const int base = mem.length(seq) - 1 - n;  // the pending token's position
   int accepted = 0;
   for (int i = 0; i <= n; ++i) {
     c.kv_valid = base + 1 + i;  // the pending token and the drafts accepted so far
@@ -75,9 +76,9 @@ size_t Scheduler::take_drafted(Active& a, Choice& c, const StepOutput& out, size
     // The rejected drafts' positions go; blocks they alone took return to the choice's reservation.
     const int keep = base + 1 + accepted;
     const size_t blocks = mem.block_table(seq).size();
-    // A recurrent target goes back to its state before the step; the next step feeds the accepted tokens again.
+    // A recurrent target goes back to its state before the step; the next step feeds the tokens since again.
     const int kept = mem.roll_back(seq, keep);
-    ROOFLINE_CHECK(kept == keep || (mem.recurrent() && kept == base), "cutting back rejected drafts left {} positions instead of {}",
+    ROOFLINE_CHECK(kept == keep || (mem.recurrent() && kept <= base), "cutting back rejected drafts left {} positions instead of {}",
                    kept, keep);
     const int freed = (int)(blocks - mem.block_table(seq).size());
     c.promised += std::max(0, freed - c.step_extra);
