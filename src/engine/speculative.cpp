@@ -225,15 +225,17 @@ void SpeculativeDecoder::round(int seq, std::vector<int32_t>& history, int max_n
   ROOFLINE_CHECK(n_replay >= 0, "the target holds more positions than the history");
   std::vector<int32_t> draft;
   // Drafts beyond what may still be emitted, or past the context, would only be thrown away. A round that
-  // feeds tokens again keeps the state before them, so its own rejections make the next round feed them
-  // too: past n_max such tokens a round carries no drafts (which ends the chain).
+  // feeds tokens again drafts fewer, so that it has at most n_max + 1 rows as any round (a row's logits
+  // are batch invariant up to there on every backend); its kept state is the one before them, so its
+  // own rejections make the next round feed them too (never more than n_max: a round with as many
+  // carries no drafts).
   const int room = std::min(max_new - 1, target_.options().n_ctx - base - 1);
   const int n_batch_room = target_.options().n_batch - 1 - n_replay;
-  if (drafter_ && room > 0 && n_replay <= drafter_->params().n_max) {
+  if (drafter_ && room > 0 && n_replay < drafter_->params().n_max) {
     jobs_.assign(1, Drafter::Job{});
     jobs_[0].key = seq;
     jobs_[0].history = &history;
-    jobs_[0].n_max = std::min({room, drafter_->params().n_max, n_batch_room});
+    jobs_[0].n_max = std::min({room, drafter_->params().n_max - n_replay, n_batch_room});
     if (jobs_[0].n_max > 0) drafter_->draft(jobs_);
     draft = std::move(jobs_[0].draft);
   }

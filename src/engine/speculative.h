@@ -6,7 +6,8 @@
 // drafts are cut from the target's and the draft's sequence memory; a target with recurrent layers
 // (DeltaNet states, sliding-window rings) keeps its state before a verification step and, when drafts
 // are rejected, goes back to it and feeds the accepted tokens again in its next step, in front of the
-// new pending token and drafts (SequenceMemory::roll_back). Every emitted token is the
+// new pending token and fewer drafts (a sequence's rows per step stay at most n_max + 1;
+// SequenceMemory::roll_back). Every emitted token is the
 // target's own pick from its own logits, so the output is exactly what decoding without a draft
 // gives (token for token under greedy sampling, and with a seeded sampler too, since the sampler
 // draws once per emitted token either way) as long as a row's logits do not depend on the batch.

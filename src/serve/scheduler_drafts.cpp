@@ -22,12 +22,13 @@ void Scheduler::draft_choices(int budget) {
     for (Choice& c : a.choices) {
       c.drafts.clear();
       // A choice feeding accepted tokens again (its recurrent state went back before rejected drafts)
-      // drafts while they are few; its kept state is then the one before them, so a step after more
-      // rejections feeds them again too, and one with more than n_max of them carries no drafts.
-      if (c.finished || budget <= 0 || replay_rows(c) > n_max) continue;
+      // drafts fewer: its rows stay at most n_max + 1 (a row's logits are then batch invariant on every
+      // backend, as without them). Its kept state is the one before them, so a step after more
+      // rejections feeds them again too, never more than n_max of them.
+      if (c.finished || budget <= 0) continue;
       // A step emits at most drafts + 1 tokens: never past max_tokens or the context.
       const int room = std::min(a.max_gen - c.n_generated - 1, n_ctx_ - ((int)c.history.size() - 1) - 1);
-      const int n = std::min({n_max, room, budget});
+      const int n = std::min({n_max - replay_rows(c), room, budget});
       if (n <= 0) continue;
       Drafter::Job j;
       j.key = c.seq;

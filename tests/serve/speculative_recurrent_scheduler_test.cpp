@@ -2,8 +2,11 @@
 // 3-shaped one (sliding-window rings) on the CPU engine: several concurrent greedy streams, with prompt
 // caching (state snapshots) on, verify a scripted drafter's tokens (the streams' own continuations,
 // wrong here and there), or the MTP head's drafts (a Qwen3.5 file with an MTP block); each stream's
-// tokens are those of the same request alone without drafts.
+// tokens are those of the same request alone without drafts, and no step holds more than --draft-max + 1
+// rows of one generating sequence (accepted tokens fed again count: the bound of batch invariance).
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "engine/engine.h"
 #include "engine/mtp_drafter.h"
@@ -42,6 +45,37 @@ GenParams greedy(std::vector<int32_t> prompt, int max_tokens) {
   p.sampling.temperature = 0;
   return p;
 }
+
+// The engine, counting the most rows of one sequence in a step where it verifies drafts (more than one
+// row wants logits; tokens fed again in front of them count too).
+class CountingRunner final : public StepRunner {
+ public:
+  explicit CountingRunner(Engine& e) : inner_(e) {}
+  int n_vocab() const override { return inner_.n_vocab(); }
+  int n_batch() const override { return inner_.n_batch(); }
+  int n_ctx() const override { return inner_.n_ctx(); }
+  int n_embd() const override { return inner_.n_embd(); }
+  SequenceMemory& memory() override { return inner_.memory(); }
+  std::vector<float> decode(const std::vector<BatchRow>& rows) override { return inner_.decode(rows); }
+  void launch(const std::vector<BatchRow>& rows) override {
+    std::map<int, int> n, logits;
+    for (const BatchRow& r : rows) {
+      n[r.seq]++;
+      logits[r.seq] += r.want_logits ? 1 : 0;
+    }
+    for (auto& [seq, k] : n) {
+      if (logits[seq] > 1) most = std::max(most, k);
+      if (logits[seq] > 1 && k > logits[seq]) ++with_replay;
+    }
+    inner_.launch(rows);
+  }
+  const StepOutput& finish() override { return inner_.finish(); }
+  int most = 0;         // rows of one sequence in a verification step, at most
+  int with_replay = 0;  // verification steps that also fed accepted tokens again
+
+ private:
+  EngineRunner inner_;
+};
 
 std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs, std::vector<Timings>* t = nullptr) {
   std::vector<std::vector<int32_t>> out(reqs.size());
@@ -120,7 +154,7 @@ void concurrent_streams_keep_their_tokens(const std::string& spec, bool mtp = fa
     texts.push_back(t);
   }
   auto engine = engine_for(model, 3, true);
-  EngineRunner runner(*engine);
+  CountingRunner runner(*engine);
   ScriptedDrafter scripted(texts, 4, n_vocab);
   std::unique_ptr<MtpDrafter> head;
   if (mtp) {
@@ -147,6 +181,8 @@ void concurrent_streams_keep_their_tokens(const std::string& spec, bool mtp = fa
   EXPECT_LT(accepted, drafted) << "some drafts should have been rejected";
   // A repeated prompt after the others: resumes from a snapshot, drafts, same tokens.
   EXPECT_EQ(run(s, {s.submit(params[2])})[0], want[2]);
+  EXPECT_LE(runner.most, (mtp ? 3 : 4) + 1) << "a sequence's rows in a step stay within --draft-max + 1";
+  EXPECT_GT(runner.with_replay, 0) << "no step fed accepted tokens again beside new drafts";
 }
 
 }  // namespace
