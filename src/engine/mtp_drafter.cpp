@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/matmul.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "formats/quant_ref.h"
@@ -39,7 +40,7 @@ MtpDrafter::MtpDrafter(std::shared_ptr<const Model> target, EngineOptions option
   const HParams& hp = block_->hparams();
   n_embd_ = hp.n_embd;
   eps_ = hp.rms_eps;
-  eh_proj_ = dequantized(target->nextn_tensor("nextn.eh_proj.weight"));
+  eh_proj_ = target->nextn_tensor("nextn.eh_proj.weight");
   enorm_ = dequantized(target->nextn_tensor("nextn.enorm.weight"));
   hnorm_ = dequantized(target->nextn_tensor("nextn.hnorm.weight"));
   // Every target sequence's positions, plus each one's drafts and a block.
@@ -108,18 +109,8 @@ void MtpDrafter::input_rows(const int32_t* next_tokens, const float* target_hidd
     rms_norm(e.data(), enorm_.data(), n_embd_, eps_, cat.data() + 2 * H * r);
     rms_norm(target_hidden + H * r, hnorm_.data(), n_embd_, eps_, cat.data() + 2 * H * r + H);
   }
-  constexpr size_t kRowsPerTask = 32;
-  pool_->parallel_for((H + kRowsPerTask - 1) / kRowsPerTask, [&](size_t task) {
-    for (size_t j = task * kRowsPerTask; j < std::min(H, (task + 1) * kRowsPerTask); ++j) {
-      const float* w = eh_proj_.data() + j * 2 * H;
-      for (int r = 0; r < n; ++r) {
-        const float* x = cat.data() + 2 * H * r;
-        float acc = 0;
-        for (size_t k = 0; k < 2 * H; ++k) acc += w[k] * x[k];
-        out[H * r + j] = acc;
-      }
-    }
-  });
+  // The fc with the CPU's kernels, on the weight as stored (a row's result does not depend on the batch).
+  cpu::matmul(eh_proj_, cat.data(), n, out, *pool_);
 }
 
 void MtpDrafter::draft(std::vector<Job>& jobs) {

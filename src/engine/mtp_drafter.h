@@ -11,7 +11,8 @@
 //
 // The layer, the embedding and the output matrix run as a one-layer model (Model::mtp_block) on an
 // Engine of their own, placed as the target's (-ngl), with a small KV cache: per key a sequence whose
-// position i holds target position offset + i. z is computed on the host. The caller hands over the
+// position i holds target position offset + i. z is computed on the host (the CPU backend's matrix
+// kernels on eh_proj as stored; its own threads when the head runs on a GPU). The caller hands over the
 // target's hidden states of every position that stays (Drafter::add_hidden); at draft time the rows the
 // head has not seen run first (their tokens from the job's history), the last of them giving the first
 // draft token. Positions the caller skipped (a prefix adopted from the prompt cache) restart the key's
@@ -61,7 +62,8 @@ class MtpDrafter final : public Drafter {
   DraftParams params_;
   int n_embd_ = 0;
   float eps_ = 0;
-  std::vector<float> eh_proj_, enorm_, hnorm_;  // f32 copies: [n_embd x 2 n_embd], [n_embd], [n_embd]
+  Weight eh_proj_;                      // [2 n_embd -> n_embd], as stored
+  std::vector<float> enorm_, hnorm_;    // f32 copies
   std::unique_ptr<ThreadPool> pool_;
   std::map<int, Sequence> seqs_;
   std::vector<Engine::BatchRow> rows_;

@@ -81,12 +81,13 @@ std::vector<int32_t> generate(Engine& target, Drafter* drafter, const std::vecto
 }  // namespace
 
 // The head's logits and output hidden states row for row (catch-up rows from the target's hidden
-// states, then rows chained on the head's own), f32 weights and KV: as the oracle's.
+// states, then rows chained on the head's own), f32 KV: as the oracle's (f32 weights: to rounding).
 TEST(MtpDrafterTest, HeadMatchesTheReference) {
-  for (const char* spec : {"tiny-qwen35-mtp:F32", "tiny-qwen35moe-mtp:F32"}) {
+  for (const char* spec : {"tiny-qwen35-mtp:F32", "tiny-qwen35moe-mtp:F32", "tiny-qwen35-mtp:Q8_0"}) {
     SCOPED_TRACE(spec);
     auto model = tiny(spec);
     const int n_vocab = model->hparams().n_vocab, n_embd = model->hparams().n_embd;
+    const bool f32 = std::string(spec).find("F32") != std::string::npos;
     EngineOptions o = options_for(false);
     o.type_k = o.type_v = DType::F32;
     auto target = Engine::create(model, o);
@@ -124,8 +125,9 @@ TEST(MtpDrafterTest, HeadMatchesTheReference) {
       last.assign(ref.hidden().begin(), ref.hidden().end());
     }
     std::printf("%-24s MTP head NMSE: logits %.3g, hidden %.3g\n", spec, worst, worst_hidden);
-    EXPECT_LT(worst, 1e-9);
-    EXPECT_LT(worst_hidden, 1e-9);
+    // F32: rounding only. Q8_0: the quantized kernels' int8 activations (measured 6.4e-5 / 3.1e-5, x ~3).
+    EXPECT_LT(worst, f32 ? 1e-9 : 2e-4);
+    EXPECT_LT(worst_hidden, f32 ? 1e-9 : 1e-4);
   }
 }
 
