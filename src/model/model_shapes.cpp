@@ -183,7 +183,7 @@ const std::vector<ModelShape>& model_shapes() {
       // that the plain shape stays the last tiny one of its architecture (tests pick that one).
       ModelShape mtp = s;
       mtp.name = "tiny-qwen35-mtp";
-      mtp.display_name = "tiny Qwen3.5-shaped model with an MTP block";
+      mtp.display_name = "tiny Qwen3.5-shaped, MTP block";
       mtp.n_mtp = 1;
       v.push_back(mtp);
       v.push_back(s);
@@ -205,7 +205,7 @@ const std::vector<ModelShape>& model_shapes() {
       s.n_expert = 6; s.n_expert_used = 2; s.n_ff_exp = 256; s.n_ff_shexp = 256;
       ModelShape mtp = s;
       mtp.name = "tiny-qwen35moe-mtp";
-      mtp.display_name = "tiny Qwen3.5-MoE-shaped model with an MTP block";
+      mtp.display_name = "tiny Qwen3.5-MoE-shaped, MTP block";
       mtp.n_mtp = 1;
       v.push_back(mtp);
       v.push_back(s);
