@@ -300,7 +300,7 @@ int run_body(int argc, char** argv, bool chat_command) {
   (void)engine_options(margs);  // every engine flag checked before the model loads
   if (dargs.given()) {
     check_draft_args(dargs);
-    if (ra.chat) usage_fail("-md: speculative decoding is for completions (roofline run -p) and serve, not the chat loop");
+    if (ra.chat) usage_fail("{}: speculative decoding is for completions (roofline run -p) and serve, not the chat loop", dargs.mtp() ? "--spec-type draft-mtp" : "-md");
   }
 
   auto model = load_model(margs);
