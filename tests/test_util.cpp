@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -58,6 +59,16 @@ std::string temp_dir() {
     char tmpl[] = "/tmp/roofline-test-XXXXXX";
     const char* d = ::mkdtemp(tmpl);
     base = d ? d : "/tmp";
+    // One directory per test process (ctest runs every test in its own): removed when the process
+    // exits, so a full suite does not leave gigabytes in /tmp (ROOFLINE_KEEP_TEST_TMP=1 keeps it).
+    // Only by the process that made it (a forked child that calls exit() leaves it alone).
+    static pid_t owner = ::getpid();
+    if (d && !std::getenv("ROOFLINE_KEEP_TEST_TMP"))
+      std::atexit([] {
+        if (::getpid() != owner) return;
+        std::error_code ec;
+        std::filesystem::remove_all(base, ec);
+      });
   }
   std::string dir = base + "/t" + std::to_string(counter++);
   ::mkdir(dir.c_str(), 0755);

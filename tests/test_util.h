@@ -19,7 +19,7 @@ std::string shared_dir();
 
 std::string source_dir();  // the checkout (ROOFLINE_SOURCE_DIR overrides the one the tests were built in)
 std::string binary_path();  // the `roofline` executable
-// A fresh temporary directory for one test (removed at process exit is not guaranteed).
+// A fresh temporary directory for one test, under a directory of the process removed when it exits.
 std::string temp_dir();
 
 // Normalised mean squared error sum((a-b)^2) / sum(b^2), accumulated in double.

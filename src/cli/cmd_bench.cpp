@@ -239,9 +239,10 @@ int run(int argc, char** argv) {
                 margs.n_cpu_moe = moe_args.n_cpu_moe;
                 margs.override_tensor = moe_args.override_tensor;
                 margs.n_seq_max = npl.empty() ? 1 : *std::max_element(npl.begin(), npl.end());
+                margs.draft_rollback = dargs.given();
                 auto engine = create_engine(model, margs);
                 for (const std::string& line : engine->report()) log_info("{}", line);
-                std::unique_ptr<DraftModel> draft;
+                std::unique_ptr<Drafter> draft;
                 if (dargs.given()) draft = load_draft(dargs, margs, *engine);
                 const int units = engine->gpu_units();
                 const auto placed = engine->placements();
@@ -281,13 +282,13 @@ int run(int argc, char** argv) {
                 auto run_text = [&](int n_gen, DraftStats* stats) {
                   auto& kv = engine->memory();
                   const int seq = kv.create_sequence(false);
-                  std::vector<float> logits = engine->eval(seq, prompt_tokens);
+                  SpeculativeDecoder decoder(*engine, draft.get());
+                  std::vector<float> logits = decoder.prefill(seq, prompt_tokens);
                   std::vector<int32_t> history = prompt_tokens, out;
                   history.push_back(argmax_logits(logits.data(), hp.n_vocab));
                   SamplingParams greedy;
                   greedy.temperature = 0;
                   Sampler sampler(greedy, hp.n_vocab);
-                  SpeculativeDecoder decoder(*engine, draft.get());
                   decoder.round(seq, history, 1 + dargs.params.n_max, sampler, true, out);
                   const DraftStats before = decoder.stats();
                   const auto t0 = std::chrono::steady_clock::now();
@@ -392,7 +393,7 @@ int run(int argc, char** argv) {
                       const int P = (int)prompt_tokens.size();
                       TestResult r = base_result(0, n, P, 1);
                       r.speculative = draft != nullptr;
-                      r.test = fmt::format("tg{} @ p{}", n, P) + (draft ? fmt::format(" +md{}", dargs.params.n_max) : "");
+                      r.test = fmt::format("tg{} @ p{}", n, P) + (draft ? fmt::format(" +{}{}", dargs.mtp() ? "mtp" : "md", dargs.params.n_max) : "");
                       for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back(n / run_text(n, &r.draft));
                       finish(r, P + n / 2.0, !r.speculative, P + n / 2.0);
                       continue;

@@ -88,6 +88,10 @@ int run(int argc, char** argv) {
   app.add_option("--cache-type-v", ctv, "V cache type: f16, bf16, q8_0, q4_0 (-ctv)")->capture_default_str();
   app.add_option("--n-gpu-layers,--gpu-layers", ngl, "units on the GPU: a number, auto or all (-ngl)")->capture_default_str();
   app.add_flag("--no-prompt-cache", no_prompt_cache, "as serve: no state snapshots for recurrent models");
+  std::string spec_type;
+  app.add_option("--spec-type", spec_type, "as serve: speculative decoding (draft-mtp, draft-simple), which keeps a second "
+                 "recurrent state per slot")
+      ->check(CLI::IsMember({"none", "draft-simple", "draft-mtp"}));
   double cache_ram_mib = PlanSettings{}.cache_ram_mib;
   app.add_option("--cache-ram", cache_ram_mib, "as serve's -cram: MiB of host memory for sliding-window snapshots (-1: no limit)")
       ->capture_default_str();
@@ -103,6 +107,7 @@ int run(int argc, char** argv) {
   settings.type_v = parse_cache_type(ctv);
   settings.n_gpu_layers = parse_gpu_layers(ngl);
   settings.prompt_cache = !no_prompt_cache;
+  settings.speculative = !spec_type.empty() && spec_type != "none";
   settings.cache_ram_mib = cache_ram_mib;
   if (n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's)", n_ctx);
   if (n_parallel < 1) fail("-np {}: expected at least 1 slot", n_parallel);
@@ -152,6 +157,7 @@ int run(int argc, char** argv) {
   serve += gpu.host ? " -ngl 0" : fmt::format(" -ngl {}", plan.n_gpu_layers == plan.n_units ? std::string("all") : std::to_string(plan.n_gpu_layers));
   if (vram_limit > 0) serve += fmt::format(" --vram-limit {}", vram_limit);
   if (no_prompt_cache) serve += " --no-prompt-cache";
+  if (settings.speculative) serve += " --spec-type " + spec_type;
   if (n_batch != 512) serve += fmt::format(" -b {}", n_batch);
 
   const double weight_bytes = [&] {
@@ -239,8 +245,9 @@ int run(int argc, char** argv) {
                 plan.kv_bytes_total / kGiB, s.n_ctx);
   }
   if (plan.state_cells > 0)
-    std::printf("recurrent state: %d cells (%d slots + %d prompt-cache snapshots) x %.1f MiB\n", plan.state_cells, s.n_parallel,
-                plan.state_cells - s.n_parallel, plan.state_bytes_per_cell / 1048576.0);
+    std::printf("recurrent state: %d cells (%d slots + %d prompt-cache snapshots%s) x %.1f MiB\n", plan.state_cells, s.n_parallel,
+                plan.state_cells - s.n_parallel * (s.speculative ? 2 : 1),
+                s.speculative ? fmt::format(" + {} kept for rejected drafts", s.n_parallel).c_str() : "", plan.state_bytes_per_cell / 1048576.0);
   if (gpu.host)
     std::printf("\n%s: all %d units on the host\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_units);
   else

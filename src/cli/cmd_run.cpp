@@ -98,7 +98,8 @@ int generate_once(Engine& engine, const Tokenizer& tokenizer, const RunArgs& ra,
   if (!ra.no_display_prompt) write_out(ra.prompt);
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = engine.eval(seq, tokens, false);
+  SpeculativeDecoder decoder(engine, drafter);
+  std::vector<float> logits = decoder.prefill(seq, tokens);
   const auto t1 = std::chrono::steady_clock::now();
 
   Utf8Printer printer;
@@ -106,7 +107,6 @@ int generate_once(Engine& engine, const Tokenizer& tokenizer, const RunArgs& ra,
   int generated = 0;
   const int room = n_ctx - (int)tokens.size();
   const int limit = ra.n_predict < 0 ? room : std::min(ra.n_predict, room);
-  SpeculativeDecoder decoder(engine, drafter);
   const bool greedy = greedy_from_raw_logits(ra.sampling);
   std::vector<int32_t> emitted;
   if (limit > 0) emitted.push_back(sampler.sample(logits.data(), history).token);
@@ -300,11 +300,12 @@ int run_body(int argc, char** argv, bool chat_command) {
   (void)engine_options(margs);  // every engine flag checked before the model loads
   if (dargs.given()) {
     check_draft_args(dargs);
-    if (ra.chat) usage_fail("-md: speculative decoding is for completions (roofline run -p) and serve, not the chat loop");
+    if (ra.chat) usage_fail("{}: speculative decoding is for completions (roofline run -p) and serve, not the chat loop", dargs.mtp() ? "--spec-type draft-mtp" : "-md");
   }
 
   auto model = load_model(margs);
   fit_context(margs, model->hparams(), 4096);
+  margs.draft_rollback = dargs.given();
   auto tokenizer = load_tokenizer(*model);
   auto engine = create_engine(model, margs);
   for (const std::string& line : engine->report()) log_info("{}", line);
@@ -315,7 +316,7 @@ int run_body(int argc, char** argv, bool chat_command) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   if (ra.chat) return chat_loop(*engine, tokenizer, *model, margs.model, ra);
-  std::unique_ptr<DraftModel> draft;
+  std::unique_ptr<Drafter> draft;
   if (dargs.given()) draft = load_draft(dargs, margs, *engine);
   return generate_once(*engine, *tokenizer, ra, draft.get());
 }

@@ -278,7 +278,7 @@ int run(int argc, char** argv) {
   // Load the model on a thread while /health says 503; this thread waits for it or for a signal.
   std::shared_ptr<const Model> model;
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<DraftModel> draft;
+  std::unique_ptr<Drafter> draft;
   auto mc = std::make_unique<serve::ModelContext>();
   std::exception_ptr load_error;
   std::thread loader([&] {
@@ -290,6 +290,7 @@ int run(int argc, char** argv) {
       // (one each running slot takes at block boundaries, as many again kept for later prompts).
       margs.n_seq_max = n_parallel;
       margs.n_state_snapshots = no_prompt_cache ? 0 : 2 * n_parallel;
+      margs.draft_rollback = dargs.given();
       // Sliding-window models without recurrent layers: snapshots of the window in host memory, two per
       // slot as --cache-ram allows (the device holds only each slot's ring).
       const EngineOptions eo = engine_options(margs);

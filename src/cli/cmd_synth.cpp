@@ -26,7 +26,7 @@ int run(int argc, char** argv) {
   if (list) {
     std::printf("shapes:\n");
     for (const ModelShape& s : model_shapes())
-      std::printf("  %-14s %-6s %-26s hidden %5d, %2d layers, %2d/%d heads, ffn %5d, vocab %6d%s\n", s.name.c_str(),
+      std::printf("  %-18s %-9s %-34s hidden %5d, %2d layers, %2d/%d heads, ffn %5d, vocab %6d%s\n", s.name.c_str(),
                   s.arch.c_str(), s.display_name.c_str(), s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.n_ff, s.n_vocab,
                   s.tied_embeddings ? ", tied embeddings" : "");
     std::printf("mixes:\n ");

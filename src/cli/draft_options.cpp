@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/mtp_drafter.h"
 
 namespace roofline::cli {
 
@@ -10,6 +11,10 @@ void add_draft_options(CLI::App& app, DraftArgs& a) {
   app.add_option("--model-draft,--spec-draft-model", a.model,
                  "draft model for speculative decoding (-md): a GGUF file or synthetic:SHAPE:MIX sharing the target's vocabulary")
       ->envname("LLAMA_ARG_MODEL_DRAFT");
+  app.add_option("--spec-type", a.spec_type,
+                 "speculative decoding: draft-mtp drafts with the model's own MTP head (Qwen3.5 files that carry one), "
+                 "draft-simple with -md, none")
+      ->check(CLI::IsMember({"none", "draft-simple", "draft-mtp"}))->envname("LLAMA_ARG_SPEC_TYPE");
   app.add_option("--draft-max,--draft,--draft-n,--spec-draft-n-max", a.params.n_max,
                  "most tokens the draft proposes per step")
       ->capture_default_str()->envname("LLAMA_ARG_DRAFT_MAX");
@@ -24,6 +29,8 @@ void add_draft_options(CLI::App& app, DraftArgs& a) {
 }
 
 void check_draft_args(const DraftArgs& a) {
+  if (a.mtp() && !a.model.empty()) fail("--spec-type draft-mtp drafts with the model's own MTP head: leave out -md {}", a.model);
+  if (a.spec_type == "draft-simple" && a.model.empty()) fail("--spec-type draft-simple needs a draft model (-md)");
   if (a.params.n_max < 1) fail("--draft-max {}: expected at least 1", a.params.n_max);
   if (a.params.n_min < 0 || a.params.n_min > a.params.n_max)
     fail("--draft-min {}: expected 0..--draft-max ({})", a.params.n_min, a.params.n_max);
@@ -31,8 +38,18 @@ void check_draft_args(const DraftArgs& a) {
   (void)parse_gpu_layers(a.n_gpu_layers);
 }
 
-std::unique_ptr<DraftModel> load_draft(const DraftArgs& a, const ModelArgs& target_args, const Engine& target) {
+std::unique_ptr<Drafter> load_draft(const DraftArgs& a, const ModelArgs& target_args, const Engine& target) {
   check_draft_args(a);
+  if (a.mtp()) {
+    check_draft_target(target.memory(), "--spec-type draft-mtp");
+    EngineOptions o = target.options();
+    o.n_seq_max = std::max(1, target_args.n_seq_max);
+    auto mtp = std::make_unique<MtpDrafter>(target.model_ptr(), o, a.params);
+    for (const std::string& line : mtp->engine().report()) log_info("MTP head: {}", line);
+    log_info("speculative decoding: the model's MTP head, up to {} tokens per step (min {}, p-min {:.2f})", a.params.n_max,
+             a.params.n_min, a.params.p_min);
+    return mtp;
+  }
   check_draft_target(target.memory(), "-md (a draft model)");
   ModelArgs d = target_args;
   d.model = a.model;
@@ -45,6 +62,7 @@ std::unique_ptr<DraftModel> load_draft(const DraftArgs& a, const ModelArgs& targ
   d.n_cpu_moe = 0;
   d.override_tensor.clear();
   d.n_state_snapshots = 0;
+  d.draft_rollback = false;
   std::shared_ptr<const Model> model;
   try {
     model = load_model(d);

@@ -123,6 +123,7 @@ EngineOptions engine_options(const ModelArgs& a) {
   o.main_gpu = a.main_gpu;
   o.n_seq_max = a.n_seq_max;
   o.n_state_snapshots = a.n_state_snapshots;
+  o.draft_rollback = a.draft_rollback;
   apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
   if (a.n_cpu_moe < 0) fail("--n-cpu-moe {}: expected a number of layers (0 or more)", a.n_cpu_moe);
   o.n_cpu_moe = a.cpu_moe ? EngineOptions::kAllLayers : a.n_cpu_moe;

@@ -35,6 +35,7 @@ struct ModelArgs {
   // caching, for models with recurrent layers (EngineOptions::n_seq_max, n_state_snapshots).
   int n_seq_max = 1;
   int n_state_snapshots = 0;
+  bool draft_rollback = false;  // speculative decoding (EngineOptions::draft_rollback)
 };
 
 // -ot values ("REGEX=CPU", several joined by commas, as llama.cpp takes them) into the regexes whose

@@ -72,6 +72,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   mo.window = hp.sliding_window;
   mo.n_seq_max = o.n_seq_max;
   mo.n_snapshots = o.n_state_snapshots;
+  mo.rollback = o.draft_rollback && mo.recurrent;
   engine->kv_ = kv;
   if (mo.recurrent && o.n_seq_max < 1) fail("the number of parallel sequences {} must be at least 1", o.n_seq_max);
   if (o.n_state_snapshots < 0) fail("the number of state snapshots {} cannot be negative", o.n_state_snapshots);
@@ -270,13 +271,13 @@ std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {
   return logits;
 }
 
-const Engine::StepOutput& Engine::step(const std::vector<BatchRow>& batch) {
-  launch(batch);
+const Engine::StepOutput& Engine::step(const std::vector<BatchRow>& batch, const float* input) {
+  launch(batch, input);
   return finish();
 }
 
-void Engine::launch(const std::vector<BatchRow>& batch) {
-  start_step(batch, true);
+void Engine::launch(const std::vector<BatchRow>& batch, const float* input) {
+  start_step(batch, true, input);
   launched_ = batch;  // which rows asked for what, for finish()
 }
 
@@ -297,7 +298,7 @@ const Engine::StepOutput& Engine::finish() {
   return out;
 }
 
-void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
+void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax, const float* input) {
   ROOFLINE_CHECK(!in_step_, "a forward step was started while another was in flight");
   const int n = (int)batch.size();
   if (n > options_.n_batch) fail("a batch of {} tokens exceeds the batch size {}", n, options_.n_batch);
@@ -368,7 +369,9 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax) {
   for (size_t i = 0; i < placement_.size(); ++i) {
     Placement& p = placement_[i];
     p.backend->begin_step(step);
-    if (p.layers.embedding) {
+    if (p.layers.embedding && input) {
+      p.backend->set_hidden(input);
+    } else if (p.layers.embedding) {
       p.backend->embed();
     } else {
       p.backend->set_hidden(hidden_.data());
@@ -479,14 +482,15 @@ std::vector<std::string> Engine::report() const {
                               n_paged < hp.n_layer ? fmt::format(" ({} of {} layers keep a KV cache)", n_paged, hp.n_layer) : ""));
   if (kv.swa_ring > 0) {
     const bool windowed = memory_->windowed();  // snapshots in host memory, else state cells
-    const int n_cells = options_.n_seq_max + (windowed ? 0 : options_.n_state_snapshots);
+    const int n_cells = options_.n_seq_max * (options_.draft_rollback ? 2 : 1) + (windowed ? 0 : options_.n_state_snapshots);
     uint64_t snap_bytes = 0;
     for (const Placement& p : placement_) snap_bytes += p.backend->swa_snapshot_bytes(*model_, p.layers, kv);
     lines.push_back(fmt::format("sliding-window KV: {} layers keep the last {} positions ({} with a step's tokens) per sequence, "
-                                "{:.1f} MiB per sequence, {} sequence{}{}, {:.1f} MiB",
+                                "{:.1f} MiB per sequence, {} sequence{}{}{}, {:.1f} MiB",
                                 hp.count_sliding_layers(0, hp.n_layer), hp.sliding_window, kv.swa_ring, swa_bytes / 1048576.0,
                                 options_.n_seq_max, options_.n_seq_max == 1 ? "" : "s",
                                 options_.n_state_snapshots && !windowed ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
+                                options_.draft_rollback ? fmt::format(" + {} kept for rejected drafts", options_.n_seq_max) : "",
                                 (double)swa_bytes * n_cells / 1048576.0));
     if (windowed && options_.n_state_snapshots > 0)
       lines.push_back(fmt::format("prompt-cache snapshots of the sliding layers: {} x {:.1f} MiB (the {} positions before a block "
@@ -502,12 +506,13 @@ std::vector<std::string> Engine::report() const {
                                     : ""));
   }
   if (hp.count_layers(MixerKind::DeltaNet) > 0) {
-    const int n_cells = options_.n_seq_max + options_.n_state_snapshots;
+    const int n_cells = options_.n_seq_max * (options_.draft_rollback ? 2 : 1) + options_.n_state_snapshots;
     uint64_t cell_bytes = 0;
     for (const Placement& p : placement_) cell_bytes += p.backend->state_cell_bytes(*model_, p.layers);
-    lines.push_back(fmt::format("recurrent state: {:.1f} MiB per sequence ({} DeltaNet layers), {} sequences{}, {:.1f} MiB",
+    lines.push_back(fmt::format("recurrent state: {:.1f} MiB per sequence ({} DeltaNet layers), {} sequences{}{}, {:.1f} MiB",
                                 cell_bytes / 1048576.0, hp.count_layers(MixerKind::DeltaNet), options_.n_seq_max,
                                 options_.n_state_snapshots ? fmt::format(" + {} snapshots for prompt caching", options_.n_state_snapshots) : "",
+                                options_.draft_rollback ? fmt::format(" + {} kept for rejected drafts", options_.n_seq_max) : "",
                                 (double)cell_bytes * n_cells / 1048576.0));
   }
   return lines;

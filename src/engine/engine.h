@@ -27,6 +27,9 @@ struct EngineOptions {
   // kept for prompt caching (sequence_memory.h; 0: prefixes are not reused).
   int n_seq_max = 4;
   int n_state_snapshots = 0;
+  // Speculative decoding on such models: a second state cell per sequence holds the state from before
+  // a verification step, to go back to when drafts are rejected (SequenceMemory::roll_back).
+  bool draft_rollback = false;
   // Units on the GPU (n_layer + 1 units, the output layer counts as the last): the last N units go
   // to the GPU, as llama.cpp's -ngl. kGpuLayersAuto fits as many as memory allows; kGpuLayersAll all.
   int n_gpu_layers = 0;
@@ -57,6 +60,7 @@ class Engine {
   ~Engine();
 
   const Model& model() const { return *model_; }
+  const std::shared_ptr<const Model>& model_ptr() const { return model_; }
   const EngineOptions& options() const { return options_; }
   int n_vocab() const { return model_->hparams().n_vocab; }
   SequenceMemory& memory() { return *memory_; }
@@ -91,14 +95,16 @@ class Engine {
   };
   // decode() for loops that step many times: argmax_only rows get their greedy token (picked on the
   // device when the output backend can, else here), and the buffers are reused (no allocation or
-  // zeroing of [rows x n_vocab] per step).
-  const StepOutput& step(const std::vector<BatchRow>& batch);
+  // zeroing of [rows x n_vocab] per step). With `input` ([rows x n_embd], host memory kept until the
+  // step's output is read) the rows start from those hidden states instead of their tokens' embeddings
+  // (the tokens then only say which rows they are): the MTP head's block (engine/mtp_drafter.h).
+  const StepOutput& step(const std::vector<BatchRow>& batch, const float* input = nullptr);
   // step() in two halves, so the caller can work while a device computes: launch() checks the batch,
   // reserves its KV blocks and starts the forward pass (a GPU holding the output layer is left running
   // its kernels; CPU layers compute here), finish() waits for it and returns its output. Between them
   // no other engine call, and the KV cache's sequences of the batch must not change. A launch() that
   // throws leaves nothing in flight.
-  void launch(const std::vector<BatchRow>& batch);
+  void launch(const std::vector<BatchRow>& batch, const float* input = nullptr);
   const StepOutput& finish();
 
   // Convenience for one sequence: feeds `tokens` in chunks of n_batch; returns the logits of every
@@ -158,7 +164,7 @@ class Engine {
   // into `logits`, greedy tokens into `argmax` when given (else argmax_only is ignored), the final
   // hidden states of want_hidden rows into hidden_out_. Returns
   // whether the logits are packed (the rows whose argmax the output backend picked are left out).
-  void start_step(const std::vector<BatchRow>& batch, bool allow_argmax);
+  void start_step(const std::vector<BatchRow>& batch, bool allow_argmax, const float* input = nullptr);
   bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
   std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement

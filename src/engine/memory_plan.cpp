@@ -151,9 +151,9 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const KvConfig kv = planned_kv_config(hp, s.n_ctx, s.n_batch, s.kv_block_size, s.type_k, s.type_v);
   p.kv = kv;
   const bool recurrent = hp.count_layers(MixerKind::DeltaNet) > 0;
-  p.state_cells = recurrent ? s.n_parallel + (s.prompt_cache ? 2 * s.n_parallel : 0) : 0;
+  p.state_cells = recurrent ? s.n_parallel + (s.prompt_cache ? 2 * s.n_parallel : 0) + (s.speculative ? s.n_parallel : 0) : 0;
   // Sliding-window rings: one per slot; with recurrent layers they go with the state cells and their snapshots.
-  p.swa_ring_cells = kv.swa_ring > 0 ? (recurrent ? p.state_cells : s.n_parallel) : 0;
+  p.swa_ring_cells = kv.swa_ring > 0 ? (recurrent ? p.state_cells : s.n_parallel * (s.speculative ? 2 : 1)) : 0;
   p.window_snapshots = s.prompt_cache ? window_snapshot_count(model, kv, s.n_parallel, s.cache_ram_mib) : 0;
   p.window_snapshot_bytes = (double)window_snapshot_bytes(model, kv);
   p.n_units = hp.n_layer + 1;

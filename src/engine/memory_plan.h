@@ -43,6 +43,7 @@ struct PlanSettings {
   int n_batch = 512;
   int kv_block_size = 32;
   bool prompt_cache = true;         // recurrent models: 2 state snapshots per slot (serve's default)
+  bool speculative = false;         // recurrent models: a kept state per slot for rejected drafts (--spec-type, -md)
   double cache_ram_mib = 8192;      // serve's --cache-ram: host memory for sliding-window snapshots
   double margin_gib = 1.0;          // EngineOptions::gpu_margin_gib
   double cuda_context_gib = 0.5;    // driver context, cuBLAS and kernels: not visible as free memory

@@ -22,6 +22,7 @@ SequenceMemory::SequenceMemory(const Options& options, Device* device)
     if (options.n_seq_max < 1) fail("a model with recurrent layers needs room for at least one sequence");
     if (options.n_snapshots < 0) fail("the number of state snapshots cannot be negative");
     for (int c = options.n_seq_max - 1; c >= 0; --c) free_cells_.push_back(c);
+    backup_base_ = options.n_seq_max + (options.windowed ? 0 : options.n_snapshots);
     if (options.windowed) {  // host window snapshots, numbered from 0
       if (options.ring < options.block_size || options.ring % options.block_size || options.window < 1)
         fail("internal error: sliding-window ring {} (window {}, blocks of {})", options.ring, options.window, options.block_size);
@@ -86,6 +87,29 @@ int SequenceMemory::state_cell(int seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) fail("unknown sequence {}", seq);
   return it->second.cell;
+}
+
+void SequenceMemory::keep_state(int seq) {
+  if (!options_.recurrent) return;
+  if (!options_.rollback) fail("internal error: this memory keeps no state to roll back to");
+  SeqState& st = seqs_.at(seq);
+  if (device_) device_->copy_state(st.cell, backup_base_ + st.cell);
+  st.kept_len = kv_.length(seq);
+}
+
+int SequenceMemory::roll_back(int seq, int length) {
+  if (!options_.recurrent) return kv_.truncate(seq, length);
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) fail("unknown sequence {}", seq);
+  SeqState& st = it->second;
+  if (length == kv_.length(seq)) return length;
+  ROOFLINE_CHECK(options_.rollback && st.kept_len >= 0 && st.kept_len <= length,
+                 "sequence {}: no kept state to go back to {} positions", seq, length);
+  if (device_) device_->copy_state(backup_base_ + st.cell, st.cell);
+  const int kept = kv_.truncate(seq, st.kept_len);
+  ROOFLINE_CHECK(kept == st.kept_len, "cutting sequence {} back to {} positions left {}", seq, st.kept_len, kept);
+  if (st.snap >= 0 && st.snap_pos > kept) st.snap_pos = 0;  // the snapshot holds rejected drafts
+  return kept;
 }
 
 int SequenceMemory::truncate(int seq, int length) {

@@ -9,6 +9,10 @@
 // a ring still holds the window before any recent block boundary, so a snapshot of just that window
 // (window - 1 positions in whole blocks, kept by the backends in host memory, as llama.cpp's context
 // checkpoints are) is taken when a prefix is cached, and restored into a new sequence's ring on reuse.
+// Speculative decoding on such models (`rollback`): every live sequence has a second state cell; before
+// a step that verifies drafts the state is kept there (keep_state), and when drafts are rejected the
+// sequence goes back to it (roll_back: the kept state, the KV cut to the kept length), after which the
+// caller feeds the accepted tokens again.
 #pragma once
 
 #include <algorithm>
@@ -46,10 +50,13 @@ class SequenceMemory {
     bool windowed = false;
     int ring = 0;
     int window = 0;
+    // Recurrent: a second state cell per live sequence, to return to the state before a verification step.
+    bool rollback = false;
   };
-  // State cells the backends need: n_seq_max (+ n_snapshots unless windowed) for recurrent models, else 0.
+  // State cells the backends need: n_seq_max (+ n_snapshots unless windowed, + n_seq_max with rollback)
+  // for recurrent models, else 0.
   static int state_cells(const Options& o) {
-    return o.recurrent ? o.n_seq_max + (o.windowed ? 0 : o.n_snapshots) : 0;
+    return o.recurrent ? o.n_seq_max + (o.windowed ? 0 : o.n_snapshots) + (o.rollback ? o.n_seq_max : 0) : 0;
   }
   // Windowed models: the blocks one window snapshot holds (window - 1 positions before a block boundary).
   static int window_snapshot_blocks(int window, int block_size, int ring) {
@@ -86,6 +93,18 @@ class SequenceMemory {
   int state_cell(int seq) const;  // -1 without recurrent layers
   // Drops positions >= length (models without recurrent layers only; see KvCache::truncate).
   int truncate(int seq, int length);
+  // Whether a sequence can go back to an earlier position: always without recurrent layers (truncate),
+  // with them through keep_state / roll_back when the memory has rollback cells.
+  bool can_roll_back() const { return !options_.recurrent || options_.rollback; }
+  // Recurrent models with rollback cells: keeps the sequence's state at its current length (a state
+  // copy on the backends, ordered after the steps already launched). A no-op without recurrent layers.
+  void keep_state(int seq);
+  // Cuts the sequence back to `length` positions (drafts rejected after a verification step). Without
+  // recurrent layers: truncate, returns `length`. With them: restores the state kept by the last
+  // keep_state (taken at a length <= `length`), cuts the KV to that length and returns it; the caller
+  // feeds the tokens from there up to `length` again. A prompt-cache snapshot the sequence took past
+  // the returned length is dropped (it holds the rejected drafts).
+  int roll_back(int seq, int length);
 
   // --- a step ---
   int blocks_needed(int seq, int n_new) const { return kv_.blocks_needed(seq, n_new); }
@@ -119,6 +138,7 @@ class SequenceMemory {
     int snap = -1;       // a snapshot cell this sequence took and still owns (-1: none)
     int snap_pos = 0;    // the length at which it was taken
     bool snapshots = true;
+    int kept_len = -1;   // rollback: the length at which the state was kept in backup_cell (-1: none)
   };
   struct Snapshot {      // a cached snapshot, valid while its block keeps the same index hash
     int cell = -1;       // a state cell, or (windowed) a host window snapshot
@@ -137,6 +157,7 @@ class SequenceMemory {
   KvCache kv_;
   std::map<int, SeqState> seqs_;
   std::vector<int> free_cells_;          // live-state cells
+  int backup_base_ = 0;                  // rollback: live cell c keeps its state in cell backup_base_ + c
   std::vector<int> free_snap_cells_;     // snapshot cells nobody holds
   std::map<int32_t, Snapshot> snapshots_;  // block -> cached snapshot of the state after it
   std::list<int32_t> snapshot_lru_;        // blocks with cached snapshots, least recently used first

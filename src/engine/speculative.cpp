@@ -11,16 +11,16 @@
 
 namespace roofline {
 
-namespace {
-
-// The draft model's probability of its top token: 1 / sum(exp(l - max)).
-float top_probability(const float* logits, int n) {
+// The draft's probability of its top token: 1 / sum(exp(l - max)).
+float draft_top_probability(const float* logits, int n) {
   float mx = logits[0];
   for (int i = 1; i < n; ++i) mx = std::max(mx, logits[i]);
   double sum = 0;
   for (int i = 0; i < n; ++i) sum += std::exp((double)logits[i] - mx);
   return sum > 0 ? (float)(1.0 / sum) : 0.0f;
 }
+
+namespace {
 
 std::shared_ptr<const Tokenizer> vocabulary_of(const Model& m) {
   if (!m.metadata().find("tokenizer.ggml.tokens")) return nullptr;
@@ -51,9 +51,10 @@ void check_draft_compatible(const Model& target, const Model& draft) {
 }
 
 void check_draft_target(const SequenceMemory& memory, const char* what) {
-  if (memory.recurrent())
-    fail("{}: speculative decoding needs a target whose sequences can be cut back to reject drafts; this model's {} cannot "
-         "(run it without a draft)", what, memory.windowed() ? "sliding-window attention rings" : "recurrent (DeltaNet) layer states");
+  if (!memory.can_roll_back())
+    fail("{}: speculative decoding on a model with {} needs a state cell per sequence to go back to when drafts are "
+         "rejected (internal error: the engine was created without EngineOptions::draft_rollback)",
+         what, memory.windowed() ? "sliding-window attention rings" : "recurrent (DeltaNet) layers");
 }
 
 // ---- the draft model ----
@@ -128,7 +129,7 @@ void DraftModel::draft(std::vector<Job>& jobs) {
   // Picks a job's next draft token from its logits row; false when its drafting ends.
   auto take = [&](Work& w, int32_t greedy, const float* logits) {
     const int32_t tok = greedy >= 0 ? greedy : argmax_logits(logits, n_vocab);
-    if (w.p_min > 0 && top_probability(logits, n_vocab) < w.p_min) return false;
+    if (w.p_min > 0 && draft_top_probability(logits, n_vocab) < w.p_min) return false;
     w.job->draft.push_back(tok);
     return (int)w.job->draft.size() < w.n_max;
   };
@@ -196,27 +197,54 @@ void SpeculativeDecoder::release(int seq) {
   if (drafter_) drafter_->release(seq);
 }
 
+std::vector<float> SpeculativeDecoder::prefill(int seq, std::span<const int32_t> tokens) {
+  if (!drafter_ || !drafter_->wants_hidden()) return target_.eval(seq, tokens);
+  std::vector<float> logits;
+  const size_t n_batch = (size_t)target_.options().n_batch;
+  for (size_t start = 0; start < tokens.size(); start += n_batch) {
+    const size_t end = std::min(tokens.size(), start + n_batch);
+    const int first = target_.memory().length(seq);
+    rows_.clear();
+    for (size_t i = start; i < end; ++i) rows_.push_back({seq, tokens[i], i + 1 == tokens.size(), false, true});
+    const Engine::StepOutput& o = target_.step(rows_);
+    drafter_->add_hidden(seq, first, o.hidden_buffer.data(), (int)(end - start));
+    if (end == tokens.size()) logits.assign(o.logits[0], o.logits[0] + target_.n_vocab());
+  }
+  return logits;
+}
+
 void SpeculativeDecoder::round(int seq, std::vector<int32_t>& history, int max_new, Sampler& sampler, bool greedy,
                                std::vector<int32_t>& out) {
   ROOFLINE_CHECK(max_new >= 1 && !history.empty(), "a speculative round needs room for a token and a pending token");
   SequenceMemory& mem = target_.memory();
-  const int base = mem.length(seq);
-  ROOFLINE_CHECK(base + 1 == (int)history.size(), "the target holds every token but the pending one");
+  const int len = mem.length(seq);
+  // The pending token's position; the positions between the memory's length and it hold accepted tokens
+  // to feed again (a recurrent target went back to its kept state after rejected drafts).
+  const int base = (int)history.size() - 1;
+  const int n_replay = base - len;
+  ROOFLINE_CHECK(n_replay >= 0, "the target holds more positions than the history");
   std::vector<int32_t> draft;
-  // Drafts beyond what may still be emitted, or past the context, would only be thrown away.
+  // Drafts beyond what may still be emitted, or past the context, would only be thrown away. A round that
+  // feeds tokens again drafts fewer, so that it has at most n_max + 1 rows as any round (a row's logits
+  // are batch invariant up to there on every backend); its kept state is the one before them, so its
+  // own rejections make the next round feed them too (never more than n_max: a round with as many
+  // carries no drafts).
   const int room = std::min(max_new - 1, target_.options().n_ctx - base - 1);
-  const int n_batch_room = target_.options().n_batch - 1;
-  if (drafter_ && room > 0) {
+  const int n_batch_room = target_.options().n_batch - 1 - n_replay;
+  if (drafter_ && room > 0 && n_replay < drafter_->params().n_max) {
     jobs_.assign(1, Drafter::Job{});
     jobs_[0].key = seq;
     jobs_[0].history = &history;
-    jobs_[0].n_max = std::min({room, drafter_->params().n_max, n_batch_room});
-    drafter_->draft(jobs_);
+    jobs_[0].n_max = std::min({room, drafter_->params().n_max - n_replay, n_batch_room});
+    if (jobs_[0].n_max > 0) drafter_->draft(jobs_);
     draft = std::move(jobs_[0].draft);
   }
+  const bool hidden = drafter_ && drafter_->wants_hidden();
   rows_.clear();
-  rows_.push_back({seq, history.back(), true, greedy});
-  for (int32_t t : draft) rows_.push_back({seq, t, true, greedy});
+  for (int i = 0; i < n_replay; ++i) rows_.push_back({seq, history[(size_t)(len + i)], false});
+  rows_.push_back({seq, history.back(), true, greedy, hidden});
+  for (int32_t t : draft) rows_.push_back({seq, t, true, greedy, hidden});
+  if (!draft.empty()) mem.keep_state(seq);
   const Engine::StepOutput& o = target_.step(rows_);
   int accepted = 0;
   for (size_t i = 0; i <= draft.size(); ++i) {
@@ -227,11 +255,15 @@ void SpeculativeDecoder::round(int seq, std::vector<int32_t>& history, int max_n
     ++accepted;
   }
   stats_.add((int)draft.size(), accepted);
+  // The drafter gets the target's hidden states of the positions that stay: the pending token's and the
+  // accepted drafts'.
+  if (hidden) drafter_->add_hidden(seq, base, o.hidden_buffer.data(), accepted + 1);
   // Positions kept: the pending token and the accepted drafts (the last emitted token is pending now).
   const int keep = base + 1 + accepted;
   if (mem.length(seq) != keep) {
-    const int kept = mem.truncate(seq, keep);
-    ROOFLINE_CHECK(kept == keep, "cutting back rejected drafts left {} positions instead of {}", kept, keep);
+    const int kept = mem.roll_back(seq, keep);
+    ROOFLINE_CHECK(kept == keep || (mem.recurrent() && kept == len),
+                   "cutting back rejected drafts left {} positions instead of {}", kept, keep);
   }
 }
 

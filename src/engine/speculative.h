@@ -3,7 +3,11 @@
 // N+1 rows of the sequence; its own sampler picks a token from each row's logits in order, accepting
 // while the pick equals the draft. The first mismatch emits the target's pick and ends the round; when
 // every draft is accepted, the last row's pick (the bonus token) is emitted too. Positions of rejected
-// drafts are cut from the target's and the draft's sequence memory. Every emitted token is the
+// drafts are cut from the target's and the draft's sequence memory; a target with recurrent layers
+// (DeltaNet states, sliding-window rings) keeps its state before a verification step and, when drafts
+// are rejected, goes back to it and feeds the accepted tokens again in its next step, in front of the
+// new pending token and fewer drafts (a sequence's rows per step stay at most n_max + 1;
+// SequenceMemory::roll_back). Every emitted token is the
 // target's own pick from its own logits, so the output is exactly what decoding without a draft
 // gives (token for token under greedy sampling, and with a seeded sampler too, since the sampler
 // draws once per emitted token either way) as long as a row's logits do not depend on the batch.
@@ -18,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/engine.h"
@@ -64,6 +69,14 @@ class Drafter {
   // The key's sequence ended (or was restarted): forget what the drafter holds for it.
   virtual void release(int key) = 0;
   virtual const DraftParams& params() const = 0;
+  // Drafters that read the target's final hidden states (the MTP head): the caller then asks for them
+  // (Engine::BatchRow::want_hidden) on the rows it prefills or verifies and hands over those of the
+  // positions that stay, in position order, before the next draft() of the key.
+  virtual bool wants_hidden() const { return false; }
+  // The target's final hidden states (after its output norm), [n x n_embd], of positions [first, first + n)
+  // of the key's sequence, whose tokens are history[first + 1 ...] of the next job. `first` may skip
+  // positions (a prefix adopted from the prompt cache was never computed).
+  virtual void add_hidden(int key, int first, const float* hidden, int n) { (void)key, (void)first, (void)hidden, (void)n; }
 };
 
 // A draft model on an Engine of its own: per key a draft sequence holding the accepted text (and the
@@ -96,12 +109,16 @@ class DraftModel final : public Drafter {
   bool warned_ = false;  // a draft step failed once (said once; later failures at debug level)
 };
 
+// A draft's probability of its top token (--draft-p-min compares it).
+float draft_top_probability(const float* logits, int n_vocab);
+
 // The draft must speak the target's vocabulary: the same number of logits and, where both models carry
 // a vocabulary, the same text for every token id and the same BOS/EOS. A mismatch is an Error naming
 // the first difference.
 void check_draft_compatible(const Model& target, const Model& draft);
-// The target's memory must be cut back to reject drafts: models with recurrent (DeltaNet) layers or
-// sliding-window rings cannot be, and are refused with one line (`what` names the flag or role).
+// The target's memory must go back to an earlier position to reject drafts: models with recurrent
+// (DeltaNet) layers or sliding-window rings need an engine created with EngineOptions::draft_rollback
+// (a kept state per sequence); without it they are refused with one line (`what` names the flag or role).
 void check_draft_target(const SequenceMemory& target_memory, const char* what);
 
 // Speculative generation of one target sequence (run, bench): each round drafts, verifies in one step of
@@ -110,10 +127,14 @@ class SpeculativeDecoder {
  public:
   SpeculativeDecoder(Engine& target, Drafter* drafter);
 
+  // Evaluates the prompt of `seq` (empty so far) and returns its last token's logits; hands the target's
+  // hidden states to a drafter that wants them (Engine::eval otherwise).
+  std::vector<float> prefill(int seq, std::span<const int32_t> tokens);
   // `history` is the sequence's tokens, the last of them sampled but not yet in the target's memory
-  // (the target holds history.size() - 1 positions of `seq`). Emits 1..max_new tokens (max_new >= 1):
-  // each appended to history and to `out`; greedy picks the argmax (the step may compute it where the
-  // logits are), else `sampler` picks. The target's memory then holds every emitted token but the last.
+  // (the target holds the positions before it, or, after a recurrent target rejected drafts, fewer: this
+  // round feeds the rest first). Emits 1..max_new tokens (max_new >= 1): each appended to history and to
+  // `out`; greedy picks the argmax (the step may compute it where the logits are), else `sampler` picks.
+  // The target's memory then holds every emitted token but the last (or fewer, as above).
   void round(int seq, std::vector<int32_t>& history, int max_new, Sampler& sampler, bool greedy, std::vector<int32_t>& out);
   // The sequence ended: the drafter forgets it.
   void release(int seq);

@@ -92,6 +92,60 @@ std::shared_ptr<const Model> Model::load(std::shared_ptr<const gguf::GgufFile> f
   return model;
 }
 
+Weight Model::nextn_tensor(const std::string& suffix) const {
+  const std::string name = "blk." + std::to_string(hparams_.n_layer) + "." + suffix;
+  for (const Weight& w : nextn_)
+    if (w.tensor->name == name) return w;
+  return {};
+}
+
+std::shared_ptr<const Model> Model::mtp_block(const std::shared_ptr<const Model>& target) {
+  const HParams& thp = target->hparams_;
+  const std::string& name = target->file_->name();
+  if (thp.n_layer_nextn < 1)
+    fail("{}: the model has no MTP block ({}.nextn_predict_layers is 0): MTP drafting needs a file converted with it", name, thp.arch);
+  auto m = std::shared_ptr<Model>(new Model());
+  m->file_ = target->file_;
+  m->arch_ = target->arch_;
+  HParams& hp = m->hparams_;
+  hp = thp;
+  hp.n_layer = 1;
+  hp.n_layer_nextn = 0;
+  hp.layer_mixer = {MixerKind::Attention};
+  hp.layer_sliding.clear();
+  m->token_embd_ = target->token_embd_;
+  m->output_ = target->output_;
+  m->tied_ = target->tied_;
+  m->rope_freqs_ = target->rope_freqs_;
+  std::vector<std::string> problems;
+  auto bind = [&](const std::string& suffix, const std::vector<int64_t>& shape, bool required) -> Weight {
+    const Weight w = target->nextn_tensor(suffix);
+    const std::string tname = "blk." + std::to_string(thp.n_layer) + "." + suffix;
+    if (!w) {
+      if (required) problems.push_back("missing " + tname);
+      return {};
+    }
+    bool ok = true;
+    for (size_t i = 0; i < 4; ++i) ok = ok && w.tensor->ne[i] == (i < shape.size() ? shape[i] : 1);
+    if (!ok) problems.push_back(fmt::format("{} has shape {}", tname, w.tensor->shape_string()));
+    return w;
+  };
+  m->layers_.resize(1);
+  m->layers_[0].mixer = MixerKind::Attention;
+  for (const PlannedTensor& t : layer_tensor_plan(*m->arch_, hp, 0))
+    m->layers_[0][t.rule->role] = bind(t.name.substr(t.name.find('.', 4) + 1), t.shape, t.rule->required);
+  m->output_norm_ = bind("nextn.shared_head_norm.weight", {hp.n_embd}, true);
+  bind("nextn.eh_proj.weight", {2 * (int64_t)hp.n_embd, hp.n_embd}, true);
+  bind("nextn.enorm.weight", {hp.n_embd}, true);
+  bind("nextn.hnorm.weight", {hp.n_embd}, true);
+  if (!problems.empty()) {
+    std::string list;
+    for (size_t i = 0; i < problems.size() && i < 6; ++i) list += (i ? "; " : "") + problems[i];
+    fail("{}: the MTP block is incomplete: {}", name, list);
+  }
+  return m;
+}
+
 uint64_t Model::layer_bytes(int i) const {
   uint64_t n = 0;
   for (const Weight& w : layers_[i].tensors)

@@ -50,8 +50,18 @@ class Model {
   const Weight& rope_freqs() const { return rope_freqs_; }  // llama3 factors (divisors), optional
   const LayerWeights& layer(int i) const { return layers_[i]; }
 
-  // MTP blocks stored after the main stack (hp.n_layer_nextn): their tensors, bound but not run.
+  // MTP blocks stored after the main stack (hp.n_layer_nextn): their tensors, bound but not run here
+  // (the MTP drafter runs the first one: mtp_block).
   const std::vector<Weight>& nextn_tensors() const { return nextn_; }
+  // A nextn tensor by its name after "blk.<n_layer>." (e.g. "nextn.eh_proj.weight"); empty if absent.
+  Weight nextn_tensor(const std::string& suffix) const;
+
+  // The first MTP block of `target` as a model of its own, sharing the target's file: one full-attention
+  // layer (blk.<n_layer>'s attention and FFN tensors, checked against the architecture's table), the
+  // target's token embedding and output matrix, and nextn.shared_head_norm as its output norm. What
+  // comes before the layer (eh_proj over the normed embedding and hidden state) is the drafter's.
+  // Error (one line) when the file has no MTP block or it is incomplete.
+  static std::shared_ptr<const Model> mtp_block(const std::shared_ptr<const Model>& target);
 
   // Bytes of the weights of layer i (all its tensors) and of the output unit (norm + output matrix).
   uint64_t layer_bytes(int i) const;

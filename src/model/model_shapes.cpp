@@ -179,6 +179,13 @@ const std::vector<ModelShape>& model_shapes() {
       ModelShape s = qwen35("tiny-qwen35", "tiny Qwen3.5-shaped model", 256, 4, 4, 2, 768, 2, 4, false);
       s.head_dim = 64; s.n_rot = 16; s.n_vocab = 512; s.n_ctx_train = 4096; s.full_attention_interval = 2;
       s.ssm_head_dim = 64;
+      // The same with an MTP block (blk.4: a full-attention layer and the nextn tensors), listed first so
+      // that the plain shape stays the last tiny one of its architecture (tests pick that one).
+      ModelShape mtp = s;
+      mtp.name = "tiny-qwen35-mtp";
+      mtp.display_name = "tiny Qwen3.5-shaped, MTP block";
+      mtp.n_mtp = 1;
+      v.push_back(mtp);
       v.push_back(s);
     }
     {
@@ -196,6 +203,11 @@ const std::vector<ModelShape>& model_shapes() {
       s.head_dim = 64; s.n_rot = 16; s.n_vocab = 512; s.n_ctx_train = 4096; s.full_attention_interval = 2;
       s.ssm_head_dim = 64;
       s.n_expert = 6; s.n_expert_used = 2; s.n_ff_exp = 256; s.n_ff_shexp = 256;
+      ModelShape mtp = s;
+      mtp.name = "tiny-qwen35moe-mtp";
+      mtp.display_name = "tiny Qwen3.5-MoE-shaped, MTP block";
+      mtp.n_mtp = 1;
+      v.push_back(mtp);
       v.push_back(s);
     }
     {

@@ -33,6 +33,7 @@ struct ModelShape {
   // Qwen3.5 (hybrid): every full_attention_interval-th layer is attention, the others Gated DeltaNet.
   int n_rot = 0;                    // rotary dims (0: head_dim)
   int full_attention_interval = 0;  // 0: every layer is attention
+  int n_mtp = 0;                    // qwen35: MTP blocks after the layers (blk.<n_layer>, nextn_predict_layers)
   int ssm_conv_kernel = 0, ssm_n_k_heads = 0, ssm_n_v_heads = 0, ssm_head_dim = 0;
   // Mixture of experts (qwen3moe, qwen35moe): 0 experts = a dense FFN.
   int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;

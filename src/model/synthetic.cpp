@@ -186,7 +186,7 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
   md.set("general.quantization_version", gguf::Value::u32(2));
   md.set(a + ".context_length", gguf::Value::u32(s.n_ctx_train));
   md.set(a + ".embedding_length", gguf::Value::u32(s.n_embd));
-  md.set(a + ".block_count", gguf::Value::u32(s.n_layer));
+  md.set(a + ".block_count", gguf::Value::u32(s.n_layer + s.n_mtp));  // MTP blocks count, as llama.cpp writes them
   md.set(a + ".feed_forward_length", gguf::Value::u32(s.n_ff));
   md.set(a + ".attention.head_count", gguf::Value::u32(s.n_head));
   md.set(a + ".attention.head_count_kv", gguf::Value::u32(s.n_head_kv));
@@ -207,6 +207,7 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
     md.set(a + ".ssm.time_step_rank", gguf::Value::u32(s.ssm_n_v_heads));
     md.set(a + ".ssm.inner_size", gguf::Value::u32(s.ssm_head_dim * s.ssm_n_v_heads));
     md.set(a + ".full_attention_interval", gguf::Value::u32(s.full_attention_interval));
+    if (s.n_mtp > 0) md.set(a + ".nextn_predict_layers", gguf::Value::u32(s.n_mtp));
   }
   if (s.n_expert > 0) {  // as llama.cpp's converter writes a qwen3moe / qwen35moe config
     md.set(a + ".expert_count", gguf::Value::u32(s.n_expert));
@@ -249,6 +250,19 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
       planned.push_back({t.name, t.shape});
     }
   }
+  // MTP blocks (qwen35, as llama.cpp's converter writes them): a full-attention layer each, and after
+  // the first the nextn fc over [embedding; hidden] and its norms.
+  for (int i = 0; i < s.n_mtp; ++i) {
+    HParams mhp = hp;
+    mhp.layer_mixer.assign((size_t)(hp.n_layer + i + 1), MixerKind::Attention);
+    for (const PlannedTensor& t : layer_tensor_plan(*arch, mhp, hp.n_layer + i))
+      if (t.rule->required) planned.push_back({t.name, t.shape});
+  }
+  if (s.n_mtp > 0) {
+    const std::string nb = "blk." + std::to_string(hp.n_layer) + ".nextn.";
+    planned.push_back({nb + "eh_proj.weight", {2 * (int64_t)s.n_embd, s.n_embd}});
+    for (const char* norm : {"enorm", "hnorm", "shared_head_norm"}) planned.push_back({nb + norm + ".weight", {s.n_embd}});
+  }
   planned.push_back({"output_norm.weight", {s.n_embd}});
   if (!s.tied_embeddings) planned.push_back({"output.weight", {s.n_embd, s.n_vocab}});
 
@@ -263,7 +277,8 @@ SyntheticLayout synthetic_layout(const SyntheticSpec& spec) {
   });
   std::vector<std::string> names;
   for (const Planned& p : planned) names.push_back(p.name);
-  MixPlanner planner(*spec.mix, mix_model_info(s.arch, s.n_layer, s.n_head, s.n_head_kv, s.n_expert, names));
+  // The mix counts every block, MTP ones included (llama.cpp's n_layer is the block count).
+  MixPlanner planner(*spec.mix, mix_model_info(s.arch, s.n_layer + s.n_mtp, s.n_head, s.n_head_kv, s.n_expert, names));
   for (const Planned& p : planned) {
     gguf::TensorInfo t;
     t.name = p.name;

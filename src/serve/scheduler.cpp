@@ -1,6 +1,7 @@
 // The scheduler: admission by KV blocks from a bounded FIFO queue, one batch per step mixing decode
 // rows of running sequences with prompt chunks, sampling, stop strings, logprobs, prompt caching and
-// forks for n > 1. Only the stepping thread touches the runner and the KV cache.
+// forks for n > 1 (speculative decoding's drafts: scheduler_drafts.cpp). Only the stepping thread touches the
+// runner and the KV cache.
 #include "serve/scheduler.h"
 
 #include <algorithm>
@@ -11,11 +12,10 @@
 #include "core/log.h"
 #include "serve/automaton_cache.h"
 #include "serve/grammar_matcher.h"
+#include "serve/scheduler_state.h"
 #include "serve/text_stream.h"
 
 namespace roofline::serve {
-
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -76,52 +76,6 @@ void Request::finish(const Timings& t) {
   cv_.notify_all();
 }
 
-// ---- Scheduler state ----
-
-namespace {
-constexpr int32_t kNotSampled = -2;  // Choice::presampled: no token picked ahead
-}  // namespace
-
-struct Scheduler::Choice {
-  int index = 0;
-  int seq = -1;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
-  int32_t presampled = kNotSampled;  // its next token, when the step's constrained rows were sampled together
-  std::vector<uint64_t> allowed;  // the grammar's mask for the row in flight (a greedy constrained choice)
-  std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
-  int32_t pending = -1;
-  int n_generated = 0;
-  int promised = 0;  // KV blocks it may still allocate from the request's reservation
-  TextStream text;
-  bool finished = false;
-  Clock::time_point t_last;
-  // Speculative decoding: the drafts riding the step in flight after `pending`, the blocks its rows took
-  // beyond the reservation, and while they are verified the positions known to hold accepted tokens
-  // (-1: all), so a choice ending half-way caches no rejected draft.
-  std::vector<int32_t> drafts;
-  int step_extra = 0;
-  int kv_valid = -1;
-};
-
-struct Scheduler::Active {
-  std::shared_ptr<Request> request;
-  GenParams params;
-  std::vector<Choice> choices;  // choice 0 from admission, the others forked after the prompt
-  std::vector<int> slots;
-  int n_prompt_done = 0;  // prompt positions in choice 0's KV (adopted + evaluated)
-  int n_cached = 0;
-  int max_gen = 0;
-  int fork_promise = 0;   // blocks each not-yet-forked choice may allocate
-  std::unique_ptr<PromptPooler> pooler;  // embedding requests
-  bool greedy = false;    // its tokens are the argmax of the raw logits (the step may pick them)
-  bool grammar_greedy = false;  // constrained and greedy: the step picks the argmax its grammar allows
-  bool prefilling = true;
-  bool failed = false;
-  int draft_n = 0, draft_accepted = 0;  // speculative decoding, over all choices
-  Clock::time_point t_submit, t_admit, t_first, t_last;
-};
-
 Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions options, Metrics* metrics)
     : runner_(runner), text_(text), options_(options), metrics_(metrics), automata_(std::make_unique<AutomatonCache>()) {
   if (options_.n_slots <= 0) fail("the number of slots must be positive (got {})", options_.n_slots);
@@ -131,7 +85,9 @@ Scheduler::Scheduler(StepRunner& runner, const TokenText& text, SchedulerOptions
   block_size_ = runner_.memory().block_size();
   n_blocks_ = runner_.memory().n_blocks();
   if (options_.max_prefill_per_step <= 0) options_.max_prefill_per_step = n_batch_;
-  if (options_.drafter) check_draft_target(runner_.memory(), "-md (a draft model)");
+  if (options_.drafter) check_draft_target(runner_.memory(), "speculative decoding");
+  if (options_.drafter && options_.drafter->wants_hidden() && runner_.n_embd() == 0)
+    fail("this model runner gives no hidden states, which the MTP drafter reads");
   slot_owner_.assign(options_.n_slots, -1);
   publish_status();
 }
@@ -534,74 +490,6 @@ void Scheduler::start_decoding(Active& a, int32_t greedy, const float* logits, C
   for (Choice& c : a.choices) take_token(a, c, greedy, logits, now);
 }
 
-void Scheduler::draft_choices(int budget) {
-  SequenceMemory& mem = runner_.memory();
-  const int server_n_max = options_.drafter->params().n_max;
-  std::vector<Drafter::Job> jobs;
-  std::vector<Choice*> owners;
-  const int n_active = (int)active_.size();
-  // In the decode rows' rotation, so a short budget goes to each choice in turn.
-  for (int k = 0; k < n_active; ++k) {
-    Active& a = *active_[(decode_rotation_ + k) % n_active];
-    if (a.prefilling) continue;
-    const int n_max = a.params.draft_max >= 0 ? std::min(a.params.draft_max, server_n_max) : server_n_max;
-    for (Choice& c : a.choices) {
-      c.drafts.clear();
-      if (c.finished || budget <= 0) continue;
-      // A step emits at most drafts + 1 tokens: never past max_tokens or the context.
-      const int room = std::min(a.max_gen - c.n_generated - 1, n_ctx_ - mem.length(c.seq) - 1);
-      const int n = std::min({n_max, room, budget});
-      if (n <= 0) continue;
-      Drafter::Job j;
-      j.key = c.seq;
-      j.history = &c.history;
-      j.n_max = n;
-      j.n_min = a.params.draft_min;
-      j.p_min = a.params.draft_p_min;
-      jobs.push_back(std::move(j));
-      owners.push_back(&c);
-      budget -= n;
-    }
-  }
-  if (jobs.empty()) return;
-  options_.drafter->draft(jobs);
-  for (size_t i = 0; i < jobs.size(); ++i) owners[i]->drafts = std::move(jobs[i].draft);
-}
-
-size_t Scheduler::take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, Clock::time_point now) {
-  const std::vector<int32_t> drafts = std::move(c.drafts);
-  c.drafts.clear();
-  const int n = (int)drafts.size();
-  if (c.finished) return r + (size_t)n + 1;
-  SequenceMemory& mem = runner_.memory();
-  const int seq = c.seq;
-  const int base = mem.length(seq) - 1 - n;  // positions before the step
-  int accepted = 0;
-  for (int i = 0; i <= n; ++i) {
-    c.kv_valid = base + 1 + i;  // the pending token and the drafts accepted so far
-    const size_t before = c.history.size();
-    take_token(a, c, out.argmax[r + (size_t)i], out.logits[r + (size_t)i], now);
-    const bool match = i < n && c.history.size() > before && c.history.back() == drafts[(size_t)i];
-    accepted += match ? 1 : 0;
-    if (c.finished || !match) break;
-  }
-  c.kv_valid = -1;
-  a.draft_n += n;
-  a.draft_accepted += accepted;
-  if (metrics_) metrics_->on_draft(n, accepted);
-  if (!c.finished) {
-    // The rejected drafts' positions go; blocks they alone took return to the choice's reservation.
-    const int keep = base + 1 + accepted;
-    const size_t blocks = mem.block_table(seq).size();
-    const int kept = mem.truncate(seq, keep);
-    ROOFLINE_CHECK(kept == keep, "cutting back rejected drafts left {} positions instead of {}", kept, keep);
-    const int freed = (int)(blocks - mem.block_table(seq).size());
-    c.promised += std::max(0, freed - c.step_extra);
-  }
-  c.step_extra = 0;
-  return r + (size_t)n + 1;
-}
-
 const TokenVocab& Scheduler::vocab() {
   if (!vocab_) {
     const int n = runner_.n_vocab();
@@ -690,7 +578,11 @@ void Scheduler::complete_step() {
   }
   ROOFLINE_CHECK(out->argmax.size() == refs_.size() && out->logits.size() == refs_.size(), "step output rows mismatch");
   ROOFLINE_CHECK(out->hidden.size() == hidden_refs_.size(), "step hidden rows mismatch");
-  for (size_t r = 0; r < hidden_refs_.size(); ++r) hidden_refs_[r].first->pooler->add(hidden_refs_[r].second, out->hidden[r]);
+  for (size_t r = 0; r < hidden_refs_.size(); ++r) {
+    const HiddenRef& h = hidden_refs_[r];
+    if (h.choice == kPooled) h.a->pooler->add(h.pos, out->hidden[r]);
+    else if (h.choice == kPrompt) options_.drafter->add_hidden(h.a->choices[0].seq, h.pos, out->hidden[r], 1);
+  }
   for (auto& [a, chunk] : prefill_chunks_)
     if (a->params.embedding && a->n_prompt_done == (int)a->params.prompt.size() && !a->request->cancelled()) finish_embedding(*a, now);
   presample_constrained_rows(*out);
@@ -707,6 +599,14 @@ void Scheduler::complete_step() {
       if (!c.finished) take_token(a, c, out->argmax[r], out->logits[r], now);
     }
     ++r;
+  }
+  // The drafter's hidden states of the positions that stay: every token but the pending one (a rejected
+  // draft's position is the new pending token's or past it).
+  for (size_t r = 0; r < hidden_refs_.size(); ++r) {
+    const HiddenRef& h = hidden_refs_[r];
+    if (h.choice < 0) continue;
+    const Choice& c = h.a->choices[h.choice];
+    if (!c.finished && h.pos + 1 < (int)c.history.size()) options_.drafter->add_hidden(c.seq, h.pos, out->hidden[r], 1);
   }
   step_rows_done_ = (int)rows_.size();
 }
@@ -811,12 +711,14 @@ bool Scheduler::step_once() {
   // While prompts wait, decode rows leave part of the batch to them, so they are never starved.
   const bool prefill_pending = std::any_of(active_.begin(), active_.end(), [](const auto& a) { return a->prefilling; });
   int decode_budget = prefill_pending ? std::max(1, n_batch_ - std::max(1, n_batch_ / 8)) : n_batch_;
+  // A drafter that reads the target's hidden states (the MTP head) gets those of every prompt and decode row.
+  const bool drafter_hidden = options_.drafter && options_.drafter->wants_hidden();
   if (options_.drafter) {
     // Every generating choice keeps its one row; drafts share what the decode budget leaves.
     int n_decoding = 0;
     for (auto& a : active_)
       if (!a->prefilling)
-        for (const Choice& c : a->choices) n_decoding += c.finished ? 0 : 1;
+        for (const Choice& c : a->choices) n_decoding += c.finished ? 0 : 1 + replay_rows(c);
     draft_choices(decode_budget - n_decoding);
   }
   for (int k = 0; k < n_active && decode_budget > 0; ++k) {
@@ -827,12 +729,18 @@ bool Scheduler::step_once() {
         c.drafts.clear();
         continue;
       }
-      if ((int)c.drafts.size() > decode_budget - 1) c.drafts.resize((size_t)(decode_budget - 1));
-      int need = mem.blocks_needed(c.seq, 1 + (int)c.drafts.size());
+      // Accepted tokens fed again before the pending one (a recurrent target after rejected drafts).
+      const int n_replay = replay_rows(c);
+      if (1 + n_replay > decode_budget) {
+        c.drafts.clear();
+        continue;
+      }
+      if ((int)c.drafts.size() > decode_budget - 1 - n_replay) c.drafts.resize((size_t)(decode_budget - 1 - n_replay));
+      int need = mem.blocks_needed(c.seq, n_replay + 1 + (int)c.drafts.size());
       // Drafts only take blocks that are free: without them the choice steps without drafts.
       if (!c.drafts.empty() && need > c.promised && available_blocks() - overflow < need - c.promised) {
         c.drafts.clear();
-        need = mem.blocks_needed(c.seq, 1);
+        need = mem.blocks_needed(c.seq, n_replay + 1);
       }
       c.step_extra = 0;
       if (need > 0) {
@@ -853,20 +761,27 @@ bool Scheduler::step_once() {
         overflow += extra;
         c.step_extra = extra;
       }
+      const int len = mem.length(c.seq);
+      for (int i = 0; i < n_replay; ++i) rows_.push_back({c.seq, c.history[(size_t)(len + i)], false});
+      // Drafts that may be rejected: a recurrent state is kept to go back to.
+      if (!c.drafts.empty()) mem.keep_state(c.seq);
+      const int pos = len + n_replay;  // the pending token's
       if (a.grammar_greedy && c.grammar) {
         // Greedy under a grammar: the step picks the best token its mask allows where the logits are.
         c.allowed = c.grammar->mask(vocab());
-        rows_.push_back({c.seq, c.pending, true, true, false, c.allowed.data()});
+        rows_.push_back({c.seq, c.pending, true, true, drafter_hidden, c.allowed.data()});
       } else {
-        rows_.push_back({c.seq, c.pending, true, a.greedy});
+        rows_.push_back({c.seq, c.pending, true, a.greedy, drafter_hidden});
       }
       refs_.push_back({&a, c.index});
-      for (int32_t t : c.drafts) {
-        rows_.push_back({c.seq, t, true, a.greedy});
+      if (drafter_hidden) hidden_refs_.push_back({&a, c.index, pos});
+      for (size_t i = 0; i < c.drafts.size(); ++i) {
+        rows_.push_back({c.seq, c.drafts[i], true, a.greedy, drafter_hidden});
         refs_.push_back({&a, c.index});
+        if (drafter_hidden) hidden_refs_.push_back({&a, c.index, pos + 1 + (int)i});
       }
-      budget -= 1 + (int)c.drafts.size();
-      decode_budget -= 1 + (int)c.drafts.size();
+      budget -= n_replay + 1 + (int)c.drafts.size();
+      decode_budget -= n_replay + 1 + (int)c.drafts.size();
     }
   }
   decode_rotation_++;
@@ -895,11 +810,12 @@ bool Scheduler::step_once() {
       if (a.pooler) {  // embeddings: the final hidden states pooling takes, no logits
         const bool hidden = a.pooler->wants(pos);
         rows_.push_back({c.seq, a.params.prompt[pos], false, false, hidden});
-        if (hidden) hidden_refs_.push_back({&a, pos});
+        if (hidden) hidden_refs_.push_back({&a, kPooled, pos});
         continue;
       }
       const bool last = pos + 1 == P;
-      rows_.push_back({c.seq, a.params.prompt[pos], last, last && a.greedy});
+      rows_.push_back({c.seq, a.params.prompt[pos], last, last && a.greedy, drafter_hidden});
+      if (drafter_hidden) hidden_refs_.push_back({&a, kPrompt, pos});
       if (last) refs_.push_back({&a, -1});
     }
     prefill_chunks_.push_back({&a, chunk});

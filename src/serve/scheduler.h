@@ -232,6 +232,9 @@ class Scheduler {
   // The rows of a choice that carried drafts (refs r .. r + drafts): accepts while the target's pick
   // equals the draft, cuts the rejected positions; returns the index of the next ref.
   size_t take_drafted(Active& a, Choice& c, const StepOutput& out, size_t r, std::chrono::steady_clock::time_point now);
+  // Accepted tokens a generating choice feeds again before its pending token: after rejected drafts a
+  // recurrent target goes back to its state before the verification step (SequenceMemory::roll_back).
+  int replay_rows(const Choice& c);
   void complete_step();                    // waits for the step in flight and picks its tokens
   void presample_constrained_rows(const StepOutput& out);
   void fail_all(const std::string& message);
@@ -273,7 +276,16 @@ class Scheduler {
   std::vector<BatchRow> rows_;
   std::vector<LogitRef> refs_;
   std::vector<std::pair<Active*, int>> prefill_chunks_;
-  std::vector<std::pair<Active*, int>> hidden_refs_;  // embedding requests: the prompt position of each hidden row
+  // The rows with final hidden states: an embedding request's prompt position (choice kPooled), or the
+  // target position of a row whose hidden state goes to the drafter (the MTP head): a prompt row
+  // (kPrompt) or a choice's pending / draft row.
+  struct HiddenRef {
+    Active* a;
+    int choice;
+    int pos;
+  };
+  static constexpr int kPooled = -1, kPrompt = -2;
+  std::vector<HiddenRef> hidden_refs_;
   bool in_flight_ = false;
   int step_rows_done_ = 0;           // rows of the step just finished (metrics)
   std::vector<Emission> pending_;    // tokens picked whose text and events are not out yet

@@ -86,6 +86,21 @@ TEST(PlanCli, AGgufFilePlansAsItsSyntheticSpec) {
   EXPECT_NE(ja["serve_command"].get<std::string>().find("roofline serve -m " + path + " -c 1024 -np 2 -ngl all"), std::string::npos);
 }
 
+// Speculative decoding keeps a second recurrent state per slot: the plan bills it and the serve line says so.
+TEST(PlanCli, SpeculativeDecodingBillsAKeptStatePerSlot) {
+  const std::vector<std::string> base = {"plan", "-m", "synthetic:tiny-qwen35-mtp:Q4_K_M", "--gpu", "l4", "-c", "1024", "-np", "2", "--json"};
+  auto plain = run_cli(base);
+  auto args = base;
+  args.insert(args.end(), {"--spec-type", "draft-mtp"});
+  auto spec = run_cli(args);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(spec.exit_code, 0) << spec.err;
+  const auto jp = nlohmann::json::parse(plain.out), js = nlohmann::json::parse(spec.out);
+  EXPECT_EQ(jp["recurrent_state"]["cells"].get<int>(), 6);
+  EXPECT_EQ(js["recurrent_state"]["cells"].get<int>(), 8);
+  EXPECT_NE(js["serve_command"].get<std::string>().find("--spec-type draft-mtp"), std::string::npos) << js["serve_command"];
+}
+
 TEST(PlanCli, BadInputIsOneErrorLine) {
   struct Case {
     std::vector<std::string> args;

@@ -1,6 +1,8 @@
 // `roofline run` and `roofline bench` with a draft model (-md): run prints the same text as without a
 // draft (greedy, and seeded sampling) and a line with the draft's acceptance; bench's tg decodes after
-// a text prompt and reports the acceptance (table line and JSON); bad draft flags are one-line errors.
+// a text prompt and reports the acceptance (table line and JSON); a Qwen3.5 target (recurrent states)
+// with a draft model or its own MTP head (--spec-type draft-mtp) prints the same text; bad draft flags
+// (an MTP head asked of a file without one) are one-line errors.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -69,12 +71,40 @@ TEST(SpeculativeCli, BadDraftFlagsAreOneLineErrors) {
   EXPECT_EQ(r.err, "error: --draft-p-min 1.5: expected 0..1\n");
   r = run_cli({"run", "-m", kTarget, "-md", kTarget, "-ngld", "lots", "-p", "x"});
   EXPECT_EQ(r.exit_code, 2);
-  r = run_cli({"run", "-m", "synthetic:tiny-qwen35:Q8_0", "-md", kTarget, "-p", "x", "-n", "2"});
+  r = run_cli({"run", "-m", "synthetic:tiny-qwen35:Q8_0", "--spec-type", "draft-mtp", "-p", "x", "-n", "2"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("error: -md (a draft model): speculative decoding needs a target whose sequences can be cut back"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("has no MTP block (qwen35.nextn_predict_layers is 0)"), std::string::npos) << r.err;
   const std::string line = r.err.substr(r.err.find("error:"));
   EXPECT_EQ(line.find('\n'), line.size() - 1) << "one line, the last: " << r.err;
+  r = run_cli({"run", "-m", "synthetic:tiny-qwen35-mtp:Q8_0", "--spec-type", "draft-mtp", "-md", kTarget, "-p", "x"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("error: --spec-type draft-mtp drafts with the model's own MTP head: leave out -md"), std::string::npos) << r.err;
+}
+
+// A recurrent target (Qwen3.5) drafts with a draft model and with its own MTP head: the same text.
+TEST(SpeculativeCli, RecurrentTargetPrintsTheSameText) {
+  const std::vector<std::string> base = {"run", "-m", "synthetic:tiny-qwen35-mtp:Q8_0", "-p", "Once upon a time", "-n", "24", "--temp", "0"};
+  const auto plain = run_cli(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{"-md", kTarget}, std::vector<std::string>{"--spec-type", "draft-mtp"},
+                                                std::vector<std::string>{"-md", "synthetic:tiny-qwen35-mtp:Q8_0"}}) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (const char* a : {"--draft-max", "3"}) args.push_back(a);
+    const auto spec = run_cli(args);
+    if (extra[1] == "synthetic:tiny-qwen35-mtp:Q8_0") {  // a recurrent model cannot be the draft
+      EXPECT_EQ(spec.exit_code, 1);
+      EXPECT_NE(spec.err.find("the draft model has recurrent"), std::string::npos) << spec.err;
+      continue;
+    }
+    ASSERT_EQ(spec.exit_code, 0) << spec.err;
+    EXPECT_EQ(spec.out, plain.out) << extra[1];
+    EXPECT_NE(spec.err.find("draft tokens accepted"), std::string::npos) << spec.err;
+  }
+  const auto bench = run_cli({"bench", "-m", "synthetic:tiny-qwen35-mtp:Q8_0", "--spec-type", "draft-mtp", "-p", "0", "-n", "8", "-r", "1",
+                              "-t", "1", "-o", "json"});
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_NE(bench.out.find("+mtp3"), std::string::npos) << bench.out;
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "engine/engine.h"
+#include "engine/mtp_drafter.h"
+#include "engine/speculative.h"
 #include "formats/gguf.h"
 #include "formats/quant_ref.h"
 #include "qwen35_test_util.h"
@@ -504,7 +506,7 @@ TEST(Qwen35ConvertTest, TiedEmbeddingsAndQ8_0) {
 }
 
 // A converted checkpoint with its MTP block (blk.N.nextn.* and the block's own layer tensors after the
-// main stack) loads and runs: the block is bound, not run, and never fails the load.
+// main stack) loads and runs: the block is bound, never fails the load, and drafts as the MTP head.
 TEST(Qwen35ConvertTest, AFileWithAnMtpBlockLoadsAndRuns) {
   const std::string dir = test::temp_dir() + "/q35-mtp-load";
   test::SynthQ35 s;
@@ -522,4 +524,26 @@ TEST(Qwen35ConvertTest, AFileWithAnMtpBlockLoadsAndRuns) {
   const auto logits = engine->eval(engine->memory().create_sequence(), tokens, true);
   ASSERT_EQ(logits.size(), tokens.size() * (size_t)model->hparams().n_vocab);
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+
+  // Its MTP head as the drafter (the converter's block binds as a one-layer model): greedy output with
+  // its drafts is the output without them.
+  auto generate = [&](bool with_mtp) {
+    EngineOptions eo = o;
+    eo.draft_rollback = with_mtp;
+    auto target = Engine::create(model, eo);
+    std::unique_ptr<MtpDrafter> mtp;
+    if (with_mtp) mtp = std::make_unique<MtpDrafter>(model, target->options(), DraftParams{});
+    const int seq = target->memory().create_sequence(false);
+    SpeculativeDecoder decoder(*target, mtp.get());
+    std::vector<float> l = decoder.prefill(seq, tokens);
+    std::vector<int32_t> history = tokens, out;
+    history.push_back(argmax_logits(l.data(), target->n_vocab()));
+    SamplingParams sp;
+    sp.temperature = 0;
+    Sampler sampler(sp, target->n_vocab());
+    while (out.size() < 12) decoder.round(seq, history, 12 - (int)out.size(), sampler, true, out);
+    if (mtp) EXPECT_GT(decoder.stats().drafted, 0);
+    return out;
+  };
+  EXPECT_EQ(generate(true), generate(false));
 }

@@ -33,10 +33,16 @@ class ReferenceForward {
 
   // Feeds one token at the next position; returns its logits.
   std::vector<double> step(int32_t token) {
-    const int pos = n_past_++;
     std::vector<double> x = row(m_.token_embd(), token);
     if (hp_.embd_scale > 0)
       for (double& e : x) e *= hp_.embd_scale;
+    return step_input(std::move(x));
+  }
+
+  // Feeds one row at the next position starting from the hidden state x instead of a token's embedding
+  // (the MTP block's input); returns its logits.
+  std::vector<double> step_input(std::vector<double> x) {
+    const int pos = n_past_++;
     using LT = LayerTensor;
     const bool geglu = m_.arch().ffn == FfnKind::GeGLU;
     for (int il = 0; il < hp_.n_layer; ++il) {
@@ -59,6 +65,12 @@ class ReferenceForward {
 
   // The final hidden state of the last step(), after the output norm (what embeddings pool).
   const std::vector<double>& last_hidden() const { return hidden_; }
+
+  // The weight helpers, for oracles built on this one (the MTP head's input rows).
+  std::vector<double> weight_vector(const Weight& w) const { return vec(w); }
+  std::vector<double> weight_row(const Weight& w, int64_t r) const { return row(w, r); }
+  std::vector<double> product(const Weight& w, const std::vector<double>& x) const { return matvec(w, x); }
+  std::vector<double> rms_norm(const std::vector<double>& x, const std::vector<double>& w) const { return norm(x, w); }
 
  private:
   std::vector<double> attention(const LayerWeights& L, int il, const std::vector<double>& xn, int pos) {

@@ -180,7 +180,8 @@ TEST(SpeculativeTest, RefusesADraftWithAnotherVocabulary) {
   EXPECT_NO_THROW(check_draft_compatible(*target, *tiny("tiny-llama:Q8_0:9")));
 }
 
-// Models whose memory cannot be cut back are refused as targets and as drafts, with one line.
+// Models whose memory cannot be cut back are refused as drafts, and as targets of an engine without kept
+// states (EngineOptions::draft_rollback; speculative_recurrent_test.cpp has them with), with one line.
 TEST(SpeculativeTest, RefusesMemoryThatCannotBeCutBack) {
   auto hybrid = cpu_engine(tiny("tiny-qwen35:Q8_0"));
   auto draft = draft_of(tiny("tiny-qwen3:F32"), 2);
