@@ -133,6 +133,12 @@ const std::vector<ModelShape>& model_shapes() {
     }
     v.push_back(qwen35("qwen3.5-27b", "Qwen3.5-27B", 5120, 64, 24, 4, 17408, 16, 48, false));
     {
+      // The same with the checkpoint's MTP block (blk.64), as llama.cpp's conversion keeps it: the MTP drafter's target.
+      ModelShape mtp = qwen35("qwen3.5-27b-mtp", "Qwen3.5-27B with its MTP block", 5120, 64, 24, 4, 17408, 16, 48, false);
+      mtp.n_mtp = 1;
+      v.push_back(mtp);
+    }
+    {
       // Qwen3-30B-A3B: 128 experts of 768, 8 per token, no shared expert.
       ModelShape s = qwen3("qwen3-30b-a3b", "Qwen3-30B-A3B", 2048, 48, 32, 6144, false);
       s.arch = "qwen3moe";
