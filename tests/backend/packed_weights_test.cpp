@@ -110,9 +110,15 @@ std::vector<float> run_packed(const PackedMatrix& pm, int64_t rows, const ActRow
   return y;
 }
 
-// The kernels are tested at the level the CPU has, whatever ROOFLINE_CPU_ISA caps the products at.
-bool have_kernels() { return packed_tile_fn_at(cpu_isa_detected(), DType::Q4_0) != nullptr; }
-PackedTileFn kernel(DType t) { return packed_tile_fn_at(cpu_isa_detected(), t); }
+// The kernels are tested at every level the CPU has (AVX-512 VNNI, AVX2), whatever ROOFLINE_CPU_ISA caps
+// the products at.
+std::vector<CpuIsa> kernel_levels() {
+  std::vector<CpuIsa> levels;
+  for (CpuIsa l : {CpuIsa::Avx512, CpuIsa::Avx2})
+    if (l <= cpu_isa_detected() && packed_tile_fn_at(l, DType::Q4_0) != nullptr) levels.push_back(l);
+  return levels;
+}
+const char* level_name(CpuIsa l) { return l == CpuIsa::Avx512 ? "avx512" : "avx2"; }
 
 class PackedType : public ::testing::TestWithParam<DType> {};
 
@@ -172,13 +178,16 @@ TEST_P(PackedType, LayoutHoldsEveryRowsBlockBytes) {
 }
 
 TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
-  if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (kernel_levels().empty()) GTEST_SKIP() << "no AVX-512 VNNI or AVX2 on this CPU";
   const DType t = GetParam();
   ThreadPool pool(2);
-  for (int64_t rows : {16, 37}) {
+  for (CpuIsa level : kernel_levels())
+  for (int64_t rows : {16, 37, 5}) {
+    if (!packed_tile_fn_at(level, t)) continue;  // AVX2 packs Q4_0, Q8_0 and Q4_K only
+    SCOPED_TRACE(level_name(level));
     const int64_t n = dtype_block_size(t) == 256 ? 256 * 9 : 32 * 67;
     const Matrix m = random_matrix(t, rows, n, 100 + (uint64_t)rows);
-    const PackedMatrix pm(m.weight(), pool, kernel(t));
+    const PackedMatrix pm(m.weight(), pool, packed_tile_fn_at(level, t));
     const int n_act = 17;
     const std::vector<float> x = random_acts(n_act, n, 7 + (uint64_t)rows);
     ActRows act;
@@ -206,15 +215,18 @@ TEST_P(PackedType, MatchesTheReferenceAndIsBatchInvariant) {
 // Q5_K levels 0 and 31; Q6_K levels 0 and 63, scales -128 and 127) times activations at +-127 of
 // large and small magnitude: each output within 1e-5 of the sum of |w a| (an int32 wrap would not be).
 TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
-  if (!have_kernels()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (kernel_levels().empty()) GTEST_SKIP() << "no AVX-512 VNNI or AVX2 on this CPU";
   const DType t = GetParam();
   ThreadPool pool(1);
   const int64_t rows = 19, n = dtype_block_size(t) * 5;
+  for (CpuIsa level : kernel_levels()) {
+  if (!packed_tile_fn_at(level, t)) continue;
+  SCOPED_TRACE(level_name(level));
   int seed = 0;
   for (int fill : {0x00, 0xFF, 0x80, 0x7F, 0x88, 0x77}) {
     for (double magnitude : {1e-3, 1.0, 3e4}) {
       const Matrix m = random_matrix(t, rows, n, 500 + seed, fill);
-      const PackedMatrix pm(m.weight(), pool, kernel(t));
+      const PackedMatrix pm(m.weight(), pool, packed_tile_fn_at(level, t));
       const std::vector<float> x = random_acts(3, n, 900 + seed++, magnitude, true);
       ActRows act;
       act.prepare(act_of(t), x.data(), 3, n, pool);
@@ -234,6 +246,23 @@ TEST_P(PackedType, WorstCaseLevelsDoNotOverflow) {
       }
     }
   }
+  }
+}
+
+// The AVX2 kernels compute the AVX-512 kernels' integer sums and float steps: the same bits.
+TEST_P(PackedType, Avx2AndAvx512KernelsAgree) {
+  const DType t = GetParam();
+  if (kernel_levels().size() < 2 || !packed_tile_fn_at(CpuIsa::Avx2, t)) GTEST_SKIP() << "needs both AVX-512 VNNI and AVX2 kernels";
+  ThreadPool pool(1);
+  const int64_t rows = 21, n = dtype_block_size(t) * 7;
+  const Matrix m = random_matrix(t, rows, n, 4242);
+  const std::vector<float> x = random_acts(6, n, 31);
+  ActRows act;
+  act.prepare(act_of(t), x.data(), 6, n, pool);
+  const PackedMatrix a(m.weight(), pool, packed_tile_fn_at(CpuIsa::Avx512, t));
+  const PackedMatrix b(m.weight(), pool, packed_tile_fn_at(CpuIsa::Avx2, t));
+  const std::vector<float> ya = run_packed(a, rows, act, 0, 6, n), yb = run_packed(b, rows, act, 0, 6, n);
+  EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0) << dtype_name(t);
 }
 
 // Through matmul: several tasks of rows (prefill and decode splits), packed against in place, and each

@@ -126,7 +126,9 @@ void q8_k_sums(const void* row, int64_t nb, KSums* sums) {
 
 PackedTileFn packed_tile_fn_at(CpuIsa level, DType type) {
   ROOFLINE_CHECK(level <= cpu_isa_detected());
-  return level >= CpuIsa::Avx512 ? detail::avx512_packed_tile(type) : nullptr;
+  if (level >= CpuIsa::Avx512) return detail::avx512_packed_tile(type);
+  if (level >= CpuIsa::Avx2) return detail::avx2_packed_tile(type);
+  return nullptr;
 }
 
 PackedTileFn packed_tile_fn(DType type) { return packed_tile_fn_at(cpu_isa(), type); }

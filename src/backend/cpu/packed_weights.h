@@ -1,5 +1,5 @@
-// Weights repacked once at load into the layout the CPU's row-interleaved kernels stream (today: Q4_0,
-// Q8_0, Q4_K, Q5_K and Q6_K with AVX-512 VNNI). In a GGUF row each block holds one row's values; a prefill product
+// Weights repacked once at load into the layout the CPU's row-interleaved kernels stream (Q4_0, Q8_0, Q4_K,
+// Q5_K and Q6_K, with AVX-512 VNNI or with AVX2). In a GGUF row each block holds one row's values; a prefill product
 // then needs scale conversions, multiplies and adds per block, row and activation row. Here 16 weight
 // rows are interleaved so that one 512-bit vpdpbusd multiplies 4 values of each of the 16 rows with the
 // same 4 activation values: the int32 sums of a (sub-)block land in the 16 lanes of one register, and
@@ -121,6 +121,7 @@ class PackedWeights {
 
 namespace detail {
 PackedTileFn avx512_packed_tile(DType type);  // nullptr if not compiled in or no kernel for the type
+PackedTileFn avx2_packed_tile(DType type);    // the same for the AVX2 kernels (packed_kernels_avx2.cpp)
 }
 
 }  // namespace roofline::cpu
