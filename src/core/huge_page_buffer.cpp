@@ -1,4 +1,5 @@
-// HugePageBuffer (huge_page_buffer.h): mmap a span 2 MiB larger than needed, keep the 2 MiB-aligned part.
+// HugePageBuffer (huge_page_buffer.h): from 2 MiB, mmap a span 2 MiB larger than needed and keep its
+// 2 MiB-aligned part; below, the heap.
 #include "core/huge_page_buffer.h"
 
 #include <sys/mman.h>
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "core/error.h"
@@ -27,6 +29,11 @@ bool huge_pages_wanted() {
 
 HugePageBuffer::HugePageBuffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
+  if (bytes < kHugePage) {
+    data_ = static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t(64)));
+    std::memset(data_, 0, bytes);
+    return;
+  }
   const size_t page = (size_t)::sysconf(_SC_PAGESIZE);
   mapped_ = (bytes + page - 1) / page * page;
   const size_t span = mapped_ + kHugePage;
@@ -43,9 +50,15 @@ HugePageBuffer::HugePageBuffer(size_t bytes) : size_(bytes) {
 #endif
 }
 
-HugePageBuffer::~HugePageBuffer() {
-  if (data_) ::munmap(data_, mapped_);
+namespace {
+void release(uint8_t* data, size_t mapped) {
+  if (!data) return;
+  if (mapped) ::munmap(data, mapped);
+  else ::operator delete[](data, std::align_val_t(64));
 }
+}  // namespace
+
+HugePageBuffer::~HugePageBuffer() { release(data_, mapped_); }
 
 HugePageBuffer::HugePageBuffer(HugePageBuffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
@@ -55,7 +68,7 @@ HugePageBuffer::HugePageBuffer(HugePageBuffer&& other) noexcept
 
 HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& other) noexcept {
   if (this != &other) {
-    if (data_) ::munmap(data_, mapped_);
+    release(data_, mapped_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, 0);

@@ -1,7 +1,9 @@
-// A large host buffer for data that is streamed over and over (the CPU's packed weights): an anonymous
-// mapping that starts on a 2 MiB boundary and, where transparent huge pages are on ("madvise" mode
-// included), is advised to use them, so a stream of weights crosses a 2 MiB page where it crossed 512
-// small ones (fewer TLB walks). ROOFLINE_HUGE_PAGES=0 leaves the advice out (the same mapping).
+// A host buffer for data that is streamed over and over (the CPU's packed weights). From 2 MiB up: an
+// anonymous mapping that starts on a 2 MiB boundary and, where transparent huge pages are on ("madvise"
+// mode included), is advised to use them, so a stream of weights crosses a 2 MiB page where it crossed 512
+// small ones (fewer TLB walks). Smaller buffers (a MoE model's thousands of expert matrices) come from the
+// heap, 64-byte aligned, so they never count against the process's limit on mappings.
+// ROOFLINE_HUGE_PAGES=0 leaves the advice out (the same mapping).
 #pragma once
 
 #include <cstddef>
@@ -27,7 +29,7 @@ class HugePageBuffer {
  private:
   uint8_t* data_ = nullptr;
   size_t size_ = 0;    // bytes asked for
-  size_t mapped_ = 0;  // bytes mapped from data_ (size_ rounded up to the page)
+  size_t mapped_ = 0;  // bytes mapped from data_ (size_ rounded up to the page); 0: from the heap
   bool advised_ = false;
 };
 
