@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
@@ -294,6 +295,35 @@ TEST_P(PackedType, MatmulReadsThePackedCopy) {
     matmul(m.weight(), x.data() + (size_t)c * n, 1, one.data(), pool, &packed);
     EXPECT_EQ(std::memcmp(one.data(), y_packed.data() + (size_t)c * rows, one.size() * sizeof(float)), 0) << "row " << c;
   }
+}
+
+// Two PackedWeights holding the same tensor (two engines on one file: the MTP head's and its target's)
+// share one packed copy; once neither holds it, a new holder packs it again.
+TEST(PackedWeights, HoldersOfOneTensorShareOneCopy) {
+  if (packed_tile_fn(DType::Q4_0) == nullptr || !repack_enabled()) GTEST_SKIP() << "no packed kernels at this level";
+  ThreadPool pool(2);
+  const Matrix m = random_matrix(DType::Q4_0, 40, 32 * 8, 9);
+  auto first = std::make_unique<PackedWeights>();
+  PackedWeights second;
+  ASSERT_TRUE(first->add(m.weight(), pool));
+  ASSERT_TRUE(second.add(m.weight(), pool));
+  EXPECT_EQ(first->find(m.weight()), second.find(m.weight()));
+  EXPECT_EQ(second.bytes(), first->bytes());
+  const Matrix other = random_matrix(DType::Q4_0, 40, 32 * 8, 10);  // another tensor: its own copy
+  ASSERT_TRUE(first->add(other.weight(), pool));
+  EXPECT_NE(first->find(other.weight()), first->find(m.weight()));
+  EXPECT_EQ(second.find(other.weight()), nullptr);
+  first.reset();  // the shared copy lives on in `second`
+  ASSERT_NE(second.find(m.weight()), nullptr);
+  std::vector<float> x = random_acts(1, 32 * 8, 5), y(40), want(40);
+  matmul(m.weight(), x.data(), 1, y.data(), pool, &second);
+  matmul(m.weight(), x.data(), 1, want.data(), pool);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    num += ((double)y[i] - want[i]) * ((double)y[i] - want[i]);
+    den += (double)want[i] * want[i];
+  }
+  EXPECT_LT(num / den, 1e-11);
 }
 
 INSTANTIATE_TEST_SUITE_P(Packed, PackedType, ::testing::ValuesIn(kPackedTypes),

@@ -6,8 +6,13 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "core/fp16.h"
@@ -157,24 +162,57 @@ bool repack_enabled() {
   return on;
 }
 
+namespace {
+// Every packed copy alive in the process, by tensor and kernel (the key's tensor outlives the copy: the
+// backends holding a copy hold its model).
+struct SharedPacks {
+  std::mutex mutex;
+  std::map<std::pair<const gguf::TensorInfo*, PackedTileFn>, std::weak_ptr<const PackedMatrix>> copies;
+  size_t sweep_at = 1024;  // expired entries are dropped when the map reaches this size (then twice the live ones)
+};
+SharedPacks& shared_packs() {
+  static SharedPacks s;
+  return s;
+}
+}  // namespace
+
 bool PackedWeights::add(const Weight& w, ThreadPool& pool) {
   if (!repack_enabled()) return false;
   // Matrices only (stacked expert tensors are multiplied through per-expert views, in place).
-  if (!w || packed_tile_fn(w.type()) == nullptr || w.cols() % dtype_block_size(w.type()) != 0 || w.tensor->n_rows() != w.rows()) return false;
+  const PackedTileFn tile = w ? packed_tile_fn(w.type()) : nullptr;
+  if (!w || tile == nullptr || w.cols() % dtype_block_size(w.type()) != 0 || w.tensor->n_rows() != w.rows()) return false;
   if (packed_.count(w.tensor)) return true;
-  packed_.emplace(std::piecewise_construct, std::forward_as_tuple(w.tensor), std::forward_as_tuple(w, pool, packed_tile_fn(w.type())));
+  SharedPacks& shared = shared_packs();
+  const auto key = std::make_pair(w.tensor, tile);
+  {
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    if (std::shared_ptr<const PackedMatrix> copy = shared.copies[key].lock()) {
+      packed_.emplace(w.tensor, std::move(copy));
+      return true;
+    }
+  }
+  auto copy = std::make_shared<const PackedMatrix>(w, pool, tile);  // outside the lock: packing takes a while
+  std::lock_guard<std::mutex> lock(shared.mutex);
+  std::weak_ptr<const PackedMatrix>& slot = shared.copies[key];
+  if (std::shared_ptr<const PackedMatrix> other = slot.lock()) copy = std::move(other);  // packed meanwhile elsewhere
+  else slot = copy;
+  if (shared.copies.size() >= shared.sweep_at) {
+    for (auto it = shared.copies.begin(); it != shared.copies.end();) it = it->second.expired() ? shared.copies.erase(it) : std::next(it);
+    shared.sweep_at = std::max<size_t>(1024, 2 * shared.copies.size());
+  }
+  packed_.emplace(w.tensor, std::move(copy));
   return true;
 }
 
 const PackedMatrix* PackedWeights::find(const Weight& w) const {
   if (packed_.empty()) return nullptr;
   const auto it = packed_.find(w.tensor);
-  return it == packed_.end() ? nullptr : &it->second;
+  return it == packed_.end() ? nullptr : it->second.get();
 }
 
 uint64_t PackedWeights::bytes() const {
   uint64_t n = 0;
-  for (const auto& [t, m] : packed_) n += m.bytes();
+  for (const auto& [t, m] : packed_) n += m->bytes();
   return n;
 }
 

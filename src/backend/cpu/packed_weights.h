@@ -105,10 +105,12 @@ bool repack_enabled();
 
 // The packed copies a backend made of its weights, found by tensor. Matrices of other types (or on a CPU
 // without the kernels, or with ROOFLINE_CPU_REPACK=0 in the environment, to compare) are not added and
-// products read them in place.
+// products read them in place. A tensor that another PackedWeights of the process already holds is not
+// packed again: both share that copy (the MTP head's engine and its target's read one output matrix).
 class PackedWeights {
  public:
-  // Packs w when packed_tile_fn(w.type()) exists; returns whether it did (or had already).
+  // Packs w when packed_tile_fn(w.type()) exists (or shares the copy another PackedWeights holds); returns
+  // whether w is now held.
   bool add(const Weight& w, ThreadPool& pool);
   const PackedMatrix* find(const Weight& w) const;
   uint64_t bytes() const;
@@ -116,7 +118,7 @@ class PackedWeights {
   void clear() { packed_.clear(); }
 
  private:
-  std::unordered_map<const gguf::TensorInfo*, PackedMatrix> packed_;
+  std::unordered_map<const gguf::TensorInfo*, std::shared_ptr<const PackedMatrix>> packed_;
 };
 
 namespace detail {
