@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/matmul.h"
 #include "backend/gpu.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "core/log.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
 #include "engine/roofline_model.h"
@@ -50,9 +52,15 @@ GpuSpec resolve_gpu(const std::string& name, double cuda_context_gib) {
     return spec;
   }
   const auto devices = gpu_devices();
-  if (devices.empty())
-    fail("--gpu auto: {}; name a card instead (--gpu v100-32gb; known: {})",
-         gpu_support_compiled() ? "no CUDA GPU was found" : "this build has no GPU backend", gpu_table_names());
+  if (devices.empty()) {  // no GPU: this machine's CPU, measured
+    log_info("--gpu auto: {}: planning for this machine's CPU (name a card with --gpu to plan for it)",
+             gpu_support_compiled() ? "no CUDA GPU was found" : "this build has no GPU backend");
+    GpuSpec spec = *find_gpu_spec("cpu");
+    spec.display_name = "this machine's CPU";
+    spec.memory_gib = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) / kGiB;
+    spec.measured = true;
+    return spec;
+  }
   const GpuInfo& d = devices[0];
   const GpuSpec* known = match_gpu_spec(d.name, d.total_bytes / kGiB);
   GpuSpec spec = known ? *known : GpuSpec{};
@@ -146,8 +154,14 @@ int run(int argc, char** argv) {
   GpuSpec gpu = resolve_gpu(gpu_name, settings.cuda_context_gib);
   if (app.count("--vram")) gpu.memory_gib = vram;
   if (gpu.host) settings.host_memory_gib = gpu.memory_gib;
-  // This machine's card: its host memory's read bandwidth is measured too (the layers -ngl leaves there).
-  if (gpu.measured) settings.host_read_gbs = measure_host_read_bandwidth((int)std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  // This machine's card (or CPU): the host's read bandwidth and product rate are measured too (the layers
+  // -ngl leaves there).
+  if (gpu.measured) {
+    const int threads = (int)std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    settings.host_read_gbs = measure_host_read_bandwidth(threads);
+    settings.host_tflops = cpu::measure_cpu_product_tflops(threads);
+    if (gpu.host) gpu.peak_gbs = settings.host_read_gbs, gpu.stream_fraction = 1.0, gpu.tflops = settings.host_tflops;
+  }
   Plan plan = make_plan(*model, gpu, settings);
   add_recommendations(plan, *model, model_for_mix);
   const PlanSettings& s = plan.settings;
@@ -207,7 +221,8 @@ int run(int argc, char** argv) {
   std::printf("model:    %s (%s): %d layers + output = %d units, %.2f GiB of weights\n", model->description().c_str(), source.c_str(),
               hp.n_layer, plan.n_units, weight_bytes / kGiB);
   if (gpu.host)
-    std::printf("device:   host CPU, %.1f GiB of RAM, %.1f GB/s peak\n", gpu.memory_gib, gpu.peak_gbs);
+    std::printf("device:   %s, %.1f GiB of RAM, %.1f GB/s %s\n", gpu.measured ? "this machine's CPU" : "host CPU", gpu.memory_gib,
+                gpu.peak_gbs, gpu.measured ? "read (measured)" : "peak");
   else
     std::printf("card:     %s (%s, compute capability %d.%d): %.1f GiB, %.0f GB/s %s, %.0f TFLOPS dense FP16%s\n", gpu.name.c_str(),
                 gpu.display_name.c_str(), gpu.cc_major, gpu.cc_minor, gpu.memory_gib, gpu.peak_gbs,

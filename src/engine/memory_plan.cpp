@@ -276,7 +276,9 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const double all_weights = host_weight_bytes(model, LayerSet{0, hp.n_layer, true, true});
   const double gpu_share = gpu.host ? 0 : std::min(1.0, p.gpu_bill.weights / std::max(all_weights, 1.0));
   const double gpu_flops = gpu.host ? 0 : gpu.tflops * 1e12 * s.prefill_efficiency;
-  const double host_flops = host->tflops * 1e12 * s.prefill_efficiency;
+  const bool host_compute_measured = s.host_tflops > 0;
+  const double host_tflops = host_compute_measured ? s.host_tflops : host->tflops;
+  const double host_flops = host_tflops * 1e12 * s.host_prefill_efficiency;
   const double prefill_seconds = p.flops_per_token * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops);
   p.prefill_tok_s = 1.0 / prefill_seconds;
 
@@ -332,11 +334,18 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                             s.n_parallel, 1e3 * t0.predicted, 1e3 * row_extra_s, p.flops_per_token / 1e9, s.batched_row_efficiency,
                             gpu.fp32_tflops, t_mid.predicted > t0.predicted ? ", and its KV" : "", p.decode_tok_s_all_slots,
                             p.decode_tok_s_all_slots / s.n_parallel));
-  d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
-                          "on the H200){} = {:.0f} tok/s",
-                          p.flops_per_token / 1e9, gpu.host ? host->tflops : gpu.tflops, s.prefill_efficiency,
-                          gpu_share < 1 && !gpu.host ? fmt::format(", {:.0f}% of the weights on the GPU", 100 * gpu_share) : "",
-                          p.prefill_tok_s));
+  const std::string host_rate = fmt::format("{:.2f} TFLOPS ({}) x {:.2f} (the products' share of a CPU prompt step)", host_tflops,
+                                            host_compute_measured ? "this CPU's products, measured" : "the `cpu` entry's rough figure",
+                                            s.host_prefill_efficiency);
+  if (gpu.host)
+    d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {} = {:.0f} tok/s", p.flops_per_token / 1e9, host_rate,
+                            p.prefill_tok_s));
+  else
+    d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
+                            "on the H200){} = {:.0f} tok/s",
+                            p.flops_per_token / 1e9, gpu.tflops, s.prefill_efficiency,
+                            gpu_share < 1 ? fmt::format(", {:.0f}% of the weights on the GPU, the rest at {}", 100 * gpu_share, host_rate) : "",
+                            p.prefill_tok_s));
   return p;
 }
 

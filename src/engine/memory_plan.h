@@ -69,6 +69,11 @@ struct PlanSettings {
   // ~30% of the dense FP16 tensor peak (qwen3.5-27b pp512 5657 tok/s x 53 GFLOP/token ~ 300 of 989 TFLOPS).
   double batched_row_efficiency = 0.43;
   double prefill_efficiency = 0.30;
+  // The host's prompt products: their measured rate (cpu::measure_cpu_product_tflops; 0: the `cpu` entry's
+  // rough figure), of which a CPU prompt step reaches this share (the products were 79-90% of qwen3-1.7b's
+  // 128-token steps in the CPU profile, 1 to 16 threads: docs/performance.md).
+  double host_tflops = 0;
+  double host_prefill_efficiency = 0.8;
 };
 
 // One device's memory bill in bytes.

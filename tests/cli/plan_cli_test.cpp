@@ -129,9 +129,18 @@ TEST(PlanCli, BadInputIsOneErrorLine) {
     EXPECT_EQ(count_lines(r.err), 1) << r.err;
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   }
-  if (gpu_devices().empty()) {
-    auto r = run_cli({"plan", "-m", tiny, "--gpu", "auto"});
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find("name a card"), std::string::npos) << r.err;
-  }
+}
+
+// Without a GPU, `plan` (--gpu auto) plans for this machine's CPU: its RAM, its measured read bandwidth
+// and product rate, every unit on the host.
+TEST(PlanCli, AutoWithoutAGpuPlansForThisCpu) {
+  if (!gpu_devices().empty()) GTEST_SKIP() << "this machine has a GPU: --gpu auto plans for it";
+  const std::string tiny = "synthetic:tiny-qwen3:Q8_0";
+  auto r = run_cli({"plan", "-m", tiny});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("planning for this machine's CPU"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("device:   this machine's CPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("read (measured)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("this CPU's products, measured"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-ngl 0"), std::string::npos) << r.out;
 }

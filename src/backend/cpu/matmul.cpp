@@ -4,7 +4,9 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "formats/quant_blocks.h"
@@ -136,6 +138,36 @@ void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& p
   ActRows act;
   act.prepare(act_format_for(w.type()), x, n_rows, w.cols(), pool);
   matmul(w, act, y, pool, packed);
+}
+
+double measure_cpu_product_tflops(int n_threads) {
+  constexpr int64_t kRows = 2048, kCols = 4096;
+  constexpr int kActRows = 64;
+  gguf::TensorInfo info;
+  info.name = "product_probe.weight";
+  info.type = DType::Q4_K;
+  info.n_dims = 2;
+  info.ne = {kCols, kRows, 1, 1};
+  info.n_bytes = dtype_row_bytes(DType::Q4_K, kCols) * (size_t)kRows;
+  std::vector<uint8_t> bytes(info.n_bytes, 0);  // zero scales and levels: the kernels' time does not depend on values
+  info.data = bytes.data();
+  const Weight w{&info};
+  ThreadPool pool(n_threads);
+  PackedWeights packed;
+  packed.add(w, pool);
+  std::vector<float> x((size_t)kActRows * kCols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)((i * 2654435761u) % 255) / 127.0f - 1.0f;
+  ActRows act;
+  act.prepare(act_format_for(DType::Q4_K), x.data(), kActRows, kCols, pool);
+  std::vector<float> y((size_t)kActRows * kRows);
+  double best = 0;
+  for (int pass = 0; pass < 4; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    matmul(w, act, y.data(), pool, &packed);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * (double)kRows * kCols * kActRows / s / 1e12);
+  }
+  return best;
 }
 
 }  // namespace roofline::cpu

@@ -62,4 +62,9 @@ void matmul_products(std::span<const Product> products, ThreadPool& pool, const 
 void matmul(const Weight& w, const float* x, int n_rows, float* y, ThreadPool& pool,
             const PackedWeights* packed = nullptr);
 
+// The rate of this CPU's prompt products, in TFLOPS (2 per multiply-add): a Q4_K matrix of 2048 x 4096
+// (packed where the kernels pack it) times 64 activation rows on n_threads threads, best of a few passes.
+// What `plan` predicts a CPU's prefill from.
+double measure_cpu_product_tflops(int n_threads);
+
 }  // namespace roofline::cpu
