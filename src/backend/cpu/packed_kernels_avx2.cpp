@@ -27,6 +27,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #endif
+#include "backend/cpu/packed_k_scales.h"
 
 namespace roofline::cpu {
 namespace {
@@ -121,25 +122,13 @@ void half_dot_q4_k(const uint8_t* group, int64_t nb, int h, const RowsK<NA>& A, 
   constexpr size_t kScales = 4 * kPackRows, kLevels = kScales + kKScaleBytes * kPackRows;
   constexpr size_t kEntry = kLevels + 32 * 64;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
   for (int j = 0; j < NA; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
     const __m256 d = f16x8(e + 16 * h);
     const __m256 dmin = f16x8(e + 2 * kPackRows + 16 * h);
-    // Scale byte k of the 16 rows; the 6-bit scales and mins of sub-block k (as unpack_k4_scale_min).
-    __m128i B[kKScaleBytes];
-    for (int k = 0; k < kKScaleBytes; ++k) B[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * k));
-    __m128i sc[8], mn[8];
-    for (int k = 0; k < 4; ++k) {
-      sc[k] = _mm_and_si128(B[k], m63);
-      mn[k] = _mm_and_si128(B[k + 4], m63);
-    }
-    for (int k = 4; k < 8; ++k) {
-      sc[k] = _mm_or_si128(_mm_and_si128(B[k + 4], m15), _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(B[k - 4], 6), m3), 4));
-      mn[k] = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(B[k + 4], 4), m15),
-                           _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(B[k], 6), m3), 4));
-    }
+    __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
+    decode_k4_scales(e + kScales, sc, mn);
     __m256 sub_acc[NA];
     for (int j = 0; j < NA; ++j) sub_acc[j] = _mm256_setzero_ps();
     const uint8_t* lv = e + kLevels;
