@@ -85,6 +85,49 @@ bool gpu_delta_net_chunked_supported(const DeltaNetDims& dims, int device = 0);
 std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims& dims, int n_seqs, int rows_per_seq, GpuDeltaNetForm form,
                                                 int reps, int device = 0);
 
+// For tests: one attention layer's paged KV cache in host memory: n_blocks * block_size slots, each a
+// row of n_head_kv * head_dim values of type_k (K) or type_v (V) in GGUF row bytes (dtype_row_bytes;
+// q8_0/q4_0 rows of whole 32-groups), as quantize_rows_ref writes them. The hooks move them into and
+// out of the planes the CUDA backend keeps.
+struct GpuKvCacheForTest {
+  DType type_k = DType::F16, type_v = DType::F16;
+  int block_size = 16, n_blocks = 0;
+  std::vector<uint8_t> k, v;
+};
+struct GpuAttentionShape {
+  int n_head = 1, n_head_kv = 1, head_dim_k = 64, head_dim_v = 64;
+};
+// For tests: a step's attention (step.positions, row_seq and the sequences' block tables into the
+// cache) as the backend runs it: plan_attention splits the rows (decode-sized steps padded to their
+// bucket, whose padding rows must come back zero; in larger ones runs of prompt rows go through
+// prefill_attention, in key tiles of prefill_key_tile (32-1024, 0: the default) and chunks of 16 rows,
+// the others through the split-KV kernel), with max_splits as for a context of the step's deepest row.
+// q: [rows x n_head * head_dim_k]; window > 0: a sliding-window layer. Returns [rows x n_head * head_dim_v].
+std::vector<float> gpu_attention_for_test(const GpuAttentionShape& shape, const GpuKvCacheForTest& cache, int window, float scale,
+                                          const StepDesc& step, const std::vector<float>& q, int prefill_key_tile = 0,
+                                          int device = 0);
+// For tests: the prologue of attention (rope_and_store) over a step's rows, padded like a decode
+// bucket (the padding rows must store nothing): Q/K RMSNorm with q_norm / k_norm ([head_dim_k], when
+// given), RoPE of the first n_rot dimensions of each head (NeoX pairs (i, i + n_rot/2) when neox, else
+// (2i, 2i + 1)) at each row's position, frequencies divided by factors ([n_rot/2], when given), and
+// each row's K and V written into the cache at its position's slot. q and k are rotated in place; the
+// cache comes back as the device holds it after the step.
+struct GpuRopeForTest {
+  int n_rot = 64;
+  bool neox = false;
+  float freq_base = 10000.0f, freq_scale = 1.0f, eps = 1e-6f;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  const float* factors = nullptr;
+};
+void gpu_rope_store_for_test(const GpuAttentionShape& shape, const GpuRopeForTest& rope, const StepDesc& step, std::vector<float>& q,
+                             std::vector<float>& k, const std::vector<float>& v, GpuKvCacheForTest& cache, int device = 0);
+// For tests: microseconds per decode step of attention (n_seqs one-row sequences, each `depth` keys
+// deep in blocks of 16 interleaved with the others'), measured as a CUDA graph of `reps` steps (0: one
+// launch, for a profiler).
+double gpu_attention_decode_time_for_test(const GpuAttentionShape& shape, DType type_k, DType type_v, int n_seqs, int depth,
+                                          int reps, int device = 0);
+
 // Read bandwidth of device memory in GB/s, measured with a streaming kernel (bench's roofline).
 double measure_gpu_read_bandwidth(int device);
 

@@ -31,6 +31,17 @@ bool gpu_delta_net_chunked_supported(const DeltaNetDims&, int) { return false; }
 std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims&, int, int, GpuDeltaNetForm, int, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<float> gpu_attention_for_test(const GpuAttentionShape&, const GpuKvCacheForTest&, int, float, const StepDesc&,
+                                          const std::vector<float>&, int, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
+void gpu_rope_store_for_test(const GpuAttentionShape&, const GpuRopeForTest&, const StepDesc&, std::vector<float>&, std::vector<float>&,
+                             const std::vector<float>&, GpuKvCacheForTest&, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
+double gpu_attention_decode_time_for_test(const GpuAttentionShape&, DType, DType, int, int, int, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 double measure_gpu_read_bandwidth(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 
 }  // namespace roofline

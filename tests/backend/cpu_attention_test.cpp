@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/attention_reference.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/rng.h"
 #include "formats/quant_ref.h"
@@ -74,33 +75,13 @@ StepDesc two_sequences() {
   return st;
 }
 
+// The float64 reference (attention_reference.h) over the whole cache dequantized.
 std::vector<double> reference(KvLayerView kv, const StepDesc& st, const std::vector<float>& q, float scale, int window) {
-  const int n_gqa = kHeads / kHeadsKv;
-  std::vector<double> out((size_t)st.n_tokens() * kHeads * kDimV, 0.0);
-  std::vector<float> krow(kHeadsKv * kDimK), vrow(kHeadsKv * kDimV);
-  for (int r = 0; r < st.n_tokens(); ++r) {
-    const StepSequence& s = st.sequences[st.row_seq[r]];
-    const int last = st.positions[r], first = window > 0 ? std::max(0, last - window + 1) : 0;
-    for (int h = 0; h < kHeads; ++h) {
-      const int kvh = h / n_gqa;
-      std::vector<double> w;
-      for (int j = first; j <= last; ++j) {
-        dequantize_row_ref(kv.type_k, kv.k + kv_slot(kv, s, j) * kv.k_row_bytes, krow.data(), kHeadsKv * kDimK);
-        double d = 0;
-        for (int i = 0; i < kDimK; ++i) d += (double)q[((size_t)r * kHeads + h) * kDimK + i] * krow[kvh * kDimK + i];
-        w.push_back(d * scale);
-      }
-      const double mx = *std::max_element(w.begin(), w.end());
-      double sum = 0;
-      for (double& x : w) sum += (x = std::exp(x - mx));
-      for (int j = first; j <= last; ++j) {
-        dequantize_row_ref(kv.type_v, kv.v + kv_slot(kv, s, j) * kv.v_row_bytes, vrow.data(), kHeadsKv * kDimV);
-        for (int i = 0; i < kDimV; ++i)
-          out[((size_t)r * kHeads + h) * kDimV + i] += w[j - first] / sum * vrow[kvh * kDimV + i];
-      }
-    }
-  }
-  return out;
+  const int slots = kBlock * kBlocks;
+  std::vector<float> k((size_t)slots * kHeadsKv * kDimK), v((size_t)slots * kHeadsKv * kDimV);
+  dequantize_rows_ref(kv.type_k, kv.k, k.data(), slots, kHeadsKv * kDimK);
+  dequantize_rows_ref(kv.type_v, kv.v, v.data(), slots, kHeadsKv * kDimV);
+  return test::attention_reference(st, {kHeads, kHeadsKv, kDimK, kDimV}, q.data(), k.data(), v.data(), kBlock, scale, window);
 }
 
 // Head dimensions (K, V): 64/32 takes the portable loops everywhere; 128/128 and 64/64 the AVX-512 ones
@@ -124,12 +105,7 @@ TEST(CpuAttention, MatchesTheReferenceAndEachRowAlone) {
         std::vector<float> out((size_t)st.n_tokens() * kHeads * kDimV);
         attention(kv, st, q.data(), out.data(), kHeads, kHeadsKv, kDimK, kDimV, scale, pool, window);
         const std::vector<double> ref = reference(kv, st, q, scale, window);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < out.size(); ++i) {
-          num += (out[i] - ref[i]) * (out[i] - ref[i]);
-          den += ref[i] * ref[i];
-        }
-        EXPECT_LT(num / den, 1e-12);
+        EXPECT_LT(test::nmse_vs_reference(out, ref), 1e-12);
         for (int r = 0; r < st.n_tokens(); ++r) {
           StepDesc one;
           one.tokens = {0};

@@ -163,7 +163,7 @@ class CudaBackend final : public Backend {
     const int64_t max_cols = std::max<int64_t>({hp.n_embd, hp.n_ff, (int64_t)hp.n_head * hp.head_dim_v, has_delta ? dn.value_dim() : 0});
     min_span_ = attention_min_span();
     span_splits_ = attention_span_splits();
-    max_splits_ = std::max(1, std::max(std::min(span_splits_, (options_.n_ctx + min_span_ - 1) / min_span_), (options_.n_ctx + 127) / 128));
+    max_splits_ = attention_max_splits(options_.n_ctx, min_span_, span_splits_);
     const size_t partial = attention_partial_floats(8, hp.n_head, hp.head_dim_v, max_splits_);
     const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);
     int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd, has_delta ? dn.conv_dim() : 0});
@@ -319,34 +319,17 @@ class CudaBackend final : public Backend {
     argmax_allowed_ = step.argmax_allowed;
     argmax_allowed_.resize(n_logit_, nullptr);
     hidden_rows_ = step.hidden_rows;
-    int stride = 1, max_keys = 1;
+    int stride = 1;
     for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
-    for (int p : step.positions) max_keys = std::max(max_keys, p + 1);
-    // Attention splits. In decode-sized steps (the bucketed ones, up to 8 rows) each row takes the span
-    // attention_span gives its depth, so a row's result does not depend on its batch-mates. Larger steps
-    // take spans of at least 128 keys from 33 rows on (enough CTAs without the short spans: measured on
-    // an H200, qwen3-32b -npl 64 1636 -> 1666 tok/s, while -npl 16 needs the short ones, 844 vs 755),
-    // and widen them when the partial buffer (8 rows x max_splits_) cannot hold every row's splits.
-    int split_len = 0, min_span = min_span_;
-    splits_ = max_splits_;
-    if (n > 8) {
-      if (n > 32) min_span = 128;
-      int need = 1;
-      for (int p : step.positions) need = std::max(need, attention_splits(p + 1, min_span, span_splits_));
-      if ((int64_t)n * need <= 8 * (int64_t)max_splits_) {
-        splits_ = need;
-      } else {
-        splits_ = std::max(1, std::min(max_splits_, 8 * max_splits_ / n));
-        const int per = (max_keys + splits_ - 1) / splits_;
-        split_len = std::max(128, (per + 127) / 128 * 128);
-      }
-    }
+    // Attention splits and prefill runs (plan_attention; measured choices in its comments).
+    AttentionPlan plan = plan_attention(step, max_splits_, min_span_, span_splits_, prefill_ok_);
+    splits_ = plan.splits;
     const int T = options_.max_tokens;
     int* h = step_host_;
     h[0] = n;
     h[1] = n_logit_;
-    h[2] = split_len;
-    h[3] = min_span;
+    h[2] = plan.split_len;
+    h[3] = plan.min_span;
     h[4] = span_splits_;
     int* tokens = h + 8;
     int* positions = tokens + T;
@@ -357,24 +340,11 @@ class CudaBackend final : public Backend {
     // a fixed place (a decode bucket's captured graph keeps these addresses), 16-byte aligned.
     const int dn_at = (int)((attn_rows + T - h + 3) / 4 * 4);
     int* tables = h + dn_at + 4 + 4 * T;
-    // Runs of at least kMinPrefillRun consecutive rows of one sequence that reach kMinPrefillKeys keys go
-    // through prefill_attention (for short prompts the split kernel's single pass is as fast, without
-    // five launches per run: on an H200, 16 prompts of 128 tokens in one step took 480 ms against 400).
-    prefill_runs_.clear();
+    prefill_runs_ = std::move(plan.runs);
     n_attn_rows_ = n_tok_;  // decode buckets: every row of the bucket (the captured graph replays this grid)
-    if (n > 8 && prefill_ok_) {
-      int listed = 0;  // rows outside the runs, for the split-KV kernel
-      for (int i = 0; i < n;) {
-        int j = i + 1;
-        while (j < n && step.row_seq[j] == step.row_seq[i] && step.positions[j] == step.positions[j - 1] + 1) ++j;
-        if (j - i >= kMinPrefillRun && step.positions[j - 1] + 1 >= kMinPrefillKeys) {
-          prefill_runs_.push_back({i, j - i, step.row_seq[i], step.positions[i]});
-        } else {
-          for (int r = i; r < j; ++r) attn_rows[listed++] = r;
-        }
-        i = j;
-      }
-      if (!prefill_runs_.empty()) n_attn_rows_ = listed;
+    if (!prefill_runs_.empty()) {
+      n_attn_rows_ = (int)plan.split_rows.size();
+      std::copy(plan.split_rows.begin(), plan.split_rows.end(), attn_rows);
     }
     for (int i = 0; i < n_tok_; ++i) {
       tokens[i] = i < n ? step.tokens[i] : 0;
@@ -939,7 +909,6 @@ class CudaBackend final : public Backend {
   DeviceStep dstep_swa_;  // dstep_ with the swa tables as block tables (ring layers)
   int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, min_span_ = 32, span_splits_ = 32;
   // Prefill attention: runs of this step, the other rows (device list) and their count.
-  static constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;
   bool prefill_ok_ = false;
   cuda::PrefillScratch prefill_;
   std::vector<cuda::PrefillRun> prefill_runs_;

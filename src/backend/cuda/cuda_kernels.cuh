@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/step.h"
 
 namespace roofline::cuda {
 
@@ -158,6 +159,13 @@ __host__ __device__ inline int attention_span(int n_keys, int min_span, int spli
   while (span < 128 && n_keys > splits * span) span *= 2;
   return span;
 }
+// The most splits a row of a context of n_ctx positions takes (the split kernel's grid and the partial
+// buffer of 8 rows are sized by it).
+__host__ __device__ inline int attention_max_splits(int n_ctx, int min_span, int splits) {
+  const int a = splits < (n_ctx + min_span - 1) / min_span ? splits : (n_ctx + min_span - 1) / min_span;
+  const int b = (n_ctx + 127) / 128;
+  return a > b ? (a > 1 ? a : 1) : (b > 1 ? b : 1);
+}
 // Splits a row of n_keys keys needs (header[2] == 0).
 __host__ __device__ inline int attention_splits(int n_keys, int min_span, int splits) {
   const int span = attention_span(n_keys, min_span, splits);
@@ -198,5 +206,21 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
 // Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),
 // read when a backend is created.
 int prefill_key_tile();
+
+// How a step's rows share the attention kernels (the backend's begin_step; gpu_attention_for_test):
+// decode-sized steps (<= 8 rows) take each row's own spans (attention_span) over up to max_splits
+// splits; larger ones spans of at least 128 keys from 33 rows on, widened (split_len) when the partial
+// buffer (8 rows x max_splits) cannot hold every row's splits. With prefill_ok, runs of at least
+// kMinPrefillRun consecutive rows of one sequence reaching kMinPrefillKeys keys go to
+// prefill_attention and the other rows are listed for the split kernel.
+constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;
+struct AttentionPlan {
+  int split_len = 0;  // header[2]: keys per split (0: attention_span's)
+  int min_span = 32;  // header[3]
+  int splits = 1;     // the split kernel's splits per row (its grid)
+  std::vector<PrefillRun> runs;
+  std::vector<int> split_rows;  // with runs: the rows the split kernel takes
+};
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, bool prefill_ok);
 
 }  // namespace roofline::cuda
