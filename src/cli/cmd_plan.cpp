@@ -76,8 +76,6 @@ GpuSpec resolve_gpu(const std::string& name, double cuda_context_gib) {
   return spec;
 }
 
-std::string ngl_text(int n) { return n == EngineOptions::kGpuLayersAuto ? "auto" : n == EngineOptions::kGpuLayersAll ? "all" : std::to_string(n); }
-
 int run(int argc, char** argv) {
   CLI::App app{"Plan a model on a GPU before owning either: memory bill, layers on the GPU, predicted speed, serve command"};
   std::string model_path, type_name, gpu_name = "auto", ngl = "auto", ctk = "f16", ctv = "f16";

@@ -197,18 +197,18 @@ std::unique_ptr<Engine> create_engine(std::shared_ptr<const Model> model, const 
   if (o.n_gpu_layers != 0)
     for (const GpuInfo& g : gpu_devices()) memory += (double)g.total_bytes;
   auto too_big = [&] {
-    fail("-c {} needs {:.1f} GiB of KV cache ({:.1f} KiB per position with K {} and V {}), more than the {:.1f} GiB of "
-         "memory this process may use; lower -c, or use -ctk/-ctv q8_0",
-         n_ctx, need / 1073741824.0, per_pos / 1024.0, a.cache_type_k, a.cache_type_v, memory / 1073741824.0);
+    return fmt::format("-c {} needs {:.1f} GiB of KV cache ({:.1f} KiB per position with K {} and V {}), more than the {:.1f} GiB of "
+                       "memory this process may use; lower -c, or use -ctk/-ctv q8_0",
+                       n_ctx, need / 1073741824.0, per_pos / 1024.0, a.cache_type_k, a.cache_type_v, memory / 1073741824.0);
   };
-  if (memory > 0 && need > memory) too_big();
+  if (memory > 0 && need > memory) fail("{}", too_big());
   try {
     return Engine::create(std::move(model), o);
   } catch (const std::bad_alloc&) {
     fail("out of memory creating the engine (-c {}: {:.2f} GiB of KV cache, {:.1f} KiB per position); lower -c or -ngl",
          n_ctx, need / 1073741824.0, per_pos / 1024.0);
   } catch (const std::length_error&) {
-    too_big();
+    fail("{}", too_big());
   }
 }
 

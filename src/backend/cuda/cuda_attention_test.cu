@@ -366,30 +366,7 @@ double gpu_attention_decode_time_for_test(const GpuAttentionShape& s, DType type
   rig.run(s, scale, stream);  // warm-up outside the capture
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   double us = 0;
-  if (reps > 0) {
-    cudaGraph_t g = nullptr;
-    ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int r = 0; r < reps; ++r) rig.run(s, scale, stream);
-    ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    ROOFLINE_CUDA_CHECK(err);
-    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    cudaEvent_t a, b;
-    ROOFLINE_CUDA_CHECK(cudaEventCreate(&a));
-    ROOFLINE_CUDA_CHECK(cudaEventCreate(&b));
-    ROOFLINE_CUDA_CHECK(cudaEventRecord(a, stream));
-    for (int i = 0; i < 3; ++i) ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    ROOFLINE_CUDA_CHECK(cudaEventRecord(b, stream));
-    ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    ROOFLINE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    cudaGraphExecDestroy(exec);
-    us = ms * 1000.0 / (3.0 * reps);
-  }
+  if (reps > 0) us = time_in_graph_us(stream, reps, [&] { rig.run(s, scale, stream); });
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   rig.release();

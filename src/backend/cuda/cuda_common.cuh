@@ -143,4 +143,33 @@ struct ActQ8 {
   const float* s = nullptr;   // [rows x cols/32]
 };
 
+// For test hooks' timing modes: `enqueue` (the launches of one repetition on `stream`) captured `reps`
+// times into a CUDA graph, launched once to warm up, then three times under events; the microseconds of
+// one repetition.
+template <typename Enqueue>
+double time_in_graph_us(cudaStream_t stream, int reps, Enqueue&& enqueue) {
+  cudaGraph_t g = nullptr;
+  ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int r = 0; r < reps; ++r) enqueue();
+  ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  ROOFLINE_CUDA_CHECK(err);
+  ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t a, b;
+  ROOFLINE_CUDA_CHECK(cudaEventCreate(&a));
+  ROOFLINE_CUDA_CHECK(cudaEventCreate(&b));
+  ROOFLINE_CUDA_CHECK(cudaEventRecord(a, stream));
+  for (int i = 0; i < 3; ++i) ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  ROOFLINE_CUDA_CHECK(cudaEventRecord(b, stream));
+  ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  ROOFLINE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  return ms * 1000.0 / (3.0 * (reps > 0 ? reps : 1));
+}
+
 }  // namespace roofline::cuda

@@ -238,29 +238,7 @@ std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims& d, int n_seq
     if (which & 8) delta_net_output(d, rig.layer, 1e-6f, seqs, rows, rig.z, s, rig.out, act, stream);
   };
   phase(15);  // fills every buffer (and sets the chunked kernels' shared-memory limits outside a capture)
-  auto time_graph = [&](int which) {
-    cudaGraph_t g = nullptr;
-    ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int r = 0; r < reps; ++r) phase(which);
-    ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-    cudaGraphExec_t exec = nullptr;
-    ROOFLINE_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    cudaGraphDestroy(g);
-    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    cudaEvent_t a, b;
-    ROOFLINE_CUDA_CHECK(cudaEventCreate(&a));
-    ROOFLINE_CUDA_CHECK(cudaEventCreate(&b));
-    ROOFLINE_CUDA_CHECK(cudaEventRecord(a, stream));
-    for (int i = 0; i < 3; ++i) ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    ROOFLINE_CUDA_CHECK(cudaEventRecord(b, stream));
-    ROOFLINE_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    ROOFLINE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    cudaGraphExecDestroy(exec);
-    return ms * 1000.0 / (3.0 * std::max(1, reps));
-  };
+  auto time_graph = [&](int which) { return time_in_graph_us(stream, reps, [&] { phase(which); }); };
   std::vector<double> t(5, 0.0);
   if (reps > 0) t = {time_graph(15), time_graph(1), time_graph(2), chunked ? time_graph(4) : 0.0, time_graph(8)};
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
