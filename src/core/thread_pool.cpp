@@ -63,7 +63,9 @@ void ThreadPool::worker_loop(int index) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!error_) error_ = std::current_exception();
     }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1 && caller_sleeping_.load(std::memory_order_acquire)) {
+    // seq_cst, both: with the caller's store of caller_sleeping_ and its load of pending_, one of the two
+    // sides sees the other's write (the caller does not sleep, or this worker wakes it).
+    if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
       std::lock_guard<std::mutex> lock(mutex_);  // the caller checks pending_ under the mutex before it sleeps
       done_.notify_one();
     }
