@@ -9,11 +9,13 @@
 #include "engine/engine_test_util.h"
 #include "engine/mtp_drafter.h"
 #include "engine/speculative.h"
+#include "engine/speculative_test_util.h"
 #include "test_util.h"
 
 using namespace roofline;
 using test::some_tokens;
 using test::tiny;
+using test::greedy_speculative;
 
 namespace {
 
@@ -27,22 +29,6 @@ EngineOptions gpu_options(bool rollback) {
   return o;
 }
 
-std::vector<int32_t> generate(Engine& target, Drafter* drafter, const std::vector<int32_t>& prompt, int n, DraftStats* stats = nullptr) {
-  const int seq = target.memory().create_sequence(false);
-  SpeculativeDecoder decoder(target, drafter);
-  std::vector<float> logits = decoder.prefill(seq, prompt);
-  std::vector<int32_t> history = prompt;
-  history.push_back(argmax_logits(logits.data(), target.n_vocab()));
-  std::vector<int32_t> out{history.back()};
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler sampler(sp, target.n_vocab());
-  while ((int)out.size() < n) decoder.round(seq, history, n - (int)out.size(), sampler, true, out);
-  if (stats) *stats = decoder.stats();
-  decoder.release(seq);
-  target.memory().free_sequence(seq);
-  return out;
-}
 
 // Drafts `truth` from the history on, every third drafted token wrong.
 class ScriptedDrafter final : public Drafter {
@@ -116,14 +102,14 @@ TEST(GpuMtpTest, GreedyOutputIsThePlainOutput) {
     const int n_vocab = model->hparams().n_vocab;
     const auto prompt = some_tokens(45, n_vocab, 4);
     auto plain_engine = Engine::create(model, gpu_options(false));
-    const auto plain = generate(*plain_engine, nullptr, prompt, 60);
+    const auto plain = greedy_speculative(*plain_engine, nullptr, prompt, 60);
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), plain.begin(), plain.end());
     {
       auto target = Engine::create(model, gpu_options(true));
       ScriptedDrafter scripted(truth, n_vocab);
       DraftStats st;
-      EXPECT_EQ(generate(*target, &scripted, prompt, 60, &st), plain) << "scripted drafts";
+      EXPECT_EQ(greedy_speculative(*target, &scripted, prompt, 60, &st), plain) << "scripted drafts";
       EXPECT_TRUE(st.accepted > 0 && st.accepted < st.drafted) << st.accepted << "/" << st.drafted;
     }
     for (int n_max : {1, 3}) {
@@ -132,7 +118,7 @@ TEST(GpuMtpTest, GreedyOutputIsThePlainOutput) {
       p.n_max = n_max;
       MtpDrafter mtp(model, target->options(), p);
       DraftStats st;
-      EXPECT_EQ(generate(*target, &mtp, prompt, 60, &st), plain) << "MTP n_max " << n_max;
+      EXPECT_EQ(greedy_speculative(*target, &mtp, prompt, 60, &st), plain) << "MTP n_max " << n_max;
       EXPECT_GT(st.drafted, 0);
     }
   }

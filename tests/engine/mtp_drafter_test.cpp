@@ -12,6 +12,7 @@
 #include "engine/mtp_drafter.h"
 #include "engine/reference_forward.h"
 #include "engine/speculative.h"
+#include "engine/speculative_test_util.h"
 
 using namespace roofline;
 using namespace roofline::test;
@@ -61,22 +62,6 @@ class ReferenceMtp {
   std::vector<double> enorm_, hnorm_;
 };
 
-std::vector<int32_t> generate(Engine& target, Drafter* drafter, const std::vector<int32_t>& prompt, int n, DraftStats* stats = nullptr) {
-  const int seq = target.memory().create_sequence(false);
-  SpeculativeDecoder decoder(target, drafter);
-  std::vector<float> logits = decoder.prefill(seq, prompt);
-  std::vector<int32_t> history = prompt;
-  history.push_back(argmax_logits(logits.data(), target.n_vocab()));
-  std::vector<int32_t> out{history.back()};
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler sampler(sp, target.n_vocab());
-  while ((int)out.size() < n) decoder.round(seq, history, n - (int)out.size(), sampler, true, out);
-  if (stats) *stats = decoder.stats();
-  decoder.release(seq);
-  target.memory().free_sequence(seq);
-  return out;
-}
 
 }  // namespace
 
@@ -183,14 +168,14 @@ TEST(MtpDrafterTest, GreedyOutputIsThePlainOutput) {
     auto model = tiny(spec);
     const auto prompt = some_tokens(27, model->hparams().n_vocab, 2);
     auto plain_engine = Engine::create(model, options_for(false));
-    const auto plain = generate(*plain_engine, nullptr, prompt, 36);
+    const auto plain = greedy_speculative(*plain_engine, nullptr, prompt, 36);
     for (int n_max : {1, 3}) {
       auto target = Engine::create(model, options_for(true));
       DraftParams p;
       p.n_max = n_max;
       MtpDrafter mtp(model, target->options(), p);
       DraftStats st;
-      EXPECT_EQ(generate(*target, &mtp, prompt, 36, &st), plain) << "n_max " << n_max;
+      EXPECT_EQ(greedy_speculative(*target, &mtp, prompt, 36, &st), plain) << "n_max " << n_max;
       EXPECT_GT(st.drafted, 0) << "the head drafted nothing";
       EXPECT_EQ(target->memory().used_blocks(), 0);
       EXPECT_EQ(mtp.engine().memory().used_blocks(), 0) << "released sequences keep no blocks";

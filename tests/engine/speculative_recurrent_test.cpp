@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "engine/engine_test_util.h"
 #include "engine/speculative.h"
+#include "engine/speculative_test_util.h"
 #include "model/synthetic.h"
 
 using namespace roofline;
@@ -58,28 +59,6 @@ class ScriptedDrafter final : public Drafter {
   DraftParams params_;
 };
 
-std::vector<int32_t> generate(Engine& target, Drafter* drafter, const std::vector<int32_t>& prompt, int n, DraftStats* stats = nullptr) {
-  const int seq = target.memory().create_sequence(false);
-  SpeculativeDecoder decoder(target, drafter);
-  std::vector<float> logits = decoder.prefill(seq, prompt);
-  std::vector<int32_t> history = prompt;
-  history.push_back(argmax_logits(logits.data(), target.n_vocab()));
-  std::vector<int32_t> out{history.back()};
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler sampler(sp, target.n_vocab());
-  while ((int)out.size() < n) {
-    const size_t before = out.size();
-    decoder.round(seq, history, n - (int)out.size(), sampler, true, out);
-    EXPECT_GT(out.size(), before);
-    EXPECT_LE((int)out.size(), n);
-    EXPECT_LE(target.memory().length(seq) + 1, (int)history.size());
-  }
-  if (stats) *stats = decoder.stats();
-  decoder.release(seq);
-  target.memory().free_sequence(seq);
-  return out;
-}
 
 }  // namespace
 
@@ -90,7 +69,7 @@ TEST(SpeculativeRecurrentTest, GreedyOutputIsThePlainOutput) {
     const int n_vocab = model->hparams().n_vocab;
     const auto prompt = some_tokens(29, n_vocab, 3);
     auto plain_engine = engine_of(model, false);
-    const auto plain = generate(*plain_engine, nullptr, prompt, 40);
+    const auto plain = greedy_speculative(*plain_engine, nullptr, prompt, 40);
     std::vector<int32_t> truth = prompt;
     truth.insert(truth.end(), plain.begin(), plain.end());
     // Every draft right; every first token wrong; wrong now and then (partial acceptance).
@@ -101,7 +80,7 @@ TEST(SpeculativeRecurrentTest, GreedyOutputIsThePlainOutput) {
         auto target = engine_of(model, true);
         ScriptedDrafter drafter(truth, n_max, patterns[p], n_vocab);
         DraftStats st;
-        EXPECT_EQ(generate(*target, &drafter, prompt, 40, &st), plain);
+        EXPECT_EQ(greedy_speculative(*target, &drafter, prompt, 40, &st), plain);
         EXPECT_GT(st.drafted, 0);
         if (p == 0) EXPECT_EQ(st.accepted, st.drafted);
         if (p == 1) EXPECT_EQ(st.accepted, 0);
