@@ -21,33 +21,12 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "backend/cpu/avx512_region_begin.h"
-#include "backend/cpu/packed_k_scales.h"
+#include "backend/cpu/packed_kernel_common.h"
 
 namespace roofline::cpu {
 namespace {
 
 constexpr int kMaxNA = 8;
-
-inline int32_t load32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-// The activation rows c0 .. c0 + NA - 1 of a tile: their Q8_0 blocks, float scales and level sums.
-template <int NA>
-struct Rows {
-  const BlockQ8_0* q[NA];
-  const float* d[NA];
-  const int32_t* sum[NA];
-  Rows(const PackedActs& a, int c0) {
-    for (int j = 0; j < NA; ++j) {
-      q[j] = reinterpret_cast<const BlockQ8_0*>(a.rows + (size_t)(c0 + j) * a.row_stride);
-      d[j] = a.scales + (size_t)(c0 + j) * a.blocks_per_row;
-      sum[j] = a.sums + (size_t)(c0 + j) * a.blocks_per_row;
-    }
-  }
-};
 
 // One group of 16 weight rows times NA activation rows over nb blocks; acc[j] holds the 16 outputs of
 // activation row j.
@@ -85,18 +64,6 @@ void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc)
   }
 }
 
-// The activation rows c0 .. c0 + NA - 1 of a Q4_K tile: Q8_K blocks and sub-block sums.
-template <int NA>
-struct RowsK {
-  const BlockQ8_K* q[NA];
-  const KSums* sums[NA];
-  RowsK(const PackedActs& a, int c0) {
-    for (int j = 0; j < NA; ++j) {
-      q[j] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + j) * a.row_stride);
-      sums[j] = a.k_sums + (size_t)(c0 + j) * a.blocks_per_row;
-    }
-  }
-};
 
 // Q4_K, or Q5_K (kFive: 8 qh chunks before the qs chunks; sub-block k's fifth bits are bit k of each qh byte).
 template <int NA, bool kFive>

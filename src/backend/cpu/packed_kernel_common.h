@@ -1,13 +1,51 @@
-// The 6-bit scales and mins of the 16 rows of a packed Q4_K / Q5_K entry (the transposed scale bytes of
-// packed_weights.h: byte k of row i at 16k + i), decoded as unpack_k4_scale_min does per row, with 128-bit
-// integer ops: sc[k] and mn[k] hold sub-block k's scale and min of row i in byte i. Include it inside a
-// kernel file's target region, after its other headers: the function has internal linkage, so each file
-// compiles its own copy for its own instruction set.
-// No include guard and no includes of its own: one inclusion per kernel file, which has <immintrin.h> and
-// <cstdint> already.
+// What the packed kernels of every instruction set share (packed_avx512.cpp, packed_kernels_avx2.cpp): the
+// activation rows of a tile as they read them, an unaligned 4-byte load, and the 6-bit scales and mins of
+// the 16 rows of a packed Q4_K / Q5_K entry. Include it inside a kernel file's target region, after its
+// other headers: everything here has internal linkage, so each file compiles its own copy for its own
+// instruction set (no AVX2 or AVX-512 copy of a shared inline function can be the one the linker keeps).
+// No include guard and no includes of its own: one inclusion per kernel file, which has <immintrin.h>,
+// <cstdint>, <cstring>, packed_weights.h and quant_blocks.h already.
 namespace roofline::cpu {
+namespace {
 
-static inline void decode_k4_scales(const uint8_t* scale_bytes, __m128i sc[8], __m128i mn[8]) {
+inline int32_t load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The activation rows c0 .. c0 + NA - 1 of a tile (Q8_0): their blocks, float scales and level sums.
+template <int NA>
+struct Rows {
+  const BlockQ8_0* q[NA];
+  const float* d[NA];
+  const int32_t* sum[NA];
+  Rows(const PackedActs& a, int c0) {
+    for (int j = 0; j < NA; ++j) {
+      q[j] = reinterpret_cast<const BlockQ8_0*>(a.rows + (size_t)(c0 + j) * a.row_stride);
+      d[j] = a.scales + (size_t)(c0 + j) * a.blocks_per_row;
+      sum[j] = a.sums + (size_t)(c0 + j) * a.blocks_per_row;
+    }
+  }
+};
+
+// The activation rows c0 .. c0 + NA - 1 of a K-quant tile (Q8_K): blocks and sub-block sums.
+template <int NA>
+struct RowsK {
+  const BlockQ8_K* q[NA];
+  const KSums* sums[NA];
+  RowsK(const PackedActs& a, int c0) {
+    for (int j = 0; j < NA; ++j) {
+      q[j] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + j) * a.row_stride);
+      sums[j] = a.k_sums + (size_t)(c0 + j) * a.blocks_per_row;
+    }
+  }
+};
+
+// The 6-bit scales and mins of a packed Q4_K / Q5_K entry's 16 rows (the transposed scale bytes of
+// packed_weights.h: byte k of row i at 16k + i), decoded as unpack_k4_scale_min does per row, with 128-bit
+// integer ops: sc[k] and mn[k] hold sub-block k's scale and min of row i in byte i.
+inline void decode_k4_scales(const uint8_t* scale_bytes, __m128i sc[8], __m128i mn[8]) {
   const __m128i m63 = _mm_set1_epi8(63), m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
   __m128i B[12];
   for (int k = 0; k < 12; ++k) B[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale_bytes + 16 * k));
@@ -21,4 +59,5 @@ static inline void decode_k4_scales(const uint8_t* scale_bytes, __m128i sc[8], _
   }
 }
 
+}  // namespace
 }  // namespace roofline::cpu

@@ -27,18 +27,12 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #endif
-#include "backend/cpu/packed_k_scales.h"
+#include "backend/cpu/packed_kernel_common.h"
 
 namespace roofline::cpu {
 namespace {
 
 constexpr int kMaxNA = 4;  // activation rows per pass (16 ymm registers)
-
-inline int32_t load32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // 8 rows' f16 values at p as floats.
 inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -48,32 +42,6 @@ inline __m256i half_chunk(const uint8_t* lv, int chunk, int h) {
 }
 inline __m256i bcast(const int8_t* q) { return _mm256_set1_epi32(load32(q)); }
 inline __m256i pairs_to_i32(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
-
-// Activation rows c0 .. c0 + NA - 1 (Q8_0): blocks, float scales and level sums.
-template <int NA>
-struct Rows {
-  const BlockQ8_0* q[NA];
-  const float* d[NA];
-  const int32_t* sum[NA];
-  Rows(const PackedActs& a, int c0) {
-    for (int j = 0; j < NA; ++j) {
-      q[j] = reinterpret_cast<const BlockQ8_0*>(a.rows + (size_t)(c0 + j) * a.row_stride);
-      d[j] = a.scales + (size_t)(c0 + j) * a.blocks_per_row;
-      sum[j] = a.sums + (size_t)(c0 + j) * a.blocks_per_row;
-    }
-  }
-};
-template <int NA>
-struct RowsK {
-  const BlockQ8_K* q[NA];
-  const KSums* sums[NA];
-  RowsK(const PackedActs& a, int c0) {
-    for (int j = 0; j < NA; ++j) {
-      q[j] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + j) * a.row_stride);
-      sums[j] = a.k_sums + (size_t)(c0 + j) * a.blocks_per_row;
-    }
-  }
-};
 
 // Q4_0 / Q8_0: rows 8h .. 8h + 7 of a group times NA activation rows over nb blocks.
 template <int NA, bool Q4>
