@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
   bool json = false, no_prompt_cache = false;
   app.add_option("-m,--model", model_path, "a GGUF file, synthetic:SHAPE:MIX, or a Hugging Face config.json (with --type)")->required();
   app.add_option("--type", type_name, "for a config.json: the quantization mix the file would get (Q4_K_M, Q8_0, ...)");
-  app.add_option("--gpu", gpu_name, "the card: " + gpu_table_names() + ", or auto (this machine's GPU)")->capture_default_str();
+  app.add_option("--gpu", gpu_name, "the card: " + gpu_table_names() + ", or auto (this machine's GPU; without one, this machine's CPU, measured)")->capture_default_str();
   app.add_option("--vram", vram, "the card's memory in GiB, instead of the table's (for cpu: the host's RAM)");
   app.add_option("--vram-limit", vram_limit, "as serve's --vram-limit: use at most this many GiB of the card");
   app.add_option("-c,--ctx-size", n_ctx, "KV positions shared by the slots, as serve's -c (0: the model's, capped at 16384)");
