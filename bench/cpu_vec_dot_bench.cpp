@@ -56,18 +56,22 @@ std::vector<uint8_t> random_matrix(DType t, int64_t rows, int64_t cols, uint64_t
 struct Setup {
   int64_t rows, cols;
   std::vector<std::vector<uint8_t>> mats;  // copies, to defeat the caches in the cold runs
-  std::vector<uint8_t> act;                // 16 activation rows
+  std::vector<uint8_t> act;                // kActRows activation rows
   size_t w_row, a_row;
   std::vector<std::vector<uint8_t>> packed;  // the copies packed (types with a packed kernel)
   std::vector<float> act_scales;             // the activation rows' block sums for the packed kernels
   std::vector<int32_t> act_sums;
   std::vector<KSums> act_k_sums;
+  std::vector<uint8_t> act_tiles;  // the rows in AMX tile order (the prompt kernels)
   PackedActs packed_acts() const {
     const int64_t nb = cols / dtype_block_size(mats.empty() ? DType::F32 : type);
-    return PackedActs{act.data(), a_row, act_scales.data(), act_sums.data(), act_k_sums.data(), (size_t)nb};
+    return PackedActs{act.data(), a_row, act_scales.data(), act_sums.data(), act_k_sums.data(), (size_t)nb,
+                      act_tiles.empty() ? nullptr : act_tiles.data()};
   }
   DType type = DType::F32;
 };
+
+constexpr int kActRows = 128;  // activation rows prepared (the most any benchmark multiplies at once)
 
 Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
   static std::vector<std::pair<std::tuple<DType, int64_t, int64_t, int>, std::unique_ptr<Setup>>> cache;
@@ -90,23 +94,27 @@ Setup& setup(DType t, int64_t rows, int64_t cols, int copies) {
   const ActFormat f = act_format_for(t);
   s->w_row = dtype_row_bytes(t, cols);
   s->a_row = act_row_bytes(f, cols);
-  s->act.resize(s->a_row * 16);
+  s->act.resize(s->a_row * kActRows);
   Rng rng(99);
   std::vector<float> x((size_t)cols);
-  for (int r = 0; r < 16; ++r) {
+  for (int r = 0; r < kActRows; ++r) {
     for (float& v : x) v = (float)rng.normal();
     quantize_act_row(f, x.data(), s->act.data() + r * s->a_row, cols);
   }
   const int64_t nb = cols / dtype_block_size(t);
   if (f == ActFormat::Q8_0) {
-    s->act_scales.resize((size_t)(16 * nb));
-    s->act_sums.resize((size_t)(16 * nb));
-    for (int r = 0; r < 16; ++r)
+    s->act_scales.resize((size_t)(kActRows * nb));
+    s->act_sums.resize((size_t)(kActRows * nb));
+    for (int r = 0; r < kActRows; ++r)
       q8_0_scales_and_sums(s->act.data() + r * s->a_row, nb, s->act_scales.data() + r * nb, s->act_sums.data() + r * nb);
   }
   if (f == ActFormat::Q8_K) {
-    s->act_k_sums.resize((size_t)(16 * nb));
-    for (int r = 0; r < 16; ++r) q8_k_sums(s->act.data() + r * s->a_row, nb, s->act_k_sums.data() + r * nb);
+    s->act_k_sums.resize((size_t)(kActRows * nb));
+    for (int r = 0; r < kActRows; ++r) q8_k_sums(s->act.data() + r * s->a_row, nb, s->act_k_sums.data() + r * nb);
+  }
+  if (f == ActFormat::Q8_0 || f == ActFormat::Q8_K) {
+    s->act_tiles.resize(act_tiles_bytes(kActRows, cols));
+    build_act_tiles(f, s->act.data(), s->a_row, kActRows, cols, s->act_tiles.data());
   }
   cache.emplace_back(std::make_tuple(t, rows, cols, copies), std::move(s));
   return *cache.back().second;
@@ -183,6 +191,32 @@ void BM_MatmulPacked(benchmark::State& state, DType t) {
   });
 }
 
+// The packed matrices' prompt kernels (AMX where the CPU has it; the same bits as BM_MatmulPacked's) over
+// prompt-sized tiles of activation rows.
+void BM_MatmulPackedPrompt(benchmark::State& state, DType t) {
+  const int tokens = (int)state.range(0);
+  Setup& s = setup(t, 6144, 2048, state.range(1) != 0 ? 12 : 1);
+  const PackedTileFn tile = detail::amx_packed_tile(t);
+  if (!tile) {
+    state.SkipWithError("no prompt (AMX) kernel for this type on this CPU");
+    return;
+  }
+  const size_t group_bytes = packed_group_bytes(t, s.cols);
+  const PackedActs acts = s.packed_acts();
+  std::vector<float> y((size_t)s.rows * tokens);
+  run_chunks(state, s, tokens, "prompt", [&](size_t m, int64_t r0) {
+    tile(s.packed[m].data() + (size_t)(r0 / kPackRows) * group_bytes, group_bytes, (int)kChunkRows, acts, 0, tokens,
+         s.cols, y.data() + r0, (size_t)s.rows);
+    benchmark::DoNotOptimize(y.data());
+  });
+}
+
+void PromptArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"tokens", "cold"});
+  for (int tokens : {16, 64, 128}) b->Args({tokens, 0});
+  b->Threads(1);
+}
+
 void Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens", "cold"});
   for (int cold : {0, 1}) {
@@ -207,6 +241,11 @@ BENCHMARK_CAPTURE(BM_MatmulPacked, Q5_K, DType::Q5_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q6_K, DType::Q6_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q8_0, DType::Q8_0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_0, DType::Q4_0)->Apply(Args);
+BENCHMARK_CAPTURE(BM_MatmulPackedPrompt, Q4_K, DType::Q4_K)->Apply(PromptArgs);
+BENCHMARK_CAPTURE(BM_MatmulPackedPrompt, Q5_K, DType::Q5_K)->Apply(PromptArgs);
+BENCHMARK_CAPTURE(BM_MatmulPackedPrompt, Q6_K, DType::Q6_K)->Apply(PromptArgs);
+BENCHMARK_CAPTURE(BM_MatmulPackedPrompt, Q8_0, DType::Q8_0)->Apply(PromptArgs);
+BENCHMARK_CAPTURE(BM_MatmulPackedPrompt, Q4_0, DType::Q4_0)->Apply(PromptArgs);
 
 // One parallel_for of a pool of `threads` threads over `tasks` tasks that each add to one float of their
 // own (64 bytes apart): the cost of a dispatch, its wake-ups and the task hand-out, as the many short

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
@@ -98,10 +99,11 @@ std::vector<double> reference(const Matrix& m, const ActRows& act) {
 
 // The packed tile over all rows and activation rows [c0, c0 + n_a), into an output with padding that must
 // stay untouched.
-std::vector<float> run_packed(const PackedMatrix& pm, int64_t rows, const ActRows& act, int c0, int n_a, int64_t n) {
+std::vector<float> run_packed(const PackedMatrix& pm, int64_t rows, const ActRows& act, int c0, int n_a, int64_t n,
+                              PackedTileFn fn = nullptr) {
   const size_t ldy = (size_t)rows + 5;
   std::vector<float> padded(ldy * (size_t)n_a, -777.f);
-  pm.tile()(pm.data(), pm.group_bytes(), (int)rows, act.packed(), c0, n_a, n, padded.data(), ldy);
+  (fn ? fn : pm.tile())(pm.data(), pm.group_bytes(), (int)rows, act.packed(), c0, n_a, n, padded.data(), ldy);
   std::vector<float> y((size_t)n_a * rows);
   for (int c = 0; c < n_a; ++c)
     for (size_t r = 0; r < ldy; ++r) {
@@ -273,6 +275,34 @@ TEST(PackedKernels, Avx2AndAvx512KernelsAgree) {
     ++compared;
   }
   EXPECT_EQ(compared, 3) << "Q4_0, Q8_0 and Q4_K have AVX2 packed kernels";
+}
+
+// The AMX prompt kernels give the AVX-512 VNNI kernels' bits for every type, tile shape (partial tiles of
+// activation rows and of weight rows) and start row, on random and on extreme levels and activations.
+TEST(PackedKernels, AmxAndAvx512KernelsAgree) {
+  if (!detail::amx_supported()) GTEST_SKIP() << "no AMX-INT8 on this CPU (or ROOFLINE_CPU_AMX=0)";
+  ThreadPool pool(1);
+  for (DType t : kPackedTypes) {
+    const PackedTileFn vnni = packed_tile_fn_at(CpuIsa::Avx512, t);
+    ASSERT_NE(vnni, nullptr);
+    const int64_t n = dtype_block_size(t) == 256 ? 256 * 3 : 32 * 11;
+    for (int fill : {-1, 0xFF, 0x80}) {
+      const int64_t rows = fill < 0 ? 37 : 19;
+      const Matrix m = random_matrix(t, rows, n, 4300 + (uint64_t)fill, fill);
+      const PackedMatrix pm(m.weight(), pool, vnni);
+      ASSERT_NE(pm.prompt_tile(), nullptr) << dtype_name(t);
+      const int n_act = 43;
+      const std::vector<float> x = random_acts(n_act, n, 77 + (uint64_t)fill, fill < 0 ? 1.0 : 3e4, fill >= 0);
+      ActRows act;
+      act.prepare(act_of(t), x.data(), n_act, n, pool);
+      for (const auto& [c0, n_a] : {std::pair{0, 43}, {0, 16}, {3, 17}, {5, 1}, {2, 40}, {30, 13}, {16, 27}, {32, 11}}) {
+        const std::vector<float> want = run_packed(pm, rows, act, c0, n_a, n);
+        const std::vector<float> got = run_packed(pm, rows, act, c0, n_a, n, pm.prompt_tile());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << dtype_name(t) << " fill " << fill << " from " << c0 << " n_a " << n_a;
+      }
+    }
+  }
 }
 
 // Through matmul: several tasks of rows (prefill and decode splits), packed against in place, and each

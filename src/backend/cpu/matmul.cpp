@@ -33,6 +33,17 @@ void ActRows::gather(const ActRows& src, std::span<const int> rows) {
     }
     if (nk) std::memcpy(k_sums_.data() + i * nk, src.k_sums_.data() + r * nk, nk * sizeof(KSums));
   }
+  build_tiles();
+}
+
+void ActRows::build_tiles() {
+  tiles_.clear();
+  if ((format_ != ActFormat::Q8_0 && format_ != ActFormat::Q8_K) || n_rows_ < kPromptKernelRows || !detail::amx_supported())
+    return;
+  const int64_t n = (int64_t)(row_bytes_ / (format_ == ActFormat::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ8_K))) *
+                    (format_ == ActFormat::Q8_0 ? kQK : kQKK);
+  tiles_.resize(act_tiles_bytes(n_rows_, n));
+  build_act_tiles(format_, data_.data(), row_bytes_, n_rows_, n, tiles_.data());
 }
 
 void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_cols, ThreadPool& pool) {
@@ -52,14 +63,16 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
     if (q8_0) q8_0_scales_and_sums(row, (int64_t)nb, block_scales_.data() + r * nb, block_sums_.data() + r * nb);
     if (q8_k) q8_k_sums(row, (int64_t)nb, k_sums_.data() + r * nb);
   });
+  build_tiles();
 }
 
 PackedActs ActRows::packed() const {
   if (format_ == ActFormat::Q8_K)
-    return PackedActs{data_.data(), row_bytes_, nullptr, nullptr, k_sums_.data(), row_bytes_ / sizeof(BlockQ8_K)};
+    return PackedActs{data_.data(), row_bytes_, nullptr, nullptr, k_sums_.data(), row_bytes_ / sizeof(BlockQ8_K),
+                      tiles_.empty() ? nullptr : tiles_.data()};
   ROOFLINE_CHECK(format_ == ActFormat::Q8_0);
   return PackedActs{data_.data(), row_bytes_, block_scales_.data(), block_sums_.data(), nullptr,
-                    row_bytes_ / sizeof(BlockQ8_0)};
+                    row_bytes_ / sizeof(BlockQ8_0), tiles_.empty() ? nullptr : tiles_.data()};
 }
 
 void matmul_products(std::span<const Product> products, ThreadPool& pool, const PackedWeights* packed) {
@@ -105,6 +118,10 @@ void matmul_products(std::span<const Product> products, ThreadPool& pool, const 
     if (const PackedMatrix* pm = pk[m]) {  // rows_per_task is a multiple of the 16-row groups
       const PackedActs pa = act.packed();
       const uint8_t* group = pm->data() + (size_t)(r0 / kPackRows) * pm->group_bytes();
+      if (n_act >= kPromptKernelRows && pm->prompt_tile() && pa.tiles) {  // AMX: every activation row in one call
+        pm->prompt_tile()(group, pm->group_bytes(), (int)(r1 - r0), pa, 0, n_act, n_in, p.y + r0, (size_t)n_out);
+        return;
+      }
       for (int t0 = 0; t0 < n_act; t0 += kActTile) {
         const int n_a = std::min(kActTile, n_act - t0);
         pm->tile()(group, pm->group_bytes(), (int)(r1 - r0), pa, t0, n_a, n_in, p.y + (size_t)t0 * n_out + r0,

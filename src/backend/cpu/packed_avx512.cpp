@@ -5,7 +5,9 @@
 // (and for Q4_0 split into nibbles) once and used for up to 8 activation rows. The level offset (8 for
 // Q4_0, 128 for Q8_0) comes out through the activation block sum: sum (u - C) a = sum u a - C sum a, so
 // the int32 accumulator starts at -C * sum a. Q4_K: the same 8 vpdpbusd per sub-block of 32 (no offset),
-// times d * scale as floats per sub-block; the 16 rows' 6-bit scales and mins are decoded per super-block
+// times the sub-block's integer scale (vpmulld) into one exact int32 sum per super-block, which is converted
+// once and scaled by d x the activation's scale (as llama.cpp's Q4_K dot does); the 16 rows' 6-bit scales
+// and mins are decoded per super-block
 // with 128-bit ops on the transposed scale bytes, and the mins term is 4 vpdpwssd of (min pair) x
 // (activation sub-block sum pair) per activation row; Q5_K adds each level's fifth bit from its qh chunk. Q6_K: 6-bit levels assembled from the ql and qh
 // chunks (4 sub-block rows of 4 values per chunk triple), 4 vpdpbusd per sub-block of 16 starting at
@@ -80,11 +82,11 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + 2 * kPackRows)));
     __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
     decode_k4_scales(e + kScales, sc, mn);
-    __m512 sub_acc[NA];
-    for (int j = 0; j < NA; ++j) sub_acc[j] = _mm512_setzero_ps();
+    __m512i isum[NA];  // the super-block's sum over sub-blocks of scale x level sum, exact (< 2^26)
+    for (int j = 0; j < NA; ++j) isum[j] = _mm512_setzero_si512();
     const uint8_t* lv = e + kLevels;
     for (int k = 0; k < 8; ++k) {  // sub-block k: chunks 8 (k / 2) + t, low nibbles for even k
-      const __m512 dsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc[k])));
+      const __m512i sc32 = _mm512_cvtepu8_epi32(sc[k]);
       __m512i w[8];
       for (int t = 0; t < 8; ++t) {
         const __m512i v = _mm512_loadu_si512(lv + 64 * (8 * (k / 2) + t));
@@ -102,7 +104,7 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
           s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(load32(q + 4 * t)));
           s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(load32(q + 4 * t + 4)));
         }
-        sub_acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dsc, sub_acc[j]);
+        isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc32));
       }
     }
     // Mins as int16 pairs (m of sub-blocks 2p and 2p + 1 of each row) against the activation's pairs of sums.
@@ -115,7 +117,7 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
       __m512i mins = _mm512_setzero_si512();
       for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
       const __m512 da = _mm512_set1_ps(A.q[j][b].d);
-      acc[j] = _mm512_fmadd_ps(sub_acc[j], da, acc[j]);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, da), acc[j]);
       acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc[j]);
     }
   }

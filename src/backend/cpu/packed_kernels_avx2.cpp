@@ -97,11 +97,11 @@ void half_dot_q4_k(const uint8_t* group, int64_t nb, int h, const RowsK<NA>& A, 
     const __m256 dmin = f16x8(e + 2 * kPackRows + 16 * h);
     __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
     decode_k4_scales(e + kScales, sc, mn);
-    __m256 sub_acc[NA];
-    for (int j = 0; j < NA; ++j) sub_acc[j] = _mm256_setzero_ps();
+    __m256i isum[NA];  // the super-block's sum over sub-blocks of scale x level sum, exact (< 2^25)
+    for (int j = 0; j < NA; ++j) isum[j] = _mm256_setzero_si256();
     const uint8_t* lv = e + kLevels;
     for (int k = 0; k < 8; ++k) {  // sub-block k: chunks 8 (k / 2) + t, low nibbles for even k
-      const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(sc[k], 8) : sc[k])));
+      const __m256i sc32 = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(sc[k], 8) : sc[k]);
       __m256i p[NA];  // the 8 chunks' int16 pair sums (at most 8 x 2 x 15 x 128), then widened
       for (int t = 0; t < 8; ++t) {
         const __m256i v = half_chunk(lv, 8 * (k / 2) + t, h);
@@ -113,7 +113,7 @@ void half_dot_q4_k(const uint8_t* group, int64_t nb, int h, const RowsK<NA>& A, 
       }
       __m256i s[NA];
       for (int j = 0; j < NA; ++j) s[j] = pairs_to_i32(p[j]);
-      for (int j = 0; j < NA; ++j) sub_acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), dsc, sub_acc[j]);
+      for (int j = 0; j < NA; ++j) isum[j] = _mm256_add_epi32(isum[j], _mm256_mullo_epi32(s[j], sc32));
     }
     // Mins as int16 pairs (m of sub-blocks 2p and 2p + 1 of each of this half's rows) against the activation's pairs of sums.
     __m256i mpair[4];
@@ -126,7 +126,7 @@ void half_dot_q4_k(const uint8_t* group, int64_t nb, int h, const RowsK<NA>& A, 
       __m256i mins = _mm256_setzero_si256();
       for (int p = 0; p < 4; ++p) mins = _mm256_add_epi32(mins, _mm256_madd_epi16(mpair[p], _mm256_set1_epi32(load32(ss + 2 * p))));
       const __m256 da = _mm256_set1_ps(A.q[j][b].d);
-      acc[j] = _mm256_fmadd_ps(sub_acc[j], da, acc[j]);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_mul_ps(d, da), acc[j]);
       acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), _mm256_mul_ps(dmin, da), acc[j]);
     }
   }

@@ -129,6 +129,24 @@ void q8_k_sums(const void* row, int64_t nb, KSums* sums) {
   }
 }
 
+size_t act_tiles_bytes(int n_rows, int64_t n) { return (size_t)((n_rows + 15) / 16 * 16) * (size_t)((n + 63) / 64 * 64); }
+
+void build_act_tiles(ActFormat format, const uint8_t* rows, size_t row_stride, int n_rows, int64_t n, uint8_t* dst) {
+  ROOFLINE_CHECK((format == ActFormat::Q8_0 || format == ActFormat::Q8_K) && n % kQK == 0);
+  const int64_t chunks = n / kQK, pairs = (chunks + 1) / 2;
+  std::memset(dst, 0, act_tiles_bytes(n_rows, n));
+  for (int r = 0; r < n_rows; ++r) {
+    const uint8_t* row = rows + (size_t)r * row_stride;
+    uint8_t* tile = dst + (size_t)(r / 16) * (size_t)pairs * 1024 + 64 * (size_t)(r % 16);
+    for (int64_t j = 0; j < chunks; ++j) {
+      const uint8_t* levels = format == ActFormat::Q8_0
+                                  ? row + (size_t)j * sizeof(BlockQ8_0) + offsetof(BlockQ8_0, qs)
+                                  : row + (size_t)(j / 8) * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs) + 32 * (size_t)(j % 8);
+      std::memcpy(tile + (size_t)(j / 2) * 1024 + 32 * (size_t)(j % 2), levels, 32);
+    }
+  }
+}
+
 PackedTileFn packed_tile_fn_at(CpuIsa level, DType type) {
   ROOFLINE_CHECK(level <= cpu_isa_detected());
   if (level >= CpuIsa::Avx512) return detail::avx512_packed_tile(type);
@@ -140,6 +158,7 @@ PackedTileFn packed_tile_fn(DType type) { return packed_tile_fn_at(cpu_isa(), ty
 
 PackedMatrix::PackedMatrix(const Weight& w, ThreadPool& pool, PackedTileFn tile) : tile_(tile) {
   ROOFLINE_CHECK(tile_ != nullptr);
+  if (tile_ == detail::avx512_packed_tile(w.type())) prompt_tile_ = detail::amx_packed_tile(w.type());
   if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
   const int64_t rows = w.rows(), n = w.cols();
   const int64_t groups = (rows + kPackRows - 1) / kPackRows;

@@ -68,7 +68,18 @@ struct PackedActs {
   const int32_t* sums = nullptr;      // Q8_0
   const KSums* k_sums = nullptr;      // Q8_K
   size_t blocks_per_row = 0;
+  const uint8_t* tiles = nullptr;     // the levels again in AMX tile order (build_act_tiles), or nullptr
 };
+
+// Products of at least this many activation rows take a packed matrix's prompt kernel (AMX) where it has
+// one, and their activation rows are also laid out for it (build_act_tiles).
+constexpr int kPromptKernelRows = 8;
+// The levels of n_rows Q8_0 or Q8_K rows (n elements each, at rows with row_stride) in AMX A-tile order:
+// per 16 rows (the last 16 padded with zero levels) and pair P of 32-element chunks (levels 64P .. 64P + 63;
+// a last odd chunk padded with zeros), 1024 bytes: the pair of each of the 16 rows, 64 bytes after 64 bytes.
+// Rows 16t, pair P at dst + (t * ceil(n / 64) + P) * 1024.
+size_t act_tiles_bytes(int n_rows, int64_t n);
+void build_act_tiles(ActFormat format, const uint8_t* rows, size_t row_stride, int n_rows, int64_t n, uint8_t* dst);
 // Scales and level sums of one Q8_0 row of nb blocks (portable; ActRows calls it for every Q8_0 row).
 void q8_0_scales_and_sums(const void* row, int64_t nb, float* scales, int32_t* sums);
 // The KSums of one Q8_K row of nb super-blocks (from their sums of 16).
@@ -93,11 +104,14 @@ class PackedMatrix {
   size_t bytes() const { return data_.size(); }
   size_t group_bytes() const { return group_bytes_; }
   PackedTileFn tile() const { return tile_; }
+  // A kernel for products of many activation rows (AMX) that gives the same bits as tile(), or nullptr.
+  PackedTileFn prompt_tile() const { return prompt_tile_; }
 
  private:
   HugePageBuffer data_;
   size_t group_bytes_ = 0;
   PackedTileFn tile_ = nullptr;
+  PackedTileFn prompt_tile_ = nullptr;
 };
 
 // False when ROOFLINE_CPU_REPACK=0 is set (read once).
@@ -124,6 +138,10 @@ class PackedWeights {
 namespace detail {
 PackedTileFn avx512_packed_tile(DType type);  // nullptr if not compiled in or no kernel for the type
 PackedTileFn avx2_packed_tile(DType type);    // the same for the AVX2 kernels (packed_kernels_avx2.cpp)
+// AMX-INT8 (packed_amx.cpp): the same bits as avx512_packed_tile's kernel, for many activation rows. amx_supported:
+// compiled in, the CPU has AMX-INT8 and AVX-512 VNNI, Linux grants the tile state, ROOFLINE_CPU_AMX is not 0.
+bool amx_supported();
+PackedTileFn amx_packed_tile(DType type);
 }
 
 }  // namespace roofline::cpu
