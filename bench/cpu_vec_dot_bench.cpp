@@ -213,7 +213,7 @@ void BM_MatmulPackedPrompt(benchmark::State& state, DType t) {
 
 void PromptArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens", "cold"});
-  for (int tokens : {16, 64, 128}) b->Args({tokens, 0});
+  for (int tokens : {16, 32, 64, 128}) b->Args({tokens, 0});
   b->Threads(1);
 }
 

@@ -318,7 +318,8 @@ TEST_P(PackedType, MatmulReadsThePackedCopy) {
   ASSERT_TRUE(packed.add(m.weight(), pool));
   ASSERT_NE(packed.find(m.weight()), nullptr);
   EXPECT_EQ(packed.bytes(), packed_group_bytes(t, n) * 19);  // 300 rows: 19 groups of 16
-  const int n_act = 21;
+  static_assert(kPromptKernelRows <= 37);
+  const int n_act = 37;  // at least kPromptKernelRows: the prompt (AMX) kernels where the CPU has them
   const std::vector<float> x = random_acts(n_act, n, 3);
   std::vector<float> y_packed((size_t)(n_act * rows)), y_plain((size_t)(n_act * rows));
   matmul(m.weight(), x.data(), n_act, y_packed.data(), pool, &packed);
@@ -329,7 +330,7 @@ TEST_P(PackedType, MatmulReadsThePackedCopy) {
     den += (double)y_plain[i] * y_plain[i];
   }
   EXPECT_LT(num / den, 1e-11);  // the same integer sums; float order only
-  for (int c : {0, 5, 20}) {
+  for (int c : {0, 5, 20, 36}) {
     std::vector<float> one((size_t)rows);
     matmul(m.weight(), x.data() + (size_t)c * n, 1, one.data(), pool, &packed);
     EXPECT_EQ(std::memcmp(one.data(), y_packed.data() + (size_t)c * rows, one.size() * sizeof(float)), 0) << "row " << c;
