@@ -63,7 +63,7 @@ struct alignas(64) TileConfig {
 };
 
 // Loads the configuration for `rows` activation rows and products over k levels (C in tmm0 and tmm1, A in
-// tmm2, B in tmm4 and tmm5), unless it is loaded.
+// tmm2 and tmm3, B in tmm4 and tmm5), unless it is loaded.
 struct Tiles {
   int rows = 0, k = 0;
   void configure(int r, int kk) {
@@ -73,8 +73,10 @@ struct Tiles {
       c.rows[t] = (uint8_t)r;
       c.colsb[t] = 64;
     }
-    c.rows[2] = (uint8_t)r;
-    c.colsb[2] = (uint16_t)kk;
+    for (int t : {2, 3}) {
+      c.rows[t] = (uint8_t)r;
+      c.colsb[t] = (uint16_t)kk;
+    }
     for (int t : {4, 5}) {
       c.rows[t] = (uint8_t)(kk / 4);
       c.colsb[t] = 64;
@@ -279,17 +281,35 @@ template <bool Q4>
 void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t nb, const PackedActs& a, int c0, const TileRows& tr,
               __m512* acc) {
   constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
-  alignas(64) int32_t c[kTileRows * 16];
+  alignas(64) int32_t c[2][kTileRows * 16];
   const float* d[kTileRows];
   for (int m = 0; m < kTileRows; ++m) d[m] = a.scales + (size_t)(c0 + tr.row(m)) * a.blocks_per_row;
   for (int m = 0; m < kTileRows; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    tile_product<true>(tr.chunk(b), tr.stride, unpacked + 8 * b, c);
+  const auto step = [&](int64_t b, const int32_t* sums) {  // block b's float steps, as the VNNI kernel's
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + (size_t)b * kEntry)));
     for (int m = 0; m < kTileRows; ++m) {
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d[m][b]));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * m)), scale, acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * m)), scale, acc[m]);
     }
+  };
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) {  // two blocks' tile products in flight (tmm0 and tmm1), then their steps in order
+    _tile_loadd(2, tr.chunk(b), tr.stride);
+    _tile_loadd(4, unpacked + 8 * b, 64);
+    _tile_zero(0);
+    _tile_dpbssd(0, 2, 4);
+    _tile_loadd(3, tr.chunk(b + 1), tr.stride);
+    _tile_loadd(5, unpacked + 8 * (b + 1), 64);
+    _tile_zero(1);
+    _tile_dpbssd(1, 3, 5);
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    step(b, c[0]);
+    step(b + 1, c[1]);
+  }
+  if (b < nb) {
+    tile_product<true>(tr.chunk(b), tr.stride, unpacked + 8 * b, c[0]);
+    step(b, c[0]);
   }
 }
 
