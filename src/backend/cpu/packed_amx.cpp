@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "backend/cpu/packed_weights.h"
 #include "formats/quant_blocks.h"
@@ -105,6 +106,15 @@ inline void tile_product(const void* a, size_t a_stride, const void* b, int32_t*
 enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
 
 constexpr int block_of(Kind K) { return K == Kind::Q4_0 || K == Kind::Q8_0 ? kQK : kQKK; }
+constexpr size_t packed_entry_bytes_of(Kind K) {  // packed_entry_bytes (packed_weights.cpp) as a constant
+  switch (K) {
+    case Kind::Q4_0: return 2 * kPackRows + 4 * 64;
+    case Kind::Q8_0: return 2 * kPackRows + 8 * 64;
+    case Kind::Q4_K: return 4 * kPackRows + kKScaleBytes * kPackRows + 32 * 64;
+    case Kind::Q5_K: return 4 * kPackRows + kKScaleBytes * kPackRows + (8 + 32) * 64;
+    default: return 2 * kPackRows + 16 * kPackRows + (32 + 16) * 64;
+  }
+}
 
 // Per super-block float data of an unpacked K-quant group.
 struct KScales {
@@ -276,15 +286,16 @@ struct TileRows {
   }
 };
 
-// Q4_0 / Q8_0: 16 weight rows x the tile's activation rows over nb blocks, into acc.
+// Q4_0 / Q8_0: 16 weight rows x the tile's activation rows over blocks [b0, b1) (unpacked: block b0's B tile),
+// added to acc.
 template <bool Q4>
-void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t nb, const PackedActs& a, int c0, const TileRows& tr,
-              __m512* acc) {
+void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t b0, int64_t b1, const PackedActs& a, int c0,
+              const TileRows& tr, __m512* acc) {
   constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
   alignas(64) int32_t c[2][kTileRows * 16];
   const float* d[kTileRows];
   for (int m = 0; m < kTileRows; ++m) d[m] = a.scales + (size_t)(c0 + tr.row(m)) * a.blocks_per_row;
-  for (int m = 0; m < kTileRows; ++m) acc[m] = _mm512_setzero_ps();
+  unpacked -= 8 * b0;  // indexed by block from here
   const auto step = [&](int64_t b, const int32_t* sums) {  // block b's float steps, as the VNNI kernel's
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + (size_t)b * kEntry)));
     for (int m = 0; m < kTileRows; ++m) {
@@ -292,8 +303,8 @@ void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t nb, const P
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * m)), scale, acc[m]);
     }
   };
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {  // two blocks' tile products in flight (tmm0 and tmm1), then their steps in order
+  int64_t b = b0;
+  for (; b + 1 < b1; b += 2) {  // two blocks' tile products in flight (tmm0 and tmm1), then their steps in order
     _tile_loadd(2, tr.chunk(b), tr.stride);
     _tile_loadd(4, unpacked + 8 * b, 64);
     _tile_zero(0);
@@ -307,7 +318,7 @@ void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t nb, const P
     step(b, c[0]);
     step(b + 1, c[1]);
   }
-  if (b < nb) {
+  if (b < b1) {
     tile_product<true>(tr.chunk(b), tr.stride, unpacked + 8 * b, c[0]);
     step(b, c[0]);
   }
@@ -315,8 +326,8 @@ void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t nb, const P
 
 // Q4_K / Q5_K: the same for super-blocks, from the unpacked pairs (unpack_q4_k): 8 tile products of 64 levels
 // per super-block into two C tiles, then the VNNI kernel's float steps per output.
-void tile_q4_k(const __m512i* unpacked, const KScales* ks, int64_t nb, const PackedActs& a, int c0, const TileRows& tr,
-               __m512* acc) {
+void tile_q4_k(const __m512i* unpacked, const KScales* ks, int64_t b0, int64_t b1, const PackedActs& a, int c0,
+               const TileRows& tr, __m512* acc) {
   alignas(64) int32_t lo[kTileRows * 16], hi[kTileRows * 16];
   const BlockQ8_K* q[kTileRows];
   const KSums* sums[kTileRows];
@@ -324,8 +335,9 @@ void tile_q4_k(const __m512i* unpacked, const KScales* ks, int64_t nb, const Pac
     q[m] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + tr.row(m)) * a.row_stride);
     sums[m] = a.k_sums + (size_t)(c0 + tr.row(m)) * a.blocks_per_row;
   }
-  for (int m = 0; m < kTileRows; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  unpacked -= 128 * b0;  // indexed by super-block from here
+  ks -= b0;
+  for (int64_t b = b0; b < b1; ++b) {
     _tile_zero(0);
     _tile_zero(1);
     for (int p = 0; p < 4; ++p) {
@@ -351,13 +363,14 @@ void tile_q4_k(const __m512i* unpacked, const KScales* ks, int64_t nb, const Pac
 
 // Q6_K: per sub-block of 16 (the VNNI kernel's order: over h, v, then quarter g), a tile product and a float
 // step per output, as that kernel does.
-void tile_q6_k(const __m512i* unpacked, const KScales* ks, int64_t nb, const PackedActs& a, int c0, const TileRows& tr,
-               __m512* acc) {
+void tile_q6_k(const __m512i* unpacked, const KScales* ks, int64_t b0, int64_t b1, const PackedActs& a, int c0,
+               const TileRows& tr, __m512* acc) {
   alignas(64) int32_t c[kTileRows * 16];
   const BlockQ8_K* q[kTileRows];
   for (int m = 0; m < kTileRows; ++m) q[m] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + tr.row(m)) * a.row_stride);
-  for (int m = 0; m < kTileRows; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+  unpacked -= 64 * b0;  // indexed by super-block from here
+  ks -= b0;
+  for (int64_t b = b0; b < b1; ++b) {
     __m512 sub_acc[kTileRows];
     for (int m = 0; m < kTileRows; ++m) sub_acc[m] = _mm512_setzero_ps();
     for (int i = 0; i < 16; ++i) {
@@ -375,27 +388,44 @@ template <Kind K>
 void amx_tile(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int n_a, int64_t n,
               float* y, size_t ldy) {
   constexpr bool kBlock32 = K == Kind::Q4_0 || K == Kind::Q8_0;
+  constexpr size_t kEntry = packed_entry_bytes_of(K);
+  // A group's (super-)blocks are taken a run at a time, whose B tiles (about 24 KiB: tile rows per block 8 for
+  // Q4_0 / Q8_0, 64 for Q6_K, 128 for Q4_K / Q5_K with their lo and hi parts) stay in the L1 while every
+  // activation tile passes over them; the accumulators of the activation tiles wait in memory between runs.
+  constexpr int kTileRowsPerBlock = kBlock32 ? 8 : K == Kind::Q6_K ? 64 : 128;
+  constexpr int64_t kRun = 384 / kTileRowsPerBlock;
   const int64_t nb = n / block_of(K);
   GroupBuffer& buf = group_buffer();
-  // Tile rows per (super-)block: 8 (Q4_0, Q8_0), 64 (Q6_K), 128 (Q4_K, Q5_K: lo and hi).
-  buf.reserve((size_t)nb * (kBlock32 ? 8 : K == Kind::Q6_K ? 64 : 128), kBlock32 ? 0 : (size_t)nb);
+  buf.reserve((size_t)kRun * kTileRowsPerBlock, kBlock32 ? 0 : (size_t)kRun);
+  thread_local std::vector<float> acc_rows;  // 16 outputs per activation row between runs
+  acc_rows.resize((size_t)(n_a + kTileRows) * 16);
   Tiles tiles;
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     const __mmask16 keep = (__mmask16)((1u << rows) - 1);
     const uint8_t* group = packed + (size_t)g * group_bytes;
-    if constexpr (kBlock32) unpack_q_0<K == Kind::Q4_0>(group, nb, buf.tiles());
-    if constexpr (K == Kind::Q4_K || K == Kind::Q5_K) unpack_q4_k<K == Kind::Q5_K>(group, nb, buf.tiles(), buf.scales());
-    if constexpr (K == Kind::Q6_K) unpack_q6_k(group, nb, buf.tiles(), buf.scales());
-    for (int ct = 0; ct < n_a; ct += kTileRows) {
-      const TileRows tr(a, c0 + ct, n_a - ct, kBlock32);
-      const int tile_rows = tr.rows;
-      tiles.configure(tr.tile_rows(), K == Kind::Q6_K ? 16 : kBlock32 ? 32 : 64);
-      __m512 acc[kTileRows];
-      if constexpr (kBlock32) tile_q_0<K == Kind::Q4_0>(group, buf.tiles(), nb, a, c0 + ct, tr, acc);
-      else if constexpr (K == Kind::Q6_K) tile_q6_k(buf.tiles(), buf.scales(), nb, a, c0 + ct, tr, acc);
-      else tile_q4_k(buf.tiles(), buf.scales(), nb, a, c0 + ct, tr, acc);
-      for (int m = 0; m < tile_rows; ++m) _mm512_mask_storeu_ps(y + (size_t)(ct + m) * ldy + (size_t)g * kPackRows, keep, acc[m]);
+    for (int64_t b0 = 0; b0 < nb; b0 += kRun) {
+      const int64_t b1 = b0 + kRun < nb ? b0 + kRun : nb;
+      const uint8_t* run = group + (size_t)b0 * kEntry;
+      if constexpr (kBlock32) unpack_q_0<K == Kind::Q4_0>(run, b1 - b0, buf.tiles());
+      if constexpr (K == Kind::Q4_K || K == Kind::Q5_K) unpack_q4_k<K == Kind::Q5_K>(run, b1 - b0, buf.tiles(), buf.scales());
+      if constexpr (K == Kind::Q6_K) unpack_q6_k(run, b1 - b0, buf.tiles(), buf.scales());
+      for (int ct = 0; ct < n_a; ct += kTileRows) {
+        const TileRows tr(a, c0 + ct, n_a - ct, kBlock32);
+        tiles.configure(tr.tile_rows(), K == Kind::Q6_K ? 16 : kBlock32 ? 32 : 64);
+        float* saved = acc_rows.data() + (size_t)ct * 16;
+        __m512 acc[kTileRows];
+        for (int m = 0; m < kTileRows; ++m) acc[m] = b0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(saved + 16 * m);
+        if constexpr (kBlock32) tile_q_0<K == Kind::Q4_0>(group, buf.tiles(), b0, b1, a, c0 + ct, tr, acc);
+        else if constexpr (K == Kind::Q6_K) tile_q6_k(buf.tiles(), buf.scales(), b0, b1, a, c0 + ct, tr, acc);
+        else tile_q4_k(buf.tiles(), buf.scales(), b0, b1, a, c0 + ct, tr, acc);
+        if (b1 < nb) {
+          for (int m = 0; m < kTileRows; ++m) _mm512_storeu_ps(saved + 16 * m, acc[m]);
+        } else {
+          for (int m = 0; m < tr.rows; ++m)
+            _mm512_mask_storeu_ps(y + (size_t)(ct + m) * ldy + (size_t)g * kPackRows, keep, acc[m]);
+        }
+      }
     }
   }
 }
