@@ -33,17 +33,25 @@ void ActRows::gather(const ActRows& src, std::span<const int> rows) {
     }
     if (nk) std::memcpy(k_sums_.data() + i * nk, src.k_sums_.data() + r * nk, nk * sizeof(KSums));
   }
-  build_tiles();
+  build_tiles(nullptr);
 }
 
-void ActRows::build_tiles() {
+void ActRows::build_tiles(ThreadPool* pool) {
   tiles_.clear();
   if ((format_ != ActFormat::Q8_0 && format_ != ActFormat::Q8_K) || n_rows_ < kPromptKernelRows || !detail::amx_supported())
     return;
   const int64_t n = (int64_t)(row_bytes_ / (format_ == ActFormat::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ8_K))) *
                     (format_ == ActFormat::Q8_0 ? kQK : kQKK);
   tiles_.resize(act_tiles_bytes(n_rows_, n));
-  build_act_tiles(format_, data_.data(), row_bytes_, n_rows_, n, tiles_.data());
+  const size_t tile_bytes = act_tiles_bytes(16, n);  // each 16 rows' part of the copy is built alone
+  const auto build = [&](size_t t) {
+    const int r0 = 16 * (int)t;
+    build_act_tiles(format_, data_.data() + (size_t)r0 * row_bytes_, row_bytes_, std::min(16, n_rows_ - r0), n,
+                    tiles_.data() + t * tile_bytes);
+  };
+  const size_t n_tiles = (size_t)(n_rows_ + 15) / 16;
+  if (pool) pool->parallel_for(n_tiles, build);
+  else for (size_t t = 0; t < n_tiles; ++t) build(t);
 }
 
 void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_cols, ThreadPool& pool) {
@@ -63,7 +71,7 @@ void ActRows::prepare(ActFormat format, const float* x, int n_rows, int64_t n_co
     if (q8_0) q8_0_scales_and_sums(row, (int64_t)nb, block_scales_.data() + r * nb, block_sums_.data() + r * nb);
     if (q8_k) q8_k_sums(row, (int64_t)nb, k_sums_.data() + r * nb);
   });
-  build_tiles();
+  build_tiles(&pool);
 }
 
 PackedActs ActRows::packed() const {

@@ -37,7 +37,7 @@ class ActRows {
   std::vector<int32_t> block_sums_;   // Q8_0: per row and block, the sum of the 32 levels
   std::vector<KSums> k_sums_;         // Q8_K: per row and super-block
   std::vector<uint8_t> tiles_;        // the levels in AMX tile order (build_act_tiles), for the prompt kernels
-  void build_tiles();
+  void build_tiles(ThreadPool* pool);  // over the pool where given
 };
 
 // y: [n_rows x w.rows()], rows of the activations in `act` (prepared for act_format_for(w.type())).
