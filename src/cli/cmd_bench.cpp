@@ -371,7 +371,7 @@ int run(int argc, char** argv) {
                     r.roofline_ts = r.n_parallel / step_time;
                     r.roofline_pct = 100.0 * r.avg_ts / r.roofline_ts;
                   } else {
-                    r.tflops = r.avg_ts * flops_per_token(*model, tokens_per_sample_flops) / 1e12;
+                    r.tflops = r.avg_ts * flops_per_token(*model, tokens_per_sample_flops, /*with_output=*/false) / 1e12;
                   }
                   results.push_back(r);
                   log_info("{} {}: {:.2f} t/s", mpath, r.test, r.avg_ts);

@@ -271,15 +271,17 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const DecodeTime t_full = decode_time(slot_depth);
   p.decode_tok_s_full_context = t_full.predicted > 0 ? 1.0 / t_full.predicted : 0.0;
 
-  // Prefill: FLOPs of a token at the middle of a 512-token prompt, at the card's dense FP16 rate.
+  // Prefill: FLOPs of a token at the middle of a 512-token prompt (no logits but the last row's), at the card's
+  // dense FP16 rate. A decode row's FLOPs (the batched rows below) include the output matrix.
   p.flops_per_token = flops_per_token(model, 256);
+  p.prompt_flops_per_token = flops_per_token(model, 256, /*with_output=*/false);
   const double all_weights = host_weight_bytes(model, LayerSet{0, hp.n_layer, true, true});
   const double gpu_share = gpu.host ? 0 : std::min(1.0, p.gpu_bill.weights / std::max(all_weights, 1.0));
   const double gpu_flops = gpu.host ? 0 : gpu.tflops * 1e12 * s.prefill_efficiency;
   const bool host_compute_measured = s.host_tflops > 0;
   const double host_tflops = host_compute_measured ? s.host_tflops : host->tflops;
   const double host_flops = host_tflops * 1e12 * s.host_prefill_efficiency;
-  const double prefill_seconds = p.flops_per_token * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops);
+  const double prefill_seconds = p.prompt_flops_per_token * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops);
   p.prefill_tok_s = 1.0 / prefill_seconds;
 
   // Every slot generating at once: a step reads the weights once for all of them; each row after the
@@ -338,12 +340,12 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                                             host_compute_measured ? "this CPU's products, measured" : "the `cpu` entry's rough figure",
                                             s.host_prefill_efficiency);
   if (gpu.host)
-    d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {} = {:.0f} tok/s", p.flops_per_token / 1e9, host_rate,
+    d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {} = {:.0f} tok/s", p.prompt_flops_per_token / 1e9, host_rate,
                             p.prefill_tok_s));
   else
     d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
                             "on the H200){} = {:.0f} tok/s",
-                            p.flops_per_token / 1e9, gpu.tflops, s.prefill_efficiency,
+                            p.prompt_flops_per_token / 1e9, gpu.tflops, s.prefill_efficiency,
                             gpu_share < 1 ? fmt::format(", {:.0f}% of the weights on the GPU, the rest at {}", 100 * gpu_share, host_rate) : "",
                             p.prefill_tok_s));
   return p;

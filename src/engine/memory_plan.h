@@ -66,9 +66,10 @@ struct PlanSettings {
   // Every slot decoding at once: each row after the first adds its FLOPs at this share of the card's
   // CUDA-core FP32 rate (H200, qwen3-32b -npl 2/4/8: 1.81 / 2.26 / 2.45 ms more per row for 65 GFLOP,
   // 0.53 / 0.43 / 0.40 of 67 TFLOPS). Our prefill reaches
-  // ~30% of the dense FP16 tensor peak (qwen3.5-27b pp512 5657 tok/s x 53 GFLOP/token ~ 300 of 989 TFLOPS).
+  // ~28% of the dense FP16 tensor peak (qwen3.5-27b pp512 5657 tok/s x 49.1 GFLOP per prompt token, the output
+  // matrix left out: 278 of 989 TFLOPS).
   double batched_row_efficiency = 0.43;
-  double prefill_efficiency = 0.30;
+  double prefill_efficiency = 0.28;
   // The host's prompt products: their measured rate (cpu::measure_cpu_product_tflops; 0: the `cpu` entry's
   // rough figure), of which a CPU prompt step reaches this share (the products were 79-90% of qwen3-1.7b's
   // 128-token steps in the CPU profile, 1 to 16 threads: docs/performance.md).
@@ -104,7 +105,8 @@ struct Plan {
   double gpu_bytes_per_token = 0, host_bytes_per_token = 0;
   double decode_roofline_tok_s = 0, decode_tok_s = 0, decode_tok_s_full_context = 0;
   double decode_tok_s_all_slots = 0;  // every slot generating at once, all slots together
-  double flops_per_token = 0, prefill_tok_s = 0;
+  double flops_per_token = 0, prefill_tok_s = 0;  // flops_per_token: a decode row's (logits included)
+  double prompt_flops_per_token = 0;               // a prompt row's (no logits)
   std::vector<std::string> derivation;       // how the rates were computed, one line each
   std::vector<std::string> recommendations;  // computed alternatives when it does not fit
 };

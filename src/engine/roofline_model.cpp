@@ -50,11 +50,11 @@ double decode_bytes_per_token(const Model& model, double depth, DType type_k, DT
   return bytes;
 }
 
-double flops_per_token(const Model& model, double depth) {
+double flops_per_token(const Model& model, double depth, bool with_output) {
   const HParams& hp = model.hparams();
   const int n_attn = hp.count_layers(MixerKind::Attention), n_delta = hp.count_layers(MixerKind::DeltaNet);
   const DeltaNetDims& d = hp.delta_net;
-  double weights = (double)hp.n_embd * hp.n_vocab;  // output matrix
+  double weights = with_output ? (double)hp.n_embd * hp.n_vocab : 0.0;  // output matrix
   if (hp.is_moe())  // the router, k experts and the shared expert
     weights += (double)hp.n_layer * hp.n_embd * (hp.n_expert + 3.0 * ((double)hp.n_expert_used * hp.n_ff_exp + hp.n_ff_shexp));
   else

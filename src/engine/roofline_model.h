@@ -24,8 +24,9 @@ double kv_bytes_per_position(const Model& model, DType type_k, DType type_v);
 double kv_positions_read(const HParams& hp, int il, double depth);
 // Recurrent-state bytes one token moves in layers [layer_begin, layer_end) (read + write).
 double state_bytes_per_token(const Model& model, int layer_begin, int layer_end);
-// Matmul and attention FLOPs of one token at KV depth `depth` (for prefill rates).
-double flops_per_token(const Model& model, double depth);
+// Matmul and attention FLOPs of one token at KV depth `depth`; with_output: the output matrix's product too
+// (a decode row computes logits; a prompt's rows do not, but its last, which a per-token rate leaves out).
+double flops_per_token(const Model& model, double depth, bool with_output = true);
 
 // Read bandwidth of host memory in GB/s (1e9 bytes/s): n_threads streaming over a buffer much larger
 // than the caches, best of a few passes.

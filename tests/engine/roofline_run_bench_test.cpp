@@ -29,8 +29,9 @@ constexpr double kTinyQwen3KvF16 = 2 * (128 * 2 + 128 * 2);              // 1024
 constexpr double kTinyQwen3KvQ8_0 = 2 * (4 * 34 + 4 * 34);                // 544: 4 blocks of 32 per row
 constexpr double kTinyQwen3KvQ4_0 = 2 * (4 * 18 + 4 * 18);                // 288
 // FLOPs per token at depth d: 2 x (weights' multiply-adds + attention's q.k and p.v over d + 1 keys).
-double tiny_qwen3_flops(double d) {
-  const double weights = 256.0 * 512 + 2 * (3 * 256.0 * 768 + 256.0 * (256 + 128 + 128) + 256.0 * 256);
+// with_output: the output matrix's 256 x 512 (a decode row's logits; a prompt's rows leave it out).
+double tiny_qwen3_flops(double d, bool with_output = true) {
+  const double weights = (with_output ? 256.0 * 512 : 0.0) + 2 * (3 * 256.0 * 768 + 256.0 * (256 + 128 + 128) + 256.0 * 256);
   return 2 * (weights + 2 * 4 * (64 + 64) * (d + 1));
 }
 
@@ -46,6 +47,7 @@ TEST(RooflineModelTest, BytesAndFlopsOfTinyShapesByHand) {
   EXPECT_EQ(state_bytes_per_token(*m, 0, 2), 0.0);
   EXPECT_EQ(flops_per_token(*m, 0), tiny_qwen3_flops(0));
   EXPECT_EQ(flops_per_token(*m, 1000), tiny_qwen3_flops(1000));
+  EXPECT_EQ(flops_per_token(*m, 1000, /*with_output=*/false), tiny_qwen3_flops(1000, false));
 
   // tiny-qwen35: layers [DeltaNet, attention] x 2; DeltaNet 2 key heads / 4 value heads of 64, conv
   // kernel 4: a state of (4 - 1) x (2*2*64 + 4*64) conv floats + 4 x 64 x 64 matrix floats per layer,
@@ -103,7 +105,8 @@ TEST(BenchCliTest, RooflineArithmeticFromHandCountedBytes) {
   EXPECT_NEAR(tg["gbps"].get<double>(), ts * bytes / 1e9, 1e-9 * ts * bytes / 1e9);
   EXPECT_NEAR(tg["roofline_pct"].get<double>(), 100 * ts / (bw * 1e9 / bytes), 1e-9 * 100 * ts / (bw * 1e9 / bytes));
   const double pp_ts = pp["avg_ts"].get<double>();
-  EXPECT_NEAR(pp["tflops"].get<double>(), pp_ts * tiny_qwen3_flops(8) / 1e12, 1e-9 * pp_ts * tiny_qwen3_flops(8) / 1e12);
+  const double pp_flops = tiny_qwen3_flops(8, /*with_output=*/false);  // a prompt row computes no logits
+  EXPECT_NEAR(pp["tflops"].get<double>(), pp_ts * pp_flops / 1e12, 1e-9 * pp_ts * pp_flops / 1e12);
   EXPECT_EQ(pp["roofline_ts"].get<double>(), 0.0) << "prefill rows carry no decode roofline";
 
   // A mixture of experts: the roofline counts the experts a token reads (2 of 6 here), not the file.
