@@ -172,43 +172,39 @@ void BM_Matmul(benchmark::State& state, DType t) {
   });
 }
 
-// The packed kernels (tokens >= 1 only: decode runs them with one activation row).
-void BM_MatmulPacked(benchmark::State& state, DType t) {
+// One packed kernel over a packed matrix, tokens activation rows per call.
+void run_packed(benchmark::State& state, DType t, PackedTileFn tile, const char* label) {
   const int tokens = (int)state.range(0);
   Setup& s = setup(t, 6144, 2048, state.range(1) != 0 ? 12 : 1);
-  const PackedTileFn tile = packed_tile_fn(t);
-  if (!tile || tokens == 0) {
-    state.SkipWithError("no packed kernel for this type on this CPU (or tokens = 0)");
-    return;
-  }
   const size_t group_bytes = packed_group_bytes(t, s.cols);
   const PackedActs acts = s.packed_acts();
   std::vector<float> y((size_t)s.rows * tokens);
-  run_chunks(state, s, tokens, "packed", [&](size_t m, int64_t r0) {
+  run_chunks(state, s, tokens, label, [&](size_t m, int64_t r0) {
     tile(s.packed[m].data() + (size_t)(r0 / kPackRows) * group_bytes, group_bytes, (int)kChunkRows, acts, 0, tokens,
          s.cols, y.data() + r0, (size_t)s.rows);
     benchmark::DoNotOptimize(y.data());
   });
 }
 
+// The packed kernels (tokens >= 1 only: decode runs them with one activation row).
+void BM_MatmulPacked(benchmark::State& state, DType t) {
+  const PackedTileFn tile = packed_tile_fn(t);
+  if (!tile || state.range(0) == 0) {
+    state.SkipWithError("no packed kernel for this type on this CPU (or tokens = 0)");
+    return;
+  }
+  run_packed(state, t, tile, "packed");
+}
+
 // The packed matrices' prompt kernels (AMX where the CPU has it; the same bits as BM_MatmulPacked's) over
 // prompt-sized tiles of activation rows.
 void BM_MatmulPackedPrompt(benchmark::State& state, DType t) {
-  const int tokens = (int)state.range(0);
-  Setup& s = setup(t, 6144, 2048, state.range(1) != 0 ? 12 : 1);
   const PackedTileFn tile = detail::amx_packed_tile(t);
   if (!tile) {
     state.SkipWithError("no prompt (AMX) kernel for this type on this CPU");
     return;
   }
-  const size_t group_bytes = packed_group_bytes(t, s.cols);
-  const PackedActs acts = s.packed_acts();
-  std::vector<float> y((size_t)s.rows * tokens);
-  run_chunks(state, s, tokens, "prompt", [&](size_t m, int64_t r0) {
-    tile(s.packed[m].data() + (size_t)(r0 / kPackRows) * group_bytes, group_bytes, (int)kChunkRows, acts, 0, tokens,
-         s.cols, y.data() + r0, (size_t)s.rows);
-    benchmark::DoNotOptimize(y.data());
-  });
+  run_packed(state, t, tile, "prompt");
 }
 
 void PromptArgs(benchmark::internal::Benchmark* b) {

@@ -466,12 +466,7 @@ PackedTileFn amx_packed_tile(DType type) {
 }  // namespace detail
 }  // namespace roofline::cpu
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+#include "backend/cpu/avx512_region_end.h"  // closes this file's region (its begin adds the AMX targets)
 
 #else  // not x86-64 Linux GCC/Clang
 
