@@ -21,6 +21,20 @@ for q in $types; do
 done
 sync
 stamp "files written; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+# The CPU's topology: whether the vCPUs are SMT siblings (two threads of one core share its vector units and
+# its AMX tile unit, which would explain prompt products at 40% of their one-core rate at 4 and 16 threads).
+{ lscpu | grep -E "^(Thread|Core|Socket|NUMA node\(s\)|L1d|L2|L3|Model name|Flags)" | cut -c1-160
+  for c in 0 1 2 3; do echo "cpu$c siblings: $(cat /sys/devices/system/cpu/cpu$c/topology/thread_siblings_list 2>/dev/null)"; done
+} >> "$out/cpu_diag.md" 2>&1
+# 4 threads on 4 vCPUs chosen two ways (0-3, and every other one), Q4_0 prompt and decode: a difference says the
+# scheduler's placement on siblings matters.
+f0="$work/qwen3-1.7b-Q4_0.gguf"
+if [ -f "$f0" ] && command -v taskset > /dev/null; then
+  for cpus in 0-3 0,2,4,6 0-3 0,2,4,6; do
+    line=$(taskset -c "$cpus" timeout 100 "$bin/roofline" bench -m "$f0" -ngl 0 -t 4 -p 128 -n 32 -r 2 2>/dev/null | grep -E "pp128|tg32" | awk -F'|' '{print $11, $12}' | tr '\n' ' ')
+    stamp "Q4_0 t=4 on cpus $cpus: $line"
+  done
+fi
 # Variants, each "binary:ROOFLINE_CPU_AMX": this build with its AMX prompt kernels off and on (where the CPU has
 # AMX-INT8), and the build before it when carried.
 variants="$bin/roofline:0 $bin/roofline:1"
