@@ -98,6 +98,10 @@ int run(int argc, char** argv) {
   app.add_option("--spec-type", spec_type, "as serve: speculative decoding (draft-mtp, draft-simple), which keeps a second "
                  "recurrent state per slot")
       ->check(CLI::IsMember({"none", "draft-simple", "draft-mtp"}));
+  int draft_max = PlanSettings{}.draft_max;
+  app.add_option("--draft-max,--draft,--draft-n,--spec-draft-n-max", draft_max,
+                 "as serve: most tokens drafted per step (with --spec-type draft-mtp, the MTP head's KV holds them)")
+      ->capture_default_str();
   double cache_ram_mib = PlanSettings{}.cache_ram_mib;
   app.add_option("--cache-ram", cache_ram_mib, "as serve's -cram: MiB of host memory for sliding-window snapshots (-1: no limit)")
       ->capture_default_str();
@@ -115,6 +119,8 @@ int run(int argc, char** argv) {
   settings.prompt_cache = !no_prompt_cache;
   settings.speculative = !spec_type.empty() && spec_type != "none";
   settings.cache_ram_mib = cache_ram_mib;
+  settings.draft_max = draft_max;
+  if (draft_max < 1) fail("--draft-max {}: expected at least 1", draft_max);
   if (n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's)", n_ctx);
   if (n_parallel < 1) fail("-np {}: expected at least 1 slot", n_parallel);
   if (app.count("--vram") && !(vram > 0 && vram < 1e6)) fail("--vram {}: expected a positive size in GiB", vram);
@@ -149,6 +155,7 @@ int run(int argc, char** argv) {
     model = Model::load(gguf::GgufFile::open(model_path));
   }
 
+  if (spec_type == "draft-mtp") settings.mtp_head = Model::mtp_block(model);  // one line when the model has no MTP head
   GpuSpec gpu = resolve_gpu(gpu_name, settings.cuda_context_gib);
   if (app.count("--vram")) gpu.memory_gib = vram;
   if (gpu.host) settings.host_memory_gib = gpu.memory_gib;
@@ -166,10 +173,17 @@ int run(int argc, char** argv) {
 
   std::string serve = fmt::format("roofline serve -m {} -c {} -np {}", gguf_name, s.n_ctx, s.n_parallel);
   if (s.type_k != DType::F16 || s.type_v != DType::F16) serve += fmt::format(" -ctk {} -ctv {}", ctk, ctv);
-  serve += gpu.host ? " -ngl 0" : fmt::format(" -ngl {}", plan.n_gpu_layers == plan.n_units ? std::string("all") : std::to_string(plan.n_gpu_layers));
+  // With an MTP head, serve hands -ngl to both engines: a count places every unit of the head on the GPU, so a head
+  // that -ngl auto places partly (or a target it places partly) keeps auto.
+  const bool head_auto = plan.draft_units > 0 && s.n_gpu_layers == EngineOptions::kGpuLayersAuto &&
+                         (plan.draft_gpu_units < plan.draft_units || plan.n_gpu_layers < plan.n_units);
+  serve += gpu.host ? " -ngl 0"
+           : head_auto ? " -ngl auto"
+                       : fmt::format(" -ngl {}", plan.n_gpu_layers == plan.n_units ? std::string("all") : std::to_string(plan.n_gpu_layers));
   if (vram_limit > 0) serve += fmt::format(" --vram-limit {}", vram_limit);
   if (no_prompt_cache) serve += " --no-prompt-cache";
   if (settings.speculative) serve += " --spec-type " + spec_type;
+  if (settings.speculative && draft_max != PlanSettings{}.draft_max) serve += fmt::format(" --draft-max {}", draft_max);
   if (n_batch != 512) serve += fmt::format(" -b {}", n_batch);
 
   const double weight_bytes = [&] {
@@ -198,7 +212,7 @@ int run(int argc, char** argv) {
     ordered_json bill = ordered_json::array();
     for (const DeviceBill* b : {&plan.gpu_bill, &plan.host_bill})
       bill.push_back({{"device", b->device}, {"weights_bytes", b->weights}, {"kv_bytes", b->kv}, {"state_bytes", b->state},
-                      {"swa_ring_bytes", b->swa}, {"snapshot_bytes", b->snapshots}, {"work_bytes", b->work}, {"context_bytes", b->context}, {"margin_bytes", b->margin}, {"total_bytes", b->total()},
+                      {"swa_ring_bytes", b->swa}, {"snapshot_bytes", b->snapshots}, {"draft_bytes", b->draft}, {"work_bytes", b->work}, {"context_bytes", b->context}, {"margin_bytes", b->margin}, {"total_bytes", b->total()},
                       {"capacity_bytes", b->capacity}, {"fits", b->fits()}});
     out["bill"] = bill;
     out["kv"] = {{"bytes_per_position", plan.kv_bytes_per_position}, {"bytes_per_slot", plan.kv_bytes_per_slot},
@@ -234,6 +248,7 @@ int run(int argc, char** argv) {
   if (plan.state_cells > 0) row("recurrent state", plan.gpu_bill.state, plan.host_bill.state);
   if (plan.swa_ring_cells > 0) row("sliding-window rings", plan.gpu_bill.swa, plan.host_bill.swa);
   if (plan.window_snapshots > 0) row("prompt-cache snapshots", plan.gpu_bill.snapshots, plan.host_bill.snapshots);
+  if (plan.draft_units > 0) row("MTP head (draft-mtp)", plan.gpu_bill.draft, plan.host_bill.draft);
   row("compute buffers", plan.gpu_bill.work, plan.host_bill.work);
   row("CUDA context", plan.gpu_bill.context, plan.host_bill.context);
   row("margin kept free", plan.gpu_bill.margin, plan.host_bill.margin);
@@ -261,6 +276,11 @@ int run(int argc, char** argv) {
     std::printf("recurrent state: %d cells (%d slots + %d prompt-cache snapshots%s) x %.1f MiB\n", plan.state_cells, s.n_parallel,
                 plan.state_cells - s.n_parallel * (s.speculative ? 2 : 1),
                 s.speculative ? fmt::format(" + {} kept for rejected drafts", s.n_parallel).c_str() : "", plan.state_bytes_per_cell / 1048576.0);
+  if (plan.draft_units > 0)
+    std::printf("MTP head: an engine of its own, %d/%d units on the GPU: %.2f GiB of weights (its layer; on the GPU its own "
+                "copies of the embedding and the output matrix), %.3f GiB of KV (%d positions: the slots' and %d drafts each)%s\n",
+                plan.draft_gpu_units, plan.draft_units, plan.draft_weights / kGiB, plan.draft_kv / kGiB, plan.draft_positions,
+                s.draft_max, plan.draft_work > 0 ? fmt::format(", {:.2f} GiB of compute buffers", plan.draft_work / kGiB).c_str() : "");
   if (gpu.host)
     std::printf("\n%s: all %d units on the host\n", plan.fits ? "FITS" : "DOES NOT FIT", plan.n_units);
   else

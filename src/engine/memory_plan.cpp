@@ -203,6 +203,52 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     p.host_bill.swa = rings * row * kv.swa_ring * p.swa_ring_cells;
     p.host_bill.state = 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, set.begin, set.end) * p.state_cells;
   }
+  // The MTP head (--spec-type draft-mtp): serve creates its engine after the target's, with the target's -ngl,
+  // --vram-limit and KV types, and a context of the slots' positions plus each slot's drafts and a block
+  // (load_draft); its -ngl auto places what fits in the memory the target left.
+  bool draft_fits = true;
+  if (s.mtp_head) {
+    const Model& head = *s.mtp_head;
+    const HParams& hh = head.hparams();
+    const KvConfig hkv = planned_kv_config(hh, s.n_ctx + s.n_parallel * (s.draft_max + s.kv_block_size), s.n_batch,
+                                           s.kv_block_size, s.type_k, s.type_v);
+    p.draft_units = hh.n_layer + 1;
+    auto head_cost = [&](int, int first, int end) {
+      const LayerSet set{first, std::min(end, hh.n_layer), first == 0, end == p.draft_units};
+      return (double)planned_gpu_weight_bytes(head, set) + (double)planned_gpu_kv_block_bytes(head, set, hkv) * hkv.n_blocks;
+    };
+    const double head_work = gpu_work_bytes(s.n_batch, hh.n_vocab, hh.n_ff);
+    double head_budget = 0;
+    if (!gpu.host && s.n_gpu_layers != 0) {
+      const double target_used = units > 0 ? cost(0, first_gpu_unit, p.n_units) + work : 0;
+      double head_usable = gpu_memory - context - target_used;
+      if (s.vram_limit_gib > 0) head_usable = std::min(head_usable, s.vram_limit_gib * kGiB);
+      head_budget = gpu_budget_bytes(head_usable, s.margin_gib, head_work);
+      p.draft_gpu_units = choose_gpu_units(s.n_gpu_layers, p.draft_units, {1.0}, {head_budget}, head_cost);
+    }
+    const int first_head_gpu = p.draft_units - p.draft_gpu_units;
+    p.draft_positions = hkv.block_size * hkv.n_blocks;
+    if (p.draft_gpu_units > 0) {
+      const LayerSet set{first_head_gpu, hh.n_layer, first_head_gpu == 0, true};
+      p.draft_weights += (double)planned_gpu_weight_bytes(head, set);
+      p.draft_kv += (double)planned_gpu_kv_block_bytes(head, set, hkv) * hkv.n_blocks;
+      p.draft_work = head_work;
+      p.gpu_bill.draft = head_cost(0, first_head_gpu, p.draft_units) + head_work;
+      draft_fits = head_cost(0, first_head_gpu, p.draft_units) <= head_budget;
+    }
+    if (p.draft_gpu_units < p.draft_units) {
+      // In host memory the head shares the target's embedding and output matrix where the target keeps them there
+      // (one mapping of the file, one packed copy per process), so only the rest is the head's own.
+      const bool target_embedding_on_host = units < p.n_units, target_output_on_host = units == 0;
+      const LayerSet set{0, std::min(first_head_gpu, hh.n_layer), !target_embedding_on_host,
+                         p.draft_gpu_units == 0 && !target_output_on_host};
+      const double w = host_weight_bytes(head, set);
+      const double k = kv_bytes_per_position_in(head, set.begin, set.end, s.type_k, s.type_v) * p.draft_positions;
+      p.draft_weights += w;
+      p.draft_kv += k;
+      p.host_bill.draft = w + k;
+    }
+  }
   // Window snapshots stay in host memory whichever device holds the layers (pinned for a GPU's).
   p.host_bill.snapshots = p.window_snapshot_bytes * p.window_snapshots;
   p.swa_bytes_per_ring = p.swa_ring_cells > 0 ? (p.gpu_bill.swa + p.host_bill.swa) / p.swa_ring_cells : 0;
@@ -211,7 +257,8 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   p.state_bytes_per_cell = p.state_cells > 0 ? (p.gpu_bill.state + p.host_bill.state) / p.state_cells : 0;
   const bool placement_fits = units == 0 || cost(0, first_gpu_unit, p.n_units) <= budget;
   const bool wants_all = s.n_gpu_layers < 0 || s.n_gpu_layers >= p.n_units;
-  p.fits = placement_fits && p.host_bill.fits() && (gpu.host || !wants_all || units == p.n_units);
+  p.fits = placement_fits && draft_fits && p.host_bill.fits() &&
+           (gpu.host || !wants_all || (units == p.n_units && p.draft_gpu_units == p.draft_units));
 
   // Decode: a token reads every weight once, its embedding row, the KV of its depth and the states.
   const GpuSpec* host = find_gpu_spec("cpu");
@@ -410,7 +457,9 @@ void add_recommendations(Plan& plan, const Model& model, const ModelForMix& mode
       double bytes = 0;
       for (int il = 0; il < other->hparams().n_layer; ++il) bytes += (double)other->layer_bytes(il);
       bytes += (double)other->output_bytes();
-      const Plan q = make_plan(*other, plan.gpu, base);
+      PlanSettings with_head = base;
+      if (base.mtp_head) with_head.mtp_head = Model::mtp_block(other);  // the head in that mix too
+      const Plan q = make_plan(*other, plan.gpu, with_head);
       if (q.fits) mixes.push_back({bytes, fmt::format("a {} file ({:.2f} GiB of weights): {}", m.name, bytes / kGiB, describe(q))});
     }
     std::sort(mixes.begin(), mixes.end());

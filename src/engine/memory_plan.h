@@ -44,6 +44,10 @@ struct PlanSettings {
   int kv_block_size = 32;
   bool prompt_cache = true;         // recurrent models: 2 state snapshots per slot (serve's default)
   bool speculative = false;         // recurrent models: a kept state per slot for rejected drafts (--spec-type, -md)
+  // --spec-type draft-mtp: the model's MTP head (Model::mtp_block), an engine of its own that serve creates after
+  // the target's, and the most tokens it drafts per step (--draft-max: its KV holds each slot's drafts too).
+  std::shared_ptr<const Model> mtp_head;
+  int draft_max = 3;
   double cache_ram_mib = 8192;      // serve's --cache-ram: host memory for sliding-window snapshots
   double margin_gib = 1.0;          // EngineOptions::gpu_margin_gib
   double cuda_context_gib = 0.5;    // driver context, cuBLAS and kernels: not visible as free memory
@@ -82,8 +86,9 @@ struct DeviceBill {
   std::string device;  // "GPU (v100-32gb)" or "host"
   double weights = 0, kv = 0, state = 0, work = 0, context = 0, margin = 0;
   double swa = 0, snapshots = 0;  // sliding-window rings of the slots; their prompt-cache snapshots (host)
+  double draft = 0;     // the MTP head's engine: its weights, KV and (GPU) compute buffers
   double capacity = 0;  // memory available (0: unknown)
-  double total() const { return weights + kv + state + swa + snapshots + work + context + margin; }
+  double total() const { return weights + kv + state + swa + snapshots + draft + work + context + margin; }
   bool fits() const { return capacity <= 0 || total() <= capacity; }
 };
 
@@ -92,6 +97,9 @@ struct Plan {
   PlanSettings settings;  // with n_ctx resolved
   int n_units = 0;        // n_layer + 1
   int n_gpu_layers = 0;   // units offloaded
+  int draft_units = 0, draft_gpu_units = 0;  // the MTP head's units (its layer and its output), and those on the GPU
+  int draft_positions = 0;                    // the MTP head's KV positions
+  double draft_weights = 0, draft_kv = 0, draft_work = 0;  // its bill by kind, both devices together
   bool fits = false;      // every unit on the GPU (or, for the host entry, the host) and every bill within capacity
   DeviceBill gpu_bill, host_bill;
   double kv_bytes_total = 0, kv_bytes_per_slot = 0, kv_bytes_per_position = 0;

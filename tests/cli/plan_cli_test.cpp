@@ -30,6 +30,24 @@ TEST(PlanCli, TheV100CaseFitsAndPredictsDecode) {
       << r.out;
 }
 
+TEST(PlanCli, TheMtpHeadHasItsOwnLineInTheBill) {
+  auto r = run_cli({"plan", "-m", "synthetic:qwen3.5-27b-mtp:Q4_K_M", "--gpu", "v100-32gb", "-c", "8192", "-np", "4", "-ctk", "q8_0",
+                    "-ctv", "q8_0", "--spec-type", "draft-mtp", "--draft-max", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("MTP head (draft-mtp)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MTP head: an engine of its own, 2/2 units on the GPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-ngl all --spec-type draft-mtp --draft-max 4"), std::string::npos) << r.out;
+  auto j = run_cli({"plan", "-m", "synthetic:qwen3.5-27b-mtp:Q4_K_M", "--gpu", "rtx4090", "--spec-type", "draft-mtp", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const auto doc = nlohmann::json::parse(j.out);
+  EXPECT_GT(doc["bill"][0]["draft_bytes"].get<double>(), 1e9);
+  EXPECT_NE(doc["serve_command"].get<std::string>().find("-ngl auto"), std::string::npos) << "the head fits only in part";
+  auto none = run_cli({"plan", "-m", "synthetic:qwen3.5-27b:Q4_K_M", "--spec-type", "draft-mtp", "--gpu", "h200"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("has no MTP block"), std::string::npos) << none.err;
+  EXPECT_EQ(count_lines(none.err), 1) << none.err;
+}
+
 TEST(PlanCli, JsonHasTheFieldsScriptsUse) {
   auto r = run_cli({"plan", "-m", "synthetic:qwen3-32b:Q8_0", "--gpu", "rtx4090", "-c", "16384", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -43,7 +61,7 @@ TEST(PlanCli, JsonHasTheFieldsScriptsUse) {
   double weights = 0;
   for (const auto& b : j["bill"]) {
     EXPECT_NEAR(b["total_bytes"].get<double>(), b["weights_bytes"].get<double>() + b["kv_bytes"].get<double>() + b["state_bytes"].get<double>() +
-                                                    b["work_bytes"].get<double>() + b["context_bytes"].get<double>() +
+                                                    b["draft_bytes"].get<double>() + b["work_bytes"].get<double>() + b["context_bytes"].get<double>() +
                                                     b["margin_bytes"].get<double>(), 1);
     weights += b["weights_bytes"].get<double>();
   }

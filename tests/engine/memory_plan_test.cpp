@@ -181,6 +181,62 @@ TEST(MemoryPlan, V100RunsA27bQ4KmWithQ8KvAtFourSlots) {
   EXPECT_FALSE(p.derivation.empty());
 }
 
+// --spec-type draft-mtp: the MTP head is an engine of its own that serve creates after the target's. On the GPU it
+// holds its layer, its own copies of the embedding and the output matrix, a KV cache of the slots' positions plus
+// each slot's drafts and a block, and compute buffers of the target's size; -ngl auto places what fits in the memory
+// the target left. In host memory it shares the target's embedding and output matrix.
+TEST(MemoryPlan, TheMtpHeadIsBilledAsTheEngineServeCreatesForIt) {
+  auto m = layout("synthetic:qwen3.5-27b-mtp:Q4_K_M");
+  auto head = Model::mtp_block(m);
+  const HParams& hh = head->hparams();
+  ASSERT_EQ(hh.n_layer, 1);
+  PlanSettings s;
+  s.n_ctx = 8192;
+  s.n_parallel = 4;
+  s.type_k = s.type_v = DType::Q8_0;
+  s.speculative = true;
+  const Plan without = make_plan(*m, card("v100-32gb"), s);
+  s.mtp_head = head;
+  s.draft_max = 5;
+  const Plan p = make_plan(*m, card("v100-32gb"), s);
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.n_gpu_layers, 65);
+  EXPECT_EQ(p.draft_units, 2);
+  EXPECT_EQ(p.draft_gpu_units, 2);
+  const KvConfig hkv = planned_kv_config(hh, 8192 + 4 * (5 + 32), 512, 32, DType::Q8_0, DType::Q8_0);
+  EXPECT_EQ(p.draft_positions, hkv.block_size * hkv.n_blocks);
+  EXPECT_GE(p.draft_positions, 8192 + 4 * (5 + 32));
+  const LayerSet all{0, 1, true, true};
+  const double weights = (double)planned_gpu_weight_bytes(*head, all);
+  EXPECT_GT(weights, (double)m->token_embd().bytes() + (double)m->output_bytes()) << "its own copies on the GPU";
+  const double kv = (double)planned_gpu_kv_block_bytes(*head, all, hkv) * hkv.n_blocks;
+  EXPECT_DOUBLE_EQ(p.gpu_bill.draft, weights + kv + gpu_work_bytes(512, hh.n_vocab, hh.n_ff));
+  EXPECT_DOUBLE_EQ(p.gpu_bill.total(), without.gpu_bill.total() + p.gpu_bill.draft) << "nothing else changes";
+  EXPECT_EQ(p.host_bill.draft, 0.0);
+  EXPECT_DOUBLE_EQ(p.decode_tok_s, without.decode_tok_s);
+
+  // A 24 GB card: the target fits whole, the head only in part (its output unit): it does not fit as asked, and the
+  // serve command keeps -ngl auto (a count would place the whole head on the GPU).
+  s.type_k = s.type_v = DType::F16;
+  const Plan small = make_plan(*m, card("rtx4090"), s);
+  EXPECT_EQ(small.n_gpu_layers, 65);
+  EXPECT_EQ(small.draft_gpu_units, 1);
+  EXPECT_FALSE(small.fits);
+  EXPECT_GT(small.host_bill.draft, (double)head->layer_bytes(0)) << "its layer and the embedding, which the target keeps on the GPU";
+
+  // All on the host: only the head's layer and its KV are its own.
+  s.n_gpu_layers = 0;
+  const Plan host = make_plan(*m, card("rtx4090"), s);
+  EXPECT_EQ(host.draft_gpu_units, 0);
+  EXPECT_EQ(host.gpu_bill.draft, 0.0);
+  const KvConfig fkv = planned_kv_config(hh, 8192 + 4 * (5 + 32), 512, 32, DType::F16, DType::F16);
+  const double kv_row = (double)(dtype_row_bytes(DType::F16, hh.kv_dim_k()) + dtype_row_bytes(DType::F16, hh.kv_dim_v()));
+  EXPECT_DOUBLE_EQ(host.host_bill.draft, (double)head->layer_bytes(0) + kv_row * fkv.block_size * fkv.n_blocks);
+
+  // A model without an MTP block has no head to plan.
+  EXPECT_THROW(Model::mtp_block(layout("synthetic:qwen3.5-27b:Q4_K_M")), Error);
+}
+
 // gemma3-27b at -c 32768 -np 4 (f16 K and V, serve's -b 512 and blocks of 32): the 10 global layers keep the
 // whole context, each of the 52 sliding layers a ring of 1024 + 512 - 1 positions (1536 in blocks) per slot,
 // and the prompt-cache snapshots (52 layers x the 1024 positions before a boundary, 416 MiB each, two per
@@ -352,6 +408,14 @@ TEST(GpuMemoryPlan, PlannedBytesAndAutoOffloadMatchTheEngine) {
     EXPECT_EQ(planned_gpu_weight_bytes(*model, set), backend->weight_bytes(*model, set)) << first;
     EXPECT_EQ(planned_gpu_kv_block_bytes(*model, set, kv), backend->kv_block_bytes(*model, set, kv)) << first;
     EXPECT_EQ(planned_gpu_state_cell_bytes(*model, set), backend->state_cell_bytes(*model, set)) << first;
+  }
+  // The MTP head (a one-layer model of its own: its layer, the embedding and the output matrix).
+  auto mtp = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-qwen35-mtp:Q4_K_M")));
+  auto head = Model::mtp_block(mtp);
+  for (int first = 0; first <= 1; ++first) {
+    const LayerSet set{first, 1, first == 0, true};
+    EXPECT_EQ(planned_gpu_weight_bytes(*head, set), backend->weight_bytes(*head, set)) << "MTP head from unit " << first;
+    EXPECT_EQ(planned_gpu_kv_block_bytes(*head, set, kv), backend->kv_block_bytes(*head, set, kv)) << "MTP head from unit " << first;
   }
   // Gemma 3's rings and window snapshots (the sliding layers leave the paged blocks).
   auto gemma = Model::load(build_synthetic_model(parse_synthetic_spec("synthetic:tiny-gemma3:Q8_0")));
