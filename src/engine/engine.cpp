@@ -229,8 +229,10 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     cpu->load(model, set);
     engine->report_.push_back(
         cpu->packed_count() > 0
-            ? fmt::format("CPU: {} threads, {} kernels; {} weight matrices repacked for them ({:.1f} MiB)", cpu->n_threads(),
-                          cpu::cpu_simd_name(), cpu->packed_count(), (double)cpu->packed_bytes() / (1024.0 * 1024.0))
+            ? fmt::format("CPU: {} threads, {} kernels{}; {} weight matrices repacked for them ({:.1f} MiB)", cpu->n_threads(),
+                          cpu::cpu_simd_name(),
+                          cpu::cpu_isa() >= cpu::CpuIsa::Avx512 && cpu::detail::amx_supported() ? " (prompts on AMX-INT8 tiles)" : "",
+                          cpu->packed_count(), (double)cpu->packed_bytes() / (1024.0 * 1024.0))
             : fmt::format("CPU: {} threads, {} kernels", cpu->n_threads(), cpu::cpu_simd_name()));
     cpu->init_kv(kv);
     cpu->init_state(n_cells);
