@@ -231,7 +231,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         cpu->packed_count() > 0
             ? fmt::format("CPU: {} threads, {} kernels{}; {} weight matrices repacked for them ({:.1f} MiB)", cpu->n_threads(),
                           cpu::cpu_simd_name(),
-                          cpu::cpu_isa() >= cpu::CpuIsa::Avx512 && cpu::detail::amx_supported() ? " (prompts on AMX-INT8 tiles)" : "",
+                          cpu::prompt_kernels_enabled() ? " (prompts on AMX-INT8 tiles)" : "",
                           cpu->packed_count(), (double)cpu->packed_bytes() / (1024.0 * 1024.0))
             : fmt::format("CPU: {} threads, {} kernels", cpu->n_threads(), cpu::cpu_simd_name()));
     cpu->init_kv(kv);

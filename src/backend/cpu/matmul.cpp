@@ -38,7 +38,7 @@ void ActRows::gather(const ActRows& src, std::span<const int> rows) {
 
 void ActRows::build_tiles(ThreadPool* pool) {
   tiles_.clear();
-  if ((format_ != ActFormat::Q8_0 && format_ != ActFormat::Q8_K) || n_rows_ < kPromptKernelRows || !detail::amx_supported())
+  if ((format_ != ActFormat::Q8_0 && format_ != ActFormat::Q8_K) || n_rows_ < kPromptKernelRows || !prompt_kernels_enabled())
     return;
   const int64_t n = (int64_t)(row_bytes_ / (format_ == ActFormat::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ8_K))) *
                     (format_ == ActFormat::Q8_0 ? kQK : kQKK);

@@ -181,6 +181,8 @@ bool repack_enabled() {
   return on;
 }
 
+bool prompt_kernels_enabled() { return repack_enabled() && cpu_isa() >= CpuIsa::Avx512 && detail::amx_supported(); }
+
 namespace {
 // Every packed copy alive in the process, by tensor and kernel (the key's tensor outlives the copy: the
 // backends holding a copy hold its model).

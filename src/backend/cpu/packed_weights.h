@@ -118,6 +118,9 @@ class PackedMatrix {
 
 // False when ROOFLINE_CPU_REPACK=0 is set (read once).
 bool repack_enabled();
+// Whether products of many rows run on the AMX prompt kernels: repacking on, the kernels at AVX-512 (not capped
+// by ROOFLINE_CPU_ISA) and detail::amx_supported().
+bool prompt_kernels_enabled();
 
 // The packed copies a backend made of its weights, found by tensor. Matrices of other types (or on a CPU
 // without the kernels, or with ROOFLINE_CPU_REPACK=0 in the environment, to compare) are not added and
