@@ -19,7 +19,7 @@
 namespace roofline::cpu {
 namespace {
 
-constexpr int kHeads = 6, kHeadsKv = 2, kBlock = 8, kBlocks = 16;
+constexpr int kHeads = 6, kHeadsKv = 2, kBlock = 8, kBlocks = 24;
 int kDimK = 64, kDimV = 32;  // set per case
 
 struct Cache {
@@ -50,21 +50,21 @@ Cache random_cache(DType type, Rng& rng) {
   return c;
 }
 
-// Sequence A: 5 cached positions and 37 new rows (tiles of 16, 16, 5); sequence B: 3 new rows. Their
-// blocks are interleaved out of order.
+// Sequence A: 100 cached positions and 37 new rows (tiles of 16, 16, 5; its keys span three blocks of 64 and
+// groups of 16 with tails); sequence B: 3 new rows. Their blocks are interleaved out of order.
 StepDesc two_sequences() {
   StepDesc st;
   StepSequence a, b;
-  a.n_past = 5;
+  a.n_past = 100;
   a.n_new = 37;
-  a.block_table = {9, 2, 14, 0, 7, 11};  // positions 0..41
+  a.block_table = {9, 2, 14, 0, 7, 11, 23, 1, 18, 3, 20, 6, 12, 16, 4, 21, 8, 13};  // positions 0..136
   b.n_new = 3;
   b.first_token = 37;
   b.block_table = {5};
   st.sequences = {a, b};
   for (int i = 0; i < 37; ++i) {
     st.tokens.push_back(0);
-    st.positions.push_back(5 + i);
+    st.positions.push_back(100 + i);
     st.row_seq.push_back(0);
   }
   for (int i = 0; i < 3; ++i) {

@@ -1,9 +1,6 @@
 // AVX-512 forms of the gated activations of the feed-forward blocks (cpu_ops.h: gated_activation):
-// g = silu(g) * u and g = gelu_tanh(g) * u, 16 elements at a time with a masked tail. exp is evaluated as
-// 2^k * e^r with k = round(x / ln 2), r = x - k ln 2 (ln 2 split in two parts) and a degree-7 Taylor
-// polynomial of e^r on |r| <= ln 2 / 2 (relative error ~1e-8, a few float ulps in all), then scalef by k;
-// arguments are clamped to +-104, where scalef already gives inf or 0, so silu and tanh reach their limits
-// (0, x, +-1) exactly as the scalar forms do. Each element is a fixed sequence of operations of its own value: any split of the rows and
+// g = silu(g) * u and g = gelu_tanh(g) * u, 16 elements at a time with a masked tail, through avx512_math.h's
+// exp16, whose clamp to +-104 lets silu and tanh reach their limits (0, x, +-1) exactly as the scalar forms do. Each element is a fixed sequence of operations of its own value: any split of the rows and
 // columns over threads gives the same bits.
 #include <cstddef>
 
@@ -11,26 +8,10 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "backend/cpu/avx512_region_begin.h"
+#include "backend/cpu/avx512_math.h"
 
 namespace roofline::cpu::detail {
 namespace {
-
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(104.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);  // ln 2, high part (exact product)
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.42860682030941723212e-6f), r);  // ln 2, low part
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, k);
-}
 
 inline __m512 silu16(__m512 x) {
   const __m512 one = _mm512_set1_ps(1.0f);

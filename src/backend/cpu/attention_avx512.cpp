@@ -1,14 +1,16 @@
 // AVX-512 inner loops of the CPU paged attention (cpu_ops.cpp's attention, same tiles and the same
 // two passes): keys and values of a block of 64 positions dequantized once into floats, then per query
-// vector its scores against the block with the query held in registers (one product per 16 dimensions,
-// two FMA chains, one horizontal sum), and per output vector its weighted sum over the block with the
-// output held in registers. Every score and output element is a fixed sequence of operations over its
+// vector its scores against the block with the query held in registers (per key, one product per 16
+// dimensions in two FMA chains; the 16 lane sums of 16 keys at once in one tree, avx512_math.h's sum16x16),
+// a vectorized softmax (exp16), and per output vector its weighted sum over the block with the output held
+// in registers. Every score and output element is a fixed sequence of operations over its
 // own query, keys and values (keys in position order), whatever the tile: batch invariance. Head
 // dimensions 64, 128 and 256 (K and V equal); others take the portable loops.
 #include "backend/cpu/attention_kernels.h"
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -16,11 +18,37 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "backend/cpu/avx512_region_begin.h"
+#include "backend/cpu/avx512_math.h"
 
 namespace roofline::cpu::detail {
 namespace {
 
 constexpr int kKeyBlock = 64;
+
+// Softmax of n scores in place, 16 at a time: the maximum, exp16(x - max) summed in 16 lanes (then the lanes
+// in sum16x16's tree), times 1 / sum. The same operations for a row's scores in any tile.
+void softmax16(float* sc, int n) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 m = (__mmask16)(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), m, sc + j));
+  }
+  const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 sum = _mm512_setzero_ps();
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 m = (__mmask16)(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), top)));
+    _mm512_mask_storeu_ps(sc + j, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  __m512 lanes[16];
+  for (int k = 0; k < 16; ++k) lanes[k] = k == 0 ? sum : _mm512_setzero_ps();
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_cvtss_f32(sum16x16(lanes)));
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 m = (__mmask16)(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(sc + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + j), inv));
+  }
+}
 
 template <int D16>  // head dimension / 16
 void tile(const AttentionTile& t) {
@@ -62,23 +90,32 @@ void tile(const AttentionTile& t) {
         const float* qv = t.q + (size_t)i * t.q_row_stride + (size_t)g * kDim;
         __m512 qr[D16];
         for (int x = 0; x < D16; ++x) qr[x] = _mm512_loadu_ps(qv + 16 * x);
-        float* sc = scores.data() + offset[i] + (size_t)g * n_keys;
-        for (int j = a; j < b; ++j) {
-          const float* kr = block.data() + (size_t)(j - j0) * kDim;
-          __m512 s0 = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kr));
-          __m512 s1 = _mm512_mul_ps(qr[1], _mm512_loadu_ps(kr + 16));
-          for (int x = 2; x < D16; x += 2) {
-            s0 = _mm512_fmadd_ps(qr[x], _mm512_loadu_ps(kr + 16 * x), s0);
-            s1 = _mm512_fmadd_ps(qr[x + 1], _mm512_loadu_ps(kr + 16 * x + 16), s1);
+        float* sc = scores.data() + offset[i] + (size_t)g * n_keys - t.first[i];  // score of position j at sc[j]
+        for (int j = a; j < b; j += 16) {  // 16 keys: their lane products, then the 16 sums in one tree
+          const int nk = std::min(16, b - j);
+          __m512 part[16];
+          for (int k = 0; k < 16; ++k) {
+            if (k >= nk) {
+              part[k] = _mm512_setzero_ps();
+              continue;
+            }
+            const float* kr = block.data() + (size_t)(j + k - j0) * kDim;
+            __m512 s0 = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kr));
+            __m512 s1 = _mm512_mul_ps(qr[1], _mm512_loadu_ps(kr + 16));
+            for (int x = 2; x < D16; x += 2) {
+              s0 = _mm512_fmadd_ps(qr[x], _mm512_loadu_ps(kr + 16 * x), s0);
+              s1 = _mm512_fmadd_ps(qr[x + 1], _mm512_loadu_ps(kr + 16 * x + 16), s1);
+            }
+            part[k] = _mm512_add_ps(s0, s1);
           }
-          sc[j - t.first[i]] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * t.scale;
+          _mm512_mask_storeu_ps(sc + j, (__mmask16)((1u << nk) - 1), _mm512_mul_ps(sum16x16(part), _mm512_set1_ps(t.scale)));
         }
       }
     }
   }
   for (int i = 0; i < t.nr; ++i) {
     const int n_keys = t.last[i] + 1 - t.first[i];
-    for (int g = 0; g < t.n_gqa; ++g) softmax_row(scores.data() + offset[i] + (size_t)g * n_keys, n_keys);
+    for (int g = 0; g < t.n_gqa; ++g) softmax16(scores.data() + offset[i] + (size_t)g * n_keys, n_keys);
     float* oh = t.out + (size_t)i * t.out_row_stride;
     std::fill(oh, oh + (size_t)t.n_gqa * kDim, 0.0f);
   }
