@@ -163,7 +163,7 @@ GroupBuffer& group_buffer() {
 // 0..3 from the low nibbles of chunks 0..3, rows 4..7 from their high nibbles (the VNNI kernel's w[0..7]).
 template <bool Q4>
 void unpack_q_0(const uint8_t* group, int64_t nb, __m512i* t) {
-  constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
+  constexpr size_t kEntry = packed_entry_bytes_of(Q4 ? Kind::Q4_0 : Kind::Q8_0);
   const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8), top = _mm512_set1_epi8((char)0x80);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* lv = group + (size_t)b * kEntry + 2 * kPackRows;
@@ -291,11 +291,11 @@ struct TileRows {
 template <bool Q4>
 void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t b0, int64_t b1, const PackedActs& a, int c0,
               const TileRows& tr, __m512* acc) {
-  constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
+  constexpr size_t kEntry = packed_entry_bytes_of(Q4 ? Kind::Q4_0 : Kind::Q8_0);
   alignas(64) int32_t c[2][kTileRows * 16];
   const float* d[kTileRows];
   for (int m = 0; m < kTileRows; ++m) d[m] = a.scales + (size_t)(c0 + tr.row(m)) * a.blocks_per_row;
-  unpacked -= 8 * b0;  // indexed by block from here
+  const auto b_tile = [&](int64_t b) { return unpacked + 8 * (b - b0); };  // block b's B tile
   const auto step = [&](int64_t b, const int32_t* sums) {  // block b's float steps, as the VNNI kernel's
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + (size_t)b * kEntry)));
     for (int m = 0; m < kTileRows; ++m) {
@@ -306,11 +306,11 @@ void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t b0, int64_t
   int64_t b = b0;
   for (; b + 1 < b1; b += 2) {  // two blocks' tile products in flight (tmm0 and tmm1), then their steps in order
     _tile_loadd(2, tr.chunk(b), tr.stride);
-    _tile_loadd(4, unpacked + 8 * b, 64);
+    _tile_loadd(4, b_tile(b), 64);
     _tile_zero(0);
     _tile_dpbssd(0, 2, 4);
     _tile_loadd(3, tr.chunk(b + 1), tr.stride);
-    _tile_loadd(5, unpacked + 8 * (b + 1), 64);
+    _tile_loadd(5, b_tile(b + 1), 64);
     _tile_zero(1);
     _tile_dpbssd(1, 3, 5);
     _tile_stored(0, c[0], 64);
@@ -319,7 +319,7 @@ void tile_q_0(const uint8_t* group, const __m512i* unpacked, int64_t b0, int64_t
     step(b + 1, c[1]);
   }
   if (b < b1) {
-    tile_product<true>(tr.chunk(b), tr.stride, unpacked + 8 * b, c[0]);
+    tile_product<true>(tr.chunk(b), tr.stride, b_tile(b), c[0]);
     step(b, c[0]);
   }
 }
@@ -335,15 +335,15 @@ void tile_q4_k(const __m512i* unpacked, const KScales* ks, int64_t b0, int64_t b
     q[m] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + tr.row(m)) * a.row_stride);
     sums[m] = a.k_sums + (size_t)(c0 + tr.row(m)) * a.blocks_per_row;
   }
-  unpacked -= 128 * b0;  // indexed by super-block from here
-  ks -= b0;
   for (int64_t b = b0; b < b1; ++b) {
+    const __m512i* w = unpacked + 128 * (b - b0);  // super-block b's B tiles and scales (the run starts at b0)
+    const KScales& k = ks[b - b0];
     _tile_zero(0);
     _tile_zero(1);
     for (int p = 0; p < 4; ++p) {
       _tile_loadd(2, tr.chunk(8 * b + 2 * p), tr.stride);
-      _tile_loadd(4, unpacked + 128 * b + 32 * p, 64);
-      _tile_loadd(5, unpacked + 128 * b + 32 * p + 16, 64);
+      _tile_loadd(4, w + 32 * p, 64);
+      _tile_loadd(5, w + 32 * p + 16, 64);
       _tile_dpbsud(0, 2, 4);
       _tile_dpbsud(1, 2, 5);
     }
@@ -353,10 +353,10 @@ void tile_q4_k(const __m512i* unpacked, const KScales* ks, int64_t b0, int64_t b
       const __m512i isum = _mm512_add_epi32(_mm512_load_si512(lo + 16 * m), _mm512_slli_epi32(_mm512_load_si512(hi + 16 * m), 3));
       const int16_t* ss = sums[m][b].sub;
       __m512i mins = _mm512_setzero_si512();
-      for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, ks[b].mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
+      for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, k.mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
       const __m512 da = _mm512_set1_ps(q[m][b].d);
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ks[b].d, da), acc[m]);
-      acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(ks[b].dmin, da), acc[m]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(k.d, da), acc[m]);
+      acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(k.dmin, da), acc[m]);
     }
   }
 }
@@ -368,15 +368,15 @@ void tile_q6_k(const __m512i* unpacked, const KScales* ks, int64_t b0, int64_t b
   alignas(64) int32_t c[kTileRows * 16];
   const BlockQ8_K* q[kTileRows];
   for (int m = 0; m < kTileRows; ++m) q[m] = reinterpret_cast<const BlockQ8_K*>(a.rows + (size_t)(c0 + tr.row(m)) * a.row_stride);
-  unpacked -= 64 * b0;  // indexed by super-block from here
-  ks -= b0;
   for (int64_t b = b0; b < b1; ++b) {
+    const __m512i* w = unpacked + 64 * (b - b0);  // super-block b's B tiles and scales (the run starts at b0)
+    const KScales& k = ks[b - b0];
     __m512 sub_acc[kTileRows];
     for (int m = 0; m < kTileRows; ++m) sub_acc[m] = _mm512_setzero_ps();
     for (int i = 0; i < 16; ++i) {
       const int sb = 8 * (i / 8) + 2 * (i % 4) + (i / 4) % 2;
-      tile_product<true>(tr.chunk(8 * b + sb / 2) + 16 * (sb % 2), tr.stride, unpacked + 4 * (16 * b + sb), c);
-      const __m512 dsc = ks[b].dsc[sb];
+      tile_product<true>(tr.chunk(8 * b + sb / 2) + 16 * (sb % 2), tr.stride, w + 4 * sb, c);
+      const __m512 dsc = k.dsc[sb];
       for (int m = 0; m < kTileRows; ++m)
         sub_acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * m)), dsc, sub_acc[m]);
     }
