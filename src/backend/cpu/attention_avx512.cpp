@@ -68,15 +68,31 @@ void tile(const AttentionTile& t) {
   scores.assign(total, 0.0f);
   block.resize((size_t)kKeyBlock * kDim);
   // Dequantizes the positions [j0, j1) that some row sees into `block` (K or V of this kv head).
+  // F16 rows are converted here, 16 values per instruction (exact, so the same floats as kv_row_to_f32); the
+  // slots of consecutive positions are followed through the block table without a division per position.
   const auto load_block = [&](int j0, int j1, bool keys) {
-    for (int j = j0; j < j1; ++j) {
+    const DType type = keys ? kv.type_k : kv.type_v;
+    const size_t row_bytes = keys ? kv.k_row_bytes : kv.v_row_bytes;
+    const uint8_t* base = (keys ? kv.k : kv.v) + (size_t)t.kvh * (keys ? k_head_bytes : v_head_bytes);
+    const int span = kv.ring > 0 ? kv.ring : kv.block_size;  // slots run consecutively within a block (or a ring)
+    int at = j0 % span;
+    size_t first_slot = kv_slot(kv, *t.seq, j0) - (size_t)at;
+    for (int j = j0; j < j1; ++j, ++at) {
+      if (at == span) {
+        at = 0;
+        first_slot = kv_slot(kv, *t.seq, j);
+      }
       bool seen = false;
       for (int i = 0; i < t.nr && !seen; ++i) seen = j >= t.first[i] && j <= t.last[i];
       if (!seen) continue;
-      const size_t slot = kv_slot(kv, *t.seq, j);
-      const uint8_t* row = keys ? kv.k + slot * kv.k_row_bytes + (size_t)t.kvh * k_head_bytes
-                                : kv.v + slot * kv.v_row_bytes + (size_t)t.kvh * v_head_bytes;
-      kv_row_to_f32(keys ? kv.type_k : kv.type_v, row, block.data() + (size_t)(j - j0) * kDim, kDim);
+      const uint8_t* row = base + (first_slot + (size_t)at) * row_bytes;
+      float* dst = block.data() + (size_t)(j - j0) * kDim;
+      if (type == DType::F16) {
+        for (int x = 0; x < D16; ++x)
+          _mm512_storeu_ps(dst + 16 * x, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * x))));
+      } else {
+        kv_row_to_f32(type, row, dst, kDim);
+      }
     }
   };
   for (int j0 = lo; j0 <= hi; j0 += kKeyBlock) {
