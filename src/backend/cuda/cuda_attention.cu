@@ -129,16 +129,17 @@ __device__ void kv_put_head_warp(uint8_t* vals, uint8_t* scales, DType type, int
 __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                                   const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
                                   float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows) {
-  wait_for_previous_kernel();
   extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
-  if (r >= step.header[0]) return;
-  const int pos = step.positions[r];
+  const bool live = r < step.header[0];
+  const int pos = live ? step.positions[r] : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.y * (blockDim.x / 32) + warp;
   const int half = n_rot / 2;
   const bool needs_rope = blockIdx.y * (blockDim.x / 32) < n_head + n_head_kv;
-  if (needs_rope) {
+  // The rotation and the cache slot depend only on the step (written before its first kernel), not on
+  // the previous kernel: computed before waiting for it.
+  if (live && needs_rope) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
       double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
       if (factors) freq /= (double)factors[i];
@@ -147,10 +148,12 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
       cs[i] = (float)c;
       cs[half + i] = (float)sn;
     }
-    __syncthreads();
   }
+  const int64_t slot = live && h < n_head + 2 * n_head_kv ? slot_of(step, r, pos, kv.block_size) : 0;
+  wait_for_previous_kernel();
+  if (!live) return;
+  if (needs_rope) __syncthreads();
   if (h >= n_head + 2 * n_head_kv) return;
-  const int64_t slot = slot_of(step, r, pos, kv.block_size);
   if (h >= n_head + n_head_kv) {  // a value head: store only
     if (store_whole_rows) return;
     const int hv = h - n_head - n_head_kv;
@@ -379,11 +382,12 @@ template <DType KT, DType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
                                                                   int max_splits, float* partial, const int* row_list) {
-  wait_for_previous_kernel();
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
-  if (!split_work(step, row_list, kv.window, work)) return;
+  const bool has_work = split_work(step, row_list, kv.window, work);  // the step only: before the wait
+  wait_for_previous_kernel();
+  if (!has_work) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
   const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
@@ -466,11 +470,12 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
                                                                       int n_head, int n_head_kv, int hd_k, int hd_v,
                                                                       float scale, int max_splits, float* partial,
                                                                       const int* row_list) {
-  wait_for_previous_kernel();
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
-  if (!split_work(step, row_list, kv.window, work)) return;
+  const bool has_work = split_work(step, row_list, kv.window, work);  // the step only: before the wait
+  wait_for_previous_kernel();
+  if (!has_work) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
   const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
@@ -587,10 +592,18 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) 
 // written in the int8 form the next product (the attention output matrix) reads.
 __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out,
                                          ActQ8 act, const int* row_list, int window) {
-  wait_for_previous_kernel();
   extern __shared__ float weight_s[];  // [max_splits]
   __shared__ float red[32];
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
+  // The row's splits depend only on the step: counted before waiting for the split kernel.
+  const bool live = r < step.header[0];
+  int n_splits = 0;
+  if (live) {
+    const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
+    const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
+    n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
+  }
+  wait_for_previous_kernel();
   float* o = out + ((int64_t)r * n_head + h) * hd_v;
   const int lane = threadIdx.x % 32;
   auto quantize = [&](int d, float v) {
@@ -598,16 +611,13 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
     const int64_t gi = (((int64_t)r * n_head + h) * hd_v + d) / 32;
     warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
   };
-  if (r >= step.header[0]) {
+  if (!live) {
     for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
       o[d] = 0.0f;
       quantize(d, 0.0f);
     }
     return;
   }
-  const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
-  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
-  const int n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   const int64_t stride = hd_v + 2;
   const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
   float m = -INFINITY;

@@ -417,8 +417,7 @@ template <int B, Kind K, int R, int S>
 __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  wait_for_previous_kernel();
-  if (unit >= g.first_unit[g.n]) return;
+  const bool live = unit < g.first_unit[g.n];
   // The member, picked with selects (a run-time index into the parameter arrays would copy them to
   // local memory).
   DeviceWeight w = g.w[0];
@@ -434,6 +433,8 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
       first = g.first_unit[m];
     }
   const int64_t row = (unit - first) * R;
+  wait_for_previous_kernel();
+  if (!live) return;
   if constexpr (K == Kind::Q4K) matvec_q4_k<B, R>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);

@@ -293,7 +293,9 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   tiles.n_tiles = n_tiles_;
   tiles.max_tiles = expert_max_tiles(pairs, E, nt);
   tiles.nt = nt;
-  ROOFLINE_CHECK(tiles.max_tiles <= max_tiles_, "internal error: {} expert token tiles exceed the buffers ({})", tiles.max_tiles, max_tiles_);
+  // The tile buffers exist only where prompts of more than 64 rows may take the tensor cores.
+  ROOFLINE_CHECK(!(mma_gate_up || mma_down) || tiles.max_tiles <= max_tiles_, "internal error: {} expert token tiles exceed the buffers ({})",
+                 tiles.max_tiles, max_tiles_);
   group_pairs_by_expert(ids_, pairs, k, E, max_active, offsets_, active_, row_token_, slot_of_pair_,
                         mma_gate_up || mma_down ? &tile_buffers : nullptr, stream);
   // The grouped inputs: int8 rows quantized straight from xn's rows for the int8 kernels, else floats.
