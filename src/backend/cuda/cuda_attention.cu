@@ -249,6 +249,12 @@ __device__ __forceinline__ float kv_load1(const uint8_t* vals, const uint8_t* sc
   else return kv_get(vals, scales, T, i);
 }
 
+// The key of a tile of n_tile keys that thread tid scores (tpk threads per key).
+__device__ __forceinline__ int tile_threads_per_key(int n_tile, int hd_k) {
+  return hd_k % 8 != 0 ? 1 : n_tile <= kTile / 4 ? 4 : n_tile <= kTile / 2 ? 2 : 1;
+}
+__device__ __forceinline__ int tile_key(int n_tile, int hd_k) { return min((int)threadIdx.x / tile_threads_per_key(n_tile, hd_k), n_tile - 1); }
+
 // Scores of one tile of keys [t0, t0 + n_tile) of a split into p_s ([gqa x kTile]), their slots into
 // slot_s, then the online-softmax update: p_s becomes the probabilities, m_s/l_s the running max and
 // sum, a_s the factor by which each query head's earlier output must be rescaled. One key per thread,
@@ -256,18 +262,19 @@ __device__ __forceinline__ float kv_load1(const uint8_t* vals, const uint8_t* sc
 // key several threads (tpk, adjacent lanes), each a share of the 8-value chunks, summed over the lanes in
 // a fixed order. Threads past the tile repeat its last key (the shuffles need every lane) and store
 // nothing. Ends with a barrier.
+// first_slot >= 0: the cache slot of this thread's key (tile_key), found before the kernel's wait.
 template <DType KT>
 __device__ __forceinline__ void score_tile(const DeviceStep& step, const KvLayer& kv, int r, int kvh, int n_head_kv, int gqa, int hd_k,
                                            int t0, int n_tile, const float* q_s, float* p_s, float* m_s, float* l_s,
-                                           float* a_s, int64_t* slot_s) {
+                                           float* a_s, int64_t* slot_s, int64_t first_slot = -1) {
   const int tid = threadIdx.x;
   const int kv_dim_k = n_head_kv * hd_k;
   const bool vec_k = hd_k % 8 == 0;
-  const int tpk = !vec_k ? 1 : n_tile <= kTile / 4 ? 4 : n_tile <= kTile / 2 ? 2 : 1;
-  const int key = min(tid / tpk, n_tile - 1), part = tid % tpk;
+  const int tpk = tile_threads_per_key(n_tile, hd_k);
+  const int key = tile_key(n_tile, hd_k), part = tid % tpk;
   const bool stores = tid / tpk < n_tile && part == 0;
   if (tid / tpk < n_tile || tpk > 1) {
-    const int64_t slot = slot_of(step, r, t0 + key, kv.block_size);
+    const int64_t slot = first_slot >= 0 ? first_slot : slot_of(step, r, t0 + key, kv.block_size);
     if (stores) slot_s[key] = slot;
     const int64_t base = slot * kv_dim_k + (int64_t)kvh * hd_k;
     for (int g0 = 0; g0 < gqa; g0 += 8) {
@@ -386,6 +393,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
   const bool has_work = split_work(step, row_list, kv.window, work);  // the step only: before the wait
+  const int64_t first_slot =
+      has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
   if (!has_work) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
@@ -406,7 +415,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
 
   for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
     const int n_tile = min(kTile, k_end - t0);
-    score_tile<KT>(step, kv, r, kvh, n_head_kv, gqa, hd_k, t0, n_tile, q_s, p_s, m_s, l_s, a_s, slot_s);
+    score_tile<KT>(step, kv, r, kvh, n_head_kv, gqa, hd_k, t0, n_tile, q_s, p_s, m_s, l_s, a_s, slot_s,
+                   t0 == k_begin ? first_slot : -1);
 #pragma unroll
     for (int dd = 0; dd < kMaxDims; ++dd) {
       const int d = tid + dd * kThreads;
@@ -474,6 +484,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
   const bool has_work = split_work(step, row_list, kv.window, work);  // the step only: before the wait
+  const int64_t first_slot =
+      has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
   if (!has_work) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
@@ -495,7 +507,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
 
   for (int t0 = k_begin; t0 < k_end; t0 += kTile) {
     const int n_tile = min(kTile, k_end - t0);
-    score_tile<KT>(step, kv, r, kvh, n_head_kv, gqa, hd_k, t0, n_tile, q_s, p_s, m_s, l_s, a_s, slot_s);
+    score_tile<KT>(step, kv, r, kvh, n_head_kv, gqa, hd_k, t0, n_tile, q_s, p_s, m_s, l_s, a_s, slot_s,
+                   t0 == k_begin ? first_slot : -1);
 #pragma unroll
     for (int g = 0; g < G; ++g)
       if (g < gqa) {

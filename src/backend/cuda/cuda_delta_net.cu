@@ -44,29 +44,39 @@ __global__ void __launch_bounds__(kPrepWarps * 32) prepare_kernel(Shape sh, Delt
                                                                   float* __restrict__ gb) {
   constexpr int CPL = MAXDK / 32;  // channels per lane of a q/k unit (v units loop in groups of 4)
   constexpr int NCH = CPL > 4 ? CPL : 4;
-  wait_for_previous_kernel();
   const int row = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int unit = blockIdx.x * kPrepWarps + warp;
-  if (unit >= 2 * sh.n_k + sh.n_v) return;  // whole warps
+  const bool unit_ok = unit < 2 * sh.n_k + sh.n_v;  // whole warps
   const int K = sh.K;
   const bool qk = unit < 2 * sh.n_k, is_q = unit < sh.n_k;
   const int h = unit - 2 * sh.n_k;
   const int ch0 = is_q ? unit * sh.dk : qk ? sh.key_dim + (unit - sh.n_k) * sh.dk : 2 * sh.key_dim + h * sh.dv;
   const int width = qk ? sh.dk : sh.dv;
   float* __restrict__ out = xc + (int64_t)row * sh.C;
-  // Gates (v units), issued early too.
+  const float* __restrict__ wts = L.conv + (int64_t)ch0 * K;
+  // Before the wait for the products (the weights and the step do not depend on them): the first
+  // pass's conv weights, the gates' parameters and the row's record.
+  float w0[NCH][KMAX];
+#pragma unroll
+  for (int m = 0; m < NCH; ++m)
+#pragma unroll
+    for (int k = 0; k < KMAX; ++k) w0[m][k] = unit_ok && k < K && lane + 32 * m < width ? wts[(lane + 32 * m) * K + k] : 0.0f;
   float a_in = 0.0f, b_in = 0.0f, a_h = 0.0f;
-  if (!qk && lane == 0) {
-    a_in = alpha[(int64_t)row * sh.n_v + h] + L.dt_bias[h];
-    b_in = beta[(int64_t)row * sh.n_v + h];
+  if (unit_ok && !qk && lane == 0) {
+    a_in = L.dt_bias[h];
     a_h = L.a[h];
   }
-  float ss = 0.0f, v[NCH];
-  int si = -2;
   DeltaNetSeqDev rec{};
+  const int si = unit_ok ? dn::find_seq(seqs, row, &rec) : -1;
+  wait_for_previous_kernel();
+  if (si < 0) return;
+  if (!qk && lane == 0) {  // gates (v units), issued early too
+    a_in += alpha[(int64_t)row * sh.n_v + h];
+    b_in = beta[(int64_t)row * sh.n_v + h];
+  }
+  float ss = 0.0f, v[NCH];
   const float* __restrict__ taps = qkv + (int64_t)(row - (K - 1)) * sh.C + ch0;  // tap k of channel c: taps[k C + c]
-  const float* __restrict__ wts = L.conv + (int64_t)ch0 * K;
   for (int c0 = 0; c0 < width; c0 += 32 * NCH) {
     float x[NCH][KMAX], w[NCH][KMAX];
 #pragma unroll
@@ -76,12 +86,8 @@ __global__ void __launch_bounds__(kPrepWarps * 32) prepare_kernel(Shape sh, Delt
         const int c = c0 + lane + 32 * m;
         const bool ok = k < K && c < width;
         x[m][k] = ok && row - (K - 1) + k >= 0 ? taps[k * sh.C + c] : 0.0f;
-        w[m][k] = ok ? wts[c * K + k] : 0.0f;
+        w[m][k] = c0 == 0 ? w0[m][k] : ok ? wts[c * K + k] : 0.0f;
       }
-    if (si == -2) {
-      si = dn::find_seq(seqs, row, &rec);
-      if (si < 0) return;
-    }
     const int t = row - rec.first_row;
     if (t < K - 1) {  // taps before the run: the window (zero when fresh)
       const float* win = L.state + (int64_t)rec.cell * L.cell_stride;
@@ -163,9 +169,10 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
   __shared__ RecBlock<MAXDK> blk[NBUF];
   __shared__ float so[TB][RPC];
   __shared__ float swin[dn::kMaxConv - 1][WCH];
-  wait_for_previous_kernel();
-  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.y];  // (loaded together with the count)
-  if ((int)blockIdx.y >= *seqs.count) return;
+  // The record (the step's) and the state (the previous step's) do not depend on the kernel before
+  // (prepare): both are loaded before waiting for it.
+  const DeltaNetSeqDev rec = seqs.seqs[blockIdx.y];  // (loaded together with the count; grid.y <= max_seqs)
+  const bool seq_ok = (int)blockIdx.y < *seqs.count;
   float* cell = L.state + (int64_t)rec.cell * L.cell_stride;
   const int cph = (sh.dv + RPC - 1) / RPC;  // CTAs per head
   const int h = blockIdx.x / cph, j0 = (blockIdx.x % cph) * RPC, hk = h % sh.n_k;
@@ -178,8 +185,10 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
 #pragma unroll
   for (int m = 0; m < F4; ++m) {
     const int f = ll + LPR * m;
-    s[m] = (!rec.fresh && row_ok && f < dk4) ? srow[f] : make_float4(0.f, 0.f, 0.f, 0.f);
+    s[m] = (seq_ok && !rec.fresh && row_ok && f < dk4) ? srow[f] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  wait_for_previous_kernel();
+  if (!seq_ok) return;
   // This CTA's window channels [w_begin, w_end); the first WCH of them are fetched now (decode).
   const int w_per = (sh.C + (int)gridDim.x - 1) / (int)gridDim.x;
   const int w_begin = blockIdx.x * w_per, w_end = min(sh.C, w_begin + w_per);
