@@ -6,7 +6,8 @@
 #   here:   scripts/gpu/build_for_device.sh && tar cJf carry/pack/bin.tar.xz -C carry bin lib shared
 #   device: bash scripts/gpu/spec_bench.sh
 #
-# TARGET (default synthetic:qwen3-32b:Q4_K_M), DRAFT (default synthetic:qwen3-8b:Q4_K_M), DRAFT_MAX
+# TARGET (default synthetic:qwen3-32b:Q4_K_M), DRAFT (default synthetic:qwen3-8b:Q4_K_M; `mtp`: the target's own MTP
+# head, --spec-type draft-mtp, e.g. TARGET=synthetic:qwen3.5-27b-mtp:Q4_K_M), DRAFT_MAX
 # (default "2 4 8"), N (generated tokens, default 128), REPS (default 3), PROMPT_FILE (default: a
 # paragraph written below). Synthetic models have random weights, so the draft and the target agree
 # only by chance: their acceptance says nothing about real models, only the cost of drafting and
@@ -53,7 +54,7 @@ as_file() {
   esac
 }
 target=$(as_file "$target")
-draft=$(as_file "$draft")
+[ "$draft" = mtp ] || draft=$(as_file "$draft")
 [ -n "$self" ] && self_file=$(as_file "synthetic:$self:Q4_K_M")
 
 # One bench run: its table rows and the acceptance line into the summary, the whole output into a log.
@@ -68,7 +69,11 @@ run() {
 
 run "target_alone" -m "$target"
 for k in $draft_max; do
-  run "target_draft_max$k" -m "$target" -md "$draft" --draft-max "$k"
+  if [ "$draft" = mtp ]; then
+    run "target_mtp_max$k" -m "$target" --spec-type draft-mtp --draft-max "$k"
+  else
+    run "target_draft_max$k" -m "$target" -md "$draft" --draft-max "$k"
+  fi
 done
 if [ -n "$self" ]; then
   run "self_alone" -m "$self_file"
