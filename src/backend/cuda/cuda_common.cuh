@@ -69,9 +69,13 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, c
   ROOFLINE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// First statement of every kernel launched with `pdl_enabled()`: waits until the previous kernel has
-// finished and its writes are visible (PDL lets this kernel's CTAs start while that one drains), then
-// lets the next kernel's CTAs launch. A no-op before sm_90 or when launched without PDL.
+// Called by every CTA of every kernel launched with `pdl_enabled()`, before it reads anything the previous
+// kernel wrote and before it exits: waits until the previous kernel has finished and its writes are
+// visible (PDL lets this kernel's CTAs start while that one drains), then lets the next kernel's CTAs
+// launch. A no-op before sm_90 or when launched without PDL. Before the call a kernel may read only what
+// no kernel of the current step writes: the step's buffers (written by the host before its first kernel),
+// the weights, and state left by earlier steps. Rope's cos/sin, attention's split bounds and the DeltaNet
+// state loads are done there, off the step's critical path.
 __device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
