@@ -53,7 +53,10 @@ std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_exp
 // op writes for the next product, times their block scales (n % 32 == 0); Argmax each row's index.
 // ArgmaxAllowed: b holds one value per element of a, nonzero where the token is allowed; a row whose b
 // values are all negative has no mask (plain argmax). Both argmax forms return the indices as floats.
-enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, AddBias, Argmax, ArgmaxAllowed };
+// The post-norm ops (Gemma 3's x += rmsnorm(y) * w, then rmsnorm(x) * w2) take a = [y rows, then x rows]
+// and b = [w, w2]; PostNormAdd returns the new x, PostNormAddNorm rmsnorm(x) * w2, PostNormAddInt8 its
+// int8 form dequantized (at most 8 rows, n a multiple of 32).
+enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, AddBias, Argmax, ArgmaxAllowed, PostNormAdd, PostNormAddNorm, PostNormAddInt8 };
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps = 1e-6f, int device = 0);
 

@@ -264,6 +264,52 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
     }
 }
 
+// Gemma 3's fused post-norm kernel (decode steps): x += rmsnorm(y) * w, then rmsnorm(x) * w2 and its int8
+// form, against the CPU's norm and adds, at 1-8 rows and widths from one 32-block to the largest it takes.
+TEST(GpuOpsTest, FusedPostNormMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(12);
+  auto randoms = [&](size_t n, double scale) {
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)(scale * rng.normal());
+    return v;
+  };
+  for (int n_rows : {1, 3, 8})
+    for (int n : {32, 160, 5376, 8192}) {
+      SCOPED_TRACE(std::to_string(n_rows) + " rows of " + std::to_string(n));
+      const size_t na = (size_t)n_rows * n;
+      const auto y = randoms(na, 3.0), x = randoms(na, 1.0), w = randoms((size_t)n, 1.0), w2 = randoms((size_t)n, 1.0);
+      std::vector<float> x_new(na), out(na), normed((size_t)n);
+      for (int r = 0; r < n_rows; ++r) {
+        const size_t o = (size_t)r * n;
+        cpu::rms_norm(y.data() + o, w.data(), normed.data(), n, 1e-6f);
+        for (int i = 0; i < n; ++i) x_new[o + i] = x[o + i] + normed[i];
+        cpu::rms_norm(x_new.data() + o, w2.data(), out.data() + o, n, 1e-6f);
+      }
+      std::vector<float> a = y, b = w;
+      a.insert(a.end(), x.begin(), x.end());
+      b.insert(b.end(), w2.begin(), w2.end());
+      const auto g_x = gpu_op_for_test(GpuOpForTest::PostNormAdd, a, b, n_rows, n, 1e-6f);
+      const auto g_out = gpu_op_for_test(GpuOpForTest::PostNormAddNorm, a, b, n_rows, n, 1e-6f);
+      const auto g_q = gpu_op_for_test(GpuOpForTest::PostNormAddInt8, a, b, n_rows, n, 1e-6f);
+      EXPECT_LT(test::nmse(g_x.data(), x_new.data(), na), 1e-10);
+      EXPECT_LT(test::nmse(g_out.data(), out.data(), na), 1e-10);
+      EXPECT_LT(test::nmse(g_q.data(), out.data(), na), 1e-4);  // int8 blocks of 32, as the other int8 ops
+      // The int8 form is the float output's, block by block: amax / 127 scales, values rounded to nearest.
+      for (size_t blk = 0; blk < na / 32; ++blk) {
+        float amax = 0;
+        for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(g_out[32 * blk + k]));
+        const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+        for (int k = 0; k < 32; ++k) {
+          const size_t i = 32 * blk + k;
+          ASSERT_EQ(g_q[i], (float)std::nearbyint(g_out[i] * inv) * d) << "block " << blk << " value " << k;
+        }
+      }
+    }
+  // What it does not take fails in one line instead of running.
+  EXPECT_THROW(gpu_op_for_test(GpuOpForTest::PostNormAdd, std::vector<float>(2 * 9 * 32), std::vector<float>(64), 9, 32), Error);
+}
+
 TEST(GpuEngineTest, FullOffloadMatchesCpuForEveryMix) {
   SKIP_WITHOUT_GPU();
   for (const char* spec : {"tiny-qwen3:F32", "tiny-qwen3:F16", "tiny-qwen3:Q8_0", "tiny-qwen3:Q4_K_M", "tiny-llama:Q6_K",

@@ -761,18 +761,35 @@ class CudaBackend final : public Backend {
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
     if (float* post = L.v(LT::AttnPostNorm)) {  // gemma: x += rmsnorm(o) * w (gate_ is free until the FFN)
       project(L.m(LT::AttnOut), attn_, n, gate_, hp.n_embd, false);
-      post_norm_add(gate_, post, xn_);
+      // Decode steps: the FFN's pre-norm (and its int8 form) in the same kernel.
+      const bool q8_ffn = !moe_ && ffn_takes_q8(L);
+      ffn_input_ready_ = post_norm_add(gate_, post, xn_, moe_ ? nullptr : L.v(LT::FfnNorm), q8_ffn);
     } else {
       project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
     }
   }
 
-  // x += rmsnorm(y) * w over the step's rows, through `tmp` ([rows x n_embd]).
-  void post_norm_add(const float* y, const float* w, float* tmp) {
+  // x += rmsnorm(y) * w over the step's rows, through `tmp` ([rows x n_embd]). With next_norm, decode
+  // steps also write xn_ = rmsnorm(x) * next_norm (and act_ when q8) in the same kernel; returns whether
+  // it did (the caller then skips that norm).
+  bool post_norm_add(const float* y, const float* w, float* tmp, const float* next_norm = nullptr, bool q8 = false) {
     const HParams& hp = model_->hparams();
+    if (post_norm_add_fits(n_tok_, hp.n_embd)) {
+      mark(next_norm ? "post norm + residual + norm" : "post norm + residual", 0);
+      cuda::post_norm_add(y, w, hp.rms_eps, n_tok_, hp.n_embd, x_, next_norm, next_norm ? xn_ : nullptr, next_norm && q8 ? act_ : ActQ8{},
+                          stream_);
+      if (next_norm) n_quantized_cols_ = q8 ? hp.n_embd : -1;
+      return next_norm != nullptr;
+    }
     mark("post norm + residual", 0);
     rms_norm(y, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, tmp, ActQ8{}, stream_);
     add_values(x_, tmp, (int64_t)n_tok_ * hp.n_embd, stream_);
+    return false;
+  }
+
+  bool ffn_takes_q8(LayerDev& L) const {
+    using LT = LayerTensor;
+    return needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && model_->hparams().n_embd % 32 == 0;
   }
 
   // Feed-forward block: norm -> gate/up -> SwiGLU -> down (+ residual).
@@ -802,9 +819,12 @@ class CudaBackend final : public Backend {
       }
       return;
     }
-    const bool q8_ffn = needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && hp.n_embd % 32 == 0;
-    mark("ffn norm + quantize", 0);
-    rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
+    const bool q8_ffn = ffn_takes_q8(L);
+    if (!ffn_input_ready_) {  // else the attention block's post-norm kernel wrote it
+      mark("ffn norm + quantize", 0);
+      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
+    }
+    ffn_input_ready_ = false;
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
     project_group({{"gate", &L.m(LT::FfnGate), L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &L.m(LT::FfnUp), L.bytes(LT::FfnUp), up_, hp.n_ff}},
                   xn_, n);
@@ -913,6 +933,7 @@ class CudaBackend final : public Backend {
   cuda::PrefillScratch prefill_;
   std::vector<cuda::PrefillRun> prefill_runs_;
   const int* attn_rows_dev_ = nullptr;
+  bool ffn_input_ready_ = false;  // xn_ (and act_) already hold the FFN's normalized input (post_norm_add)
   int n_attn_rows_ = 0;
   bool graphs_enabled_ = true;
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;

@@ -117,17 +117,20 @@ std::string gpu_build_info() {
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps, int device) {
   using namespace cuda;
-  const bool int8 = op == GpuOpForTest::RmsNormInt8 || op == GpuOpForTest::SwigluInt8;
+  const bool int8 = op == GpuOpForTest::RmsNormInt8 || op == GpuOpForTest::SwigluInt8 || op == GpuOpForTest::PostNormAddInt8;
+  const bool post = op == GpuOpForTest::PostNormAdd || op == GpuOpForTest::PostNormAddNorm || op == GpuOpForTest::PostNormAddInt8;
   if (int8 && n % 32 != 0) fail("int8 activations need rows of whole 32-blocks ({} values)", n);
   const size_t na = (size_t)n_rows * n;
-  if (a.size() != na) fail("gpu_op_for_test: {} values for {} rows of {}", a.size(), n_rows, n);
+  if (a.size() != (post ? 2 : 1) * na) fail("gpu_op_for_test: {} values for {} rows of {}", a.size(), n_rows, n);
+  if (post && (b.size() != 2 * (size_t)n || !post_norm_add_fits(n_rows, n)))
+    fail("gpu_op_for_test: the post-norm takes two weight rows and at most 8 rows of a multiple of 32");
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t stream;
   ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
   DeviceArena arena;
   const size_t blocks = na / 32 + (size_t)n_rows;
-  arena.reserve(na * 4 * 2 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + 16 * 256);
-  float* da = reinterpret_cast<float*>(arena.take(na * 4));
+  arena.reserve(na * 4 * 3 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + 16 * 256);
+  float* da = reinterpret_cast<float*>(arena.take(a.size() * 4));
   float* db = reinterpret_cast<float*>(arena.take(std::max<size_t>(1, b.size()) * 4));
   float* dy = reinterpret_cast<float*>(arena.take(na * 4));
   ActQ8 act;
@@ -135,7 +138,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
   act.d = reinterpret_cast<float*>(arena.take(blocks * 4));
   act.s = reinterpret_cast<float*>(arena.take(blocks * 4));
   int32_t* di = reinterpret_cast<int32_t*>(arena.take((size_t)n_rows * 4));
-  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), na * 4, cudaMemcpyHostToDevice));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
   if (!b.empty()) ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
   switch (op) {
     case GpuOpForTest::RmsNorm: rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream); break;
@@ -146,6 +149,9 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
       ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dy, da, na * 4, cudaMemcpyDeviceToDevice, stream));
       add_bias(dy, db, n_rows, n, stream);
       break;
+    case GpuOpForTest::PostNormAdd: post_norm_add(da, db, eps, n_rows, n, da + na, nullptr, nullptr, ActQ8{}, stream); break;
+    case GpuOpForTest::PostNormAddNorm: post_norm_add(da, db, eps, n_rows, n, da + na, db + n, dy, ActQ8{}, stream); break;
+    case GpuOpForTest::PostNormAddInt8: post_norm_add(da, db, eps, n_rows, n, da + na, db + n, nullptr, act, stream); break;
     case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, di, stream); break;
     case GpuOpForTest::ArgmaxAllowed: {
       if (b.size() != na) fail("gpu_op_for_test: the argmax masks need one value per logit");
@@ -181,7 +187,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
     for (size_t i = 0; i < na; ++i) out[i] = (float)q[i] * d[i / 32];
   } else {
     out.resize(na);
-    ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), dy, na * 4, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), op == GpuOpForTest::PostNormAdd ? da + na : dy, na * 4, cudaMemcpyDeviceToHost));
   }
   ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
   return out;

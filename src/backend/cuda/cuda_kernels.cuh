@@ -117,6 +117,12 @@ void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t strea
 // embedding scale); x = cap * tanh(x / cap) (a final logit softcap).
 void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
 void add_values(float* y, const float* x, int64_t n, cudaStream_t stream);
+// Gemma 3's post-norm and residual in one kernel: x += rmsnorm(y) * w; with w2 also out2 = rmsnorm(x) * w2
+// (if out2) and its int8 form (if act2.q), the next block's pre-norm. Decode-sized steps only
+// (post_norm_add_fits: at most 8 rows, n a multiple of 32 up to 8192).
+bool post_norm_add_fits(int n_rows, int n);
+void post_norm_add(const float* y, const float* w, float eps, int n_rows, int n, float* x, const float* w2, float* out2, ActQ8 act2,
+                   cudaStream_t stream);
 void scale_values(float* x, int64_t n, float s, cudaStream_t stream);
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 // Gated attention: [q_h | gate_h] rows of the Q projection split into q and gate ([n_rows x n_head*hd]

@@ -100,6 +100,79 @@ __global__ void rms_norm_wide_kernel(const float* x, const float* w, float eps, 
   }
 }
 
+// Gemma 3's post-norm and residual, optionally with the next pre-norm, for decode-sized steps: one CTA of
+// kPostNormThreads per row holds the row's y, x and weights in registers (kPostNormVec float4 each per
+// thread), so the three steps take one round trip of loads: x += rmsnorm(y) * w; then, with w2,
+// out2 = rmsnorm(x) * w2 and its int8 form (a group of 32 spans 8 lanes: each lane quantizes its 4 values
+// with the group's amax, as warp_quantize32). Products are rounded as the separate kernels round them.
+constexpr int kPostNormThreads = 1024, kPostNormVec = 2;
+
+__global__ void __launch_bounds__(kPostNormThreads) post_norm_add_kernel(const float* y, const float* w, float eps, int n, float* x,
+                                                                       const float* w2, float* out2, ActQ8 act2) {
+  wait_for_previous_kernel();
+  __shared__ float smem[32];
+  const int r = blockIdx.x, n4 = n / 4;
+  const float4* y4 = reinterpret_cast<const float4*>(y + (int64_t)r * n);
+  float4* x4 = reinterpret_cast<float4*>(x + (int64_t)r * n);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  const float4* v4 = reinterpret_cast<const float4*>(w2);
+  float4 yv[kPostNormVec], xv[kPostNormVec], wv[kPostNormVec], w2v[kPostNormVec];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < kPostNormVec; ++k) {
+    const int i = threadIdx.x + k * kPostNormThreads;
+    const bool ok = i < n4;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    yv[k] = ok ? y4[i] : zero;
+    xv[k] = ok ? x4[i] : zero;
+    wv[k] = ok ? w4[i] : zero;
+    w2v[k] = ok && w2 ? v4[i] : zero;
+    ss += yv[k].x * yv[k].x + yv[k].y * yv[k].y + yv[k].z * yv[k].z + yv[k].w * yv[k].w;
+  }
+  const float scale = rsqrtf(block_sum(ss, smem) / (float)n + eps);
+  auto add = [&](float xo, float yo, float wo) { return __fadd_rn(xo, __fmul_rn(__fmul_rn(yo, scale), wo)); };
+  float ss2 = 0;
+#pragma unroll
+  for (int k = 0; k < kPostNormVec; ++k) {
+    xv[k] = make_float4(add(xv[k].x, yv[k].x, wv[k].x), add(xv[k].y, yv[k].y, wv[k].y), add(xv[k].z, yv[k].z, wv[k].z),
+                        add(xv[k].w, yv[k].w, wv[k].w));
+    const int i = threadIdx.x + k * kPostNormThreads;
+    if (i < n4) x4[i] = xv[k];
+    ss2 += xv[k].x * xv[k].x + xv[k].y * xv[k].y + xv[k].z * xv[k].z + xv[k].w * xv[k].w;
+  }
+  if (!w2) return;
+  const float scale2 = rsqrtf(block_sum(ss2, smem) / (float)n + eps);
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < kPostNormVec; ++k) {
+    const int i = threadIdx.x + k * kPostNormThreads;  // values 4i..4i+3; lanes 8j..8j+7 hold group 4k+j of the warp's 128
+    const float o[4] = {xv[k].x * scale2 * w2v[k].x, xv[k].y * scale2 * w2v[k].y, xv[k].z * scale2 * w2v[k].z, xv[k].w * scale2 * w2v[k].w};
+    if (i < n4 && out2) reinterpret_cast<float4*>(out2 + (int64_t)r * n)[i] = make_float4(o[0], o[1], o[2], o[3]);
+    if (!act2.q) continue;
+    const bool whole = 32 * (i / 8) < n / 32 * 32;  // (every lane shuffles; only whole groups are written)
+    float amax = fmaxf(fmaxf(fabsf(o[0]), fabsf(o[1])), fmaxf(fabsf(o[2]), fabsf(o[3])));
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+    int q[4], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      q[e] = __float2int_rn(o[e] * inv);
+      sum += q[e];
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (!whole) continue;
+    const int64_t gi = (int64_t)r * (n / 32) + i / 8;
+    const char4 packed = make_char4((signed char)q[0], (signed char)q[1], (signed char)q[2], (signed char)q[3]);
+    reinterpret_cast<char4*>(const_cast<int8_t*>(act2.q) + (int64_t)r * n)[i] = packed;
+    if (lane % 8 == 0) {
+      const_cast<float*>(act2.d)[gi] = d;
+      const_cast<float*>(act2.s)[gi] = d * (float)sum;
+    }
+  }
+}
+
 // One warp per 32-element group of a row (grid.y = rows).
 // Row r reads x's row gather[r] (r without gather).
 __global__ void quantize_rows_kernel(const float* x, int n, const int32_t* gather, ActQ8 act) {
@@ -256,6 +329,15 @@ void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, cons
     return;
   }
   launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
+}
+
+bool post_norm_add_fits(int n_rows, int n) { return n_rows <= 8 && n % 32 == 0 && n <= 4 * kPostNormThreads * kPostNormVec; }
+
+void post_norm_add(const float* y, const float* w, float eps, int n_rows, int n, float* x, const float* w2, float* out2, ActQ8 act2,
+                   cudaStream_t stream) {
+  if (n_rows == 0) return;
+  if (!post_norm_add_fits(n_rows, n)) fail("internal error: the fused post-norm takes at most 8 rows of a multiple of 32 up to {}", 4 * kPostNormThreads * kPostNormVec);
+  launch(post_norm_add_kernel, dim3(n_rows), dim3(kPostNormThreads), 0, stream, pdl_enabled(), y, w, eps, n, x, w2, out2, act2);
 }
 
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream, const int32_t* gather) {
