@@ -437,6 +437,8 @@ class CudaBackend final : public Backend {
   void forward(int layer_begin, int layer_end) override {
     ROOFLINE_CHECK(layer_begin >= layers_.begin && layer_end <= layers_.end);
     if (layer_begin == layer_end) return;
+    forward_end_ = layer_end;  // a layer may prepare the next one's input only inside this range
+    attn_input_ready_ = ffn_input_ready_ = false;
     if (n_tok_ > 8 || !graphs_enabled_) {
       for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
       return;
@@ -727,9 +729,12 @@ class CudaBackend final : public Backend {
     const HParams& hp = model_->hparams();
     const int n = n_tok_;
     // Attention block.
-    const bool q8_in = needs_q8({&L.m(LT::AttnQ), &L.m(LT::AttnK), &L.m(LT::AttnV)}) && hp.n_embd % 32 == 0;
-    mark("attn norm + quantize", 0);
-    rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
+    const bool q8_in = attn_takes_q8(L);
+    if (!attn_input_ready_) {  // else the previous layer's post-norm kernel wrote it
+      mark("attn norm + quantize", 0);
+      rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
+    }
+    attn_input_ready_ = false;
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
     const bool gated = hp.attn_output_gate;
     project_group({{"q", &L.m(LT::AttnQ), L.bytes(LT::AttnQ), gated ? q_full_ : q_, gated ? 2 * hp.q_dim() : hp.q_dim()},
@@ -787,6 +792,10 @@ class CudaBackend final : public Backend {
     return false;
   }
 
+  bool attn_takes_q8(LayerDev& L) const {
+    using LT = LayerTensor;
+    return needs_q8({&L.m(LT::AttnQ), &L.m(LT::AttnK), &L.m(LT::AttnV)}) && model_->hparams().n_embd % 32 == 0;
+  }
   bool ffn_takes_q8(LayerDev& L) const {
     using LT = LayerTensor;
     return needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && model_->hparams().n_embd % 32 == 0;
@@ -840,7 +849,11 @@ class CudaBackend final : public Backend {
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
     if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
       project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false);
-      post_norm_add(xn_, post, up_);
+      // Decode steps: the next layer's attention pre-norm in the same kernel, when that layer is here.
+      const int il = (int)(&L - layer_dev_.data()) + layers_.begin;
+      LayerDev* next = il + 1 < forward_end_ ? &L + 1 : nullptr;
+      if (next && next->mixer != MixerKind::Attention) next = nullptr;
+      attn_input_ready_ = post_norm_add(xn_, post, up_, next ? next->v(LT::AttnNorm) : nullptr, next && attn_takes_q8(*next));
     } else {
       project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
     }
@@ -933,7 +946,9 @@ class CudaBackend final : public Backend {
   cuda::PrefillScratch prefill_;
   std::vector<cuda::PrefillRun> prefill_runs_;
   const int* attn_rows_dev_ = nullptr;
-  bool ffn_input_ready_ = false;  // xn_ (and act_) already hold the FFN's normalized input (post_norm_add)
+  bool ffn_input_ready_ = false;   // xn_ (and act_) already hold the FFN's normalized input (post_norm_add)
+  bool attn_input_ready_ = false;  // ... the next attention block's (post_norm_add at the end of a gemma layer)
+  int forward_end_ = 0;            // the layer range's end of the running forward()
   int n_attn_rows_ = 0;
   bool graphs_enabled_ = true;
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
