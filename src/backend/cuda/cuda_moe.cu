@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kMaxUsed = 32;      // experts per token the routing kernel keeps
 constexpr int kWarpsPerBlock = 8;
+constexpr int kRoutePerLane = 8;   // routers of up to 256 experts keep their logits in registers
 constexpr int kDirectPairRows = 2;  // steps of up to this many tokens run their pairs unsorted (forward_pairs)
 
 // One warp per row: softmax over the n_expert logits, then k rounds of a warp argmax over the experts
@@ -25,24 +26,56 @@ __global__ void moe_route_kernel(const float* logits, int n_rows, int n_expert, 
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= n_rows) return;
   const float* l = logits + (int64_t)row * n_expert;
+  // Up to 32 * kRoutePerLane logits are read once into registers (lane: experts lane, lane + 32, ..; the
+  // loops over them unrolled so they stay there) and the picked ones marked in a per-lane bit mask; wider
+  // routers read them again for every pick. The comparisons and sums are the same either way.
+  const bool in_regs = n_expert <= 32 * kRoutePerLane;
+  float lv[kRoutePerLane];
+#pragma unroll
+  for (int j = 0; j < kRoutePerLane; ++j) {
+    const int e = lane + 32 * j;
+    lv[j] = in_regs && e < n_expert ? l[e] : -FLT_MAX;
+  }
   float mx = -FLT_MAX;
-  for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, l[e]);
+  if (in_regs) {
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j)
+      if (lane + 32 * j < n_expert) mx = fmaxf(mx, lv[j]);
+  } else {
+    for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, l[e]);
+  }
   mx = warp_max(mx);
   float sum = 0;
-  for (int e = lane; e < n_expert; e += 32) sum += expf(l[e] - mx);
+  if (in_regs) {
+#pragma unroll
+    for (int j = 0; j < kRoutePerLane; ++j)
+      if (lane + 32 * j < n_expert) sum += expf(lv[j] - mx);
+  } else {
+    for (int e = lane; e < n_expert; e += 32) sum += expf(l[e] - mx);
+  }
   sum = warp_sum(sum);
   int picked[kMaxUsed];
   float p[kMaxUsed];
   float top = 0;
+  uint32_t taken_mask = 0;  // in_regs: bit j = expert lane + 32 j already picked
   for (int i = 0; i < k; ++i) {
     float best = -FLT_MAX;
     int best_e = INT_MAX;
-    for (int e = lane; e < n_expert; e += 32) {
-      bool taken = false;
-      for (int j = 0; j < i; ++j) taken |= picked[j] == e;
-      if (!taken && (l[e] > best || (l[e] == best && e < best_e))) {
-        best = l[e];
+    auto consider = [&](float v, int e) {
+      if (v > best || (v == best && e < best_e)) {
+        best = v;
         best_e = e;
+      }
+    };
+    if (in_regs) {
+#pragma unroll
+      for (int j = 0; j < kRoutePerLane; ++j)
+        if (lane + 32 * j < n_expert && !((taken_mask >> j) & 1)) consider(lv[j], lane + 32 * j);
+    } else {
+      for (int e = lane; e < n_expert; e += 32) {
+        bool taken = false;
+        for (int t = 0; t < i; ++t) taken |= picked[t] == e;
+        if (!taken) consider(l[e], e);
       }
     }
 #pragma unroll
@@ -55,6 +88,7 @@ __global__ void moe_route_kernel(const float* logits, int n_rows, int n_expert, 
       }
     }
     picked[i] = best_e;
+    if (in_regs && best_e % 32 == lane) taken_mask |= 1u << (best_e / 32);
     p[i] = expf(best - mx) / sum;
     top += p[i];
   }
