@@ -22,6 +22,10 @@ std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::v
 std::vector<float> gpu_op_for_test(GpuOpForTest, const std::vector<float>&, const std::vector<float>&, int, int, float, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<float> gpu_chained_products_for_test(GpuChainForTest, bool, const Weight&, const Weight*, const Weight&, const std::vector<float>&,
+                                                 const std::vector<float>&, const std::vector<float>&, int, float, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 std::vector<float> gpu_delta_net_for_test(const DeltaNetDims&, const float*, const float*, const float*, const float*, float,
                                           const std::vector<GpuDeltaNetSeq>&, const float*, const float*, const float*,
                                           const float*, int, GpuDeltaNetForm, bool, std::vector<float>*, int) {

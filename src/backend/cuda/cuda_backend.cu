@@ -12,9 +12,11 @@
 #include <cstring>
 #include <map>
 
+#include "backend/cuda/cuda_argmax_masks.cuh"
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_product_inputs.cuh"
 #include "backend/cuda/cuda_step_profiler.cuh"
 #include "backend/cpu/host_experts.h"
 #include "backend/cuda/cuda_weights.cuh"
@@ -63,8 +65,6 @@ class CudaBackend final : public Backend {
     if (step_host_) cudaFreeHost(step_host_);
     if (logits_host_) cudaFreeHost(logits_host_);
     if (argmax_host_) cudaFreeHost(argmax_host_);
-    if (allowed_dev_) cudaFree(allowed_dev_);
-    if (allowed_host_) cudaFreeHost(allowed_host_);
     if (hidden_rows_dev_) cudaFree(hidden_rows_dev_);
     if (host_rows_) cudaFreeHost(host_rows_);
   }
@@ -179,7 +179,7 @@ class CudaBackend final : public Backend {
     const size_t dn_floats = has_delta ? (size_t)T * (dn.conv_dim() + 2 * dn.value_dim() + 2 * dn.n_v_heads) +
                                              delta_net_scratch_floats(dn, T, dn_chunked_) + 64
                                        : 0;
-    const size_t act_bytes = (size_t)T * max_cols + 2 * (size_t)T * (max_cols / 32 + 1) * 4;
+    const size_t act_bytes = ProductInputs::bytes(T, max_cols);
     const size_t half_bytes = (gemm_scratch_elems_ + (size_t)(T + 15) / 16 * 16 * max_cols) * 2;
     const size_t step_ints = step_capacity_ints();
     // Prefill attention (runs of one sequence's rows through tensor-core products): K/V tiles as f16 and
@@ -213,9 +213,7 @@ class CudaBackend final : public Backend {
       dn_out_ = take_f((size_t)T * dn.value_dim());
       dn_scratch_ = delta_net_scratch(dn, T, dn_chunked_, take_f(delta_net_scratch_floats(dn, T, dn_chunked_)));
     }
-    act_.q = reinterpret_cast<int8_t*>(work_.take((size_t)T * max_cols));
-    act_.d = take_f((size_t)T * (max_cols / 32 + 1));
-    act_.s = take_f((size_t)T * (max_cols / 32 + 1));
+    inputs_.init(work_, T, max_cols, stream_);
     gemm_scratch_ = reinterpret_cast<__half*>(work_.take(gemm_scratch_elems_ * 2));
     // f16 activations of a product; the batched-decode kernel's layout pads the rows to a multiple of 16.
     x_f16_ = reinterpret_cast<__half*>(work_.take((size_t)(T + 15) / 16 * 16 * max_cols * 2));
@@ -439,6 +437,7 @@ class CudaBackend final : public Backend {
     if (layer_begin == layer_end) return;
     forward_end_ = layer_end;  // a layer may prepare the next one's input only inside this range
     attn_input_ready_ = ffn_input_ready_ = false;
+    inputs_.reset();  // each forward starts on the first int8 buffer (a captured graph replays the pointers it saw)
     if (n_tok_ > 8 || !graphs_enabled_) {
       for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
       return;
@@ -476,7 +475,7 @@ class CudaBackend final : public Backend {
     }
     const bool q8 = matvec_uses_q8(out_.type) && n_logit_ <= 8 && hp.n_embd % 32 == 0;
     mark("output norm + quantize", 0);
-    rms_norm(x_, out_norm_, hp.rms_eps, n_logit_, hp.n_embd, dstep_.logit_rows, xn_, q8 ? act_ : ActQ8{}, stream_);
+    rms_norm(x_, out_norm_, hp.rms_eps, n_logit_, hp.n_embd, dstep_.logit_rows, xn_, q8 ? inputs_.writable() : ActQ8{}, stream_);
     n_quantized_cols_ = q8 ? hp.n_embd : -1;
     mark(op_name("matvec output", out_).c_str(), (double)out_bytes_);
     project(out_, xn_, n_logit_, logits_, hp.n_vocab, false);
@@ -502,9 +501,8 @@ class CudaBackend final : public Backend {
     if (!compute_logits()) return;
     const int n_vocab = model_->hparams().n_vocab;
     mark("argmax + logits to host", 0);
-    if (!upload_argmax_masks(n_vocab)) argmax_rows(logits_, n_logit_, n_vocab, argmax_dev_, stream_);
-    else argmax_rows_allowed(logits_, n_logit_, n_vocab, allowed_dev_, reinterpret_cast<const uint8_t*>(allowed_dev_ + allowed_words()),
-                             argmax_dev_, stream_);
+    if (!argmax_masks_.upload(argmax_only_, argmax_allowed_, n_logit_, n_vocab, stream_)) argmax_rows(logits_, n_logit_, n_vocab, argmax_dev_, stream_);
+    else argmax_rows_allowed(logits_, n_logit_, n_vocab, argmax_masks_.masks(), argmax_masks_.has_mask(), argmax_dev_, stream_);
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, argmax_dev_, (size_t)n_logit_ * 4, cudaMemcpyDeviceToHost, stream_));
     int packed = 0;
     for (int i = 0; i < n_logit_; ++i) {
@@ -517,34 +515,6 @@ class CudaBackend final : public Backend {
     profiler_.collect(stream_);
     for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
     if (packed > 0) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
-  }
-
-  // Constrained greedy rows (StepDesc::argmax_allowed): their masks, then one byte per row saying which
-  // rows have one, copied to the device for argmax_rows_allowed. False when no row has a mask. The
-  // buffers grow on first use (outside any graph: the output is read after the step's graph ran).
-  size_t allowed_words() const { return (size_t)n_logit_ * (((size_t)model_->hparams().n_vocab + 63) / 64); }
-  bool upload_argmax_masks(int n_vocab) {
-    bool any = false;
-    for (int i = 0; i < n_logit_; ++i) any = any || (argmax_only_[i] && argmax_allowed_[i]);
-    if (!any) return false;
-    const size_t words = ((size_t)n_vocab + 63) / 64, bytes = allowed_words() * 8 + (size_t)n_logit_;
-    if (bytes > allowed_bytes_) {
-      ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      if (allowed_dev_) ROOFLINE_CUDA_CHECK(cudaFree(allowed_dev_));
-      if (allowed_host_) ROOFLINE_CUDA_CHECK(cudaFreeHost(allowed_host_));
-      allowed_dev_ = nullptr, allowed_host_ = nullptr;
-      ROOFLINE_CUDA_CHECK(cudaMalloc(&allowed_dev_, bytes));
-      ROOFLINE_CUDA_CHECK(cudaMallocHost(&allowed_host_, bytes));
-      allowed_bytes_ = bytes;
-    }
-    uint8_t* has = reinterpret_cast<uint8_t*>(allowed_host_ + allowed_words());
-    for (int i = 0; i < n_logit_; ++i) {
-      has[i] = argmax_only_[i] && argmax_allowed_[i] ? 1 : 0;
-      if (has[i]) std::memcpy(allowed_host_ + (size_t)i * words, argmax_allowed_[i], words * 8);
-    }
-    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(allowed_dev_, allowed_host_, allowed_words() * 8 + (size_t)n_logit_, cudaMemcpyHostToDevice,
-                                        stream_));
-    return true;
   }
 
   // Embeddings: the output norm of the step's hidden rows (gathered), copied back; no output matrix.
@@ -655,16 +625,44 @@ class CudaBackend final : public Backend {
   void mark(const char* op, double bytes) { profiler_.mark(stream_, op, bytes, n_tok_); }
   static std::string op_name(const char* what, const DeviceWeight& w) { return fmt::format("{} {}", what, dtype_name(w.type)); }
 
-  // The int8 form of x for a decode matvec over w, unless act_ already holds it.
-  void quantize_input(const DeviceWeight& w, const float* x, int n) {
-    if (matvec_uses_q8(w.type) && n_quantized_cols_ != w.cols) quantize_rows(x, n, (int)w.cols, act_, stream_);
+  // Decode epilogues (ProductInputs): whether a product of this step can write the normed input of
+  // `consumers` (each reads int8 activations of the n_embd columns; nulls are skipped).
+  using Consumers = std::array<const DeviceWeight*, 4>;
+  bool fuses_input(const Consumers& consumers) const {
+    if (!inputs_.enabled() || n_tok_ > ProductInputs::kDecodeRows || model_->hparams().n_embd % 32 != 0) return false;
+    for (const DeviceWeight* w : consumers)
+      if (w && w->data && !matvec_uses_q8(w->type)) return false;
+    return true;
+  }
+  Consumers ffn_inputs(const LayerDev& L) const { return {&L.m(LayerTensor::FfnGate), &L.m(LayerTensor::FfnUp), nullptr, nullptr}; }
+  Consumers mixer_inputs(const LayerDev& L) const {
+    using LT = LayerTensor;
+    if (L.mixer == MixerKind::Attention) return {&L.m(LT::AttnQ), &L.m(LT::AttnK), &L.m(LT::AttnV), nullptr};
+    return {&L.m(LT::SsmQkv), &L.m(LT::SsmGate), &L.m(LT::SsmAlpha), &L.m(LT::SsmBeta)};
+  }
+  // The layer after L when this forward() runs it too (a layer may prepare only such a layer's input).
+  LayerDev* next_layer_here(LayerDev& L) {
+    const int il = (int)(&L - layer_dev_.data()) + layers_.begin;
+    return il + 1 < forward_end_ ? &L + 1 : nullptr;
+  }
+  void take_input(const MatvecEpilogue& ep, int cols) {
+    inputs_.take(ep);
+    n_quantized_cols_ = cols;
   }
 
-  // y (+)= W x for the step's rows: matvec for decode-sized steps, GEMM beyond.
-  void project(const DeviceWeight& w, const float* x, int n, float* y, int ldy, bool accumulate) {
+  // The int8 form of x for a decode matvec over w, unless the current input already holds it.
+  void quantize_input(const DeviceWeight& w, const float* x, int n) {
+    if (matvec_uses_q8(w.type) && n_quantized_cols_ != w.cols) quantize_rows(x, n, (int)w.cols, inputs_.writable(), stream_);
+  }
+
+  // y (+)= W x for the step's rows: matvec for decode-sized steps, GEMM beyond. With an epilogue (decode
+  // only), its output is the next product's input (`next_cols` wide) after the launch.
+  void project(const DeviceWeight& w, const float* x, int n, float* y, int ldy, bool accumulate, const MatvecEpilogue& ep = {},
+               int next_cols = -1) {
     if (n <= 8) {
       quantize_input(w, x, n);
-      matvec(w, act_, x, n, y, ldy, accumulate, stream_);
+      matvec(w, inputs_.current(), x, n, y, ldy, accumulate, stream_, ep);
+      if (ep.kind != MatvecEpilogue::Kind::None) take_input(ep, next_cols);
     } else {
       gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_);
     }
@@ -704,7 +702,7 @@ class CudaBackend final : public Backend {
         }
         mark(op_name(fmt::format("matvec {}", names).c_str(), *p[i].w).c_str(), bytes);
         quantize_input(*p[i].w, x, n);
-        matvec_multi(ws, ys, lds, (int)(j - i), act_, x, n, false, stream_);
+        matvec_multi(ws, ys, lds, (int)(j - i), inputs_.current(), x, n, false, stream_);
       }
       i = j;
     }
@@ -732,7 +730,7 @@ class CudaBackend final : public Backend {
     const bool q8_in = attn_takes_q8(L);
     if (!attn_input_ready_) {  // else the previous layer's post-norm kernel wrote it
       mark("attn norm + quantize", 0);
-      rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
+      rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? inputs_.writable() : ActQ8{}, stream_);
     }
     attn_input_ready_ = false;
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
@@ -756,11 +754,11 @@ class CudaBackend final : public Backend {
     prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                       prefill_, attn_, stream_);
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
-                               splits_, partial_, attn_, q8_attn && !gated ? act_ : ActQ8{}, attn_rows_dev_, stream_);
+                               splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_);
     if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
       mark("output gate (+quantize)", 0);
       quantized = q8_attn && hp.q_dim() % 32 == 0;
-      output_gate(attn_gate_, attn_, n, hp.q_dim(), quantized ? act_ : ActQ8{}, stream_);
+      output_gate(attn_gate_, attn_, n, hp.q_dim(), quantized ? inputs_.writable() : ActQ8{}, stream_);
     }
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
@@ -769,19 +767,23 @@ class CudaBackend final : public Backend {
       // Decode steps: the FFN's pre-norm (and its int8 form) in the same kernel.
       const bool q8_ffn = !moe_ && ffn_takes_q8(L);
       ffn_input_ready_ = post_norm_add(gate_, post, xn_, moe_ ? nullptr : L.v(LT::FfnNorm), q8_ffn);
+    } else if (!moe_ && fuses_input(ffn_inputs(L))) {  // x += o, and the FFN's normed input (decode)
+      mark(op_name("matvec o + ffn norm", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
+      project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true, inputs_.norm(L.v(LT::FfnNorm), hp.rms_eps), hp.n_embd);
+      ffn_input_ready_ = true;
     } else {
       project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
     }
   }
 
   // x += rmsnorm(y) * w over the step's rows, through `tmp` ([rows x n_embd]). With next_norm, decode
-  // steps also write xn_ = rmsnorm(x) * next_norm (and act_ when q8) in the same kernel; returns whether
+  // steps also write xn_ = rmsnorm(x) * next_norm (and the int8 input when q8) in the same kernel; returns whether
   // it did (the caller then skips that norm).
   bool post_norm_add(const float* y, const float* w, float* tmp, const float* next_norm = nullptr, bool q8 = false) {
     const HParams& hp = model_->hparams();
     if (post_norm_add_fits(n_tok_, hp.n_embd)) {
       mark(next_norm ? "post norm + residual + norm" : "post norm + residual", 0);
-      cuda::post_norm_add(y, w, hp.rms_eps, n_tok_, hp.n_embd, x_, next_norm, next_norm ? xn_ : nullptr, next_norm && q8 ? act_ : ActQ8{},
+      cuda::post_norm_add(y, w, hp.rms_eps, n_tok_, hp.n_embd, x_, next_norm, next_norm ? xn_ : nullptr, next_norm && q8 ? inputs_.writable() : ActQ8{},
                           stream_);
       if (next_norm) n_quantized_cols_ = q8 ? hp.n_embd : -1;
       return next_norm != nullptr;
@@ -831,29 +833,45 @@ class CudaBackend final : public Backend {
     const bool q8_ffn = ffn_takes_q8(L);
     if (!ffn_input_ready_) {  // else the attention block's post-norm kernel wrote it
       mark("ffn norm + quantize", 0);
-      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? act_ : ActQ8{}, stream_);
+      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? inputs_.writable() : ActQ8{}, stream_);
     }
     ffn_input_ready_ = false;
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
-    project_group({{"gate", &L.m(LT::FfnGate), L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &L.m(LT::FfnUp), L.bytes(LT::FfnUp), up_, hp.n_ff}},
-                  xn_, n);
     const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
-    if (model_->arch().ffn == FfnKind::GeGLU) {
-      mark("geglu + quantize", 0);
-      geglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+    const DeviceWeight &gate = L.m(LT::FfnGate), &up = L.m(LT::FfnUp);
+    if (inputs_.enabled() && n <= 8 && q8_down && model_->arch().ffn == FfnKind::SwiGLU && matvec_can_group(gate, up)) {
+      // Decode: gate and up in one launch whose epilogue writes SwiGLU's int8 output (down's input).
+      mark(op_name("matvec gate+up + swiglu", gate).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp));
+      quantize_input(gate, xn_, n);
+      const DeviceWeight* ws[2] = {&gate, &up};
+      float* ys[2] = {gate_, up_};
+      const int lds[2] = {(int)hp.n_ff, (int)hp.n_ff};
+      const MatvecEpilogue ep = inputs_.swiglu();
+      matvec_multi(ws, ys, lds, 2, inputs_.current(), xn_, n, false, stream_, ep);
+      take_input(ep, (int)hp.n_ff);
     } else {
-      mark("swiglu + quantize", 0);
-      swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? act_ : ActQ8{}, stream_);
+      project_group({{"gate", &gate, L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &up, L.bytes(LT::FfnUp), up_, hp.n_ff}}, xn_, n);
+      if (model_->arch().ffn == FfnKind::GeGLU) {
+        mark("geglu + quantize", 0);
+        geglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? inputs_.writable() : ActQ8{}, stream_);
+      } else {
+        mark("swiglu + quantize", 0);
+        swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? inputs_.writable() : ActQ8{}, stream_);
+      }
+      n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     }
-    n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
     if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
       project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false);
       // Decode steps: the next layer's attention pre-norm in the same kernel, when that layer is here.
-      const int il = (int)(&L - layer_dev_.data()) + layers_.begin;
-      LayerDev* next = il + 1 < forward_end_ ? &L + 1 : nullptr;
+      LayerDev* next = next_layer_here(L);
       if (next && next->mixer != MixerKind::Attention) next = nullptr;
       attn_input_ready_ = post_norm_add(xn_, post, up_, next ? next->v(LT::AttnNorm) : nullptr, next && attn_takes_q8(*next));
+    } else if (LayerDev* next = next_layer_here(L); next && fuses_input(mixer_inputs(*next))) {
+      // x += down, and the next layer's normed input (decode).
+      mark(op_name("matvec down + attn norm", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
+      project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true, inputs_.norm(next->v(LT::AttnNorm), hp.rms_eps), hp.n_embd);
+      attn_input_ready_ = true;
     } else {
       project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
     }
@@ -869,8 +887,11 @@ class CudaBackend final : public Backend {
     const DeltaNetDims& d = hp.delta_net;
     const int n = n_tok_;
     const bool q8_in = needs_q8({&L.m(LT::SsmQkv), &L.m(LT::SsmGate), &L.m(LT::SsmAlpha), &L.m(LT::SsmBeta)}) && hp.n_embd % 32 == 0;
-    mark("attn norm + quantize", 0);
-    rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? act_ : ActQ8{}, stream_);
+    if (!attn_input_ready_) {  // else the previous layer's down product wrote it
+      mark("attn norm + quantize", 0);
+      rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? inputs_.writable() : ActQ8{}, stream_);
+    }
+    attn_input_ready_ = false;
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
     project_group({{"qkv", &L.m(LT::SsmQkv), L.bytes(LT::SsmQkv), dn_qkv_, d.conv_dim()},
                    {"z", &L.m(LT::SsmGate), L.bytes(LT::SsmGate), dn_z_, d.value_dim()},
@@ -888,11 +909,17 @@ class CudaBackend final : public Backend {
     mark(dn_form_ == DeltaNetForm::Chunked ? "delta net (chunked)" : "delta net (recurrent)",
          (double)dn_real_seqs_ * d.ssm_state_floats() * 8);
     delta_net_forward(d, layer, hp.rms_eps, dn_seqs_, n, dn_form_, dn_max_seq_rows_, dn_qkv_, dn_z_, dn_alpha_, dn_beta_,
-                      dn_scratch_, dn_out_, q8_out ? act_ : ActQ8{}, stream_);
+                      dn_scratch_, dn_out_, q8_out ? inputs_.writable() : ActQ8{}, stream_);
     n_quantized_cols_ = q8_out ? d.value_dim() : -1;
-    mark(op_name("matvec ssm_out", L.m(LT::SsmOut)).c_str(), L.bytes(LT::SsmOut));
-    project(L.m(LT::SsmOut), dn_out_, n, x_, hp.n_embd, true);
-    n_quantized_cols_ = -1;
+    if (!moe_ && fuses_input(ffn_inputs(L))) {  // x += ssm_out, and the FFN's normed input (decode)
+      mark(op_name("matvec ssm_out + ffn norm", L.m(LT::SsmOut)).c_str(), L.bytes(LT::SsmOut));
+      project(L.m(LT::SsmOut), dn_out_, n, x_, hp.n_embd, true, inputs_.norm(L.v(LT::FfnNorm), hp.rms_eps), hp.n_embd);
+      ffn_input_ready_ = true;
+    } else {
+      mark(op_name("matvec ssm_out", L.m(LT::SsmOut)).c_str(), L.bytes(LT::SsmOut));
+      project(L.m(LT::SsmOut), dn_out_, n, x_, hp.n_embd, true);
+      n_quantized_cols_ = -1;
+    }
   }
 
   GpuBackendOptions options_;
@@ -921,8 +948,8 @@ class CudaBackend final : public Backend {
   int64_t cell_stride_ = 0;  // floats between state cells (16-byte aligned)
   // Runs of at least this many rows of one sequence take the chunked (tensor-core) form.
   static constexpr int kDeltaNetChunkedMinRows = 64;
-  ActQ8 act_;
-  int n_quantized_cols_ = -1;  // act_ holds the current input quantized (row length), or -1
+  ProductInputs inputs_;        // the int8 inputs of the products (two buffers: decode epilogues)
+  int n_quantized_cols_ = -1;  // inputs_.current() holds the current input quantized (row length), or -1
   __half* gemm_scratch_ = nullptr;
   __half* x_f16_ = nullptr;
   size_t gemm_scratch_elems_ = 0;
@@ -933,9 +960,7 @@ class CudaBackend final : public Backend {
   int32_t* argmax_host_ = nullptr;
   std::vector<uint8_t> argmax_only_;  // the step's per-logit-row flags
   std::vector<const uint64_t*> argmax_allowed_;  // and masks (constrained greedy rows; host memory)
-  uint64_t* allowed_dev_ = nullptr;   // the masks on the device, then a byte per row: has a mask
-  uint64_t* allowed_host_ = nullptr;  // pinned staging of the same
-  size_t allowed_bytes_ = 0;
+  ArgmaxMasks argmax_masks_;                     // their device copy
   std::vector<int32_t> hidden_rows_;  // the step's rows wanting their final hidden state (output_hidden)
   int* hidden_rows_dev_ = nullptr;    // their device copy (allocated on first use)
   DeviceStep dstep_;
@@ -946,7 +971,7 @@ class CudaBackend final : public Backend {
   cuda::PrefillScratch prefill_;
   std::vector<cuda::PrefillRun> prefill_runs_;
   const int* attn_rows_dev_ = nullptr;
-  bool ffn_input_ready_ = false;   // xn_ (and act_) already hold the FFN's normalized input (post_norm_add)
+  bool ffn_input_ready_ = false;   // xn_ (and the int8 input) already hold the FFN's normalized input (post_norm_add)
   bool attn_input_ready_ = false;  // ... the next attention block's (post_norm_add at the end of a gemma layer)
   int forward_end_ = 0;            // the layer range's end of the running forward()
   int n_attn_rows_ = 0;

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_product_inputs.cuh"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/gpu.h"
 
@@ -229,6 +230,63 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
   return y;
+}
+
+std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fused, const Weight& p, const Weight* p2, const Weight& c,
+                                                 const std::vector<float>& a, const std::vector<float>& x, const std::vector<float>& norm_w,
+                                                 int n_tokens, float eps, int device) {
+  using namespace cuda;
+  const bool norm = kind == GpuChainForTest::Norm;
+  const int64_t mid = p.rows(), cols = p.cols(), rows_c = c.rows();
+  if (n_tokens < 1 || n_tokens > ProductInputs::kDecodeRows || mid % 32 != 0 || c.cols() != mid || !matvec_uses_q8(c.type()) ||
+      (!norm && (!p2 || p2->rows() != mid || p2->cols() != cols)) || a.size() != (size_t)(n_tokens * cols) ||
+      (norm && (x.size() != (size_t)(n_tokens * mid) || norm_w.size() != (size_t)mid)))
+    fail("gpu_chained_products_for_test: shapes do not chain");
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  const int64_t max_cols = std::max(cols, mid);
+  arena.reserve(device_weight_bytes(p) + (p2 ? device_weight_bytes(*p2) : 0) + device_weight_bytes(c) +
+                ((size_t)n_tokens * (cols + 4 * mid + rows_c) + mid) * 4 + ProductInputs::bytes(ProductInputs::kDecodeRows, max_cols) +
+                16 * 256);
+  const DeviceWeight dp = upload_weight(p, arena, stream), dp2 = p2 ? upload_weight(*p2, arena, stream) : dp,
+                     dc = upload_weight(c, arena, stream);
+  auto take_f = [&](size_t n) { return reinterpret_cast<float*>(arena.take(n * 4)); };
+  float *da = take_f((size_t)n_tokens * cols), *dx = take_f((size_t)n_tokens * mid), *dg = take_f((size_t)n_tokens * mid),
+        *du = take_f((size_t)n_tokens * mid), *dxn = take_f((size_t)n_tokens * mid), *dy = take_f((size_t)n_tokens * rows_c),
+        *dw = take_f((size_t)mid);
+  ProductInputs inputs;
+  inputs.init(arena, ProductInputs::kDecodeRows, max_cols, stream);
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
+  if (norm) ROOFLINE_CUDA_CHECK(cudaMemcpy(dw, norm_w.data(), norm_w.size() * 4, cudaMemcpyHostToDevice));
+  std::vector<float> out;
+  for (int run = 0; run < 2; ++run) {
+    if (norm) ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice, stream));
+    inputs.reset();
+    quantize_rows(da, n_tokens, (int)cols, inputs.writable(), stream);
+    const DeviceWeight* ws[2] = {&dp, &dp2};
+    float* ys[2] = {dg, du};
+    const int lds[2] = {(int)mid, (int)mid};
+    const MatvecEpilogue ep = !fused ? MatvecEpilogue{} : norm ? inputs.norm(dw, eps) : inputs.swiglu();
+    if (norm) matvec(dp, inputs.current(), da, n_tokens, dx, (int)mid, true, stream, ep);
+    else matvec_multi(ws, ys, lds, 2, inputs.current(), da, n_tokens, false, stream, ep);
+    if (fused) inputs.take(ep);
+    else if (norm) rms_norm(dx, dw, eps, n_tokens, (int)mid, nullptr, dxn, inputs.writable(), stream);
+    else swiglu(dg, du, n_tokens, (int)mid, dxn, inputs.writable(), stream);
+    matvec(dc, inputs.current(), dxn, n_tokens, dy, (int)rows_c, false, stream);
+    std::vector<float> y((size_t)n_tokens * rows_c);
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost, stream));
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    out.insert(out.end(), y.begin(), y.end());
+  }
+  if (norm) {
+    std::vector<float> xo((size_t)n_tokens * mid);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(xo.data(), dx, xo.size() * 4, cudaMemcpyDeviceToHost));
+    out.insert(out.end(), xo.begin(), xo.end());
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
+  return out;
 }
 
 std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_expert, const std::vector<int32_t>& ids, int k,

@@ -51,15 +51,30 @@ __device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64
 // y[t * ldy + r] (+)= sum_c W[r, c] x[t, c] for t < n_tokens (n_tokens <= 8): int8 activations for the
 // quantized types with a dp4a kernel (Q4_K, Q5_K, Q6_K, Q8_0), float activations otherwise.
 bool matvec_uses_q8(DType type);
+// A decode product's epilogue that writes the int8 input of the product after it, so that no norm or
+// SwiGLU kernel runs between them. When the last warp of a 32-row block of the output has stored its
+// rows, that warp forms the block of the next input for every token row and quantizes it into `out`:
+//   Norm:   v = y * norm_w (y after the residual add), and sum(y^2) of the block into ssq: the next
+//           product applies the 1/rms factor (ActQ8::ssq); out.ssq/out.eps are for it.
+//   SwiGlu: v = silu(y_gate) * y_up, the group's two members (gate, then up; same rows).
+// The output rows must be whole 32-blocks. counters: one int per 32-row block, zero before the launch
+// (each block's last warp sets it back to zero).
+struct MatvecEpilogue {
+  enum class Kind : int { None = 0, Norm, SwiGlu };
+  Kind kind = Kind::None;
+  const float* norm_w = nullptr;
+  ActQ8 out;
+  int* counters = nullptr;
+};
 void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-            cudaStream_t stream);
+            cudaStream_t stream, const MatvecEpilogue& epilogue = {});
 // Up to kMatvecGroupMax products of one input in one launch (ys[m] = W_m x: q/k/v, gate/up, a DeltaNet
 // layer's qkv/z/alpha/beta), for weights where matvec_can_group holds
 // pairwise (same kernel kind and row length).
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
 constexpr int kMatvecGroupMax = 4;
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
-                  const float* x, int n_tokens, bool accumulate, cudaStream_t stream);
+                  const float* x, int n_tokens, bool accumulate, cudaStream_t stream, const MatvecEpilogue& epilogue = {});
 // Expert products grouped by expert (MoE, cuda_moe.cu): for each active expert e, rows [0,
 // rows_per_expert) of its slice of the stacked weight times its activation rows [offsets[e],
 // offsets[e + 1]) (rows sorted by expert), y[j * ldy + r] for those rows j. Without offsets: one

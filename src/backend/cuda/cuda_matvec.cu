@@ -48,25 +48,53 @@ __device__ __forceinline__ void half2_floats(uint32_t bits, float& a, float& b) 
   b = __high2float(h);
 }
 
+// Each token row's factor on the outputs: 1 where the int8 input is the input itself, 1/rms where it is
+// a norm's input before that factor (ActQ8::ssq). The partials are summed in a fixed order (lane, then
+// a butterfly), the same for a token row whatever the batch.
 template <int B>
-__device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane) {
+__device__ __forceinline__ void row_scales(const ActQ8& act, int64_t cols, int lane, float (&rs)[B]) {
+#pragma unroll
+  for (int t = 0; t < B; ++t) rs[t] = 1.0f;
+  if (!act.ssq) return;
+  const int64_t nb = cols / 32;
 #pragma unroll
   for (int t = 0; t < B; ++t) {
-    const float v = warp_sum(acc[t]);
+    float s = 0.0f;
+    for (int64_t i = lane; i < nb; i += 32) s += __ldg(act.ssq + t * nb + i);
+    rs[t] = rsqrtf(warp_sum(s) / (float)cols + act.eps);
+  }
+}
+
+template <int B>
+__device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane,
+                                           const float (&rs)[B]) {
+#pragma unroll
+  for (int t = 0; t < B; ++t) {
+    const float v = warp_sum(acc[t]) * rs[t];
     if (lane == 0) {
       float* dst = y + (int64_t)t * ldy + row;
       *dst = accumulate ? *dst + v : v;
     }
   }
 }
+// Float activations: no factor.
+template <int B>
+__device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane) {
+  float ones[B];
+#pragma unroll
+  for (int t = 0; t < B; ++t) ones[t] = 1.0f;
+  store_rows<B>(acc, y, ldy, row, accumulate, lane, ones);
+}
 
-// The R rows row0.. of a multi-row warp (those below n_rows).
+// The R rows row0.. of a multi-row warp (those below n_rows), int8 activations `act` over `cols`.
 template <int B, int R>
 __device__ __forceinline__ void store_row_set(const float (&acc)[R][B], float* y, int ldy, int64_t row0, int64_t n_rows,
-                                              bool accumulate, int lane) {
+                                              bool accumulate, int lane, const ActQ8& act, int64_t cols) {
+  float rs[B];
+  row_scales<B>(act, cols, lane, rs);
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane);
+    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane, rs);
 }
 
 // Scale and min of sub-block j (0-7) of a Q4_K super-block without branches (lanes of one warp take
@@ -131,7 +159,7 @@ __device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& 
       }
     }
   }
-  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
+  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
 }
 
 // Q5_K (176 B): as Q4_K, plus the fifth bit of each quant from qh (bit 2c for low, 2c+1 for high nibbles).
@@ -168,7 +196,9 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
       if (h == 0) acc[t] -= dmin * (fm0 * act.s[s] + fm1 * act.s[s + 1]);
     }
   }
-  store_rows<B>(acc, y, ldy, row, accumulate, lane);
+  float rs[B];
+  row_scales<B>(act, w.cols, lane, rs);
+  store_rows<B>(acc, y, ldy, row, accumulate, lane, rs);
 }
 
 // Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
@@ -242,7 +272,7 @@ __device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& 
     for (int u = 0; u < S; ++u)
       if (u == 0 || i + 4 * u < n_sb) superblock(i + 4 * u, lo[u], hi[u]);
   }
-  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
+  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
 }
 
 // Q8_0 planes: one lane per 32-element block of each of the R rows, S blocks (b, b + 32, ..) per iteration.
@@ -289,7 +319,7 @@ __device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& 
       }
     }
   }
-  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane);
+  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
 }
 
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
@@ -413,8 +443,42 @@ struct MatvecGroup {
   int n = 0;
 };
 
+// MatvecEpilogue: the warp that stored the last rows of its 32-row block forms that block of the next
+// product's input for each token row. The stores of the other warps (other SMs) are read from the L2
+// after the counter says they are all in: each warp fences its stores before it counts itself.
+template <int B, int R>
+__device__ __forceinline__ void finish_block(const MatvecEpilogue& ep, const MatvecGroup& g, const float* y, int ldy, int64_t row0,
+                                          int64_t rows, int lane) {
+  using EK = MatvecEpilogue::Kind;
+  const int64_t blk = row0 / 32, nb = rows / 32;
+  const int expected = (ep.kind == EK::SwiGlu ? 2 : 1) * (32 / R);
+  __syncwarp();
+  __threadfence();
+  int arrived = 0;
+  if (lane == 0) arrived = atomicAdd(ep.counters + blk, 1);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived != expected - 1) return;
+  __threadfence();
+  const int64_t i = blk * 32 + lane;
+  for (int t = 0; t < B; ++t) {
+    float v;
+    if (ep.kind == EK::Norm) {
+      const float xv = __ldcg(y + (int64_t)t * ldy + i);
+      v = xv * ep.norm_w[i];
+      const float ss = warp_sum(xv * xv);
+      if (lane == 0) const_cast<float*>(ep.out.ssq)[t * nb + blk] = ss;
+    } else {
+      const float a = __ldcg(g.y[0] + (int64_t)t * g.ldy[0] + i), u = __ldcg(g.y[1] + (int64_t)t * g.ldy[1] + i);
+      v = a / (1.0f + __expf(-a)) * u;
+    }
+    const int64_t gi = t * nb + blk;
+    warp_quantize32(v, lane, const_cast<int8_t*>(ep.out.q) + gi * 32, const_cast<float*>(ep.out.d) + gi, const_cast<float*>(ep.out.s) + gi);
+  }
+  if (lane == 0) ep.counters[blk] = 0;
+}
+
 template <int B, Kind K, int R, int S>
-__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate) {
+__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
   const bool live = unit < g.first_unit[g.n];
@@ -443,6 +507,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, accumulate, row, lane);
   else matvec_generic<B>(w, x, y, ldy, accumulate, row, lane);
+  if (ep.kind != MatvecEpilogue::Kind::None) finish_block<B, R>(ep, g, y, ldy, row, w.rows, lane);
 }
 
 Kind kind_of(const DeviceWeight& w) {
@@ -459,43 +524,45 @@ Kind kind_of(const DeviceWeight& w) {
 }
 
 template <int B, Kind K>
-void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, const float* x, bool accumulate, cudaStream_t stream) {
+void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep,
+                      cudaStream_t stream) {
   const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
   const bool pdl = pdl_enabled();
   if constexpr (B == 1) {
     const int key = shape.rows * 10 + shape.sbs;
     switch (key) {
-      case 11: return launch(matvec_kernel<B, K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      case 12: return launch(matvec_kernel<B, K, 1, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      case 21: return launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      case 22: return launch(matvec_kernel<B, K, 2, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      case 41: return launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
-      default: return launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      case 11: return launch(matvec_kernel<B, K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+      case 12: return launch(matvec_kernel<B, K, 1, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+      case 21: return launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+      case 22: return launch(matvec_kernel<B, K, 2, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+      case 41: return launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+      default: return launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
     }
   } else if constexpr (B > 4) {
-    launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+    launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
   } else if constexpr (K == Kind::Q8_0) {
-    launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+    launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
   } else {
-    launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+    launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
   }
 }
 
 template <int B>
-void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8& act, const float* x, bool accumulate, cudaStream_t stream) {
+void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep,
+                   cudaStream_t stream) {
   const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
   const bool pdl = pdl_enabled();
   switch (kind) {
     case Kind::Q4K:
-      launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate);
+      launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
       return;
-    case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, stream);
-    case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, stream);
-    case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::F16: launch(matvec_kernel<B, Kind::F16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::BF16: launch(matvec_kernel<B, Kind::BF16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::F32: launch(matvec_kernel<B, Kind::F32, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
-    case Kind::Generic: launch(matvec_kernel<B, Kind::Generic, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate); return;
+    case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
+    case Kind::F16: launch(matvec_kernel<B, Kind::F16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
+    case Kind::BF16: launch(matvec_kernel<B, Kind::BF16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
+    case Kind::F32: launch(matvec_kernel<B, Kind::F32, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
+    case Kind::Generic: launch(matvec_kernel<B, Kind::Generic, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
   }
 }
 
@@ -613,8 +680,13 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {
 }
 
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
-                  const float* x, int n_tokens, bool accumulate, cudaStream_t stream) {
+                  const float* x, int n_tokens, bool accumulate, cudaStream_t stream, const MatvecEpilogue& epilogue) {
   if (count < 1 || count > MatvecGroup::kMax) fail("internal error: a matvec group of {} products", count);
+  using EK = MatvecEpilogue::Kind;
+  if (epilogue.kind != EK::None &&
+      (!epilogue.counters || !epilogue.out.q || ws[0]->rows % 32 != 0 || (epilogue.kind == EK::Norm ? count != 1 || !epilogue.out.ssq
+                                                                                                    : count != 2 || ws[1]->rows != ws[0]->rows)))
+    fail("internal error: a matvec epilogue over {} products of {} rows", count, ws[0]->rows);
   MatvecGroup g;
   g.n = count;
   g.first_unit[0] = 0;
@@ -630,25 +702,25 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   }
   switch (n_tokens) {
     case 1:
-      launch_matvec<1>(g, kind, shape, act, x, accumulate, stream);
+      launch_matvec<1>(g, kind, shape, act, x, accumulate, epilogue, stream);
       break;
-    case 2: launch_matvec<2>(g, kind, shape, act, x, accumulate, stream); break;
-    case 3: launch_matvec<3>(g, kind, shape, act, x, accumulate, stream); break;
-    case 4: launch_matvec<4>(g, kind, shape, act, x, accumulate, stream); break;
-    case 5: launch_matvec<5>(g, kind, shape, act, x, accumulate, stream); break;
-    case 6: launch_matvec<6>(g, kind, shape, act, x, accumulate, stream); break;
-    case 7: launch_matvec<7>(g, kind, shape, act, x, accumulate, stream); break;
-    case 8: launch_matvec<8>(g, kind, shape, act, x, accumulate, stream); break;
+    case 2: launch_matvec<2>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
+    case 3: launch_matvec<3>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
+    case 4: launch_matvec<4>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
+    case 5: launch_matvec<5>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
+    case 6: launch_matvec<6>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
+    case 7: launch_matvec<7>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
+    case 8: launch_matvec<8>(g, kind, shape, act, x, accumulate, epilogue, stream); break;
     default: fail("internal error: matvec of {} tokens (at most 8)", n_tokens);
   }
 }
 
 void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-            cudaStream_t stream) {
+            cudaStream_t stream, const MatvecEpilogue& epilogue) {
   const DeviceWeight* ws[1] = {&w};
   float* ys[1] = {y};
   const int ldys[1] = {ldy};
-  matvec_multi(ws, ys, ldys, 1, act, x, n_tokens, accumulate, stream);
+  matvec_multi(ws, ys, ldys, 1, act, x, n_tokens, accumulate, stream, epilogue);
 }
 
 }  // namespace roofline::cuda
