@@ -116,9 +116,11 @@ struct GpuAttentionShape {
 // prefill_attention, in key tiles of prefill_key_tile (32-1024, 0: the default) and chunks of 16 rows,
 // the others through the split-KV kernel), with max_splits as for a context of the step's deepest row.
 // q: [rows x n_head * head_dim_k]; window > 0: a sliding-window layer. Returns [rows x n_head * head_dim_v].
+// combine_in_split: decode steps merge the splits in the split kernel (else the combine kernel). Runs
+// twice and fails unless both give the same bits.
 std::vector<float> gpu_attention_for_test(const GpuAttentionShape& shape, const GpuKvCacheForTest& cache, int window, float scale,
                                           const StepDesc& step, const std::vector<float>& q, int prefill_key_tile = 0,
-                                          int device = 0);
+                                          bool combine_in_split = true, int device = 0);
 // For tests: the prologue of attention (rope_and_store) over a step's rows, padded like a decode
 // bucket (the padding rows must store nothing): Q/K RMSNorm with q_norm / k_norm ([head_dim_k], when
 // given), RoPE of the first n_rot dimensions of each head (NeoX pairs (i, i + n_rot/2) when neox, else

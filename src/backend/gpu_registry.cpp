@@ -36,7 +36,7 @@ std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims&, int, int, G
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 std::vector<float> gpu_attention_for_test(const GpuAttentionShape&, const GpuKvCacheForTest&, int, float, const StepDesc&,
-                                          const std::vector<float>&, int, int) {
+                                          const std::vector<float>&, int, bool, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 void gpu_rope_store_for_test(const GpuAttentionShape&, const GpuRopeForTest&, const StepDesc&, std::vector<float>&, std::vector<float>&,

@@ -2,15 +2,22 @@
 // writes the next norm's int8 input and leaves the 1/rms factor to the next product; gate/up's writes
 // SwiGLU's. Checked against the double-precision chain of the dequantized weights, against the same
 // chain through the separate norm / SwiGLU kernels, and run twice (the block counters must be back at
-// zero), for producer kinds whose warps take 1, 2 or 4 rows. Skipped without a GPU.
+// zero), for producer kinds whose warps take 1, 2 or 4 rows; then whole models with the epilogues and
+// the attention split kernel's own combine (ROOFLINE_FUSED_INPUTS, ROOFLINE_SPLIT_COMBINE) against the
+// separate kernels and the CPU, and decode batches against each row alone. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "backend/gpu.h"
 #include "core/rng.h"
+#include "engine/engine.h"
 #include "engine/engine_test_util.h"
 #include "formats/quant_ref.h"
 #include "model/model.h"
@@ -140,4 +147,74 @@ TEST(GpuFusedInputs, SwigluEpilogueMatchesTheReferenceAndTheSeparateKernel) {
         EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), ny * 4)) << what << " (against the separate kernel)";
         EXPECT_EQ(0, std::memcmp(fused.data(), fused.data() + ny, ny * 4)) << what << " (second run)";
       }
+}
+
+namespace {
+
+// Logits of a prefill chunk, then one-row decode steps (the fused paths), on the GPU with the decode
+// epilogues and the split kernel's combine switched on or off (both read when the backend is created).
+std::vector<float> gpu_logits(const std::string& spec, bool fused, const std::vector<int32_t>& tokens, bool cpu = false) {
+  setenv("ROOFLINE_FUSED_INPUTS", fused ? "1" : "0", 1);
+  setenv("ROOFLINE_SPLIT_COMBINE", fused ? "1" : "0", 1);
+  EngineOptions o;
+  if (!cpu) o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  auto engine = Engine::create(test::tiny(spec), o);
+  unsetenv("ROOFLINE_FUSED_INPUTS");
+  unsetenv("ROOFLINE_SPLIT_COMBINE");
+  const int seq = engine->memory().create_sequence();
+  const size_t split = tokens.size() / 2;
+  auto out = engine->eval(seq, std::span<const int32_t>(tokens.data(), split), true);
+  for (size_t i = split; i < tokens.size(); ++i) {
+    auto l = engine->eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+// Whole models (dense Qwen3 and Llama, hybrid Qwen3.5 with DeltaNet layers, a Q8_0 file): decode with the
+// epilogues and the split kernel's combine against the separate kernels and against the CPU.
+TEST(GpuFusedInputs, WholeModelsMatchTheSeparateKernelsAndTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-qwen3:Q8_0"}) {
+    const auto tokens = test::some_tokens(24, test::tiny(spec)->hparams().n_vocab);
+    const auto fused = gpu_logits(spec, true, tokens), plain = gpu_logits(spec, false, tokens), cpu = gpu_logits(spec, false, tokens, true);
+    ASSERT_EQ(fused.size(), plain.size());
+    ASSERT_EQ(fused.size(), cpu.size());
+    const double e_plain = test::nmse(fused.data(), plain.data(), plain.size()), e_cpu = test::nmse(fused.data(), cpu.data(), cpu.size());
+    std::printf("%-20s fused vs separate kernels NMSE %.3g, vs CPU %.3g\n", spec, e_plain, e_cpu);
+    EXPECT_LT(e_plain, 1e-6) << spec;
+    EXPECT_LT(e_cpu, 2e-3) << spec;
+    EXPECT_EQ(fused, gpu_logits(spec, true, tokens)) << spec << ": reproducible";
+  }
+}
+
+// A decode batch with the epilogues: each row bit-identical to that sequence decoded alone.
+TEST(GpuFusedInputs, DecodeBatchesAreInvariant) {
+  SKIP_WITHOUT_GPU();
+  setenv("ROOFLINE_FUSED_INPUTS", "1", 1);
+  setenv("ROOFLINE_SPLIT_COMBINE", "1", 1);
+  auto model = test::tiny("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  const auto prompt_a = test::some_tokens(5, n_vocab, 1), prompt_b = test::some_tokens(6, n_vocab, 2);
+  auto alone_engine = Engine::create(model, o);
+  const int s = alone_engine->memory().create_sequence();
+  std::vector<float> alone;
+  for (int32_t t : prompt_a) {
+    auto l = alone_engine->eval(s, std::span<const int32_t>(&t, 1), false);
+    alone.insert(alone.end(), l.begin(), l.end());
+  }
+  auto e = Engine::create(model, o);
+  unsetenv("ROOFLINE_FUSED_INPUTS");
+  unsetenv("ROOFLINE_SPLIT_COMBINE");
+  const int sb = e->memory().create_sequence(), sa = e->memory().create_sequence();
+  for (size_t i = 0; i < prompt_a.size(); ++i) {
+    std::vector<Engine::BatchRow> batch = {{sb, prompt_b[i], false}, {sa, prompt_a[i], true}};
+    auto l = e->decode(batch);
+    ASSERT_EQ(l.size(), (size_t)n_vocab);
+    EXPECT_EQ(0, std::memcmp(l.data(), alone.data() + i * n_vocab, n_vocab * sizeof(float))) << "step " << i;
+  }
 }

@@ -345,16 +345,21 @@ size_t split_smem_bytes(int gqa, int hd_k, int hd_v, bool vec) {
 // past the step's real rows or the split past the row's keys.
 struct SplitWork {
   int r, kvh, split, k_begin, k_end;
+  int n_splits;    // the row's splits with keys (at most gridDim.z)
+  bool dead_row;   // a padding row of the step (no keys)
 };
 __device__ __forceinline__ bool split_work(const DeviceStep& step, const int* row_list, int window, SplitWork& w) {
   w.r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x;
   w.kvh = blockIdx.y;
   w.split = blockIdx.z;
-  if (w.r >= step.header[0]) return false;
+  w.n_splits = 0;
+  w.dead_row = w.r >= step.header[0];
+  if (w.dead_row) return false;
   const int pos = step.positions[w.r];
   const int first = attention_first_key(pos, window);  // sliding layers: keys (pos - window, pos]
   const int n_keys = pos + 1 - first;
   const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
+  w.n_splits = min((int)gridDim.z, (n_keys + split_len - 1) / split_len);
   if (w.split * split_len >= n_keys) return false;
   w.k_begin = first + w.split * split_len;
   w.k_end = min(pos + 1, w.k_begin + split_len);
@@ -382,13 +387,113 @@ __device__ __forceinline__ SplitSmem split_smem_init(float* smem, const float* q
   return sm;
 }
 
+// Max (is_max) or sum of one value per thread over the CTA, in a fixed order (warps by shuffles, then
+// the warps' results in order); every thread gets the result. red: blockDim.x / 32 floats.
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
+  v = is_max ? warp_max(v) : warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = is_max ? -INFINITY : 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();
+  return r;
+}
+
+// Merging the splits of one (row, query head) with a CTA of kThreads threads: its partials start at base
+// (per split: max, sum, then hd_v values; stride floats apart). split_weights reads the splits' maxima and
+// sums with all threads at once (thread s takes splits s, s + kThreads, ...), puts each split's weight
+// exp(m_s - m) in weight_s and returns 1 / sum; merged_value sums one output dimension over the splits in
+// split order, eight splits' loads in flight. Fixed orders throughout, so the result depends only on the
+// row, and the combine kernel and a split kernel's combine (combine_if_last) give the same bits.
+__device__ __forceinline__ float split_weights(const float* base, int64_t stride, int n_splits, float* weight_s, float* red) {
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, __ldcg(base + s * stride));
+  m = block_reduce(m, true, red);
+  float l = 0;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float w = __expf(__ldcg(base + s * stride) - m);
+    weight_s[s] = w;
+    l += __ldcg(base + s * stride + 1) * w;
+  }
+  l = block_reduce(l, false, red);  // its barrier also publishes weight_s
+  return 1.0f / l;
+}
+__device__ __forceinline__ float merged_value(const float* col, int64_t stride, int n_splits, const float* weight_s) {
+  constexpr int kSplitsInFlight = 8;
+  float a = 0;
+  int s = 0;
+  for (; s + kSplitsInFlight <= n_splits; s += kSplitsInFlight) {
+    float v[kSplitsInFlight];
+#pragma unroll
+    for (int u = 0; u < kSplitsInFlight; ++u) v[u] = __ldcg(col + (s + u) * stride);
+#pragma unroll
+    for (int u = 0; u < kSplitsInFlight; ++u) a += v[u] * weight_s[s + u];
+  }
+  for (; s < n_splits; ++s) a += __ldcg(col + s * stride) * weight_s[s];
+  return a;
+}
+
+// Output value d of query head h of row r, and (act.q) its int8 form: the warp holds the whole
+// 32-block (head_dim_v % 32 == 0).
+__device__ __forceinline__ void store_output(float* out, const ActQ8& act, int r, int h, int n_head, int hd_v, int d, float v) {
+  const int64_t i = ((int64_t)r * n_head + h) * hd_v + d;
+  out[i] = v;
+  if (act.q)
+    warp_quantize32(v, threadIdx.x % 32, const_cast<int8_t*>(act.q) + i / 32 * 32, const_cast<float*>(act.d) + i / 32,
+                    const_cast<float*>(act.s) + i / 32);
+}
+
+// Decode steps: the combine in the split kernel. Each split CTA of a (row, KV head) counts itself in
+// when its partials are stored (fenced); the last one merges the group's query heads (its shared memory
+// past the softmax state is free by then: gqa x n_splits weights) and writes the output. counters:
+// [rows x n_head_kv], zero between launches (the last CTA sets its own back). Padding rows: split 0
+// writes zeros.
+struct SplitCombine {
+  int* counters = nullptr;
+  float* out = nullptr;
+  ActQ8 act;
+};
+__device__ __forceinline__ void combine_if_last(const SplitCombine& c, const float* partial, const SplitWork& w, int n_head, int n_head_kv, int gqa,
+                                int hd_v, int max_splits, float* free_smem) {
+  __shared__ int last_s;
+  __shared__ float red[32];
+  __shared__ float inv_s[kMaxGroup];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int slot = w.r * n_head_kv + w.kvh;
+    last_s = atomicAdd(c.counters + slot, 1) == w.n_splits - 1;
+    if (last_s) c.counters[slot] = 0;  // every split of this launch is in
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  const int64_t stride = hd_v + 2;
+  auto head_partials = [&](int g) { return partial + ((int64_t)w.r * n_head + w.kvh * gqa + g) * max_splits * stride; };
+  for (int g = 0; g < gqa; ++g) {
+    const float inv = split_weights(head_partials(g), stride, w.n_splits, free_smem + g * w.n_splits, red);
+    if (threadIdx.x == 0) inv_s[g] = inv;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < gqa * hd_v; i += blockDim.x) {
+    const int g = i / hd_v, d = i % hd_v;
+    const float a = merged_value(head_partials(g) + 2 + d, stride, w.n_splits, free_smem + g * w.n_splits);
+    store_output(c.out, c.act, w.r, w.kvh * gqa + g, n_head, hd_v, d, a * inv_s[g]);
+  }
+}
+__device__ __forceinline__ void zero_group(const SplitCombine& c, const SplitWork& w, int n_head, int gqa, int hd_v) {
+  for (int i = threadIdx.x; i < gqa * hd_v; i += blockDim.x) store_output(c.out, c.act, w.r, w.kvh * gqa + i / hd_v, n_head, hd_v, i % hd_v, 0.0f);
+}
+
 // Split-KV attention for one (row, KV head, span of keys), any head size: scores by score_tile, values
 // one output dimension per thread (two when head_dim_v > 128), each V element loaded once for every
 // query head of the group. The fallback of attention_split_vec_kernel (head sizes it does not take).
 template <DType KT, DType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
-                                                                  int max_splits, float* partial, const int* row_list) {
+                                                                  int max_splits, float* partial, const int* row_list,
+                                                                  SplitCombine fuse) {
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
@@ -396,7 +501,10 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   const int64_t first_slot =
       has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
-  if (!has_work) return;
+  if (!has_work) {
+    if (fuse.counters && work.dead_row && blockIdx.z == 0) zero_group(fuse, work, n_head, n_head / n_head_kv, hd_v);
+    return;
+  }
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
   const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
@@ -463,6 +571,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
       }
     }
   }
+  if (fuse.counters) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
 }
 
 // Whether attention_split_vec_kernel takes value heads of this size: rows of 8-value chunks whose
@@ -479,7 +588,7 @@ template <DType KT, DType VT, int G>
 __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceStep step, const float* q, KvLayer kv,
                                                                       int n_head, int n_head_kv, int hd_k, int hd_v,
                                                                       float scale, int max_splits, float* partial,
-                                                                      const int* row_list) {
+                                                                      const int* row_list, SplitCombine fuse) {
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
@@ -487,7 +596,10 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
   const int64_t first_slot =
       has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
-  if (!has_work) return;
+  if (!has_work) {
+    if (fuse.counters && work.dead_row && blockIdx.z == 0) zero_group(fuse, work, n_head, n_head / n_head_kv, hd_v);
+    return;
+  }
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
   const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
@@ -582,29 +694,16 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
         }
       }
   }
+  if (fuse.counters) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
 }
 
-// Max (is_max) or sum of one value per thread over the CTA, in a fixed order (warps by shuffles, then
-// the warps' results in order); every thread gets the result. red: blockDim.x / 32 floats.
-__device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
-  v = is_max ? warp_max(v) : warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = is_max ? -INFINITY : 0.0f;
-  for (int w = 0; w < (int)(blockDim.x / 32); ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-  __syncthreads();
-  return r;
-}
-
-// Merges the splits of one (row, query head): the splits' maxima and sums are read by all threads at
-// once (thread s takes splits s, s + blockDim.x, ...) and each split's weight exp(m_s - m) goes to
-// shared memory; then each thread sums its output dimensions over the splits in split order, eight
-// splits' loads in flight. Fixed orders throughout, so the result depends only on the row. With act.q
-// (head_dim_v % 32 == 0, 128 threads: each warp holds whole groups of 32), the output rows are also
-// written in the int8 form the next product (the attention output matrix) reads.
-__global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits, const float* partial, float* out,
-                                         ActQ8 act, const int* row_list, int window) {
+// Merges the splits of one (row, query head) with split_weights and merged_value (kThreads threads).
+// With act.q (head_dim_v % 32 == 0: each warp holds whole groups of 32), the output rows are also
+// written in the int8 form the next product (the attention output matrix) reads. Steps whose split
+// kernel combines (SplitCombine) do not run it.
+__global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits,
+                                                                    const float* partial, float* out, ActQ8 act, const int* row_list,
+                                                                    int window) {
   extern __shared__ float weight_s[];  // [max_splits]
   __shared__ float red[32];
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
@@ -617,52 +716,18 @@ __global__ void attention_combine_kernel(DeviceStep step, int n_head, int hd_v, 
     n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   }
   wait_for_previous_kernel();
-  float* o = out + ((int64_t)r * n_head + h) * hd_v;
-  const int lane = threadIdx.x % 32;
-  auto quantize = [&](int d, float v) {
-    if (!act.q) return;
-    const int64_t gi = (((int64_t)r * n_head + h) * hd_v + d) / 32;
-    warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
-  };
   if (!live) {
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
-      o[d] = 0.0f;
-      quantize(d, 0.0f);
-    }
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store_output(out, act, r, h, n_head, hd_v, d, 0.0f);
     return;
   }
   const int64_t stride = hd_v + 2;
   const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
-  float m = -INFINITY;
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, base[s * stride]);
-  m = block_reduce(m, true, red);
-  float l = 0;
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-    const float w = __expf(base[s * stride] - m);
-    weight_s[s] = w;
-    l += base[s * stride + 1] * w;
-  }
-  l = block_reduce(l, false, red);  // its barrier also publishes weight_s
-  const float inv = 1.0f / l;
-  constexpr int kSplitsInFlight = 8;
-  for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
-    const float* col = base + 2 + d;
-    float a = 0;
-    int s = 0;
-    for (; s + kSplitsInFlight <= n_splits; s += kSplitsInFlight) {
-      float v[kSplitsInFlight];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) v[u] = col[(s + u) * stride];
-#pragma unroll
-      for (int u = 0; u < kSplitsInFlight; ++u) a += v[u] * weight_s[s + u];
-    }
-    for (; s < n_splits; ++s) a += col[s * stride] * weight_s[s];
-    o[d] = a * inv;
-    quantize(d, a * inv);
-  }
+  const float inv = split_weights(base, stride, n_splits, weight_s, red);
+  for (int d = threadIdx.x; d < hd_v; d += blockDim.x)
+    store_output(out, act, r, h, n_head, hd_v, d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
 }
 
-using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*);
+using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*, SplitCombine);
 
 // G: the accumulators per value chunk, the group size rounded up to 8 or 16.
 template <DType KT, int G>
@@ -928,7 +993,7 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
 
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream) {
+               const int* row_list, cudaStream_t stream, int* combine_counters) {
   if (head_dim_v % 32 != 0) out_act = ActQ8{};
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
@@ -936,9 +1001,15 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   if (max_splits > 8192) fail("attention over {} splits per row is more than the GPU kernels take (8192)", max_splits);
   const size_t smem = split_smem_bytes(gqa, head_dim_k, head_dim_v, vec_values_fit(head_dim_v));
   if (n_rows == 0) return false;
+  // Decode rows (no row list, at most 8: the counters' rows) combine in the split kernel when the group's
+  // split weights fit in its shared memory.
+  SplitCombine fuse;
+  if (combine_counters && !row_list && n_rows <= 8 && (size_t)gqa * max_splits <= smem / sizeof(float) - split_state_floats(gqa))
+    fuse = SplitCombine{combine_counters, out, out_act};
   launch(pick_attention(kv.type_k, kv.type_v, gqa, head_dim_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
-         pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list);
-  launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(128), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
+         pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse);
+  if (fuse.counters) return out_act.q != nullptr;
+  launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
          max_splits, partial, out, out_act, row_list, kv.window);
   return out_act.q != nullptr;
 }

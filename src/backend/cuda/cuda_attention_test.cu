@@ -187,6 +187,7 @@ struct AttentionRig {
   AttentionPlan plan;
   PrefillScratch prefill;
   float *q = nullptr, *out = nullptr, *partial = nullptr;
+  int* combine_counters = nullptr;  // decode steps' combine in the split kernel
   int n_pad = 0, max_splits = 1;
   cublasHandle_t cublas = nullptr;
 
@@ -195,12 +196,12 @@ struct AttentionRig {
     if (cublas) cublasDestroy(cublas);
     cublas = nullptr;
   }
-  void run(const GpuAttentionShape& s, float scale, cudaStream_t stream) {
+  void run(const GpuAttentionShape& s, float scale, cudaStream_t stream, bool combine_in_split) {
     prefill_attention(cublas, dstep.step, plan.runs, q, n_pad, kv, s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v, scale,
                       prefill, out, stream);
     const int n_split_rows = plan.runs.empty() ? n_pad : (int)plan.split_rows.size();
     attention(dstep.step, q, kv, n_split_rows, s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v, scale, plan.splits, partial, out,
-              ActQ8{}, dstep.split_rows, stream);
+              ActQ8{}, dstep.split_rows, stream, combine_in_split ? combine_counters : nullptr);
   }
 };
 
@@ -224,13 +225,16 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   const size_t partial = attention_partial_floats(8, s.n_head, s.head_dim_v, rig.max_splits);
   const size_t rows = (size_t)rig.n_pad;
   rig.arena.reserve(cache_bytes(s, c) + rows * (q_dim + o_dim) * 4 + partial * 4 + rows * q_dim * 2 + (size_t)2 * tile * kv_dim * 2 +
-                    score_floats * 4 + 2 * rows * s.n_head * 4 + rows * o_dim * 4 + 16 * 256 + step_ints(st, rig.n_pad) * 4);
+                    score_floats * 4 + 2 * rows * s.n_head * 4 + rows * o_dim * 4 + 17 * 256 + step_ints(st, rig.n_pad) * 4 +
+                    attention_combine_counters(s.n_head_kv) * 4);
   rig.kv = upload_cache(rig.arena, s, c, window, pattern_fill);
   rig.dstep = upload_step(rig.arena, st, rig.n_pad, rig.plan, span_splits, c.n_blocks);
   auto take_f = [&](size_t k) { return reinterpret_cast<float*>(rig.arena.take(std::max<size_t>(1, k) * 4)); };
   rig.q = take_f(rows * q_dim);
   rig.out = take_f(rows * o_dim);
   rig.partial = take_f(partial);
+  rig.combine_counters = reinterpret_cast<int*>(rig.arena.take(attention_combine_counters(s.n_head_kv) * 4));
+  ROOFLINE_CUDA_CHECK(cudaMemset(rig.combine_counters, 0, attention_combine_counters(s.n_head_kv) * 4));
   rig.prefill.key_tile = tile;
   rig.prefill.q16 = reinterpret_cast<__half*>(rig.arena.take(rows * q_dim * 2));
   rig.prefill.kv16 = reinterpret_cast<__half*>(rig.arena.take((size_t)2 * tile * kv_dim * 2));
@@ -247,7 +251,8 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
 }  // namespace
 
 std::vector<float> gpu_attention_for_test(const GpuAttentionShape& s, const GpuKvCacheForTest& cache, int window, float scale,
-                                          const StepDesc& st, const std::vector<float>& q, int key_tile, int device) {
+                                          const StepDesc& st, const std::vector<float>& q, int key_tile, bool combine_in_split,
+                                          int device) {
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   const int n = st.n_tokens();
   const size_t q_dim = (size_t)s.n_head * s.head_dim_k, o_dim = (size_t)s.n_head * s.head_dim_v;
@@ -261,12 +266,16 @@ std::vector<float> gpu_attention_for_test(const GpuAttentionShape& s, const GpuK
   std::vector<float> qh((size_t)rig.n_pad * q_dim, std::numeric_limits<float>::quiet_NaN());
   std::copy(q.begin(), q.end(), qh.begin());
   ROOFLINE_CUDA_CHECK(cudaMemcpy(rig.q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice));
-  ROOFLINE_CUDA_CHECK(cudaMemsetAsync(rig.out, 0xff, (size_t)rig.n_pad * o_dim * 4, stream));
-  rig.run(s, scale, stream);
-  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  ROOFLINE_CUDA_CHECK(cudaGetLastError());
-  std::vector<float> out((size_t)rig.n_pad * o_dim);
-  ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), rig.out, out.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> out((size_t)rig.n_pad * o_dim), again(out.size());
+  // Twice (the combine's counters must be back at zero after each launch): the same bits.
+  for (std::vector<float>* dst : {&out, &again}) {
+    ROOFLINE_CUDA_CHECK(cudaMemsetAsync(rig.out, 0xff, (size_t)rig.n_pad * o_dim * 4, stream));
+    rig.run(s, scale, stream, combine_in_split);
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ROOFLINE_CUDA_CHECK(cudaGetLastError());
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(dst->data(), rig.out, dst->size() * 4, cudaMemcpyDeviceToHost));
+  }
+  if (std::memcmp(out.data(), again.data(), out.size() * 4) != 0) fail("gpu_attention_for_test: a second run gave other values");
   rig.release();
   ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
   for (size_t i = (size_t)n * o_dim; i < out.size(); ++i)
@@ -363,10 +372,10 @@ double gpu_attention_decode_time_for_test(const GpuAttentionShape& s, DType type
   for (float& x : qh) x = (float)rng.normal();
   ROOFLINE_CUDA_CHECK(cudaMemcpy(rig.q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice));
   const float scale = 1.0f / std::sqrt((float)s.head_dim_k);
-  rig.run(s, scale, stream);  // warm-up outside the capture
+  rig.run(s, scale, stream, true);  // warm-up outside the capture
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   double us = 0;
-  if (reps > 0) us = time_in_graph_us(stream, reps, [&] { rig.run(s, scale, stream); });
+  if (reps > 0) us = time_in_graph_us(stream, reps, [&] { rig.run(s, scale, stream, true); });
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   rig.release();

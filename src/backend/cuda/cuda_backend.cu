@@ -55,6 +55,8 @@ class CudaBackend final : public Backend {
     const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
     graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
     if (profiler_.enabled()) graphs_enabled_ = false;
+    const char* split_combine = std::getenv("ROOFLINE_SPLIT_COMBINE");
+    split_combine_ = split_combine && std::strcmp(split_combine, "1") == 0;  // off until measured on a GPU
   }
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
@@ -179,7 +181,7 @@ class CudaBackend final : public Backend {
     const size_t dn_floats = has_delta ? (size_t)T * (dn.conv_dim() + 2 * dn.value_dim() + 2 * dn.n_v_heads) +
                                              delta_net_scratch_floats(dn, T, dn_chunked_) + 64
                                        : 0;
-    const size_t act_bytes = ProductInputs::bytes(T, max_cols);
+    const size_t act_bytes = ProductInputs::bytes(T, max_cols) + attention_combine_counters(hp.n_head_kv) * 4 + 256;
     const size_t half_bytes = (gemm_scratch_elems_ + (size_t)(T + 15) / 16 * 16 * max_cols) * 2;
     const size_t step_ints = step_capacity_ints();
     // Prefill attention (runs of one sequence's rows through tensor-core products): K/V tiles as f16 and
@@ -214,6 +216,10 @@ class CudaBackend final : public Backend {
       dn_scratch_ = delta_net_scratch(dn, T, dn_chunked_, take_f(delta_net_scratch_floats(dn, T, dn_chunked_)));
     }
     inputs_.init(work_, T, max_cols, stream_);
+    if (split_combine_) {  // ROOFLINE_SPLIT_COMBINE=1: decode attention combines in its split kernel
+      combine_counters_ = reinterpret_cast<int*>(work_.take(attention_combine_counters(hp.n_head_kv) * 4));
+      ROOFLINE_CUDA_CHECK(cudaMemsetAsync(combine_counters_, 0, attention_combine_counters(hp.n_head_kv) * 4, stream_));
+    }
     gemm_scratch_ = reinterpret_cast<__half*>(work_.take(gemm_scratch_elems_ * 2));
     // f16 activations of a product; the batched-decode kernel's layout pads the rows to a multiple of 16.
     x_f16_ = reinterpret_cast<__half*>(work_.take((size_t)(T + 15) / 16 * 16 * max_cols * 2));
@@ -664,6 +670,7 @@ class CudaBackend final : public Backend {
       matvec(w, inputs_.current(), x, n, y, ldy, accumulate, stream_, ep);
       if (ep.kind != MatvecEpilogue::Kind::None) take_input(ep, next_cols);
     } else {
+      if (ep.kind != MatvecEpilogue::Kind::None) fail("internal error: a decode epilogue on a product of {} rows", n);
       gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_);
     }
   }
@@ -754,7 +761,8 @@ class CudaBackend final : public Backend {
     prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                       prefill_, attn_, stream_);
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
-                               splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_);
+                               splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
+                               combine_counters_);
     if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
       mark("output gate (+quantize)", 0);
       quantized = q8_attn && hp.q_dim() % 32 == 0;
@@ -975,6 +983,8 @@ class CudaBackend final : public Backend {
   bool attn_input_ready_ = false;  // ... the next attention block's (post_norm_add at the end of a gemma layer)
   int forward_end_ = 0;            // the layer range's end of the running forward()
   int n_attn_rows_ = 0;
+  bool split_combine_ = false;         // decode attention merges its splits in the split kernel
+  int* combine_counters_ = nullptr;    // ... with these counters (attention())
   bool graphs_enabled_ = true;
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
   void* cublas_workspace_ = nullptr;

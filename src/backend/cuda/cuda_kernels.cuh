@@ -195,10 +195,13 @@ __host__ __device__ inline int attention_splits(int n_keys, int min_span, int sp
 // Causal attention over each row's cached positions (the last kv.window of them on sliding layers), split over the KV length (step header[2] keys per
 // split, or attention_span's when 0; at most max_splits), combined in a fixed order. With row_list
 // (device), the n_rows rows it names; else rows 0..n_rows-1. out: [rows x n_head*head_dim_v]; with out_act.q
-// also its int8 form (when head_dim_v % 32 == 0; returns whether it was written).
+// also its int8 form (when head_dim_v % 32 == 0; returns whether it was written). combine_counters
+// (attention_combine_counters() ints, zero; or null): decode steps merge the splits in the split kernel
+// itself, without the combine kernel.
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream);
+               const int* row_list, cudaStream_t stream, int* combine_counters = nullptr);
+inline size_t attention_combine_counters(int n_head_kv) { return (size_t)8 * n_head_kv; }
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
 
 // Prefill attention with tensor-core products: for each run of consecutive rows of one sequence

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: every GPU test, then tg128 of one build under two environment settings, alternated, so
+# that a switchable change (ROOFLINE_FUSED_INPUTS, ROOFLINE_SPLIT_COMBINE, ROOFLINE_PDL, ...) is measured
+# on one machine in one run. Here: scripts/gpu/build_for_device.sh, then pack carry/pack/bin.tar.xz
+# (`cd carry && tar cJf pack/bin.tar.xz bin lib shared`); carry ["carry/pack"].
+#   A="ROOFLINE_FUSED_INPUTS=0" B="" scripts/gpu/ab_env.sh
+# MODELS (default: the five synthetic shapes), ROUNDS (2), TESTS (a gtest filter; "none" skips them) and
+# DEPTH (a -d value for a second tg128 row per model, e.g. 4096) override. Results in $OUT/summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/device_env.sh
+if [ "${TESTS:-Gpu*:*.Gpu*}" != none ]; then
+  ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 200 "$bin/roofline_tests" --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" \
+      > "$out/gpu_tests.txt" 2>&1
+  stamp "GPU tests exit $?"
+  grep -E "^\[  FAILED|^\[  PASSED|Failure" "$out/gpu_tests.txt" | head -20 | tee -a "$out/summary.txt"
+fi
+depths="0${DEPTH:+ $DEPTH}"
+for m in ${MODELS:-qwen3-32b qwen3-8b qwen3.5-27b gemma3-27b qwen3-30b-a3b}; do
+  for d in $depths; do
+    for round in $(seq "${ROUNDS:-2}"); do
+      for v in A B; do
+        settings="${A:-}"
+        [ $v = B ] && settings="${B:-}"
+        line=$(env $settings timeout 120 "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" -p 0 -n 128 -d "$d" -r 2 2>/dev/null |
+               grep "tg128" | awk -F'|' '{print $11, $14}')
+        stamp "$m d=$d $v[${settings:-default}] $line"
+      done
+    done
+  done
+done
