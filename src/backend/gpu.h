@@ -61,11 +61,12 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
                                    float eps = 1e-6f, int device = 0);
 
 // For tests: two decode products (1-8 tokens) joined as a layer joins them. Norm: x' = x + P a (the
-// residual add), then C (rmsnorm(x') * norm_w); SwiGlu: C (silu(P a) * (P2 a)). fused: the norm or SwiGLU
+// residual add), then C (rmsnorm(x') * norm_w); SwiGlu: C (silu(P a) * (P2 a)); GeGlu: C (gelu(P a) * (P2 a),
+// the tanh approximation). fused: the norm or SwiGLU/GeGLU
 // runs in P's epilogue (MatvecEpilogue), else in its own kernel. The chain runs twice on the same buffers
 // (the epilogue's counters must be back at zero). Returns C's output of each run, then x' (Norm):
 // [2 x n_tokens x C.rows()] (+ [n_tokens x P.rows()]). a: [n_tokens x P.cols()], x: [n_tokens x P.rows()].
-enum class GpuChainForTest { Norm, SwiGlu };
+enum class GpuChainForTest { Norm, SwiGlu, GeGlu };
 std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fused, const Weight& p, const Weight* p2, const Weight& c,
                                                  const std::vector<float>& a, const std::vector<float>& x, const std::vector<float>& norm_w,
                                                  int n_tokens, float eps = 1e-6f, int device = 0);

@@ -116,37 +116,44 @@ TEST(GpuFusedInputs, NormEpilogueMatchesTheReferenceAndTheSeparateNorm) {
       }
 }
 
-TEST(GpuFusedInputs, SwigluEpilogueMatchesTheReferenceAndTheSeparateKernel) {
+TEST(GpuFusedInputs, GatedEpiloguesMatchTheReferenceAndTheSeparateKernels) {
   SKIP_WITHOUT_GPU();
   Rng rng(43);
   const int64_t cols = 768, mid = 1280, rows_c = 45;
-  for (DType producer : {DType::Q4_K, DType::Q6_K, DType::Q8_0})
-    for (DType consumer : {DType::Q4_K, DType::Q6_K})
-      for (int n : {1, 2, 5, 8}) {
-        const TestWeight gate(producer, mid, cols, rng), up(producer, mid, cols, rng), c(consumer, rows_c, mid, rng);
-        const std::vector<float> a = random_floats((size_t)(n * cols), rng);
-        const Weight up_w = up.weight();
-        const auto fused = gpu_chained_products_for_test(GpuChainForTest::SwiGlu, true, gate.weight(), &up_w, c.weight(), a, {}, {}, n);
-        const auto plain = gpu_chained_products_for_test(GpuChainForTest::SwiGlu, false, gate.weight(), &up_w, c.weight(), a, {}, {}, n);
-        const size_t ny = (size_t)(n * rows_c);
-        ASSERT_EQ(fused.size(), 2 * ny);
-        const std::vector<double> ad = to_double(a);
-        std::vector<double> h((size_t)(n * mid));
-        for (int t = 0; t < n; ++t) {
-          const std::vector<double> g = gate.times(ad, t), u = up.times(ad, t);
-          for (int64_t i = 0; i < mid; ++i) h[(size_t)(t * mid + i)] = g[(size_t)i] / (1.0 + std::exp(-g[(size_t)i])) * u[(size_t)i];
+  for (GpuChainForTest kind : {GpuChainForTest::SwiGlu, GpuChainForTest::GeGlu})
+    for (DType producer : {DType::Q4_K, DType::Q6_K, DType::Q8_0})
+      for (DType consumer : {DType::Q4_K, DType::Q6_K})
+        for (int n : {1, 2, 5, 8}) {
+          const TestWeight gate(producer, mid, cols, rng), up(producer, mid, cols, rng), c(consumer, rows_c, mid, rng);
+          const std::vector<float> a = random_floats((size_t)(n * cols), rng);
+          const Weight up_w = up.weight();
+          const auto fused = gpu_chained_products_for_test(kind, true, gate.weight(), &up_w, c.weight(), a, {}, {}, n);
+          const auto plain = gpu_chained_products_for_test(kind, false, gate.weight(), &up_w, c.weight(), a, {}, {}, n);
+          const size_t ny = (size_t)(n * rows_c);
+          ASSERT_EQ(fused.size(), 2 * ny);
+          const std::vector<double> ad = to_double(a);
+          std::vector<double> h((size_t)(n * mid));
+          for (int t = 0; t < n; ++t) {
+            const std::vector<double> g = gate.times(ad, t), u = up.times(ad, t);
+            for (int64_t i = 0; i < mid; ++i) {
+              const double x = g[(size_t)i];
+              const double act = kind == GpuChainForTest::GeGlu ? 0.5 * x * (1.0 + std::tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+                                                                : x / (1.0 + std::exp(-x));
+              h[(size_t)(t * mid + i)] = act * u[(size_t)i];
+            }
+          }
+          std::vector<float> y_ref(ny);
+          for (int t = 0; t < n; ++t) {
+            const std::vector<double> y = c.times(h, t);
+            for (int64_t r = 0; r < rows_c; ++r) y_ref[(size_t)(t * rows_c + r)] = (float)y[(size_t)r];
+          }
+          const std::string what = std::string(kind == GpuChainForTest::GeGlu ? "GeGLU " : "SwiGLU ") + dtype_name(producer) + " -> " +
+                                   dtype_name(consumer) + " n=" + std::to_string(n);
+          EXPECT_LT(test::nmse(fused.data(), y_ref.data(), ny), 4e-4) << what;
+          // The same formulas and quantization as the separate kernels: identical.
+          EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), ny * 4)) << what << " (against the separate kernel)";
+          EXPECT_EQ(0, std::memcmp(fused.data(), fused.data() + ny, ny * 4)) << what << " (second run)";
         }
-        std::vector<float> y_ref(ny);
-        for (int t = 0; t < n; ++t) {
-          const std::vector<double> y = c.times(h, t);
-          for (int64_t r = 0; r < rows_c; ++r) y_ref[(size_t)(t * rows_c + r)] = (float)y[(size_t)r];
-        }
-        const std::string what = std::string(dtype_name(producer)) + " -> " + dtype_name(consumer) + " n=" + std::to_string(n);
-        EXPECT_LT(test::nmse(fused.data(), y_ref.data(), ny), 4e-4) << what;
-        // The same formula and quantization as the SwiGLU kernel: identical.
-        EXPECT_EQ(0, std::memcmp(fused.data(), plain.data(), ny * 4)) << what << " (against the separate kernel)";
-        EXPECT_EQ(0, std::memcmp(fused.data(), fused.data() + ny, ny * 4)) << what << " (second run)";
-      }
 }
 
 namespace {
@@ -173,11 +180,12 @@ std::vector<float> gpu_logits(const std::string& spec, bool fused, const std::ve
 
 }  // namespace
 
-// Whole models (dense Qwen3 and Llama, hybrid Qwen3.5 with DeltaNet layers, a Q8_0 file): decode with the
+// Whole models (dense Qwen3 and Llama, hybrid Qwen3.5 with DeltaNet layers, Gemma 3's GeGLU, an MoE model
+// (the split kernel's combine only), a Q8_0 file): decode with the
 // epilogues and the split kernel's combine against the separate kernels and against the CPU.
 TEST(GpuFusedInputs, WholeModelsMatchTheSeparateKernelsAndTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-qwen3:Q8_0"}) {
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q4_K_M", "tiny-qwen3moe:Q4_K_M", "tiny-qwen3:Q8_0"}) {
     const auto tokens = test::some_tokens(24, test::tiny(spec)->hparams().n_vocab);
     const auto fused = gpu_logits(spec, true, tokens), plain = gpu_logits(spec, false, tokens), cpu = gpu_logits(spec, false, tokens, true);
     ASSERT_EQ(fused.size(), plain.size());

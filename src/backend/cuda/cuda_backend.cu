@@ -847,19 +847,20 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
     const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
     const DeviceWeight &gate = L.m(LT::FfnGate), &up = L.m(LT::FfnUp);
-    if (inputs_.enabled() && n <= 8 && q8_down && model_->arch().ffn == FfnKind::SwiGLU && matvec_can_group(gate, up)) {
-      // Decode: gate and up in one launch whose epilogue writes SwiGLU's int8 output (down's input).
-      mark(op_name("matvec gate+up + swiglu", gate).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp));
+    const bool gelu_ffn = model_->arch().ffn == FfnKind::GeGLU;
+    if (inputs_.enabled() && n <= 8 && q8_down && matvec_can_group(gate, up)) {
+      // Decode: gate and up in one launch whose epilogue writes SwiGLU's (GeGLU's) int8 output (down's input).
+      mark(op_name(gelu_ffn ? "matvec gate+up + geglu" : "matvec gate+up + swiglu", gate).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp));
       quantize_input(gate, xn_, n);
       const DeviceWeight* ws[2] = {&gate, &up};
       float* ys[2] = {gate_, up_};
       const int lds[2] = {(int)hp.n_ff, (int)hp.n_ff};
-      const MatvecEpilogue ep = inputs_.swiglu();
+      const MatvecEpilogue ep = inputs_.gated(gelu_ffn);
       matvec_multi(ws, ys, lds, 2, inputs_.current(), xn_, n, false, stream_, ep);
       take_input(ep, (int)hp.n_ff);
     } else {
       project_group({{"gate", &gate, L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &up, L.bytes(LT::FfnUp), up_, hp.n_ff}}, xn_, n);
-      if (model_->arch().ffn == FfnKind::GeGLU) {
+      if (gelu_ffn) {
         mark("geglu + quantize", 0);
         geglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? inputs_.writable() : ActQ8{}, stream_);
       } else {

@@ -236,7 +236,7 @@ std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fuse
                                                  const std::vector<float>& a, const std::vector<float>& x, const std::vector<float>& norm_w,
                                                  int n_tokens, float eps, int device) {
   using namespace cuda;
-  const bool norm = kind == GpuChainForTest::Norm;
+  const bool norm = kind == GpuChainForTest::Norm, gelu_gate = kind == GpuChainForTest::GeGlu;
   const int64_t mid = p.rows(), cols = p.cols(), rows_c = c.rows();
   if (n_tokens < 1 || n_tokens > ProductInputs::kDecodeRows || mid % 32 != 0 || c.cols() != mid || !matvec_uses_q8(c.type()) ||
       (!norm && (!p2 || p2->rows() != mid || p2->cols() != cols)) || a.size() != (size_t)(n_tokens * cols) ||
@@ -268,11 +268,12 @@ std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fuse
     const DeviceWeight* ws[2] = {&dp, &dp2};
     float* ys[2] = {dg, du};
     const int lds[2] = {(int)mid, (int)mid};
-    const MatvecEpilogue ep = !fused ? MatvecEpilogue{} : norm ? inputs.norm(dw, eps) : inputs.swiglu();
+    const MatvecEpilogue ep = !fused ? MatvecEpilogue{} : norm ? inputs.norm(dw, eps) : inputs.gated(gelu_gate);
     if (norm) matvec(dp, inputs.current(), da, n_tokens, dx, (int)mid, true, stream, ep);
     else matvec_multi(ws, ys, lds, 2, inputs.current(), da, n_tokens, false, stream, ep);
     if (fused) inputs.take(ep);
     else if (norm) rms_norm(dx, dw, eps, n_tokens, (int)mid, nullptr, dxn, inputs.writable(), stream);
+    else if (gelu_gate) geglu(dg, du, n_tokens, (int)mid, dxn, inputs.writable(), stream);
     else swiglu(dg, du, n_tokens, (int)mid, dxn, inputs.writable(), stream);
     matvec(dc, inputs.current(), dxn, n_tokens, dy, (int)rows_c, false, stream);
     std::vector<float> y((size_t)n_tokens * rows_c);

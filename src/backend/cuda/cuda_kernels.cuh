@@ -56,11 +56,12 @@ bool matvec_uses_q8(DType type);
 // rows, that warp forms the block of the next input for every token row and quantizes it into `out`:
 //   Norm:   v = y * norm_w (y after the residual add), and sum(y^2) of the block into ssq: the next
 //           product applies the 1/rms factor (ActQ8::ssq); out.ssq/out.eps are for it.
-//   SwiGlu: v = silu(y_gate) * y_up, the group's two members (gate, then up; same rows).
+//   SwiGlu: v = silu(y_gate) * y_up, the group's two members (gate, then up; same rows);
+//   GeGlu:  v = gelu(y_gate) * y_up (the tanh approximation), likewise.
 // The output rows must be whole 32-blocks. counters: one int per 32-row block, zero before the launch
 // (each block's last warp sets it back to zero).
 struct MatvecEpilogue {
-  enum class Kind : int { None = 0, Norm, SwiGlu };
+  enum class Kind : int { None = 0, Norm, SwiGlu, GeGlu };
   Kind kind = Kind::None;
   const float* norm_w = nullptr;
   ActQ8 out;

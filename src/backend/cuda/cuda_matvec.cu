@@ -451,7 +451,7 @@ __device__ __forceinline__ void finish_block(const MatvecEpilogue& ep, const Mat
                                           int64_t rows, int lane) {
   using EK = MatvecEpilogue::Kind;
   const int64_t blk = row0 / 32, nb = rows / 32;
-  const int expected = (ep.kind == EK::SwiGlu ? 2 : 1) * (32 / R);
+  const int expected = (ep.kind == EK::Norm ? 1 : 2) * (32 / R);
   __syncwarp();
   __threadfence();
   int arrived = 0;
@@ -468,8 +468,10 @@ __device__ __forceinline__ void finish_block(const MatvecEpilogue& ep, const Mat
       const float ss = warp_sum(xv * xv);
       if (lane == 0) const_cast<float*>(ep.out.ssq)[t * nb + blk] = ss;
     } else {
+      // The formulas of gated_product_kernel (cuda_ops.cu), so the same bits as the separate kernels.
       const float a = __ldcg(g.y[0] + (int64_t)t * g.ldy[0] + i), u = __ldcg(g.y[1] + (int64_t)t * g.ldy[1] + i);
-      v = a / (1.0f + __expf(-a)) * u;
+      if (ep.kind == EK::GeGlu) v = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * u;
+      else v = a / (1.0f + __expf(-a)) * u;
     }
     const int64_t gi = t * nb + blk;
     warp_quantize32(v, lane, const_cast<int8_t*>(ep.out.q) + gi * 32, const_cast<float*>(ep.out.d) + gi, const_cast<float*>(ep.out.s) + gi);

@@ -1,7 +1,7 @@
 // The int8 inputs of a step's matrix products (ActQ8) and the decode epilogues that write the next
 // product's input while a product stores its outputs (MatvecEpilogue, cuda_kernels.cuh): the output
-// projection's residual add writes the FFN's normed input, gate/up write SwiGLU's, down writes the next
-// layer's, so no norm or SwiGLU kernel runs between them. Two buffers: the one the running product reads
+// projection's residual add writes the FFN's normed input, gate/up write SwiGLU's (GeGLU's), down writes
+// the next layer's, so no norm or SwiGLU kernel runs between them. Two buffers: the one the running product reads
 // and the one its epilogue writes; after the launch the written one is current (take()).
 //
 // Invariant: the current input carries ssq (the 1/rms still to apply, ActQ8::ssq) only where a Norm
@@ -67,8 +67,8 @@ class ProductInputs {
     ep.out.eps = eps;
     return ep;
   }
-  // An epilogue into the other buffer: silu(gate) * up.
-  MatvecEpilogue swiglu() const { return epilogue(MatvecEpilogue::Kind::SwiGlu); }
+  // An epilogue into the other buffer: silu(gate) * up, or (geglu) gelu(gate) * up.
+  MatvecEpilogue gated(bool geglu) const { return epilogue(geglu ? MatvecEpilogue::Kind::GeGlu : MatvecEpilogue::Kind::SwiGlu); }
   // After the product with that epilogue was launched: its output is the current input.
   void take(const MatvecEpilogue& ep) { current_ = ep.out; }
   // Back to the first buffer, nothing pending (each forward starts here).
