@@ -4,7 +4,7 @@
 // chain through the separate norm / SwiGLU kernels, and run twice (the block counters must be back at
 // zero), for producer kinds whose warps take 1, 2 or 4 rows; then whole models with the epilogues and
 // the attention split kernel's own combine (ROOFLINE_FUSED_INPUTS, ROOFLINE_SPLIT_COMBINE) against the
-// separate kernels and the CPU, and decode batches against each row alone. Skipped without a GPU.
+// separate kernels and the CPU (decode batches against each row alone: gpu_test.cpp). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "engine/random_weight.h"
 #include "formats/quant_ref.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -27,39 +28,7 @@ using namespace roofline;
 
 namespace {
 
-// A random weight quantized to `type`, and its dequantized values (what the reference multiplies).
-struct TestWeight {
-  std::vector<uint8_t> bytes;
-  std::vector<float> values;
-  gguf::TensorInfo info;
-  TestWeight(DType type, int64_t rows, int64_t cols, Rng& rng) {
-    std::vector<float> wf((size_t)(rows * cols));
-    for (float& v : wf) v = (float)rng.normal() * 0.05f;
-    bytes.resize(dtype_row_bytes(type, cols) * rows);
-    quantize_rows_ref(type, wf.data(), bytes.data(), rows, cols);
-    values.resize(wf.size());
-    dequantize_rows_ref(type, bytes.data(), values.data(), rows, cols);
-    info.name = "w";
-    info.type = type;
-    info.n_dims = 2;
-    info.ne = {cols, rows, 1, 1};
-    info.n_bytes = bytes.size();
-    info.data = bytes.data();
-  }
-  TestWeight(const TestWeight&) = delete;
-  Weight weight() const { return Weight{&info}; }
-  int64_t rows() const { return info.ne[1]; }
-  int64_t cols() const { return info.ne[0]; }
-  std::vector<double> times(const std::vector<double>& x, int t) const {  // row t of x [.. x cols]
-    std::vector<double> y((size_t)rows());
-    for (int64_t r = 0; r < rows(); ++r) {
-      double s = 0;
-      for (int64_t c = 0; c < cols(); ++c) s += (double)values[(size_t)(r * cols() + c)] * x[(size_t)(t * cols() + c)];
-      y[(size_t)r] = s;
-    }
-    return y;
-  }
-};
+using TestWeight = test::RandomWeight;
 
 std::vector<float> random_floats(size_t n, Rng& rng, double scale = 1.0) {
   std::vector<float> v(n);
@@ -168,14 +137,7 @@ std::vector<float> gpu_logits(const std::string& spec, bool fused, const std::ve
   auto engine = Engine::create(test::tiny(spec), o);
   unsetenv("ROOFLINE_FUSED_INPUTS");
   unsetenv("ROOFLINE_SPLIT_COMBINE");
-  const int seq = engine->memory().create_sequence();
-  const size_t split = tokens.size() / 2;
-  auto out = engine->eval(seq, std::span<const int32_t>(tokens.data(), split), true);
-  for (size_t i = split; i < tokens.size(); ++i) {
-    auto l = engine->eval(seq, std::span<const int32_t>(&tokens[i], 1), false);
-    out.insert(out.end(), l.begin(), l.end());
-  }
-  return out;
+  return test::prompt_then_decode(*engine, tokens, tokens.size() / 2);
 }
 
 }  // namespace
@@ -195,34 +157,5 @@ TEST(GpuFusedInputs, WholeModelsMatchTheSeparateKernelsAndTheCpu) {
     EXPECT_LT(e_plain, 1e-6) << spec;
     EXPECT_LT(e_cpu, 2e-3) << spec;
     EXPECT_EQ(fused, gpu_logits(spec, true, tokens)) << spec << ": reproducible";
-  }
-}
-
-// A decode batch with the epilogues: each row bit-identical to that sequence decoded alone.
-TEST(GpuFusedInputs, DecodeBatchesAreInvariant) {
-  SKIP_WITHOUT_GPU();
-  setenv("ROOFLINE_FUSED_INPUTS", "1", 1);
-  setenv("ROOFLINE_SPLIT_COMBINE", "1", 1);
-  auto model = test::tiny("tiny-qwen3:Q4_K_M");
-  const int n_vocab = model->hparams().n_vocab;
-  EngineOptions o;
-  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
-  const auto prompt_a = test::some_tokens(5, n_vocab, 1), prompt_b = test::some_tokens(6, n_vocab, 2);
-  auto alone_engine = Engine::create(model, o);
-  const int s = alone_engine->memory().create_sequence();
-  std::vector<float> alone;
-  for (int32_t t : prompt_a) {
-    auto l = alone_engine->eval(s, std::span<const int32_t>(&t, 1), false);
-    alone.insert(alone.end(), l.begin(), l.end());
-  }
-  auto e = Engine::create(model, o);
-  unsetenv("ROOFLINE_FUSED_INPUTS");
-  unsetenv("ROOFLINE_SPLIT_COMBINE");
-  const int sb = e->memory().create_sequence(), sa = e->memory().create_sequence();
-  for (size_t i = 0; i < prompt_a.size(); ++i) {
-    std::vector<Engine::BatchRow> batch = {{sb, prompt_b[i], false}, {sa, prompt_a[i], true}};
-    auto l = e->decode(batch);
-    ASSERT_EQ(l.size(), (size_t)n_vocab);
-    EXPECT_EQ(0, std::memcmp(l.data(), alone.data() + i * n_vocab, n_vocab * sizeof(float))) << "step " << i;
   }
 }

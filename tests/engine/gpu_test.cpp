@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/gpu.h"
@@ -20,6 +22,7 @@
 #include "model/model_file.h"
 #include "model/synthetic.h"
 #include "engine/engine_test_util.h"
+#include "engine/random_weight.h"
 #include "test_util.h"
 
 using namespace roofline;
@@ -53,30 +56,15 @@ std::vector<float> run_logits(std::shared_ptr<const Model> model, EngineOptions 
 // NMSE of the GPU product of a random weight (rows x cols, quantized to `type`) with n random
 // activation rows against the double-precision product with the dequantized weight.
 double gpu_matmul_nmse(DType type, int64_t rows, int64_t cols, int n, Rng& rng) {
-  std::vector<float> wf((size_t)(rows * cols));
-  for (float& v : wf) v = (float)rng.normal() * 0.05f;
-  std::vector<uint8_t> wq(dtype_row_bytes(type, cols) * rows);
-  quantize_rows_ref(type, wf.data(), wq.data(), rows, cols);
-  std::vector<float> wd(wf.size());
-  dequantize_rows_ref(type, wq.data(), wd.data(), rows, cols);
-  gguf::TensorInfo info;
-  info.name = "w";
-  info.type = type;
-  info.n_dims = 2;
-  info.ne = {cols, rows, 1, 1};
-  info.n_bytes = wq.size();
-  info.data = wq.data();
-  const Weight w{&info};
+  const test::RandomWeight w(type, rows, cols, rng);
   std::vector<float> x((size_t)(n * cols));
   for (float& v : x) v = (float)rng.normal();
-  const auto y = gpu_matmul_for_test(w, x, n);
+  const auto y = gpu_matmul_for_test(w.weight(), x, n);
   std::vector<float> ref((size_t)(n * rows));
-  for (int t = 0; t < n; ++t)
-    for (int64_t r = 0; r < rows; ++r) {
-      double s = 0;
-      for (int64_t c = 0; c < cols; ++c) s += (double)wd[r * cols + c] * x[t * cols + c];
-      ref[t * rows + r] = (float)s;
-    }
+  for (int t = 0; t < n; ++t) {
+    const std::vector<double> yt = w.times(x, t);
+    for (int64_t r = 0; r < rows; ++r) ref[t * rows + r] = (float)yt[(size_t)r];
+  }
   return test::nmse(y.data(), ref.data(), ref.size());
 }
 
@@ -460,31 +448,40 @@ TEST(GpuEngineTest, PartialOffloadAndKvTypes) {
   }
 }
 
+// With the separate norm / SwiGLU / combine kernels and with the decode epilogues and the split kernel's
+// combine (ROOFLINE_FUSED_INPUTS, ROOFLINE_SPLIT_COMBINE: read when a backend is created).
 TEST(GpuEngineTest, DecodeBatchesAreInvariantAndReproducible) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-llama:Q4_K_M");
   const int n_vocab = model->hparams().n_vocab;
   EngineOptions o = all_on_gpu();
   const auto prompt_a = some_tokens(5, n_vocab, 1), prompt_b = some_tokens(6, n_vocab, 2);
-  auto decode_alone = [&]() {
+  for (const char* fused : {"0", "1"}) {
+    SCOPED_TRACE(std::string("fused ") + fused);
+    setenv("ROOFLINE_FUSED_INPUTS", fused, 1);
+    setenv("ROOFLINE_SPLIT_COMBINE", fused, 1);
+    auto decode_alone = [&]() {
+      auto e = Engine::create(model, o);
+      const int s = e->memory().create_sequence();
+      std::vector<float> out;
+      for (int32_t t : prompt_a) {  // one row per step: matvec path throughout
+        auto l = e->eval(s, std::span<const int32_t>(&t, 1), false);
+        out.insert(out.end(), l.begin(), l.end());
+      }
+      return out;
+    };
+    const auto alone = decode_alone();
+    EXPECT_EQ(alone, decode_alone()) << "reproducible";
     auto e = Engine::create(model, o);
-    const int s = e->memory().create_sequence();
-    std::vector<float> out;
-    for (int32_t t : prompt_a) {  // one row per step: matvec path throughout
-      auto l = e->eval(s, std::span<const int32_t>(&t, 1), false);
-      out.insert(out.end(), l.begin(), l.end());
+    unsetenv("ROOFLINE_FUSED_INPUTS");
+    unsetenv("ROOFLINE_SPLIT_COMBINE");
+    const int sb = e->memory().create_sequence(), sa = e->memory().create_sequence();
+    for (size_t i = 0; i < prompt_a.size(); ++i) {
+      std::vector<Engine::BatchRow> batch = {{sb, prompt_b[i], false}, {sa, prompt_a[i], true}};
+      auto l = e->decode(batch);
+      ASSERT_EQ(l.size(), (size_t)n_vocab);
+      EXPECT_EQ(0, std::memcmp(l.data(), alone.data() + i * n_vocab, n_vocab * sizeof(float))) << "step " << i;
     }
-    return out;
-  };
-  const auto alone = decode_alone();
-  EXPECT_EQ(alone, decode_alone()) << "reproducible";
-  auto e = Engine::create(model, o);
-  const int sb = e->memory().create_sequence(), sa = e->memory().create_sequence();
-  for (size_t i = 0; i < prompt_a.size(); ++i) {
-    std::vector<Engine::BatchRow> batch = {{sb, prompt_b[i], false}, {sa, prompt_a[i], true}};
-    auto l = e->decode(batch);
-    ASSERT_EQ(l.size(), (size_t)n_vocab);
-    EXPECT_EQ(0, std::memcmp(l.data(), alone.data() + i * n_vocab, n_vocab * sizeof(float))) << "step " << i;
   }
 }
 

@@ -48,53 +48,39 @@ __device__ __forceinline__ void half2_floats(uint32_t bits, float& a, float& b) 
   b = __high2float(h);
 }
 
-// Each token row's factor on the outputs: 1 where the int8 input is the input itself, 1/rms where it is
-// a norm's input before that factor (ActQ8::ssq). The partials are summed in a fixed order (lane, then
-// a butterfly), the same for a token row whatever the batch.
-template <int B>
-__device__ __forceinline__ void row_scales(const ActQ8& act, int64_t cols, int lane, float (&rs)[B]) {
-#pragma unroll
-  for (int t = 0; t < B; ++t) rs[t] = 1.0f;
-  if (!act.ssq) return;
+// Token row t's factor on the outputs: 1 where the int8 input is the input itself, 1/rms where it is a
+// norm's input before that factor (ActQ8::ssq). The partials are summed in a fixed order (lane, then a
+// butterfly), the same for a token row whatever the batch.
+__device__ __forceinline__ float row_scale(const ActQ8& act, int64_t cols, int t, int lane) {
   const int64_t nb = cols / 32;
-#pragma unroll
-  for (int t = 0; t < B; ++t) {
-    float s = 0.0f;
-    for (int64_t i = lane; i < nb; i += 32) s += __ldg(act.ssq + t * nb + i);
-    rs[t] = rsqrtf(warp_sum(s) / (float)cols + act.eps);
-  }
+  float s = 0.0f;
+  for (int64_t i = lane; i < nb; i += 32) s += __ldg(act.ssq + t * nb + i);
+  return rsqrtf(warp_sum(s) / (float)cols + act.eps);
 }
 
+// Row `row` of the B token rows; act (int8 activations over `cols`, or null for float ones) for the factor.
 template <int B>
 __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane,
-                                           const float (&rs)[B]) {
+                                           const ActQ8* act = nullptr, int64_t cols = 0) {
 #pragma unroll
   for (int t = 0; t < B; ++t) {
-    const float v = warp_sum(acc[t]) * rs[t];
+    float v = warp_sum(acc[t]);
+    if (act && act->ssq) v *= row_scale(*act, cols, t, lane);
     if (lane == 0) {
       float* dst = y + (int64_t)t * ldy + row;
       *dst = accumulate ? *dst + v : v;
     }
   }
 }
-// Float activations: no factor.
-template <int B>
-__device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane) {
-  float ones[B];
-#pragma unroll
-  for (int t = 0; t < B; ++t) ones[t] = 1.0f;
-  store_rows<B>(acc, y, ldy, row, accumulate, lane, ones);
-}
 
-// The R rows row0.. of a multi-row warp (those below n_rows), int8 activations `act` over `cols`.
-template <int B, int R>
+// The R rows row0.. of a multi-row warp (those below n_rows), int8 activations `act` over `cols`; F: the
+// activations may carry a norm's factor (ActQ8::ssq; only the kernels compiled for it look).
+template <int B, int R, bool F>
 __device__ __forceinline__ void store_row_set(const float (&acc)[R][B], float* y, int ldy, int64_t row0, int64_t n_rows,
                                               bool accumulate, int lane, const ActQ8& act, int64_t cols) {
-  float rs[B];
-  row_scales<B>(act, cols, lane, rs);
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane, rs);
+    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane, F ? &act : nullptr, cols);
 }
 
 // Scale and min of sub-block j (0-7) of a Q4_K super-block without branches (lanes of one warp take
@@ -112,7 +98,7 @@ __device__ __forceinline__ void k4_scale_min_select(int j, uint32_t lo, uint32_t
 // (low nibbles: sub-block 2c, high: 2c+1), so the per-lane work that does not scale with the bytes
 // (scales, activation scales, the float sums) is spread over twice the bytes of matvec_q4_k. A warp
 // takes 8 super-blocks of each of its R rows per round; the activations are loaded once for the R rows.
-template <int B, int R>
+template <int B, int R, bool F = false>
 __device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
                                             int64_t row0, int lane) {
   const int g = lane / 4, c = lane % 4;
@@ -159,11 +145,11 @@ __device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& 
       }
     }
   }
-  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
 }
 
 // Q5_K (176 B): as Q4_K, plus the fifth bit of each quant from qh (bit 2c for low, 2c+1 for high nibbles).
-template <int B>
+template <int B, bool F = false>
 __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row, int lane) {
   const int j = lane % 8, c = j / 2, h = j % 2;
   const int64_t n_sb = w.cols / 256;
@@ -196,15 +182,13 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
       if (h == 0) acc[t] -= dmin * (fm0 * act.s[s] + fm1 * act.s[s + 1]);
     }
   }
-  float rs[B];
-  row_scales<B>(act, w.cols, lane, rs);
-  store_rows<B>(acc, y, ldy, row, accumulate, lane, rs);
+  store_rows<B>(acc, y, ldy, row, accumulate, lane, F ? &act : nullptr, w.cols);
 }
 
 // Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
 // 32j..32j+31 (sub-blocks 2j and 2j+1), giving signed 6-bit values (q - 32) for dp4a. The activations
 // of each super-block are loaded once for the R rows.
-template <int B, int R, int S>
+template <int B, int R, int S, bool F = false>
 __device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
                                             int64_t row0, int lane) {
   const int j = lane % 8;
@@ -272,11 +256,11 @@ __device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& 
     for (int u = 0; u < S; ++u)
       if (u == 0 || i + 4 * u < n_sb) superblock(i + 4 * u, lo[u], hi[u]);
   }
-  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
 }
 
 // Q8_0 planes: one lane per 32-element block of each of the R rows, S blocks (b, b + 32, ..) per iteration.
-template <int B, int R, int S>
+template <int B, int R, int S, bool F = false>
 __device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate,
                                             int64_t row0, int lane) {
   const int64_t n_blocks = w.cols / 32;
@@ -319,7 +303,7 @@ __device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& 
       }
     }
   }
-  store_row_set<B, R>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
 }
 
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
@@ -445,41 +429,44 @@ struct MatvecGroup {
 
 // MatvecEpilogue: the warp that stored the last rows of its 32-row block forms that block of the next
 // product's input for each token row. The stores of the other warps (other SMs) are read from the L2
-// after the counter says they are all in: each warp fences its stores before it counts itself.
-template <int B, int R>
-__device__ __forceinline__ void finish_block(const MatvecEpilogue& ep, const MatvecGroup& g, const float* y, int ldy, int64_t row0,
-                                          int64_t rows, int lane) {
+// after the counter says they are all in: each warp fences its stores before it counts itself. Not
+// inlined, with plain arguments: the products' registers stay as they are without the epilogue (inlined,
+// the two- to five-token Q4_K kernels spilled).
+__device__ __noinline__ void finish_block(MatvecEpilogue::Kind kind, const float* norm_w, int8_t* q, float* d, float* s, float* ssq,
+                                          int* counters, const float* y0, int ldy0, const float* y1, int ldy1, int64_t row0,
+                                          int64_t rows, int expected, int n_tokens, int lane) {
   using EK = MatvecEpilogue::Kind;
   const int64_t blk = row0 / 32, nb = rows / 32;
-  const int expected = (ep.kind == EK::Norm ? 1 : 2) * (32 / R);
   __syncwarp();
   __threadfence();
   int arrived = 0;
-  if (lane == 0) arrived = atomicAdd(ep.counters + blk, 1);
+  if (lane == 0) arrived = atomicAdd(counters + blk, 1);
   arrived = __shfl_sync(0xffffffffu, arrived, 0);
   if (arrived != expected - 1) return;
   __threadfence();
   const int64_t i = blk * 32 + lane;
-  for (int t = 0; t < B; ++t) {
+  for (int t = 0; t < n_tokens; ++t) {
     float v;
-    if (ep.kind == EK::Norm) {
-      const float xv = __ldcg(y + (int64_t)t * ldy + i);
-      v = xv * ep.norm_w[i];
+    if (kind == EK::Norm) {
+      const float xv = __ldcg(y0 + (int64_t)t * ldy0 + i);
+      v = xv * norm_w[i];
       const float ss = warp_sum(xv * xv);
-      if (lane == 0) const_cast<float*>(ep.out.ssq)[t * nb + blk] = ss;
+      if (lane == 0) ssq[t * nb + blk] = ss;
     } else {
       // The formulas of gated_product_kernel (cuda_ops.cu), so the same bits as the separate kernels.
-      const float a = __ldcg(g.y[0] + (int64_t)t * g.ldy[0] + i), u = __ldcg(g.y[1] + (int64_t)t * g.ldy[1] + i);
-      if (ep.kind == EK::GeGlu) v = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * u;
+      const float a = __ldcg(y0 + (int64_t)t * ldy0 + i), u = __ldcg(y1 + (int64_t)t * ldy1 + i);
+      if (kind == EK::GeGlu) v = 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * u;
       else v = a / (1.0f + __expf(-a)) * u;
     }
     const int64_t gi = t * nb + blk;
-    warp_quantize32(v, lane, const_cast<int8_t*>(ep.out.q) + gi * 32, const_cast<float*>(ep.out.d) + gi, const_cast<float*>(ep.out.s) + gi);
+    warp_quantize32(v, lane, q + gi * 32, d + gi, s + gi);
   }
-  if (lane == 0) ep.counters[blk] = 0;
+  if (lane == 0) counters[blk] = 0;
 }
 
-template <int B, Kind K, int R, int S>
+// F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
+// kernels without them are the products as they were, register for register.
+template <int B, Kind K, int R, int S, bool F>
 __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
@@ -501,15 +488,29 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   const int64_t row = (unit - first) * R;
   wait_for_previous_kernel();
   if (!live) return;
-  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S>(w, act, y, ldy, accumulate, row, lane);
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q5K) matvec_q5_k<B, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, accumulate, row, lane);
   else matvec_generic<B>(w, x, y, ldy, accumulate, row, lane);
-  if (ep.kind != MatvecEpilogue::Kind::None) finish_block<B, R>(ep, g, y, ldy, row, w.rows, lane);
+  if constexpr (F) {
+    if (ep.kind == MatvecEpilogue::Kind::None) return;
+    const bool norm = ep.kind == MatvecEpilogue::Kind::Norm;
+    finish_block(ep.kind, ep.norm_w, const_cast<int8_t*>(ep.out.q), const_cast<float*>(ep.out.d), const_cast<float*>(ep.out.s),
+                 const_cast<float*>(ep.out.ssq), ep.counters, norm ? y : g.y[0], norm ? ldy : g.ldy[0], g.y[1], g.ldy[1], row, w.rows,
+                 (norm ? 1 : 2) * (32 / R), B, lane);
+  }
+}
+
+// Whether a product's launch needs the kernels compiled for the epilogues (only the int8 kinds have them).
+bool wants_fused(Kind k, const ActQ8& act, const MatvecEpilogue& ep) {
+  const bool fused = act.ssq || ep.kind != MatvecEpilogue::Kind::None;
+  if (fused && k != Kind::Q4K && k != Kind::Q5K && k != Kind::Q6K && k != Kind::Q8_0)
+    fail("internal error: a decode epilogue or a norm's factor on a product of float activations");
+  return fused;
 }
 
 Kind kind_of(const DeviceWeight& w) {
@@ -525,46 +526,52 @@ Kind kind_of(const DeviceWeight& w) {
   }
 }
 
+template <int B, Kind K, int R, int S>
+void launch_one(const MatvecGroup& g, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep, cudaStream_t stream) {
+  const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
+  if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || K == Kind::Q8_0) {
+    if (wants_fused(K, act, ep))
+      return launch(matvec_kernel<B, K, R, S, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
+  } else {
+    wants_fused(K, act, ep);
+  }
+  launch(matvec_kernel<B, K, R, S, false>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
+}
+
 template <int B, Kind K>
 void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep,
                       cudaStream_t stream) {
-  const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
-  const bool pdl = pdl_enabled();
   if constexpr (B == 1) {
     const int key = shape.rows * 10 + shape.sbs;
     switch (key) {
-      case 11: return launch(matvec_kernel<B, K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
-      case 12: return launch(matvec_kernel<B, K, 1, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
-      case 21: return launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
-      case 22: return launch(matvec_kernel<B, K, 2, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
-      case 41: return launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
-      default: return launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+      case 11: return launch_one<B, K, 1, 1>(g, act, x, accumulate, ep, stream);
+      case 12: return launch_one<B, K, 1, 2>(g, act, x, accumulate, ep, stream);
+      case 21: return launch_one<B, K, 2, 1>(g, act, x, accumulate, ep, stream);
+      case 22: return launch_one<B, K, 2, 2>(g, act, x, accumulate, ep, stream);
+      case 41: return launch_one<B, K, 4, 1>(g, act, x, accumulate, ep, stream);
+      default: return launch_one<B, K, 4, 2>(g, act, x, accumulate, ep, stream);
     }
   } else if constexpr (B > 4) {
-    launch(matvec_kernel<B, K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+    launch_one<B, K, 2, 1>(g, act, x, accumulate, ep, stream);
   } else if constexpr (K == Kind::Q8_0) {
-    launch(matvec_kernel<B, K, 4, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+    launch_one<B, K, 4, 1>(g, act, x, accumulate, ep, stream);
   } else {
-    launch(matvec_kernel<B, K, 4, 2>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
+    launch_one<B, K, 4, 2>(g, act, x, accumulate, ep, stream);
   }
 }
 
 template <int B>
 void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep,
                    cudaStream_t stream) {
-  const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
-  const bool pdl = pdl_enabled();
   switch (kind) {
-    case Kind::Q4K:
-      launch(matvec_kernel<B, Kind::Q4K, 2, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep);
-      return;
+    case Kind::Q4K: return launch_one<B, Kind::Q4K, 2, 1>(g, act, x, accumulate, ep, stream);
     case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, ep, stream);
     case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, ep, stream);
-    case Kind::Q5K: launch(matvec_kernel<B, Kind::Q5K, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
-    case Kind::F16: launch(matvec_kernel<B, Kind::F16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
-    case Kind::BF16: launch(matvec_kernel<B, Kind::BF16, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
-    case Kind::F32: launch(matvec_kernel<B, Kind::F32, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
-    case Kind::Generic: launch(matvec_kernel<B, Kind::Generic, 1, 1>, grid, block, 0, stream, pdl, g, act, x, accumulate, ep); return;
+    case Kind::Q5K: return launch_one<B, Kind::Q5K, 1, 1>(g, act, x, accumulate, ep, stream);
+    case Kind::F16: return launch_one<B, Kind::F16, 1, 1>(g, act, x, accumulate, ep, stream);
+    case Kind::BF16: return launch_one<B, Kind::BF16, 1, 1>(g, act, x, accumulate, ep, stream);
+    case Kind::F32: return launch_one<B, Kind::F32, 1, 1>(g, act, x, accumulate, ep, stream);
+    case Kind::Generic: return launch_one<B, Kind::Generic, 1, 1>(g, act, x, accumulate, ep, stream);
   }
 }
 
