@@ -171,7 +171,7 @@ TEST(MemoryPlan, V100RunsA27bQ4KmWithQ8KvAtFourSlots) {
   EXPECT_NEAR(p.decode_roofline_tok_s, 900e9 * 0.88 / p.gpu_bytes_per_token, 1e-6);
   EXPECT_GT(p.decode_roofline_tok_s, 40);
   EXPECT_LT(p.decode_roofline_tok_s, 60);
-  // The decode model: the bytes at 0.69 of the bandwidth plus 38 us for each of the 64 layers.
+  // The decode model: the bytes at gpu_stream_efficiency of the bandwidth plus gpu_layer_us for each of the 64 layers.
   EXPECT_NEAR(1.0 / p.decode_tok_s, p.gpu_bytes_per_token / (900e9 * 0.88 * s.gpu_stream_efficiency) + 64 * s.gpu_layer_us * 1e-6, 1e-9);
   EXPECT_LT(p.decode_tok_s, p.decode_roofline_tok_s);
   // The mission's 60-64 tok/s with --parallel 4 is the four slots together: a step reads the weights once.
