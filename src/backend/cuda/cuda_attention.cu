@@ -454,8 +454,9 @@ struct SplitCombine {
   float* out = nullptr;
   ActQ8 act;
 };
-__device__ __forceinline__ void combine_if_last(const SplitCombine& c, const float* partial, const SplitWork& w, int n_head, int n_head_kv, int gqa,
-                                int hd_v, int max_splits, float* free_smem) {
+// Not inlined (arguments by value): inlined, it took the split kernel from 127 to 141 registers.
+__device__ __noinline__ void combine_if_last(SplitCombine c, const float* partial, SplitWork w, int n_head, int n_head_kv, int gqa, int hd_v,
+                                             int max_splits, float* free_smem) {
   __shared__ int last_s;
   __shared__ float red[32];
   __shared__ float inv_s[kMaxGroup];
@@ -482,14 +483,14 @@ __device__ __forceinline__ void combine_if_last(const SplitCombine& c, const flo
     store_output(c.out, c.act, w.r, w.kvh * gqa + g, n_head, hd_v, d, a * inv_s[g]);
   }
 }
-__device__ __forceinline__ void zero_group(const SplitCombine& c, const SplitWork& w, int n_head, int gqa, int hd_v) {
+__device__ __noinline__ void zero_group(SplitCombine c, SplitWork w, int n_head, int gqa, int hd_v) {
   for (int i = threadIdx.x; i < gqa * hd_v; i += blockDim.x) store_output(c.out, c.act, w.r, w.kvh * gqa + i / hd_v, n_head, hd_v, i % hd_v, 0.0f);
 }
 
 // Split-KV attention for one (row, KV head, span of keys), any head size: scores by score_tile, values
 // one output dimension per thread (two when head_dim_v > 128), each V element loaded once for every
 // query head of the group. The fallback of attention_split_vec_kernel (head sizes it does not take).
-template <DType KT, DType VT>
+template <DType KT, DType VT, bool C>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
                                                                   int max_splits, float* partial, const int* row_list,
@@ -502,7 +503,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
       has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
   if (!has_work) {
-    if (fuse.counters && work.dead_row && blockIdx.z == 0) zero_group(fuse, work, n_head, n_head / n_head_kv, hd_v);
+    if constexpr (C)
+      if (work.dead_row && blockIdx.z == 0) zero_group(fuse, work, n_head, n_head / n_head_kv, hd_v);
     return;
   }
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
@@ -571,7 +573,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
       }
     }
   }
-  if (fuse.counters) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
+  if constexpr (C) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
 }
 
 // Whether attention_split_vec_kernel takes value heads of this size: rows of 8-value chunks whose
@@ -584,7 +586,7 @@ __host__ __device__ inline bool vec_values_fit(int hd_v) { return hd_v % 8 == 0 
 // loads in flight. At the end the key lanes' sums are added in a fixed order (within the warp by
 // shuffles, then across warps through shared memory), so results stay deterministic and do not depend
 // on the row's batch-mates. Scores as attention_split_kernel (score_tile).
-template <DType KT, DType VT, int G>
+template <DType KT, DType VT, int G, bool C>
 __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceStep step, const float* q, KvLayer kv,
                                                                       int n_head, int n_head_kv, int hd_k, int hd_v,
                                                                       float scale, int max_splits, float* partial,
@@ -597,7 +599,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
       has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
   if (!has_work) {
-    if (fuse.counters && work.dead_row && blockIdx.z == 0) zero_group(fuse, work, n_head, n_head / n_head_kv, hd_v);
+    if constexpr (C)
+      if (work.dead_row && blockIdx.z == 0) zero_group(fuse, work, n_head, n_head / n_head_kv, hd_v);
     return;
   }
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
@@ -694,7 +697,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
         }
       }
   }
-  if (fuse.counters) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
+  if constexpr (C) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
 }
 
 // Merges the splits of one (row, query head) with split_weights and merged_value (kThreads threads).
@@ -730,47 +733,50 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep 
 using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*, SplitCombine);
 
 // G: the accumulators per value chunk, the group size rounded up to 8 or 16.
-template <DType KT, int G>
+template <DType KT, int G, bool C>
 AttentionKernel pick_v(DType vt) {
   switch (vt) {
-    case DType::F32: return attention_split_vec_kernel<KT, DType::F32, G>;
-    case DType::F16: return attention_split_vec_kernel<KT, DType::F16, G>;
-    case DType::BF16: return attention_split_vec_kernel<KT, DType::BF16, G>;
-    case DType::Q8_0: return attention_split_vec_kernel<KT, DType::Q8_0, G>;
-    default: return attention_split_vec_kernel<KT, DType::Q4_0, G>;
+    case DType::F32: return attention_split_vec_kernel<KT, DType::F32, G, C>;
+    case DType::F16: return attention_split_vec_kernel<KT, DType::F16, G, C>;
+    case DType::BF16: return attention_split_vec_kernel<KT, DType::BF16, G, C>;
+    case DType::Q8_0: return attention_split_vec_kernel<KT, DType::Q8_0, G, C>;
+    default: return attention_split_vec_kernel<KT, DType::Q4_0, G, C>;
   }
 }
 
-template <int G>
+template <int G, bool C>
 AttentionKernel pick_vec(DType kt, DType vt) {
 #ifdef ROOFLINE_CUDA_ALL_KV_PAIRS
   switch (kt) {
-    case DType::F32: return pick_v<DType::F32, G>(vt);
-    case DType::F16: return pick_v<DType::F16, G>(vt);
-    case DType::BF16: return pick_v<DType::BF16, G>(vt);
-    case DType::Q8_0: return pick_v<DType::Q8_0, G>(vt);
-    default: return pick_v<DType::Q4_0, G>(vt);
+    case DType::F32: return pick_v<DType::F32, G, C>(vt);
+    case DType::F16: return pick_v<DType::F16, G, C>(vt);
+    case DType::BF16: return pick_v<DType::BF16, G, C>(vt);
+    case DType::Q8_0: return pick_v<DType::Q8_0, G, C>(vt);
+    default: return pick_v<DType::Q4_0, G, C>(vt);
   }
 #else
   if (kt == vt) {
     switch (kt) {
-      case DType::F32: return attention_split_vec_kernel<DType::F32, DType::F32, G>;
-      case DType::F16: return attention_split_vec_kernel<DType::F16, DType::F16, G>;
-      case DType::BF16: return attention_split_vec_kernel<DType::BF16, DType::BF16, G>;
-      case DType::Q8_0: return attention_split_vec_kernel<DType::Q8_0, DType::Q8_0, G>;
-      default: return attention_split_vec_kernel<DType::Q4_0, DType::Q4_0, G>;
+      case DType::F32: return attention_split_vec_kernel<DType::F32, DType::F32, G, C>;
+      case DType::F16: return attention_split_vec_kernel<DType::F16, DType::F16, G, C>;
+      case DType::BF16: return attention_split_vec_kernel<DType::BF16, DType::BF16, G, C>;
+      case DType::Q8_0: return attention_split_vec_kernel<DType::Q8_0, DType::Q8_0, G, C>;
+      default: return attention_split_vec_kernel<DType::Q4_0, DType::Q4_0, G, C>;
     }
   }
-  return attention_split_vec_kernel<kRuntimeType, kRuntimeType, G>;
+  return attention_split_vec_kernel<kRuntimeType, kRuntimeType, G, C>;
 #endif
 }
 
 // Equal K and V types get kernels compiled for them; mixed pairs run the run-time-typed kernel unless
 // the build sets ROOFLINE_CUDA_ALL_KV_PAIRS (every pair compiled: slower builds, faster mixed caches).
-// Value heads the vectorized kernel does not take run the run-time-typed per-dimension kernel.
+// Value heads the vectorized kernel does not take run the run-time-typed per-dimension kernel. C: the
+// kernels that merge their splits themselves (SplitCombine), compiled apart so that the others keep their
+// registers.
+template <bool C>
 AttentionKernel pick_attention(DType kt, DType vt, int gqa, int hd_v) {
-  if (!vec_values_fit(hd_v)) return attention_split_kernel<kRuntimeType, kRuntimeType>;
-  return gqa <= 8 ? pick_vec<8>(kt, vt) : pick_vec<16>(kt, vt);
+  if (!vec_values_fit(hd_v)) return attention_split_kernel<kRuntimeType, kRuntimeType, C>;
+  return gqa <= 8 ? pick_vec<8, C>(kt, vt) : pick_vec<16, C>(kt, vt);
 }
 
 // --- Prefill attention for runs of consecutive rows of one sequence (prefill_attention) ---
@@ -1006,8 +1012,10 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   SplitCombine fuse;
   if (combine_counters && !row_list && n_rows <= 8 && (size_t)gqa * max_splits <= smem / sizeof(float) - split_state_floats(gqa))
     fuse = SplitCombine{combine_counters, out, out_act};
-  launch(pick_attention(kv.type_k, kv.type_v, gqa, head_dim_v), dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream,
-         pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse);
+  const AttentionKernel kernel = fuse.counters ? pick_attention<true>(kv.type_k, kv.type_v, gqa, head_dim_v)
+                                              : pick_attention<false>(kv.type_k, kv.type_v, gqa, head_dim_v);
+  launch(kernel, dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k,
+         head_dim_v, scale, max_splits, partial, row_list, fuse);
   if (fuse.counters) return out_act.q != nullptr;
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
          max_splits, partial, out, out_act, row_list, kv.window);
