@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_argmax_masks.cuh"
 #include "backend/cuda/cuda_delta_net.cuh"
+#include "backend/cuda/cuda_graph_cache.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_product_inputs.cuh"
@@ -60,7 +61,6 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
-    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -450,25 +450,9 @@ class CudaBackend final : public Backend {
     }
     // Decode: one CUDA graph per (bucket, layer range), captured on first use and replayed after.
     const uint64_t key = ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) | (uint64_t)layer_end;
-    auto it = graphs_.find(key);
-    if (it == graphs_.end()) {
-      cudaGraph_t graph = nullptr;
-      ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      ROOFLINE_CUDA_CHECK(err);
-      it = graphs_.emplace(key, exec).first;
-    }
-    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    graphs_.run(key, stream_, [&] {
+      for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
+    });
   }
 
   // Final norm and output matrix into logits_ (device); false when no row wants logits.
@@ -991,7 +975,7 @@ class CudaBackend final : public Backend {
   void* cublas_workspace_ = nullptr;
   StepProfiler profiler_;
   size_t out_bytes_ = 0;
-  std::map<uint64_t, cudaGraphExec_t> graphs_;
+  GraphCache graphs_;  // decode graphs (destroyed after ~CudaBackend's body, which makes this device current)
   std::unique_ptr<MoeFfn> moe_;  // MoE hook: mixture-of-experts models only
   std::unique_ptr<HostExperts> host_experts_;  // MoE hook: experts kept in host memory, run on the CPU
   float* host_rows_ = nullptr;                 // pinned: the normed rows out, the experts' output back

@@ -1,0 +1,52 @@
+// Decode steps' CUDA graphs (cuda_backend.cu): one per key (bucket, layer range), captured from the
+// launches on first use and replayed after. The device the graphs belong to must be current when the cache
+// is destroyed.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace roofline::cuda {
+
+class GraphCache {
+ public:
+  GraphCache() = default;
+  GraphCache(const GraphCache&) = delete;
+  GraphCache& operator=(const GraphCache&) = delete;
+  ~GraphCache() {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  }
+
+  // Launches key's graph on stream, capturing enqueue()'s launches into it the first time.
+  template <typename Enqueue>
+  void run(uint64_t key, cudaStream_t stream, Enqueue&& enqueue) {
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      cudaGraph_t graph = nullptr;
+      ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        enqueue();
+      } catch (...) {
+        cudaStreamEndCapture(stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      ROOFLINE_CUDA_CHECK(err);
+      it = graphs_.emplace(key, exec).first;
+    }
+    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
+  }
+
+ private:
+  std::map<uint64_t, cudaGraphExec_t> graphs_;
+};
+
+}  // namespace roofline::cuda
