@@ -141,17 +141,16 @@ struct DeviceWeight {
 };
 
 // Activations of a matrix product in int8 form: per 32 elements a float scale d and s = d * sum(q).
-// With ssq set, q/d/s hold x * w, the input of an rms norm before its 1/rms factor (a decode product's
-// epilogue wrote them, MatvecEpilogue::Kind::Norm, while x was still being summed over the grid): ssq holds
-// sum(x^2) per 32-element block, and a product multiplies each output of token row t by
-// 1 / sqrt(sum of row t's partials / cols + eps). Scaling before or after the quantization gives the same
-// int8 values (d = amax/127 scales with x).
+// With row_factor set, q/d/s hold x * w, the input of an rms norm before its 1/rms factor (a decode
+// product's epilogue wrote them, MatvecEpilogue::Kind::Norm, while x was still being summed over the grid,
+// and the grid's last block put each token row's 1/rms in row_factor): a product multiplies each output
+// of token row t by row_factor[t]. Scaling before or after the quantization gives the same int8 values
+// (d = amax/127 scales with x).
 struct ActQ8 {
-  const int8_t* q = nullptr;  // [rows x cols]
-  const float* d = nullptr;   // [rows x cols/32]
-  const float* s = nullptr;   // [rows x cols/32]
-  const float* ssq = nullptr; // [rows x cols/32], or null: q/d/s are the input itself
-  float eps = 0.0f;
+  const int8_t* q = nullptr;           // [rows x cols]
+  const float* d = nullptr;            // [rows x cols/32]
+  const float* s = nullptr;            // [rows x cols/32]
+  const float* row_factor = nullptr;   // [rows], or null: q/d/s are the input itself
 };
 
 // For test hooks' timing modes: `enqueue` (the launches of one repetition on `stream`) captured `reps`

@@ -54,18 +54,22 @@ bool matvec_uses_q8(DType type);
 // A decode product's epilogue that writes the int8 input of the product after it, so that no norm or
 // SwiGLU kernel runs between them. When the last warp of a 32-row block of the output has stored its
 // rows, that warp forms the block of the next input for every token row and quantizes it into `out`:
-//   Norm:   v = y * norm_w (y after the residual add), and sum(y^2) of the block into ssq: the next
-//           product applies the 1/rms factor (ActQ8::ssq); out.ssq/out.eps are for it.
+//   Norm:   v = y * norm_w (y after the residual add), and sum(y^2) of the block into ssq; the last block
+//           of the grid sums a token row's blocks into its 1/rms (out.row_factor, with eps), which the
+//           next product applies (ActQ8::row_factor);
 //   SwiGlu: v = silu(y_gate) * y_up, the group's two members (gate, then up; same rows);
 //   GeGlu:  v = gelu(y_gate) * y_up (the tanh approximation), likewise.
-// The output rows must be whole 32-blocks. counters: one int per 32-row block, zero before the launch
-// (each block's last warp sets it back to zero).
+// The output rows must be whole 32-blocks. counters: one int per 32-row block, then the grid's (Norm),
+// zero before the launch (each last arrival sets its counter back to zero).
 struct MatvecEpilogue {
   enum class Kind : int { None = 0, Norm, SwiGlu, GeGlu };
   Kind kind = Kind::None;
   const float* norm_w = nullptr;
   ActQ8 out;
+  float* ssq = nullptr;  // Norm: [rows x blocks] scratch
+  float eps = 0.0f;      // Norm
   int* counters = nullptr;
+  int* grid_counter = nullptr;  // Norm
 };
 void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
             cudaStream_t stream, const MatvecEpilogue& epilogue = {});

@@ -48,24 +48,14 @@ __device__ __forceinline__ void half2_floats(uint32_t bits, float& a, float& b) 
   b = __high2float(h);
 }
 
-// Token row t's factor on the outputs: 1 where the int8 input is the input itself, 1/rms where it is a
-// norm's input before that factor (ActQ8::ssq). The partials are summed in a fixed order (lane, then a
-// butterfly), the same for a token row whatever the batch.
-__device__ __forceinline__ float row_scale(const ActQ8& act, int64_t cols, int t, int lane) {
-  const int64_t nb = cols / 32;
-  float s = 0.0f;
-  for (int64_t i = lane; i < nb; i += 32) s += __ldg(act.ssq + t * nb + i);
-  return rsqrtf(warp_sum(s) / (float)cols + act.eps);
-}
-
-// Row `row` of the B token rows; act (int8 activations over `cols`, or null for float ones) for the factor.
+// Row `row` of the B token rows; act (int8 activations, or null for float ones) for the row factor.
 template <int B>
 __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane,
-                                           const ActQ8* act = nullptr, int64_t cols = 0) {
+                                           const ActQ8* act = nullptr) {
 #pragma unroll
   for (int t = 0; t < B; ++t) {
     float v = warp_sum(acc[t]);
-    if (act && act->ssq) v *= row_scale(*act, cols, t, lane);
+    if (act && act->row_factor) v *= __ldg(act->row_factor + t);  // 1/rms of a norm's input (ActQ8::row_factor)
     if (lane == 0) {
       float* dst = y + (int64_t)t * ldy + row;
       *dst = accumulate ? *dst + v : v;
@@ -73,14 +63,14 @@ __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int 
   }
 }
 
-// The R rows row0.. of a multi-row warp (those below n_rows), int8 activations `act` over `cols`; F: the
-// activations may carry a norm's factor (ActQ8::ssq; only the kernels compiled for it look).
+// The R rows row0.. of a multi-row warp (those below n_rows), int8 activations `act`; F: the activations
+// may carry a norm's factor (ActQ8::row_factor; only the kernels compiled for it look).
 template <int B, int R, bool F>
 __device__ __forceinline__ void store_row_set(const float (&acc)[R][B], float* y, int ldy, int64_t row0, int64_t n_rows,
-                                              bool accumulate, int lane, const ActQ8& act, int64_t cols) {
+                                              bool accumulate, int lane, const ActQ8& act) {
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane, F ? &act : nullptr, cols);
+    if (row0 + r < n_rows) store_rows<B>(acc[r], y, ldy, row0 + r, accumulate, lane, F ? &act : nullptr);
 }
 
 // Scale and min of sub-block j (0-7) of a Q4_K super-block without branches (lanes of one warp take
@@ -145,7 +135,7 @@ __device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& 
       }
     }
   }
-  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
 // Q5_K (176 B): as Q4_K, plus the fifth bit of each quant from qh (bit 2c for low, 2c+1 for high nibbles).
@@ -182,7 +172,7 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
       if (h == 0) acc[t] -= dmin * (fm0 * act.s[s] + fm1 * act.s[s + 1]);
     }
   }
-  store_rows<B>(acc, y, ldy, row, accumulate, lane, F ? &act : nullptr, w.cols);
+  store_rows<B>(acc, y, ldy, row, accumulate, lane, F ? &act : nullptr);
 }
 
 // Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
@@ -256,7 +246,7 @@ __device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& 
     for (int u = 0; u < S; ++u)
       if (u == 0 || i + 4 * u < n_sb) superblock(i + 4 * u, lo[u], hi[u]);
   }
-  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
 // Q8_0 planes: one lane per 32-element block of each of the R rows, S blocks (b, b + 32, ..) per iteration.
@@ -303,7 +293,7 @@ __device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& 
       }
     }
   }
-  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act, w.cols);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
@@ -427,23 +417,32 @@ struct MatvecGroup {
   int n = 0;
 };
 
+// Counts lane 0's warp in at `counter` and returns the count before it. The add is a release (lane 0
+// made every store of its warp's rows: store_rows) and an acquire (the last arrival sees every other
+// warp's stores), without the sequentially consistent fence that __threadfence() is.
+__device__ __forceinline__ int arrive(int* counter) {
+  int before;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+  return before;
+}
+
 // MatvecEpilogue: the warp that stored the last rows of its 32-row block forms that block of the next
 // product's input for each token row. The stores of the other warps (other SMs) are read from the L2
-// after the counter says they are all in: each warp fences its stores before it counts itself. Not
-// inlined, with plain arguments: the products' registers stay as they are without the epilogue (inlined,
-// the two- to five-token Q4_K kernels spilled).
-__device__ __noinline__ void finish_block(MatvecEpilogue::Kind kind, const float* norm_w, int8_t* q, float* d, float* s, float* ssq,
-                                          int* counters, const float* y0, int ldy0, const float* y1, int ldy1, int64_t row0,
-                                          int64_t rows, int expected, int n_tokens, int lane) {
+// after the counter says they are all in. Norm: the last block of the grid then sums each token row's
+// blocks into the row's 1/rms (in the order the separate norm's factor was summed in before: lane, then a
+// butterfly). Inlined into the one-token kernels; called (finish_block_call) from the others, whose
+// registers it would otherwise raise into spills (the two- to five-token Q4_K kernels).
+__device__ __forceinline__ void finish_block(MatvecEpilogue::Kind kind, const float* norm_w, int8_t* q, float* d, float* s, float* ssq,
+                                          float* row_factor, float eps, int* counters, int* grid_counter, const float* y0, int ldy0,
+                                          const float* y1, int ldy1, int64_t row0, int64_t rows, int expected, int n_tokens, int lane) {
   using EK = MatvecEpilogue::Kind;
   const int64_t blk = row0 / 32, nb = rows / 32;
-  __syncwarp();
-  __threadfence();
   int arrived = 0;
-  if (lane == 0) arrived = atomicAdd(counters + blk, 1);
+  if (lane == 0) arrived = arrive(counters + blk);
   arrived = __shfl_sync(0xffffffffu, arrived, 0);
   if (arrived != expected - 1) return;
-  __threadfence();
+  __syncwarp();
+  __threadfence();  // the other lanes' reads after lane 0's acquire (one warp in 16-32 gets here)
   const int64_t i = blk * 32 + lane;
   for (int t = 0; t < n_tokens; ++t) {
     float v;
@@ -462,6 +461,25 @@ __device__ __noinline__ void finish_block(MatvecEpilogue::Kind kind, const float
     warp_quantize32(v, lane, q + gi * 32, d + gi, s + gi);
   }
   if (lane == 0) counters[blk] = 0;
+  if (kind != EK::Norm) return;
+  int done = 0;
+  if (lane == 0) done = arrive(grid_counter);
+  done = __shfl_sync(0xffffffffu, done, 0);
+  if (done != nb - 1) return;
+  __syncwarp();
+  __threadfence();
+  for (int t = 0; t < n_tokens; ++t) {
+    float sum = 0.0f;
+    for (int64_t b = lane; b < nb; b += 32) sum += __ldcg(ssq + t * nb + b);
+    const float factor = rsqrtf(warp_sum(sum) / (float)rows + eps);
+    if (lane == 0) row_factor[t] = factor;
+  }
+  if (lane == 0) *grid_counter = 0;
+}
+__device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const float* norm_w, int8_t* q, float* d, float* s, float* ssq,
+                                               float* row_factor, float eps, int* counters, int* grid_counter, const float* y0, int ldy0,
+                                               const float* y1, int ldy1, int64_t row0, int64_t rows, int expected, int n_tokens, int lane) {
+  finish_block(kind, norm_w, q, d, s, ssq, row_factor, eps, counters, grid_counter, y0, ldy0, y1, ldy1, row0, rows, expected, n_tokens, lane);
 }
 
 // F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
@@ -499,15 +517,22 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   if constexpr (F) {
     if (ep.kind == MatvecEpilogue::Kind::None) return;
     const bool norm = ep.kind == MatvecEpilogue::Kind::Norm;
-    finish_block(ep.kind, ep.norm_w, const_cast<int8_t*>(ep.out.q), const_cast<float*>(ep.out.d), const_cast<float*>(ep.out.s),
-                 const_cast<float*>(ep.out.ssq), ep.counters, norm ? y : g.y[0], norm ? ldy : g.ldy[0], g.y[1], g.ldy[1], row, w.rows,
-                 (norm ? 1 : 2) * (32 / R), B, lane);
+    int8_t* q = const_cast<int8_t*>(ep.out.q);
+    float *d = const_cast<float*>(ep.out.d), *s = const_cast<float*>(ep.out.s), *factor = const_cast<float*>(ep.out.row_factor);
+    const float* y0 = norm ? y : g.y[0];
+    const int ldy0 = norm ? ldy : g.ldy[0], expected = (norm ? 1 : 2) * (32 / R);
+    if constexpr (B == 1)
+      finish_block(ep.kind, ep.norm_w, q, d, s, ep.ssq, factor, ep.eps, ep.counters, ep.grid_counter, y0, ldy0, g.y[1], g.ldy[1], row, w.rows,
+                   expected, B, lane);
+    else
+      finish_block_call(ep.kind, ep.norm_w, q, d, s, ep.ssq, factor, ep.eps, ep.counters, ep.grid_counter, y0, ldy0, g.y[1], g.ldy[1], row,
+                        w.rows, expected, B, lane);
   }
 }
 
 // Whether a product's launch needs the kernels compiled for the epilogues (only the int8 kinds have them).
 bool wants_fused(Kind k, const ActQ8& act, const MatvecEpilogue& ep) {
-  const bool fused = act.ssq || ep.kind != MatvecEpilogue::Kind::None;
+  const bool fused = act.row_factor || ep.kind != MatvecEpilogue::Kind::None;
   if (fused && k != Kind::Q4K && k != Kind::Q5K && k != Kind::Q6K && k != Kind::Q8_0)
     fail("internal error: a decode epilogue or a norm's factor on a product of float activations");
   return fused;
@@ -693,7 +718,8 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   if (count < 1 || count > MatvecGroup::kMax) fail("internal error: a matvec group of {} products", count);
   using EK = MatvecEpilogue::Kind;
   if (epilogue.kind != EK::None &&
-      (!epilogue.counters || !epilogue.out.q || ws[0]->rows % 32 != 0 || (epilogue.kind == EK::Norm ? count != 1 || !epilogue.out.ssq
+      (!epilogue.counters || !epilogue.out.q || ws[0]->rows % 32 != 0 || (epilogue.kind == EK::Norm ? count != 1 || !epilogue.ssq ||
+                                                                                                          !epilogue.out.row_factor || !epilogue.grid_counter
                                                                                                     : count != 2 || ws[1]->rows != ws[0]->rows)))
     fail("internal error: a matvec epilogue over {} products of {} rows", count, ws[0]->rows);
   MatvecGroup g;

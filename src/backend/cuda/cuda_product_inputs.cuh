@@ -4,9 +4,9 @@
 // the next layer's, so no norm or SwiGLU kernel runs between them. Two buffers: the one the running product reads
 // and the one its epilogue writes; after the launch the written one is current (take()).
 //
-// Invariant: the current input carries ssq (the 1/rms still to apply, ActQ8::ssq) only where a Norm
-// epilogue wrote it; any other kernel that writes the current input gets it through writable(), which
-// clears that.
+// Invariant: the current input carries a row factor (the 1/rms still to apply, ActQ8::row_factor) only
+// where a Norm epilogue wrote it; any other kernel that writes the current input gets it through
+// writable(), which clears that.
 #pragma once
 
 #include <cstdlib>
@@ -26,8 +26,9 @@ class ProductInputs {
   static size_t bytes(int rows, int64_t max_cols) {
     const size_t blocks = (size_t)(max_cols / 32 + 1);
     return (size_t)rows * max_cols + 2 * (size_t)rows * blocks * 4 +                      // main: q, d, s
-           (size_t)kDecodeRows * max_cols + 3 * (size_t)kDecodeRows * blocks * 4 +         // decode: q, d, s, ssq
-           (size_t)kDecodeRows * blocks * 4 + blocks * 4 + 12 * 256;                       // main's ssq, counters, alignment
+           (size_t)kDecodeRows * max_cols + 2 * (size_t)kDecodeRows * blocks * 4 +         // decode: q, d, s
+           (size_t)kDecodeRows * blocks * 4 + 2 * kDecodeRows * 4 + (blocks + 1) * 4 +     // ssq, row factors, counters
+           12 * 256;                                                                       // alignment
   }
 
   void init(DeviceArena& arena, int rows, int64_t max_cols, cudaStream_t stream) {
@@ -36,15 +37,17 @@ class ProductInputs {
     main_.q = reinterpret_cast<int8_t*>(arena.take((size_t)rows * max_cols));
     main_.d = take_f((size_t)rows * blocks);
     main_.s = take_f((size_t)rows * blocks);
-    main_ssq_ = take_f((size_t)kDecodeRows * blocks);
+    ssq_ = take_f((size_t)kDecodeRows * blocks);
+    main_factor_ = take_f(kDecodeRows);
+    alt_factor_ = take_f(kDecodeRows);
     alt_.q = reinterpret_cast<int8_t*>(arena.take((size_t)kDecodeRows * max_cols));
     alt_.d = take_f((size_t)kDecodeRows * blocks);
     alt_.s = take_f((size_t)kDecodeRows * blocks);
-    alt_ssq_ = take_f((size_t)kDecodeRows * blocks);
-    counters_ = reinterpret_cast<int*>(arena.take(blocks * 4));
-    ROOFLINE_CUDA_CHECK(cudaMemsetAsync(counters_, 0, blocks * 4, stream));
+    counters_ = reinterpret_cast<int*>(arena.take((blocks + 1) * 4));
+    grid_counter_ = counters_ + blocks;
+    ROOFLINE_CUDA_CHECK(cudaMemsetAsync(counters_, 0, (blocks + 1) * 4, stream));
     current_ = main_;
-    // ROOFLINE_FUSED_INPUTS=1 turns the epilogues on (off until measured on a GPU: docs/performance.md).
+    // ROOFLINE_FUSED_INPUTS=1 turns the epilogues on (off: 7-10% slower on the H200, docs/performance.md).
     const char* env = std::getenv("ROOFLINE_FUSED_INPUTS");
     enabled_ = env && std::strcmp(env, "1") == 0;
   }
@@ -55,16 +58,17 @@ class ProductInputs {
   const ActQ8& current() const { return current_; }
   // The current buffer, for a kernel that writes the next product's input itself.
   ActQ8 writable() {
-    current_.ssq = nullptr;
-    current_.eps = 0.0f;
+    current_.row_factor = nullptr;
     return current_;
   }
   // An epilogue into the other buffer: v = y * norm_w, the 1/rms left to the next product.
   MatvecEpilogue norm(const float* norm_w, float eps) const {
     MatvecEpilogue ep = epilogue(MatvecEpilogue::Kind::Norm);
     ep.norm_w = norm_w;
-    ep.out.ssq = other_is_alt() ? alt_ssq_ : main_ssq_;
-    ep.out.eps = eps;
+    ep.out.row_factor = other_is_alt() ? alt_factor_ : main_factor_;
+    ep.ssq = ssq_;
+    ep.eps = eps;
+    ep.grid_counter = grid_counter_;
     return ep;
   }
   // An epilogue into the other buffer: silu(gate) * up, or (geglu) gelu(gate) * up.
@@ -85,9 +89,11 @@ class ProductInputs {
   }
 
   ActQ8 main_, alt_, current_;
-  float* main_ssq_ = nullptr;
-  float* alt_ssq_ = nullptr;
+  float* ssq_ = nullptr;          // the Norm epilogue's per-block sums (read within its launch only)
+  float* main_factor_ = nullptr;  // the row factors of each buffer (ActQ8::row_factor)
+  float* alt_factor_ = nullptr;
   int* counters_ = nullptr;
+  int* grid_counter_ = nullptr;
   bool enabled_ = false;
 };
 
