@@ -30,17 +30,6 @@ namespace {
 
 constexpr int kMaxNA = 8;
 
-// The one- and two-row Q4_K/Q5_K loops read memory at 18-21 GB/s a core on an AMD EPYC (AVX-512 VNNI) where the
-// same loop reads 55 GB/s from cache and the other packed types 45-50 from memory: that CPU's prefetchers do
-// not keep up with it. Fetching each entry 4 KiB ahead brings it to 47 (cpu_vec_dot_bench, one thread, cold;
-// docs/performance.md). The other types' loops measured the same or slower with it, so only these fetch.
-constexpr size_t kPrefetchAhead = 4096;
-// The kEntry bytes at p, one line at a time, into the L1.
-template <size_t kEntry>
-inline void prefetch_entry(const uint8_t* p) {
-  for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
-}
-
 // One group of 16 weight rows times NA activation rows over nb blocks; acc[j] holds the 16 outputs of
 // activation row j.
 template <int NA, bool Q4>

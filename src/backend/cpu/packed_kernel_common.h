@@ -1,6 +1,6 @@
 // What the packed kernels of every instruction set share (packed_avx512.cpp, packed_kernels_avx2.cpp): the
-// activation rows of a tile as they read them, an unaligned 4-byte load, and the 6-bit scales and mins of
-// the 16 rows of a packed Q4_K / Q5_K entry. Include it inside a kernel file's target region, after its
+// activation rows of a tile as they read them, an unaligned 4-byte load, the fetch-ahead of the few-row
+// K-quant loops, and the 6-bit scales and mins of the 16 rows of a packed Q4_K / Q5_K entry. Include it inside a kernel file's target region, after its
 // other headers: everything here has internal linkage, so each file compiles its own copy for its own
 // instruction set (no AVX2 or AVX-512 copy of a shared inline function can be the one the linker keeps).
 // No include guard and no includes of its own: one inclusion per kernel file, which has <immintrin.h>,
@@ -12,6 +12,18 @@ inline int32_t load32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
+}
+
+// The one- and two-row Q4_K/Q5_K loops read memory at 18-21 GB/s a core on an AMD EPYC (AVX-512 VNNI; the
+// AVX2 loop 15) where the AVX-512 loop reads 55 GB/s from cache and the other packed types 45-50 from
+// memory: that CPU's prefetchers do not keep up with them. Fetching each entry 4 KiB ahead brings them to 47
+// (AVX2: 24-26; cpu_vec_dot_bench, one thread, cold; docs/performance.md). The other types' loops measured
+// the same or slower with it, so only these fetch.
+constexpr size_t kPrefetchAhead = 4096;
+// The kEntry bytes at p, one line at a time, into the L1.
+template <size_t kEntry>
+inline void prefetch_entry(const uint8_t* p) {
+  for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
 // The activation rows c0 .. c0 + NA - 1 of a tile (Q8_0): their blocks, float scales and level sums.

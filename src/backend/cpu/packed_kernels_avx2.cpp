@@ -84,20 +84,17 @@ void half_dot(const uint8_t* group, int64_t nb, int h, const Rows<NA>& A, __m256
   }
 }
 
-// Q4_K. One or two activation rows: the first half's pass fetches each entry 4 KiB ahead (as the AVX-512
-// loop does, packed_avx512.cpp; on the AMD EPYC of docs/performance.md this loop read memory at 15 GB/s a
-// core without it); the second half's pass finds the group in the L2.
+// Q4_K. One or two activation rows: the first half's pass fetches ahead (kPrefetchAhead,
+// packed_kernel_common.h); the second half's pass finds the group in the L2.
 template <int NA>
 void half_dot_q4_k(const uint8_t* group, int64_t nb, int h, const RowsK<NA>& A, __m256* acc) {
   constexpr size_t kScales = 4 * kPackRows, kLevels = kScales + kKScaleBytes * kPackRows;
   constexpr size_t kEntry = kLevels + 32 * 64;
-  constexpr size_t kPrefetchAhead = 4096;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int j = 0; j < NA; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
-    if (NA <= 2 && h == 0)
-      for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(e + kPrefetchAhead + o), _MM_HINT_T0);
+    if (NA <= 2 && h == 0) prefetch_entry<kEntry>(e + kPrefetchAhead);
     const __m256 d = f16x8(e + 16 * h);
     const __m256 dmin = f16x8(e + 2 * kPackRows + 16 * h);
     __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i

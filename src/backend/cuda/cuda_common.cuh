@@ -153,19 +153,35 @@ struct ActQ8 {
   const float* row_factor = nullptr;   // [rows], or null: q/d/s are the input itself
 };
 
-// For test hooks' timing modes: `enqueue` (the launches of one repetition on `stream`) captured `reps`
-// times into a CUDA graph, launched once to warm up, then three times under events; the microseconds of
-// one repetition.
+// enqueue()'s launches on `stream` captured into an instantiated CUDA graph (the caller destroys it). A
+// throw from enqueue ends the capture and drops the partial graph before it goes on.
 template <typename Enqueue>
-double time_in_graph_us(cudaStream_t stream, int reps, Enqueue&& enqueue) {
+cudaGraphExec_t capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
   cudaGraph_t g = nullptr;
   ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < reps; ++r) enqueue();
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
   ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
   cudaGraphExec_t exec = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
   cudaGraphDestroy(g);
   ROOFLINE_CUDA_CHECK(err);
+  return exec;
+}
+
+// For test hooks' timing modes: `enqueue` (the launches of one repetition on `stream`) captured `reps`
+// times into a CUDA graph, launched once to warm up, then three times under events; the microseconds of
+// one repetition.
+template <typename Enqueue>
+double time_in_graph_us(cudaStream_t stream, int reps, Enqueue&& enqueue) {
+  cudaGraphExec_t exec = capture_graph(stream, [&] {
+    for (int r = 0; r < reps; ++r) enqueue();
+  });
   ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   cudaEvent_t a, b;
   ROOFLINE_CUDA_CHECK(cudaEventCreate(&a));

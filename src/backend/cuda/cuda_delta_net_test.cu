@@ -142,20 +142,7 @@ std::vector<float> gpu_delta_net_for_test(const DeltaNetDims& d, const float* co
   if (graph) {
     const int zero = 0;
     ROOFLINE_CUDA_CHECK(cudaMemcpy(rig.count, &zero, 4, cudaMemcpyHostToDevice));
-    cudaGraph_t g = nullptr;
-    ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    try {
-      run_step(d, rig, eps, dseqs, rows, form, max_seq_rows, int8, stream);
-    } catch (...) {
-      cudaStreamEndCapture(stream, &g);
-      if (g) cudaGraphDestroy(g);
-      throw;
-    }
-    ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    ROOFLINE_CUDA_CHECK(err);
+    cudaGraphExec_t exec = capture_graph(stream, [&] { run_step(d, rig, eps, dseqs, rows, form, max_seq_rows, int8, stream); });
     ROOFLINE_CUDA_CHECK(cudaMemcpy(rig.count, &n_seqs, 4, cudaMemcpyHostToDevice));
     ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -25,23 +25,7 @@ class GraphCache {
   template <typename Enqueue>
   void run(uint64_t key, cudaStream_t stream, Enqueue&& enqueue) {
     auto it = graphs_.find(key);
-    if (it == graphs_.end()) {
-      cudaGraph_t graph = nullptr;
-      ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        enqueue();
-      } catch (...) {
-        cudaStreamEndCapture(stream, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      ROOFLINE_CUDA_CHECK(err);
-      it = graphs_.emplace(key, exec).first;
-    }
+    if (it == graphs_.end()) it = graphs_.emplace(key, capture_graph(stream, enqueue)).first;
     ROOFLINE_CUDA_CHECK(cudaGraphLaunch(it->second, stream));
   }
 
