@@ -16,6 +16,7 @@
 // only after avx512_supported().
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/packed_weights.h"
@@ -32,7 +33,7 @@ constexpr int kMaxNA = 8;
 
 // One group of 16 weight rows times NA activation rows over nb blocks; acc[j] holds the 16 outputs of
 // activation row j.
-template <int NA, bool Q4>
+template <int NA, bool Q4, bool F>
 void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc) {
   constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
   constexpr int32_t kOffset = Q4 ? 8 : 128;
@@ -40,6 +41,7 @@ void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc)
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
+    if constexpr (F) prefetch_entry<kEntry>(e + fetch_ahead());
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
     const uint8_t* lv = e + 2 * kPackRows;
     __m512i w[8];  // w[k]: the levels of elements 4k .. 4k + 3 of each row
@@ -68,7 +70,7 @@ void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc)
 
 
 // Q4_K, or Q5_K (kFive: 8 qh chunks before the qs chunks; sub-block k's fifth bits are bit k of each qh byte).
-template <int NA, bool kFive>
+template <int NA, bool kFive, bool F>
 void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
   constexpr size_t kScales = 4 * kPackRows, kHigh = kScales + kKScaleBytes * kPackRows;
   constexpr size_t kLevels = kHigh + (kFive ? 8 * 64 : 0);
@@ -78,7 +80,7 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (NA <= 2) prefetch_entry<kEntry>(e + kPrefetchAhead);
+    if constexpr (F) prefetch_entry<kEntry>(e + fetch_ahead());
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + 2 * kPackRows)));
     __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
@@ -157,13 +159,14 @@ inline void q6_quarters(const uint8_t* lv, int h, int v, int t, __m512i* w0, __m
   *w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), low4), _mm512_and_si512(_mm512_srli_epi16(c, 2), bits45));
 }
 
-template <int NA>
+template <int NA, bool F>
 void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
   constexpr size_t kScales = 2 * kPackRows, kLevels = kScales + 16 * kPackRows;
   constexpr size_t kEntry = kLevels + (32 + 16) * 64;
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
+    if constexpr (F) prefetch_entry<kEntry>(e + fetch_ahead());
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
     const uint8_t* lv = e + kLevels;
     __m512 sub_acc[NA];
@@ -201,15 +204,16 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
 
 enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
 
-template <int NA, Kind K>
+// F: the loop fetches each entry fetch_ahead() bytes ahead (one or two activation rows only).
+template <int NA, Kind K, bool F>
 void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
   __m512 acc[NA];
   if constexpr (K == Kind::Q4_K || K == Kind::Q5_K) {
-    group_dot_q4_k<NA, K == Kind::Q5_K>(group, nb, RowsK<NA>(a, c0), acc);
+    group_dot_q4_k<NA, K == Kind::Q5_K, F>(group, nb, RowsK<NA>(a, c0), acc);
   } else if constexpr (K == Kind::Q6_K) {
-    group_dot_q6_k<NA>(group, nb, RowsK<NA>(a, c0), acc);
+    group_dot_q6_k<NA, F>(group, nb, RowsK<NA>(a, c0), acc);
   } else {
-    group_dot<NA, K == Kind::Q4_0>(group, nb, Rows<NA>(a, c0), acc);
+    group_dot<NA, K == Kind::Q4_0, F>(group, nb, Rows<NA>(a, c0), acc);
   }
   for (int j = 0; j < NA; ++j) _mm512_mask_storeu_ps(y + (size_t)j * ldy, keep, acc[j]);
 }
@@ -218,9 +222,11 @@ template <Kind K>
 void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int n_a, int64_t n,
                  float* y, size_t ldy) {
   using Fn = void (*)(const uint8_t*, int64_t, const PackedActs&, int, float*, size_t, __mmask16);
-  static constexpr Fn kFns[kMaxNA + 1] = {nullptr,          group_rows<1, K>, group_rows<2, K>,
-                                          group_rows<3, K>, group_rows<4, K>, group_rows<5, K>,
-                                          group_rows<6, K>, group_rows<7, K>, group_rows<8, K>};
+  static constexpr Fn kFns[kMaxNA + 1] = {nullptr,          group_rows<1, K, false>, group_rows<2, K, false>,
+                                          group_rows<3, K, false>, group_rows<4, K, false>, group_rows<5, K, false>,
+                                          group_rows<6, K, false>, group_rows<7, K, false>, group_rows<8, K, false>};
+  static constexpr Fn kFetchFns[3] = {nullptr, group_rows<1, K, true>, group_rows<2, K, true>};
+  const bool fetch = fetches(K == Kind::Q4_K || K == Kind::Q5_K ? FetchKind::KQuant4 : FetchKind::Other);
   const int64_t nb = n / (K == Kind::Q4_0 || K == Kind::Q8_0 ? kQK : kQKK);
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
@@ -228,7 +234,7 @@ void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const Packe
     const uint8_t* group = packed + (size_t)g * group_bytes;
     for (int c = 0; c < n_a; c += kMaxNA) {
       const int na = n_a - c < kMaxNA ? n_a - c : kMaxNA;
-      kFns[na](group, nb, a, c0 + c, y + (size_t)c * ldy + (size_t)g * kPackRows, ldy, keep);
+      (fetch && na <= 2 ? kFetchFns[na] : kFns[na])(group, nb, a, c0 + c, y + (size_t)c * ldy + (size_t)g * kPackRows, ldy, keep);
     }
   }
 }

@@ -4,7 +4,7 @@
 // other headers: everything here has internal linkage, so each file compiles its own copy for its own
 // instruction set (no AVX2 or AVX-512 copy of a shared inline function can be the one the linker keeps).
 // No include guard and no includes of its own: one inclusion per kernel file, which has <immintrin.h>,
-// <cstdint>, <cstring>, packed_weights.h and quant_blocks.h already.
+// <cstdint>, <cstdlib>, <cstring>, packed_weights.h and quant_blocks.h already.
 namespace roofline::cpu {
 namespace {
 
@@ -14,16 +14,50 @@ inline int32_t load32(const void* p) {
   return v;
 }
 
-// The one- and two-row Q4_K/Q5_K loops read memory at 18-21 GB/s a core on an AMD EPYC (AVX-512 VNNI; the
-// AVX2 loop 15) where the AVX-512 loop reads 55 GB/s from cache and the other packed types 45-50 from
-// memory: that CPU's prefetchers do not keep up with them. Fetching each entry 4 KiB ahead brings them to 47
-// (AVX2: 24-26; cpu_vec_dot_bench, one thread, cold; docs/performance.md). The other types' loops measured
-// the same or slower with it, so only these fetch.
+// Fetch-ahead in the one- and two-row loops (decode), 4 KiB ahead into the L1. On an AMD EPYC the Q4_K/Q5_K
+// loops read memory at 18-21 GB/s a core (AVX2: 15) without it, where the other packed types read 45-50:
+// that CPU's prefetchers do not keep up with them; fetching brings them to 47 (AVX2: 24-26), while the other
+// types' loops measured the same or 5-10% slower with it (cpu_vec_dot_bench, one thread, cold). On the GPU
+// machine's Intel Xeon host every type gains: qwen3-8b / qwen3-1.7b decode at 4 threads +15-30% (Q8_0) and
+// +27-36% (Q4_0), qwen3-8b Q4_0 at 16 threads +26% (docs/performance.md, tenth session). So Intel CPUs fetch
+// in every type's loop and others in the Q4_K/Q5_K loops only. ROOFLINE_CPU_FETCH=all / k / none chooses
+// instead, ROOFLINE_CPU_FETCH_AHEAD sets the distance (bytes, 512-65536) and ROOFLINE_CPU_FETCH_HINT=l2
+// fetches into the L2: the switches that measure it on other CPUs. The AVX2 kernels fetch in the Q4_K/Q5_K
+// loops only, always.
 constexpr size_t kPrefetchAhead = 4096;
-// The kEntry bytes at p, one line at a time, into the L1.
+enum class FetchKind { KQuant4, Other };
+struct FetchConfig {
+  bool k_quant4 = true, other = false, to_l2 = false;
+  size_t ahead = kPrefetchAhead;
+  FetchConfig() {
+    __builtin_cpu_init();
+    other = __builtin_cpu_is("intel");
+    if (const char* m = std::getenv("ROOFLINE_CPU_FETCH")) {
+      const bool all = std::strcmp(m, "all") == 0, none = std::strcmp(m, "none") == 0;
+      k_quant4 = !none;
+      other = all;
+    }
+    if (const char* h = std::getenv("ROOFLINE_CPU_FETCH_HINT")) to_l2 = std::strcmp(h, "l2") == 0;
+    if (const char* a = std::getenv("ROOFLINE_CPU_FETCH_AHEAD")) {
+      const long v = std::atol(a);
+      if (v >= 512 && v <= 65536) ahead = (size_t)v / 64 * 64;
+    }
+  }
+};
+inline const FetchConfig& fetch_config() {
+  static const FetchConfig config;
+  return config;
+}
+inline bool fetches(FetchKind k) { return k == FetchKind::KQuant4 ? fetch_config().k_quant4 : fetch_config().other; }
+inline size_t fetch_ahead() { return fetch_config().ahead; }
+// The kEntry bytes at p, one line at a time, into the L1 (or the L2: ROOFLINE_CPU_FETCH_HINT=l2).
 template <size_t kEntry>
 inline void prefetch_entry(const uint8_t* p) {
-  for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+  if (fetch_config().to_l2) {
+    for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
+  } else {
+    for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+  }
 }
 
 // The activation rows c0 .. c0 + NA - 1 of a tile (Q8_0): their blocks, float scales and level sums.

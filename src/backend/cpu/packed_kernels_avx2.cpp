@@ -13,6 +13,7 @@
 // after every include (no AVX2 copy of a shared inline function), called only after avx2_supported().
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/packed_weights.h"
