@@ -126,8 +126,11 @@ std::vector<float> random_values(size_t n, Rng& rng) {
 TEST(GpuAttention, DecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   // Keys 1, 20 (one split), 701 (22 spans of 32), 2101 (spans of 128 after doubling), then two rows of
-  // one sequence at 4998 and 4999 keys (40 spans of 128).
-  const std::vector<std::pair<int, int>> seqs = {{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}};
+  // one sequence at 4998 and 4999 keys (40 spans of 128); or, all short, 1021 and 1022 keys.
+  // A step of short rows only (at most 1024 keys: the split kernel's CTAs take parts of each KV head's
+  // query heads, AttentionPlan::split_heads) and one with deep rows (whole groups).
+  for (const std::vector<std::pair<int, int>>& seqs : {std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {1020, 2}},
+                                                       std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}}})
   for (const GpuAttentionShape& s : Shapes())
     for (auto [tk, tv] : KvTypes())
       for (int window : {0, 300}) {

@@ -6,6 +6,7 @@
 // form of the output that the attention output matrix reads.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_dequant.cuh"
@@ -35,6 +36,11 @@ constexpr int kMaxDims = 2;    // output dimensions per thread: head_dim_v <= 25
 constexpr int kMaxGroup = 16;  // query heads per KV head
 static_assert(kMaxGroup <= kMergeMaxGroup, "the split kernel's combine holds kMergeMaxGroup heads");
 constexpr int kKeysInFlight = 8;  // value loads issued together in the value sums
+constexpr int kHeadsPerPart = 2;  // query heads per CTA where a group is split (attention_head_parts)
+// Steps whose rows have at most this many keys split the groups (AttentionPlan::split_heads). Each part
+// reads its KV head's keys and values again (from the L2): on an H200, tg128 at depth 0-128 +2.5-3%
+// (qwen3-8b, qwen3-32b), at depth 8192 -9 to -10%.
+constexpr int kHeadSplitMaxKeys = 1024;
 
 __device__ __forceinline__ int64_t slot_of(const DeviceStep& step, int r, int pos, int block_size) {
   const int seq = step.row_seq[r];
@@ -348,7 +354,7 @@ size_t split_smem_bytes(int gqa, int hd_k, int hd_v, bool vec) {
 struct SplitSmem {
   float *m, *l, *a, *q, *p;  // running max, sum, rescale factors [gqa]; queries [gqa x hd_k]; scores [gqa x kTile]
 };
-__device__ __forceinline__ SplitSmem split_smem_init(float* smem, const float* q, int r, int kvh, int n_head, int gqa, int hd_k,
+__device__ __forceinline__ SplitSmem split_smem_init(float* smem, const float* q, int r, int head0, int n_head, int gqa, int hd_k,
                                                      float scale) {
   SplitSmem sm;
   sm.m = smem;
@@ -356,7 +362,7 @@ __device__ __forceinline__ SplitSmem split_smem_init(float* smem, const float* q
   sm.a = sm.l + gqa;
   sm.q = smem + split_state_floats(gqa);
   sm.p = sm.q + gqa * hd_k;
-  for (int i = threadIdx.x; i < gqa * hd_k; i += kThreads) sm.q[i] = q[((int64_t)r * n_head + kvh * gqa) * hd_k + i] * scale;
+  for (int i = threadIdx.x; i < gqa * hd_k; i += kThreads) sm.q[i] = q[((int64_t)r * n_head + head0) * hd_k + i] * scale;
   for (int g = threadIdx.x; g < gqa; g += kThreads) {
     sm.m[g] = -INFINITY;
     sm.l[g] = 0.0f;
@@ -369,8 +375,9 @@ __device__ __forceinline__ SplitSmem split_smem_init(float* smem, const float* q
 // the kernel combines, C).
 template <bool C>
 __device__ __forceinline__ bool split_start(const DeviceStep& step, const int* row_list, const KvLayer& kv, int n_head, int n_head_kv,
-                                            int hd_k, int hd_v, const SplitCombine& fuse, SplitWork& work, int64_t& first_slot) {
-  const bool has_work = split_work(step, row_list, kv.window, work);  // the step only: before the wait
+                                            int hd_k, int hd_v, const SplitCombine& fuse, SplitWork& work, int64_t& first_slot,
+                                            int head_parts = 1) {
+  const bool has_work = split_work(step, row_list, kv.window, work, head_parts);  // the step only: before the wait
   first_slot = has_work ? slot_of(step, work.r, work.k_begin + tile_key(min(kTile, work.k_end - work.k_begin), hd_k), kv.block_size) : -1;
   wait_for_previous_kernel();
   if (!has_work) {
@@ -387,7 +394,7 @@ template <DType KT, DType VT, bool C>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head,
                                                                   int n_head_kv, int hd_k, int hd_v, float scale,
                                                                   int max_splits, float* partial, const int* row_list,
-                                                                  SplitCombine fuse) {
+                                                                  SplitCombine fuse, int /*head_parts: always 1 here*/) {
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
@@ -395,7 +402,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(DeviceStep st
   if (!split_start<C>(step, row_list, kv, n_head, n_head_kv, hd_k, hd_v, fuse, work, first_slot)) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
   const int gqa = n_head / n_head_kv;
-  const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
+  const SplitSmem sm = split_smem_init(smem, q, r, kvh * gqa, n_head, gqa, hd_k, scale);
   float *m_s = sm.m, *l_s = sm.l, *a_s = sm.a, *q_s = sm.q, *p_s = sm.p;
   const int tid = threadIdx.x;
   // Accumulators acc[dd][g]: output dimension tid + dd * kThreads of query head g of the group. Every
@@ -476,15 +483,17 @@ template <DType KT, DType VT, int G, bool C>
 __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceStep step, const float* q, KvLayer kv,
                                                                       int n_head, int n_head_kv, int hd_k, int hd_v,
                                                                       float scale, int max_splits, float* partial,
-                                                                      const int* row_list, SplitCombine fuse) {
+                                                                      const int* row_list, SplitCombine fuse, int head_parts) {
   extern __shared__ float smem[];
   __shared__ int64_t slot_s[kTile];
   SplitWork work;
   int64_t first_slot = -1;
-  if (!split_start<C>(step, row_list, kv, n_head, n_head_kv, hd_k, hd_v, fuse, work, first_slot)) return;
+  if (!split_start<C>(step, row_list, kv, n_head, n_head_kv, hd_k, hd_v, fuse, work, first_slot, head_parts)) return;
   const int r = work.r, kvh = work.kvh, split = work.split, k_begin = work.k_begin, k_end = work.k_end;
-  const int gqa = n_head / n_head_kv;
-  const SplitSmem sm = split_smem_init(smem, q, r, kvh, n_head, gqa, hd_k, scale);
+  // This CTA's query heads: part (blockIdx.y % head_parts) of the KV head's group, gqa of them from head0.
+  const int gqa = n_head / n_head_kv / head_parts;
+  const int head0 = kvh * (n_head / n_head_kv) + (int)(blockIdx.y % head_parts) * gqa;
+  const SplitSmem sm = split_smem_init(smem, q, r, head0, n_head, gqa, hd_k, scale);
   float *m_s = sm.m, *l_s = sm.l, *a_s = sm.a, *q_s = sm.q, *p_s = sm.p;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int cols = hd_v / 8;                            // threads per value row
@@ -566,7 +575,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
 #pragma unroll
     for (int g = 0; g < G; ++g)
       if (g < gqa) {
-        const int64_t idx = (((int64_t)r * n_head + kvh * gqa + g) * max_splits + split);
+        const int64_t idx = (((int64_t)r * n_head + head0 + g) * max_splits + split);
         float* out = partial + idx * (hd_v + 2);
 #pragma unroll
         for (int e = 0; e < 8; ++e) out[2 + 8 * chunk + e] = acc[e][g];
@@ -609,7 +618,7 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep 
     store_output(out, act, r, h, n_head, hd_v, d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
 }
 
-using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*, SplitCombine);
+using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*, SplitCombine, int);
 
 // G: the accumulators per value chunk, the group size rounded up to 8 or 16.
 template <DType KT, int G, bool C>
@@ -652,10 +661,29 @@ AttentionKernel pick_vec(DType kt, DType vt) {
 // Value heads the vectorized kernel does not take run the run-time-typed per-dimension kernel. C: the
 // kernels that merge their splits themselves (SplitCombine), compiled apart so that the others keep their
 // registers.
+// heads: the query heads one CTA takes (the group, or kHeadsPerPart when the group is split).
 template <bool C>
-AttentionKernel pick_attention(DType kt, DType vt, int gqa, int hd_v) {
+AttentionKernel pick_attention(DType kt, DType vt, int heads, int hd_v) {
   if (!vec_values_fit(hd_v)) return attention_split_kernel<kRuntimeType, kRuntimeType, C>;
-  return gqa <= 8 ? pick_vec<8, C>(kt, vt) : pick_vec<16, C>(kt, vt);
+  if constexpr (!C)
+    if (heads <= kHeadsPerPart) return pick_vec<kHeadsPerPart, C>(kt, vt);
+  return heads <= 8 ? pick_vec<8, C>(kt, vt) : pick_vec<16, C>(kt, vt);
+}
+
+// How many CTAs share one KV head's query heads in the split kernel (kHeadsPerPart each). A decode CTA is
+// one warp per scheduler running a long dependent chain: with all 8 query heads of a group, ~1650
+// instructions per warp at ~10 cycles each, 11-14 us at short depth whatever its keys (H200, ncu; spans of
+// 16 keys instead of 32 changed nothing). Parts of two heads cut the chain and quadruple the CTAs of such a
+// group; each part reads the KV head's keys and values (from the L2 after the first). Not with the split
+// kernel's own combine (it merges the whole group), nor for groups of one or two heads, nor with
+// ROOFLINE_ATTN_HEAD_SPLIT=0.
+int attention_head_parts(int gqa, int hd_v, bool combine_in_split) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("ROOFLINE_ATTN_HEAD_SPLIT");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  if (!enabled || combine_in_split || !vec_values_fit(hd_v) || gqa <= kHeadsPerPart || gqa % kHeadsPerPart != 0) return 1;
+  return gqa / kHeadsPerPart;
 }
 
 // --- Prefill attention for runs of consecutive rows of one sequence (prefill_attention) ---
@@ -826,6 +854,7 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span,
   for (int p : step.positions) max_keys = std::max(max_keys, p + 1);
   plan.min_span = min_span;
   plan.splits = max_splits;
+  plan.split_heads = max_keys <= kHeadSplitMaxKeys;
   if (n > 8) {
     if (n > 32) plan.min_span = 128;
     int need = 1;
@@ -878,23 +907,25 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
 
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream, int* combine_counters) {
+               const int* row_list, cudaStream_t stream, int* combine_counters, bool split_heads) {
   if (head_dim_v % 32 != 0) out_act = ActQ8{};
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
     fail("attention with {} query heads per KV head of dimension {} is not supported on the GPU", gqa, head_dim_v);
   if (max_splits > 8192) fail("attention over {} splits per row is more than the GPU kernels take (8192)", max_splits);
-  const size_t smem = split_smem_bytes(gqa, head_dim_k, head_dim_v, vec_values_fit(head_dim_v));
+  size_t smem = split_smem_bytes(gqa, head_dim_k, head_dim_v, vec_values_fit(head_dim_v));
   if (n_rows == 0) return false;
   // Decode rows (no row list, at most 8: the counters' rows) combine in the split kernel when the group's
   // split weights fit in its shared memory.
   SplitCombine fuse;
   if (combine_counters && !row_list && n_rows <= 8 && (size_t)gqa * max_splits <= smem / sizeof(float) - split_state_floats(gqa))
     fuse = SplitCombine{combine_counters, out, out_act};
+  const int parts = split_heads ? attention_head_parts(gqa, head_dim_v, fuse.counters != nullptr) : 1;
+  if (parts > 1) smem = split_smem_bytes(gqa / parts, head_dim_k, head_dim_v, true);
   const AttentionKernel kernel = fuse.counters ? pick_attention<true>(kv.type_k, kv.type_v, gqa, head_dim_v)
-                                              : pick_attention<false>(kv.type_k, kv.type_v, gqa, head_dim_v);
-  launch(kernel, dim3(n_rows, n_head_kv, max_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv, head_dim_k,
-         head_dim_v, scale, max_splits, partial, row_list, fuse);
+                                              : pick_attention<false>(kv.type_k, kv.type_v, gqa / parts, head_dim_v);
+  launch(kernel, dim3(n_rows, n_head_kv * parts, max_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv,
+         head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
   if (fuse.counters) return out_act.q != nullptr;
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
          max_splits, partial, out, out_act, row_list, kv.window);

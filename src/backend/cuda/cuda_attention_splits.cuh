@@ -18,9 +18,10 @@ struct SplitWork {
   int n_splits;    // the row's splits with keys (at most gridDim.z)
   bool dead_row;   // a padding row of the step (no keys)
 };
-__device__ __forceinline__ bool split_work(const DeviceStep& step, const int* row_list, int window, SplitWork& w) {
+// head_parts: blockIdx.y = KV head x head_parts + part (attention_split_vec_kernel's query-head parts).
+__device__ __forceinline__ bool split_work(const DeviceStep& step, const int* row_list, int window, SplitWork& w, int head_parts = 1) {
   w.r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x;
-  w.kvh = blockIdx.y;
+  w.kvh = blockIdx.y / head_parts;
   w.split = blockIdx.z;
   w.n_splits = 0;
   w.dead_row = w.r >= step.header[0];

@@ -327,7 +327,7 @@ class CudaBackend final : public Backend {
     for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
     // Attention splits and prefill runs (plan_attention; measured choices in its comments).
     AttentionPlan plan = plan_attention(step, max_splits_, min_span_, span_splits_, prefill_ok_);
-    splits_ = plan.splits;
+    splits_ = plan.splits, split_heads_ = plan.split_heads;
     const int T = options_.max_tokens;
     int* h = step_host_;
     h[0] = n;
@@ -448,8 +448,8 @@ class CudaBackend final : public Backend {
       for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
       return;
     }
-    // Decode: one CUDA graph per (bucket, layer range), captured on first use and replayed after.
-    const uint64_t key = ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) | (uint64_t)layer_end;
+    // Decode: one CUDA graph per (bucket, layer range, head split), captured on first use and replayed after.
+    const uint64_t key = ((uint64_t)split_heads_ << 62) | ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) | (uint64_t)layer_end;
     graphs_.run(key, stream_, [&] {
       for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
     });
@@ -746,7 +746,7 @@ class CudaBackend final : public Backend {
                       prefill_, attn_, stream_);
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
-                               combine_counters_);
+                               combine_counters_, split_heads_);
     if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
       mark("output gate (+quantize)", 0);
       quantized = q8_attn && hp.q_dim() % 32 == 0;
@@ -969,6 +969,7 @@ class CudaBackend final : public Backend {
   int forward_end_ = 0;            // the layer range's end of the running forward()
   int n_attn_rows_ = 0;
   bool split_combine_ = false;         // decode attention merges its splits in the split kernel
+  bool split_heads_ = false;           // the step's attention splits query-head groups (AttentionPlan::split_heads)
   int* combine_counters_ = nullptr;    // ... with these counters (attention())
   bool graphs_enabled_ = true;
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;

@@ -202,10 +202,11 @@ __host__ __device__ inline int attention_splits(int n_keys, int min_span, int sp
 // (device), the n_rows rows it names; else rows 0..n_rows-1. out: [rows x n_head*head_dim_v]; with out_act.q
 // also its int8 form (when head_dim_v % 32 == 0; returns whether it was written). combine_counters
 // (attention_combine_counters() ints, zero; or null): decode steps merge the splits in the split kernel
-// itself, without the combine kernel.
+// itself, without the combine kernel. split_heads (AttentionPlan::split_heads): the split kernel's CTAs take
+// parts of a KV head's query heads (attention_head_parts), for steps whose rows are all short.
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream, int* combine_counters = nullptr);
+               const int* row_list, cudaStream_t stream, int* combine_counters = nullptr, bool split_heads = false);
 inline size_t attention_combine_counters(int n_head_kv) { return (size_t)8 * n_head_kv; }
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
 
@@ -247,6 +248,7 @@ struct AttentionPlan {
   int split_len = 0;  // header[2]: keys per split (0: attention_span's)
   int min_span = 32;  // header[3]
   int splits = 1;     // the split kernel's splits per row (its grid)
+  bool split_heads = false;  // no row has more than kHeadSplitMaxKeys keys (attention's split_heads)
   std::vector<PrefillRun> runs;
   std::vector<int> split_rows;  // with runs: the rows the split kernel takes
 };
