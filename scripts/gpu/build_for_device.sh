@@ -26,5 +26,16 @@ fi
 # Debian's cpp-httplib is a shared library the GPU machine lacks: carry it (and brotli, which it links).
 mkdir -p carry/lib
 for lib in $(ldd "$bin/roofline" | awk '/libcpp-httplib|libbrotli/ {print $3}'); do cp -L "$lib" carry/lib/; done
+# The kernel timeline tool (bench/gpu_kernel_trace.cpp, scripts/gpu/timeline.sh) where CUPTI is installed, with the
+# CUPTI library it was built against (the GPU machine's toolkit may not have it).
+cuda_root="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")"
+if [ "$arch" = 90 ] && [ -f "$cuda_root/include/cupti.h" ]; then
+  cupti_lib="$(ls "$cuda_root"/lib/libcupti.so.* "$cuda_root"/lib64/libcupti.so.* "$cuda_root"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1 || true)"
+  if [ -n "$cupti_lib" ]; then
+    g++ -O2 -shared -fPIC -std=c++17 bench/gpu_kernel_trace.cpp -I"$cuda_root/include" -L"$(dirname "$cupti_lib")" -lcupti \
+        -o "$bin/libkernel_trace.so"
+    cp -L "$cupti_lib" carry/lib/
+  fi
+fi
 du -sh carry
 ldd "$bin/roofline" | grep -v -E "linux-vdso|libc.so|libm.so|libgcc|libstdc|ld-linux|libpthread|libdl|librt" || true
