@@ -15,6 +15,9 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions&) {
 std::vector<float> gpu_matmul_for_test(const Weight&, const std::vector<float>&, int, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>&, const std::vector<float>&, int, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::vector<int32_t>&, int, const std::vector<float>&, int,
                                                 int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");

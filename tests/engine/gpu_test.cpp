@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "backend/cpu/cpu_ops.h"
@@ -110,6 +111,47 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
     const double e = gpu_matmul_nmse(type, 131, type == DType::Q8_0 ? 4096 : 6144, 1, rng);
     EXPECT_LT(e, 2e-4) << dtype_name(type) << " whole rounds";
   }
+}
+
+// Decode products joined in one launch as the backend joins q/k/v: weights of one kind, and Q4_K with
+// Q6_K (the Q4_K_M mixes' Q6_K v beside Q4_K q and k), row counts that leave warps short, rows of several
+// rounds; each product against its double reference.
+TEST(GpuMatmulTest, JoinedProductsOfOneInputMatchEachProduct) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(9);
+  const std::vector<std::vector<std::pair<DType, int64_t>>> groups = {
+      {{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q6_K, 45}},
+      {{DType::Q6_K, 31}, {DType::Q4_K, 64}},
+      {{DType::Q4_K, 40}, {DType::Q6_K, 17}, {DType::Q6_K, 9}, {DType::Q4_K, 3}},
+      {{DType::Q6_K, 21}, {DType::Q6_K, 50}}};
+  for (const int64_t cols : {768, 5120})
+    for (const auto& group : groups)
+      for (int n : {1, 2, 3, 5, 8}) {
+        std::vector<std::unique_ptr<test::RandomWeight>> ws;
+        for (const auto& [type, rows] : group) ws.push_back(std::make_unique<test::RandomWeight>(type, rows, cols, rng));
+        std::vector<Weight> views;
+        for (const auto& w : ws) views.push_back(w->weight());
+        std::vector<const Weight*> wp;
+        for (const Weight& v : views) wp.push_back(&v);
+        std::vector<float> x((size_t)(n * cols));
+        for (float& v : x) v = (float)rng.normal();
+        const auto y = gpu_joined_products_for_test(wp, x, n);
+        size_t at = 0;
+        for (size_t m = 0; m < ws.size(); ++m) {
+          const int64_t rows = group[m].second;
+          std::vector<float> ref((size_t)(n * rows));
+          for (int t = 0; t < n; ++t) {
+            const std::vector<double> yt = ws[m]->times(x, t);
+            for (int64_t r = 0; r < rows; ++r) ref[(size_t)(t * rows + r)] = (float)yt[(size_t)r];
+          }
+          ASSERT_LE(at + ref.size(), y.size());
+          EXPECT_LT(test::nmse(y.data() + at, ref.data(), ref.size()), 2e-4)
+              << "member " << m << " (" << dtype_name(group[m].first) << ", " << rows << " rows) of " << group.size() << ", n=" << n
+              << ", cols " << cols;
+          at += ref.size();
+        }
+        EXPECT_EQ(at, y.size());
+      }
 }
 
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the

@@ -674,7 +674,7 @@ class CudaBackend final : public Backend {
     for (size_t i = 0; i < count;) {
       size_t j = i + 1;
       if (n <= 8)
-        while (j < count && j - i < kMatvecGroupMax && matvec_can_group(*p[i].w, *p[j].w)) ++j;
+        while (j < count && j - i < kMatvecGroupMax && matvec_can_join(*p[i].w, *p[j].w)) ++j;
       if (j - i == 1) {
         mark(op_name(fmt::format("matvec {}", p[i].what).c_str(), *p[i].w).c_str(), p[i].bytes);
         project(*p[i].w, x, n, p[i].y, p[i].ldy, false);

@@ -232,6 +232,54 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   return y;
 }
 
+std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>& ws, const std::vector<float>& x, int n_tokens,
+                                                int device) {
+  using namespace cuda;
+  const int count = (int)ws.size();
+  if (count < 1 || count > kMatvecGroupMax || n_tokens < 1 || n_tokens > 8)
+    fail("gpu_joined_products_for_test: {} products of {} tokens (1-{} products, 1-8 tokens)", count, n_tokens, kMatvecGroupMax);
+  const int64_t cols = ws[0]->cols();
+  size_t bytes = 16 * 256 + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1));
+  for (const Weight* w : ws) {
+    if (w->cols() != cols || !matvec_uses_q8(w->type())) fail("gpu_joined_products_for_test: weights of int8 kinds and one row length");
+    bytes += device_weight_bytes(*w) + (size_t)n_tokens * w->rows() * 4 + 256;
+  }
+  if (x.size() != (size_t)(n_tokens * cols)) fail("gpu_joined_products_for_test: {} activations for {} x {}", x.size(), n_tokens, cols);
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  arena.reserve(bytes);
+  std::vector<DeviceWeight> dws;
+  const DeviceWeight* dptr[kMatvecGroupMax];
+  float* ys[kMatvecGroupMax];
+  int lds[kMatvecGroupMax];
+  for (int m = 0; m < count; ++m) dws.push_back(upload_weight(*ws[m], arena, stream));
+  for (int m = 0; m < count; ++m) {
+    dptr[m] = &dws[(size_t)m];
+    ys[m] = reinterpret_cast<float*>(arena.take((size_t)n_tokens * ws[m]->rows() * 4));
+    lds[m] = (int)ws[m]->rows();
+  }
+  float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take((size_t)n_tokens * cols));
+  act.d = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
+  act.s = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  quantize_rows(dx, n_tokens, (int)cols, act, stream);
+  matvec_multi(dptr, ys, lds, count, act, dx, n_tokens, false, stream);
+  std::vector<float> out;
+  for (int m = 0; m < count; ++m) {
+    std::vector<float> y((size_t)n_tokens * ws[m]->rows());
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y.data(), ys[m], y.size() * 4, cudaMemcpyDeviceToHost, stream));
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    out.insert(out.end(), y.begin(), y.end());
+  }
+  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  cudaStreamDestroy(stream);
+  return out;
+}
+
 std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fused, const Weight& p, const Weight* p2, const Weight& c,
                                                  const std::vector<float>& a, const std::vector<float>& x, const std::vector<float>& norm_w,
                                                  int n_tokens, float eps, int device) {

@@ -75,8 +75,11 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
             cudaStream_t stream, const MatvecEpilogue& epilogue = {});
 // Up to kMatvecGroupMax products of one input in one launch (ys[m] = W_m x: q/k/v, gate/up, a DeltaNet
 // layer's qkv/z/alpha/beta), for weights where matvec_can_group holds
-// pairwise (same kernel kind and row length).
+// pairwise (same kernel kind and row length), or Q4_K and Q6_K weights of one row length together.
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
+// matvec_can_group, or (ROOFLINE_MIXED_GROUPS=1) a Q4_K and a Q6_K weight of one row length: the products
+// of one input that the backend joins in one launch (q/k/v; MoE experts keep one kind per launch).
+bool matvec_can_join(const DeviceWeight& a, const DeviceWeight& b);
 constexpr int kMatvecGroupMax = 4;
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream, const MatvecEpilogue& epilogue = {});

@@ -8,6 +8,7 @@
 // a warp, or on timing.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
@@ -366,7 +367,8 @@ __device__ __forceinline__ void matvec_generic(const DeviceWeight& w, const floa
 
 // The kernel behind every matvec launch: a group of products that share the input (q/k/v, gate/up),
 // all of one weight kind, their rows laid end to end over the grid (one warp per row_shape().rows rows).
-enum class Kind { Q4K, Q5K, Q6K, Q8_0, F16, BF16, F32, Generic };
+// Q4K6K: a group of Q4_K and Q6_K products in one launch (matvec_can_join), each warp taking its member's kind.
+enum class Kind { Q4K, Q5K, Q6K, Q8_0, F16, BF16, F32, Generic, Q4K6K };
 
 bool multi_row(Kind k) { return k == Kind::Q6K || k == Kind::Q8_0; }
 // Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of Q6_K and Q8_0. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
@@ -509,6 +511,10 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q4K6K) {
+    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F>(w, act, y, ldy, accumulate, row, lane);
+    else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+  }
   else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
@@ -533,7 +539,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
 // Whether a product's launch needs the kernels compiled for the epilogues (only the int8 kinds have them).
 bool wants_fused(Kind k, const ActQ8& act, const MatvecEpilogue& ep) {
   const bool fused = act.row_factor || ep.kind != MatvecEpilogue::Kind::None;
-  if (fused && k != Kind::Q4K && k != Kind::Q5K && k != Kind::Q6K && k != Kind::Q8_0)
+  if (fused && k != Kind::Q4K && k != Kind::Q5K && k != Kind::Q6K && k != Kind::Q8_0 && k != Kind::Q4K6K)
     fail("internal error: a decode epilogue or a norm's factor on a product of float activations");
   return fused;
 }
@@ -554,7 +560,7 @@ Kind kind_of(const DeviceWeight& w) {
 template <int B, Kind K, int R, int S>
 void launch_one(const MatvecGroup& g, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep, cudaStream_t stream) {
   const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || K == Kind::Q8_0) {
+  if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || K == Kind::Q8_0 || K == Kind::Q4K6K) {
     if (wants_fused(K, act, ep))
       return launch(matvec_kernel<B, K, R, S, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
   } else {
@@ -597,6 +603,7 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
     case Kind::BF16: return launch_one<B, Kind::BF16, 1, 1>(g, act, x, accumulate, ep, stream);
     case Kind::F32: return launch_one<B, Kind::F32, 1, 1>(g, act, x, accumulate, ep, stream);
     case Kind::Generic: return launch_one<B, Kind::Generic, 1, 1>(g, act, x, accumulate, ep, stream);
+    case Kind::Q4K6K: return launch_one<B, Kind::Q4K6K, 2, 1>(g, act, x, accumulate, ep, stream);  // two rows per warp, both kinds
   }
 }
 
@@ -713,6 +720,19 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {
   return kind_of(a) == kind_of(b) && a.cols == b.cols;
 }
 
+// Q4_K and Q6_K products of one input in one launch: the Q4_K_M mixes give half the layers a Q6_K v (and
+// down) beside Q4_K q and k, and a Q6_K v launched alone after q+k streams at 16-21% of the H200's bandwidth
+// in a decode step (3.6-6 us; docs/performance.md, tenth session). Off until measured: ROOFLINE_MIXED_GROUPS=1.
+bool matvec_can_join(const DeviceWeight& a, const DeviceWeight& b) {
+  static const bool mixed = [] {
+    const char* e = std::getenv("ROOFLINE_MIXED_GROUPS");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  if (matvec_can_group(a, b)) return true;
+  const Kind ka = kind_of(a), kb = kind_of(b);
+  return mixed && a.cols == b.cols && (ka == Kind::Q4K || ka == Kind::Q6K) && (kb == Kind::Q4K || kb == Kind::Q6K);
+}
+
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream, const MatvecEpilogue& epilogue) {
   if (count < 1 || count > MatvecGroup::kMax) fail("internal error: a matvec group of {} products", count);
@@ -725,11 +745,16 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   MatvecGroup g;
   g.n = count;
   g.first_unit[0] = 0;
-  const Kind kind = kind_of(*ws[0]);
-  const RowShape shape = row_shape(kind, n_tokens, ws[0]->cols);
+  // One kind, or Q4_K and Q6_K together (Q4K6K: two rows per warp, one super-block in flight, whatever the kind).
+  Kind kind = kind_of(*ws[0]);
+  for (int m = 1; m < count; ++m)
+    if (kind_of(*ws[m]) != kind) kind = Kind::Q4K6K;
+  const RowShape shape = kind == Kind::Q4K6K ? RowShape{2, 1} : row_shape(kind, n_tokens, ws[0]->cols);
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
-    if (!matvec_can_group(*ws[0], *ws[m])) fail("internal error: grouped matvec over different weight kinds or widths");
+    const Kind km = kind_of(*ws[m]);
+    if (ws[m]->cols != ws[0]->cols || (kind == Kind::Q4K6K ? km != Kind::Q4K && km != Kind::Q6K : km != kind))
+      fail("internal error: grouped matvec over different weight kinds or widths");
     g.w[m] = *ws[m];
     g.y[m] = ys[m];
     g.ldy[m] = ldys[m];
