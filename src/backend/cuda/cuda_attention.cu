@@ -140,7 +140,7 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
                                   float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows) {
   extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
-  const bool live = r < step.header[0];
+  const bool live = r < step.header[kStepRealRows];
   const int pos = live ? step.positions[r] : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.y * (blockDim.x / 32) + warp;
@@ -197,7 +197,7 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
 __global__ void kv_store_rows_kernel(DeviceStep step, const float* k, const float* v, int n_head_kv, int hd_k, int hd_v, KvLayer kv) {
   wait_for_previous_kernel();
   const int r = blockIdx.x;
-  if (r >= step.header[0]) return;
+  if (r >= step.header[kStepRealRows]) return;
   const int64_t slot = slot_of(step, r, step.positions[r], kv.block_size);
   kv_put_row(kv.k, kv.k_scales, kv.type_k, slot, n_head_kv * hd_k, k + (int64_t)r * n_head_kv * hd_k);
   kv_put_row(kv.v, kv.v_scales, kv.type_v, slot, n_head_kv * hd_v, v + (int64_t)r * n_head_kv * hd_v);
@@ -600,11 +600,12 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep 
   __shared__ float red[32];
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
   // The row's splits depend only on the step: counted before waiting for the split kernel.
-  const bool live = r < step.header[0];
+  const bool live = r < step.header[kStepRealRows];
   int n_splits = 0;
   if (live) {
     const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
-    const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
+    const int split_len = step.header[kStepSplitLen] > 0 ? step.header[kStepSplitLen]
+                                                        : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits]);
     n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   }
   wait_for_previous_kernel();

@@ -24,12 +24,13 @@ __device__ __forceinline__ bool split_work(const DeviceStep& step, const int* ro
   w.kvh = blockIdx.y / head_parts;
   w.split = blockIdx.z;
   w.n_splits = 0;
-  w.dead_row = w.r >= step.header[0];
+  w.dead_row = w.r >= step.header[kStepRealRows];
   if (w.dead_row) return false;
   const int pos = step.positions[w.r];
   const int first = attention_first_key(pos, window);  // sliding layers: keys (pos - window, pos]
   const int n_keys = pos + 1 - first;
-  const int split_len = step.header[2] > 0 ? step.header[2] : attention_span(n_keys, step.header[3], step.header[4]);
+  const int split_len = step.header[kStepSplitLen] > 0 ? step.header[kStepSplitLen]
+                                                      : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits]);
   w.n_splits = min((int)gridDim.z, (n_keys + split_len - 1) / split_len);
   if (w.split * split_len >= n_keys) return false;
   w.k_begin = first + w.split * split_len;

@@ -127,13 +127,14 @@ StepOnDevice upload_step(DeviceArena& arena, const StepDesc& st, int n_pad, cons
   for (const StepSequence& s : st.sequences)
     for (int32_t b : s.block_table)
       if (b < 0 || b >= n_blocks) fail("block table names block {} of {}", b, n_blocks);
-  std::vector<int> h(8 + 2 * (size_t)n_pad + st.sequences.size() * stride + (size_t)n_pad, 0);
-  h[0] = n;
-  h[1] = 0;
-  h[2] = plan.split_len;
-  h[3] = plan.min_span;
-  h[4] = span_splits;
-  int* positions = h.data() + 8;
+  // A compact layout of its own (the kernels read the step through DeviceStep's pointers only).
+  std::vector<int> h(kStepHeaderInts + 2 * (size_t)n_pad + st.sequences.size() * stride + (size_t)n_pad, 0);
+  h[kStepRealRows] = n;
+  h[kStepLogitRows] = 0;
+  h[kStepSplitLen] = plan.split_len;
+  h[kStepMinSpan] = plan.min_span;
+  h[kStepSpanSplits] = span_splits;
+  int* positions = h.data() + kStepHeaderInts;
   int* row_seq = positions + n_pad;
   int* tables = row_seq + n_pad;
   int* rows = tables + st.sequences.size() * stride;
@@ -148,10 +149,10 @@ StepOnDevice upload_step(DeviceArena& arena, const StepDesc& st, int n_pad, cons
   ROOFLINE_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   StepOnDevice out;
   out.step.header = d;
-  out.step.tokens = d + 8;  // not read by the attention kernels
-  out.step.positions = d + 8;
-  out.step.row_seq = d + 8 + n_pad;
-  out.step.logit_rows = d + 8;
+  out.step.tokens = d + kStepHeaderInts;  // not read by the attention kernels
+  out.step.positions = d + kStepHeaderInts;
+  out.step.row_seq = d + kStepHeaderInts + n_pad;
+  out.step.logit_rows = d + kStepHeaderInts;
   out.step.block_tables = d + (tables - h.data());
   out.step.table_stride = stride;
   out.split_rows = plan.runs.empty() ? nullptr : d + (rows - h.data());

@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_product_inputs.cuh"
 #include "backend/cuda/cuda_step_profiler.cuh"
+#include "backend/cuda/step_layout.h"
 #include "backend/cpu/host_experts.h"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/cuda/cuda_window_snapshots.cuh"
@@ -328,22 +329,15 @@ class CudaBackend final : public Backend {
     // Attention splits and prefill runs (plan_attention; measured choices in its comments).
     AttentionPlan plan = plan_attention(step, max_splits_, min_span_, span_splits_, prefill_ok_);
     splits_ = plan.splits, split_heads_ = plan.split_heads;
-    const int T = options_.max_tokens;
+    const StepLayout lay = step_layout();  // fixed offsets: a decode bucket's captured graph keeps the addresses
     int* h = step_host_;
-    h[0] = n;
-    h[1] = n_logit_;
-    h[2] = plan.split_len;
-    h[3] = plan.min_span;
-    h[4] = span_splits_;
-    int* tokens = h + 8;
-    int* positions = tokens + T;
-    int* row_seq = positions + T;
-    int* logit_rows = row_seq + T;
-    int* attn_rows = logit_rows + T;  // rows the split-KV attention kernel takes when prefill runs exist
-    // DeltaNet layers: the sequence count and one record {first_row, n_rows, fresh, cell} per sequence, at
-    // a fixed place (a decode bucket's captured graph keeps these addresses), 16-byte aligned.
-    const int dn_at = (int)((attn_rows + T - h + 3) / 4 * 4);
-    int* tables = h + dn_at + 4 + 4 * T;
+    h[kStepRealRows] = n;
+    h[kStepLogitRows] = n_logit_;
+    h[kStepSplitLen] = plan.split_len;
+    h[kStepMinSpan] = plan.min_span;
+    h[kStepSpanSplits] = span_splits_;
+    int *tokens = h + lay.tokens, *positions = h + lay.positions, *row_seq = h + lay.row_seq, *logit_rows = h + lay.logit_rows;
+    int *attn_rows = h + lay.attn_rows, *tables = h + lay.tables;
     prefill_runs_ = std::move(plan.runs);
     n_attn_rows_ = n_tok_;  // decode buckets: every row of the bucket (the captured graph replays this grid)
     if (!prefill_runs_.empty()) {
@@ -362,9 +356,8 @@ class CudaBackend final : public Backend {
     }
     const size_t used = (size_t)(tables - h) + step.sequences.size() * stride;
     // Ring layers: per sequence, block b of its positions is ring block b % (ring / block size) of its
-    // state cell, so position p lands in slot p % ring of the cell; at a fixed place after the block
-    // tables' capacity (captured graphs keep the address).
-    int* swa_tables = tables + (size_t)T * table_capacity_blocks();
+    // state cell, so position p lands in slot p % ring of the cell.
+    int* swa_tables = h + lay.swa_tables;
     const bool rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
     if (rings) {
       const int per_cell = kv_.swa_ring / kv_.block_size;
@@ -381,9 +374,9 @@ class CudaBackend final : public Backend {
       }
     }
     dn_seqs_ = {};
-    if (dn_qkv_) {
-      int* count = h + dn_at;
-      int* recs = count + 4;
+    if (dn_qkv_) {  // DeltaNet layers: the sequence count, then one record {first_row, n_rows, fresh, cell} each
+      int* count = h + lay.dn_count;
+      int* recs = h + lay.dn_records;
       int n_seqs = 0, max_rows = 1;
       for (const StepSequence& sq : step.sequences) {
         if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
@@ -397,8 +390,8 @@ class CudaBackend final : public Backend {
       }
       count[0] = n_seqs;
       dn_real_seqs_ = n_seqs;
-      dn_seqs_.count = step_dev_ + dn_at;
-      dn_seqs_.seqs = reinterpret_cast<const DeltaNetSeqDev*>(step_dev_ + dn_at + 4);
+      dn_seqs_.count = step_dev_ + lay.dn_count;
+      dn_seqs_.seqs = reinterpret_cast<const DeltaNetSeqDev*>(step_dev_ + lay.dn_records);
       // A decode bucket's grid covers as many sequences as the bucket has rows (graphs replay it).
       dn_seqs_.max_seqs = n_tok_ <= 8 ? std::max(n_seqs, n_tok_) : n_seqs;
       dn_max_seq_rows_ = max_rows;
@@ -406,18 +399,18 @@ class CudaBackend final : public Backend {
     }
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_, h, used * 4, cudaMemcpyHostToDevice, stream_));
     if (rings)
-      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_ + (swa_tables - h), swa_tables, step.sequences.size() * stride * 4,
+      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_ + lay.swa_tables, swa_tables, step.sequences.size() * stride * 4,
                                           cudaMemcpyHostToDevice, stream_));
     dstep_.header = step_dev_;
-    dstep_.tokens = step_dev_ + 8;
-    dstep_.positions = dstep_.tokens + T;
-    dstep_.row_seq = dstep_.positions + T;
-    dstep_.logit_rows = dstep_.row_seq + T;
-    attn_rows_dev_ = prefill_runs_.empty() ? nullptr : dstep_.logit_rows + T;
-    dstep_.block_tables = step_dev_ + (tables - h);
+    dstep_.tokens = step_dev_ + lay.tokens;
+    dstep_.positions = step_dev_ + lay.positions;
+    dstep_.row_seq = step_dev_ + lay.row_seq;
+    dstep_.logit_rows = step_dev_ + lay.logit_rows;
+    attn_rows_dev_ = prefill_runs_.empty() ? nullptr : step_dev_ + lay.attn_rows;
+    dstep_.block_tables = step_dev_ + lay.tables;
     dstep_.table_stride = stride;
     dstep_swa_ = dstep_;
-    dstep_swa_.block_tables = step_dev_ + (swa_tables - h);
+    dstep_swa_.block_tables = step_dev_ + lay.swa_tables;
     (void)hp;
   }
 
@@ -605,11 +598,10 @@ class CudaBackend final : public Backend {
     const int64_t blocks = ((int64_t)options_.n_ctx + bs - 1) / bs + 2;
     return (int)blocks;
   }
-  size_t step_capacity_ints() const {
-    const size_t T = (size_t)std::max(1, options_.max_tokens);
-    const size_t tables = model_ && model_->hparams().has_sliding_layers() ? 2 : 1;  // block tables, then swa tables
-    return 8 + 5 * T + 4 + 4 + 4 * T + tables * T * (size_t)table_capacity_blocks();
+  StepLayout step_layout() const {
+    return StepLayout::make(options_.max_tokens, table_capacity_blocks(), model_ && model_->hparams().has_sliding_layers());
   }
+  size_t step_capacity_ints() const { return (size_t)step_layout().capacity; }
 
   // Profiling (ROOFLINE_PROFILE=1, CUDA graphs off; cuda_step_profiler.cuh): an event before each op.
   void mark(const char* op, double bytes) { profiler_.mark(stream_, op, bytes, n_tok_); }

@@ -7,16 +7,14 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/step_layout.h"
 #include "backend/step.h"
 
 namespace roofline::cuda {
 
 // The per-step values kernels read (device pointers into one buffer the backend uploads per step).
 struct DeviceStep {
-  // [0] n_tokens (real), [1] n_logit_rows, [2] attention split length (0: each row's own, see
-  // attention_span), [3] the shortest span attention_span gives, [4] the splits per row before its
-  // spans double
-  const int* header = nullptr;
+  const int* header = nullptr;      // StepHeader's ints (step_layout.h)
   const int* tokens = nullptr;      // [max_tokens]
   const int* positions = nullptr;   // [max_tokens]
   const int* row_seq = nullptr;     // [max_tokens]
@@ -195,12 +193,12 @@ __host__ __device__ inline int attention_max_splits(int n_ctx, int min_span, int
   const int b = (n_ctx + 127) / 128;
   return a > b ? (a > 1 ? a : 1) : (b > 1 ? b : 1);
 }
-// Splits a row of n_keys keys needs (header[2] == 0).
+// Splits a row of n_keys keys needs (header[kStepSplitLen] == 0).
 __host__ __device__ inline int attention_splits(int n_keys, int min_span, int splits) {
   const int span = attention_span(n_keys, min_span, splits);
   return (n_keys + span - 1) / span;
 }
-// Causal attention over each row's cached positions (the last kv.window of them on sliding layers), split over the KV length (step header[2] keys per
+// Causal attention over each row's cached positions (the last kv.window of them on sliding layers), split over the KV length (step header[kStepSplitLen] keys per
 // split, or attention_span's when 0; at most max_splits), combined in a fixed order. With row_list
 // (device), the n_rows rows it names; else rows 0..n_rows-1. out: [rows x n_head*head_dim_v]; with out_act.q
 // also its int8 form (when head_dim_v % 32 == 0; returns whether it was written). combine_counters
@@ -248,8 +246,8 @@ int prefill_key_tile();
 // prefill_attention and the other rows are listed for the split kernel.
 constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;
 struct AttentionPlan {
-  int split_len = 0;  // header[2]: keys per split (0: attention_span's)
-  int min_span = 32;  // header[3]
+  int split_len = 0;  // header[kStepSplitLen]: keys per split (0: attention_span's)
+  int min_span = 32;  // header[kStepMinSpan]
   int splits = 1;     // the split kernel's splits per row (its grid)
   bool split_heads = false;  // no row has more than kHeadSplitMaxKeys keys (attention's split_heads)
   std::vector<PrefillRun> runs;

@@ -25,7 +25,7 @@ __global__ void embed_kernel(DeviceWeight table, DeviceStep step, float* x, int 
   wait_for_previous_kernel();
   const int r = blockIdx.x;
   float* xr = x + (int64_t)r * n_embd;
-  if (r >= step.header[0]) {
+  if (r >= step.header[kStepRealRows]) {
     for (int i = threadIdx.x; i < n_embd; i += blockDim.x) xr[i] = 0.0f;
     return;
   }
