@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_step_pack.cuh"
 #include "backend/cuda/cuda_weights.cuh"
 #include "backend/gpu.h"
 #include "core/rng.h"
@@ -22,7 +23,6 @@ namespace {
 using namespace cuda;
 
 bool quantized_kv(DType t) { return t == DType::Q8_0 || t == DType::Q4_0; }
-int bucket_of(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : n; }
 
 void check_kv_type(DType t, int kv_dim) {
   if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && !quantized_kv(t))
@@ -213,7 +213,7 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   check_kv_type(c.type_v, s.n_head_kv * s.head_dim_v);
   check_tables(st, c.block_size);
   const int n = st.n_tokens();
-  rig.n_pad = bucket_of(n);
+  rig.n_pad = decode_bucket(n);
   int n_ctx = 1;
   for (int p : st.positions) n_ctx = std::max(n_ctx, p + 1);
   const int min_span = attention_min_span(), span_splits = attention_span_splits();
@@ -298,7 +298,7 @@ void gpu_rope_store_for_test(const GpuAttentionShape& s, const GpuRopeForTest& r
   check_tables(st, cache.block_size);
   cudaStream_t stream;
   ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const int n_pad = bucket_of(n);
+  const int n_pad = decode_bucket(n);
   DeviceArena arena;
   arena.reserve(cache_bytes(s, cache) + (size_t)n_pad * (q_dim + kd + vd) * 4 + (3 * (size_t)s.head_dim_k + rope.n_rot) * 4 +
                 step_ints(st, n_pad) * 4 + 16 * 256);

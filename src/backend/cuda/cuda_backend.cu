@@ -2,7 +2,7 @@
 // layers in device memory, and a layer as norm+quantize -> Q/K/V -> rope+store -> split-KV attention
 // -> O (+residual) -> norm+quantize -> gate/up -> SwiGLU+quantize -> down (+residual). Decode steps
 // (<= 8 rows) use the matvec kernels, larger steps dequantize-to-f16 GEMMs. Per-step values live in
-// a device step descriptor uploaded once per step.
+// a device step descriptor uploaded once per step (pack_step, cuda_step_pack.cuh).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_product_inputs.cuh"
+#include "backend/cuda/cuda_step_pack.cuh"
 #include "backend/cuda/cuda_step_profiler.cuh"
 #include "backend/cuda/step_layout.h"
 #include "backend/cpu/host_experts.h"
@@ -310,108 +311,28 @@ class CudaBackend final : public Backend {
 
   void begin_step(const StepDesc& step) override {
     ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
-    const int n = step.n_tokens();
-    if (n > options_.max_tokens) fail("internal error: step of {} rows exceeds the GPU buffers ({})", n, options_.max_tokens);
     const HParams& hp = model_->hparams();
-    // Decode-sized steps run padded to a bucket (1, 2, 4, 8) so one captured graph per bucket replays
-    // every step; kernels read the real row count from the descriptor and skip the padding.
-    n_real_ = n;
-    n_tok_ = n <= 8 && n <= options_.max_tokens ? bucket_of(n) : n;
-    if (n_tok_ > options_.max_tokens) n_tok_ = n;
+    StepPackConfig c;
+    c.max_tokens = options_.max_tokens;
+    c.table_blocks = table_capacity_blocks();
+    c.swa_tables = hp.has_sliding_layers();
+    c.max_splits = max_splits_, c.min_span = min_span_, c.span_splits = span_splits_, c.prefill_ok = prefill_ok_;
+    c.rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
+    c.swa_ring = kv_.swa_ring, c.kv_block_size = kv_.block_size, c.sliding_window = hp.sliding_window;
+    c.n_state_cells = n_state_cells_;
+    c.delta_net = dn_qkv_ != nullptr, c.delta_net_chunked = dn_chunked_, c.delta_net_chunked_min_rows = kDeltaNetChunkedMinRows;
+    PackedStep p = pack_step(step, c, step_host_, step_dev_, stream_);
+    n_real_ = p.n_real, n_tok_ = p.n_tok, splits_ = p.splits, split_heads_ = p.split_heads, n_attn_rows_ = p.n_attn_rows;
+    prefill_runs_ = std::move(p.prefill_runs);
+    attn_rows_dev_ = p.attn_rows_dev;
+    dstep_ = p.dstep, dstep_swa_ = p.dstep_swa;
+    if (c.delta_net) dn_seqs_ = p.dn_seqs, dn_real_seqs_ = p.dn_real_seqs, dn_max_seq_rows_ = p.dn_max_seq_rows, dn_form_ = p.dn_form;
     n_logit_ = (int)step.logit_rows.size();
     argmax_only_ = step.argmax_only;
     argmax_only_.resize(n_logit_, 0);
     argmax_allowed_ = step.argmax_allowed;
     argmax_allowed_.resize(n_logit_, nullptr);
     hidden_rows_ = step.hidden_rows;
-    int stride = 1;
-    for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
-    // Attention splits and prefill runs (plan_attention; measured choices in its comments).
-    AttentionPlan plan = plan_attention(step, max_splits_, min_span_, span_splits_, prefill_ok_);
-    splits_ = plan.splits, split_heads_ = plan.split_heads;
-    const StepLayout lay = step_layout();  // fixed offsets: a decode bucket's captured graph keeps the addresses
-    int* h = step_host_;
-    h[kStepRealRows] = n;
-    h[kStepLogitRows] = n_logit_;
-    h[kStepSplitLen] = plan.split_len;
-    h[kStepMinSpan] = plan.min_span;
-    h[kStepSpanSplits] = span_splits_;
-    int *tokens = h + lay.tokens, *positions = h + lay.positions, *row_seq = h + lay.row_seq, *logit_rows = h + lay.logit_rows;
-    int *attn_rows = h + lay.attn_rows, *tables = h + lay.tables;
-    prefill_runs_ = std::move(plan.runs);
-    n_attn_rows_ = n_tok_;  // decode buckets: every row of the bucket (the captured graph replays this grid)
-    if (!prefill_runs_.empty()) {
-      n_attn_rows_ = (int)plan.split_rows.size();
-      std::copy(plan.split_rows.begin(), plan.split_rows.end(), attn_rows);
-    }
-    for (int i = 0; i < n_tok_; ++i) {
-      tokens[i] = i < n ? step.tokens[i] : 0;
-      positions[i] = i < n ? step.positions[i] : 0;
-      row_seq[i] = i < n ? step.row_seq[i] : 0;
-    }
-    for (int i = 0; i < n_logit_; ++i) logit_rows[i] = step.logit_rows[i];
-    for (size_t s = 0; s < step.sequences.size(); ++s) {
-      const auto& bt = step.sequences[s].block_table;
-      std::memcpy(tables + s * stride, bt.data(), bt.size() * 4);
-    }
-    const size_t used = (size_t)(tables - h) + step.sequences.size() * stride;
-    // Ring layers: per sequence, block b of its positions is ring block b % (ring / block size) of its
-    // state cell, so position p lands in slot p % ring of the cell.
-    int* swa_tables = h + lay.swa_tables;
-    const bool rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
-    if (rings) {
-      const int per_cell = kv_.swa_ring / kv_.block_size;
-      for (size_t s = 0; s < step.sequences.size(); ++s) {
-        const StepSequence& sq = step.sequences[s];
-        if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
-          fail("internal error: sequence {} has no state cell for its sliding-window rings (cell {} of {})", sq.seq_id,
-               sq.state_cell, n_state_cells_);
-        if (sq.n_new > kv_.swa_ring - hp.sliding_window + 1 && sq.n_past + sq.n_new > kv_.swa_ring)
-          fail("internal error: {} new positions of sequence {} in one step overrun its sliding-window ring of {}", sq.n_new,
-               sq.seq_id, kv_.swa_ring);
-        for (size_t b = 0; b < sq.block_table.size(); ++b)
-          swa_tables[s * stride + b] = sq.state_cell * per_cell + (int)(b % per_cell);
-      }
-    }
-    dn_seqs_ = {};
-    if (dn_qkv_) {  // DeltaNet layers: the sequence count, then one record {first_row, n_rows, fresh, cell} each
-      int* count = h + lay.dn_count;
-      int* recs = h + lay.dn_records;
-      int n_seqs = 0, max_rows = 1;
-      for (const StepSequence& sq : step.sequences) {
-        if (sq.state_cell < 0 || sq.state_cell >= n_state_cells_)
-          fail("internal error: sequence {} has no recurrent-state cell (cell {} of {})", sq.seq_id, sq.state_cell, n_state_cells_);
-        recs[4 * n_seqs + 0] = sq.first_token;
-        recs[4 * n_seqs + 1] = sq.n_new;
-        recs[4 * n_seqs + 2] = sq.n_past == 0 ? 1 : 0;
-        recs[4 * n_seqs + 3] = sq.state_cell;
-        max_rows = std::max(max_rows, sq.n_new);
-        ++n_seqs;
-      }
-      count[0] = n_seqs;
-      dn_real_seqs_ = n_seqs;
-      dn_seqs_.count = step_dev_ + lay.dn_count;
-      dn_seqs_.seqs = reinterpret_cast<const DeltaNetSeqDev*>(step_dev_ + lay.dn_records);
-      // A decode bucket's grid covers as many sequences as the bucket has rows (graphs replay it).
-      dn_seqs_.max_seqs = n_tok_ <= 8 ? std::max(n_seqs, n_tok_) : n_seqs;
-      dn_max_seq_rows_ = max_rows;
-      dn_form_ = dn_chunked_ && max_rows >= kDeltaNetChunkedMinRows ? DeltaNetForm::Chunked : DeltaNetForm::Recurrent;
-    }
-    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_, h, used * 4, cudaMemcpyHostToDevice, stream_));
-    if (rings)
-      ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(step_dev_ + lay.swa_tables, swa_tables, step.sequences.size() * stride * 4,
-                                          cudaMemcpyHostToDevice, stream_));
-    dstep_.header = step_dev_;
-    dstep_.tokens = step_dev_ + lay.tokens;
-    dstep_.positions = step_dev_ + lay.positions;
-    dstep_.row_seq = step_dev_ + lay.row_seq;
-    dstep_.logit_rows = step_dev_ + lay.logit_rows;
-    attn_rows_dev_ = prefill_runs_.empty() ? nullptr : step_dev_ + lay.attn_rows;
-    dstep_.block_tables = step_dev_ + lay.tables;
-    dstep_.table_stride = stride;
-    dstep_swa_ = dstep_;
-    dstep_swa_.block_tables = step_dev_ + lay.swa_tables;
-    (void)hp;
   }
 
   void embed() override {
@@ -585,7 +506,6 @@ class CudaBackend final : public Backend {
     float* v(LayerTensor t) const { return vecs[(size_t)t]; }
   };
 
-  static int bucket_of(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
 
   // MoE hook: whether a layer's tensor stays in host memory (its stacked experts, --cpu-moe and the like).
   bool expert_on_host(int il, LayerTensor role) const {
