@@ -12,6 +12,10 @@ steps kept:
   adds   - how much later the step's last end is after this kernel than before it, us per call: summed over
            a step's kernels this is the step's time, so it is what the kind costs on the critical path
   share  - adds as a share of the step
+A second table groups the same kernels by role: each product by the last two kernels before it that are
+not products (gated_product > rms_norm: q/k/v, and the output matrix; attention_combine > rms_norm:
+gate/up; rope_store > attention_combine: o; rms_norm > gated_product: down), a product right after
+another marked as a second launch (a v of another kind than q and k).
 Usage: timeline_table.py TRACE.csv [GAP_US (default 15)] [SKIP (default 3)]
 """
 import csv
@@ -96,28 +100,36 @@ def main():
         raise SystemExit("timeline_table.py: no steps after the skipped ones")
     n_common = max(counts, key=counts.get)
     kept = [s for s in steps[skip:] if len(s) == n_common]
-    stats = OrderedDict()
-    step_us, gaps = [], []
-    prev_step_end = None
+    stats, roles = OrderedDict(), OrderedDict()
+    step_us = []
     for s in kept:
         t0 = s[0][0]
         run_end = t0
+        context, prev_product = ["step start", "step start"], False
         for start, end, kind in s:
             add = max(0.0, end - run_end)
             run_end = max(run_end, end)
-            st = stats.setdefault(kind, [0, 0.0, 0.0])
-            st[0] += 1
-            st[1] += end - start
-            st[2] += add
+            base = kind.split("<")[0].split(" [")[0].replace("_kernel", "")
+            product = base.startswith("matvec") or base.startswith("expert_matvec")
+            role = f"product after {context[0]} > {context[1]}" + (" (2nd launch)" if prev_product else "") if product else base
+            if not product:
+                context = [context[1], base]
+            prev_product = product
+            for table, key in ((stats, kind), (roles, role)):
+                st = table.setdefault(key, [0, 0.0, 0.0])
+                st[0] += 1
+                st[1] += end - start
+                st[2] += add
         step_us.append(run_end - t0)
     n = len(kept)
     total = sum(step_us) / n
     print(f"steps: {len(steps)} found, {n} kept (kernels per step {n_common}); step {total:.1f} us "
           f"(min {min(step_us):.1f}, max {max(step_us):.1f}); kernels' own time summed "
           f"{sum(v[1] for v in stats.values()) / n:.1f} us")
-    print(f"{'kind':70s} {'calls':>6s} {'dur':>8s} {'adds':>8s} {'share':>6s}")
-    for kind, (c, d, a) in sorted(stats.items(), key=lambda kv: -kv[1][2]):
-        print(f"{kind[:70]:70s} {c / n:6.1f} {d / c:8.2f} {a / c:8.2f} {100 * a / n / total:5.1f}%")
+    for title, table in (("kind", stats), ("role (products named by the kernel before them)", roles)):
+        print(f"{title:70s} {'calls':>6s} {'dur':>8s} {'adds':>8s} {'share':>6s}")
+        for key, (c, d, a) in sorted(table.items(), key=lambda kv: -kv[1][2]):
+            print(f"{key[:70]:70s} {c / n:6.1f} {d / c:8.2f} {a / c:8.2f} {100 * a / n / total:5.1f}%")
 
 
 if __name__ == "__main__":
