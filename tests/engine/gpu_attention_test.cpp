@@ -3,6 +3,10 @@
 // - GpuAttention.DecodeMatchesTheReference: a decode-sized step (six rows: five sequences, one with two
 //   new rows, padded to a bucket of 8 whose padding rows must come back zero) at depths from 1 to 4999
 //   keys, so rows take one split, many short spans and spans doubled to 128; split-KV kernel only.
+//   Also over a step of short rows only (at most 1024 keys: the split kernel's CTAs take two query heads
+//   each), checked against the split kernel's own combine, which takes whole groups.
+// - GpuAttention.ShortRowsGiveTheSameBitsWithAndWithoutHeadParts: a short row alone and beside a row past
+//   1024 keys (whole groups), bit for bit.
 // - GpuAttention.PrefillMatchesTheReference: an 86-row step mixing a 37-row prompt run 600 keys deep
 //   (prefill_attention, in key tiles of 64 and of the default 1024, and 16-row chunks), a fresh 45-row
 //   prompt too short for a run, a 3-row and a 1-row sequence (split kernel through the row list, with
@@ -26,8 +30,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -154,6 +158,33 @@ TEST(GpuAttention, DecodeMatchesTheReference) {
         for (int r = 0; r < st.n_tokens(); ++r)
           EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), 1e-8) << "row " << r << " at " << st.positions[r];
       }
+}
+
+// Batch invariance across AttentionPlan::split_heads: a short row gives the same bits in a step of short
+// rows (the split kernel's CTAs take two query heads each) and beside a row past 1024 keys (whole groups).
+TEST(GpuAttention, ShortRowsGiveTheSameBitsWithAndWithoutHeadParts) {
+  SKIP_WITHOUT_GPU();
+  for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{16, 2, 128, 128}})
+    for (auto [tk, tv] : KvTypes()) {
+      SCOPED_TRACE(describe(s, tk, tv, 0));
+      Rng rng(31 + (uint64_t)s.n_head);
+      const std::vector<std::pair<int, int>> seqs = {{19, 1}, {700, 1}, {2100, 1}};
+      const int n_blocks = blocks_needed(seqs) + 2;
+      const StepDesc deep = make_step(seqs, n_blocks, rng);
+      StepDesc shallow = deep;  // the first two rows alone, on the same blocks
+      shallow.sequences.pop_back();
+      shallow.tokens.resize(2);
+      shallow.positions.resize(2);
+      shallow.row_seq.resize(2);
+      const HostCache h = random_cache(s, tk, tv, n_blocks, rng);
+      const size_t q_row = (size_t)s.n_head * s.head_dim_k, o_row = (size_t)s.n_head * s.head_dim_v;
+      const auto q = random_values(3 * q_row, rng);
+      const float scale = 1.0f / std::sqrt((float)s.head_dim_k);
+      const auto with_deep = gpu_attention_for_test(s, h.cache, 0, scale, deep, q, 0, false);
+      const auto alone = gpu_attention_for_test(s, h.cache, 0, scale, shallow, std::vector<float>(q.begin(), q.begin() + 2 * q_row), 0, false);
+      ASSERT_EQ(alone.size(), 2 * o_row);
+      EXPECT_EQ(std::memcmp(alone.data(), with_deep.data(), 2 * o_row * sizeof(float)), 0) << "a short row's bits depend on its batch-mates";
+    }
 }
 
 TEST(GpuAttention, PrefillMatchesTheReference) {
