@@ -159,6 +159,13 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
     }
   }
   const int64_t slot = live && h < n_head + 2 * n_head_kv ? slot_of(step, r, pos, kv.block_size) : 0;
+  // This warp's q or k norm weights (no kernel writes them): loaded before the wait, off the chain of the
+  // head's sum of squares. Lane l holds element l + 32 j in nwv[j] (heads of up to 32 * kNormChunks).
+  constexpr int kNormChunks = 8;
+  const float* nw = h < n_head ? q_norm : h < n_head + n_head_kv ? k_norm : nullptr;
+  float nwv[kNormChunks];
+#pragma unroll
+  for (int j = 0; j < kNormChunks; ++j) nwv[j] = live && nw && lane + 32 * j < hd_k ? nw[lane + 32 * j] : 0.0f;
   wait_for_previous_kernel();
   if (!live) return;
   if (needs_rope) __syncthreads();
@@ -172,12 +179,17 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
   }
   const bool is_q = h < n_head;
   float* x = is_q ? q + ((int64_t)r * n_head + h) * hd_k : k + ((int64_t)r * n_head_kv + (h - n_head)) * hd_k;
-  const float* nw = is_q ? q_norm : k_norm;
   if (nw) {
     float ss = 0;
     for (int i = lane; i < hd_k; i += 32) ss += x[i] * x[i];
     const float scale = rsqrtf(warp_sum(ss) / (float)hd_k + eps);
-    for (int i = lane; i < hd_k; i += 32) x[i] = x[i] * scale * nw[i];
+    if (hd_k <= 32 * kNormChunks) {
+#pragma unroll
+      for (int j = 0; j < kNormChunks; ++j)
+        if (lane + 32 * j < hd_k) x[lane + 32 * j] = x[lane + 32 * j] * scale * nwv[j];
+    } else {
+      for (int i = lane; i < hd_k; i += 32) x[i] = x[i] * scale * nw[i];
+    }
     __syncwarp();
   }
   for (int i = lane; i < half; i += 32) {

@@ -72,6 +72,12 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n
 // eight of its 32-element groups, one per warp: one round trip instead of the single CTA's chain of
 // loop iterations (~9 us for a 5120-wide row on an H200, measured with ncu).
 __global__ void rms_norm_wide_kernel(const float* x, const float* w, float eps, int n, const int* gather, float* out, ActQ8 act) {
+  const int lane = threadIdx.x % 32;
+  const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int col = g * 32 + lane;
+  // The norm weight is no kernel's output: loaded before the wait (from memory, while the kernel before
+  // still runs), off the chain of the row's sum.
+  const float wi = col < n ? w[col] : 0.0f;
   wait_for_previous_kernel();
   __shared__ float smem[32];
   const int r = blockIdx.y;
@@ -88,12 +94,9 @@ __global__ void rms_norm_wide_kernel(const float* x, const float* w, float eps, 
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
   }
   const float scale = rsqrtf(block_sum(ss, smem) / (float)n + eps);
-  const int lane = threadIdx.x % 32;
-  const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (g >= (n + 31) / 32) return;
-  const int i = g * 32 + lane;
-  const float v = i < n ? xr[i] * scale * w[i] : 0.0f;
-  if (out && i < n) out[(int64_t)r * n + i] = v;
+  const float v = col < n ? xr[col] * scale * wi : 0.0f;
+  if (out && col < n) out[(int64_t)r * n + col] = v;
   if (act.q && g < n / 32) {
     const int64_t gi = (int64_t)r * (n / 32) + g;
     warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
@@ -109,7 +112,6 @@ constexpr int kPostNormThreads = 1024, kPostNormVec = 2;
 
 __global__ void __launch_bounds__(kPostNormThreads) post_norm_add_kernel(const float* y, const float* w, float eps, int n, float* x,
                                                                        const float* w2, float* out2, ActQ8 act2) {
-  wait_for_previous_kernel();
   __shared__ float smem[32];
   const int r = blockIdx.x, n4 = n / 4;
   const float4* y4 = reinterpret_cast<const float4*>(y + (int64_t)r * n);
@@ -117,16 +119,21 @@ __global__ void __launch_bounds__(kPostNormThreads) post_norm_add_kernel(const f
   const float4* w4 = reinterpret_cast<const float4*>(w);
   const float4* v4 = reinterpret_cast<const float4*>(w2);
   float4 yv[kPostNormVec], xv[kPostNormVec], wv[kPostNormVec], w2v[kPostNormVec];
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < kPostNormVec; ++k) {  // the norm weights before the wait: no kernel writes them
+    const int i = threadIdx.x + k * kPostNormThreads;
+    wv[k] = i < n4 ? w4[i] : zero;
+    w2v[k] = i < n4 && w2 ? v4[i] : zero;
+  }
+  wait_for_previous_kernel();
   float ss = 0;
 #pragma unroll
   for (int k = 0; k < kPostNormVec; ++k) {
     const int i = threadIdx.x + k * kPostNormThreads;
     const bool ok = i < n4;
-    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
     yv[k] = ok ? y4[i] : zero;
     xv[k] = ok ? x4[i] : zero;
-    wv[k] = ok ? w4[i] : zero;
-    w2v[k] = ok && w2 ? v4[i] : zero;
     ss += yv[k].x * yv[k].x + yv[k].y * yv[k].y + yv[k].z * yv[k].z + yv[k].w * yv[k].w;
   }
   const float scale = rsqrtf(block_sum(ss, smem) / (float)n + eps);
