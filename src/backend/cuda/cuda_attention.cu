@@ -2,9 +2,9 @@
 // flash-decoding kernel, and prefill attention through cuBLAS for runs of prompt rows. Each decode CTA
 // takes one row, one KV head (the group's query heads share every K/V read; at short depth two of them,
 // attention_head_parts) and one span of keys (32-128, by the row's depth), with an online softmax over
-// tiles of 128 keys; the spans are merged by
-// a second kernel in a fixed order, so results are deterministic; that kernel can also write the int8
-// form of the output that the attention output matrix reads.
+// tiles of 128 keys; the spans are merged by a second kernel in a fixed order, so results are
+// deterministic; that kernel can also write the int8 form of the output that the attention output
+// matrix reads.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
