@@ -5,7 +5,8 @@
 # (`cd carry && tar cJf pack/bin.tar.xz bin lib shared`); carry ["carry/pack"].
 #   A="ROOFLINE_FUSED_INPUTS=0" B="" scripts/gpu/ab_env.sh
 # MODELS (default: the five synthetic shapes), ROUNDS (2), TESTS (a gtest filter; "none" skips them) and
-# DEPTH (a -d value for a second tg128 row per model, e.g. 4096) override. Results in $OUT/summary.txt.
+# DEPTH (a -d value for a second tg128 row per model, e.g. 4096) override; TESTS_B (a gtest filter) runs those
+# tests again under setting B. Results in $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/device_env.sh
@@ -14,6 +15,12 @@ if [ "${TESTS:-Gpu*:*.Gpu*}" != none ]; then
       > "$out/gpu_tests.txt" 2>&1
   stamp "GPU tests exit $?"
   grep -E "^\[  FAILED|^\[  PASSED|Failure" "$out/gpu_tests.txt" | head -20 | tee -a "$out/summary.txt"
+fi
+if [ -n "${TESTS_B:-}" ]; then  # tests under setting B too (a switch that changes which kernels the backend runs)
+  env ${B:-} ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" --gtest_filter="$TESTS_B" \
+      > "$out/gpu_tests_b.txt" 2>&1
+  stamp "GPU tests under B (${B:-default}) exit $?"
+  grep -E "^\[  FAILED|^\[  PASSED|Failure" "$out/gpu_tests_b.txt" | head -20 | tee -a "$out/summary.txt"
 fi
 depths="0${DEPTH:+ $DEPTH}"
 for m in ${MODELS:-qwen3-32b qwen3-8b qwen3.5-27b gemma3-27b qwen3-30b-a3b}; do
