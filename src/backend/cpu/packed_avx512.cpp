@@ -39,9 +39,10 @@ void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc)
   constexpr int32_t kOffset = Q4 ? 8 : 128;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (F) prefetch_entry<kEntry>(e + fetch_ahead());
+    if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
     const uint8_t* lv = e + 2 * kPackRows;
     __m512i w[8];  // w[k]: the levels of elements 4k .. 4k + 3 of each row
@@ -78,9 +79,10 @@ void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
   const __m512i bit4 = _mm512_set1_epi8(0x10);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (F) prefetch_entry<kEntry>(e + fetch_ahead());
+    if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + 2 * kPackRows)));
     __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
@@ -164,9 +166,10 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
   constexpr size_t kScales = 2 * kPackRows, kLevels = kScales + 16 * kPackRows;
   constexpr size_t kEntry = kLevels + (32 + 16) * 64;
   for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (F) prefetch_entry<kEntry>(e + fetch_ahead());
+    if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
     const uint8_t* lv = e + kLevels;
     __m512 sub_acc[NA];
@@ -204,7 +207,7 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
 
 enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
 
-// F: the loop fetches each entry fetch_ahead() bytes ahead (one or two activation rows only).
+// F: the loop fetches each entry fetch_config().ahead bytes ahead (one or two activation rows only).
 template <int NA, Kind K, bool F>
 void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
   __m512 acc[NA];

@@ -49,11 +49,11 @@ inline const FetchConfig& fetch_config() {
   return config;
 }
 inline bool fetches(FetchKind k) { return k == FetchKind::KQuant4 ? fetch_config().k_quant4 : fetch_config().other; }
-inline size_t fetch_ahead() { return fetch_config().ahead; }
-// The kEntry bytes at p, one line at a time, into the L1 (or the L2: ROOFLINE_CPU_FETCH_HINT=l2).
+// The kEntry bytes at p, one line at a time, into the L1 (or the L2: to_l2). Callers read fetch_config()
+// once before their loop, not per entry.
 template <size_t kEntry>
-inline void prefetch_entry(const uint8_t* p) {
-  if (fetch_config().to_l2) {
+inline void prefetch_entry(const uint8_t* p, bool to_l2) {
+  if (to_l2) {
     for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
   } else {
     for (size_t o = 0; o < kEntry; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);

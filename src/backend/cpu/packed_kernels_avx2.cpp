@@ -95,7 +95,7 @@ void half_dot_q4_k(const uint8_t* group, int64_t nb, int h, const RowsK<NA>& A, 
   for (int j = 0; j < NA; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* e = group + (size_t)b * kEntry;
-    if (NA <= 2 && h == 0) prefetch_entry<kEntry>(e + kPrefetchAhead);
+    if (NA <= 2 && h == 0) prefetch_entry<kEntry>(e + kPrefetchAhead, false);
     const __m256 d = f16x8(e + 16 * h);
     const __m256 dmin = f16x8(e + 2 * kPackRows + 16 * h);
     __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i

@@ -314,8 +314,7 @@ class CudaBackend final : public Backend {
     const HParams& hp = model_->hparams();
     StepPackConfig c;
     c.max_tokens = options_.max_tokens;
-    c.table_blocks = table_capacity_blocks();
-    c.swa_tables = hp.has_sliding_layers();
+    c.layout = step_layout();
     c.max_splits = max_splits_, c.min_span = min_span_, c.span_splits = span_splits_, c.prefill_ok = prefill_ok_;
     c.rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
     c.swa_ring = kv_.swa_ring, c.kv_block_size = kv_.block_size, c.sliding_window = hp.sliding_window;

@@ -24,7 +24,7 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
   AttentionPlan plan = plan_attention(step, c.max_splits, c.min_span, c.span_splits, c.prefill_ok);
   p.splits = plan.splits;
   p.split_heads = plan.split_heads;
-  const StepLayout lay = StepLayout::make(c.max_tokens, c.table_blocks, c.swa_tables);
+  const StepLayout& lay = c.layout;
   h[kStepRealRows] = n;
   h[kStepLogitRows] = n_logit;
   h[kStepSplitLen] = plan.split_len;

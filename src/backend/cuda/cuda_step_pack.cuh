@@ -21,8 +21,7 @@ inline int decode_bucket(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 
 // What packing needs of the backend: its capacities, attention tunables and memory shape.
 struct StepPackConfig {
   int max_tokens = 1;
-  int table_blocks = 1;  // blocks per sequence's table at most
-  bool swa_tables = false;  // the model has sliding-window layers (a ring table region)
+  StepLayout layout;  // the step buffer's layout (the backend sizes its buffers by the same one)
   int max_splits = 1, min_span = 32, span_splits = 32;
   bool prefill_ok = false;  // prompt runs may go through prefill_attention
   bool rings = false;       // some layer on this backend keeps a sliding-window ring
