@@ -75,7 +75,7 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 // layer's qkv/z/alpha/beta), for weights where matvec_can_group holds
 // pairwise (same kernel kind and row length), or Q4_K and Q6_K weights of one row length together.
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
-// matvec_can_group, or (ROOFLINE_MIXED_GROUPS=1) a Q4_K and a Q6_K weight of one row length: the products
+// matvec_can_group, or (unless ROOFLINE_MIXED_GROUPS=0) a Q4_K and a Q6_K weight of one row length: the products
 // of one input that the backend joins in one launch (q/k/v; MoE experts keep one kind per launch).
 bool matvec_can_join(const DeviceWeight& a, const DeviceWeight& b);
 constexpr int kMatvecGroupMax = 4;

@@ -722,11 +722,12 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {
 
 // Q4_K and Q6_K products of one input in one launch: the Q4_K_M mixes give half the layers a Q6_K v (and
 // down) beside Q4_K q and k, and a Q6_K v launched alone after q+k streams at 16-21% of the H200's bandwidth
-// in a decode step (3.6-6 us; docs/performance.md, tenth session). Off until measured: ROOFLINE_MIXED_GROUPS=1.
+// in a decode step (3.6-6 us; docs/performance.md, tenth session). Measured in the eleventh: tg128
+// qwen3-32b +1.7%, qwen3.5-27b +0.7%, qwen3-8b level. ROOFLINE_MIXED_GROUPS=0 launches them apart.
 bool matvec_can_join(const DeviceWeight& a, const DeviceWeight& b) {
   static const bool mixed = [] {
     const char* e = std::getenv("ROOFLINE_MIXED_GROUPS");
-    return e && std::strcmp(e, "1") == 0;
+    return !(e && std::strcmp(e, "0") == 0);
   }();
   if (matvec_can_group(a, b)) return true;
   const Kind ka = kind_of(a), kb = kind_of(b);
