@@ -627,7 +627,9 @@ __device__ __forceinline__ void product_rows(const DeviceWeight& w, const ActQ8&
 // expert's activation rows (chunks of 8 rows taken in turn). Each warp reads its weight rows once per
 // chunk (from the L1/L2 after the first).
 // With a second weight (w2, y2): grid.x holds both products' tiles, the second's from x_tiles on.
-template <Kind K, int R>
+// One: compiled for one activation row per expert slot only (the unsorted pairs of a decode step,
+// ExpertGroups::pair_ids), so its registers are those of the one-token product.
+template <Kind K, int R, bool One = false>
 __global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight w, DeviceWeight w2, int64_t rows_per_expert, ExpertGroups g,
                                                                    ActQ8 act, const float* x, float* y, float* y2, int ldy, int x_tiles) {
   const int lane = threadIdx.x % 32;
@@ -658,6 +660,10 @@ __global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight
     if (act.q) a = ActQ8{act.q + in0 * w.cols, act.d + in0 * (w.cols / 32), act.s + in0 * (w.cols / 32)};
     const float* xr = x ? x + in0 * w.cols : nullptr;
     float* yr = y + r0 * ldy;
+    if constexpr (One) {
+      product_rows<1, K, R>(we, a, xr, yr, ldy, row, lane);
+      continue;
+    }
     switch (min(8, count - j)) {
       case 1: product_rows<1, K, R>(we, a, xr, yr, ldy, row, lane); break;
       case 2: product_rows<2, K, R>(we, a, xr, yr, ldy, row, lane); break;
@@ -671,14 +677,14 @@ __global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight
   }
 }
 
-template <Kind K, int R>
+template <Kind K, int R, bool One = false>
 void launch_experts(const DeviceWeight& w, const DeviceWeight* w2, int64_t rows_per_expert, const ExpertGroups& g, const ActQ8& act,
                     const float* x, float* y, float* y2, int ldy, cudaStream_t stream) {
   const int64_t units = (rows_per_expert + R - 1) / R;
   const int x_tiles = (int)((units + kWarps - 1) / kWarps);
   const dim3 grid((unsigned)(w2 ? 2 * x_tiles : x_tiles), (unsigned)(g.offsets || g.pair_ids ? g.max_active : 1),
                   (unsigned)std::max(1, g.chunk_splits));
-  launch(expert_matvec_kernel<K, R>, grid, dim3(kWarps * 32), 0, stream, pdl_enabled(), w, w2 ? *w2 : w, rows_per_expert, g, act, x, y,
+  launch(expert_matvec_kernel<K, R, One>, grid, dim3(kWarps * 32), 0, stream, pdl_enabled(), w, w2 ? *w2 : w, rows_per_expert, g, act, x, y,
          w2 ? y2 : y, ldy, x_tiles);
 }
 
@@ -688,6 +694,20 @@ void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t 
   if (groups.chunk_splits > 65535) fail("internal error: {} chunk splits in an expert product", groups.chunk_splits);
   if (stacked2 && (kind_of(*stacked2) != kind_of(stacked) || stacked2->cols != stacked.cols))
     fail("internal error: paired expert products over different weight kinds or widths");
+  // Decode steps' unsorted pairs: four rows per warp (each warp of these short products is one round of
+  // loads, so fewer, wider warps). Measured on the H200 (tg128, two rounds alternated): qwen3-30b-a3b
+  // 357.4 / 356.4 against 349.2 / 355.4 with two, qwen3.5-35b-a3b 348.5 / 340.5 against 333.9 / 340.8.
+  // ROOFLINE_MOE_PAIR_ROWS=2 keeps two.
+  static const int pair_rows = [] {
+    const char* env = std::getenv("ROOFLINE_MOE_PAIR_ROWS");
+    return env && std::atoi(env) == 2 ? 2 : 4;
+  }();
+  if (groups.pair_ids && pair_rows == 4) switch (kind_of(stacked)) {
+      case Kind::Q4K: return launch_experts<Kind::Q4K, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q6K: return launch_experts<Kind::Q6K, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q8_0: return launch_experts<Kind::Q8_0, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      default: break;
+    }
   switch (kind_of(stacked)) {
     case Kind::Q4K: return launch_experts<Kind::Q4K, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::Q5K: return launch_experts<Kind::Q5K, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
