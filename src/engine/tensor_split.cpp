@@ -1,0 +1,62 @@
+// The -sm row split of a layer's heads and FFN features over GPUs, and column slices of quantized rows
+// (tensor_split.h).
+#include "engine/tensor_split.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "core/error.h"
+#include "engine/placement.h"
+
+namespace roofline {
+
+std::vector<TensorShard> plan_tensor_split(const HParams& hp, const std::vector<double>& weights, int64_t o_block, int64_t down_block) {
+  const int n = (int)weights.size();
+  if (n < 1) fail("-sm row needs at least one GPU");
+  if (hp.is_moe()) fail("-sm row does not split mixture-of-experts layers yet; use -sm layer");
+  for (int il = 0; il < hp.n_layer; ++il)
+    if (!hp.has_kv(il)) fail("-sm row does not split {} layers (layer {}) yet; use -sm layer", mixer_kind_name(hp.mixer(il)), il);
+  if (hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0) fail("-sm row: {} query heads over {} KV heads", hp.n_head, hp.n_head_kv);
+  if (o_block < 1 || down_block < 1) fail("internal error: block sizes {} and {} for -sm row", o_block, down_block);
+  // KV heads per unit: the fewest whole groups whose output-matrix columns end on a block boundary.
+  const int64_t group_cols = (int64_t)hp.n_gqa() * hp.head_dim_v;
+  const int64_t heads_per_unit = o_block / std::gcd(o_block, group_cols);
+  if (hp.n_head_kv % heads_per_unit != 0)
+    fail("-sm row: {} KV heads do not split into groups of {} (the attention output weight's blocks are {} columns, a group {})",
+         hp.n_head_kv, heads_per_unit, o_block, group_cols);
+  const int head_units = (int)(hp.n_head_kv / heads_per_unit);
+  if (hp.n_ff % down_block != 0) fail("-sm row: the FFN width {} is not a multiple of the down weight's blocks ({})", hp.n_ff, down_block);
+  const int ff_units = (int)(hp.n_ff / down_block);
+  if (head_units < n || ff_units < n)
+    fail("-sm row over {} GPUs: the model has {} splittable groups of KV heads and {} of FFN features; use fewer GPUs or -sm layer", n,
+         head_units, ff_units);
+  const std::vector<int> heads = split_units(head_units, weights), ff = split_units(ff_units, weights);
+  std::vector<TensorShard> shards((size_t)n);
+  int head = 0;
+  int64_t feature = 0;
+  for (int g = 0; g < n; ++g) {
+    if (heads[(size_t)g] == 0 || ff[(size_t)g] == 0)
+      fail("-sm row: GPU {} of {} gets no heads or no FFN features at these split proportions (-ts)", g, n);
+    TensorShard& s = shards[(size_t)g];
+    s.kv_head_begin = head;
+    s.kv_head_end = head + heads[(size_t)g] * (int)heads_per_unit;
+    s.ff_begin = feature;
+    s.ff_end = feature + ff[(size_t)g] * down_block;
+    head = s.kv_head_end;
+    feature = s.ff_end;
+  }
+  return shards;
+}
+
+std::vector<uint8_t> slice_columns(const uint8_t* data, DType type, int64_t rows, int64_t cols, int64_t col_begin, int64_t col_end) {
+  const int64_t block = dtype_block_size(type);
+  if (col_begin < 0 || col_end > cols || col_begin >= col_end || col_begin % block != 0 || col_end % block != 0 || cols % block != 0)
+    fail("internal error: columns [{}, {}) of {} are not whole {} blocks", col_begin, col_end, cols, dtype_name(type));
+  const size_t row_bytes = dtype_row_bytes(type, cols), offset = dtype_row_bytes(type, col_begin),
+               out_row = dtype_row_bytes(type, col_end - col_begin);
+  std::vector<uint8_t> out((size_t)rows * out_row);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + (size_t)r * out_row, data + (size_t)r * row_bytes + offset, out_row);
+  return out;
+}
+
+}  // namespace roofline
