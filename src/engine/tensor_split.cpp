@@ -1,8 +1,6 @@
-// The -sm row split of a layer's heads and FFN features over GPUs, and column slices of quantized rows
-// (tensor_split.h).
+// The -sm row split of a layer's heads and FFN features over GPUs (tensor_split.h).
 #include "engine/tensor_split.h"
 
-#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -46,17 +44,6 @@ std::vector<TensorShard> plan_tensor_split(const HParams& hp, const std::vector<
     feature = s.ff_end;
   }
   return shards;
-}
-
-std::vector<uint8_t> slice_columns(const uint8_t* data, DType type, int64_t rows, int64_t cols, int64_t col_begin, int64_t col_end) {
-  const int64_t block = dtype_block_size(type);
-  if (col_begin < 0 || col_end > cols || col_begin >= col_end || col_begin % block != 0 || col_end % block != 0 || cols % block != 0)
-    fail("internal error: columns [{}, {}) of {} are not whole {} blocks", col_begin, col_end, cols, dtype_name(type));
-  const size_t row_bytes = dtype_row_bytes(type, cols), offset = dtype_row_bytes(type, col_begin),
-               out_row = dtype_row_bytes(type, col_end - col_begin);
-  std::vector<uint8_t> out((size_t)rows * out_row);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + (size_t)r * out_row, data + (size_t)r * row_bytes + offset, out_row);
-  return out;
 }
 
 }  // namespace roofline

@@ -4,8 +4,8 @@
 // features (rows of gate and up, columns of down). Attention output and down then give each GPU a
 // partial sum of the full result: one all-reduce after attention and one after the FFN per layer make
 // every GPU's residual stream the same. Column ranges start and end on the weight type's block
-// boundaries, so a GPU's slice of a quantized row is a byte range of it (slice_columns). Pure functions,
-// tested without a GPU.
+// boundaries, so a GPU's slice of a quantized row is a byte range of it; Model::tensor_slice builds the
+// model one GPU runs from a shard. Pure functions, tested without a GPU.
 #pragma once
 
 #include <cstdint>
@@ -30,10 +30,5 @@ struct TensorShard {
 // Fails with one line when the model cannot be split that way: MoE or recurrent (DeltaNet) layers,
 // fewer units than GPUs, an FFN width that is not a multiple of down_block, a GPU given nothing.
 std::vector<TensorShard> plan_tensor_split(const HParams& hp, const std::vector<double>& weights, int64_t o_block, int64_t down_block);
-
-// Columns [col_begin, col_end) of `rows` rows of `cols` values of `type`, stored row after row (GGUF
-// layout), as rows of (col_end - col_begin) values in the same type: each row's byte range copied. The
-// bounds must be multiples of the type's block size.
-std::vector<uint8_t> slice_columns(const uint8_t* data, DType type, int64_t rows, int64_t cols, int64_t col_begin, int64_t col_end);
 
 }  // namespace roofline

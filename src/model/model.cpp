@@ -3,6 +3,7 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -144,6 +145,100 @@ std::shared_ptr<const Model> Model::mtp_block(const std::shared_ptr<const Model>
     fail("{}: the MTP block is incomplete: {}", name, list);
   }
   return m;
+}
+
+std::shared_ptr<const Model> Model::tensor_slice(const std::shared_ptr<const Model>& target, int kv_head_begin, int kv_head_end,
+                                                 int64_t ff_begin, int64_t ff_end) {
+  const HParams& thp = target->hparams_;
+  if (thp.is_moe()) fail("-sm row does not split mixture-of-experts layers yet; use -sm layer");
+  for (int il = 0; il < thp.n_layer; ++il)
+    if (!thp.has_kv(il)) fail("-sm row does not split {} layers (layer {}) yet; use -sm layer", mixer_kind_name(thp.mixer(il)), il);
+  if (thp.attn_output_gate) fail("-sm row does not split gated attention yet; use -sm layer");
+  if (kv_head_begin < 0 || kv_head_end > thp.n_head_kv || kv_head_begin >= kv_head_end || ff_begin < 0 || ff_end > thp.n_ff ||
+      ff_begin >= ff_end)
+    fail("-sm row: KV heads [{}, {}) of {} and FFN features [{}, {}) of {} are not a slice of the model", kv_head_begin, kv_head_end,
+         thp.n_head_kv, ff_begin, ff_end, thp.n_ff);
+  auto m = std::shared_ptr<Model>(new Model());
+  m->file_ = target->file_;
+  m->arch_ = target->arch_;
+  m->hparams_ = thp;
+  m->token_embd_ = target->token_embd_;
+  m->output_norm_ = target->output_norm_;
+  m->output_ = target->output_;
+  m->rope_freqs_ = target->rope_freqs_;
+  m->tied_ = target->tied_;
+  m->layers_ = target->layers_;
+  m->nextn_ = target->nextn_;
+  m->parent_ = target;  // its weights (and any slices of its own) stay alive
+  HParams& hp = m->hparams_;
+  const int gqa = thp.n_gqa();
+  hp.n_head_kv = kv_head_end - kv_head_begin;
+  hp.n_head = hp.n_head_kv * gqa;
+  hp.n_ff = (int)(ff_end - ff_begin);
+  Model& mm = *m;
+  auto own = [&](const gguf::TensorInfo& from, int64_t row_length, int64_t rows, const uint8_t* data, size_t n_bytes) {
+    auto info = std::make_unique<gguf::TensorInfo>(from);
+    info->name = fmt::format("{} (slice)", from.name);
+    info->ne = {row_length, rows, 1, 1};
+    info->n_dims = from.n_dims;
+    info->data = data;
+    info->n_bytes = n_bytes;
+    mm.owned_infos_.push_back(std::move(info));
+    return Weight{mm.owned_infos_.back().get()};
+  };
+  // Rows [r0, r1) of a matrix, or elements [r0, r1) of a vector: a view of the target's bytes.
+  auto rows = [&](const Weight& w, int64_t r0, int64_t r1) -> Weight {
+    if (!w) return w;
+    if (w.tensor->n_dims == 1) {
+      const size_t element = dtype_row_bytes(w.type(), dtype_block_size(w.type())) / dtype_block_size(w.type());
+      if (r0 % dtype_block_size(w.type()) || r1 % dtype_block_size(w.type()))
+        fail("-sm row: {} cannot be cut at element {}", w.tensor->name, r0);
+      return own(*w.tensor, r1 - r0, 1, w.data() ? w.data() + r0 * element : nullptr, (size_t)(r1 - r0) * element);
+    }
+    if (w.rows() < r1) fail("internal error: rows [{}, {}) of {} ({} rows)", r0, r1, w.tensor->name, w.rows());
+    const size_t row_bytes = dtype_row_bytes(w.type(), w.cols());
+    return own(*w.tensor, w.cols(), r1 - r0, w.data() ? w.data() + (size_t)r0 * row_bytes : nullptr, (size_t)(r1 - r0) * row_bytes);
+  };
+  // Columns [c0, c1) of a matrix: copied.
+  auto cols = [&](const Weight& w, int64_t c0, int64_t c1) -> Weight {
+    if (!w) return w;
+    const int64_t block = dtype_block_size(w.type());
+    if (c0 % block || c1 % block)
+      fail("-sm row: columns [{}, {}) of {} are not whole {} blocks of {}", c0, c1, w.tensor->name, dtype_name(w.type()), block);
+    const size_t out_bytes = (size_t)w.rows() * dtype_row_bytes(w.type(), c1 - c0);
+    if (!w.data()) return own(*w.tensor, c1 - c0, w.rows(), nullptr, out_bytes);
+    mm.owned_bytes_.push_back(slice_columns(w.data(), w.type(), w.rows(), w.cols(), c0, c1));
+    return own(*w.tensor, c1 - c0, w.rows(), mm.owned_bytes_.back().data(), out_bytes);
+  };
+  using LT = LayerTensor;
+  const int64_t q0 = (int64_t)kv_head_begin * gqa * thp.head_dim_k, q1 = (int64_t)kv_head_end * gqa * thp.head_dim_k;
+  const int64_t k0 = (int64_t)kv_head_begin * thp.head_dim_k, k1 = (int64_t)kv_head_end * thp.head_dim_k;
+  const int64_t v0 = (int64_t)kv_head_begin * thp.head_dim_v, v1 = (int64_t)kv_head_end * thp.head_dim_v;
+  const int64_t o0 = (int64_t)kv_head_begin * gqa * thp.head_dim_v, o1 = (int64_t)kv_head_end * gqa * thp.head_dim_v;
+  for (LayerWeights& L : m->layers_) {
+    L[LT::AttnQ] = rows(L[LT::AttnQ], q0, q1);
+    L[LT::AttnQBias] = rows(L[LT::AttnQBias], q0, q1);
+    L[LT::AttnK] = rows(L[LT::AttnK], k0, k1);
+    L[LT::AttnKBias] = rows(L[LT::AttnKBias], k0, k1);
+    L[LT::AttnV] = rows(L[LT::AttnV], v0, v1);
+    L[LT::AttnVBias] = rows(L[LT::AttnVBias], v0, v1);
+    L[LT::AttnOut] = cols(L[LT::AttnOut], o0, o1);
+    L[LT::FfnGate] = rows(L[LT::FfnGate], ff_begin, ff_end);
+    L[LT::FfnUp] = rows(L[LT::FfnUp], ff_begin, ff_end);
+    L[LT::FfnDown] = cols(L[LT::FfnDown], ff_begin, ff_end);
+  }
+  return m;
+}
+
+std::vector<uint8_t> slice_columns(const uint8_t* data, DType type, int64_t rows, int64_t cols, int64_t col_begin, int64_t col_end) {
+  const int64_t block = dtype_block_size(type);
+  if (col_begin < 0 || col_end > cols || col_begin >= col_end || col_begin % block != 0 || col_end % block != 0 || cols % block != 0)
+    fail("internal error: columns [{}, {}) of {} are not whole {} blocks", col_begin, col_end, cols, dtype_name(type));
+  const size_t row_bytes = dtype_row_bytes(type, cols), offset = dtype_row_bytes(type, col_begin),
+               out_row = dtype_row_bytes(type, col_end - col_begin);
+  std::vector<uint8_t> out((size_t)rows * out_row);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out.data() + (size_t)r * out_row, data + (size_t)r * row_bytes + offset, out_row);
+  return out;
 }
 
 uint64_t Model::layer_bytes(int i) const {

@@ -63,6 +63,15 @@ class Model {
   // Error (one line) when the file has no MTP block or it is incomplete.
   static std::shared_ptr<const Model> mtp_block(const std::shared_ptr<const Model>& target);
 
+  // The part of `target` one GPU runs under -sm row (engine/tensor_split.h): the same layers with KV heads
+  // [kv_head_begin, kv_head_end) and their query heads, and FFN features [ff_begin, ff_end): rows of q, k
+  // and v (and their biases), of gate and up, and columns of the attention output and down matrices
+  // (copied: a column range is not contiguous). Norms, embedding and output are the target's. Dense
+  // attention models only; column bounds must be whole blocks of the sliced matrices' types (the ranges
+  // plan_tensor_split gives are). One-line Error otherwise.
+  static std::shared_ptr<const Model> tensor_slice(const std::shared_ptr<const Model>& target, int kv_head_begin, int kv_head_end,
+                                                   int64_t ff_begin, int64_t ff_end);
+
   // Bytes of the weights of layer i (all its tensors) and of the output unit (norm + output matrix).
   uint64_t layer_bytes(int i) const;
   uint64_t output_bytes() const;
@@ -77,6 +86,15 @@ class Model {
   bool tied_ = false;
   std::vector<LayerWeights> layers_;
   std::vector<Weight> nextn_;
+  // tensor_slice's own tensors (views of the target's rows, or copied column ranges).
+  std::vector<std::unique_ptr<gguf::TensorInfo>> owned_infos_;
+  std::vector<std::vector<uint8_t>> owned_bytes_;
+  std::shared_ptr<const Model> parent_;  // a slice's target
 };
+
+// Columns [col_begin, col_end) of `rows` rows of `cols` values of `type`, stored row after row (GGUF
+// layout), as rows of (col_end - col_begin) values in the same type: each row's byte range copied. The
+// bounds must be multiples of the type's block size.
+std::vector<uint8_t> slice_columns(const uint8_t* data, DType type, int64_t rows, int64_t cols, int64_t col_begin, int64_t col_end);
 
 }  // namespace roofline

@@ -63,6 +63,21 @@ class ReferenceForward {
     return logits;
   }
 
+  // A dense attention layer in two pieces, for a caller that sums each piece over tensor-parallel slices
+  // of the model (Model::tensor_slice): the attention block's output for the residual x at position pos
+  // (its norm, attention over this model's heads storing the row's keys and values, the output product),
+  // and the FFN block's output for x. Then the logits of a final residual x.
+  std::vector<double> attention_block(int il, const std::vector<double>& x, int pos) {
+    const LayerWeights& L = m_.layer(il);
+    return attention(L, il, norm(x, vec(L[LayerTensor::AttnNorm])), pos);
+  }
+  std::vector<double> ffn_block(int il, const std::vector<double>& x) {
+    const LayerWeights& L = m_.layer(il);
+    using LT = LayerTensor;
+    return gated_ffn(L[LT::FfnGate], L[LT::FfnUp], L[LT::FfnDown], norm(x, vec(L[LT::FfnNorm])), m_.arch().ffn == FfnKind::GeGLU);
+  }
+  std::vector<double> logits_of(const std::vector<double>& x) const { return matvec(m_.output(), norm(x, vec(m_.output_norm()))); }
+
   // The final hidden state of the last step(), after the output norm (what embeddings pool).
   const std::vector<double>& last_hidden() const { return hidden_; }
 

@@ -1,8 +1,10 @@
 // The -sm row split (engine/tensor_split.h) without a GPU: which heads and FFN features each GPU takes,
 // the one-line refusals, and the arithmetic it relies on: a layer's attention output and FFN computed
 // from each GPU's slices (rows of q/k/v and gate/up, byte ranges of the output and down matrices'
-// quantized rows) and summed over the GPUs equal the unsplit layer's. Also the NCCL loader's errors
-// (backend/nccl.h): a library that is missing or is not NCCL is one line naming it.
+// quantized rows) and summed over the GPUs equal the unsplit layer's; then whole models sliced by
+// Model::tensor_slice, run by the double reference forward with the two sums per layer, against the
+// unsplit model's logits. Also the NCCL loader's errors (backend/nccl.h): a library that is missing or
+// is not NCCL is one line naming it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,9 @@
 
 #include "backend/nccl.h"
 #include "core/error.h"
+#include "engine/engine_test_util.h"
 #include "engine/random_weight.h"
+#include "engine/reference_forward.h"
 #include "engine/tensor_split.h"
 
 using namespace roofline;
@@ -152,6 +156,68 @@ TEST(TensorSplitTest, SlicesSumToTheUnsplitProducts) {
   test::RandomWeight w(DType::Q4_K, 4, 512, rng);
   EXPECT_THROW(slice_columns(w.bytes.data(), DType::Q4_K, 4, 512, 0, 128), Error);
   EXPECT_THROW(slice_columns(w.bytes.data(), DType::Q4_K, 4, 512, 256, 256), Error);
+}
+
+// Whole models: each GPU's slice (Model::tensor_slice of plan_tensor_split's shards) through the reference
+// forward, the attention and FFN outputs summed over the slices as the all-reduces will, for a few tokens;
+// the logits against the unsplit model's.
+TEST(TensorSplitTest, SlicedModelsGiveTheUnsplitLogits) {
+  using LT = LayerTensor;
+  // (Their K-quant mixes are one unit of heads: 256-column blocks span both KV groups of the output matrix.)
+  for (const char* spec : {"tiny-qwen3:F32", "tiny-qwen3:Q8_0", "tiny-qwen3:Q4_0", "tiny-llama:Q8_0", "tiny-qwen2:Q8_0"}) {
+    const auto model = test::tiny(spec);
+    const HParams& hp = model->hparams();
+    const auto& L0 = model->layer(0);
+    const int64_t o_block = dtype_block_size(L0[LT::AttnOut].type()), down_block = dtype_block_size(L0[LT::FfnDown].type());
+    for (const std::vector<double>& ts : {std::vector<double>{1, 1}, std::vector<double>{2, 1}}) {
+      std::vector<TensorShard> shards;
+      try {
+        shards = plan_tensor_split(hp, ts, o_block, down_block);
+      } catch (const Error& e) {
+        ADD_FAILURE() << spec << ": " << e.what();
+        continue;
+      }
+      std::vector<std::shared_ptr<const Model>> slices;
+      for (const TensorShard& s : shards) {
+        slices.push_back(Model::tensor_slice(model, s.kv_head_begin, s.kv_head_end, s.ff_begin, s.ff_end));
+        EXPECT_EQ(slices.back()->hparams().n_head_kv, s.n_kv_heads());
+        EXPECT_EQ(slices.back()->layer(0)[LT::FfnDown].cols(), s.n_ff());
+      }
+      test::ReferenceForward whole(*model);
+      std::vector<test::ReferenceForward> parts;
+      for (const auto& m : slices) parts.emplace_back(*m);
+      const std::vector<int32_t> tokens = test::some_tokens(5, hp.n_vocab, 3);
+      for (int pos = 0; pos < (int)tokens.size(); ++pos) {
+        const std::vector<double> want = whole.step(tokens[(size_t)pos]);
+        std::vector<double> x = whole.weight_row(model->token_embd(), tokens[(size_t)pos]);
+        for (int il = 0; il < hp.n_layer; ++il) {
+          std::vector<double> sum(x.size(), 0.0);
+          for (auto& p : parts) {
+            const auto o = p.attention_block(il, x, pos);
+            for (size_t i = 0; i < x.size(); ++i) sum[i] += o[i];
+          }
+          for (size_t i = 0; i < x.size(); ++i) x[i] += sum[i];
+          std::fill(sum.begin(), sum.end(), 0.0);
+          for (auto& p : parts) {
+            const auto d = p.ffn_block(il, x);
+            for (size_t i = 0; i < x.size(); ++i) sum[i] += d[i];
+          }
+          for (size_t i = 0; i < x.size(); ++i) x[i] += sum[i];
+        }
+        const std::vector<double> got = parts[0].logits_of(x);
+        ASSERT_EQ(got.size(), want.size());
+        double err = 0, ref = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          err += (got[i] - want[i]) * (got[i] - want[i]);
+          ref += want[i] * want[i];
+        }
+        EXPECT_LT(err / ref, 1e-20) << spec << " -ts " << ts[0] << "," << ts[1] << " token " << pos;
+      }
+    }
+  }
+  // A slice that is not one: one line.
+  const auto model = test::tiny("tiny-qwen3:F32");
+  EXPECT_THROW(Model::tensor_slice(model, 0, model->hparams().n_head_kv + 1, 0, 256), Error);
 }
 
 TEST(NcclLoaderTest, AMissingOrForeignLibraryIsOneLineNamingIt) {
