@@ -1,6 +1,7 @@
 // NCCL, loaded at run time (dlopen) for tensor parallelism (-sm row): builds and machines without NCCL are
 // unaffected, and a missing or unusable library is a one-line error only when something asks for it.
-// Only the calls the engine makes are bound; their types are declared here from NCCL's public ABI (an
+// Only the calls tensor parallelism needs (communicators for the GPUs of one process, grouped
+// all-reduces) are bound; their types are declared here from NCCL's public ABI (an
 // opaque communicator, a 128-byte unique id, int enums), so no NCCL header is needed to build.
 #pragma once
 

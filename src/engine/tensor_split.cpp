@@ -5,15 +5,14 @@
 
 #include "core/error.h"
 #include "engine/placement.h"
+#include "model/model.h"
 
 namespace roofline {
 
 std::vector<TensorShard> plan_tensor_split(const HParams& hp, const std::vector<double>& weights, int64_t o_block, int64_t down_block) {
   const int n = (int)weights.size();
   if (n < 1) fail("-sm row needs at least one GPU");
-  if (hp.is_moe()) fail("-sm row does not split mixture-of-experts layers yet; use -sm layer");
-  for (int il = 0; il < hp.n_layer; ++il)
-    if (!hp.has_kv(il)) fail("-sm row does not split {} layers (layer {}) yet; use -sm layer", mixer_kind_name(hp.mixer(il)), il);
+  require_tensor_splittable(hp);
   if (hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0) fail("-sm row: {} query heads over {} KV heads", hp.n_head, hp.n_head_kv);
   if (o_block < 1 || down_block < 1) fail("internal error: block sizes {} and {} for -sm row", o_block, down_block);
   // KV heads per unit: the fewest whole groups whose output-matrix columns end on a block boundary.

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "formats/dtype.h"
 #include "model/hparams.h"
 
 namespace roofline {
@@ -27,7 +26,7 @@ struct TensorShard {
 // positive). KV heads go in units of the fewest whole groups whose output-matrix columns
 // (heads x head_dim_v) are a multiple of o_block, FFN features in units of down_block (the block sizes of
 // the attention output and down weights' types: 256 for the K-quants, 32 for Q8_0/Q4_0, 1 for floats).
-// Fails with one line when the model cannot be split that way: MoE or recurrent (DeltaNet) layers,
+// Fails with one line when the model cannot be split that way: require_tensor_splittable (model.h),
 // fewer units than GPUs, an FFN width that is not a multiple of down_block, a GPU given nothing.
 std::vector<TensorShard> plan_tensor_split(const HParams& hp, const std::vector<double>& weights, int64_t o_block, int64_t down_block);
 

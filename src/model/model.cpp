@@ -150,10 +150,7 @@ std::shared_ptr<const Model> Model::mtp_block(const std::shared_ptr<const Model>
 std::shared_ptr<const Model> Model::tensor_slice(const std::shared_ptr<const Model>& target, int kv_head_begin, int kv_head_end,
                                                  int64_t ff_begin, int64_t ff_end) {
   const HParams& thp = target->hparams_;
-  if (thp.is_moe()) fail("-sm row does not split mixture-of-experts layers yet; use -sm layer");
-  for (int il = 0; il < thp.n_layer; ++il)
-    if (!thp.has_kv(il)) fail("-sm row does not split {} layers (layer {}) yet; use -sm layer", mixer_kind_name(thp.mixer(il)), il);
-  if (thp.attn_output_gate) fail("-sm row does not split gated attention yet; use -sm layer");
+  require_tensor_splittable(thp);
   if (kv_head_begin < 0 || kv_head_end > thp.n_head_kv || kv_head_begin >= kv_head_end || ff_begin < 0 || ff_end > thp.n_ff ||
       ff_begin >= ff_end)
     fail("-sm row: KV heads [{}, {}) of {} and FFN features [{}, {}) of {} are not a slice of the model", kv_head_begin, kv_head_end,
@@ -228,6 +225,13 @@ std::shared_ptr<const Model> Model::tensor_slice(const std::shared_ptr<const Mod
     L[LT::FfnDown] = cols(L[LT::FfnDown], ff_begin, ff_end);
   }
   return m;
+}
+
+void require_tensor_splittable(const HParams& hp) {
+  if (hp.is_moe()) fail("-sm row does not split mixture-of-experts layers yet; use -sm layer");
+  for (int il = 0; il < hp.n_layer; ++il)
+    if (!hp.has_kv(il)) fail("-sm row does not split {} layers (layer {}) yet; use -sm layer", mixer_kind_name(hp.mixer(il)), il);
+  if (hp.attn_output_gate) fail("-sm row does not split gated attention yet; use -sm layer");
 }
 
 std::vector<uint8_t> slice_columns(const uint8_t* data, DType type, int64_t rows, int64_t cols, int64_t col_begin, int64_t col_end) {

@@ -92,6 +92,10 @@ class Model {
   std::shared_ptr<const Model> parent_;  // a slice's target
 };
 
+// Fails with one line when -sm row cannot split a model of these hyperparameters at all: MoE, DeltaNet or
+// gated-attention layers (plan_tensor_split and Model::tensor_slice both ask).
+void require_tensor_splittable(const HParams& hp);
+
 // Columns [col_begin, col_end) of `rows` rows of `cols` values of `type`, stored row after row (GGUF
 // layout), as rows of (col_end - col_begin) values in the same type: each row's byte range copied. The
 // bounds must be multiples of the type's block size.
