@@ -58,6 +58,9 @@ class Backend {
   virtual void set_hidden(const float* hidden) = 0;
   virtual void get_hidden(float* hidden) = 0;
   virtual void forward(int layer_begin, int layer_end) = 0;
+  // Waits until the work launched so far has finished (forward() may only enqueue it on a GPU; output()
+  // and get_hidden() wait by themselves). Tensor parallelism calls it on the slices that give no output.
+  virtual void finish_step() {}
   // Final norm and output matrix for the step's logit rows: [logit_rows.size() x n_vocab].
   virtual void output(float* logits) = 0;
   // Final norm only, for the step's hidden rows (embeddings): [hidden_rows.size() x n_embd]. Called
@@ -81,6 +84,19 @@ class Backend {
   using MatmulObserver =
       std::function<void(const gguf::TensorInfo& weight, const float* x, int n_rows, int64_t n_cols, int expert)>;
   virtual void set_matmul_observer(MatmulObserver observer) = 0;
+
+  // Tensor parallelism (-sm row): a backend loaded with a slice of the model (Model::tensor_slice: some of
+  // each layer's heads and FFN features) gets partial sums from its attention output and down products.
+  // With a hook set, it calls the hook with each such partial [n_tokens x n_embd] before the residual add
+  // (and before any post-norm), and the hook leaves the sum over every slice in `data`. On the CPU `data`
+  // is host memory and `stream` null; on a GPU `data` is device memory and `stream` the backend's
+  // cudaStream_t, and the sum must be in `data` in that stream's order (the call only enqueues it).
+  using PartialSum = std::function<void(float* data, size_t count, void* stream)>;
+  virtual bool supports_partial_sum() const { return false; }
+  virtual void set_partial_sum(PartialSum hook) {
+    (void)hook;
+    throw std::logic_error("this backend cannot run a slice of a tensor-parallel model");
+  }
 
   // Copies one KV block (every layer this backend holds) to another, for forking a sequence.
   virtual void copy_kv_block(int src, int dst) = 0;

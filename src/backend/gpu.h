@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/partial_sum.h"
 
 namespace roofline {
 
@@ -36,6 +37,13 @@ struct GpuBackendOptions {
   int n_host_threads = 0;  // CPU threads for those experts (0: every core)
 };
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
+
+// -sm row: the reducer of the partial sums of GPU ranks on `devices` (rank order), for steps of at most
+// max_floats values per sum. ROOFLINE_TP_COMM picks it: `nccl` (the default when the devices are distinct:
+// NCCL all-reduces, the library loaded at run time, backend/nccl.h) or `peer` (the default when a device
+// repeats, as tests do on one GPU: one kernel per sum that publishes each rank's partial, meets the other
+// ranks through flags in device memory and adds every rank's partial in rank order, over peer access).
+std::unique_ptr<PartialSumReducer> make_gpu_reducer(const std::vector<int>& devices, size_t max_floats);
 
 // For tests: y[t][r] = sum_c W[r][c] x[t][c] computed by the GPU's kernels (matvec for n_tokens <= 8,
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].

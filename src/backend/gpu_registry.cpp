@@ -12,6 +12,9 @@ std::string gpu_build_info() { return "no CUDA (build with -DROOFLINE_CUDA=ON)";
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions&) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::unique_ptr<PartialSumReducer> make_gpu_reducer(const std::vector<int>&, size_t) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 std::vector<float> gpu_matmul_for_test(const Weight&, const std::vector<float>&, int, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }

@@ -39,7 +39,7 @@ void add_model_options(CLI::App& app, ModelArgs& a, bool model_required) {
   app.add_option("--main-gpu", a.main_gpu, "GPU to use with -sm none (-mg)")->capture_default_str()->envname("LLAMA_ARG_MAIN_GPU");
   app.add_option("--split-mode", a.split_mode, "several GPUs: none, layer (each GPU a range of layers) or row (-sm)")
       ->capture_default_str()->envname("LLAMA_ARG_SPLIT_MODE");
-  app.add_option("--tensor-split", a.tensor_split, "share of the offloaded layers per GPU, e.g. 3,1 (-ts; default: by free memory)")
+  app.add_option("--tensor-split", a.tensor_split, "share of the offloaded layers (-sm layer) or of each layer's heads and FFN (-sm row) per GPU, e.g. 3,1 (-ts; default: by free memory)")
       ->envname("LLAMA_ARG_TENSOR_SPLIT");
   app.add_option("--vram-limit", a.vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU: 24,24)");
   add_moe_placement_options(app, a);
@@ -79,8 +79,8 @@ void apply_split_options(EngineOptions& o, const std::string& split_mode, const 
                          const std::string& vram_limit) {
   if (split_mode == "none") o.split_mode = EngineOptions::SplitMode::None;
   else if (split_mode == "layer") o.split_mode = EngineOptions::SplitMode::Layer;
-  else if (split_mode == "row") fail("-sm row (tensor parallel) is not available; use -sm layer (each GPU holds a range of layers)");
-  else fail("-sm '{}': expected none or layer (row is not available)", split_mode);
+  else if (split_mode == "row") o.split_mode = EngineOptions::SplitMode::Row;
+  else fail("-sm '{}': expected none, layer or row", split_mode);
   o.tensor_split = parse_proportions(tensor_split, "-ts");
   if (!vram_limit.empty()) {
     o.vram_limit_gib.clear();

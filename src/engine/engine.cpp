@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/error.h"
 #include "engine/sampler.h"
+#include "engine/tensor_parallel.h"
 #include "roofline_version.h"
 
 namespace roofline {
@@ -48,8 +49,6 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
   if (o.n_ctx < 0) fail("context size {} is negative", o.n_ctx);
   if (o.n_ctx == 0) o.n_ctx = std::min(hp.n_ctx_train, 4096);
   if (o.n_batch <= 0) fail("batch size {} must be positive", o.n_batch);
-  if (o.split_mode == EngineOptions::SplitMode::Row)  // refused on every machine, GPUs or not
-    fail("-sm row (tensor parallel) is not available; use -sm layer (each GPU holds a range of layers)");
   if (o.kv_block_size <= 0 || o.kv_block_size > 4096) fail("KV block size {} is out of range", o.kv_block_size);
   for (DType t : {o.type_k, o.type_v}) {
     if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0 && t != DType::Q4_0)
@@ -164,61 +163,66 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
                ((double)gpus[i]->state_cell_bytes(*model, set) + (double)gpus[i]->swa_cell_bytes(*model, set, kv)) * n_cells;
       };
       static_assert(EngineOptions::kGpuLayersAuto == -1 && EngineOptions::kGpuLayersAll == -2);
-      units = choose_gpu_units(o.n_gpu_layers, n_units, weights, budgets, cost);  // auto: as many as fit every budget
-      const bool placement_given = o.n_cpu_moe > 0 || !o.cpu_tensor_patterns.empty();
-      if (o.n_gpu_layers == EngineOptions::kGpuLayersAuto && units < n_units && hp.is_moe() && !placement_given) {
-        // A MoE model that does not fit: keep the experts of the first n layers in host memory (as
-        // --n-cpu-moe n), the fewest n with which every unit fits (their file bytes: the device's
-        // layout of a stacked expert tensor is one allocation of about the same size).
-        auto expert_bytes = [&](int il) {
-          double b = 0;
-          for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
-            b += (double)model->layer(il)[t].bytes();
-          return b;
-        };
-        for (int n = 1; n <= hp.n_layer; ++n) {
-          auto cost_n = [&](int i, int first, int end) {
-            double c = cost(i, first, end);
-            for (int il = first; il < std::min({end, hp.n_layer, n}); ++il) c -= expert_bytes(il);
-            return c;
+      if (o.split_mode == EngineOptions::SplitMode::Row && gpus.size() > 1) {
+        units = engine->place_row_split(gpus, gpu_list, weights, budgets, kv, n_cells, work_bytes);
+        gpus.clear();
+      } else {
+        units = choose_gpu_units(o.n_gpu_layers, n_units, weights, budgets, cost);  // auto: as many as fit every budget
+        const bool placement_given = o.n_cpu_moe > 0 || !o.cpu_tensor_patterns.empty();
+        if (o.n_gpu_layers == EngineOptions::kGpuLayersAuto && units < n_units && hp.is_moe() && !placement_given) {
+          // A MoE model that does not fit: keep the experts of the first n layers in host memory (as
+          // --n-cpu-moe n), the fewest n with which every unit fits (their file bytes: the device's
+          // layout of a stacked expert tensor is one allocation of about the same size).
+          auto expert_bytes = [&](int il) {
+            double b = 0;
+            for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+              b += (double)model->layer(il)[t].bytes();
+            return b;
           };
-          if (fit_units(n_units, weights, budgets, cost_n) < n_units) continue;
-          const std::vector<bool> first_n = experts_on_host(*model, n, {});
-          for (size_t i = 0; i < gpus.size(); ++i) {
-            gpu_options[i].experts_on_host = first_n;
-            gpus[i] = make_gpu_backend(gpu_options[i]);
+          for (int n = 1; n <= hp.n_layer; ++n) {
+            auto cost_n = [&](int i, int first, int end) {
+              double c = cost(i, first, end);
+              for (int il = first; il < std::min({end, hp.n_layer, n}); ++il) c -= expert_bytes(il);
+              return c;
+            };
+            if (fit_units(n_units, weights, budgets, cost_n) < n_units) continue;
+            const std::vector<bool> first_n = experts_on_host(*model, n, {});
+            for (size_t i = 0; i < gpus.size(); ++i) {
+              gpu_options[i].experts_on_host = first_n;
+              gpus[i] = make_gpu_backend(gpu_options[i]);
+            }
+            units = fit_units(n_units, weights, budgets, cost);
+            double bytes = 0;
+            for (int il = 0; il < n; ++il) bytes += expert_bytes(il);
+            engine->report_.push_back(fmt::format("-ngl auto: the MoE experts of the first {} of {} layers stay in host memory, run "
+                                                  "on the CPU ({:.1f} MiB; as --n-cpu-moe {}), so that every layer fits",
+                                                  n, hp.n_layer, bytes / 1048576.0, n));
+            break;
           }
-          units = fit_units(n_units, weights, budgets, cost);
-          double bytes = 0;
-          for (int il = 0; il < n; ++il) bytes += expert_bytes(il);
-          engine->report_.push_back(fmt::format("-ngl auto: the MoE experts of the first {} of {} layers stay in host memory, run "
-                                                "on the CPU ({:.1f} MiB; as --n-cpu-moe {}), so that every layer fits",
-                                                n, hp.n_layer, bytes / 1048576.0, n));
-          break;
         }
-      }
-      // The memory bill of each GPU, as `roofline plan` prints it (memory_plan.h).
-      for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
-        LayerSet set{r.first_unit, std::min(r.end_unit, hp.n_layer), r.first_unit == 0, r.end_unit == n_units};
-        engine->report_.push_back(fmt::format(
-            "GPU {} bill: weights {:.2f} GiB, KV cache {:.2f} GiB, recurrent state and sliding-window rings {:.2f} GiB, compute buffers {:.2f} GiB, "
-            "margin {:.2f} GiB; budget for weights, KV and state {:.2f} GiB",
-            gpu_list[r.gpu], gpus[r.gpu]->weight_bytes(*model, set) / 1073741824.0,
-            (double)gpus[r.gpu]->kv_block_bytes(*model, set, kv) * kv.n_blocks / 1073741824.0,
-            ((double)gpus[r.gpu]->state_cell_bytes(*model, set) + (double)gpus[r.gpu]->swa_cell_bytes(*model, set, kv)) * n_cells / 1073741824.0, work_bytes / 1073741824.0,
-            o.gpu_margin_gib, std::max(0.0, budgets[r.gpu]) / 1073741824.0));
-      }
-      // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
-      // would succeed on the larger GPU and defeat the limit).
-      if (!o.vram_limit_gib.empty() && units > 0)
+        // The memory bill of each GPU, as `roofline plan` prints it (memory_plan.h).
         for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
-          const double need = cost(r.gpu, r.first_unit, r.end_unit);
-          if (need > budgets[r.gpu])
-            fail("GPU {} needs {:.2f} GiB for its {} units (weights and KV cache), more than the {:.2f} GiB --vram-limit leaves "
-                 "(after {:.1f} GiB of margin and work buffers); lower -ngl, -c or the KV types, use a smaller quant, or add a GPU",
-                 gpu_list[r.gpu], need / 1073741824.0, r.end_unit - r.first_unit,
-                 std::max(0.0, budgets[r.gpu]) / 1073741824.0, (o.gpu_margin_gib * 1073741824.0 + work_bytes) / 1073741824.0);
+          LayerSet set{r.first_unit, std::min(r.end_unit, hp.n_layer), r.first_unit == 0, r.end_unit == n_units};
+          engine->report_.push_back(fmt::format(
+              "GPU {} bill: weights {:.2f} GiB, KV cache {:.2f} GiB, recurrent state and sliding-window rings {:.2f} GiB, compute buffers {:.2f} GiB, "
+              "margin {:.2f} GiB; budget for weights, KV and state {:.2f} GiB",
+              gpu_list[r.gpu], gpus[r.gpu]->weight_bytes(*model, set) / 1073741824.0,
+              (double)gpus[r.gpu]->kv_block_bytes(*model, set, kv) * kv.n_blocks / 1073741824.0,
+              ((double)gpus[r.gpu]->state_cell_bytes(*model, set) + (double)gpus[r.gpu]->swa_cell_bytes(*model, set, kv)) * n_cells / 1073741824.0, work_bytes / 1073741824.0,
+              o.gpu_margin_gib, std::max(0.0, budgets[r.gpu]) / 1073741824.0));
         }
+        // With a memory limit, an explicit -ngl that does not fit is refused here (the real allocation
+        // would succeed on the larger GPU and defeat the limit).
+        if (!o.vram_limit_gib.empty() && units > 0)
+          for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {
+            const double need = cost(r.gpu, r.first_unit, r.end_unit);
+            if (need > budgets[r.gpu])
+              fail("GPU {} needs {:.2f} GiB for its {} units (weights and KV cache), more than the {:.2f} GiB --vram-limit leaves "
+                   "(after {:.1f} GiB of margin and work buffers); lower -ngl, -c or the KV types, use a smaller quant, or add a GPU",
+                   gpu_list[r.gpu], need / 1073741824.0, r.end_unit - r.first_unit,
+                   std::max(0.0, budgets[r.gpu]) / 1073741824.0, (o.gpu_margin_gib * 1073741824.0 + work_bytes) / 1073741824.0);
+          }
+      }  // -sm layer
     }
   }
   engine->gpu_units_ = units;
@@ -240,7 +244,18 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     engine->placement_.push_back({cpu.get(), set});
     engine->backends_.push_back(std::move(cpu));
   }
-  if (units > 0) {
+  if (units > 0 && engine->row_split_) {
+    LayerSet set{first_gpu_layer, hp.n_layer, first_gpu_layer == 0, true};
+    Backend* gpu = engine->row_split_.get();
+    gpu->load(model, set);
+    gpu->init_kv(kv);
+    gpu->init_state(n_cells);
+    gpu->init_snapshots(mo.windowed ? o.n_state_snapshots : 0);
+    engine->placement_.push_back({gpu, set});
+    engine->backends_.push_back(std::move(engine->row_split_));
+    engine->report_.push_back(fmt::format("offloaded {}/{} layers to {} GPUs, split by row: {}", units, n_units, gpu_list.size(),
+                                          gpu->name()));
+  } else if (units > 0) {
     std::string shares;
     int n_shares = 0;
     for (const GpuRange& r : gpu_ranges(n_units, units, weights)) {

@@ -37,7 +37,9 @@ struct EngineOptions {
   double gpu_margin_gib = 1.0;  // memory left free on the GPU when fitting (-ngl auto)
   // Several GPUs (-sm): none uses main_gpu only; layer gives each GPU a contiguous range of the
   // offloaded units, in proportion to tensor_split (-ts) or else to each GPU's usable memory; row
-  // (tensor parallel) is not available yet.
+  // (tensor parallel) gives every GPU the offloaded units, each a slice of every layer's heads and FFN
+  // features in those proportions, their partial sums added over the GPUs twice a layer
+  // (engine/tensor_parallel.h); rank 0 (the first GPU) also holds the output layer.
   enum class SplitMode { None, Layer, Row };
   SplitMode split_mode = SplitMode::Layer;
   std::vector<double> tensor_split;
@@ -168,6 +170,12 @@ class Engine {
   bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
   std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement
+  // -sm row: cuts the model into a slice per GPU of gpu_list (in proportion to weights), fits the units
+  // every GPU can hold its slice of (budgets: bytes per GPU), makes row_split_ of the GPUs' backends
+  // (moved from gpus) and returns the number of units offloaded.
+  int place_row_split(std::vector<std::unique_ptr<Backend>>& gpus, const std::vector<int>& gpu_list, const std::vector<double>& weights,
+                      const std::vector<double>& budgets, const KvConfig& kv, int n_cells, double work_bytes);
+  std::unique_ptr<Backend> row_split_;  // until it is placed
   int gpu_units_ = 0;
   KvConfig kv_;  // the KV geometry every backend was given
 };

@@ -287,6 +287,7 @@ void CpuBackend::forward_layer(int il) {
   });
   if (L.mixer == MixerKind::Attention) attention_block(il, L, d);
   else delta_net_block(L, d);
+  sum_partials();
   profiler_.mark("residual");
   post_norm(d[LT::AttnPostNorm]);
   add_residual();
@@ -298,9 +299,17 @@ void CpuBackend::forward_layer(int il) {
   });
   if (hp.is_moe()) moe_ffn_block(L, d);
   else dense_ffn_block(L);
+  sum_partials();
   profiler_.mark("residual");
   post_norm(d[LT::FfnPostNorm]);
   add_residual();
+}
+
+// Tensor parallelism: xn_ holds this slice's part of the block's output; the hook sums it over the slices.
+void CpuBackend::sum_partials() {
+  if (!partial_sum_) return;
+  profiler_.mark("partial sum");
+  partial_sum_(xn_.data(), (size_t)step_.n_tokens() * (size_t)model_->hparams().n_embd, nullptr);
 }
 
 // x += xn over the step's rows, split over the pool by rows (elementwise: the same bits in any split).

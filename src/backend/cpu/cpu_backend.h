@@ -44,6 +44,8 @@ class CpuBackend final : public Backend {
   void save_window(int cell, int first_block, int n_blocks, int snapshot) override;
   void load_window(int snapshot, int cell, int first_block, int n_blocks) override;
   void set_matmul_observer(MatmulObserver observer) override { observer_ = std::move(observer); }
+  bool supports_partial_sum() const override { return true; }
+  void set_partial_sum(PartialSum hook) override { partial_sum_ = std::move(hook); }
 
   int n_threads() const { return pool_.size(); }
   // Bytes of the weights repacked for the CPU's packed kernels (packed_weights.h), and how many matrices.
@@ -69,6 +71,7 @@ class CpuBackend final : public Backend {
   void dense_ffn_block(const LayerWeights& L);                               // xn_ -> xn_
   void moe_ffn_block(const LayerWeights& L, const LayerData& d);             // xn_ -> xn_
   void post_norm(const std::vector<float>& w);
+  void sum_partials();  // -sm row: xn_ (a block's partial output) becomes the sum over the slices
   void add_residual();  // x_ += xn_  // xn_ = rms_norm(xn_) * w (gemma's post norms; none when w is empty)
   // op: the profile's name for the products.
   void products_of_one_input(const char* op, std::initializer_list<MatmulOut> outs, const float* x, int n, int64_t n_cols);
@@ -101,6 +104,7 @@ class CpuBackend final : public Backend {
   ActRows act_;
   PackedWeights packed_;  // copies of the weights the packed kernels read (packed_weights.h)
   MatmulObserver observer_;
+  PartialSum partial_sum_;
   CpuStepProfiler profiler_;  // ROOFLINE_PROFILE: per-op times (cpu_step_profiler.h)
 };
 

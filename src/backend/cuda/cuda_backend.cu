@@ -176,7 +176,7 @@ class CudaBackend final : public Backend {
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
     const size_t floats = (size_t)T * (2 * hp.n_embd + hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v() +
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
-                          partial + (layers.output ? (size_t)T * hp.n_vocab : 0) +
+                          partial + (layers.output ? (size_t)T * hp.n_vocab : 0) + (partial_sum_ ? (size_t)T * hp.n_embd : 0) +
                           (hp.attn_output_gate ? (size_t)T * 3 * hp.q_dim() : 0);
     // DeltaNet layers: their four in-projections, the mixer's output and its scratch.
     dn_chunked_ = has_delta && delta_net_chunked_supported(dn);
@@ -204,6 +204,7 @@ class CudaBackend final : public Backend {
     gate_ = take_f((size_t)T * hp.n_ff);
     up_ = take_f((size_t)T * hp.n_ff);
     partial_ = take_f(partial);
+    if (partial_sum_) tp_sum_ = take_f((size_t)T * hp.n_embd);
     if (hp.attn_output_gate) {
       q_full_ = take_f((size_t)T * 2 * hp.q_dim());
       attn_gate_ = take_f((size_t)T * hp.q_dim());
@@ -485,6 +486,16 @@ class CudaBackend final : public Backend {
   void save_window(int cell, int first, int n, int snapshot) override { window_snapshots_.save(stream_, cell, first, n, snapshot); }
   void load_window(int snapshot, int cell, int first, int n) override { window_snapshots_.load(stream_, snapshot, cell, first, n); }
 
+  bool supports_partial_sum() const override { return true; }
+  void set_partial_sum(PartialSum hook) override {
+    ROOFLINE_CHECK(!model_, "the partial-sum hook is set before the model is loaded");
+    partial_sum_ = std::move(hook);
+  }
+  void finish_step() override {
+    ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
   void set_matmul_observer(MatmulObserver observer) override {
     if (observer) fail("importance matrices are collected on the CPU backend (run imatrix with -ngl 0)");
   }
@@ -665,7 +676,16 @@ class CudaBackend final : public Backend {
     }
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
-    if (float* post = L.v(LT::AttnPostNorm)) {  // gemma: x += rmsnorm(o) * w (gate_ is free until the FFN)
+    if (partial_sum_) {  // -sm row: this slice's share of o, summed over the slices, then the residual add
+      project(L.m(LT::AttnOut), attn_, n, tp_sum_, hp.n_embd, false);
+      sum_partials();
+      if (float* post = L.v(LT::AttnPostNorm)) {
+        const bool q8_ffn = ffn_takes_q8(L);
+        ffn_input_ready_ = post_norm_add(tp_sum_, post, xn_, L.v(LT::FfnNorm), q8_ffn);
+      } else {
+        add_values(x_, tp_sum_, (int64_t)n * hp.n_embd, stream_);
+      }
+    } else if (float* post = L.v(LT::AttnPostNorm)) {  // gemma: x += rmsnorm(o) * w (gate_ is free until the FFN)
       project(L.m(LT::AttnOut), attn_, n, gate_, hp.n_embd, false);
       // Decode steps: the FFN's pre-norm (and its int8 form) in the same kernel.
       const bool q8_ffn = !moe_ && ffn_takes_q8(L);
@@ -677,6 +697,12 @@ class CudaBackend final : public Backend {
     } else {
       project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
     }
+  }
+
+  // -sm row: tp_sum_ (this slice's part of a block's output) becomes the sum over the slices.
+  void sum_partials() {
+    mark("partial sum", 0);
+    partial_sum_(tp_sum_, (size_t)n_tok_ * model_->hparams().n_embd, stream_);
   }
 
   // x += rmsnorm(y) * w over the step's rows, through `tmp` ([rows x n_embd]). With next_norm, decode
@@ -765,7 +791,17 @@ class CudaBackend final : public Backend {
       n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     }
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
-    if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
+    if (partial_sum_) {  // -sm row: this slice's share of down, summed over the slices, then the residual add
+      project(L.m(LT::FfnDown), gate_, n, tp_sum_, hp.n_embd, false);
+      sum_partials();
+      if (float* post = L.v(LT::FfnPostNorm)) {
+        LayerDev* next = next_layer_here(L);
+        if (next && next->mixer != MixerKind::Attention) next = nullptr;
+        attn_input_ready_ = post_norm_add(tp_sum_, post, xn_, next ? next->v(LT::AttnNorm) : nullptr, next && attn_takes_q8(*next));
+      } else {
+        add_values(x_, tp_sum_, (int64_t)n * hp.n_embd, stream_);
+      }
+    } else if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
       project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false);
       // Decode steps: the next layer's attention pre-norm in the same kernel, when that layer is here.
       LayerDev* next = next_layer_here(L);
@@ -841,6 +877,8 @@ class CudaBackend final : public Backend {
   float* rope_factors_ = nullptr;
   float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *gate_ = nullptr,
         *up_ = nullptr, *partial_ = nullptr, *logits_ = nullptr;
+  float* tp_sum_ = nullptr;  // -sm row: a block's partial output, summed over the slices by partial_sum_
+  PartialSum partial_sum_;
   float *q_full_ = nullptr, *attn_gate_ = nullptr;  // gated attention: the Q projection, the gate split from it
   // DeltaNet layers: in-projections, the mixer's output and scratch, the step's sequence records.
   float *dn_qkv_ = nullptr, *dn_z_ = nullptr, *dn_alpha_ = nullptr, *dn_beta_ = nullptr, *dn_out_ = nullptr;
