@@ -44,6 +44,9 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 // repeats, as tests do on one GPU: one kernel per sum that publishes each rank's partial, meets the other
 // ranks through flags in device memory and adds every rank's partial in rank order, over peer access).
 std::unique_ptr<PartialSumReducer> make_gpu_reducer(const std::vector<int>& devices, size_t max_floats);
+// For tests: x through the NCCL reducer's all-reduce on a communicator of one GPU (the identity, through
+// the real library: its loading, the bound entry points and, with graph, capture into a CUDA graph).
+std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>& x, int device, bool graph);
 
 // For tests: y[t][r] = sum_c W[r][c] x[t][c] computed by the GPU's kernels (matvec for n_tokens <= 8,
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].

@@ -15,6 +15,9 @@ std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions&) {
 std::unique_ptr<PartialSumReducer> make_gpu_reducer(const std::vector<int>&, size_t) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>&, int, bool) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 std::vector<float> gpu_matmul_for_test(const Weight&, const std::vector<float>&, int, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <span>
 
+#include "backend/nccl.h"
 #include "core/error.h"
 #include "engine/engine_test_util.h"
 #include "test_util.h"
@@ -108,4 +109,20 @@ TEST(GpuTensorParallelTest, TwoGpusOverNcclMatchOneGpu) {
   const double e = nmse(got.data(), ref.data(), ref.size());
   std::printf("qwen3-0.6b:Q4_K_M -sm row over GPUs 0 and 1 (NCCL): NMSE against one GPU %.3g\n", e);
   EXPECT_LT(e, 2e-3);
+}
+
+// The NCCL reducer through the real library (the wheel on the GPU machine), on one GPU: loading, the bound
+// entry points, and an all-reduce captured into a CUDA graph. Skipped where NCCL is not installed.
+TEST(GpuTensorParallelTest, NcclAllReduceOnOneGpu) {
+  SKIP_WITHOUT_GPU();
+  try {
+    (void)nccl::api();
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  std::printf("NCCL: %s (version %d)\n", nccl::api().path.c_str(), nccl::api().version);
+  std::vector<float> x(5 * 1031);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (float)i * 0.25f - 100.0f;
+  EXPECT_EQ(gpu_nccl_sum_for_test(x, 0, false), x);
+  EXPECT_EQ(gpu_nccl_sum_for_test(x, 0, true), x);
 }

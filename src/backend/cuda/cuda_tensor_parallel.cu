@@ -6,6 +6,7 @@
 // every rank gets the same bits. A sum's staging buffer is written again only two sums later, after every
 // rank has started the sum in between, which it does only once its reads of the earlier one are done
 // (a rank's sums are kernels of one stream, launched without programmatic dependent launch).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -160,6 +161,37 @@ std::unique_ptr<PartialSumReducer> make_gpu_reducer(const std::vector<int>& devi
   if (comm != "nccl") fail("ROOFLINE_TP_COMM '{}': expected nccl or peer", comm);
   if (repeated) fail("-sm row with NCCL needs distinct GPUs (a GPU is listed twice); ROOFLINE_TP_COMM=peer runs them");
   return std::make_unique<NcclReducer>(devices);
+}
+
+std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>& x, int device, bool graph) {
+  NcclReducer reducer({device});
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  float* data = nullptr;
+  ROOFLINE_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(x.size(), 1) * sizeof(float)));
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(data, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  const Backend::PartialSum sum = reducer.hook(0);
+  if (graph) {
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ROOFLINE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    sum(data, x.size(), stream);
+    ROOFLINE_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    ROOFLINE_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    ROOFLINE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+  } else {
+    sum(data, x.size(), stream);
+  }
+  std::vector<float> out(x.size());
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(out.data(), data, x.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaFree(data);
+  cudaStreamDestroy(stream);
+  return out;
 }
 
 }  // namespace roofline
