@@ -124,9 +124,11 @@ int run(int argc, char** argv) {
                       ->capture_default_str();
   std::string split_mode = "layer", tensor_split, vram_limit;
   app.add_option("--split-mode", split_mode, "several GPUs: none, layer or row (-sm)")->capture_default_str();
-  app.add_option("--tensor-split", tensor_split, "share of the offloaded layers per GPU, e.g. 1,1 (-ts)");
+  app.add_option("--tensor-split", tensor_split, "share of the offloaded layers (-sm layer) or of each layer's heads and FFN (-sm row) per GPU, e.g. 1,1 (-ts)");
   app.add_option("--vram-limit", vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU)");
   int main_gpu = 0;
+  std::string device;
+  add_device_option(app, device);
   app.add_option("--main-gpu", main_gpu, "GPU to use with -sm none (-mg)")->capture_default_str();
   ModelArgs moe_args;  // --cpu-moe, --n-cpu-moe, -ot (MoE experts in host memory)
   add_moe_placement_options(app, moe_args);
@@ -235,6 +237,7 @@ int run(int argc, char** argv) {
                 margs.tensor_split = tensor_split;
                 margs.vram_limit = vram_limit;
                 margs.main_gpu = main_gpu;
+                margs.device = device;
                 margs.cpu_moe = moe_args.cpu_moe;
                 margs.n_cpu_moe = moe_args.n_cpu_moe;
                 margs.override_tensor = moe_args.override_tensor;

@@ -16,7 +16,7 @@ std::vector<std::string> normalize_llama_flags(int argc, char** argv) {
   static const std::map<std::string, std::string> aliases = {
       {"-ngl", "--n-gpu-layers"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
       {"-fa", "--flash-attn"},    {"-np", "--parallel"},      {"-ub", "--ubatch-size"},
-      {"-sm", "--split-mode"},    {"-ts", "--tensor-split"},  {"-mg", "--main-gpu"},
+      {"-sm", "--split-mode"},    {"-ts", "--tensor-split"},  {"-mg", "--main-gpu"}, {"-dev", "--device"},
       {"-cb", "--cont-batching"}, {"-to", "--timeout"},       {"-npl", "--n-parallel"},
       {"-tb", "--threads-batch"}, {"-nkvo", "--no-kv-offload"}, {"-ot", "--override-tensor"},
       {"-fit", "--fit"},          {"-fitt", "--fit-target"},  {"-fitc", "--fit-ctx"},

@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <thread>
 
@@ -42,7 +43,36 @@ void add_model_options(CLI::App& app, ModelArgs& a, bool model_required) {
   app.add_option("--tensor-split", a.tensor_split, "share of the offloaded layers (-sm layer) or of each layer's heads and FFN (-sm row) per GPU, e.g. 3,1 (-ts; default: by free memory)")
       ->envname("LLAMA_ARG_TENSOR_SPLIT");
   app.add_option("--vram-limit", a.vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU: 24,24)");
+  add_device_option(app, a.device);
   add_moe_placement_options(app, a);
+}
+
+void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device,
+                 "the GPUs to use, in order: CUDA0,CUDA1 or 0,1 (-dev; default: every GPU; none: no GPU). A GPU listed twice "
+                 "runs two backends on it, to try a split on one GPU")
+      ->envname("LLAMA_ARG_DEVICE");
+}
+
+void apply_device_option(EngineOptions& o, const std::string& device) {
+  if (device.empty()) return;
+  if (device == "none") {
+    o.n_gpu_layers = 0;
+    return;
+  }
+  o.gpu_ids.clear();
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = device.find(',', start);
+    std::string item = device.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.rfind("CUDA", 0) == 0) item = item.substr(4);
+    char* end = nullptr;
+    const long id = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
+    if (id < 0 || id > 1023 || *end) fail("--device '{}': expected GPUs as CUDA0,CUDA1 (or 0,1), or none", device);
+    o.gpu_ids.push_back((int)id);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
 }
 
 void add_moe_placement_options(CLI::App& app, ModelArgs& a) {
@@ -125,6 +155,7 @@ EngineOptions engine_options(const ModelArgs& a) {
   o.n_state_snapshots = a.n_state_snapshots;
   o.draft_rollback = a.draft_rollback;
   apply_split_options(o, a.split_mode, a.tensor_split, a.vram_limit);
+  apply_device_option(o, a.device);
   if (a.n_cpu_moe < 0) fail("--n-cpu-moe {}: expected a number of layers (0 or more)", a.n_cpu_moe);
   o.n_cpu_moe = a.cpu_moe ? EngineOptions::kAllLayers : a.n_cpu_moe;
   o.cpu_tensor_patterns = parse_override_tensor(a.override_tensor);

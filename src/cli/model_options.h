@@ -28,6 +28,7 @@ struct ModelArgs {
   std::string split_mode = "layer";   // -sm: none, layer or row
   std::string tensor_split;           // -ts: proportions per GPU, e.g. 3,1
   std::string vram_limit;             // --vram-limit: GiB per GPU (one value: every GPU)
+  std::string device;                 // -dev: the GPUs, in order (CUDA0,CUDA1 or 0,1; none: no GPU)
   bool cpu_moe = false;                    // --cpu-moe: every MoE layer's experts in host memory
   int n_cpu_moe = 0;                       // --n-cpu-moe N: the first N layers' experts in host memory
   std::vector<std::string> override_tensor;  // -ot REGEX=CPU[,REGEX=CPU...]
@@ -45,6 +46,10 @@ std::vector<std::string> parse_override_tensor(const std::vector<std::string>& v
 void add_moe_placement_options(CLI::App& app, ModelArgs& args);
 
 // -sm/-ts/--vram-limit into engine options (Error on bad values; -sm row is refused on every machine).
+// -dev/--device (llama.cpp's): the GPUs to use, in order, into EngineOptions::gpu_ids; "none" keeps every layer on
+// the CPU. One line on anything else.
+void add_device_option(CLI::App& app, std::string& device);
+void apply_device_option(EngineOptions& o, const std::string& device);
 void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
                          const std::string& vram_limit);
 

@@ -189,6 +189,15 @@ TEST(CliArgs, SplitModeRowRunsWhereThereIsNothingToSplit) {
   r = run_cli({"run", "-m", kTiny, "-p", "hi", "-sm", "rows", "-ngl", "0"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "error: -sm 'rows': expected none, layer or row\n");
+  // -dev: the GPUs by name or number; none keeps every layer on the CPU; anything else is one line.
+  r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "4", "-dev", "none", "-ngl", "all"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("-ngl"), std::string::npos) << r.err;
+  for (const char* bad : {"GPU0", "CUDA", "0,,1", "-1"}) {
+    r = run_cli({"bench", "-m", kTiny, "-p", "8", "-n", "2", "-r", "1", "-dev", bad});
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_CONTAINS(r.err, "error: --device '" + std::string(bad) + "': expected GPUs as CUDA0,CUDA1 (or 0,1), or none\n");
+  }
 }
 
 TEST(CliArgs, ServeNamesTheLlamaServerFlagsItIgnores) {
