@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/device_env.sh
 if [ "${TESTS:-Gpu*:*.Gpu*}" != none ]; then
-  ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" \
+  CUDA_MODULE_LOADING=EAGER ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" \
       > "$out/gpu_tests.txt" 2>&1
   stamp "GPU tests exit $?"
   grep -E "^\[  FAILED|^\[  PASSED|Failure" "$out/gpu_tests.txt" | head -20 | tee -a "$out/summary.txt"

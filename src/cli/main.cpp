@@ -1,8 +1,10 @@
 // roofline: one binary, many subcommands. Dispatches to the registered command; --help lists them.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/gpu.h"
 #include "cli/command.h"
@@ -30,8 +32,41 @@ void print_help(FILE* out) {
 }  // namespace
 }  // namespace roofline::cli
 
+namespace {
+
+// A GPU listed twice in -dev/--device runs two -sm row ranks on one GPU, whose partial sums wait for each other
+// on the device. With CUDA's lazy module loading, a rank's first use of a kernel can wait for the GPU to go idle
+// while the other rank's sum waits for that rank: a hang. So such runs load every kernel at start (before
+// anything initializes CUDA), unless CUDA_MODULE_LOADING is set already. Distinct GPUs are unaffected.
+void load_kernels_eagerly_for_shared_gpus(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string value;
+    const std::string arg = argv[i];
+    if ((arg == "-dev" || arg == "--device") && i + 1 < argc) value = argv[i + 1];
+    else if (arg.rfind("--device=", 0) == 0) value = arg.substr(9);
+    else continue;
+    std::vector<std::string> seen;
+    size_t start = 0;
+    for (;;) {
+      const size_t comma = value.find(',', start);
+      std::string id = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (id.rfind("CUDA", 0) == 0) id = id.substr(4);
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) {
+        setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+        return;
+      }
+      seen.push_back(id);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace roofline::cli;
+  load_kernels_eagerly_for_shared_gpus(argc, argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_help(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;  // no command at all is a usage error

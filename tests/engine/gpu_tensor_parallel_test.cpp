@@ -1,7 +1,9 @@
 // -sm row on GPUs through the engine: two ranks on one GPU (gpu_ids {0, 0}: each rank its own backend,
 // stream and KV heads; the peer reducer sums through device memory, as it would over peer access) give
 // the logits of one GPU within the GPU tests' bound, in prompt and decode steps (CUDA graphs), behind CPU
-// layers, and for several sequences at once; on a machine with two GPUs, the same over NCCL.
+// layers, and for several sequences at once; on a machine with two GPUs, the same over NCCL. Two ranks on one GPU
+// wait for each other on the device, so run these with CUDA_MODULE_LOADING=EAGER (the device scripts do; the
+// roofline binary sets it when -dev lists a GPU twice): a kernel loaded lazily by one rank can wait for the other's.
 #include <gtest/gtest.h>
 
 #include <cstdio>
