@@ -174,29 +174,19 @@ LayerSet TensorParallelBackend::rank_layers(int i, const LayerSet& layers) const
 }
 
 uint64_t TensorParallelBackend::weight_bytes(const Model&, const LayerSet& layers) const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < ranks_.size(); ++i) n += ranks_[i]->weight_bytes(*slices_[i], rank_layers((int)i, layers));
-  return n;
+  return sum_over_ranks(layers, [](const Backend& b, const Model& m, const LayerSet& set) { return b.weight_bytes(m, set); });
 }
 uint64_t TensorParallelBackend::kv_block_bytes(const Model&, const LayerSet& layers, const KvConfig& kv) const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < ranks_.size(); ++i) n += ranks_[i]->kv_block_bytes(*slices_[i], rank_layers((int)i, layers), kv);
-  return n;
+  return sum_over_ranks(layers, [&](const Backend& b, const Model& m, const LayerSet& set) { return b.kv_block_bytes(m, set, kv); });
 }
 uint64_t TensorParallelBackend::state_cell_bytes(const Model&, const LayerSet& layers) const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < ranks_.size(); ++i) n += ranks_[i]->state_cell_bytes(*slices_[i], rank_layers((int)i, layers));
-  return n;
+  return sum_over_ranks(layers, [](const Backend& b, const Model& m, const LayerSet& set) { return b.state_cell_bytes(m, set); });
 }
 uint64_t TensorParallelBackend::swa_cell_bytes(const Model&, const LayerSet& layers, const KvConfig& kv) const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < ranks_.size(); ++i) n += ranks_[i]->swa_cell_bytes(*slices_[i], rank_layers((int)i, layers), kv);
-  return n;
+  return sum_over_ranks(layers, [&](const Backend& b, const Model& m, const LayerSet& set) { return b.swa_cell_bytes(m, set, kv); });
 }
 uint64_t TensorParallelBackend::swa_snapshot_bytes(const Model&, const LayerSet& layers, const KvConfig& kv) const {
-  uint64_t n = 0;
-  for (size_t i = 0; i < ranks_.size(); ++i) n += ranks_[i]->swa_snapshot_bytes(*slices_[i], rank_layers((int)i, layers), kv);
-  return n;
+  return sum_over_ranks(layers, [&](const Backend& b, const Model& m, const LayerSet& set) { return b.swa_snapshot_bytes(m, set, kv); });
 }
 
 void TensorParallelBackend::post(std::function<void(int, Backend&)> f) {

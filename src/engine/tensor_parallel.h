@@ -63,6 +63,13 @@ class TensorParallelBackend final : public Backend {
 
  private:
   class Workers;
+  // f(rank's backend, its slice, its part of `layers`) summed over the ranks.
+  template <typename F>
+  uint64_t sum_over_ranks(const LayerSet& layers, F&& f) const {
+    uint64_t n = 0;
+    for (size_t i = 0; i < ranks_.size(); ++i) n += f(*ranks_[i], *slices_[i], rank_layers((int)i, layers));
+    return n;
+  }
   // Runs f(rank, backend) on every rank's thread; returns at once (work of one rank stays in order).
   void post(std::function<void(int, Backend&)> f);
   // Waits until every rank has run what was posted; rethrows the first failure.
