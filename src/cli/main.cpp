@@ -8,6 +8,8 @@
 
 #include "backend/gpu.h"
 #include "cli/command.h"
+#include "cli/model_options.h"
+#include "core/error.h"
 #include "roofline_version.h"
 
 namespace roofline::cli {
@@ -39,27 +41,22 @@ namespace {
 // while the other rank's sum waits for that rank: a hang. So such runs load every kernel at start (before
 // anything initializes CUDA), unless CUDA_MODULE_LOADING is set already. Distinct GPUs are unaffected.
 void load_kernels_eagerly_for_shared_gpus(int argc, char** argv) {
+  const char* env = std::getenv("LLAMA_ARG_DEVICE");
+  std::string value = env ? env : "";
   for (int i = 1; i < argc; ++i) {
-    std::string value;
     const std::string arg = argv[i];
     if ((arg == "-dev" || arg == "--device") && i + 1 < argc) value = argv[i + 1];
     else if (arg.rfind("--device=", 0) == 0) value = arg.substr(9);
-    else continue;
-    std::vector<std::string> seen;
-    size_t start = 0;
-    for (;;) {
-      const size_t comma = value.find(',', start);
-      std::string id = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (id.rfind("CUDA", 0) == 0) id = id.substr(4);
-      if (std::find(seen.begin(), seen.end(), id) != seen.end()) {
-        setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-        return;
-      }
-      seen.push_back(id);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
   }
+  if (value.empty() || value == "none") return;
+  std::vector<int> ids;
+  try {
+    ids = roofline::cli::parse_device_list(value);
+  } catch (const roofline::Error&) {
+    return;  // the command reports it
+  }
+  std::sort(ids.begin(), ids.end());
+  if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) setenv("CUDA_MODULE_LOADING", "EAGER", 0);
 }
 
 }  // namespace

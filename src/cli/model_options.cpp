@@ -54,13 +54,8 @@ void add_device_option(CLI::App& app, std::string& device) {
       ->envname("LLAMA_ARG_DEVICE");
 }
 
-void apply_device_option(EngineOptions& o, const std::string& device) {
-  if (device.empty()) return;
-  if (device == "none") {
-    o.n_gpu_layers = 0;
-    return;
-  }
-  o.gpu_ids.clear();
+std::vector<int> parse_device_list(const std::string& device) {
+  std::vector<int> ids;
   size_t start = 0;
   for (;;) {
     const size_t comma = device.find(',', start);
@@ -69,10 +64,17 @@ void apply_device_option(EngineOptions& o, const std::string& device) {
     char* end = nullptr;
     const long id = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
     if (id < 0 || id > 1023 || *end) fail("--device '{}': expected GPUs as CUDA0,CUDA1 (or 0,1), or none", device);
-    o.gpu_ids.push_back((int)id);
+    ids.push_back((int)id);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  return ids;
+}
+
+void apply_device_option(EngineOptions& o, const std::string& device) {
+  if (device.empty()) return;
+  if (device == "none") o.n_gpu_layers = 0;
+  else o.gpu_ids = parse_device_list(device);
 }
 
 void add_moe_placement_options(CLI::App& app, ModelArgs& a) {

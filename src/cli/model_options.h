@@ -50,6 +50,8 @@ void add_moe_placement_options(CLI::App& app, ModelArgs& args);
 // the CPU. One line on anything else.
 void add_device_option(CLI::App& app, std::string& device);
 void apply_device_option(EngineOptions& o, const std::string& device);
+// "CUDA0,CUDA1" or "0,1" -> {0, 1} (a GPU may repeat); one line on anything else.
+std::vector<int> parse_device_list(const std::string& device);
 void apply_split_options(EngineOptions& o, const std::string& split_mode, const std::string& tensor_split,
                          const std::string& vram_limit);
 

@@ -204,7 +204,6 @@ void TensorParallelBackend::on_rank0(std::function<void(Backend&)> f) {
 
 void TensorParallelBackend::load(std::shared_ptr<const Model> model, const LayerSet& layers) {
   (void)model;  // the slices were cut from it
-  layers_ = layers;
   post([this, layers](int r, Backend& b) { b.load(slices_[(size_t)r], rank_layers(r, layers)); });
   wait();
 }

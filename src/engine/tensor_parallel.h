@@ -81,7 +81,6 @@ class TensorParallelBackend final : public Backend {
   std::vector<std::shared_ptr<const Model>> slices_;
   std::unique_ptr<PartialSumReducer> reducer_;
   std::unique_ptr<Workers> workers_;
-  LayerSet layers_;
   size_t n_tokens_ = 0;  // rows of the step begun last
 };
 

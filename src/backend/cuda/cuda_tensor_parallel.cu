@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kPeerThreads) peer_sum_kernel(PeerArgs a, floa
 
 class PeerReducer final : public PartialSumReducer {
  public:
-  PeerReducer(const std::vector<int>& devices, size_t max_floats) : devices_(devices) {
+  PeerReducer(const std::vector<int>& devices, size_t max_floats) : max_floats_(max_floats) {
     const int n = (int)devices.size();
     if (n > kMaxRanks) fail("-sm row over {} GPUs: the peer reducer takes at most {}", n, kMaxRanks);
     for (int i = 0; i < n; ++i)
@@ -109,7 +109,6 @@ class PeerReducer final : public PartialSumReducer {
       ROOFLINE_CUDA_CHECK(cudaSetDevice(devices[(size_t)r]));
       ROOFLINE_CUDA_CHECK(cudaDeviceSynchronize());
     }
-    max_floats_ = max_floats;
   }
   ~PeerReducer() override {
     for (size_t i = 0; i < allocations_.size(); ++i) {
@@ -140,12 +139,11 @@ class PeerReducer final : public PartialSumReducer {
     return p;
   }
 
-  std::vector<int> devices_;
   PeerArgs args_;
   std::vector<unsigned*> epochs_;
   std::vector<void*> allocations_;
   std::vector<int> allocation_device_;
-  size_t max_floats_ = 0;
+  const size_t max_floats_;
 };
 
 }  // namespace
