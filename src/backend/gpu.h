@@ -64,6 +64,13 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_expert, const std::vector<int32_t>& ids, int k,
                                                 const std::vector<float>& x, int n_tokens, int device = 0);
 
+// For tests: a decode step's MoE routing as the block runs it for n_rows rows (moe_router: the f32 router's
+// own kernel, whose last CTA routes up to 8 rows; more rows go through the route kernel). router:
+// [n_expert x cols], xn: [n_rows x cols]. Returns the ids [n_rows x k] in routing order and their weights.
+// The launch runs twice with the outputs cleared between (the last-CTA counter must be back at zero).
+std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>& router, int n_expert, int cols, const std::vector<float>& xn, int n_rows,
+                                            int k, bool normalize, float scale, std::vector<float>* weights, int device = 0);
+
 // For tests: one row-wise op of the GPU over host rows a [n_rows x n]; b is the norm weight or the
 // bias [n], or up [n_rows x n] for the SwiGLU ops. The Int8 variants return the int8 activations the
 // op writes for the next product, times their block scales (n % 32 == 0); Argmax each row's index.

@@ -28,6 +28,10 @@ std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::v
                                                 int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>&, int, int, const std::vector<float>&, int, int, bool, float,
+                                            std::vector<float>*, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 std::vector<float> gpu_op_for_test(GpuOpForTest, const std::vector<float>&, const std::vector<float>&, int, int, float, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }

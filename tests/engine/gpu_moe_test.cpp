@@ -2,13 +2,18 @@
 // without a GPU): device routing and expert products over the stacked tensors, for prompts (steps of
 // many rows) and decode steps (buckets replayed as CUDA graphs), full and partial offload; decode
 // batches bit-identical to each sequence alone; the chosen experts the same as the CPU's (logits of f32
-// models within float rounding, which a different expert in some row would break).
+// models within float rounding, which a different expert in some row would break); the decode router
+// kernel's routing against a double reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/gpu.h"
+#include "core/rng.h"
 #include "engine/engine.h"
 #include "model/model_file.h"
 #include "engine/engine_test_util.h"
@@ -177,4 +182,60 @@ TEST(GpuMoeTest, NglAutoKeepsTheFirstLayersExpertsOnTheHostWhenTheModelDoesNotFi
   auto cpu = Engine::create(model, co);
   const auto want = prompt_then_decode(*cpu, tokens, 12), got = prompt_then_decode(*engine, tokens, 12);
   EXPECT_LT(test::nmse(got.data(), want.data(), got.size()), 1e-4);
+}
+
+// A decode step's routing on the device (the f32 router's own kernel; its last CTA routes up to 8 rows,
+// more rows take the route kernel) against a double reference: the same experts in the same order
+// (larger logit first) and the same weights, for routers held in registers and wider ones (300
+// experts), odd widths, k of 1 and 8, renormalised and scaled weights. Every row gets the same bits
+// in a step of 1, 3, 8, 9 or 20 rows as in one of 64 (the tail and the route kernel agree), and each
+// launch routes again (gpu_moe_route_for_test clears the outputs and runs twice).
+TEST(GpuMoeTest, RouterKernelRoutesAsTheReferenceAndTheSameInEveryBatch) {
+  SKIP_WITHOUT_GPU();
+  if (const char* v = std::getenv("ROOFLINE_MOE_FUSED_ROUTER"); v && std::strcmp(v, "0") == 0)
+    GTEST_SKIP() << "ROOFLINE_MOE_FUSED_ROUTER=0 turns the router kernel off";
+  Rng rng(23);
+  struct Case {
+    int n_expert, cols, k;
+    bool normalize;
+    float scale;
+  };
+  for (const Case& c : {Case{128, 2048, 8, true, 1.0f}, Case{37, 132, 1, false, 2.5f}, Case{300, 516, 8, false, 1.0f}, Case{60, 4096, 4, true, 1.0f}}) {
+    std::vector<float> router((size_t)c.n_expert * c.cols), xn((size_t)64 * c.cols);
+    for (float& v : router) v = (float)rng.normal() * 0.05f;
+    for (float& v : xn) v = (float)rng.normal();
+    std::vector<float> all_w;
+    const auto all_ids = gpu_moe_route_for_test(router, c.n_expert, c.cols, xn, 64, c.k, c.normalize, c.scale, &all_w);
+    for (int t = 0; t < 64; ++t) {
+      std::vector<double> l(c.n_expert);
+      double mx = -1e300;
+      for (int e = 0; e < c.n_expert; ++e) {
+        double s = 0;
+        for (int i = 0; i < c.cols; ++i) s += (double)router[(size_t)e * c.cols + i] * xn[(size_t)t * c.cols + i];
+        l[e] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0;
+      for (double v : l) sum += std::exp(v - mx);
+      std::vector<int> order(c.n_expert);
+      for (int e = 0; e < c.n_expert; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+      double top = 0;
+      for (int s = 0; s < c.k; ++s) top += std::exp(l[order[s]] - mx) / sum;
+      for (int s = 0; s < c.k; ++s) {
+        const size_t p = (size_t)t * c.k + s;
+        ASSERT_EQ(all_ids[p], order[s]) << c.n_expert << " experts, row " << t << " pick " << s;
+        const double p_ref = std::exp(l[order[s]] - mx) / sum, want = (c.normalize ? p_ref / top : p_ref) * c.scale;
+        EXPECT_NEAR(all_w[p], want, 1e-5 * std::abs(want) + 1e-7) << c.n_expert << " experts, row " << t << " pick " << s;
+      }
+    }
+    for (int n : {1, 3, 8, 9, 20}) {
+      std::vector<float> w;
+      const std::vector<float> part(xn.begin(), xn.begin() + (size_t)n * c.cols);
+      const auto ids = gpu_moe_route_for_test(router, c.n_expert, c.cols, part, n, c.k, c.normalize, c.scale, &w);
+      const size_t pairs = (size_t)n * c.k;
+      EXPECT_TRUE(std::equal(ids.begin(), ids.end(), all_ids.begin())) << c.n_expert << " experts, " << n << " rows";
+      EXPECT_EQ(0, std::memcmp(w.data(), all_w.data(), pairs * 4)) << c.n_expert << " experts, " << n << " rows";
+    }
+  }
 }

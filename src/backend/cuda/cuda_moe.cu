@@ -8,95 +8,22 @@
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_moe_route.cuh"
 
 namespace roofline::cuda {
 namespace {
 
-constexpr int kMaxUsed = 32;      // experts per token the routing kernel keeps
 constexpr int kWarpsPerBlock = 8;
-constexpr int kRoutePerLane = 8;   // routers of up to 256 experts keep their logits in registers
 constexpr int kDirectPairRows = 2;  // steps of up to this many tokens run their pairs unsorted (forward_pairs)
 
-// One warp per row: softmax over the n_expert logits, then k rounds of a warp argmax over the experts
-// not yet taken (the larger logit wins, the lower index on ties), weights p / sum(top p) (normalize) or p.
+// One warp per row (route_row).
 __global__ void moe_route_kernel(const float* logits, int n_rows, int n_expert, int k, bool normalize, float scale,
                                  int32_t* ids, float* weights) {
   wait_for_previous_kernel();
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= n_rows) return;
-  const float* l = logits + (int64_t)row * n_expert;
-  // Up to 32 * kRoutePerLane logits are read once into registers (lane: experts lane, lane + 32, ..; the
-  // loops over them unrolled so they stay there) and the picked ones marked in a per-lane bit mask; wider
-  // routers read them again for every pick. The comparisons and sums are the same either way.
-  const bool in_regs = n_expert <= 32 * kRoutePerLane;
-  float lv[kRoutePerLane];
-#pragma unroll
-  for (int j = 0; j < kRoutePerLane; ++j) {
-    const int e = lane + 32 * j;
-    lv[j] = in_regs && e < n_expert ? l[e] : -FLT_MAX;
-  }
-  float mx = -FLT_MAX;
-  if (in_regs) {
-#pragma unroll
-    for (int j = 0; j < kRoutePerLane; ++j)
-      if (lane + 32 * j < n_expert) mx = fmaxf(mx, lv[j]);
-  } else {
-    for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, l[e]);
-  }
-  mx = warp_max(mx);
-  float sum = 0;
-  if (in_regs) {
-#pragma unroll
-    for (int j = 0; j < kRoutePerLane; ++j)
-      if (lane + 32 * j < n_expert) sum += expf(lv[j] - mx);
-  } else {
-    for (int e = lane; e < n_expert; e += 32) sum += expf(l[e] - mx);
-  }
-  sum = warp_sum(sum);
-  int picked[kMaxUsed];
-  float p[kMaxUsed];
-  float top = 0;
-  uint32_t taken_mask = 0;  // in_regs: bit j = expert lane + 32 j already picked
-  for (int i = 0; i < k; ++i) {
-    float best = -FLT_MAX;
-    int best_e = INT_MAX;
-    auto consider = [&](float v, int e) {
-      if (v > best || (v == best && e < best_e)) {
-        best = v;
-        best_e = e;
-      }
-    };
-    if (in_regs) {
-#pragma unroll
-      for (int j = 0; j < kRoutePerLane; ++j)
-        if (lane + 32 * j < n_expert && !((taken_mask >> j) & 1)) consider(lv[j], lane + 32 * j);
-    } else {
-      for (int e = lane; e < n_expert; e += 32) {
-        bool taken = false;
-        for (int t = 0; t < i; ++t) taken |= picked[t] == e;
-        if (!taken) consider(l[e], e);
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, offset);
-      if (ob > best || (ob == best && oe < best_e)) {
-        best = ob;
-        best_e = oe;
-      }
-    }
-    picked[i] = best_e;
-    if (in_regs && best_e % 32 == lane) taken_mask |= 1u << (best_e / 32);
-    p[i] = expf(best - mx) / sum;
-    top += p[i];
-  }
-  if (lane == 0)
-    for (int i = 0; i < k; ++i) {
-      ids[(int64_t)row * k + i] = picked[i];
-      weights[(int64_t)row * k + i] = (normalize ? p[i] / top : p[i]) * scale;
-    }
+  route_row(logits + (int64_t)row * n_expert, n_expert, k, normalize, scale, ids + (int64_t)row * k, weights + (int64_t)row * k, lane);
 }
 
 // x[t, i] += sum_s weights[t, s] * y[slot_of_pair[t * k + s], i], slots in routing order (the sum's order
@@ -107,7 +34,7 @@ __global__ void moe_combine_kernel(const float* y, const int32_t* slot_of_pair, 
   const int t = blockIdx.y;
   if (i >= n) return;
   float acc = 0;
-  for (int s = 0; s < k; ++s) acc += weights[t * k + s] * y[(int64_t)(slot_of_pair ? slot_of_pair[t * k + s] : t * k + s) * n + i];
+  for (int s = 0; s < k; ++s) acc = fmaf(weights[t * k + s], y[(int64_t)(slot_of_pair ? slot_of_pair[t * k + s] : t * k + s) * n + i], acc);
   x[(int64_t)t * n + i] += acc;
 }
 
@@ -224,6 +151,13 @@ void group_pairs_by_expert(const int32_t* ids, int n_pairs, int k, int n_expert,
          tiles ? tiles->row0 : nullptr, tiles ? tiles->rows : nullptr, tiles ? tiles->n_tiles : nullptr);
 }
 
+void route_rows(const float* logits, int n_rows, int n_expert, int k, bool normalize, float scale, int32_t* ids, float* weights,
+                cudaStream_t stream) {
+  if (n_rows == 0) return;
+  launch(moe_route_kernel, dim3((unsigned)((n_rows + kWarpsPerBlock - 1) / kWarpsPerBlock)), dim3(32 * kWarpsPerBlock), 0, stream,
+         pdl_enabled(), logits, n_rows, n_expert, k, normalize, scale, ids, weights);
+}
+
 int expert_tile_nt(int n_pairs, int n_expert) {
   const int avg = n_pairs / std::max(1, std::min(n_pairs, n_expert));
   return avg <= 16 ? 2 : avg <= 32 ? 4 : avg <= 48 ? 6 : 8;
@@ -242,9 +176,8 @@ void gather_rows(const float* x, const int32_t* row_token, int n_rows, int n, fl
 }
 
 MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), max_rows_(std::max(1, max_rows)) {
-  (void)stream;
-  if (hp.n_expert_used > kMaxUsed)
-    fail("the GPU's MoE routing keeps at most {} experts per token, the model uses {}", kMaxUsed, hp.n_expert_used);
+  if (hp.n_expert_used > kMaxExpertsUsed)
+    fail("the GPU's MoE routing keeps at most {} experts per token, the model uses {}", kMaxExpertsUsed, hp.n_expert_used);
   if (hp.n_expert >= 65536 || (int64_t)max_rows_ * hp.n_expert_used >= 65536)
     fail("internal error: {} rows x {} experts per token exceed the MoE kernels' grid", max_rows_, hp.n_expert_used);
   if ((size_t)hp.n_expert * 8 > 48 * 1024) fail("the GPU's MoE sort takes at most 6144 experts, the model has {}", hp.n_expert);
@@ -260,7 +193,7 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   arena_.reserve(bytes(T * E) + 2 * bytes(P) + 2 * bytes(P * F) + 2 * bytes(P * H) + 3 * bytes(P) + 2 * bytes(E + 1) +
                  3 * bytes(max_tiles_) + bytes(1) + (frag_halves_ * 2 + 255) / 256 * 256 +
                  act_bytes(P, H) + act_bytes(P, F) + act_bytes(T, H) +
-                 (S ? 2 * bytes(T * S) + bytes(T * H) + act_bytes(T, S) : 0) + 32 * 256);
+                 (S ? 2 * bytes(T * S) + bytes(T * H) + act_bytes(T, S) : 0) + bytes(1) + 32 * 256);
   auto take = [&](size_t floats) { return reinterpret_cast<float*>(arena_.take(floats * 4)); };
   auto take_i = [&](size_t n) { return reinterpret_cast<int32_t*>(arena_.take(n * 4)); };
   auto take_act = [&](size_t rows, size_t cols) {
@@ -295,6 +228,8 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
     shexp_y_ = take(T * H);
     act_sh_ = take_act(T, S);
   }
+  route_counter_ = take_i(1);
+  ROOFLINE_CUDA_CHECK(cudaMemsetAsync(route_counter_, 0, sizeof(int), stream));
 }
 
 void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
@@ -305,9 +240,18 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   ExpertGroups all{};
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);
-  matvec_experts(*L.router, E, all, takes_q8(*L.router) ? xn_act : ActQ8{}, xn, logits_, E, stream);
-  launch(moe_route_kernel, dim3((unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock)), dim3(32 * kWarpsPerBlock), 0, stream,
-         pdl_enabled(), (const float*)logits_, n, E, k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_);
+  // Decode batches: the router's own kernel (its last CTA routes steps of a few rows); prompts: the
+  // expert matvec and the route kernel. The logits and the picks are the same bits either way.
+  bool routed = false;
+  if (moe_router_fits(*L.router, n)) {
+    MoeRouteTail tail;
+    if (n <= moe_route_tail_rows()) tail = MoeRouteTail{k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_, route_counter_};
+    moe_router(*L.router, E, xn, n, logits_, tail, stream);
+    routed = tail.ids != nullptr;
+  } else {
+    matvec_experts(*L.router, E, all, takes_q8(*L.router) ? xn_act : ActQ8{}, xn, logits_, E, stream);
+  }
+  if (!routed) route_rows(logits_, n, E, k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_, stream);
   const int pairs = n * k, max_active = std::min(pairs, E);
   if (n <= kDirectPairRows && takes_q8(*L.gate_exps) && matvec_can_group(*L.gate_exps, *L.up_exps) && H % 32 == 0) {
     forward_pairs(L, xn_act, n, x, stream);
@@ -372,6 +316,10 @@ void MoeFfn::forward_pairs(const MoeLayerDev& L, const ActQ8& xn_act, int n, flo
   matvec_experts_pair(*L.gate_exps, *L.up_exps, F, direct, xn_act, nullptr, gate_, up_, F, stream);
   const bool q8_down = takes_q8(*L.down_exps);
   swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
+  if (q8_down && moe_down_combine_fits(*L.down_exps)) {
+    moe_down_combine(*L.down_exps, H, act_h_, ids_, weights_, n, k, x, stream);
+    return;
+  }
   direct.input_div = 1;
   matvec_experts(*L.down_exps, H, direct, q8_down ? act_h_ : ActQ8{}, gate_, y_, H, stream);
   launch(moe_combine_kernel, dim3((unsigned)((H + 255) / 256), (unsigned)n), dim3(256), 0, stream, pdl_enabled(),

@@ -34,6 +34,10 @@ struct ExpertTileBuffers {
 };
 void group_pairs_by_expert(const int32_t* ids, int n_pairs, int k, int n_expert, int max_active, int32_t* offsets, int32_t* active,
                            int32_t* row_token, int32_t* slot_of_pair, const ExpertTileBuffers* tiles, cudaStream_t stream);
+// ids[t * k, +k) and weights[t * k, +k) of each row t < n_rows of logits [n_rows x n_expert]: softmax,
+// top-k (the lower index first on ties), weights renormalised over the k (normalize), times scale.
+void route_rows(const float* logits, int n_rows, int n_expert, int k, bool normalize, float scale, int32_t* ids, float* weights,
+                cudaStream_t stream);
 // n8 tiles per token tile for n_pairs pairs over n_expert experts (rows per active expert on average:
 // up to 16 -> 2, 32 -> 4, 48 -> 6, else 8), and the most token tiles the sort can write with it.
 int expert_tile_nt(int n_pairs, int n_expert);
@@ -43,6 +47,31 @@ int expert_max_tiles(int n_pairs, int n_expert, int nt);
 bool moe_uses_mma(const DeviceWeight& w, int64_t rows_per_expert, int n_rows);
 // out[j] = x[row_token[j]] for j < n_rows (rows of n floats).
 void gather_rows(const float* x, const int32_t* row_token, int n_rows, int n, float* out, cudaStream_t stream);
+
+// Decode steps' MoE launches (cuda_moe_decode.cu), each giving the bits of the separate kernels it
+// replaces. moe_router: logits[t * n_expert + e] = router[e] . xn[t] for an f32 router and up to
+// kMoeRouterMaxRows rows; with a tail (ids set; at most moe_route_tail_rows() rows) the last CTA to
+// finish also routes every row into ids and weights (counter: a device int that starts at 0 and is left
+// at 0). ROOFLINE_MOE_FUSED_ROUTER=0 keeps the router in the expert matvec and the route kernel.
+constexpr int kMoeRouterMaxRows = 64;
+struct MoeRouteTail {
+  int k = 0;
+  bool normalize = false;
+  float scale = 1.0f;
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  int* counter = nullptr;
+};
+bool moe_router_fits(const DeviceWeight& router, int n_rows);
+int moe_route_tail_rows();
+void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n_rows, float* logits, const MoeRouteTail& tail,
+                cudaStream_t stream);
+// x[t] += sum_s weights[t * k + s] * down_{ids[t * k + s]} h[t * k + s] for t < n_rows: the experts' down
+// products and their weighted sum in one launch (int8 rows h in act; Q4_K, Q6_K or Q8_0 down tensors).
+// ROOFLINE_MOE_DOWN_COMBINE=0 keeps the down product and the combine kernel apart.
+bool moe_down_combine_fits(const DeviceWeight& down);
+void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
+                      int k, float* x, cudaStream_t stream);
 
 // Work buffers for up to max_rows rows, and the block's launches.
 class MoeFfn {
@@ -79,6 +108,7 @@ class MoeFfn {
   float *logits_ = nullptr, *weights_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *y_ = nullptr, *xs_ = nullptr;
   float *shexp_gate_ = nullptr, *shexp_up_ = nullptr, *shexp_y_ = nullptr;
   int32_t* ids_ = nullptr;
+  int* route_counter_ = nullptr;  // the fused router's count of finished CTAs (MoeRouteTail)
   // The pairs grouped by expert (moe_sort_kernel): offsets per expert, active experts, each grouped row's
   // token, each pair's grouped row.
   int32_t *offsets_ = nullptr, *active_ = nullptr, *row_token_ = nullptr, *slot_of_pair_ = nullptr;
