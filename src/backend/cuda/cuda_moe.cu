@@ -313,9 +313,13 @@ void MoeFfn::forward_pairs(const MoeLayerDev& L, const ActQ8& xn_act, int n, flo
   direct.pair_ids = ids_;
   direct.max_active = pairs;
   direct.input_div = k;
-  matvec_experts_pair(*L.gate_exps, *L.up_exps, F, direct, xn_act, nullptr, gate_, up_, F, stream);
   const bool q8_down = takes_q8(*L.down_exps);
-  swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
+  if (q8_down && !xn_act.row_factor && moe_gate_up_swiglu_fits(*L.gate_exps, *L.up_exps, F)) {
+    moe_gate_up_swiglu(*L.gate_exps, *L.up_exps, F, xn_act, ids_, pairs, k, act_h_, stream);
+  } else {
+    matvec_experts_pair(*L.gate_exps, *L.up_exps, F, direct, xn_act, nullptr, gate_, up_, F, stream);
+    swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
+  }
   if (q8_down && moe_down_combine_fits(*L.down_exps)) {
     moe_down_combine(*L.down_exps, H, act_h_, ids_, weights_, n, k, x, stream);
     return;

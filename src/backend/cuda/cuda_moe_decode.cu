@@ -17,13 +17,16 @@ namespace {
 constexpr int kRouterThreads = 256;
 constexpr int kRouterWarps = kRouterThreads / 32;
 constexpr int kRouterVec = 4;  // float4s of the router row per thread, held in registers
-constexpr int kDownWarps = 8;  // output rows per CTA of the down + combine kernel
+constexpr int kRouterBlockExperts = 1024;  // one row's routing by the whole last CTA (route_row_block) up to this many experts
+constexpr int kDownRows = 4;       // output rows per CTA of the down + combine kernel (per warp, of each expert)
+constexpr int kDownMaxWarps = 16;  // warps per CTA of it: one per expert, up to this many
 
 // logits[t, e] = router[e] . xn[t] for t < n_rows, one CTA per expert e. The router row is loaded before
 // the dependency wait (weights are no kernel's output), so its read overlaps the norm before it. Each
 // thread sums its float4s in order, each warp its threads (butterfly), then the warps in order: the
 // same bits for a row whatever n_rows is. With a tail (ids), the CTA that finishes last routes every row
-// (route_row; a warp per row, n_rows <= kRouterWarps) and resets the counter for the next launch.
+// (a step of one row with the whole CTA, route_row_block; else a warp per row, route_row; n_rows <=
+// kRouterWarps) and resets the counter for the next launch.
 __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(const float* router, int cols, const float* xn, int n_rows, float* logits,
                                                                     int n_expert, MoeRouteTail tail) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, e = blockIdx.x;
@@ -62,88 +65,95 @@ __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(const float*
     logits[(int64_t)t * n_expert + e] = sum;
   }
   if (!tail.ids) return;
-  __threadfence();  // each writer's logits before the CTA's arrival
+  // The last CTA to arrive routes (one thread fences and counts for the CTA, as a grid barrier does).
   __syncthreads();
-  if (tid == 0) last = atomicAdd(tail.counter, 1) == (int)gridDim.x - 1;
+  if (tid == 0) {
+    __threadfence();
+    last = atomicAdd(tail.counter, 1) == (int)gridDim.x - 1;
+    if (last) {
+      *tail.counter = 0;
+      __threadfence();
+    }
+  }
   __syncthreads();
   if (!last) return;
-  __threadfence();  // after the count that says every CTA's logits are in
-  if (tid == 0) *tail.counter = 0;
-  if (warp < n_rows)
+  if (tail.whole_cta && n_rows == 1 && n_expert <= kRouterBlockExperts) {
+    __shared__ float lv[kRouterBlockExperts], sel_v[kMaxExpertsUsed];
+    __shared__ int sel_e[kMaxExpertsUsed];
+    route_row_block(logits, n_expert, tail.k, tail.normalize, tail.scale, tail.ids, tail.weights, lv, sel_e, sel_v);
+  } else if (warp < n_rows) {
     route_row(logits + (int64_t)warp * n_expert, n_expert, tail.k, tail.normalize, tail.scale, tail.ids + (int64_t)warp * tail.k,
               tail.weights + (int64_t)warp * tail.k, lane);
-}
-
-// The expert product of one row, as the grouped expert kernels reduce it (cuda_matvec.cu, product_rows).
-template <DType T>
-__device__ __forceinline__ float expert_row(const DeviceWeight& w, const ActQ8& act, int64_t row, int lane) {
-  float acc[1][1] = {};
-  if constexpr (T == DType::Q4_K) matvec_q4_k_partials<1, 1>(w, act, row, lane, acc);
-  else if constexpr (T == DType::Q6_K) matvec_q6_k_partials<1, 1, 1>(w, act, row, lane, acc);
-  else matvec_q8_0_partials<1, 1, 1>(w, act, row, lane, acc);
-  return warp_sum(acc[0][0]);
-}
-
-// Asks for the 128-byte lines of [p, p + bytes) to be brought into the L1 (lane `slot` of n_slots takes
-// every n_slots-th line), without waiting for them.
-__device__ __forceinline__ void prefetch_lines(const void* p, int64_t bytes, int slot, int n_slots, int level) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)127, last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) & ~(uintptr_t)127;
-  for (uintptr_t line = first + (uintptr_t)slot * 128; line <= last; line += (uintptr_t)n_slots * 128) {
-    if (level == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
-    else asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
   }
 }
 
-// Row `row` of a weight (every plane of its layout) and the int8 activation row a of `cols` values.
-__device__ __forceinline__ void prefetch_row(const DeviceWeight& w, int64_t row, const ActQ8& a, int lane, int level) {
-  const int64_t c = w.cols;
-  switch (w.layout) {
-    case WeightLayout::Raw: prefetch_lines(w.data + row * (int64_t)w.row_bytes, (int64_t)w.row_bytes, lane, 32, level); break;
-    case WeightLayout::Q6KPlanes:
-      prefetch_lines(w.data + row * (c / 2), c / 2, lane, 32, level);
-      prefetch_lines(w.plane1 + row * (c / 4), c / 4, lane, 32, level);
-      prefetch_lines(w.plane2 + row * (c / 16), c / 16, lane, 32, level);
-      prefetch_lines(w.plane3 + row * (c / 256) * 2, (c / 256) * 2, lane, 32, level);
-      break;
-    case WeightLayout::Q8_0Planes:
-      prefetch_lines(w.data + row * c, c, lane, 32, level);
-      prefetch_lines(w.plane1 + row * (c / 32) * 2, (c / 32) * 2, lane, 32, level);
-      break;
-  }
-  prefetch_lines(a.q, c, lane, 32, level);
-  prefetch_lines(a.d, c / 32 * 4, lane, 32, level);
-  if (w.type == DType::Q4_K) prefetch_lines(a.s, c / 32 * 4, lane, 32, level);
+// The experts' products of R rows, as the grouped expert kernels reduce them (cuda_matvec.cu, product_rows).
+template <DType T>
+__device__ __forceinline__ void expert_rows(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[kDownRows][1]) {
+  if constexpr (T == DType::Q4_K) matvec_q4_k_partials<1, kDownRows>(w, act, row0, lane, acc);
+  else if constexpr (T == DType::Q6_K) matvec_q6_k_partials<1, kDownRows, 1>(w, act, row0, lane, acc);
+  else matvec_q8_0_partials<1, kDownRows, 1>(w, act, row0, lane, acc);
 }
 
-// x[t, row] += sum_s weights[t * k + s] * (down of expert ids[t * k + s] . h[t * k + s])[row]: one warp per
-// output row of a token (blockIdx.y), its k experts in routing order, the sum in moe_combine_kernel's order.
+// x[t, r] += sum_s weights[t * k + s] * (down of expert ids[t * k + s] . h[t * k + s])[r] for the kDownRows
+// rows r of a CTA and token t = blockIdx.y: warp w takes the experts s = w, w + warps, .. (so every
+// expert's loads are in flight at once, one round each, as in the grouped kernels), puts its rows'
+// sums in shared memory, and the first lanes add them up in routing order, as moe_combine_kernel does.
 template <DType T>
-__global__ void __launch_bounds__(kDownWarps * 32) moe_down_combine_kernel(DeviceWeight down, int64_t rows_per_expert, ActQ8 act,
-                                                                           const int32_t* ids, const float* weights, int k, float* x,
-                                                                           int prefetch) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = (int64_t)blockIdx.x * kDownWarps + threadIdx.x / 32;
+__global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(DeviceWeight down, int64_t rows_per_expert, ActQ8 act,
+                                                                              const int32_t* ids, const float* weights, int k, float* x) {
+  __shared__ float y[kMaxExpertsUsed][kDownRows];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t row0 = (int64_t)blockIdx.x * kDownRows;
   const int t = blockIdx.y;
-  wait_for_previous_kernel();
-  if (row >= rows_per_expert) return;
   const int64_t groups = down.cols / 32;
-  // Each expert's product below waits for its loads before the next one starts (its loop and the warp's
-  // sum are in the way), so every expert's row and activations are requested first, at once.
-  if (prefetch)
-    for (int s = 0; s < k; ++s) {
-      const int64_t p = (int64_t)t * k + s;
-      prefetch_row(expert_view(down, ids[p], rows_per_expert), row, ActQ8{act.q + p * down.cols, act.d + p * groups, act.s + p * groups}, lane,
-                   prefetch);
-    }
-  float sum = 0;
-#pragma unroll 4
-  for (int s = 0; s < k; ++s) {
+  wait_for_previous_kernel();
+  for (int s = warp; s < k; s += warps) {
     const int64_t p = (int64_t)t * k + s;
-    const DeviceWeight we = expert_view(down, ids[p], rows_per_expert);
-    const ActQ8 a{act.q + p * down.cols, act.d + p * groups, act.s + p * groups};
-    sum = fmaf(weights[p], expert_row<T>(we, a, row, lane), sum);
+    float acc[kDownRows][1] = {};
+    expert_rows<T>(expert_view(down, ids[p], rows_per_expert), ActQ8{act.q + p * down.cols, act.d + p * groups, act.s + p * groups}, row0,
+                   lane, acc);
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) {
+      const float v = warp_sum(acc[r][0]);
+      if (lane == 0) y[s][r] = v;
+    }
   }
-  if (lane == 0) x[(int64_t)t * rows_per_expert + row] += sum;
+  __syncthreads();
+  if (threadIdx.x < kDownRows && row0 + threadIdx.x < rows_per_expert) {
+    float sum = 0;
+    for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][threadIdx.x], sum);
+    x[(int64_t)t * rows_per_expert + row0 + threadIdx.x] += sum;
+  }
+}
+
+// h[p, 32 b + i] = silu(gate_e . x) * (up_e . x) for the 32 rows of block b = blockIdx.x of pair p =
+// blockIdx.y (expert e = ids[p], input row x = p / k of xn), quantized to int8 as gated_product_kernel
+// does (its formula, warp_quantize32): warps 0-7 take 4 gate rows each, warps 8-15 the same rows of up,
+// one round of loads each, as the grouped kernels reduce them.
+template <DType T>
+__global__ void __launch_bounds__(512) moe_gate_up_swiglu_kernel(DeviceWeight gate, DeviceWeight up, int64_t rows_per_expert, ActQ8 xn,
+                                                                 const int32_t* ids, int k, ActQ8 h) {
+  __shared__ float g[32], u[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t blk = blockIdx.x, p = blockIdx.y, row0 = blk * 32 + (warp % 8) * kDownRows;
+  const int64_t in = p / k, groups = gate.cols / 32;
+  wait_for_previous_kernel();
+  const DeviceWeight w = expert_view(warp < 8 ? gate : up, ids[p], rows_per_expert);
+  float acc[kDownRows][1] = {};
+  expert_rows<T>(w, ActQ8{xn.q + in * gate.cols, xn.d + in * groups, xn.s + in * groups}, row0, lane, acc);
+  float* dst = warp < 8 ? g : u;
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) {
+    const float v = warp_sum(acc[r][0]);
+    if (lane == 0) dst[(warp % 8) * kDownRows + r] = v;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const float a = g[lane];
+  const float v = a / (1.0f + __expf(-a)) * u[lane];
+  const int64_t gi = p * (rows_per_expert / 32) + blk;
+  warp_quantize32(v, lane, const_cast<int8_t*>(h.q) + gi * 32, const_cast<float*>(h.d) + gi, const_cast<float*>(h.s) + gi);
 }
 
 bool enabled(const char* name) {
@@ -165,15 +175,44 @@ void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n
                 cudaStream_t stream) {
   if (!moe_router_fits(router, n_rows) || router.rows != n_expert || (tail.ids && (n_rows > kRouterWarps || !tail.counter)))
     fail("internal error: the fused MoE router over {} rows of a {} x {} {} router", n_rows, router.rows, router.cols, dtype_name(router.type));
+  // A step of one row is routed by the whole last CTA; ROOFLINE_MOE_ROUTE_CTA=0 leaves it to one warp.
+  static const bool whole_cta = enabled("ROOFLINE_MOE_ROUTE_CTA");
+  MoeRouteTail t = tail;
+  t.whole_cta = whole_cta;
   launch(moe_router_kernel, dim3((unsigned)n_expert), dim3(kRouterThreads), 0, stream, pdl_enabled(),
-         reinterpret_cast<const float*>(router.data), (int)router.cols, xn, n_rows, logits, n_expert, tail);
+         reinterpret_cast<const float*>(router.data), (int)router.cols, xn, n_rows, logits, n_expert, t);
+}
+
+// The weights the fused decode kernels read: Q4_K, Q6_K or Q8_0 in the layout the matvec kernels take.
+bool decode_kind(const DeviceWeight& w) {
+  return w.cols % 256 == 0 && ((w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes) ||
+                               (w.type == DType::Q8_0 && w.layout == WeightLayout::Q8_0Planes));
 }
 
 bool moe_down_combine_fits(const DeviceWeight& down) {
   static const bool on = enabled("ROOFLINE_MOE_DOWN_COMBINE");
-  if (!on || down.cols % 256 != 0) return false;
-  return (down.type == DType::Q4_K && down.layout == WeightLayout::Raw) || (down.type == DType::Q6_K && down.layout == WeightLayout::Q6KPlanes) ||
-         (down.type == DType::Q8_0 && down.layout == WeightLayout::Q8_0Planes);
+  return on && decode_kind(down);
+}
+
+bool moe_gate_up_swiglu_fits(const DeviceWeight& gate, const DeviceWeight& up, int64_t rows_per_expert) {
+  static const bool on = enabled("ROOFLINE_MOE_GATE_UP_SWIGLU");
+  return on && decode_kind(gate) && gate.type == up.type && gate.layout == up.layout && gate.cols == up.cols && rows_per_expert % 32 == 0;
+}
+
+void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_t rows_per_expert, const ActQ8& xn, const int32_t* ids, int n_pairs,
+                        int k, const ActQ8& h, cudaStream_t stream) {
+  if (n_pairs == 0) return;
+  if (!moe_gate_up_swiglu_fits(gate, up, rows_per_expert) || !xn.q || xn.row_factor || !h.q || n_pairs > 65535)
+    fail("internal error: the fused MoE gate/up + SwiGLU over {} pairs of {} gate and up tensors", n_pairs, dtype_name(gate.type));
+  const dim3 grid((unsigned)(rows_per_expert / 32), (unsigned)n_pairs), block(512);
+  switch (gate.type) {
+    case DType::Q4_K:
+      return launch(moe_gate_up_swiglu_kernel<DType::Q4_K>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
+    case DType::Q6_K:
+      return launch(moe_gate_up_swiglu_kernel<DType::Q6_K>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
+    default:
+      return launch(moe_gate_up_swiglu_kernel<DType::Q8_0>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
+  }
 }
 
 void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
@@ -181,22 +220,14 @@ void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const A
   if (n_rows == 0) return;
   if (!moe_down_combine_fits(down) || !act.q || act.row_factor)
     fail("internal error: the fused MoE down + combine over a {} down tensor", dtype_name(down.type));
-  // Where the rows are requested ahead: 1 the L1 (default), 2 the L2, 0 not at all (ROOFLINE_MOE_DOWN_PREFETCH).
-  static const int prefetch = [] {
-    const char* v = std::getenv("ROOFLINE_MOE_DOWN_PREFETCH");
-    return v ? std::clamp(std::atoi(v), 0, 2) : 1;
-  }();
-  const dim3 grid((unsigned)((rows_per_expert + kDownWarps - 1) / kDownWarps), (unsigned)n_rows), block(kDownWarps * 32);
+  const dim3 grid((unsigned)((rows_per_expert + kDownRows - 1) / kDownRows), (unsigned)n_rows), block(32 * std::min(k, kDownMaxWarps));
   switch (down.type) {
     case DType::Q4_K:
-      return launch(moe_down_combine_kernel<DType::Q4_K>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x,
-                    prefetch);
+      return launch(moe_down_combine_kernel<DType::Q4_K>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
     case DType::Q6_K:
-      return launch(moe_down_combine_kernel<DType::Q6_K>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x,
-                    prefetch);
+      return launch(moe_down_combine_kernel<DType::Q6_K>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
     default:
-      return launch(moe_down_combine_kernel<DType::Q8_0>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x,
-                    prefetch);
+      return launch(moe_down_combine_kernel<DType::Q8_0>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
   }
 }
 

@@ -91,4 +91,45 @@ __device__ __forceinline__ void route_row(const float* l, int n_expert, int k, b
     }
 }
 
+// The same routing of one row by a whole CTA of nthreads threads (blockDim.x, a multiple of 32; every
+// thread calls it), with the same bits as route_row: each thread ranks its experts among all (larger
+// logit first, the lower index on ties) in one pass instead of k rounds of a warp argmax, while warp 0
+// forms the softmax's max and sum in route_row's order. lv: shared memory for n_expert floats; sel_e,
+// sel_v: for k ints and floats.
+__device__ __forceinline__ void route_row_block(const float* l, int n_expert, int k, bool normalize, float scale, int32_t* ids, float* weights,
+                                                float* lv, int* sel_e, float* sel_v) {
+  const int tid = threadIdx.x, lane = tid % 32, nthreads = blockDim.x;
+  for (int e = tid; e < n_expert; e += nthreads) lv[e] = __ldcg(l + e);
+  __syncthreads();
+  for (int e = tid; e < n_expert; e += nthreads) {
+    const float v = lv[e];
+    int rank = 0;
+    for (int j = 0; j < n_expert; ++j) {
+      const float o = lv[j];
+      rank += o > v || (o == v && j < e);
+    }
+    if (rank < k) {
+      sel_e[rank] = e;
+      sel_v[rank] = v;
+    }
+  }
+  float mx = -FLT_MAX, sum = 0;
+  if (tid < 32) {
+    for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, lv[e]);
+    mx = warp_max(mx);
+    for (int e = lane; e < n_expert; e += 32) sum += expf(lv[e] - mx);
+    sum = warp_sum(sum);
+  }
+  __syncthreads();
+  if (tid >= 32) return;
+  // Lane i < k holds pick i; lane 0 sums the picks in order, as route_row's loop does.
+  const float p = lane < k ? expf(sel_v[lane] - mx) / sum : 0.0f;
+  float top = 0;
+  for (int i = 0; i < k; ++i) top += __shfl_sync(0xffffffffu, p, i);
+  if (lane < k) {
+    ids[lane] = sel_e[lane];
+    weights[lane] = (normalize ? p / top : p) * scale;
+  }
+}
+
 }  // namespace roofline::cuda
