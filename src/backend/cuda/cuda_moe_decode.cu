@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/cuda_matvec_rows.cuh"
 #include "backend/gpu.h"
@@ -156,6 +157,16 @@ __global__ void __launch_bounds__(512) moe_gate_up_swiglu_kernel(DeviceWeight ga
   warp_quantize32(v, lane, const_cast<int8_t*>(h.q) + gi * 32, const_cast<float*>(h.d) + gi, const_cast<float*>(h.s) + gi);
 }
 
+// Calls f with std::integral_constant<DType, T> for a weight type T among those decode_kind takes.
+template <typename F>
+void with_decode_kind(DType type, F&& f) {
+  switch (type) {
+    case DType::Q4_K: return f(std::integral_constant<DType, DType::Q4_K>{});
+    case DType::Q6_K: return f(std::integral_constant<DType, DType::Q6_K>{});
+    default: return f(std::integral_constant<DType, DType::Q8_0>{});
+  }
+}
+
 bool enabled(const char* name) {
   const char* v = std::getenv(name);
   return !(v && std::strcmp(v, "0") == 0);
@@ -205,14 +216,9 @@ void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_
   if (!moe_gate_up_swiglu_fits(gate, up, rows_per_expert) || !xn.q || xn.row_factor || !h.q || n_pairs > 65535)
     fail("internal error: the fused MoE gate/up + SwiGLU over {} pairs of {} gate and up tensors", n_pairs, dtype_name(gate.type));
   const dim3 grid((unsigned)(rows_per_expert / 32), (unsigned)n_pairs), block(512);
-  switch (gate.type) {
-    case DType::Q4_K:
-      return launch(moe_gate_up_swiglu_kernel<DType::Q4_K>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
-    case DType::Q6_K:
-      return launch(moe_gate_up_swiglu_kernel<DType::Q6_K>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
-    default:
-      return launch(moe_gate_up_swiglu_kernel<DType::Q8_0>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
-  }
+  with_decode_kind(gate.type, [&](auto kind) {
+    launch(moe_gate_up_swiglu_kernel<decltype(kind)::value>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
+  });
 }
 
 void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
@@ -221,14 +227,9 @@ void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const A
   if (!moe_down_combine_fits(down) || !act.q || act.row_factor)
     fail("internal error: the fused MoE down + combine over a {} down tensor", dtype_name(down.type));
   const dim3 grid((unsigned)((rows_per_expert + kDownRows - 1) / kDownRows), (unsigned)n_rows), block(32 * std::min(k, kDownMaxWarps));
-  switch (down.type) {
-    case DType::Q4_K:
-      return launch(moe_down_combine_kernel<DType::Q4_K>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
-    case DType::Q6_K:
-      return launch(moe_down_combine_kernel<DType::Q6_K>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
-    default:
-      return launch(moe_down_combine_kernel<DType::Q8_0>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
-  }
+  with_decode_kind(down.type, [&](auto kind) {
+    launch(moe_down_combine_kernel<decltype(kind)::value>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
+  });
 }
 
 }  // namespace roofline::cuda
