@@ -61,7 +61,7 @@ struct MoeRouteTail {
   int32_t* ids = nullptr;
   float* weights = nullptr;
   int* counter = nullptr;
-  bool whole_cta = false;  // set by moe_router
+  bool whole_cta = true;  // set by moe_router
 };
 bool moe_router_fits(const DeviceWeight& router, int n_rows);
 int moe_route_tail_rows();
