@@ -61,7 +61,6 @@ struct MoeRouteTail {
   int32_t* ids = nullptr;
   float* weights = nullptr;
   int* counter = nullptr;
-  bool whole_cta = true;  // set by moe_router
 };
 bool moe_router_fits(const DeviceWeight& router, int n_rows);
 int moe_route_tail_rows();
@@ -71,14 +70,14 @@ void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n
 // products and their weighted sum in one launch (int8 rows h in act; Q4_K, Q6_K or Q8_0 down tensors).
 // ROOFLINE_MOE_DOWN_COMBINE=0 keeps the down product and the combine kernel apart.
 bool moe_down_combine_fits(const DeviceWeight& down);
+void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
+                      int k, float* x, cudaStream_t stream);
 // h[p] = int8(silu(gate_{ids[p]} x[p / k]) * (up_{ids[p]} x[p / k])) for pairs p < n_pairs, the products
 // and the SwiGLU in one launch (int8 rows x in xn; gate and up of one kind among Q4_K, Q6_K, Q8_0; rows
 // per expert a multiple of 32). ROOFLINE_MOE_GATE_UP_SWIGLU=0 keeps the SwiGLU kernel apart.
 bool moe_gate_up_swiglu_fits(const DeviceWeight& gate, const DeviceWeight& up, int64_t rows_per_expert);
 void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_t rows_per_expert, const ActQ8& xn, const int32_t* ids, int n_pairs,
                         int k, const ActQ8& h, cudaStream_t stream);
-void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
-                      int k, float* x, cudaStream_t stream);
 
 // Work buffers for up to max_rows rows, and the block's launches.
 class MoeFfn {

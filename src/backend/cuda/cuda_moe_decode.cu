@@ -1,6 +1,7 @@
 // Fewer launches for the MoE block of decode steps (cuda_moe.cuh): the router's product with the routing
-// done by its last CTA, and the experts' down products summed straight into the residual. Both give the
-// bits of the separate kernels they replace (the same row functions, the same order of sums), so a
+// done by its last CTA, the experts' gate/up products with the SwiGLU and its int8 quantization, and
+// their down products summed straight into the residual. Each gives the bits of the separate kernels it
+// replaces (the same row functions, the same order of sums), so a
 // sequence decodes the same alone and in a batch that takes the separate kernels.
 #include <algorithm>
 #include <cstdlib>
@@ -29,7 +30,7 @@ constexpr int kDownMaxWarps = 16;  // warps per CTA of it: one per expert, up to
 // (a step of one row with the whole CTA, route_row_block; else a warp per row, route_row; n_rows <=
 // kRouterWarps) and resets the counter for the next launch.
 __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(const float* router, int cols, const float* xn, int n_rows, float* logits,
-                                                                    int n_expert, MoeRouteTail tail) {
+                                                                    int n_expert, MoeRouteTail tail, bool whole_cta) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, e = blockIdx.x;
   const int n4 = cols / 4;
   float4 w[kRouterVec];
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(const float*
   }
   __syncthreads();
   if (!last) return;
-  if (tail.whole_cta && n_rows == 1 && n_expert <= kRouterBlockExperts) {
+  if (whole_cta && n_rows == 1 && n_expert <= kRouterBlockExperts) {
     __shared__ float lv[kRouterBlockExperts], sel_v[kMaxExpertsUsed];
     __shared__ int sel_e[kMaxExpertsUsed];
     route_row_block(logits, n_expert, tail.k, tail.normalize, tail.scale, tail.ids, tail.weights, lv, sel_e, sel_v);
@@ -167,6 +168,12 @@ void with_decode_kind(DType type, F&& f) {
   }
 }
 
+// The weights the fused decode kernels read: Q4_K, Q6_K or Q8_0 in the layout the matvec kernels take.
+bool decode_kind(const DeviceWeight& w) {
+  return w.cols % 256 == 0 && ((w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes) ||
+                               (w.type == DType::Q8_0 && w.layout == WeightLayout::Q8_0Planes));
+}
+
 bool enabled(const char* name) {
   const char* v = std::getenv(name);
   return !(v && std::strcmp(v, "0") == 0);
@@ -189,16 +196,8 @@ void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n
   // A step of one row is routed by the whole last CTA (route_row_block); ROOFLINE_MOE_ROUTE_CTA=0 leaves it
   // to one warp. Measured on the H200 (tg128, qwen3-30b-a3b, two rounds): 387.8 / 388.9 against 385.0 / 384.0.
   static const bool whole_cta = enabled("ROOFLINE_MOE_ROUTE_CTA");
-  MoeRouteTail t = tail;
-  t.whole_cta = whole_cta;
   launch(moe_router_kernel, dim3((unsigned)n_expert), dim3(kRouterThreads), 0, stream, pdl_enabled(),
-         reinterpret_cast<const float*>(router.data), (int)router.cols, xn, n_rows, logits, n_expert, t);
-}
-
-// The weights the fused decode kernels read: Q4_K, Q6_K or Q8_0 in the layout the matvec kernels take.
-bool decode_kind(const DeviceWeight& w) {
-  return w.cols % 256 == 0 && ((w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes) ||
-                               (w.type == DType::Q8_0 && w.layout == WeightLayout::Q8_0Planes));
+         reinterpret_cast<const float*>(router.data), (int)router.cols, xn, n_rows, logits, n_expert, tail, whole_cta);
 }
 
 bool moe_down_combine_fits(const DeviceWeight& down) {
