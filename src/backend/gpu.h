@@ -51,8 +51,9 @@ std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>& x, int device
 // For tests: y[t][r] = sum_c W[r][c] x[t][c] computed by the GPU's kernels (matvec for n_tokens <= 8,
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].
 std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device = 0);
-// For tests: decode products (1-8 tokens) of int8-activation weights of one row length in one launch, as
-// the backend joins q/k/v (matvec_multi: one kind, or Q4_K and Q6_K together). Returns each weight's
+// For tests: products of int8-activation weights of one row length in one launch, as the backend joins
+// q/k/v and gate/up: 1-8 tokens through matvec_multi (one kind, or Q4_K and Q6_K together), 9-64 through
+// the batched tensor-core kernel (gemm_multi: Q4_K or Q6_K, one type). Returns each weight's
 // [n_tokens x rows] output, one after the other.
 std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>& ws, const std::vector<float>& x, int n_tokens,
                                                 int device = 0);

@@ -154,6 +154,46 @@ TEST(GpuMatmulTest, JoinedProductsOfOneInputMatchEachProduct) {
       }
 }
 
+// Batched-decode products (9-64 tokens) joined in one launch of the tensor-core kernel, as the backend
+// joins q/k/v and gate/up there: one type per launch, members whose row counts leave row tiles short,
+// one member large enough to split K over CTAs; each product against its double reference.
+TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(11);
+  const std::vector<std::vector<std::pair<DType, int64_t>>> groups = {
+      {{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
+      {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
+      {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
+  for (const int64_t cols : {768, 5120})
+    for (const auto& group : groups)
+      for (int n : {9, 16, 33, 64}) {
+        std::vector<std::unique_ptr<test::RandomWeight>> ws;
+        std::vector<Weight> views;
+        for (const auto& [type, rows] : group) ws.push_back(std::make_unique<test::RandomWeight>(type, rows, cols, rng));
+        for (const auto& w : ws) views.push_back(w->weight());
+        std::vector<const Weight*> wp;
+        for (const Weight& v : views) wp.push_back(&v);
+        std::vector<float> x((size_t)(n * cols));
+        for (float& v : x) v = (float)rng.normal();
+        const auto y = gpu_joined_products_for_test(wp, x, n);
+        size_t at = 0;
+        for (size_t m = 0; m < ws.size(); ++m) {
+          const int64_t rows = group[m].second;
+          std::vector<float> ref((size_t)(n * rows));
+          for (int t = 0; t < n; ++t) {
+            const std::vector<double> yt = ws[m]->times(x, t);
+            for (int64_t r = 0; r < rows; ++r) ref[(size_t)(t * rows + r)] = (float)yt[(size_t)r];
+          }
+          ASSERT_LE(at + ref.size(), y.size());
+          EXPECT_LT(test::nmse(y.data() + at, ref.data(), ref.size()), 2e-6)
+              << "member " << m << " (" << dtype_name(group[m].first) << ", " << rows << " rows) of " << group.size() << ", n=" << n
+              << ", cols " << cols;
+          at += ref.size();
+        }
+        EXPECT_EQ(at, y.size());
+      }
+}
+
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the
 // double product of each pair's expert slice, for every device layout's kind of kernel, token counts
 // from one decode row to a prompt (experts with several 8-row chunks, split over CTAs; token tiles of

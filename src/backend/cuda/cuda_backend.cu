@@ -581,8 +581,9 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Products of one input (q/k/v, gate/up): for decode-sized steps, those of one weight kind go out
-  // as one launch; otherwise one project() each.
+  // Products of one input (q/k/v, gate/up): for decode-sized steps, those matvec_can_join joins go out
+  // as one launch; for batched decode (9-64 rows), those of one fused kind (gemm_can_join); otherwise
+  // one project() each. ROOFLINE_GEMM_JOIN=0 keeps the batched products apart.
   struct Product {
     const char* what;
     const DeviceWeight* w;
@@ -597,6 +598,8 @@ class CudaBackend final : public Backend {
       size_t j = i + 1;
       if (n <= 8)
         while (j < count && j - i < kMatvecGroupMax && matvec_can_join(*p[i].w, *p[j].w)) ++j;
+      else
+        while (j < count && j - i < kMatvecGroupMax && gemm_can_join(*p[i].w, *p[j].w, n)) ++j;
       if (j - i == 1) {
         mark(op_name(fmt::format("matvec {}", p[i].what).c_str(), *p[i].w).c_str(), p[i].bytes);
         project(*p[i].w, x, n, p[i].y, p[i].ldy, false);
@@ -614,8 +617,12 @@ class CudaBackend final : public Backend {
           lds[k - i] = p[k].ldy;
         }
         mark(op_name(fmt::format("matvec {}", names).c_str(), *p[i].w).c_str(), bytes);
-        quantize_input(*p[i].w, x, n);
-        matvec_multi(ws, ys, lds, (int)(j - i), inputs_.current(), x, n, false, stream_);
+        if (n > 8) {
+          gemm_multi(ws, ys, lds, (int)(j - i), x, n, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_);
+        } else {
+          quantize_input(*p[i].w, x, n);
+          matvec_multi(ws, ys, lds, (int)(j - i), inputs_.current(), x, n, false, stream_);
+        }
       }
       i = j;
     }

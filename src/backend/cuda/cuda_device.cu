@@ -236,14 +236,20 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
                                                 int device) {
   using namespace cuda;
   const int count = (int)ws.size();
-  if (count < 1 || count > kMatvecGroupMax || n_tokens < 1 || n_tokens > 8)
-    fail("gpu_joined_products_for_test: {} products of {} tokens (1-{} products, 1-8 tokens)", count, n_tokens, kMatvecGroupMax);
+  if (count < 1 || count > kMatvecGroupMax || n_tokens < 1 || n_tokens > 64)
+    fail("gpu_joined_products_for_test: {} products of {} tokens (1-{} products, 1-64 tokens)", count, n_tokens, kMatvecGroupMax);
   const int64_t cols = ws[0]->cols();
+  const bool batched = n_tokens > 8;
   size_t bytes = 16 * 256 + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1));
+  size_t all_rows = 0;
   for (const Weight* w : ws) {
     if (w->cols() != cols || !matvec_uses_q8(w->type())) fail("gpu_joined_products_for_test: weights of int8 kinds and one row length");
     bytes += device_weight_bytes(*w) + (size_t)n_tokens * w->rows() * 4 + 256;
+    all_rows += (size_t)w->rows();
   }
+  // Batched: the split-K partial sums (up to 32 splits of every output) and the padded f16 activations.
+  const size_t scratch = batched ? 2 * 32 * all_rows * (size_t)n_tokens : 0, padded_tokens = (size_t)(n_tokens + 15) / 16 * 16;
+  if (batched) bytes += scratch * 2 + padded_tokens * cols * 2 + 512;
   if (x.size() != (size_t)(n_tokens * cols)) fail("gpu_joined_products_for_test: {} activations for {} x {}", x.size(), n_tokens, cols);
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t stream;
@@ -266,8 +272,16 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
   act.d = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
   act.s = reinterpret_cast<float*>(arena.take((size_t)n_tokens * (cols / 32 + 1) * 4));
   ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  quantize_rows(dx, n_tokens, (int)cols, act, stream);
-  matvec_multi(dptr, ys, lds, count, act, dx, n_tokens, false, stream);
+  if (batched) {
+    for (int m = 1; m < count; ++m)
+      if (!gemm_can_join(dws[0], dws[(size_t)m], n_tokens)) fail("gpu_joined_products_for_test: weights the batched kernel cannot join");
+    __half* sc = reinterpret_cast<__half*>(arena.take(scratch * 2));
+    __half* xh = reinterpret_cast<__half*>(arena.take(padded_tokens * cols * 2));
+    gemm_multi(dptr, ys, lds, count, dx, n_tokens, sc, scratch, xh, stream);
+  } else {
+    quantize_rows(dx, n_tokens, (int)cols, act, stream);
+    matvec_multi(dptr, ys, lds, count, act, dx, n_tokens, false, stream);
+  }
   std::vector<float> out;
   for (int m = 0; m < count; ++m) {
     std::vector<float> y((size_t)n_tokens * ws[m]->rows());

@@ -1,11 +1,14 @@
 // Products of more than 8 rows. Up to 64 rows (batched decode) with Q4_K or Q6_K weights: one kernel
 // dequantizes the weights in registers straight into f16 tensor-core fragments (mma.sync, f32
-// accumulation), so each weight byte is read once per step and nothing is written back. Otherwise
+// accumulation), so each weight byte is read once per step and nothing is written back; products of one
+// input (q/k/v, gate/up) share one launch and one activation conversion (gemm_multi). Otherwise
 // (prefill, other types) the weight is dequantized to f16 in row chunks that fit the scratch buffer and
 // multiplied with cuBLAS (f16 inputs, f32 accumulation). Both are free of atomics, so results are
 // reproducible.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
@@ -256,24 +259,36 @@ struct RowBlock<DType::Q6_K> {
 // weight bytes per lane, so one step less).
 template <DType T, int NT, int MT>
 constexpr int mma_min_ctas() { return (MT == 1 ? 1 : 0) + (T == DType::Q4_K ? (NT <= 2 ? 4 : NT <= 4 ? 3 : 2) : (NT <= 2 ? 3 : 2)); }
-// Super-blocks a warp has staged in shared memory at once (copies of the next ones in flight while it
-// computes one): up to 3, as many as the CTAs per SM above leave room for (227 KB per SM, 1 KB per CTA
-// reserved), at least 2.
-template <DType T, int NT, int MT>
+// Bytes of one super-block's activation fragments (8 x NT x 32 int4s), staged in shared memory once per
+// CTA when SX (below) and read by every warp of it.
+template <int NT>
+constexpr int mma_x_stage_bytes() { return 8 * NT * 32 * 16; }
+// Bytes of one stage: every warp's weight slots, plus with SX the activations of that super-block.
+template <DType T, int NT, int MT, bool SX>
+constexpr int mma_stage_bytes() { return kMmaWarps * 2 * MT * RowBlock<T>::kSlotBytes + (SX ? mma_x_stage_bytes<NT>() : 0); }
+// Super-blocks staged in shared memory at once (copies of the next ones in flight while the CTA computes
+// one): up to 3, as many as the CTAs per SM above leave room for (227 KB per SM, 1 KB per CTA reserved),
+// at least 2.
+template <DType T, int NT, int MT, bool SX>
 constexpr int mma_stages() {
-  constexpr int per_stage = kMmaWarps * 2 * MT * RowBlock<T>::kSlotBytes;
-  constexpr int fit = (227 * 1024 / mma_min_ctas<T, NT, MT>() - 1024) / per_stage;
+  constexpr int fit = (227 * 1024 / mma_min_ctas<T, NT, MT>() - 1024) / mma_stage_bytes<T, NT, MT, SX>();
   return fit < 2 ? 2 : fit > 3 ? 3 : fit;
 }
+template <DType T, int NT, int MT, bool SX>
+constexpr int mma_smem_bytes() { return mma_stages<T, NT, MT, SX>() * mma_stage_bytes<T, NT, MT, SX>(); }
+// Shared activations pay where the CTAs per SM the registers allow still fit with them.
 template <DType T, int NT, int MT>
-constexpr int mma_smem_bytes() { return mma_stages<T, NT, MT>() * kMmaWarps * 2 * MT * RowBlock<T>::kSlotBytes; }
+constexpr bool mma_shared_x_fits() { return mma_min_ctas<T, NT, MT>() * (mma_smem_bytes<T, NT, MT, true>() + 1024) <= 227 * 1024; }
 
-// The body of one CTA: row tile `row_tile`, K split `split` of `n_splits`.
-template <DType T, int NT, int MT>
+// The body of one CTA: row tile `row_tile`, K split `split` of `n_splits`. SX: the activation fragments
+// of each super-block are copied into shared memory once per CTA (cp.async, with the weights of the same
+// stage) and every warp reads them there; otherwise each warp reads them through L1 (at 64 tokens the
+// CTA's four warps then pull ~4x the weight bytes in activations from the L2).
+template <DType T, int NT, int MT, bool SX>
 __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                          int64_t row_tile, int split, int n_splits) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t row_base = row_tile * (kMmaWarps * 16 * MT) + (threadIdx.x / 32) * (16 * MT);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
+  const int64_t row_base = row_tile * (kMmaWarps * 16 * MT) + warp * (16 * MT);
   const int64_t n_sb = w.cols / 256;
   const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
   // Rows g, g + 8 (m tile 0) and g + 16, g + 24 (m tile 1); loads past the last row repeat it.
@@ -282,16 +297,25 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
   for (int i = 0; i < 2 * MT; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
   wait_for_previous_kernel();
   const int4* xf = reinterpret_cast<const int4*>(x) + lane;  // fragment-ordered activations
-  constexpr int S = mma_stages<T, NT, MT>(), kStageBytes = 2 * MT * RowBlock<T>::kSlotBytes;
+  constexpr int S = mma_stages<T, NT, MT, SX>(), kWarpStage = 2 * MT * RowBlock<T>::kSlotBytes;
+  constexpr int kXBytes = SX ? mma_x_stage_bytes<NT>() : 0, kStage = mma_stage_bytes<T, NT, MT, SX>();
   extern __shared__ int4 mma_smem[];
-  uint8_t* stages = reinterpret_cast<uint8_t*>(mma_smem) + (threadIdx.x / 32) * S * kStageBytes;
+  uint8_t* smem = reinterpret_cast<uint8_t*>(mma_smem);
+  // Stage s: [activations (SX)][warp 0's slots][warp 1's] ...
+  auto warp_slots = [&](int stage) { return smem + stage * kStage + kXBytes + warp * kWarpStage; };
   // Stage s holds super-block sb_begin + s (mod S). One commit per super-block (empty past the end),
   // so "all but the newest S - 2 groups done" always means the oldest one staged has landed.
   auto stage_copy = [&](int64_t sb, int stage) {
     if (sb < sb_end) {
 #pragma unroll
       for (int i = 0; i < 2 * MT; ++i)
-        RowBlock<T>::copy(w, rows[i], sb, lane, t == i % 4, stages + stage * kStageBytes + i * RowBlock<T>::kSlotBytes);
+        RowBlock<T>::copy(w, rows[i], sb, lane, t == i % 4, warp_slots(stage) + i * RowBlock<T>::kSlotBytes);
+      if constexpr (SX) {
+        const int4* src = reinterpret_cast<const int4*>(x) + sb * (8 * NT * 32);
+        int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
+#pragma unroll
+        for (int k = threadIdx.x; k < 8 * NT * 32; k += kMmaThreads) copy_async<16>(dst + k, src + k);
+      }
     }
     copy_async_commit();
   };
@@ -301,12 +325,16 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
   int stage = 0;
   for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
     copy_async_wait<S - 2>();
-    __syncwarp();  // every lane's copies of this stage have landed, and every lane is done reading the last one
+    // Every thread's copies of this stage have landed, and every thread is done reading the last one
+    // (which the copy below overwrites): the whole CTA's when the activations are shared.
+    if constexpr (SX) __syncthreads();
+    else __syncwarp();
     stage_copy(sb + S - 1, stage == 0 ? S - 1 : stage - 1);
     RowBlock<T> blk[2 * MT];
 #pragma unroll
     for (int i = 0; i < 2 * MT; ++i)
-      blk[i].from_smem(stages + stage * kStageBytes + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
+      blk[i].from_smem(warp_slots(stage) + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
+    const int4* xs_stage = SX ? reinterpret_cast<const int4*>(smem + stage * kStage) + lane : xf + sb * (8 * NT * 32);
     stage = stage == S - 1 ? 0 : stage + 1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -318,9 +346,9 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
 #pragma unroll
         for (int u2 = 0; u2 < 4; u2 += 2) {
           int4 b[NT];  // B fragments of words u2 (x, y) and u2 + 1 (z, w)
-          const int4* xs = xf + ((sb * 8 + 4 * h + 2 * p + u2 / 2) * NT) * 32;
+          const int4* xs = xs_stage + ((4 * h + 2 * p + u2 / 2) * NT) * 32;
 #pragma unroll
-          for (int f = 0; f < NT; ++f) b[f] = __ldg(xs + 32 * f);
+          for (int f = 0; f < NT; ++f) b[f] = SX ? xs[32 * f] : __ldg(xs + 32 * f);
 #pragma unroll
           for (int du = 0; du < 2; ++du) {
             uint32_t a_lo[2 * MT], a_hi[2 * MT];
@@ -356,15 +384,41 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
       }
 }
 
-template <DType T, int NT, int MT>
-__global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_rows_kernel(DeviceWeight w, const __half* x, int n_tok, float* y, int ldy,
-                                                              bool accumulate, float* part) {
-  mma_rows<T, NT, MT>(w, x, n_tok, y, ldy, accumulate, part, blockIdx.x, blockIdx.y, gridDim.y);
+// Products of one input in one launch (q/k/v, gate/up): CTA column x takes row tile x - tile_end[k - 1]
+// of member k; with K split over CTAs, member k's partial sums start part_off[k] floats into part.
+struct MmaMembers {
+  DeviceWeight w[kMatvecGroupMax];
+  float* y[kMatvecGroupMax];
+  int64_t part_off[kMatvecGroupMax];
+  int ldy[kMatvecGroupMax];
+  int tile_end[kMatvecGroupMax];  // row tiles of members 0..k together
+  int count;
+};
+
+template <DType T, int NT, int MT, bool SX>
+__global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_rows_kernel(MmaMembers m, const __half* x, int n_tok,
+                                                                                          bool accumulate, float* part) {
+  const int bx = blockIdx.x;
+  // The member by register selects (a run-time index into the parameter arrays would copy them to local memory).
+  DeviceWeight w = m.w[0];
+  float* y = m.y[0];
+  int64_t part_off = m.part_off[0];
+  int ldy = m.ldy[0], tile0 = 0;
+#pragma unroll
+  for (int k = 1; k < kMatvecGroupMax; ++k)
+    if (k < m.count && bx >= m.tile_end[k - 1]) {
+      w = m.w[k];
+      y = m.y[k];
+      part_off = m.part_off[k];
+      ldy = m.ldy[k];
+      tile0 = m.tile_end[k - 1];
+    }
+  mma_rows<T, NT, MT, SX>(w, x, n_tok, y, ldy, accumulate, part + part_off, bx - tile0, blockIdx.y, gridDim.y);
 }
 
 // Expert products grouped by expert (mma_experts): CTA (x, y) takes row tile x of the expert of token
 // tile y, whose fragments (to_f16_fragments_tiles_kernel) start at x + y * tile_slots int4s.
-template <DType T, int NT, int MT>
+template <DType T, int NT, int MT, bool SX>
 __global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_experts_kernel(DeviceWeight w, int64_t rows_per_expert,
                                                                                              ExpertTiles tiles, const __half* x,
                                                                                              int64_t tile_halves, float* y, int ldy) {
@@ -373,7 +427,7 @@ __global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_
   if (i >= *tiles.n_tiles) return;
   const DeviceWeight we = expert_view(w, tiles.expert[i], rows_per_expert);
   const int64_t row0 = tiles.row0[i];
-  mma_rows<T, NT, MT>(we, x + i * tile_halves, tiles.rows[i], y + row0 * ldy, ldy, false, nullptr, blockIdx.x, 0, 1);
+  mma_rows<T, NT, MT, SX>(we, x + i * tile_halves, tiles.rows[i], y + row0 * ldy, ldy, false, nullptr, blockIdx.x, 0, 1);
 }
 
 // f32 activations [n_tok x cols] -> f16 (saturated) B fragments for mma_rows_kernel<T, nt>: 16-byte
@@ -432,33 +486,63 @@ int smem_set_once(int smem, int threads) {
   return s;
 }
 
-template <DType T, int NT, int MT>
-void launch_mma_rows_nt(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
-                        size_t part_floats, cudaStream_t stream) {
+// Activations shared by the CTA's warps (mma_rows' SX) where they fit beside its CTAs per SM, with
+// ROOFLINE_MMA_SHARED_X=1. Off by default: measured level on an H200 (qwen3-32b -npl 16 / 64, with the
+// joined launches: 878-904 / 1685-1724 tok/s against 894 / 1743 without; docs/performance.md, fourteenth
+// session): the batched kernel is not held back by its activations' L2 traffic.
+bool mma_shared_x_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("ROOFLINE_MMA_SHARED_X");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
+template <DType T, int NT, int MT, bool SX>
+void launch_mma_rows_nt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const __half* x, int n_tok,
+                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   // Split K for parallelism: the split count with the fewest (waves of CTAs x super-blocks per CTA),
   // where a wave is every CTA the GPU holds at once, among those whose partial sums, written and read
   // back, move no more bytes than the weights (or 32 MB, which the L2 absorbs) and fit the scratch.
   // Measured on an H200 (qwen3-32b): -npl 16 844 -> 904 tok/s against a fixed target of three CTAs
   // per SM.
   constexpr int kRowsPerCta = kMmaWarps * 16 * MT;
-  const int64_t tiles = (w.rows + kRowsPerCta - 1) / kRowsPerCta, n_sb = w.cols / 256;
-  constexpr int smem = mma_smem_bytes<T, NT, MT>();
-  const int slots = smem_set_once<mma_rows_kernel<T, NT, MT>>(smem, kMmaThreads);
-  const double weight_bytes = (double)w.rows * (double)w.row_bytes;
-  const int64_t max_splits = std::min<int64_t>({n_sb, 32, (int64_t)(part_floats / ((size_t)n_tok * (size_t)w.rows))});
+  MmaMembers m{};
+  m.count = count;
+  int64_t tiles = 0, rows = 0;
+  double weight_bytes = 0;
+  for (int k = 0; k < count; ++k) {
+    m.w[k] = *ws[k];
+    m.y[k] = ys[k];
+    m.ldy[k] = ldys[k];
+    tiles += (ws[k]->rows + kRowsPerCta - 1) / kRowsPerCta;
+    m.tile_end[k] = (int)tiles;
+    rows += ws[k]->rows;
+    weight_bytes += (double)ws[k]->rows * (double)ws[k]->row_bytes;
+  }
+  const int64_t n_sb = ws[0]->cols / 256;
+  constexpr int smem = mma_smem_bytes<T, NT, MT, SX>();
+  const int slots = smem_set_once<mma_rows_kernel<T, NT, MT, SX>>(smem, kMmaThreads);
+  const int64_t max_splits = std::min<int64_t>({n_sb, 32, (int64_t)(part_floats / ((size_t)n_tok * (size_t)rows))});
   int64_t splits = 1, best_cost = INT64_MAX;
   for (int64_t sp = 1; sp <= max_splits; ++sp) {
-    if (sp > 1 && 8.0 * n_tok * (double)w.rows * (double)sp > std::max(weight_bytes, 32e6)) break;
+    if (sp > 1 && 8.0 * n_tok * (double)rows * (double)sp > std::max(weight_bytes, 32e6)) break;
     const int64_t cost = (tiles * sp + slots - 1) / slots * ((n_sb + sp - 1) / sp);
     if (cost < best_cost) splits = sp, best_cost = cost;
   }
-  launch(mma_rows_kernel<T, NT, MT>, dim3((unsigned)tiles, (unsigned)splits), dim3(kMmaThreads), smem, stream, pdl_enabled(), w, x, n_tok,
-         y, ldy, accumulate, part);
-  if (splits > 1) {
-    const int64_t n = (int64_t)n_tok * w.rows;
-    launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), part, (int)splits,
-           n_tok, w.rows, y, ldy, accumulate);
+  int64_t off = 0;
+  for (int k = 0; k < count; ++k) {
+    m.part_off[k] = off;
+    off += splits * n_tok * ws[k]->rows;
   }
+  launch(mma_rows_kernel<T, NT, MT, SX>, dim3((unsigned)tiles, (unsigned)splits), dim3(kMmaThreads), smem, stream, pdl_enabled(), m, x, n_tok,
+         accumulate, part);
+  if (splits > 1)
+    for (int k = 0; k < count; ++k) {
+      const int64_t n = (int64_t)n_tok * ws[k]->rows;
+      launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), (const float*)part + m.part_off[k],
+             (int)splits, n_tok, ws[k]->rows, ys[k], ldys[k], accumulate);
+    }
 }
 
 // Two m16 tiles (32 weight rows) per warp: measured on an H200 (qwen3-32b, -npl 16/64), 636/852 tok/s
@@ -467,18 +551,28 @@ void launch_mma_rows_nt(const DeviceWeight& w, const __half* x, int n_tok, float
 constexpr int kMmaTiles = 2;
 constexpr int kMmaTilesExperts = 2;  // the same for the expert products
 
+template <DType T, int NT>
+void launch_mma_rows_pick(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const __half* x, int n_tok,
+                          bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  if (mma_shared_x_fits<T, NT, kMmaTiles>() && mma_shared_x_on())
+    launch_mma_rows_nt<T, NT, kMmaTiles, true>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream);
+  else
+    launch_mma_rows_nt<T, NT, kMmaTiles, false>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream);
+}
+
+// The products of `count` weights of one kind and row length with one input, in one launch.
 template <DType T>
-void launch_mma_rows(const DeviceWeight& w, const float* x_f32, __half* x, int n_tok, float* y, int ldy, bool accumulate,
-                     float* part, size_t part_floats, cudaStream_t stream) {
+void launch_mma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x_f32, __half* x, int n_tok,
+                     bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   const int nt = 2 * ((n_tok + 15) / 16);  // n8 tiles rounded up to an even count
-  const int64_t slots = w.cols / 256 * 8 * nt * 32;
+  const int64_t cols = ws[0]->cols, slots = cols / 256 * 8 * nt * 32;
   launch(to_f16_fragments_kernel<T>, dim3((unsigned)((slots + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x_f32, n_tok,
-         w.cols, nt, reinterpret_cast<int4*>(x));
+         cols, nt, reinterpret_cast<int4*>(x));
   switch (nt / 2) {
-    case 1: launch_mma_rows_nt<T, 2, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
-    case 2: launch_mma_rows_nt<T, 4, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
-    case 3: launch_mma_rows_nt<T, 6, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;
-    default: launch_mma_rows_nt<T, 8, kMmaTiles>(w, x, n_tok, y, ldy, accumulate, part, part_floats, stream); break;  // <= 64
+    case 1: launch_mma_rows_pick<T, 2>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream); break;
+    case 2: launch_mma_rows_pick<T, 4>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream); break;
+    case 3: launch_mma_rows_pick<T, 6>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream); break;
+    default: launch_mma_rows_pick<T, 8>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream); break;  // <= 64
   }
 }
 
@@ -509,6 +603,16 @@ __global__ void to_f16_fragments_tiles_kernel(const float* x, ExpertTiles tiles,
   out[tile * per_tile + i] = o.v;
 }
 
+template <DType T, int NT, bool SX>
+void launch_mma_experts_body(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, __half* scratch, float* y, int ldy,
+                             cudaStream_t stream, int64_t kRowsPerCta) {
+  const int64_t per_tile = w.cols / 256 * 8 * NT * 32;  // int4s
+  constexpr int smem = mma_smem_bytes<T, NT, kMmaTilesExperts, SX>();
+  smem_set_once<mma_experts_kernel<T, NT, kMmaTilesExperts, SX>>(smem, kMmaThreads);
+  launch(mma_experts_kernel<T, NT, kMmaTilesExperts, SX>, dim3((unsigned)((rows_per_expert + kRowsPerCta - 1) / kRowsPerCta), (unsigned)tiles.max_tiles),
+         dim3(kMmaThreads), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const __half*)scratch, per_tile * 8, y, ldy);
+}
+
 template <DType T, int NT>
 void launch_mma_experts_nt(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch,
                            float* y, int ldy, cudaStream_t stream) {
@@ -516,10 +620,9 @@ void launch_mma_experts_nt(const DeviceWeight& w, int64_t rows_per_expert, const
   launch(to_f16_fragments_tiles_kernel<T>, dim3((unsigned)((per_tile + 255) / 256), (unsigned)tiles.max_tiles), dim3(256), 0, stream,
          pdl_enabled(), x, tiles, w.cols, NT, reinterpret_cast<int4*>(scratch));
   constexpr int kRowsPerCta = kMmaWarps * 16 * kMmaTilesExperts;
-  constexpr int smem = mma_smem_bytes<T, NT, kMmaTilesExperts>();
-  smem_set_once<mma_experts_kernel<T, NT, kMmaTilesExperts>>(smem, kMmaThreads);
-  launch(mma_experts_kernel<T, NT, kMmaTilesExperts>, dim3((unsigned)((rows_per_expert + kRowsPerCta - 1) / kRowsPerCta), (unsigned)tiles.max_tiles),
-         dim3(kMmaThreads), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const __half*)scratch, per_tile * 8, y, ldy);
+  constexpr bool SX = mma_shared_x_fits<T, NT, kMmaTilesExperts>();
+  if (SX && !mma_shared_x_on()) return launch_mma_experts_body<T, NT, false>(w, rows_per_expert, tiles, scratch, y, ldy, stream, kRowsPerCta);
+  launch_mma_experts_body<T, NT, SX>(w, rows_per_expert, tiles, scratch, y, ldy, stream, kRowsPerCta);
 }
 
 template <DType T>
@@ -549,8 +652,11 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
     // The dequantization scratch is free in this path: it holds the split-K partial sums.
     float* part = reinterpret_cast<float*>(scratch);
     const size_t part_floats = scratch_elems / 2;
-    if (w.type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(w, x, x_f16, n_tokens, y, ldy, accumulate, part, part_floats, stream);
-    else launch_mma_rows<DType::Q6_K>(w, x, x_f16, n_tokens, y, ldy, accumulate, part, part_floats, stream);
+    const DeviceWeight* ws[1] = {&w};
+    float* ys[1] = {y};
+    const int ldys[1] = {ldy};
+    if (w.type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, 1, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
+    else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, 1, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
     return;
   }
   launch(to_f16_kernel, dim3((unsigned)((n_x + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
@@ -576,6 +682,26 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
                                            y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS GEMM failed with status {}", (int)st);
   }
+}
+
+bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens) {
+  static const bool on = [] {
+    const char* e = std::getenv("ROOFLINE_GEMM_JOIN");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on && gemm_fuses_dequant(a, n_tokens) && gemm_fuses_dequant(b, n_tokens) && a.type == b.type && a.cols == b.cols;
+}
+
+void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
+                size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
+  if (count < 1 || count > kMatvecGroupMax) fail("internal error: {} products in one launch", count);
+  for (int k = 1; k < count; ++k)
+    if (!gemm_can_join(*ws[0], *ws[k], n_tokens)) fail("internal error: products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
+  if (!gemm_fuses_dequant(*ws[0], n_tokens)) fail("internal error: a joined product of {} rows", n_tokens);
+  float* part = reinterpret_cast<float*>(scratch);
+  const size_t part_floats = scratch_elems / 2;
+  if (ws[0]->type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, count, x, x_f16, n_tokens, false, part, part_floats, stream);
+  else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, count, x, x_f16, n_tokens, false, part, part_floats, stream);
 }
 
 }  // namespace roofline::cuda

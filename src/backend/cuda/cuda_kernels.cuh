@@ -121,6 +121,12 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
           __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream);
+// Products of one input joined in one launch of the fused kernel (q/k/v, gate/up of a 9-64 row step):
+// weights where gemm_fuses_dequant holds, of one type and row length; ys[k] = W_k x (no accumulation).
+// ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
+bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens);
+void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
+                size_t scratch_elems, __half* x_f16, cudaStream_t stream);
 
 // --- elementwise and normalization (cuda_ops.cu) ---
 // Token embedding rows (dequantized) for the step's tokens; rows >= n_tokens are zeroed.
