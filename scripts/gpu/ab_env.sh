@@ -7,7 +7,7 @@
 # MODELS (default: the five synthetic shapes), ROUNDS (2), TESTS (a gtest filter; "none" skips them) and
 # DEPTH (a -d value for a second tg128 row per model, e.g. 4096) override; TESTS_B (a gtest filter) runs those
 # tests again under setting B; BENCH replaces the bench arguments "-p 0 -n 128 -r 2" (e.g. "-p 128 -n 32
-# -npl 16,64 -r 1": every generation row is printed). Results in $OUT/summary.txt.
+# -npl 16,64 -r 1": every prompt and generation row is printed). Results in $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/device_env.sh
@@ -31,7 +31,7 @@ for m in ${MODELS:-qwen3-32b qwen3-8b qwen3.5-27b gemma3-27b qwen3-30b-a3b}; do
         settings="${A:-}"
         [ $v = B ] && settings="${B:-}"
         line=$(env $settings timeout 200 "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2} -d "$d" 2>/dev/null |
-               grep -E "\| *tg[0-9]" | awk -F'|' '{printf "%s%s %s;", ($10 ~ /x/ ? $10 : ""), $11, $14}')
+               grep -E "\| *(tg|pp)[0-9]" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
         stamp "$m d=$d $v[${settings:-default}] $line"
       done
     done
