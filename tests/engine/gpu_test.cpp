@@ -32,8 +32,6 @@ using test::some_tokens;
 
 namespace {
 
-bool have_gpu() { return !gpu_devices().empty(); }
-
 // Engine options with every unit on the GPU.
 EngineOptions all_on_gpu() {
   EngineOptions o;
@@ -113,85 +111,68 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
   }
 }
 
+namespace {
+
+using JoinedGroup = std::vector<std::pair<DType, int64_t>>;  // each member's type and rows
+
+// Random weights of `group` (cols wide) joined in one launch over n random activation rows
+// (gpu_joined_products_for_test), each member's output against its double reference (NMSE < bound).
+void expect_joined_products_match(const JoinedGroup& group, int64_t cols, int n, double bound, Rng& rng) {
+  std::vector<std::unique_ptr<test::RandomWeight>> ws;
+  for (const auto& [type, rows] : group) ws.push_back(std::make_unique<test::RandomWeight>(type, rows, cols, rng));
+  std::vector<Weight> views;
+  for (const auto& w : ws) views.push_back(w->weight());
+  std::vector<const Weight*> wp;
+  for (const Weight& v : views) wp.push_back(&v);
+  std::vector<float> x((size_t)(n * cols));
+  for (float& v : x) v = (float)rng.normal();
+  const auto y = gpu_joined_products_for_test(wp, x, n);
+  size_t at = 0;
+  for (size_t m = 0; m < ws.size(); ++m) {
+    const int64_t rows = group[m].second;
+    std::vector<float> ref((size_t)(n * rows));
+    for (int t = 0; t < n; ++t) {
+      const std::vector<double> yt = ws[m]->times(x, t);
+      for (int64_t r = 0; r < rows; ++r) ref[(size_t)(t * rows + r)] = (float)yt[(size_t)r];
+    }
+    ASSERT_LE(at + ref.size(), y.size());
+    EXPECT_LT(test::nmse(y.data() + at, ref.data(), ref.size()), bound)
+        << "member " << m << " (" << dtype_name(group[m].first) << ", " << rows << " rows) of " << group.size() << ", n=" << n
+        << ", cols " << cols;
+    at += ref.size();
+  }
+  EXPECT_EQ(at, y.size());
+}
+
+}  // namespace
+
 // Decode products joined in one launch as the backend joins q/k/v: weights of one kind, and Q4_K with
 // Q6_K (the Q4_K_M mixes' Q6_K v beside Q4_K q and k), row counts that leave warps short, rows of several
 // rounds; each product against its double reference.
 TEST(GpuMatmulTest, JoinedProductsOfOneInputMatchEachProduct) {
   SKIP_WITHOUT_GPU();
   Rng rng(9);
-  const std::vector<std::vector<std::pair<DType, int64_t>>> groups = {
-      {{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q6_K, 45}},
-      {{DType::Q6_K, 31}, {DType::Q4_K, 64}},
-      {{DType::Q4_K, 40}, {DType::Q6_K, 17}, {DType::Q6_K, 9}, {DType::Q4_K, 3}},
-      {{DType::Q6_K, 21}, {DType::Q6_K, 50}}};
+  const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q6_K, 45}},
+                                           {{DType::Q6_K, 31}, {DType::Q4_K, 64}},
+                                           {{DType::Q4_K, 40}, {DType::Q6_K, 17}, {DType::Q6_K, 9}, {DType::Q4_K, 3}},
+                                           {{DType::Q6_K, 21}, {DType::Q6_K, 50}}};
   for (const int64_t cols : {768, 5120})
     for (const auto& group : groups)
-      for (int n : {1, 2, 3, 5, 8}) {
-        std::vector<std::unique_ptr<test::RandomWeight>> ws;
-        for (const auto& [type, rows] : group) ws.push_back(std::make_unique<test::RandomWeight>(type, rows, cols, rng));
-        std::vector<Weight> views;
-        for (const auto& w : ws) views.push_back(w->weight());
-        std::vector<const Weight*> wp;
-        for (const Weight& v : views) wp.push_back(&v);
-        std::vector<float> x((size_t)(n * cols));
-        for (float& v : x) v = (float)rng.normal();
-        const auto y = gpu_joined_products_for_test(wp, x, n);
-        size_t at = 0;
-        for (size_t m = 0; m < ws.size(); ++m) {
-          const int64_t rows = group[m].second;
-          std::vector<float> ref((size_t)(n * rows));
-          for (int t = 0; t < n; ++t) {
-            const std::vector<double> yt = ws[m]->times(x, t);
-            for (int64_t r = 0; r < rows; ++r) ref[(size_t)(t * rows + r)] = (float)yt[(size_t)r];
-          }
-          ASSERT_LE(at + ref.size(), y.size());
-          EXPECT_LT(test::nmse(y.data() + at, ref.data(), ref.size()), 2e-4)
-              << "member " << m << " (" << dtype_name(group[m].first) << ", " << rows << " rows) of " << group.size() << ", n=" << n
-              << ", cols " << cols;
-          at += ref.size();
-        }
-        EXPECT_EQ(at, y.size());
-      }
+      for (int n : {1, 2, 3, 5, 8}) expect_joined_products_match(group, cols, n, 2e-4, rng);
 }
 
 // Batched-decode products (9-64 tokens) joined in one launch of the tensor-core kernel, as the backend
 // joins q/k/v and gate/up there: one type per launch, members whose row counts leave row tiles short,
-// one member large enough to split K over CTAs; each product against its double reference.
+// one member large enough to split K over CTAs; each product against its double reference (f16 inputs).
 TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
   SKIP_WITHOUT_GPU();
   Rng rng(11);
-  const std::vector<std::vector<std::pair<DType, int64_t>>> groups = {
-      {{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
-      {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
-      {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
+  const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
+                                           {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
+                                           {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
   for (const int64_t cols : {768, 5120})
     for (const auto& group : groups)
-      for (int n : {9, 16, 33, 64}) {
-        std::vector<std::unique_ptr<test::RandomWeight>> ws;
-        std::vector<Weight> views;
-        for (const auto& [type, rows] : group) ws.push_back(std::make_unique<test::RandomWeight>(type, rows, cols, rng));
-        for (const auto& w : ws) views.push_back(w->weight());
-        std::vector<const Weight*> wp;
-        for (const Weight& v : views) wp.push_back(&v);
-        std::vector<float> x((size_t)(n * cols));
-        for (float& v : x) v = (float)rng.normal();
-        const auto y = gpu_joined_products_for_test(wp, x, n);
-        size_t at = 0;
-        for (size_t m = 0; m < ws.size(); ++m) {
-          const int64_t rows = group[m].second;
-          std::vector<float> ref((size_t)(n * rows));
-          for (int t = 0; t < n; ++t) {
-            const std::vector<double> yt = ws[m]->times(x, t);
-            for (int64_t r = 0; r < rows; ++r) ref[(size_t)(t * rows + r)] = (float)yt[(size_t)r];
-          }
-          ASSERT_LE(at + ref.size(), y.size());
-          EXPECT_LT(test::nmse(y.data() + at, ref.data(), ref.size()), 2e-6)
-              << "member " << m << " (" << dtype_name(group[m].first) << ", " << rows << " rows) of " << group.size() << ", n=" << n
-              << ", cols " << cols;
-          at += ref.size();
-        }
-        EXPECT_EQ(at, y.size());
-      }
+      for (int n : {9, 16, 33, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
 }
 
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the
@@ -248,7 +229,9 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
       // Pair 0 and the last pair against the dense product of their expert's slice, that token alone
       // (the int8 and float kernels; prompts of Q4_K / Q6_K with even rows go through tensor cores).
       const bool tensor_cores = n > 64 && rows % 2 == 0 && (type == DType::Q4_K || type == DType::Q6_K);
-      if (tensor_cores) EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n << " (tensor cores: f16 inputs)";
+      if (tensor_cores) {
+        EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n << " (tensor cores: f16 inputs)";
+      }
       for (int p : {0, n * k - 1}) {
         if (tensor_cores) break;
         gguf::TensorInfo slice = info;
@@ -329,7 +312,9 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
         const float* row = x.data() + (size_t)r * n;
         const int want = r % 5 == 4 ? argmax_logits(row, n) : argmax_allowed(row, n, words[(size_t)r].data());
         EXPECT_EQ((int)g_allowed[r], want) << "masked row " << r << " of " << n;
-        if (r % 5 == 3) EXPECT_EQ(want, -1);
+        if (r % 5 == 3) {
+          EXPECT_EQ(want, -1);
+        }
       }
     }
 }
