@@ -692,10 +692,7 @@ AttentionKernel pick_attention(DType kt, DType vt, int heads, int hd_v) {
 // kernel's own combine (it merges the whole group), nor for groups of one or two heads, nor with
 // ROOFLINE_ATTN_HEAD_SPLIT=0.
 int attention_head_parts(int gqa, int hd_v, bool combine_in_split) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("ROOFLINE_ATTN_HEAD_SPLIT");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool enabled = env_switch("ROOFLINE_ATTN_HEAD_SPLIT", true);
   if (!enabled || combine_in_split || !vec_values_fit(hd_v) || gqa <= kHeadsPerPart || gqa % kHeadsPerPart != 0) return 1;
   return gqa / kHeadsPerPart;
 }

@@ -88,6 +88,9 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 // wait_for_previous_kernel() before touching memory (a kernel that skipped it could finish before its
 // predecessor and release the next kernel early).
 bool pdl_enabled();
+// An on/off switch from the environment: `name`=0 turns it off, =1 on, anything else (or unset) leaves
+// `default_on`. Callers read it once (a function-local static) and say its measured reason beside it.
+bool env_switch(const char* name, bool default_on);
 // The architecture the current device's kernels run as, 10 * major + minor: its compute capability, or
 // less where the binary only has code for an older one (a PTX-only build JIT-compiled by the driver).
 // Host code picks kernel forms by this, never by the device's capability alone.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -46,6 +47,13 @@ int code_arch() {
     arch = loaded ? std::min(10 * major + minor, attr.ptxVersion) : 10 * major + minor;
   }
   return arch;
+}
+
+bool env_switch(const char* name, bool default_on) {
+  const char* v = std::getenv(name);
+  if (v && std::strcmp(v, "0") == 0) return false;
+  if (v && std::strcmp(v, "1") == 0) return true;
+  return default_on;
 }
 
 bool pdl_enabled() {

@@ -7,7 +7,6 @@
 // reproducible.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_dequant.cuh"
@@ -507,10 +506,7 @@ int smem_set_once(int smem, int threads) {
 // joined launches: 878-904 / 1685-1724 tok/s against 894 / 1743 without; docs/performance.md, fourteenth
 // session): the batched kernel is not held back by its activations' L2 traffic.
 bool mma_shared_x_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("ROOFLINE_MMA_SHARED_X");
-    return e && std::strcmp(e, "1") == 0;
-  }();
+  static const bool on = env_switch("ROOFLINE_MMA_SHARED_X", false);
   return on;
 }
 
@@ -592,6 +588,16 @@ void launch_mma_rows(const DeviceWeight* const* ws, float* const* ys, const int*
   }
 }
 
+// The fused kernel over `count` weights of one type (Q4_K or Q6_K planes) and row length; the
+// dequantization scratch is free in this path: it holds the split-K partial sums.
+void fused_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, bool accumulate,
+                    __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
+  float* part = reinterpret_cast<float*>(scratch);
+  const size_t part_floats = scratch_elems / 2;
+  if (ws[0]->type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
+  else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
+}
+
 // f32 grouped rows -> the B fragments of each token tile (as to_f16_fragments_kernel for its rows:
 // past a tile's last row, its last row again). grid.y: tile slots.
 template <DType T>
@@ -619,26 +625,19 @@ __global__ void to_f16_fragments_tiles_kernel(const float* x, ExpertTiles tiles,
   out[tile * per_tile + i] = o.v;
 }
 
-template <DType T, int NT, bool SX>
-void launch_mma_experts_body(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, __half* scratch, float* y, int ldy,
-                             cudaStream_t stream, int64_t kRowsPerCta) {
-  const int64_t per_tile = w.cols / 256 * 8 * NT * 32;  // int4s
-  constexpr int smem = mma_smem_bytes<T, NT, kMmaTilesExperts, SX>();
-  smem_set_once<mma_experts_kernel<T, NT, kMmaTilesExperts, SX>>(smem, kMmaThreads);
-  launch(mma_experts_kernel<T, NT, kMmaTilesExperts, SX>, dim3((unsigned)((rows_per_expert + kRowsPerCta - 1) / kRowsPerCta), (unsigned)tiles.max_tiles),
-         dim3(kMmaThreads), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const __half*)scratch, per_tile * 8, y, ldy);
-}
-
 template <DType T, int NT>
 void launch_mma_experts_nt(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch,
                            float* y, int ldy, cudaStream_t stream) {
   const int64_t per_tile = w.cols / 256 * 8 * NT * 32;  // int4s
   launch(to_f16_fragments_tiles_kernel<T>, dim3((unsigned)((per_tile + 255) / 256), (unsigned)tiles.max_tiles), dim3(256), 0, stream,
          pdl_enabled(), x, tiles, w.cols, NT, reinterpret_cast<int4*>(scratch));
+  // Activations through L1 (the shared-activation form measured level for dense products and is off).
   constexpr int kRowsPerCta = kMmaWarps * 16 * kMmaTilesExperts;
-  constexpr bool SX = mma_shared_x_fits<T, NT, kMmaTilesExperts>();
-  if (SX && !mma_shared_x_on()) return launch_mma_experts_body<T, NT, false>(w, rows_per_expert, tiles, scratch, y, ldy, stream, kRowsPerCta);
-  launch_mma_experts_body<T, NT, SX>(w, rows_per_expert, tiles, scratch, y, ldy, stream, kRowsPerCta);
+  constexpr int smem = mma_smem_bytes<T, NT, kMmaTilesExperts, false>();
+  smem_set_once<mma_experts_kernel<T, NT, kMmaTilesExperts, false>>(smem, kMmaThreads);
+  launch(mma_experts_kernel<T, NT, kMmaTilesExperts, false>, dim3((unsigned)((rows_per_expert + kRowsPerCta - 1) / kRowsPerCta),
+         (unsigned)tiles.max_tiles), dim3(kMmaThreads), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const __half*)scratch,
+         per_tile * 8, y, ldy);
 }
 
 template <DType T>
@@ -665,15 +664,10 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
           __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
   const int64_t n_x = (int64_t)n_tokens * w.cols;
   if (gemm_fuses_dequant(w, n_tokens)) {
-    // The dequantization scratch is free in this path: it holds the split-K partial sums.
-    float* part = reinterpret_cast<float*>(scratch);
-    const size_t part_floats = scratch_elems / 2;
     const DeviceWeight* ws[1] = {&w};
     float* ys[1] = {y};
     const int ldys[1] = {ldy};
-    if (w.type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, 1, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
-    else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, 1, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
-    return;
+    return fused_products(ws, ys, ldys, 1, x, n_tokens, accumulate, scratch, scratch_elems, x_f16, stream);
   }
   launch(to_f16_kernel, dim3((unsigned)((n_x + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
   int64_t rows_per_chunk = (int64_t)(scratch_elems / (size_t)w.cols);
@@ -701,10 +695,7 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
 }
 
 bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens) {
-  static const bool on = [] {
-    const char* e = std::getenv("ROOFLINE_GEMM_JOIN");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = env_switch("ROOFLINE_GEMM_JOIN", true);
   return on && gemm_fuses_dequant(a, n_tokens) && gemm_fuses_dequant(b, n_tokens) && a.type == b.type && a.cols == b.cols;
 }
 
@@ -714,10 +705,7 @@ void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys
   for (int k = 1; k < count; ++k)
     if (!gemm_can_join(*ws[0], *ws[k], n_tokens)) fail("internal error: products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
   if (!gemm_fuses_dequant(*ws[0], n_tokens)) fail("internal error: a joined product of {} rows", n_tokens);
-  float* part = reinterpret_cast<float*>(scratch);
-  const size_t part_floats = scratch_elems / 2;
-  if (ws[0]->type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, count, x, x_f16, n_tokens, false, part, part_floats, stream);
-  else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, count, x, x_f16, n_tokens, false, part, part_floats, stream);
+  fused_products(ws, ys, ldys, count, x, n_tokens, false, scratch, scratch_elems, x_f16, stream);
 }
 
 }  // namespace roofline::cuda

@@ -399,10 +399,7 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {
 // in a decode step (3.6-6 us; docs/performance.md, tenth session). Measured in the eleventh: tg128
 // qwen3-32b +1.7%, qwen3.5-27b +0.7%, qwen3-8b level. ROOFLINE_MIXED_GROUPS=0 launches them apart.
 bool matvec_can_join(const DeviceWeight& a, const DeviceWeight& b) {
-  static const bool mixed = [] {
-    const char* e = std::getenv("ROOFLINE_MIXED_GROUPS");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool mixed = env_switch("ROOFLINE_MIXED_GROUPS", true);
   if (matvec_can_group(a, b)) return true;
   const Kind ka = kind_of(a), kb = kind_of(b);
   return mixed && a.cols == b.cols && (ka == Kind::Q4K || ka == Kind::Q6K) && (kb == Kind::Q4K || kb == Kind::Q6K);

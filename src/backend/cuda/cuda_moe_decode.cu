@@ -4,8 +4,6 @@
 // replaces (the same row functions, the same order of sums), so a
 // sequence decodes the same alone and in a batch that takes the separate kernels.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/cuda_matvec_rows.cuh"
@@ -174,15 +172,10 @@ bool decode_kind(const DeviceWeight& w) {
                                (w.type == DType::Q8_0 && w.layout == WeightLayout::Q8_0Planes));
 }
 
-bool enabled(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
 }  // namespace
 
 bool moe_router_fits(const DeviceWeight& router, int n_rows) {
-  static const bool on = enabled("ROOFLINE_MOE_FUSED_ROUTER");
+  static const bool on = env_switch("ROOFLINE_MOE_FUSED_ROUTER", true);
   return on && router.type == DType::F32 && router.layout == WeightLayout::Raw && router.cols % 4 == 0 &&
          router.cols <= 4 * kRouterThreads * kRouterVec && n_rows >= 1 && n_rows <= kMoeRouterMaxRows;
 }
@@ -195,18 +188,18 @@ void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n
     fail("internal error: the fused MoE router over {} rows of a {} x {} {} router", n_rows, router.rows, router.cols, dtype_name(router.type));
   // A step of one row is routed by the whole last CTA (route_row_block); ROOFLINE_MOE_ROUTE_CTA=0 leaves it
   // to one warp. Measured on the H200 (tg128, qwen3-30b-a3b, two rounds): 387.8 / 388.9 against 385.0 / 384.0.
-  static const bool whole_cta = enabled("ROOFLINE_MOE_ROUTE_CTA");
+  static const bool whole_cta = env_switch("ROOFLINE_MOE_ROUTE_CTA", true);
   launch(moe_router_kernel, dim3((unsigned)n_expert), dim3(kRouterThreads), 0, stream, pdl_enabled(),
          reinterpret_cast<const float*>(router.data), (int)router.cols, xn, n_rows, logits, n_expert, tail, whole_cta);
 }
 
 bool moe_down_combine_fits(const DeviceWeight& down) {
-  static const bool on = enabled("ROOFLINE_MOE_DOWN_COMBINE");
+  static const bool on = env_switch("ROOFLINE_MOE_DOWN_COMBINE", true);
   return on && decode_kind(down);
 }
 
 bool moe_gate_up_swiglu_fits(const DeviceWeight& gate, const DeviceWeight& up, int64_t rows_per_expert) {
-  static const bool on = enabled("ROOFLINE_MOE_GATE_UP_SWIGLU");
+  static const bool on = env_switch("ROOFLINE_MOE_GATE_UP_SWIGLU", true);
   return on && decode_kind(gate) && gate.type == up.type && gate.layout == up.layout && gate.cols == up.cols && rows_per_expert % 32 == 0;
 }
 
