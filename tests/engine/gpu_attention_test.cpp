@@ -16,6 +16,9 @@
 //   blocks scattered out of order; against attention_reference (float64, the dequantized cache). NMSE
 //   bounds: 1e-8 for the split kernel (f32 arithmetic on the cache's exact values), 1e-5 for prefill
 //   runs (queries, keys, values and probabilities rounded to f16 for the tensor cores).
+// - GpuAttention.LongPrefillRunsMatchTheReference: runs of 300 rows from position 0 and 70 rows 1000 deep
+//   (several column tiles per KV head, many key blocks, GQA 1 to 8), f16 caches (the one-launch kernel,
+//   cuda_flash_prefill.cu) and q8_0 (the tiled cuBLAS path), with and without a window of 100.
 // - GpuRopeStore.MatchesTheReference: Q/K RMSNorm + RoPE + K/V store (rope_and_store) for normal and
 //   NeoX styles, full and partial rotary (Qwen3.5: 64 of 256), frequency factors and scaling, q/k norms,
 //   positions from 1234 on, decode-sized (padded) and larger steps, every KV type, and head dims whose
@@ -212,6 +215,32 @@ TEST(GpuAttention, PrefillMatchesTheReference) {
           for (int r = run_rows; r < st.n_tokens(); ++r)
             EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), 1e-8) << "row " << r << " at " << st.positions[r];
         }
+}
+
+// Longer runs: several CTAs of query columns per KV head, many key blocks, the causal diagonal inside a
+// block, a run that starts deep in its sequence, and a sliding window that drops whole key blocks.
+TEST(GpuAttention, LongPrefillRunsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<std::pair<int, int>> seqs = {{0, 300}, {1000, 70}, {33, 2}};
+  for (const GpuAttentionShape& s : {GpuAttentionShape{16, 2, 128, 128}, GpuAttentionShape{8, 8, 64, 64}, GpuAttentionShape{12, 2, 256, 256},
+                                     GpuAttentionShape{6, 3, 96, 96}})
+    for (auto [tk, tv] : {std::pair{DType::F16, DType::F16}, std::pair{DType::Q8_0, DType::Q8_0}})
+      for (int window : {0, 100}) {
+        SCOPED_TRACE(describe(s, tk, tv, window));
+        Rng rng(17 + (uint64_t)window + (uint64_t)s.head_dim_k);
+        const int n_blocks = blocks_needed(seqs) + 4;
+        const StepDesc st = make_step(seqs, n_blocks, rng);
+        const HostCache h = random_cache(s, tk, tv, n_blocks, rng);
+        const auto q = random_values((size_t)st.n_tokens() * s.n_head * s.head_dim_k, rng);
+        const float scale = 1.0f / std::sqrt((float)s.head_dim_k);
+        const auto out = gpu_attention_for_test(s, h.cache, window, scale, st, q);
+        const auto ref = test::attention_reference(st, {s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v}, q.data(),
+                                                   h.k.data(), h.v.data(), kBlock, scale, window);
+        ASSERT_EQ(out.size(), ref.size());
+        const size_t row = (size_t)s.n_head * s.head_dim_v;
+        for (int r = 0; r < st.n_tokens(); ++r)
+          EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), r < 370 ? 1e-5 : 1e-8) << "row " << r << " at " << st.positions[r];
+      }
 }
 
 // --- RoPE + K/V store ---

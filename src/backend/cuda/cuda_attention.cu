@@ -1,5 +1,6 @@
 // Attention on the paged KV cache: the per-row prologue (Q/K RMSNorm, RoPE, K/V store), a split-KV
-// flash-decoding kernel, and prefill attention through cuBLAS for runs of prompt rows. Each decode CTA
+// flash-decoding kernel, and prefill attention for runs of prompt rows (one tensor-core launch per run
+// for f16 caches, cuda_flash_prefill.cu; otherwise cuBLAS over tiles of keys). Each decode CTA
 // takes one row, one KV head (the group's query heads share every K/V read; at short depth two of them,
 // attention_head_parts) and one span of keys (32-128, by the row's depth), with an online softmax over
 // tiles of 128 keys; the spans are merged by a second kernel in a fixed order, so results are
@@ -813,7 +814,12 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
          n_head_kv, head_dim_k, scale, scratch.q16);
   __half* k16 = scratch.kv16;
   __half* v16 = scratch.kv16 + (size_t)scratch.key_tile * kv_dim_k;
+  const bool flash = flash_prefill_fits(kv, head_dim_k, head_dim_v);
   for (const PrefillRun& run : runs) {
+    if (flash) {
+      flash_prefill_run(step, run, scratch.q16, n_rows, kv, n_head, n_head_kv, head_dim_k, out, stream);
+      continue;
+    }
     const int total_keys = run.first_pos + run.n_rows;
     const int key_tile = std::min(scratch.key_tile, (total_keys + 31) / 32 * 32);
     const int ld = key_tile;  // floats per score row

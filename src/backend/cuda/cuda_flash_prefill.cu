@@ -1,0 +1,252 @@
+// Prompt attention in one launch per run: tensor-core products (mma.sync m16n8k16, f16 in, f32
+// accumulation) with the online softmax held in registers, reading keys and values straight from the
+// paged f16 cache. It replaces, for f16 caches on sm_80 and newer, prefill_attention's chain of a key
+// gather, two cuBLAS products and a softmax kernel per tile of keys (13% of a qwen3-32b pp512 step).
+//
+// Columns are (prompt row, query head of the group) pairs of one KV head, in the order queries_f16_kernel
+// writes them: column c is row c / gqa, head c % gqa. A CTA of kWarps warps takes kWarps * 16 columns;
+// each warp owns an m16 tile of them. For each block of kKeys keys the CTA stages K and V in shared
+// memory; each warp forms its 16 x kKeys scores, masks keys past each row's position (and outside a
+// sliding window), rescales its running output to the new row maxima, and adds P.V with P reused from
+// the score accumulators as the A operand. Everything the warp needs of a row stays in the 4 lanes that
+// share it in the fragment layout, so the row max and sum are two shuffles.
+#include <cuda_fp16.h>
+
+#include <climits>
+
+#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_mma.cuh"
+
+namespace roofline::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kCols = 16 * kWarps;  // query columns per CTA
+constexpr int kPad = 8;             // halves of padding per shared row (conflict-free fragment loads)
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Two B fragments (k16 x n8, n-tiles nt and nt + 1) of a row-major [key][dim] tile in shared memory.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+// The KV cache slot of key position pos of the run's sequence.
+__device__ __forceinline__ int64_t key_slot(const DeviceStep& step, int seq, int block_size, int pos) {
+  return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / block_size] * block_size + pos % block_size;
+}
+
+// Keys per staged block: 64, or 32 for heads of 256 (the output fragments already take 128 registers).
+template <int HD>
+constexpr int kKeysOf = HD >= 256 ? 32 : 64;
+
+template <int HD>
+__global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep step, PrefillRun run, const __half* q16, int n_rows_all,
+                                                                     KvLayer kv, int n_head, int n_head_kv, float* out) {
+  constexpr int kRow = HD + kPad;  // halves per shared row
+  constexpr int kKeys = kKeysOf<HD>;
+  extern __shared__ __align__(16) __half smem[];
+  __half* qs = smem;                 // [kCols][kRow]
+  __half* ks = qs + kCols * kRow;    // [kKeys][kRow]
+  __half* vs = ks + kKeys * kRow;    // [kKeys][kRow]
+  const int gqa = n_head / n_head_kv;
+  const int kvh = blockIdx.y;
+  const int n_cols = run.n_rows * gqa;
+  const int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles (most keys) first
+  const int col0 = tile * kCols;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int last_col = min(col0 + kCols, n_cols) - 1;
+  const int pos_first = run.first_pos + col0 / gqa, pos_last = run.first_pos + last_col / gqa;
+  const int key_begin = attention_first_key(pos_first, kv.window) / kKeys * kKeys, key_end = pos_last + 1;
+  const int kv_dim = n_head_kv * HD;
+  const __half* kcache = reinterpret_cast<const __half*>(kv.k) + (int64_t)kvh * HD;
+  const __half* vcache = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
+  wait_for_previous_kernel();
+
+  // The CTA's queries (pre-scaled f16), zero past the run's last column.
+  const __half* qsrc = q16 + ((int64_t)kvh * n_rows_all * gqa + (int64_t)run.first_row * gqa + col0) * HD;
+  constexpr int kChunks = HD / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < kCols * kChunks; i += 32 * kWarps) {
+    const int c = i / kChunks, p = i % kChunks;
+    int4 v = make_int4(0, 0, 0, 0);
+    if (col0 + c < n_cols) v = reinterpret_cast<const int4*>(qsrc + (int64_t)c * HD)[p];
+    *reinterpret_cast<int4*>(qs + c * kRow + p * 8) = v;
+  }
+
+  // This lane's two rows of the warp's m16 tile: columns r0 and r0 + 8.
+  const int r_lo = col0 + warp * 16 + lane / 4, r_hi = r_lo + 8;
+  const int pos_lo = run.first_pos + min(r_lo, n_cols - 1) / gqa, pos_hi = run.first_pos + min(r_hi, n_cols - 1) / gqa;
+  const int first_lo = attention_first_key(pos_lo, kv.window), first_hi = attention_first_key(pos_hi, kv.window);
+  constexpr float kLog2e = 1.4426950408889634f;
+  float o[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+  for (int key0 = key_begin; key0 < key_end; key0 += kKeys) {
+    __syncthreads();  // the previous block's K/V are no longer read (and, the first time, the queries are in)
+    for (int i = threadIdx.x; i < kKeys * kChunks; i += 32 * kWarps) {
+      const int j = i / kChunks, p = i % kChunks;
+      const int pos = key0 + j;
+      int4 kval = make_int4(0, 0, 0, 0), vval = make_int4(0, 0, 0, 0);
+      if (pos < key_end) {
+        const int64_t slot = key_slot(step, run.seq, kv.block_size, pos);
+        kval = reinterpret_cast<const int4*>(kcache + slot * kv_dim)[p];
+        vval = reinterpret_cast<const int4*>(vcache + slot * kv_dim)[p];
+      }
+      *reinterpret_cast<int4*>(ks + j * kRow + p * 8) = kval;
+      *reinterpret_cast<int4*>(vs + j * kRow + p * 8) = vval;
+    }
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 columns and the block's keys.
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const __half* qw = qs + (warp * 16 + lane / 4) * kRow + (lane % 4) * 2;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = *reinterpret_cast<const uint32_t*>(qw + kk * 16);
+      a[1] = *reinterpret_cast<const uint32_t*>(qw + 8 * kRow + kk * 16);
+      a[2] = *reinterpret_cast<const uint32_t*>(qw + kk * 16 + 8);
+      a[3] = *reinterpret_cast<const uint32_t*>(qw + 8 * kRow + kk * 16 + 8);
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        const __half* kp = ks + (n * 8 + lane / 4) * kRow + kk * 16 + (lane % 4) * 2;
+        mma_16816(s[n], a[0], a[1], a[2], a[3], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+    }
+
+    // Mask, then the online softmax update of both rows (base 2: exp(x) = exp2(x * log2 e)).
+    float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + n * 8 + (lane % 4) * 2 + (e & 1);
+        const bool hi = e >= 2;
+        const bool ok = hi ? (key <= pos_hi && key >= first_hi) : (key <= pos_lo && key >= first_lo);
+        s[n][e] = ok ? s[n][e] * kLog2e : -INFINITY;
+        if (hi) mx_hi = fmaxf(mx_hi, s[n][e]);
+        else mx_lo = fmaxf(mx_lo, s[n][e]);
+      }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    // A row that has seen no key yet (sliding window, or a padding column) keeps m = -inf and p = 0.
+    const float alpha_lo = mn_lo == -INFINITY ? 1.0f : exp2f(m_lo - mn_lo);
+    const float alpha_hi = mn_hi == -INFINITY ? 1.0f : exp2f(m_hi - mn_hi);
+    const float sub_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kKeys / 8; ++n) {
+      s[n][0] = exp2f(s[n][0] - sub_lo);
+      s[n][1] = exp2f(s[n][1] - sub_lo);
+      s[n][2] = exp2f(s[n][2] - sub_hi);
+      s[n][3] = exp2f(s[n][3] - sub_hi);
+      sum_lo += s[n][0] + s[n][1];
+      sum_hi += s[n][2] + s[n][3];
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      o[n][0] *= alpha_lo;
+      o[n][1] *= alpha_lo;
+      o[n][2] *= alpha_hi;
+      o[n][3] *= alpha_hi;
+    }
+
+    // O += P V: P's A fragments are the score accumulators of n-tiles 2t and 2t + 1.
+#pragma unroll
+    for (int t = 0; t < kKeys / 16; ++t) {
+      uint32_t a[4];
+      a[0] = pack_h2(s[2 * t][0], s[2 * t][1]);
+      a[1] = pack_h2(s[2 * t][2], s[2 * t][3]);
+      a[2] = pack_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
+      a[3] = pack_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
+      // Lanes 0-15 address keys 16t..16t+15 of n-tile n, lanes 16-31 the same keys of n-tile n + 1.
+      const __half* vp = vs + (t * 16 + (lane & 15)) * kRow + (lane >> 4) * 8;
+#pragma unroll
+      for (int n = 0; n < HD / 8; n += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vp + n * 8);
+        mma_16816(o[n], a[0], a[1], a[2], a[3], b[0], b[1]);
+        mma_16816(o[n + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+      }
+    }
+  }
+
+  // Row sums over the 4 lanes of each row, then out[row][head][:] = O / l.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  const float inv_lo = l_lo > 0 ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0 ? 1.0f / l_hi : 0.0f;
+  auto dst = [&](int col) {
+    return out + ((int64_t)(run.first_row + col / gqa) * n_head + kvh * gqa + col % gqa) * HD + (lane % 4) * 2;
+  };
+  if (r_lo < n_cols) {
+    float* d = dst(r_lo);
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) *reinterpret_cast<float2*>(d + n * 8) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+  }
+  if (r_hi < n_cols) {
+    float* d = dst(r_hi);
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) *reinterpret_cast<float2*>(d + n * 8) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  }
+}
+
+template <int HD>
+void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
+                  int n_head_kv, float* out, cudaStream_t stream) {
+  constexpr size_t smem = (size_t)(kCols + 2 * kKeysOf<HD>) * (HD + kPad) * sizeof(__half);
+  static const bool configured = [] {
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return true;
+  }();
+  (void)configured;
+  const int n_cols = run.n_rows * (n_head / n_head_kv);
+  const dim3 grid((unsigned)((n_cols + kCols - 1) / kCols), (unsigned)n_head_kv);
+  launch(flash_prefill_kernel<HD>, grid, dim3(32 * kWarps), smem, stream, pdl_enabled(), step, run, q16, n_rows_all, kv, n_head,
+         n_head_kv, out);
+}
+
+}  // namespace
+
+bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v) {
+  static const bool on = env_switch("ROOFLINE_FLASH_PREFILL", true);
+  if (!on || code_arch() < 80 || kv.type_k != DType::F16 || kv.type_v != DType::F16 || head_dim_k != head_dim_v) return false;
+  return head_dim_k == 64 || head_dim_k == 96 || head_dim_k == 128 || head_dim_k == 256;
+}
+
+void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
+                       int n_head_kv, int head_dim, float* out, cudaStream_t stream) {
+  if (run.n_rows < 1) return;
+  switch (head_dim) {
+    case 64: return launch_flash<64>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    case 96: return launch_flash<96>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    case 128: return launch_flash<128>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    case 256: return launch_flash<256>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    default: fail("internal error: flash prefill attention with heads of {}", head_dim);
+  }
+}
+
+}  // namespace roofline::cuda

@@ -1,0 +1,29 @@
+// The f16 tensor-core product every mma.sync kernel uses (the batched-decode products, the expert
+// products, prompt attention): one m16n8k16 step, f32 accumulation, in the PTX fragment layout.
+#pragma once
+
+#include <cstdint>
+
+namespace roofline::cuda {
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+  __trap();  // sm_70 has no m16n8k8 either: the host never takes this path there (gemm_fuses_dequant)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // sm_75 has no m16n8k16: the same product as two m16n8k8 (k 0-7: a0, a1, b0; k 8-15: a2, a3, b1).
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(b0));
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a2), "r"(a3), "r"(b1));
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+}  // namespace roofline::cuda
