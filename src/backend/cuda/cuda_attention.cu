@@ -700,16 +700,32 @@ int attention_head_parts(int gqa, int hd_v, bool combine_in_split) {
 
 // --- Prefill attention for runs of consecutive rows of one sequence (prefill_attention) ---
 // Query rows as f16, pre-scaled, laid out [KV head][row][query head of the group][dim] so that each KV
-// head's queries of a run of rows form one matrix.
+// head's queries of a run of rows form one matrix. Eight values a thread (16-byte stores; one a thread
+// took 2.2% of a qwen3-32b pp512 step); head dims are multiples of 8 wherever prompt runs are planned
+// (every supported architecture), the scalar tail covers the rest.
 __global__ void queries_f16_kernel(const float* q, int n_rows, int n_head, int n_head_kv, int hd, float scale, __half* out) {
   wait_for_previous_kernel();
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // index in q: (row, head, dim)
+  const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;  // index in q: (row, head, dim)
   if (i >= (int64_t)n_rows * n_head * hd) return;
   const int gqa = n_head / n_head_kv;
-  const int d = (int)(i % hd), h = (int)(i / hd % n_head);
-  const int64_t r = i / ((int64_t)hd * n_head);
-  const int kvh = h / gqa, g = h % gqa;
-  out[(((int64_t)kvh * n_rows + r) * gqa + g) * hd + d] = __float2half(fminf(fmaxf(q[i] * scale, -65504.0f), 65504.0f));
+  auto half_of = [&](float v) { return __float2half(fminf(fmaxf(v * scale, -65504.0f), 65504.0f)); };
+  auto dst = [&](int64_t e) {
+    const int d = (int)(e % hd), h = (int)(e / hd % n_head);
+    const int64_t r = e / ((int64_t)hd * n_head);
+    return (((int64_t)(h / gqa) * n_rows + r) * gqa + h % gqa) * hd + d;
+  };
+  if (hd % 8 == 0) {
+    const float4 a = reinterpret_cast<const float4*>(q + i)[0], b = reinterpret_cast<const float4*>(q + i)[1];
+    union {
+      int4 v;
+      __half h[8];
+    } o;
+    o.h[0] = half_of(a.x), o.h[1] = half_of(a.y), o.h[2] = half_of(a.z), o.h[3] = half_of(a.w);
+    o.h[4] = half_of(b.x), o.h[5] = half_of(b.y), o.h[6] = half_of(b.z), o.h[7] = half_of(b.w);
+    *reinterpret_cast<int4*>(out + dst(i)) = o.v;
+  } else {
+    for (int64_t e = i; e < i + 8 && e < (int64_t)n_rows * n_head * hd; ++e) out[dst(e)] = half_of(q[e]);
+  }
 }
 
 // Keys [key0, key0 + n_keys) of sequence `seq` from the paged cache to f16 rows [n_keys x kv_dim].
@@ -810,7 +826,7 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
   const int gqa = n_head / n_head_kv;
   const int kv_dim_k = n_head_kv * head_dim_k, kv_dim_v = n_head_kv * head_dim_v;
   const int64_t n_q = (int64_t)n_rows * n_head * head_dim_k;
-  launch(queries_f16_kernel, dim3((unsigned)((n_q + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), q, n_rows, n_head,
+  launch(queries_f16_kernel, dim3((unsigned)((n_q + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), q, n_rows, n_head,
          n_head_kv, head_dim_k, scale, scratch.q16);
   __half* k16 = scratch.kv16;
   __half* v16 = scratch.kv16 + (size_t)scratch.key_tile * kv_dim_k;

@@ -569,16 +569,25 @@ class CudaBackend final : public Backend {
 
   // y (+)= W x for the step's rows: matvec for decode-sized steps, GEMM beyond. With an epilogue (decode
   // only), its output is the next product's input (`next_cols` wide) after the launch.
+  // x_ready: x_f16_ already holds x (prompt GEMMs only: gemm_takes_f16).
   void project(const DeviceWeight& w, const float* x, int n, float* y, int ldy, bool accumulate, const MatvecEpilogue& ep = {},
-               int next_cols = -1) {
+               int next_cols = -1, bool x_ready = false) {
     if (n <= 8) {
       quantize_input(w, x, n);
       matvec(w, inputs_.current(), x, n, y, ldy, accumulate, stream_, ep);
       if (ep.kind != MatvecEpilogue::Kind::None) take_input(ep, next_cols);
     } else {
       if (ep.kind != MatvecEpilogue::Kind::None) fail("internal error: a decode epilogue on a product of {} rows", n);
-      gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_);
+      gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_, x_ready);
     }
+  }
+
+  // Whether a product of n rows goes through cuBLAS with its input converted to f16 rows in x_f16_ (so
+  // products of one input convert it once, and SwiGLU can write down's input as f16 directly).
+  // ROOFLINE_F16_INPUT_REUSE=0 converts for every product.
+  static bool gemm_takes_f16(const DeviceWeight& w, int n) {
+    static const bool on = env_switch("ROOFLINE_F16_INPUT_REUSE", true);
+    return on && n > 8 && !gemm_fuses_dequant(w, n);
   }
 
   // Products of one input (q/k/v, gate/up): for decode-sized steps, those matvec_can_join joins go out
@@ -594,6 +603,7 @@ class CudaBackend final : public Backend {
   void project_group(std::initializer_list<Product> products, const float* x, int n) {
     const Product* p = products.begin();
     const size_t count = products.size();
+    int64_t converted_cols = -1;  // x_f16_ holds x as rows of this many values (prompt GEMMs)
     for (size_t i = 0; i < count;) {
       size_t j = i + 1;
       if (n <= 8)
@@ -602,8 +612,11 @@ class CudaBackend final : public Backend {
         while (j < count && j - i < kMatvecGroupMax && gemm_can_join(*p[i].w, *p[j].w, n)) ++j;
       if (j - i == 1) {
         mark(op_name(fmt::format("matvec {}", p[i].what).c_str(), *p[i].w).c_str(), p[i].bytes);
-        project(*p[i].w, x, n, p[i].y, p[i].ldy, false);
+        const bool f16 = gemm_takes_f16(*p[i].w, n);
+        project(*p[i].w, x, n, p[i].y, p[i].ldy, false, {}, -1, f16 && converted_cols == p[i].w->cols);
+        converted_cols = f16 ? p[i].w->cols : -1;
       } else {
+        converted_cols = -1;
         std::string names;
         double bytes = 0;
         const DeviceWeight* ws[kMatvecGroupMax];
@@ -776,6 +789,7 @@ class CudaBackend final : public Backend {
     const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
     const DeviceWeight &gate = L.m(LT::FfnGate), &up = L.m(LT::FfnUp);
     const bool gelu_ffn = model_->arch().ffn == FfnKind::GeGLU;
+    bool down_f16 = false;  // x_f16_ holds down's input (then gate_ does not)
     if (inputs_.enabled() && n <= 8 && q8_down && matvec_can_group(gate, up)) {
       // Decode: gate and up in one launch whose epilogue writes SwiGLU's (GeGLU's) int8 output (down's input).
       mark(op_name(gelu_ffn ? "matvec gate+up + geglu" : "matvec gate+up + swiglu", gate).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp));
@@ -788,18 +802,22 @@ class CudaBackend final : public Backend {
       take_input(ep, (int)hp.n_ff);
     } else {
       project_group({{"gate", &gate, L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &up, L.bytes(LT::FfnUp), up_, hp.n_ff}}, xn_, n);
+      // Prompt steps: down's f16 input straight from the gated product (no f32 copy, no conversion).
+      down_f16 = gemm_takes_f16(L.m(LT::FfnDown), n);
+      float* h32 = down_f16 ? nullptr : gate_;
+      __half* h16 = down_f16 ? x_f16_ : nullptr;
       if (gelu_ffn) {
         mark("geglu + quantize", 0);
-        geglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? inputs_.writable() : ActQ8{}, stream_);
+        geglu(gate_, up_, n, hp.n_ff, h32, q8_down ? inputs_.writable() : ActQ8{}, stream_, h16);
       } else {
         mark("swiglu + quantize", 0);
-        swiglu(gate_, up_, n, hp.n_ff, gate_, q8_down ? inputs_.writable() : ActQ8{}, stream_);
+        swiglu(gate_, up_, n, hp.n_ff, h32, q8_down ? inputs_.writable() : ActQ8{}, stream_, h16);
       }
       n_quantized_cols_ = q8_down ? hp.n_ff : -1;
     }
     mark(op_name("matvec down", L.m(LT::FfnDown)).c_str(), L.bytes(LT::FfnDown));
     if (partial_sum_) {  // -sm row: this slice's share of down, summed over the slices, then the residual add
-      project(L.m(LT::FfnDown), gate_, n, tp_sum_, hp.n_embd, false);
+      project(L.m(LT::FfnDown), gate_, n, tp_sum_, hp.n_embd, false, {}, -1, down_f16);
       sum_partials();
       if (float* post = L.v(LT::FfnPostNorm)) {
         LayerDev* next = next_layer_here(L);
@@ -809,7 +827,7 @@ class CudaBackend final : public Backend {
         add_values(x_, tp_sum_, (int64_t)n * hp.n_embd, stream_);
       }
     } else if (float* post = L.v(LT::FfnPostNorm)) {  // gemma: x += rmsnorm(down) * w (xn_ and up_ are free here)
-      project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false);
+      project(L.m(LT::FfnDown), gate_, n, xn_, hp.n_embd, false, {}, -1, down_f16);
       // Decode steps: the next layer's attention pre-norm in the same kernel, when that layer is here.
       LayerDev* next = next_layer_here(L);
       if (next && next->mixer != MixerKind::Attention) next = nullptr;
@@ -820,7 +838,7 @@ class CudaBackend final : public Backend {
       project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true, inputs_.norm(next->v(LT::AttnNorm), hp.rms_eps), hp.n_embd);
       attn_input_ready_ = true;
     } else {
-      project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true);
+      project(L.m(LT::FfnDown), gate_, n, x_, hp.n_embd, true, {}, -1, down_f16);
     }
     n_quantized_cols_ = -1;
   }

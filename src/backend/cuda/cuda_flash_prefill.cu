@@ -6,9 +6,10 @@
 // Columns are (prompt row, query head of the group) pairs of one KV head, in the order queries_f16_kernel
 // writes them: column c is row c / gqa, head c % gqa. A CTA of kWarps warps takes kWarps * 16 columns;
 // each warp owns an m16 tile of them. For each block of kKeys keys the CTA stages K and V in shared
-// memory; each warp forms its 16 x kKeys scores, masks keys past each row's position (and outside a
-// sliding window), rescales its running output to the new row maxima, and adds P.V with P reused from
-// the score accumulators as the A operand. Everything the warp needs of a row stays in the 4 lanes that
+// memory (cp.async, double-buffered: the next block loads while this one is multiplied); each warp
+// forms its 16 x kKeys scores, masks keys past each row's position (and outside a sliding window),
+// rescales its running output to the new row maxima, and adds P.V with P reused from the score
+// accumulators as the A operand. Everything the warp needs of a row stays in the 4 lanes that
 // share it in the fragment layout, so the row max and sum are two shuffles.
 #include <cuda_fp16.h>
 
@@ -55,9 +56,8 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
   constexpr int kRow = HD + kPad;  // halves per shared row
   constexpr int kKeys = kKeysOf<HD>;
   extern __shared__ __align__(16) __half smem[];
-  __half* qs = smem;                 // [kCols][kRow]
-  __half* ks = qs + kCols * kRow;    // [kKeys][kRow]
-  __half* vs = ks + kKeys * kRow;    // [kKeys][kRow]
+  __half* qs = smem;               // [kCols][kRow]
+  __half* ks = qs + kCols * kRow;  // two buffers, each K [kKeys][kRow] then V [kKeys][kRow]
   const int gqa = n_head / n_head_kv;
   const int kvh = blockIdx.y;
   const int n_cols = run.n_rows * gqa;
@@ -92,21 +92,38 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
   for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-  for (int key0 = key_begin; key0 < key_end; key0 += kKeys) {
-    __syncthreads();  // the previous block's K/V are no longer read (and, the first time, the queries are in)
+  // K and V of a block of keys into buffer `buf` (cp.async; keys past the CTA's last are zero, so that
+  // their probability 0 never meets a NaN).
+  auto stage = [&](int key0, int buf) {
+    __half* kd = ks + buf * 2 * kKeys * kRow;
+    __half* vd = kd + kKeys * kRow;
     for (int i = threadIdx.x; i < kKeys * kChunks; i += 32 * kWarps) {
       const int j = i / kChunks, p = i % kChunks;
       const int pos = key0 + j;
-      int4 kval = make_int4(0, 0, 0, 0), vval = make_int4(0, 0, 0, 0);
       if (pos < key_end) {
         const int64_t slot = key_slot(step, run.seq, kv.block_size, pos);
-        kval = reinterpret_cast<const int4*>(kcache + slot * kv_dim)[p];
-        vval = reinterpret_cast<const int4*>(vcache + slot * kv_dim)[p];
+        copy_async<16>(kd + j * kRow + p * 8, kcache + slot * kv_dim + p * 8);
+        copy_async<16>(vd + j * kRow + p * 8, vcache + slot * kv_dim + p * 8);
+      } else {
+        *reinterpret_cast<int4*>(kd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
+        *reinterpret_cast<int4*>(vd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
       }
-      *reinterpret_cast<int4*>(ks + j * kRow + p * 8) = kval;
-      *reinterpret_cast<int4*>(vs + j * kRow + p * 8) = vval;
     }
-    __syncthreads();
+    copy_async_commit();
+  };
+  stage(key_begin, 0);
+  for (int key0 = key_begin, buf = 0; key0 < key_end; key0 += kKeys, buf ^= 1) {
+    // The next block loads while this one is multiplied (its buffer was last read before the barrier
+    // that ended the previous iteration).
+    if (key0 + kKeys < key_end) {
+      stage(key0 + kKeys, buf ^ 1);
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // this block's K/V (and, the first time, the queries) are in
+    const __half* ks_b = ks + buf * 2 * kKeys * kRow;
+    const __half* vs_b = ks_b + kKeys * kRow;
 
     // S = Q K^T for the warp's 16 columns and the block's keys.
     float s[kKeys / 8][4];
@@ -122,7 +139,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
       a[3] = *reinterpret_cast<const uint32_t*>(qw + 8 * kRow + kk * 16 + 8);
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
-        const __half* kp = ks + (n * 8 + lane / 4) * kRow + kk * 16 + (lane % 4) * 2;
+        const __half* kp = ks_b + (n * 8 + lane / 4) * kRow + kk * 16 + (lane % 4) * 2;
         mma_16816(s[n], a[0], a[1], a[2], a[3], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
       }
     }
@@ -181,7 +198,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
       a[2] = pack_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
       a[3] = pack_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
       // Lanes 0-15 address keys 16t..16t+15 of n-tile n, lanes 16-31 the same keys of n-tile n + 1.
-      const __half* vp = vs + (t * 16 + (lane & 15)) * kRow + (lane >> 4) * 8;
+      const __half* vp = vs_b + (t * 16 + (lane & 15)) * kRow + (lane >> 4) * 8;
 #pragma unroll
       for (int n = 0; n < HD / 8; n += 2) {
         uint32_t b[4];
@@ -190,6 +207,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
         mma_16816(o[n + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
       }
     }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
 
   // Row sums over the 4 lanes of each row, then out[row][head][:] = O / l.
@@ -217,7 +235,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
 template <int HD>
 void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
                   int n_head_kv, float* out, cudaStream_t stream) {
-  constexpr size_t smem = (size_t)(kCols + 2 * kKeysOf<HD>) * (HD + kPad) * sizeof(__half);
+  constexpr size_t smem = (size_t)(kCols + 4 * kKeysOf<HD>) * (HD + kPad) * sizeof(__half);
   static const bool configured = [] {
     ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return true;

@@ -7,7 +7,6 @@
 // reproducible.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_dequant.cuh"
@@ -50,56 +49,89 @@ __global__ void dequant_rows_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_
   for (int k = 0; k < 4; ++k) dst[k] = o.v4[k];
 }
 
-// Q4_K (blocks as in the file) and Q6_K (planes) to f16 with whole-warp accesses: a warp per 256-value
-// super-block, each lane 8 consecutive values, so a warp's loads are one contiguous run per plane and
-// its stores one 512-byte piece (the generic kernel above, one thread per 32 values with byte loads and
-// 64-byte strided stores, moved ~50% of the bandwidth and took 30% of a qwen3-32b pp512 step). The
-// arithmetic is dequant_chunk32's, so the f16 values are the same.
+// Q4_K (blocks as in the file) and Q6_K (planes) to f16 with whole-warp accesses: a warp per run of
+// kDequantBlocks 256-value super-blocks, each lane 8 consecutive values of each, so a warp's loads are
+// contiguous runs per plane and its stores 512-byte pieces; every load of the run is issued before the
+// first value is formed (one super-block a warp moved 2.7 TB/s: too few bytes in flight). The generic
+// kernel above (one thread per 32 values, byte loads, 64-byte strided stores) moved ~50% of the
+// bandwidth and took 30% of a qwen3-32b pp512 step. The arithmetic is dequant_chunk32's, so the f16
+// values are the same.
+constexpr int kDequantBlocks = 4;
+
+__device__ __forceinline__ int byte_of(const uint4& v, int k) {  // byte k (0..15) of a 16-byte load
+  const uint32_t word = k < 4 ? v.x : k < 8 ? v.y : k < 12 ? v.z : v.w;
+  return (int)((word >> (8 * (k % 4))) & 0xFF);
+}
+
 __global__ void dequant_q4k_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_rows, __half* out) {
   wait_for_previous_kernel();
-  const int64_t n_sb = w.cols / 256;
-  const int64_t g = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // super-block of the chunk
-  const int lane = threadIdx.x % 32;
-  if (g >= n_rows * n_sb) return;
-  const uint8_t* b = w.data + (row0 + g / n_sb) * w.row_bytes + (g % n_sb) * 144;
-  const uint2 q = *reinterpret_cast<const uint2*>(b + 16 + 32 * (lane / 8) + 8 * (lane % 4));
-  int sc, m;
-  k4_scale_min(lane / 4, b + 4, sc, m);
-  const float d1 = ld_half(b) * sc, m1 = ld_half(b + 2) * m;
-  const int shift = lane & 4;  // lanes 4-7 of each 8 take the high nibbles
-  union {
-    int4 v;
-    __half h[8];
-  } o;
+  const int64_t n_sb = w.cols / 256, total = n_rows * n_sb;
+  const int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks;  // first super-block of the chunk
+  const int lane = threadIdx.x % 32, j = lane / 4;  // j: the lane's 32-value sub-block
+  uint4 head[kDequantBlocks];  // d, dmin, 12 scale bytes
+  uint2 q[kDequantBlocks];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) o.h[i] = __float2half(d1 * (int)(((i < 4 ? q.x >> (8 * i) : q.y >> (8 * (i - 4))) >> shift) & 0xF) - m1);
-  reinterpret_cast<int4*>(out + g * 256)[lane] = o.v;
+  for (int k = 0; k < kDequantBlocks; ++k) {
+    const int64_t g = min(g0 + k, total - 1);
+    const uint8_t* b = w.data + (row0 + g / n_sb) * w.row_bytes + (g % n_sb) * 144;
+    head[k] = *reinterpret_cast<const uint4*>(b);
+    q[k] = *reinterpret_cast<const uint2*>(b + 16 + 32 * (lane / 8) + 8 * (lane % 4));
+  }
+  const int shift = lane & 4;  // lanes 4-7 of each 8 take the high nibbles
+#pragma unroll
+  for (int k = 0; k < kDequantBlocks; ++k) {
+    if (g0 + k >= total) break;
+    // k4_scale_min on the scale bytes (bytes 4-15 of the block)
+    const int sc = j < 4 ? byte_of(head[k], 4 + j) & 63 : (byte_of(head[k], 8 + j) & 0xF) | ((byte_of(head[k], j) >> 6) << 4);
+    const int m = j < 4 ? byte_of(head[k], 8 + j) & 63 : (byte_of(head[k], 8 + j) >> 4) | ((byte_of(head[k], 4 + j) >> 6) << 4);
+    const __half2 dm = *reinterpret_cast<const __half2*>(&head[k].x);
+    const float d1 = __low2float(dm) * sc, m1 = __high2float(dm) * m;
+    union {
+      int4 v;
+      __half h[8];
+    } o;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      o.h[i] = __float2half(d1 * (int)(((i < 4 ? q[k].x >> (8 * i) : q[k].y >> (8 * (i - 4))) >> shift) & 0xF) - m1);
+    reinterpret_cast<int4*>(out + (g0 + k) * 256)[lane] = o.v;
+  }
 }
 
 __global__ void dequant_q6k_planes_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_rows, __half* out) {
   wait_for_previous_kernel();
-  const int64_t n_sb = w.cols / 256;
-  const int64_t g = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int64_t n_sb = w.cols / 256, total = n_rows * n_sb;
+  const int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks;
   const int lane = threadIdx.x % 32;
-  if (g >= n_rows * n_sb) return;
-  const int64_t row = row0 + g / n_sb, sb = g % n_sb;
   const int j = lane / 4, half = (lane % 4) / 2, t0 = 8 * (lane % 2);  // 32-value chunk, its half, first of 16
-  const uint2 lo = *reinterpret_cast<const uint2*>(w.data + row * (w.cols / 2) + sb * 128 + 16 * j + t0);
-  const uint32_t hi = *reinterpret_cast<const uint32_t*>(w.plane1 + row * (w.cols / 4) + sb * 64 + 8 * j + 4 * half);
-  const int sc = reinterpret_cast<const int8_t*>(w.plane2)[row * (w.cols / 16) + sb * 16 + 2 * j + half];
-  const float d = ld_half(w.plane3 + (row * n_sb + sb) * 2);
-  union {
-    int4 v;
-    __half h[8];
-  } o;
+  uint2 lo[kDequantBlocks];
+  uint32_t hi[kDequantBlocks];
+  int sc[kDequantBlocks];
+  float d[kDequantBlocks];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t byte = (i < 4 ? lo.x >> (8 * i) : lo.y >> (8 * (i - 4))) & 0xFF;
-    const int nib = half ? (int)(byte >> 4) : (int)(byte & 0xF);
-    const int h = (int)(hi >> (8 * (i % 4) + 2 * ((t0 + i) / 4))) & 3;
-    o.h[i] = __float2half(d * (float)sc * (float)((nib | (h << 4)) - 32));
+  for (int k = 0; k < kDequantBlocks; ++k) {
+    const int64_t g = min(g0 + k, total - 1);
+    const int64_t row = row0 + g / n_sb, sb = g % n_sb;
+    lo[k] = *reinterpret_cast<const uint2*>(w.data + row * (w.cols / 2) + sb * 128 + 16 * j + t0);
+    hi[k] = *reinterpret_cast<const uint32_t*>(w.plane1 + row * (w.cols / 4) + sb * 64 + 8 * j + 4 * half);
+    sc[k] = reinterpret_cast<const int8_t*>(w.plane2)[row * (w.cols / 16) + sb * 16 + 2 * j + half];
+    d[k] = ld_half(w.plane3 + (row * n_sb + sb) * 2);
   }
-  reinterpret_cast<int4*>(out + g * 256)[lane] = o.v;
+#pragma unroll
+  for (int k = 0; k < kDequantBlocks; ++k) {
+    if (g0 + k >= total) break;
+    union {
+      int4 v;
+      __half h[8];
+    } o;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t byte = (i < 4 ? lo[k].x >> (8 * i) : lo[k].y >> (8 * (i - 4))) & 0xFF;
+      const int nib = half ? (int)(byte >> 4) : (int)(byte & 0xF);
+      const int h = (int)(hi[k] >> (8 * (i % 4) + 2 * ((t0 + i) / 4))) & 3;
+      o.h[i] = __float2half(d[k] * (float)sc[k] * (float)((nib | (h << 4)) - 32));
+    }
+    reinterpret_cast<int4*>(out + (g0 + k) * 256)[lane] = o.v;
+  }
 }
 
 // f32 -> f16, saturating at the f16 range (an activation beyond it would otherwise become inf): eight
@@ -156,32 +188,6 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) {
 // Unsigned integers in the low bits of each half of `v` (< 1024) -> half2 of their values.
 __device__ __forceinline__ __half2 small_uints_h2(uint32_t v) {
   return __hsub2(bits_h2(v | 0x64006400u), bits_h2(0x64006400u));  // (1024 + q) - 1024, exact
-}
-
-// Asynchronous global -> shared copies (cp.async, sm_80+; a plain copy before that). Each thread's copies
-// form groups (commit); wait<N> returns when at most N of its newest groups are still in flight.
-template <int BYTES>
-__device__ __forceinline__ void copy_async(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  if constexpr (BYTES == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES));
-#else
-  if constexpr (BYTES == 16) *reinterpret_cast<int4*>(dst) = *reinterpret_cast<const int4*>(src);
-  else if constexpr (BYTES == 8) *reinterpret_cast<int2*>(dst) = *reinterpret_cast<const int2*>(src);
-  else *reinterpret_cast<int*>(dst) = *reinterpret_cast<const int*>(src);
-#endif
-}
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
 }
 
 // One row's super-block as lane t holds it. Q4_K (GGUF blocks): header + quant bytes [16t, 16t+16) and
@@ -695,22 +701,16 @@ bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens) {
 }
 
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
+          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready) {
   const int64_t n_x = (int64_t)n_tokens * w.cols;
   if (gemm_fuses_dequant(w, n_tokens)) {
+    if (x_ready) fail("internal error: an f16 input given to the fused {}-row product", n_tokens);
     const DeviceWeight* ws[1] = {&w};
     float* ys[1] = {y};
     const int ldys[1] = {ldy};
     return fused_products(ws, ys, ldys, 1, x, n_tokens, accumulate, scratch, scratch_elems, x_f16, stream);
   }
-  launch(to_f16_kernel, dim3((unsigned)((n_x + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
-  // ROOFLINE_GEMM_CHUNK_MB caps a chunk's f16 bytes (an experiment: chunks the L2 can hold between the
-  // dequantization and cuBLAS); unset, a chunk is the whole scratch.
-  static const int64_t chunk_cap = [] {
-    const char* env = std::getenv("ROOFLINE_GEMM_CHUNK_MB");
-    return env ? std::max<int64_t>(1, std::atoll(env)) << 20 : (int64_t)0;
-  }();
-  if (chunk_cap > 0) scratch_elems = std::min<size_t>(scratch_elems, (size_t)chunk_cap / 2);
+  if (!x_ready) launch(to_f16_kernel, dim3((unsigned)((n_x + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
   int64_t rows_per_chunk = (int64_t)(scratch_elems / (size_t)w.cols);
   if (rows_per_chunk < 1) fail("internal error: GEMM scratch smaller than one row");
   // Whole multiples of 256 rows per chunk: an odd chunk misaligns the output columns and cuBLAS then
@@ -728,7 +728,7 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
       const int64_t n = n_rows * w.cols;
       launch(float_rows_f16_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
     } else if (fast_q4k || fast_q6k) {
-      const int64_t threads = n_rows * (w.cols / 256) * 32;
+      const int64_t threads = (n_rows * (w.cols / 256) + kDequantBlocks - 1) / kDequantBlocks * 32;
       launch(fast_q4k ? dequant_q4k_f16_kernel : dequant_q6k_planes_f16_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0,
              stream, pdl_enabled(), w, r0, n_rows, scratch);
     } else {

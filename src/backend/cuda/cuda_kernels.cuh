@@ -118,9 +118,11 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 // More than 8 rows: up to 64 rows of Q4_K/Q6_K weights, a kernel dequantizing in registers into mma fragments
 // (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS. x_f16
 // holds (n_tokens rounded up to 16) x cols halves (the fused kernel's activation layout pads the rows).
+// x_ready: the cuBLAS path's x_f16 already holds x as f16 rows (an earlier product of the same input, or
+// an f16 SwiGLU), so x is not read.
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream);
+          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false);
 // Products of one input joined in one launch of the fused kernel (q/k/v, gate/up of a 9-64 row step):
 // weights where gemm_fuses_dequant holds, of one type and row length; ys[k] = W_k x (no accumulation).
 // ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
@@ -137,12 +139,13 @@ void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, cons
               ActQ8 act_out, cudaStream_t stream);
 // Activation quantization of rows (int8 blocks of 32); with gather, row r quantizes x's row gather[r].
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_t stream, const int32_t* gather = nullptr);
-// h = silu(gate) * up, written as f32 (if out) and int8 activations (if act.q).
-void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
+// h = silu(gate) * up, written as f32 (if out), int8 activations (if act.q) and f16 (if out16, saturated
+// at the f16 range as gemm converts its inputs: the next prompt GEMM's x_f16).
+void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream, __half* out16 = nullptr);
 void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t stream);
 // Gemma: h = gelu_tanh(gate) * up (GeGLU), as swiglu; y += x and x *= s over n values (post norms, the
 // embedding scale); x = cap * tanh(x / cap) (a final logit softcap).
-void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream);
+void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act_out, cudaStream_t stream, __half* out16 = nullptr);
 void add_values(float* y, const float* x, int64_t n, cudaStream_t stream);
 // Gemma 3's post-norm and residual in one kernel: x += rmsnorm(y) * w; with w2 also out2 = rmsnorm(x) * w2
 // (if out2) and its int8 form (if act2.q), the next block's pre-norm. Decode-sized steps only

@@ -1,5 +1,6 @@
-// The f16 tensor-core product every mma.sync kernel uses (the batched-decode products, the expert
-// products, prompt attention): one m16n8k16 step, f32 accumulation, in the PTX fragment layout.
+// What the mma.sync kernels share (the batched-decode products, the expert products, prompt
+// attention): the f16 tensor-core product (one m16n8k16 step, f32 accumulation, in the PTX fragment
+// layout) and asynchronous global-to-shared copies.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,32 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// Asynchronous global -> shared copies (cp.async, sm_80+; a plain copy before that). Each thread's copies
+// form groups (commit); wait<N> returns when at most N of its newest groups are still in flight.
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  if constexpr (BYTES == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(d), "l"(src), "n"(BYTES));
+#else
+  if constexpr (BYTES == 16) *reinterpret_cast<int4*>(dst) = *reinterpret_cast<const int4*>(src);
+  else if constexpr (BYTES == 8) *reinterpret_cast<int2*>(dst) = *reinterpret_cast<const int2*>(src);
+  else *reinterpret_cast<int*>(dst) = *reinterpret_cast<const int*>(src);
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
 

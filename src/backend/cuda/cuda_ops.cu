@@ -197,7 +197,7 @@ __global__ void quantize_rows_kernel(const float* x, int n, const int32_t* gathe
 // act: silu (SwiGLU), sigmoid (gated attention's output gate) or GELU with the tanh approximation (GeGLU).
 enum class GateAct { Silu, Sigmoid, GeluTanh };
 template <GateAct kAct>
-__global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act) {
+__global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act, __half* out16) {
   wait_for_previous_kernel();
   const int r = blockIdx.y;
   const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -211,6 +211,7 @@ __global__ void gated_product_kernel(const float* gate, const float* up, int n, 
     else v = (kAct == GateAct::Sigmoid ? 1.0f : a) / (1.0f + __expf(-a)) * up[at];
   }
   if (out && i < n) out[at] = v;
+  if (out16 && i < n) out16[at] = __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f));
   if (act.q && g < n / 32) {  // int8 activations only exist for rows that are whole 32-blocks
     const int64_t gi = (int64_t)r * (n / 32) + g;
     warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
@@ -353,16 +354,16 @@ void quantize_rows(const float* x, int n_rows, int n, ActQ8 act, cudaStream_t st
   launch(quantize_rows_kernel, grid, dim3(256), 0, stream, pdl_enabled(), x, n, gather, act);
 }
 
-void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
+void swiglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream, __half* out16) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(gated_product_kernel<GateAct::Silu>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+  launch(gated_product_kernel<GateAct::Silu>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act, out16);
 }
 
-void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream) {
+void geglu(const float* gate, const float* up, int n_rows, int n, float* out, ActQ8 act, cudaStream_t stream, __half* out16) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(gated_product_kernel<GateAct::GeluTanh>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act);
+  launch(gated_product_kernel<GateAct::GeluTanh>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n, out, act, out16);
 }
 
 void add_values(float* y, const float* x, int64_t n, cudaStream_t stream) {
@@ -383,7 +384,7 @@ void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
 void output_gate(const float* gate, float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream) {
   if (n_rows == 0) return;
   const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
-  launch(gated_product_kernel<GateAct::Sigmoid>, grid, dim3(256), 0, stream, pdl_enabled(), gate, (const float*)x, n, x, act);
+  launch(gated_product_kernel<GateAct::Sigmoid>, grid, dim3(256), 0, stream, pdl_enabled(), gate, (const float*)x, n, x, act, (__half*)nullptr);
 }
 
 void split_q_gate(const float* q_full, int n_rows, int n_head, int hd, float* q, float* gate, cudaStream_t stream) {
