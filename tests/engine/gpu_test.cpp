@@ -247,8 +247,8 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
 }
 
 // The row-wise ops against the CPU's on random rows of odd sizes: RMSNorm, SwiGLU, bias, each with its
-// f32 output, the int8 activations RMSNorm and SwiGLU write for the next product (whole 32-blocks),
-// and the device argmax (ties to the lowest index, NaNs skipped) against argmax_logits.
+// f32 output (70 rows: the prompt kernels), SwiGLU's f16 output (a prompt step's down input), the int8
+// activations RMSNorm and SwiGLU write for the next product (whole 32-blocks), and the device argmax (ties to the lowest index, NaNs skipped) against argmax_logits.
 TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
   SKIP_WITHOUT_GPU();
   Rng rng(11);
@@ -257,7 +257,7 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
     for (float& x : v) x = (float)rng.normal();
     return v;
   };
-  for (int n_rows : {1, 3, 9})
+  for (int n_rows : {1, 3, 9, 70})
     for (int n : {1, 31, 100, 257, 4099, 160}) {
       SCOPED_TRACE(std::to_string(n_rows) + " rows of " + std::to_string(n));
       const auto a = randoms((size_t)n_rows * n), w = randoms((size_t)n), up = randoms((size_t)n_rows * n);
@@ -275,6 +275,9 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
       const auto g_bias = gpu_op_for_test(GpuOpForTest::AddBias, a, w, n_rows, n);
       EXPECT_LT(test::nmse(g_norm.data(), norm.data(), norm.size()), 1e-10);
       EXPECT_LT(test::nmse(g_swiglu.data(), swiglu.data(), swiglu.size()), 1e-10);
+      // The f16 form (prompt steps: down's input; 16-byte path where n % 8 == 0): f16 rounding, ~1e-7.
+      const auto h_swiglu = gpu_op_for_test(GpuOpForTest::SwigluF16, a, up, n_rows, n);
+      EXPECT_LT(test::nmse(h_swiglu.data(), swiglu.data(), swiglu.size()), 1e-6);
       EXPECT_EQ(g_bias, biased);
       if (n % 32 == 0) {  // int8 rows: round-to-nearest in blocks of 32, so ~(1/127)^2 / 12 relative
         const auto q_norm = gpu_op_for_test(GpuOpForTest::RmsNormInt8, a, w, n_rows, n, 1e-5f);

@@ -154,6 +154,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
     case GpuOpForTest::RmsNormInt8: rms_norm(da, db, eps, n_rows, n, nullptr, nullptr, act, stream); break;
     case GpuOpForTest::Swiglu: swiglu(da, db, n_rows, n, dy, ActQ8{}, stream); break;
     case GpuOpForTest::SwigluInt8: swiglu(da, db, n_rows, n, nullptr, act, stream); break;
+    case GpuOpForTest::SwigluF16: swiglu(da, db, n_rows, n, nullptr, ActQ8{}, stream, reinterpret_cast<__half*>(dy)); break;
     case GpuOpForTest::AddBias:
       ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dy, da, na * 4, cudaMemcpyDeviceToDevice, stream));
       add_bias(dy, db, n_rows, n, stream);
@@ -194,6 +195,11 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
     ROOFLINE_CUDA_CHECK(cudaMemcpy(d.data(), act.d, d.size() * 4, cudaMemcpyDeviceToHost));
     out.resize(na);
     for (size_t i = 0; i < na; ++i) out[i] = (float)q[i] * d[i / 32];
+  } else if (op == GpuOpForTest::SwigluF16) {
+    std::vector<__half> h(na);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(h.data(), dy, na * 2, cudaMemcpyDeviceToHost));
+    out.resize(na);
+    for (size_t i = 0; i < na; ++i) out[i] = __half2float(h[i]);
   } else {
     out.resize(na);
     ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), op == GpuOpForTest::PostNormAdd ? da + na : dy, na * 4, cudaMemcpyDeviceToHost));
