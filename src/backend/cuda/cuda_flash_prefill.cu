@@ -4,8 +4,9 @@
 // gather, two cuBLAS products and a softmax kernel per tile of keys (13% of a qwen3-32b pp512 step).
 //
 // Columns are (prompt row, query head of the group) pairs of one KV head, in the order queries_f16_kernel
-// writes them: column c is row c / gqa, head c % gqa. A CTA of kWarps warps takes kWarps * 16 columns;
-// each warp owns an m16 tile of them. For each block of kKeys keys the CTA stages K and V in shared
+// writes them: column c is row c / gqa, head c % gqa. A CTA takes kColGroups m16 tiles of columns, each
+// tile two warps that split every block of keys between them (half the chain of dependent steps per
+// warp; their results merge at the end). For each block of kKeys keys the CTA stages K and V in shared
 // memory (cp.async, double-buffered: the next block loads while this one is multiplied); each warp
 // forms its 16 x kKeys scores, masks keys past each row's position (and outside a sliding window),
 // rescales its running output to the new row maxima, and adds P.V with P reused from the score
@@ -22,8 +23,8 @@ namespace roofline::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kCols = 16 * kWarps;  // query columns per CTA
+constexpr int kColGroups = 4;           // m16 tiles of query columns per CTA
+constexpr int kCols = 16 * kColGroups;  // query columns per CTA
 constexpr int kPad = 8;             // halves of padding per shared row (conflict-free fragment loads)
 
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
@@ -46,12 +47,35 @@ __device__ __forceinline__ int64_t key_slot(const DeviceStep& step, int seq, int
   return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / block_size] * block_size + pos % block_size;
 }
 
-// Keys per staged block: 64, or 32 for heads of 256 (the output fragments already take 128 registers).
+// Part 0's state merged with part 1's (left in shared memory by the other warp of the column tile):
+// both rescaled to the common row maxima.
+template <int HD>
+__device__ __forceinline__ void merge_part(float (&o)[HD / 8][4], float m_lo, float m_hi, float& l_lo, float& l_hi, const float* o_x,
+                                           const float* ml_x, int lane) {
+  const float mb_lo = ml_x[lane], mb_hi = ml_x[32 + lane];
+  const float m_all_lo = fmaxf(m_lo, mb_lo), m_all_hi = fmaxf(m_hi, mb_hi);
+  auto factor = [](float m, float m_all) { return m == -INFINITY ? 0.0f : exp2f(m - m_all); };
+  const float fa_lo = factor(m_lo, m_all_lo), fb_lo = factor(mb_lo, m_all_lo);
+  const float fa_hi = factor(m_hi, m_all_hi), fb_hi = factor(mb_hi, m_all_hi);
+  l_lo = l_lo * fa_lo + ml_x[64 + lane] * fb_lo;
+  l_hi = l_hi * fa_hi + ml_x[96 + lane] * fb_hi;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    o[n][0] = o[n][0] * fa_lo + o_x[(n * 4 + 0) * 32 + lane] * fb_lo;
+    o[n][1] = o[n][1] * fa_lo + o_x[(n * 4 + 1) * 32 + lane] * fb_lo;
+    o[n][2] = o[n][2] * fa_hi + o_x[(n * 4 + 2) * 32 + lane] * fb_hi;
+    o[n][3] = o[n][3] * fa_hi + o_x[(n * 4 + 3) * 32 + lane] * fb_hi;
+  }
+}
+
+// Keys per staged block: 64, or 32 for heads of 256 (the output fragments already take 128 registers);
+// each of a column tile's KS warps takes its share of them.
 template <int HD>
 constexpr int kKeysOf = HD >= 256 ? 32 : 64;
 
-template <int HD>
-__global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep step, PrefillRun run, const __half* q16, int n_rows_all,
+// KS: warps per column tile, each on its part of every key block (1 or 2).
+template <int HD, int KS>
+__global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(DeviceStep step, PrefillRun run, const __half* q16, int n_rows_all,
                                                                      KvLayer kv, int n_head, int n_head_kv, float* out) {
   constexpr int kRow = HD + kPad;  // halves per shared row
   constexpr int kKeys = kKeysOf<HD>;
@@ -64,6 +88,8 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
   const int tile = gridDim.x - 1 - blockIdx.x;  // the longest tiles (most keys) first
   const int col0 = tile * kCols;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int cg = warp % kColGroups, part = warp / kColGroups;  // the warp's column tile and key part
+  constexpr int kWarps = kColGroups * KS, kPartKeys = kKeys / KS;
   const int last_col = min(col0 + kCols, n_cols) - 1;
   const int pos_first = run.first_pos + col0 / gqa, pos_last = run.first_pos + last_col / gqa;
   const int key_begin = attention_first_key(pos_first, kv.window) / kKeys * kKeys, key_end = pos_last + 1;
@@ -83,7 +109,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
   }
 
   // This lane's two rows of the warp's m16 tile: columns r0 and r0 + 8.
-  const int r_lo = col0 + warp * 16 + lane / 4, r_hi = r_lo + 8;
+  const int r_lo = col0 + cg * 16 + lane / 4, r_hi = r_lo + 8;
   const int pos_lo = run.first_pos + min(r_lo, n_cols - 1) / gqa, pos_hi = run.first_pos + min(r_hi, n_cols - 1) / gqa;
   const int first_lo = attention_first_key(pos_lo, kv.window), first_hi = attention_first_key(pos_hi, kv.window);
   constexpr float kLog2e = 1.4426950408889634f;
@@ -122,14 +148,14 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
       copy_async_wait<0>();
     }
     __syncthreads();  // this block's K/V (and, the first time, the queries) are in
-    const __half* ks_b = ks + buf * 2 * kKeys * kRow;
+    const __half* ks_b = ks + buf * 2 * kKeys * kRow + part * kPartKeys * kRow;  // this warp's part of the block
     const __half* vs_b = ks_b + kKeys * kRow;
 
     // S = Q K^T for the warp's 16 columns and the block's keys.
-    float s[kKeys / 8][4];
+    float s[kPartKeys / 8][4];
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    const __half* qw = qs + (warp * 16 + lane / 4) * kRow + (lane % 4) * 2;
+    for (int n = 0; n < kPartKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const __half* qw = qs + (cg * 16 + lane / 4) * kRow + (lane % 4) * 2;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
       uint32_t a[4];
@@ -138,7 +164,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
       a[2] = *reinterpret_cast<const uint32_t*>(qw + kk * 16 + 8);
       a[3] = *reinterpret_cast<const uint32_t*>(qw + 8 * kRow + kk * 16 + 8);
 #pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
+      for (int n = 0; n < kPartKeys / 8; ++n) {
         const __half* kp = ks_b + (n * 8 + lane / 4) * kRow + kk * 16 + (lane % 4) * 2;
         mma_16816(s[n], a[0], a[1], a[2], a[3], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
       }
@@ -147,10 +173,10 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
     // Mask, then the online softmax update of both rows (base 2: exp(x) = exp2(x * log2 e)).
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n)
+    for (int n = 0; n < kPartKeys / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = key0 + n * 8 + (lane % 4) * 2 + (e & 1);
+        const int key = key0 + part * kPartKeys + n * 8 + (lane % 4) * 2 + (e & 1);
         const bool hi = e >= 2;
         const bool ok = hi ? (key <= pos_hi && key >= first_hi) : (key <= pos_lo && key >= first_lo);
         s[n][e] = ok ? s[n][e] * kLog2e : -INFINITY;
@@ -171,7 +197,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
     m_hi = mn_hi;
     float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
-    for (int n = 0; n < kKeys / 8; ++n) {
+    for (int n = 0; n < kPartKeys / 8; ++n) {
       s[n][0] = exp2f(s[n][0] - sub_lo);
       s[n][1] = exp2f(s[n][1] - sub_lo);
       s[n][2] = exp2f(s[n][2] - sub_hi);
@@ -191,7 +217,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
 
     // O += P V: P's A fragments are the score accumulators of n-tiles 2t and 2t + 1.
 #pragma unroll
-    for (int t = 0; t < kKeys / 16; ++t) {
+    for (int t = 0; t < kPartKeys / 16; ++t) {
       uint32_t a[4];
       a[0] = pack_h2(s[2 * t][0], s[2 * t][1]);
       a[1] = pack_h2(s[2 * t][2], s[2 * t][3]);
@@ -210,11 +236,28 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
 
-  // Row sums over the 4 lanes of each row, then out[row][head][:] = O / l.
+  // Row sums over the 4 lanes of each row; then the warps of a column tile merge their parts of the keys
+  // (in the K/V buffers and the queries' space, free after the loop's last barrier): part 1 leaves its
+  // maxima, sums and output fragments, part 0 rescales both to the common maxima and writes O / l.
 #pragma unroll
   for (int off = 1; off <= 2; off <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  static_assert(KS == 1 || KS == 2, "the merge below takes two parts");
+  float* o_x = reinterpret_cast<float*>(ks) + (cg * (HD / 8) * 4) * 32;  // [n][e][lane] of the column tile
+  float* ml_x = reinterpret_cast<float*>(qs) + cg * 4 * 32;            // m_lo, m_hi, l_lo, l_hi [lane]
+  if (KS == 2 && part == 1) {
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_x[(n * 4 + e) * 32 + lane] = o[n][e];
+    ml_x[lane] = m_lo, ml_x[32 + lane] = m_hi, ml_x[64 + lane] = l_lo, ml_x[96 + lane] = l_hi;
+  }
+  if (KS == 2) {
+    __syncthreads();
+    if (part == 1) return;
+    merge_part<HD>(o, m_lo, m_hi, l_lo, l_hi, o_x, ml_x, lane);
   }
   const float inv_lo = l_lo > 0 ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0 ? 1.0f / l_hi : 0.0f;
   auto dst = [&](int col) {
@@ -232,18 +275,18 @@ __global__ void __launch_bounds__(32 * kWarps) flash_prefill_kernel(DeviceStep s
   }
 }
 
-template <int HD>
+template <int HD, int KS>
 void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
                   int n_head_kv, float* out, cudaStream_t stream) {
   constexpr size_t smem = (size_t)(kCols + 4 * kKeysOf<HD>) * (HD + kPad) * sizeof(__half);
   static const bool configured = [] {
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return true;
   }();
   (void)configured;
   const int n_cols = run.n_rows * (n_head / n_head_kv);
   const dim3 grid((unsigned)((n_cols + kCols - 1) / kCols), (unsigned)n_head_kv);
-  launch(flash_prefill_kernel<HD>, grid, dim3(32 * kWarps), smem, stream, pdl_enabled(), step, run, q16, n_rows_all, kv, n_head,
+  launch(flash_prefill_kernel<HD, KS>, grid, dim3(32 * kColGroups * KS), smem, stream, pdl_enabled(), step, run, q16, n_rows_all, kv, n_head,
          n_head_kv, out);
 }
 
@@ -258,11 +301,17 @@ bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v) {
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
                        int n_head_kv, int head_dim, float* out, cudaStream_t stream) {
   if (run.n_rows < 1) return;
+  // Two warps per column tile unless ROOFLINE_FLASH_KEY_SPLIT=0.
+  static const bool split = env_switch("ROOFLINE_FLASH_KEY_SPLIT", true);
+  auto go = [&]<int HD>() {
+    if (split) launch_flash<HD, 2>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    else launch_flash<HD, 1>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+  };
   switch (head_dim) {
-    case 64: return launch_flash<64>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
-    case 96: return launch_flash<96>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
-    case 128: return launch_flash<128>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
-    case 256: return launch_flash<256>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    case 64: return go.template operator()<64>();
+    case 96: return go.template operator()<96>();
+    case 128: return go.template operator()<128>();
+    case 256: return go.template operator()<256>();
     default: fail("internal error: flash prefill attention with heads of {}", head_dim);
   }
 }
