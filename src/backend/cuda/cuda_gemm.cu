@@ -7,6 +7,7 @@
 // reproducible.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_dequant.cuh"
@@ -52,22 +53,26 @@ __global__ void dequant_rows_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_
 // Q4_K (blocks as in the file) and Q6_K (planes) to f16 with whole-warp accesses: a warp per run of
 // kDequantBlocks 256-value super-blocks, each lane 8 consecutive values of each, so a warp's loads are
 // contiguous runs per plane and its stores 512-byte pieces; every load of the run is issued before the
-// first value is formed (one super-block a warp moved 2.7 TB/s: too few bytes in flight). The generic
-// kernel above (one thread per 32 values, byte loads, 64-byte strided stores) moved ~50% of the
-// bandwidth and took 30% of a qwen3-32b pp512 step. The arithmetic is dequant_chunk32's, so the f16
-// values are the same.
+// first value is formed (one super-block a warp: 2.7 TB/s; four: 2.9). Quants become floats by an add
+// (small_int_float) and values go to f16 two per instruction, as the int->float and float->f16
+// conversions, one each per value, run at a quarter of the ALU rate. The generic kernel above (one
+// thread per 32 values, byte loads, 64-byte strided stores) moved ~50% of the bandwidth and took 30% of
+// a qwen3-32b pp512 step. The arithmetic is dequant_chunk32's, so the f16 values are the same.
 constexpr int kDequantBlocks = 4;
+
+// Small non-negative ints to float with a full-rate add instead of the quarter-rate conversion (exact below
+// 2^23): the float with mantissa bits q and exponent 2^23, minus 2^23 (+ bias).
+__device__ __forceinline__ float small_int_float(uint32_t q, float bias = 0.0f) { return __int_as_float(0x4B000000 | q) - (8388608.0f + bias); }
 
 __device__ __forceinline__ int byte_of(const uint4& v, int k) {  // byte k (0..15) of a 16-byte load
   const uint32_t word = k < 4 ? v.x : k < 8 ? v.y : k < 12 ? v.z : v.w;
   return (int)((word >> (8 * (k % 4))) & 0xFF);
 }
 
-__global__ void dequant_q4k_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_rows, __half* out) {
-  wait_for_previous_kernel();
-  const int64_t n_sb = w.cols / 256, total = n_rows * n_sb;
-  const int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks;  // first super-block of the chunk
-  const int lane = threadIdx.x % 32, j = lane / 4;  // j: the lane's 32-value sub-block
+// The super-blocks [g0, g0 + kDequantBlocks) of the chunk, by one warp.
+__device__ __forceinline__ void dequant_q4k_run(const DeviceWeight& w, int64_t row0, int64_t n_sb, int64_t total, int64_t g0, int lane,
+                                                __half* out) {
+  const int j = lane / 4;  // the lane's 32-value sub-block
   uint4 head[kDequantBlocks];  // d, dmin, 12 scale bytes
   uint2 q[kDequantBlocks];
 #pragma unroll
@@ -88,20 +93,17 @@ __global__ void dequant_q4k_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_r
     const float d1 = __low2float(dm) * sc, m1 = __high2float(dm) * m;
     union {
       int4 v;
-      __half h[8];
+      __half2 h[4];
     } o;
+    auto value = [&](int i) { return d1 * small_int_float(((i < 4 ? q[k].x >> (8 * i) : q[k].y >> (8 * (i - 4))) >> shift) & 0xF) - m1; };
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      o.h[i] = __float2half(d1 * (int)(((i < 4 ? q[k].x >> (8 * i) : q[k].y >> (8 * (i - 4))) >> shift) & 0xF) - m1);
+    for (int i = 0; i < 8; i += 2) o.h[i / 2] = __floats2half2_rn(value(i), value(i + 1));  // one paired conversion
     reinterpret_cast<int4*>(out + (g0 + k) * 256)[lane] = o.v;
   }
 }
 
-__global__ void dequant_q6k_planes_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_rows, __half* out) {
-  wait_for_previous_kernel();
-  const int64_t n_sb = w.cols / 256, total = n_rows * n_sb;
-  const int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks;
-  const int lane = threadIdx.x % 32;
+__device__ __forceinline__ void dequant_q6k_run(const DeviceWeight& w, int64_t row0, int64_t n_sb, int64_t total, int64_t g0, int lane,
+                                                __half* out) {
   const int j = lane / 4, half = (lane % 4) / 2, t0 = 8 * (lane % 2);  // 32-value chunk, its half, first of 16
   uint2 lo[kDequantBlocks];
   uint32_t hi[kDequantBlocks];
@@ -121,16 +123,32 @@ __global__ void dequant_q6k_planes_f16_kernel(DeviceWeight w, int64_t row0, int6
     if (g0 + k >= total) break;
     union {
       int4 v;
-      __half h[8];
+      __half2 h[4];
     } o;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    const float ds = d[k] * (float)sc[k];
+    auto value = [&](int i) {
       const uint32_t byte = (i < 4 ? lo[k].x >> (8 * i) : lo[k].y >> (8 * (i - 4))) & 0xFF;
-      const int nib = half ? (int)(byte >> 4) : (int)(byte & 0xF);
-      const int h = (int)(hi[k] >> (8 * (i % 4) + 2 * ((t0 + i) / 4))) & 3;
-      o.h[i] = __float2half(d[k] * (float)sc[k] * (float)((nib | (h << 4)) - 32));
-    }
+      const uint32_t nib = half ? byte >> 4 : byte & 0xF;
+      const uint32_t h = (hi[k] >> (8 * (i % 4) + 2 * ((t0 + i) / 4))) & 3;
+      return ds * small_int_float(nib | (h << 4), 32.0f);
+    };
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) o.h[i / 2] = __floats2half2_rn(value(i), value(i + 1));
     reinterpret_cast<int4*>(out + (g0 + k) * 256)[lane] = o.v;
+  }
+}
+
+// A warp per run of kDequantBlocks super-blocks; with a grid smaller than the runs (ROOFLINE_DEQUANT_CTAS
+// per SM), each warp strides on over further runs.
+template <bool Q6>
+__global__ void dequant_kquant_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_rows, __half* out) {
+  wait_for_previous_kernel();
+  const int64_t n_sb = w.cols / 256, total = n_rows * n_sb;
+  const int lane = threadIdx.x % 32;
+  const int64_t stride = (int64_t)gridDim.x * (blockDim.x / 32) * kDequantBlocks;
+  for (int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks; g0 < total; g0 += stride) {
+    if constexpr (Q6) dequant_q6k_run(w, row0, n_sb, total, g0, lane, out);
+    else dequant_q4k_run(w, row0, n_sb, total, g0, lane, out);
   }
 }
 
@@ -719,6 +737,12 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
   rows_per_chunk = std::min<int64_t>(rows_per_chunk, w.rows);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   static const bool warp_dequant = env_switch("ROOFLINE_WARP_DEQUANT", true);
+  static const int dequant_ctas = [] {  // ROOFLINE_DEQUANT_CTAS=n: at most n CTAs per SM, striding (0: one run per warp)
+    const char* env = std::getenv("ROOFLINE_DEQUANT_CTAS");
+    int sms = 0;
+    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    return env ? std::max(0, std::atoi(env)) * sms : 0;
+  }();
   const bool whole_blocks = warp_dequant && w.cols % 256 == 0;
   const bool fast_q4k = whole_blocks && w.type == DType::Q4_K && w.layout == WeightLayout::Raw;
   const bool fast_q6k = whole_blocks && w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes;
@@ -729,8 +753,10 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
       launch(float_rows_f16_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
     } else if (fast_q4k || fast_q6k) {
       const int64_t threads = (n_rows * (w.cols / 256) + kDequantBlocks - 1) / kDequantBlocks * 32;
-      launch(fast_q4k ? dequant_q4k_f16_kernel : dequant_q6k_planes_f16_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0,
-             stream, pdl_enabled(), w, r0, n_rows, scratch);
+      int64_t ctas = (threads + 255) / 256;
+      if (dequant_ctas > 0) ctas = std::min<int64_t>(ctas, dequant_ctas);
+      launch(fast_q4k ? dequant_kquant_f16_kernel<false> : dequant_kquant_f16_kernel<true>, dim3((unsigned)ctas), dim3(256), 0, stream,
+             pdl_enabled(), w, r0, n_rows, scratch);
     } else {
       const int64_t n_chunks = n_rows * (w.cols / 32);
       launch(dequant_rows_f16_kernel, dim3((unsigned)((n_chunks + 127) / 128)), dim3(128), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
