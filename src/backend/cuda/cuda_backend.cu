@@ -172,7 +172,14 @@ class CudaBackend final : public Backend {
     const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);
     int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd, has_delta ? dn.conv_dim() : 0});
     if (layers.output) max_rows_w = std::max<int64_t>(max_rows_w, hp.n_vocab);
-    gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, (size_t)64 << 20);
+    // The prompt GEMMs' f16 weight chunks: 128 MiB (the planner's work allowance, placement.cpp, holds it),
+    // or ROOFLINE_GEMM_SCRATCH_MB, beyond that allowance: whole matrices of the 27-32B models in one cuBLAS
+    // product each (no split-K for down) measured pp512 +2-3% for 134-262 MB more.
+    static const size_t scratch_cap = [] {
+      const char* env = std::getenv("ROOFLINE_GEMM_SCRATCH_MB");
+      return env ? (size_t)std::max(1, std::atoi(env)) << 19 : (size_t)64 << 20;  // halves
+    }();
+    gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, scratch_cap);
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
     const size_t floats = (size_t)T * (2 * hp.n_embd + hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v() +
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
