@@ -708,23 +708,15 @@ __global__ void queries_f16_kernel(const float* q, int n_rows, int n_head, int n
   const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;  // index in q: (row, head, dim)
   if (i >= (int64_t)n_rows * n_head * hd) return;
   const int gqa = n_head / n_head_kv;
-  auto half_of = [&](float v) { return __float2half(fminf(fmaxf(v * scale, -65504.0f), 65504.0f)); };
   auto dst = [&](int64_t e) {
     const int d = (int)(e % hd), h = (int)(e / hd % n_head);
     const int64_t r = e / ((int64_t)hd * n_head);
     return (((int64_t)(h / gqa) * n_rows + r) * gqa + h % gqa) * hd + d;
   };
   if (hd % 8 == 0) {
-    const float4 a = reinterpret_cast<const float4*>(q + i)[0], b = reinterpret_cast<const float4*>(q + i)[1];
-    union {
-      int4 v;
-      __half h[8];
-    } o;
-    o.h[0] = half_of(a.x), o.h[1] = half_of(a.y), o.h[2] = half_of(a.z), o.h[3] = half_of(a.w);
-    o.h[4] = half_of(b.x), o.h[5] = half_of(b.y), o.h[6] = half_of(b.z), o.h[7] = half_of(b.w);
-    *reinterpret_cast<int4*>(out + dst(i)) = o.v;
+    *reinterpret_cast<int4*>(out + dst(i)) = f16x8_saturated(reinterpret_cast<const float4*>(q + i)[0], reinterpret_cast<const float4*>(q + i)[1], scale);
   } else {
-    for (int64_t e = i; e < i + 8 && e < (int64_t)n_rows * n_head * hd; ++e) out[dst(e)] = half_of(q[e]);
+    for (int64_t e = i; e < i + 8 && e < (int64_t)n_rows * n_head * hd; ++e) out[dst(e)] = saturated_half(q[e] * scale);
   }
 }
 

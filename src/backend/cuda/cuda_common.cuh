@@ -101,6 +101,21 @@ int code_arch();
 int attention_min_span();
 int attention_span_splits();
 
+// A float as f16, saturated at the f16 range (an activation beyond it would otherwise become inf): the
+// tensor-core products' f16 inputs.
+__device__ __forceinline__ __half saturated_half(float v) { return __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f)); }
+// Eight floats (two 16-byte loads) times scale as eight saturated f16 (one 16-byte store).
+__device__ __forceinline__ int4 f16x8_saturated(float4 a, float4 b, float scale = 1.0f) {
+  auto h = [&](float v) { return saturated_half(v * scale); };
+  union {
+    int4 v;
+    __half h[8];
+  } o;
+  o.h[0] = h(a.x), o.h[1] = h(a.y), o.h[2] = h(a.z), o.h[3] = h(a.w);
+  o.h[4] = h(b.x), o.h[5] = h(b.y), o.h[6] = h(b.z), o.h[7] = h(b.w);
+  return o.v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

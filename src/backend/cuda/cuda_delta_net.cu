@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
       dn::copy4(&swin[k][tid], src, p >= sh.K - 1 || !rec.fresh);
     }
   }
-  dn::copy_commit();
+  copy_async_commit();
   auto stage = [&](RecBlock<MAXDK>& b, int t0) {  // tokens [t0, t0 + TB) of the run (zeros past its end)
     const int nt = min(TB, rec.n_rows - t0);
     const float* x0 = xc + (int64_t)(rec.first_row + t0) * sh.C;
@@ -223,14 +223,14 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
       dn::copy4(&b.g[tid], gr, ok);
       dn::copy4(&b.beta[tid], gr + sh.n_v, ok);
     }
-    dn::copy_commit();
+    copy_async_commit();
   };
 
   if (rec.n_rows > 0) stage(blk[0], 0);
   int cur = 0;
   for (int t0 = 0; t0 < rec.n_rows; t0 += TB) {
     const int nt = min(TB, rec.n_rows - t0);
-    dn::copy_wait<0>();
+    copy_async_wait<0>();
     __syncthreads();
     if (PREFETCH && t0 + TB < rec.n_rows) stage(blk[cur ^ 1], t0 + TB);  // lands while this block is computed
     const RecBlock<MAXDK>& b = blk[cur];
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(Rec<MAXDK>::WARPS * 32) recurrent_kernel(Shape
     }
   }
   // The window: the fetched channels (this thread's own copies, complete after the wait), then the rest.
-  dn::copy_wait<0>();
+  copy_async_wait<0>();
   if (!PREFETCH && w_ch < w_end && tid < WCH)
     for (int k = 0; k < sh.K - 1; ++k) cell[(int64_t)k * sh.C + w_ch] = swin[k][tid];
   if (sh.K > 1) {

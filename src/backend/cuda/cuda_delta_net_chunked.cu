@@ -386,12 +386,12 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
   };
   if (rec.n_rows > 0) {
     copy_wquo(0);
-    dn::copy_commit();
+    copy_async_commit();
     copy_k(0);
   } else {
-    dn::copy_commit();
+    copy_async_commit();
   }
-  dn::copy_commit();
+  copy_async_commit();
 
   // The state block, transposed into ss: thread (j, i8) moves S[h][j][8 i8 .. 8 i8 + 7] (two float4).
   float* srec = cell + sh.conv_floats + (int64_t)h * sh.dv * sh.dk;
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
     const int cn = min(CH, rec.n_rows - c0);
     const int64_t r0 = rec.first_row + c0;
     const float g_last = in.g[(r0 + cn - 1) * nv + h];  // used in step 3: its load overlaps steps 1-2
-    dn::copy_wait<1>();
+    copy_async_wait<1>();
     __syncthreads();
     // 1. X = W S, Y = Q' S.
     float cx[NTW][4] = {}, cy[NTW][4] = {};
@@ -450,8 +450,8 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
             *reinterpret_cast<const float4*>(obuf + t * LDU + 4 * f);
     }
     if (c0 + CH < rec.n_rows) copy_wquo(c0 + CH);
-    dn::copy_commit();
-    dn::copy_wait<1>();
+    copy_async_commit();
+    copy_async_wait<1>();
     __syncthreads();
     // 3. S rows 16 w .. 16 w + 15 <- Gamma_last S + K'^T Delta (rows past dk stay zero).
     if (16 * warp < dkp) {
@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(kThreads) chunk_scan_kernel(Shape sh, DeltaNet
     }
     __syncthreads();
     if (c0 + CH < rec.n_rows) copy_k(c0 + CH);
-    dn::copy_commit();
+    copy_async_commit();
   }
 
   __syncthreads();  // (with no rows, the loop above had no barrier after ss was filled)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backend/cuda/cuda_delta_net.cuh"
+#include "backend/cuda/cuda_mma.cuh"
 
 namespace roofline::cuda::dn {
 
@@ -106,8 +107,8 @@ struct WindowSlide {
 };
 
 // Asynchronous global -> shared copies of 16 or 4 bytes, zero-filled when !ok (cp.async, sm_80+; a plain
-// copy before). Each thread's copies form groups (commit); copy_wait<N> returns when at most N of its
-// newest groups are still in flight, and a thread sees its own copies after it.
+// copy before). Each thread's copies form groups (copy_async_commit, cuda_mma.cuh); copy_async_wait<N> returns
+// when at most N of its newest groups are still in flight, and a thread sees its own copies after it.
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool ok) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
@@ -124,18 +125,6 @@ __device__ __forceinline__ void copy4(void* dst, const void* src, bool ok) {
   *reinterpret_cast<float*>(dst) = ok ? *reinterpret_cast<const float*>(src) : 0.0f;
 #endif
 }
-__device__ __forceinline__ void copy_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void copy_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
 // x * sigmoid(x) with the fast exponential and division (relative error ~1e-6 where |x| < 10; 0 for
 // x below -88, where the exponential overflows).
 __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }

@@ -159,19 +159,11 @@ __global__ void to_f16_kernel(const float* x, int64_t n, __half* out) {
   wait_for_previous_kernel();
   const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (i >= n) return;
-  auto half_of = [](float v) { return __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f)); };
   const bool vec = i + 8 <= n && ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
   if (vec) {
-    const float4 a = reinterpret_cast<const float4*>(x + i)[0], b = reinterpret_cast<const float4*>(x + i)[1];
-    union {
-      int4 v;
-      __half h[8];
-    } o;
-    o.h[0] = half_of(a.x), o.h[1] = half_of(a.y), o.h[2] = half_of(a.z), o.h[3] = half_of(a.w);
-    o.h[4] = half_of(b.x), o.h[5] = half_of(b.y), o.h[6] = half_of(b.z), o.h[7] = half_of(b.w);
-    *reinterpret_cast<int4*>(out + i) = o.v;
+    *reinterpret_cast<int4*>(out + i) = f16x8_saturated(reinterpret_cast<const float4*>(x + i)[0], reinterpret_cast<const float4*>(x + i)[1]);
   } else {
-    for (int64_t k = i; k < n && k < i + 8; ++k) out[k] = half_of(x[k]);
+    for (int64_t k = i; k < n && k < i + 8; ++k) out[k] = saturated_half(x[k]);
   }
 }
 
@@ -517,15 +509,14 @@ __global__ void to_f16_fragments_kernel(const float* x, int n_tok, int64_t cols,
   const int tok = min(8 * f + lane / 4, n_tok - 1);
   const float* src = x + (int64_t)tok * cols + sb * 256 + RowBlock<T>::x_offset(c / 4, (c / 2) % 2, 2 * (c % 2), lane % 4);
   const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-  auto half_of = [](float v) { return __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f)); };
   union {
     int4 v;
     __half2 h2[4];
   } o;
-  o.h2[0] = __halves2half2(half_of(a.x), half_of(a.z));
-  o.h2[1] = __halves2half2(half_of(a.y), half_of(a.w));
-  o.h2[2] = __halves2half2(half_of(b.x), half_of(b.z));
-  o.h2[3] = __halves2half2(half_of(b.y), half_of(b.w));
+  o.h2[0] = __halves2half2(saturated_half(a.x), saturated_half(a.z));
+  o.h2[1] = __halves2half2(saturated_half(a.y), saturated_half(a.w));
+  o.h2[2] = __halves2half2(saturated_half(b.x), saturated_half(b.z));
+  o.h2[3] = __halves2half2(saturated_half(b.y), saturated_half(b.w));
   out[i] = o.v;
 }
 
@@ -671,15 +662,14 @@ __global__ void to_f16_fragments_tiles_kernel(const float* x, ExpertTiles tiles,
   const int tok = min(8 * f + lane / 4, tiles.rows[tile] - 1);
   const float* src = x + (int64_t)(tiles.row0[tile] + tok) * cols + sb * 256 + RowBlock<T>::x_offset(c / 4, (c / 2) % 2, 2 * (c % 2), lane % 4);
   const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
-  auto half_of = [](float v) { return __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f)); };
   union {
     int4 v;
     __half2 h2[4];
   } o;
-  o.h2[0] = __halves2half2(half_of(a.x), half_of(a.z));
-  o.h2[1] = __halves2half2(half_of(a.y), half_of(a.w));
-  o.h2[2] = __halves2half2(half_of(b.x), half_of(b.z));
-  o.h2[3] = __halves2half2(half_of(b.y), half_of(b.w));
+  o.h2[0] = __halves2half2(saturated_half(a.x), saturated_half(a.z));
+  o.h2[1] = __halves2half2(saturated_half(a.y), saturated_half(a.w));
+  o.h2[2] = __halves2half2(saturated_half(b.x), saturated_half(b.z));
+  o.h2[3] = __halves2half2(saturated_half(b.y), saturated_half(b.w));
   out[tile * per_tile + i] = o.v;
 }
 

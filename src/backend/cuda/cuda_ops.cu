@@ -231,7 +231,6 @@ __device__ __forceinline__ float gated_value(float a, float u) {
   if constexpr (kAct == GateAct::GeluTanh) return 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * u;
   else return (kAct == GateAct::Sigmoid ? 1.0f : a) / (1.0f + __expf(-a)) * u;
 }
-__device__ __forceinline__ __half saturated_half(float v) { return __float2half(fminf(fmaxf(v, -65504.0f), 65504.0f)); }
 
 template <GateAct kAct>
 __global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act, __half* out16) {
