@@ -130,6 +130,33 @@ std::vector<float> random_values(size_t n, Rng& rng) {
   return x;
 }
 
+// One step of the sequences (n_past, n_new) over a random cache of scattered blocks (spare_blocks beyond
+// those needed) and random queries: the GPU's attention (prefill runs in key tiles of key_tile, 0: the
+// default) and the float64 reference's.
+struct AttentionCase {
+  StepDesc st;
+  HostCache h;
+  std::vector<float> q, out;
+  std::vector<double> ref;
+  float scale = 0;
+  size_t row = 0;  // output values per row
+};
+AttentionCase run_against_reference(const GpuAttentionShape& s, DType tk, DType tv, int window, const std::vector<std::pair<int, int>>& seqs,
+                                    uint64_t seed, int spare_blocks, int key_tile = 0) {
+  AttentionCase c;
+  Rng rng(seed);
+  const int n_blocks = blocks_needed(seqs) + spare_blocks;
+  c.st = make_step(seqs, n_blocks, rng);
+  c.h = random_cache(s, tk, tv, n_blocks, rng);
+  c.q = random_values((size_t)c.st.n_tokens() * s.n_head * s.head_dim_k, rng);
+  c.scale = 1.0f / std::sqrt((float)s.head_dim_k);
+  c.out = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, key_tile);
+  c.ref = test::attention_reference(c.st, {s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v}, c.q.data(), c.h.k.data(), c.h.v.data(),
+                                    kBlock, c.scale, window);
+  c.row = (size_t)s.n_head * s.head_dim_v;
+  return c;
+}
+
 TEST(GpuAttention, DecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   // Keys 1, 20 (one split), 701 (22 spans of 32), 2101 (spans of 128 after doubling), then two rows of
@@ -142,22 +169,17 @@ TEST(GpuAttention, DecodeMatchesTheReference) {
     for (auto [tk, tv] : KvTypes())
       for (int window : {0, 300}) {
         SCOPED_TRACE(describe(s, tk, tv, window));
-        Rng rng(101 + (uint64_t)window + (uint64_t)s.head_dim_k);
-        const int n_blocks = blocks_needed(seqs) + 3;
-        const StepDesc st = make_step(seqs, n_blocks, rng);
-        const HostCache h = random_cache(s, tk, tv, n_blocks, rng);
-        const auto q = random_values((size_t)st.n_tokens() * s.n_head * s.head_dim_k, rng);
-        const float scale = 1.0f / std::sqrt((float)s.head_dim_k);
-        const auto out = gpu_attention_for_test(s, h.cache, window, scale, st, q);
-        const auto ref = test::attention_reference(st, {s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v}, q.data(), h.k.data(),
-                                                   h.v.data(), kBlock, scale, window);
+        const AttentionCase c = run_against_reference(s, tk, tv, window, seqs, 101 + (uint64_t)window + (uint64_t)s.head_dim_k, 3);
+        const StepDesc& st = c.st;
+        const std::vector<float>& out = c.out;
+        const std::vector<double>& ref = c.ref;
         ASSERT_EQ(out.size(), ref.size());
         // The combine kernel and the split kernel's own combine do the same arithmetic in the same order
         // (the split kernels that combine are compiled apart: their last bits may differ).
-        const auto separate = gpu_attention_for_test(s, h.cache, window, scale, st, q, 0, false);
+        const auto separate = gpu_attention_for_test(s, c.h.cache, window, c.scale, st, c.q, 0, false);
         EXPECT_LT(test::nmse_vs_reference(out, std::vector<double>(separate.begin(), separate.end()), 0, out.size()), 1e-14)
             << "combine in the split kernel against the combine kernel";
-        const size_t row = (size_t)s.n_head * s.head_dim_v;
+        const size_t row = c.row;
         for (int r = 0; r < st.n_tokens(); ++r)
           EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), 1e-8) << "row " << r << " at " << st.positions[r];
       }
@@ -200,17 +222,12 @@ TEST(GpuAttention, PrefillMatchesTheReference) {
       for (int window : {0, 100})
         for (int key_tile : {64, 0}) {
           SCOPED_TRACE(describe(s, tk, tv, window) + ", key tile " + std::to_string(key_tile));
-          Rng rng(7 + (uint64_t)window + (uint64_t)s.head_dim_k);
-          const int n_blocks = blocks_needed(seqs) + 5;
-          const StepDesc st = make_step(seqs, n_blocks, rng);
-          const HostCache h = random_cache(s, tk, tv, n_blocks, rng);
-          const auto q = random_values((size_t)st.n_tokens() * s.n_head * s.head_dim_k, rng);
-          const float scale = 1.0f / std::sqrt((float)s.head_dim_k);
-          const auto out = gpu_attention_for_test(s, h.cache, window, scale, st, q, key_tile);
-          const auto ref = test::attention_reference(st, {s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v}, q.data(),
-                                                     h.k.data(), h.v.data(), kBlock, scale, window);
+          const AttentionCase c = run_against_reference(s, tk, tv, window, seqs, 7 + (uint64_t)window + (uint64_t)s.head_dim_k, 5, key_tile);
+          const StepDesc& st = c.st;
+          const std::vector<float>& out = c.out;
+          const std::vector<double>& ref = c.ref;
           ASSERT_EQ(out.size(), ref.size());
-          const size_t row = (size_t)s.n_head * s.head_dim_v;
+          const size_t row = c.row;
           EXPECT_LT(test::nmse_vs_reference(out, ref, 0, run_rows * row), 1e-5) << "the prefill run";
           for (int r = run_rows; r < st.n_tokens(); ++r)
             EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), 1e-8) << "row " << r << " at " << st.positions[r];
@@ -227,17 +244,12 @@ TEST(GpuAttention, LongPrefillRunsMatchTheReference) {
     for (auto [tk, tv] : {std::pair{DType::F16, DType::F16}, std::pair{DType::Q8_0, DType::Q8_0}})
       for (int window : {0, 100}) {
         SCOPED_TRACE(describe(s, tk, tv, window));
-        Rng rng(17 + (uint64_t)window + (uint64_t)s.head_dim_k);
-        const int n_blocks = blocks_needed(seqs) + 4;
-        const StepDesc st = make_step(seqs, n_blocks, rng);
-        const HostCache h = random_cache(s, tk, tv, n_blocks, rng);
-        const auto q = random_values((size_t)st.n_tokens() * s.n_head * s.head_dim_k, rng);
-        const float scale = 1.0f / std::sqrt((float)s.head_dim_k);
-        const auto out = gpu_attention_for_test(s, h.cache, window, scale, st, q);
-        const auto ref = test::attention_reference(st, {s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v}, q.data(),
-                                                   h.k.data(), h.v.data(), kBlock, scale, window);
+        const AttentionCase c = run_against_reference(s, tk, tv, window, seqs, 17 + (uint64_t)window + (uint64_t)s.head_dim_k, 4);
+        const StepDesc& st = c.st;
+        const std::vector<float>& out = c.out;
+        const std::vector<double>& ref = c.ref;
         ASSERT_EQ(out.size(), ref.size());
-        const size_t row = (size_t)s.n_head * s.head_dim_v;
+        const size_t row = c.row;
         for (int r = 0; r < st.n_tokens(); ++r)
           EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), r < 370 ? 1e-5 : 1e-8) << "row " << r << " at " << st.positions[r];
       }

@@ -22,15 +22,20 @@ __device__ __forceinline__ float ld_bf16(const uint8_t* p) {
   return __uint_as_float((uint32_t)u << 16);
 }
 
-// Scale and min j (0..7) of a Q4_K/Q5_K block from its 12 packed bytes.
-__device__ __forceinline__ void k4_scale_min(int j, const uint8_t* q, int& sc, int& m) {
+// Scale and min j (0..7) of a Q4_K/Q5_K block from its 12 packed bytes, byte k being q(k) (memory, or
+// registers the block was loaded into).
+template <class Bytes>
+__device__ __forceinline__ void k4_scale_min_of(int j, Bytes q, int& sc, int& m) {
   if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
+    sc = q(j) & 63;
+    m = q(j + 4) & 63;
   } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sc = (q(j + 4) & 0xF) | ((q(j - 4) >> 6) << 4);
+    m = (q(j + 4) >> 4) | ((q(j) >> 6) << 4);
   }
+}
+__device__ __forceinline__ void k4_scale_min(int j, const uint8_t* q, int& sc, int& m) {
+  k4_scale_min_of(j, [q](int k) { return (int)q[k]; }, sc, m);
 }
 
 // Writes elements [32*chunk, 32*chunk + 32) of row `row` as floats.

@@ -7,7 +7,6 @@
 // reproducible.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_dequant.cuh"
@@ -86,9 +85,8 @@ __device__ __forceinline__ void dequant_q4k_run(const DeviceWeight& w, int64_t r
 #pragma unroll
   for (int k = 0; k < kDequantBlocks; ++k) {
     if (g0 + k >= total) break;
-    // k4_scale_min on the scale bytes (bytes 4-15 of the block)
-    const int sc = j < 4 ? byte_of(head[k], 4 + j) & 63 : (byte_of(head[k], 8 + j) & 0xF) | ((byte_of(head[k], j) >> 6) << 4);
-    const int m = j < 4 ? byte_of(head[k], 8 + j) & 63 : (byte_of(head[k], 8 + j) >> 4) | ((byte_of(head[k], 4 + j) >> 6) << 4);
+    int sc, m;  // from the scale bytes, bytes 4-15 of the block
+    k4_scale_min_of(j, [&](int b) { return byte_of(head[k], 4 + b); }, sc, m);
     const __half2 dm = *reinterpret_cast<const __half2*>(&head[k].x);
     const float d1 = __low2float(dm) * sc, m1 = __high2float(dm) * m;
     union {
@@ -138,18 +136,16 @@ __device__ __forceinline__ void dequant_q6k_run(const DeviceWeight& w, int64_t r
   }
 }
 
-// A warp per run of kDequantBlocks super-blocks; with a grid smaller than the runs (ROOFLINE_DEQUANT_CTAS
-// per SM), each warp strides on over further runs.
+// A warp per run of kDequantBlocks super-blocks (a grid of fewer warps striding over the runs measured
+// level).
 template <bool Q6>
 __global__ void dequant_kquant_f16_kernel(DeviceWeight w, int64_t row0, int64_t n_rows, __half* out) {
   wait_for_previous_kernel();
   const int64_t n_sb = w.cols / 256, total = n_rows * n_sb;
-  const int lane = threadIdx.x % 32;
-  const int64_t stride = (int64_t)gridDim.x * (blockDim.x / 32) * kDequantBlocks;
-  for (int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks; g0 < total; g0 += stride) {
-    if constexpr (Q6) dequant_q6k_run(w, row0, n_sb, total, g0, lane, out);
-    else dequant_q4k_run(w, row0, n_sb, total, g0, lane, out);
-  }
+  const int64_t g0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32 * kDequantBlocks;
+  if (g0 >= total) return;
+  if constexpr (Q6) dequant_q6k_run(w, row0, n_sb, total, g0, threadIdx.x % 32, out);
+  else dequant_q4k_run(w, row0, n_sb, total, g0, threadIdx.x % 32, out);
 }
 
 // f32 -> f16, saturating at the f16 range (an activation beyond it would otherwise become inf): eight
@@ -727,12 +723,6 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
   rows_per_chunk = std::min<int64_t>(rows_per_chunk, w.rows);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   static const bool warp_dequant = env_switch("ROOFLINE_WARP_DEQUANT", true);
-  static const int dequant_ctas = [] {  // ROOFLINE_DEQUANT_CTAS=n: at most n CTAs per SM, striding (0: one run per warp)
-    const char* env = std::getenv("ROOFLINE_DEQUANT_CTAS");
-    int sms = 0;
-    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    return env ? std::max(0, std::atoi(env)) * sms : 0;
-  }();
   const bool whole_blocks = warp_dequant && w.cols % 256 == 0;
   const bool fast_q4k = whole_blocks && w.type == DType::Q4_K && w.layout == WeightLayout::Raw;
   const bool fast_q6k = whole_blocks && w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes;
@@ -743,10 +733,8 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
       launch(float_rows_f16_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
     } else if (fast_q4k || fast_q6k) {
       const int64_t threads = (n_rows * (w.cols / 256) + kDequantBlocks - 1) / kDequantBlocks * 32;
-      int64_t ctas = (threads + 255) / 256;
-      if (dequant_ctas > 0) ctas = std::min<int64_t>(ctas, dequant_ctas);
-      launch(fast_q4k ? dequant_kquant_f16_kernel<false> : dequant_kquant_f16_kernel<true>, dim3((unsigned)ctas), dim3(256), 0, stream,
-             pdl_enabled(), w, r0, n_rows, scratch);
+      launch(fast_q4k ? dequant_kquant_f16_kernel<false> : dequant_kquant_f16_kernel<true>, dim3((unsigned)((threads + 255) / 256)),
+             dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
     } else {
       const int64_t n_chunks = n_rows * (w.cols / 32);
       launch(dequant_rows_f16_kernel, dim3((unsigned)((n_chunks + 127) / 128)), dim3(128), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);

@@ -259,15 +259,11 @@ __global__ void gated_f16_kernel(const float* gate, const float* up, int64_t n_t
   if (i >= n_total) return;
   const float4 g0 = reinterpret_cast<const float4*>(gate + i)[0], g1 = reinterpret_cast<const float4*>(gate + i)[1];
   const float4 u0 = reinterpret_cast<const float4*>(up + i)[0], u1 = reinterpret_cast<const float4*>(up + i)[1];
-  union {
-    int4 v;
-    __half h[8];
-  } o;
-  o.h[0] = saturated_half(gated_value<kAct>(g0.x, u0.x)), o.h[1] = saturated_half(gated_value<kAct>(g0.y, u0.y));
-  o.h[2] = saturated_half(gated_value<kAct>(g0.z, u0.z)), o.h[3] = saturated_half(gated_value<kAct>(g0.w, u0.w));
-  o.h[4] = saturated_half(gated_value<kAct>(g1.x, u1.x)), o.h[5] = saturated_half(gated_value<kAct>(g1.y, u1.y));
-  o.h[6] = saturated_half(gated_value<kAct>(g1.z, u1.z)), o.h[7] = saturated_half(gated_value<kAct>(g1.w, u1.w));
-  *reinterpret_cast<int4*>(out16 + i) = o.v;
+  const float4 a = make_float4(gated_value<kAct>(g0.x, u0.x), gated_value<kAct>(g0.y, u0.y), gated_value<kAct>(g0.z, u0.z),
+                               gated_value<kAct>(g0.w, u0.w));
+  const float4 b = make_float4(gated_value<kAct>(g1.x, u1.x), gated_value<kAct>(g1.y, u1.y), gated_value<kAct>(g1.z, u1.z),
+                               gated_value<kAct>(g1.w, u1.w));
+  *reinterpret_cast<int4*>(out16 + i) = f16x8_saturated(a, b);
 }
 
 // Gated attention's Q projection holds [q_h | gate_h] per head: split into q and gate rows
