@@ -5,6 +5,8 @@
 #   VARIANTS="|ROOFLINE_FLASH_PREFILL=0|ROOFLINE_WARP_DEQUANT=0" BENCH="-p 512 -n 0 -r 2" scripts/gpu/variants.sh
 # VARIANTS: settings separated by '|' (an empty one is the default); MODELS, ROUNDS (2), TESTS (a gtest
 # filter, "none" skips them) and BENCH (default "-p 0 -n 128 -r 2") as in ab_env.sh. Results in $OUT/summary.txt.
+# A variant may name another carried binary of the same folder: "BIN=roofline_exp ROOFLINE_X=1" runs
+# carry/bin/roofline_exp (for changes that are compile-time only, built beside the default one).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/device_env.sh
@@ -19,7 +21,9 @@ IFS='|' read -r -a variants <<< "${VARIANTS:-}"
 for m in ${MODELS:-qwen3-32b qwen3-8b}; do
   for round in $(seq "${ROUNDS:-2}"); do
     for settings in "${variants[@]}"; do
-      line=$(env $settings timeout 200 "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2} 2>/dev/null |
+      exe=roofline
+      for word in $settings; do [[ $word == BIN=* ]] && exe=${word#BIN=}; done
+      line=$(env $settings timeout 200 "$bin/$exe" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2} 2>/dev/null |
              grep -E "\| *(tg|pp)[0-9]" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
       stamp "$m [${settings:-default}] $line"
     done

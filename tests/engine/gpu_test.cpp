@@ -175,6 +175,28 @@ TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
       for (int n : {9, 16, 33, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
 }
 
+// The int8 tensor-core form of the batched Q4_K products (ROOFLINE_INT8_MMA; forced on here): alone on
+// odd sizes and every token tile count, and joined as q/k/v and gate/up are, with K split over CTAs;
+// each product against its double reference. Activations are int8 with one step per 256 values, so
+// the bound is the int8 decode path's order, not the f16 kernel's.
+TEST(GpuMatmulTest, Int8BatchedProductsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_use_int8_products_for_test(-1); }
+  } restore;
+  gpu_use_int8_products_for_test(1);
+  Rng rng(19);
+  for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
+    EXPECT_LT(gpu_matmul_nmse(DType::Q4_K, 300, 2560, n, rng), 1e-4) << "300 x 2560, n=" << n;
+    EXPECT_LT(gpu_matmul_nmse(DType::Q4_K, 67, 768, n, rng), 1e-4) << "67 x 768, n=" << n;
+  }
+  const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
+                                           {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
+  for (const int64_t cols : {768, 5120})
+    for (const auto& group : groups)
+      for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 1e-4, rng);
+}
+
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the
 // double product of each pair's expert slice, for every device layout's kind of kernel, token counts
 // from one decode row to a prompt (experts with several 8-row chunks, split over CTAs; token tiles of

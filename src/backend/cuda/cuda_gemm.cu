@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 
+#include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_mma.cuh"
@@ -176,10 +177,6 @@ __global__ void to_f16_kernel(const float* x, int64_t n, __half* out) {
 // the order the warps read them: one 16-byte load per lane and n tile holds two k16 steps' B
 // fragments, and a warp's 32 loads are 512 consecutive bytes (4 cache lines; gathered from the token
 // rows they touched 16 lines, which made the L1 the bottleneck at 64 tokens).
-constexpr int kMmaWarps = 4;
-constexpr int kMmaThreads = kMmaWarps * 32;
-constexpr int kMaxFusedRows = 64;
-
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) {
   uint32_t u;
   memcpy(&u, &h, 4);
@@ -445,36 +442,11 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
       }
 }
 
-// Products of one input in one launch (q/k/v, gate/up): CTA column x takes row tile x - tile_end[k - 1]
-// of member k; with K split over CTAs, member k's partial sums start part_off[k] floats into part.
-struct MmaMembers {
-  DeviceWeight w[kMatvecGroupMax];
-  float* y[kMatvecGroupMax];
-  int64_t part_off[kMatvecGroupMax];
-  int ldy[kMatvecGroupMax];
-  int tile_end[kMatvecGroupMax];  // row tiles of members 0..k together
-  int count;
-};
-
 template <DType T, int NT, int MT, bool SX>
 __global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_rows_kernel(MmaMembers m, const __half* x, int n_tok,
                                                                                           bool accumulate, float* part) {
-  const int bx = blockIdx.x;
-  // The member by register selects (a run-time index into the parameter arrays would copy them to local memory).
-  DeviceWeight w = m.w[0];
-  float* y = m.y[0];
-  int64_t part_off = m.part_off[0];
-  int ldy = m.ldy[0], tile0 = 0;
-#pragma unroll
-  for (int k = 1; k < kMatvecGroupMax; ++k)
-    if (k < m.count && bx >= m.tile_end[k - 1]) {
-      w = m.w[k];
-      y = m.y[k];
-      part_off = m.part_off[k];
-      ldy = m.ldy[k];
-      tile0 = m.tile_end[k - 1];
-    }
-  mma_rows<T, NT, MT, SX>(w, x, n_tok, y, ldy, accumulate, part + part_off, bx - tile0, blockIdx.y, gridDim.y);
+  const MmaMember k = mma_member(m, blockIdx.x);
+  mma_rows<T, NT, MT, SX>(k.w, x, n_tok, k.y, k.ldy, accumulate, part + k.part_off, blockIdx.x - k.tile0, blockIdx.y, gridDim.y);
 }
 
 // Expert products grouped by expert (mma_experts): CTA (x, y) takes row tile x of the expert of token
@@ -527,25 +499,6 @@ __global__ void split_k_reduce_kernel(const float* part, int splits, int n_tok, 
   *dst = accumulate ? *dst + sum : sum;
 }
 
-// Kernel attributes belong to a device: the opt-in shared memory of `Kernel` is set once on each device
-// that launches it (outside graph captures: a form's first launch is in a prefill step, which is not
-// captured), and its CTAs per wave there (SMs x CTAs per SM at `smem`) are kept for the split choice.
-template <auto Kernel>
-int smem_set_once(int smem, int threads) {
-  static int slots[64] = {};
-  int dev = 0;
-  ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
-  int& s = slots[dev & 63];
-  if (s == 0) {
-    int sms = 0, occ = 0;
-    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    ROOFLINE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, Kernel, threads, smem));
-    s = std::max(1, sms * occ);
-  }
-  return s;
-}
-
 // Activations shared by the CTA's warps (mma_rows' SX) where they fit beside its CTAs per SM, with
 // ROOFLINE_MMA_SHARED_X=1. Off by default: measured level on an H200 (qwen3-32b -npl 16 / 64, with the
 // joined launches: 878-904 / 1685-1724 tok/s against 894 / 1743 without; docs/performance.md, fourteenth
@@ -558,48 +511,12 @@ bool mma_shared_x_on() {
 template <DType T, int NT, int MT, bool SX>
 void launch_mma_rows_nt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const __half* x, int n_tok,
                         bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  // Split K for parallelism: the split count with the fewest (waves of CTAs x super-blocks per CTA),
-  // where a wave is every CTA the GPU holds at once, among those whose partial sums, written and read
-  // back, move no more bytes than the weights (or 32 MB, which the L2 absorbs) and fit the scratch.
-  // Measured on an H200 (qwen3-32b): -npl 16 844 -> 904 tok/s against a fixed target of three CTAs
-  // per SM.
-  constexpr int kRowsPerCta = kMmaWarps * 16 * MT;
-  MmaMembers m{};
-  m.count = count;
-  int64_t tiles = 0, rows = 0;
-  double weight_bytes = 0;
-  for (int k = 0; k < count; ++k) {
-    m.w[k] = *ws[k];
-    m.y[k] = ys[k];
-    m.ldy[k] = ldys[k];
-    tiles += (ws[k]->rows + kRowsPerCta - 1) / kRowsPerCta;
-    m.tile_end[k] = (int)tiles;
-    rows += ws[k]->rows;
-    weight_bytes += (double)ws[k]->rows * (double)ws[k]->row_bytes;
-  }
-  const int64_t n_sb = ws[0]->cols / 256;
   constexpr int smem = mma_smem_bytes<T, NT, MT, SX>();
   const int slots = smem_set_once<mma_rows_kernel<T, NT, MT, SX>>(smem, kMmaThreads);
-  const int64_t max_splits = std::min<int64_t>({n_sb, 32, (int64_t)(part_floats / ((size_t)n_tok * (size_t)rows))});
-  int64_t splits = 1, best_cost = INT64_MAX;
-  for (int64_t sp = 1; sp <= max_splits; ++sp) {
-    if (sp > 1 && 8.0 * n_tok * (double)rows * (double)sp > std::max(weight_bytes, 32e6)) break;
-    const int64_t cost = (tiles * sp + slots - 1) / slots * ((n_sb + sp - 1) / sp);
-    if (cost < best_cost) splits = sp, best_cost = cost;
-  }
-  int64_t off = 0;
-  for (int k = 0; k < count; ++k) {
-    m.part_off[k] = off;
-    off += splits * n_tok * ws[k]->rows;
-  }
-  launch(mma_rows_kernel<T, NT, MT, SX>, dim3((unsigned)tiles, (unsigned)splits), dim3(kMmaThreads), smem, stream, pdl_enabled(), m, x, n_tok,
-         accumulate, part);
-  if (splits > 1)
-    for (int k = 0; k < count; ++k) {
-      const int64_t n = (int64_t)n_tok * ws[k]->rows;
-      launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), (const float*)part + m.part_off[k],
-             (int)splits, n_tok, ws[k]->rows, ys[k], ldys[k], accumulate);
-    }
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kMmaWarps * 16 * MT, slots, part_floats);
+  launch(mma_rows_kernel<T, NT, MT, SX>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(kMmaThreads), smem, stream, pdl_enabled(),
+         plan.m, x, n_tok, accumulate, part);
+  reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
 
 // Two m16 tiles (32 weight rows) per warp: measured on an H200 (qwen3-32b, -npl 16/64), 636/852 tok/s
@@ -639,6 +556,8 @@ void fused_products(const DeviceWeight* const* ws, float* const* ys, const int* 
                     __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
   float* part = reinterpret_cast<float*>(scratch);
   const size_t part_floats = scratch_elems / 2;
+  if (int8_products_take(*ws[0], n_tokens))
+    return int8_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, stream);
   if (ws[0]->type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
   else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
 }
@@ -697,6 +616,15 @@ void launch_mma_experts(const DeviceWeight& w, int64_t rows_per_expert, const Ex
 }
 
 }  // namespace
+
+void reduce_k_splits(const MmaPlan& plan, int n_tok, bool accumulate, const float* part, cudaStream_t stream) {
+  if (plan.splits < 2) return;
+  for (int k = 0; k < plan.m.count; ++k) {
+    const int64_t rows = plan.m.w[k].rows, n = (int64_t)n_tok * rows;
+    launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), part + plan.m.part_off[k],
+           (int)plan.splits, n_tok, rows, plan.m.y[k], plan.m.ldy[k], accumulate);
+  }
+}
 
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens) {
   if (n_tokens < 1 || n_tokens > kMaxFusedRows || w.cols % 256 != 0) return false;

@@ -1,6 +1,6 @@
 // What the mma.sync kernels share (the batched-decode products, the expert products, prompt
-// attention): the f16 tensor-core product (one m16n8k16 step, f32 accumulation, in the PTX fragment
-// layout) and asynchronous global-to-shared copies.
+// attention): the tensor-core products in the PTX fragment layouts (f16 m16n8k16 and tf32 m16n8k8 with
+// f32 accumulation, u8 x s8 m16n8k32 with int32 sums) and asynchronous global-to-shared copies.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +25,42 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
+}
+
+// c = A . B for a 16 x 32 tile of unsigned bytes (A, row-major fragments: a0 row g, k 4t..4t+3; a1 row
+// g + 8; a2, a3 the same at k + 16) and 32 x 8 signed bytes (b0 k 4t..4t+3 of column g, b1 k + 16),
+// exact int32 sums (the int8 batched products; sm_80+).
+__device__ __forceinline__ void mma_u8s8_16832(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+#else
+  __trap();  // the host takes this path on sm_80+ only (int8_products_take)
+#endif
+}
+
+// c += A . B for 16 x 8 and 8 x 8 tf32 tiles (a0 row g, k t; a1 row g + 8; a2, a3 at k + 4; b0 k t of
+// column g, b1 k t + 4), f32 accumulation; operands rounded to tf32 by the caller (to_tf32).
+__device__ __forceinline__ void mma_tf32_1688(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ uint32_t to_tf32(float v) {
+  uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+#else
+  r = __float_as_uint(v);
+#endif
+  return r;
 }
 
 // Asynchronous global -> shared copies (cp.async, sm_80+; a plain copy before that). Each thread's copies
