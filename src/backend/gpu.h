@@ -35,6 +35,7 @@ struct GpuBackendOptions {
   // empty: none): --cpu-moe, --n-cpu-moe, -ot REGEX=CPU (backend/cpu/host_experts.h).
   std::vector<bool> experts_on_host;
   int n_host_threads = 0;  // CPU threads for those experts (0: every core)
+  size_t gemm_scratch_bytes = 128 << 20;  // the prompt GEMMs' f16 weight scratch (placement.h gemm_scratch_bytes)
 };
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 

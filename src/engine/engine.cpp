@@ -109,7 +109,14 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
              gpu_list.size());
       if (o.tensor_split.size() > gpu_list.size())
         fail("-ts has {} proportions for {} GPUs", o.tensor_split.size(), gpu_list.size());
-      const double work_bytes = gpu_work_bytes(o.n_batch, hp.n_vocab, hp.n_ff);
+      // The GEMM scratch by the smallest GPU of the list (as --vram-limit makes it), the same on all of them.
+      double smallest_gpu = 0;
+      for (size_t i = 0; i < gpu_list.size(); ++i) {
+        double total = (double)devices[gpu_list[i]].total_bytes;
+        if (!o.vram_limit_gib.empty()) total = std::min(total, o.vram_limit_gib[o.vram_limit_gib.size() == 1 ? 0 : i] * 1073741824.0);
+        smallest_gpu = i == 0 ? total : std::min(smallest_gpu, total);
+      }
+      const double work_bytes = gpu_work_bytes(o.n_batch, hp.n_vocab, hp.n_ff, smallest_gpu);
       // MoE experts kept in host memory (--cpu-moe, --n-cpu-moe, -ot REGEX=CPU).
       std::string experts_note;
       const std::vector<bool> host_experts = experts_on_host(*model, o.n_cpu_moe, o.cpu_tensor_patterns, &experts_note);
@@ -135,6 +142,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         go.kv_block_size = o.kv_block_size;
         go.experts_on_host = host_experts;
         go.n_host_threads = o.n_threads;
+        go.gemm_scratch_bytes = gemm_scratch_bytes(smallest_gpu);
         gpu_options.push_back(go);
         gpus.push_back(make_gpu_backend(go));
         double usable = (double)g.free_bytes;

@@ -164,7 +164,8 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const double context = gpu.host ? 0 : s.cuda_context_gib * kGiB;
   double usable = gpu_memory - context;  // what the driver reports free
   if (s.vram_limit_gib > 0) usable = std::min(usable, s.vram_limit_gib * kGiB);
-  const double work = gpu_work_bytes(s.n_batch, hp.n_vocab, hp.n_ff);
+  const double scratch_gpu = s.vram_limit_gib > 0 ? std::min(gpu_memory, s.vram_limit_gib * kGiB) : gpu_memory;
+  const double work = gpu_work_bytes(s.n_batch, hp.n_vocab, hp.n_ff, scratch_gpu);
   const double budget = gpu_budget_bytes(usable, s.margin_gib, work);
   auto gpu_set = [&](int first, int end) { return LayerSet{first, std::min(end, hp.n_layer), first == 0, end == p.n_units}; };
   auto cost = [&](int, int first, int end) {
@@ -217,7 +218,7 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
       const LayerSet set{first, std::min(end, hh.n_layer), first == 0, end == p.draft_units};
       return (double)planned_gpu_weight_bytes(head, set) + (double)planned_gpu_kv_block_bytes(head, set, hkv) * hkv.n_blocks;
     };
-    const double head_work = gpu_work_bytes(s.n_batch, hh.n_vocab, hh.n_ff);
+    const double head_work = gpu_work_bytes(s.n_batch, hh.n_vocab, hh.n_ff, scratch_gpu);
     double head_budget = 0;
     if (!gpu.host && s.n_gpu_layers != 0) {
       const double target_used = units > 0 ? cost(0, first_gpu_unit, p.n_units) + work : 0;

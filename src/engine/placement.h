@@ -27,9 +27,14 @@ struct GpuRange {
 };
 std::vector<GpuRange> gpu_ranges(int n_units, int offloaded, const std::vector<double>& weights);
 
+// The prompt GEMMs' f16 weight scratch on a GPU of `gpu_total_bytes`: 128 MiB, and 320 MiB on GPUs of
+// 64 GiB and more, where whole matrices of the 27-32B models fit it (one cuBLAS product each: pp512 +1.5-3%
+// on an H200, docs/performance.md) for memory that costs such a GPU nothing it would miss.
+size_t gemm_scratch_bytes(double gpu_total_bytes);
 // Bytes a GPU keeps for work buffers besides weights, KV and state: logits and FFN activations of an
-// n_batch-row step plus a fixed 256 MiB for scratch (the allowance -ngl auto and `roofline plan` use).
-double gpu_work_bytes(int n_batch, int n_vocab, int n_ff);
+// n_batch-row step plus 256 MiB for scratch, and what gemm_scratch_bytes takes beyond 128 MiB (the
+// allowance -ngl auto and `roofline plan` use).
+double gpu_work_bytes(int n_batch, int n_vocab, int n_ff, double gpu_total_bytes);
 // What placement may fill on a GPU: usable memory less the margin (-ngl auto keeps margin_gib free)
 // and the work buffers.
 double gpu_budget_bytes(double usable_bytes, double margin_gib, double work_bytes);

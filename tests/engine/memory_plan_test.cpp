@@ -118,7 +118,8 @@ TEST(MemoryPlan, FitFlipsAtTheMemoryTheBillAddsUpTo) {
     PlanSettings s;
     s.n_ctx = 16384;
     s.n_parallel = 4;
-    const Plan big = make_plan(*m, card("h200"), s);
+    // A card under 64 GiB, as every card of the flip below is: its bill has the GEMM scratch they get.
+    const Plan big = make_plan(*m, card("h200", 48.0), s);
     ASSERT_TRUE(big.fits);
     const double need_gib = big.gpu_bill.total() / kGiB;
     const Plan just = make_plan(*m, card("h200", need_gib + 0.001), s);
@@ -137,6 +138,21 @@ TEST(MemoryPlan, FitFlipsAtTheMemoryTheBillAddsUpTo) {
   }
 }
 
+// The prompt GEMMs' weight scratch grows to whole matrices on GPUs of 64 GiB and more, and the bill's work
+// line (what -ngl auto keeps free) says so; a --vram-limit under that keeps the small scratch.
+TEST(MemoryPlan, LargeGpusBillTheWholeMatrixGemmScratch) {
+  EXPECT_EQ(gemm_scratch_bytes(24 * kGiB), 128u << 20);
+  EXPECT_EQ(gemm_scratch_bytes(63.9 * kGiB), 128u << 20);
+  EXPECT_EQ(gemm_scratch_bytes(64 * kGiB), 320u << 20);
+  auto m = layout("synthetic:qwen3-8b:Q4_K_M");
+  PlanSettings s;
+  const Plan small = make_plan(*m, card("h200", 48.0), s);
+  const Plan big = make_plan(*m, card("h200"), s);
+  EXPECT_DOUBLE_EQ(big.gpu_bill.work - small.gpu_bill.work, 192.0 * 1048576);
+  s.vram_limit_gib = 40;
+  EXPECT_DOUBLE_EQ(make_plan(*m, card("h200"), s).gpu_bill.work, small.gpu_bill.work);
+}
+
 TEST(MemoryPlan, AutoOffloadIsTheLargestTailThatFitsTheBudget) {
   auto m = layout("synthetic:qwen3.5-27b:Q4_K_M");
   PlanSettings s;
@@ -146,7 +162,7 @@ TEST(MemoryPlan, AutoOffloadIsTheLargestTailThatFitsTheBudget) {
   const HParams& hp = m->hparams();
   for (double gib : {8.0, 12.0, 16.0, 20.0, 24.0}) {
     const Plan p = make_plan(*m, card("rtx4090", gib), s);
-    const double budget = gpu_budget_bytes(gib * kGiB - s.cuda_context_gib * kGiB, s.margin_gib, gpu_work_bytes(s.n_batch, hp.n_vocab, hp.n_ff));
+    const double budget = gpu_budget_bytes(gib * kGiB - s.cuda_context_gib * kGiB, s.margin_gib, gpu_work_bytes(s.n_batch, hp.n_vocab, hp.n_ff, gib * kGiB));
     int expected = 0;
     for (int k = hp.n_layer + 1; k > 0; --k)
       if (gpu_need_by_units(*m, k, s, n_cells) <= budget) {
@@ -210,7 +226,7 @@ TEST(MemoryPlan, TheMtpHeadIsBilledAsTheEngineServeCreatesForIt) {
   const double weights = (double)planned_gpu_weight_bytes(*head, all);
   EXPECT_GT(weights, (double)m->token_embd().bytes() + (double)m->output_bytes()) << "its own copies on the GPU";
   const double kv = (double)planned_gpu_kv_block_bytes(*head, all, hkv) * hkv.n_blocks;
-  EXPECT_DOUBLE_EQ(p.gpu_bill.draft, weights + kv + gpu_work_bytes(512, hh.n_vocab, hh.n_ff));
+  EXPECT_DOUBLE_EQ(p.gpu_bill.draft, weights + kv + gpu_work_bytes(512, hh.n_vocab, hh.n_ff, card("v100-32gb").memory_gib * kGiB));
   EXPECT_DOUBLE_EQ(p.gpu_bill.total(), without.gpu_bill.total() + p.gpu_bill.draft) << "nothing else changes";
   EXPECT_EQ(p.host_bill.draft, 0.0);
   EXPECT_DOUBLE_EQ(p.decode_tok_s, without.decode_tok_s);

@@ -172,12 +172,12 @@ class CudaBackend final : public Backend {
     const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);
     int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd, has_delta ? dn.conv_dim() : 0});
     if (layers.output) max_rows_w = std::max<int64_t>(max_rows_w, hp.n_vocab);
-    // The prompt GEMMs' f16 weight chunks: 128 MiB (the planner's work allowance, placement.cpp, holds it),
-    // or ROOFLINE_GEMM_SCRATCH_MB, beyond that allowance: whole matrices of the 27-32B models in one cuBLAS
-    // product each (no split-K for down) measured pp512 +2-3% for 134-262 MB more.
-    static const size_t scratch_cap = [] {
+    // The prompt GEMMs' f16 weight chunks: what the engine's placement billed (128 MiB, or 320 MiB on GPUs
+    // of 64 GiB and more: whole matrices of the 27-32B models in one cuBLAS product each), or
+    // ROOFLINE_GEMM_SCRATCH_MB, beyond that allowance.
+    const size_t scratch_cap = [&] {
       const char* env = std::getenv("ROOFLINE_GEMM_SCRATCH_MB");
-      return env ? (size_t)std::max(1, std::atoi(env)) << 19 : (size_t)64 << 20;  // halves
+      return env ? (size_t)std::max(1, std::atoi(env)) << 19 : std::max<size_t>(options_.gemm_scratch_bytes / 2, 1);  // halves
     }();
     gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, scratch_cap);
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
