@@ -4,7 +4,9 @@
 // A Q4_K weight is w = d * sc_j * q - dmin * m_j (q: 4 bits, sc_j and m_j: 6-bit scale and min of
 // sub-block j of 32, d and dmin per super-block of 256). The activations of each token and super-block
 // are quantized to int8 with one step dx (x ~ dx * xq, as llama.cpp's CPU path does for K-quants), so
-//   sum_k w_k x_k ~ d * dx * sum_j sc_j * (sum_{k in j} q_k xq_k) - dmin * sum_j m_j * (sum_{k in j} x_k).
+//   sum_k w_k x_k ~ d * dx * sum_j sc_j * (sum_{k in j} q_k xq_k) - dmin * dx * sum_j m_j * (sum_{k in j} xq_k):
+// the product of the dequantized weights with the quantized activations. (The true sums of x in the
+// second term would leave the error on d * sc * q, not on w: measured NMSE 2.5e-4 against ~5e-5.)
 // The inner sums of the first term are one u8 x s8 mma (m16n8k32) per sub-block, exact in int32; the
 // lanes scale them by sc_j in integers and convert once per super-block. The second term is one tf32
 // mma (m16n8k8: the 8 mins of a row against the 8 sub-block sums of x) per super-block, accumulated
@@ -17,6 +19,7 @@
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/gpu.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace roofline::cuda {
@@ -25,15 +28,20 @@ namespace {
 
 constexpr int kQ4KBlockBytes = 144;
 constexpr int kWarpRows = 32;
-constexpr int kWarpStageBytes = kWarpRows * kQ4KBlockBytes;
-constexpr int kStageBytes = kMmaWarps * kWarpStageBytes;
-constexpr int kStages = 3;
+// A stage: SBS consecutive super-blocks of each of a warp's 32 rows (SBS * 144 consecutive bytes of each
+// row); one stage in flight beyond the one computed with SBS = 2, two with SBS = 1.
+template <int SBS>
+constexpr int warp_stage_bytes() { return kWarpRows * kQ4KBlockBytes * SBS; }
+template <int SBS>
+constexpr int stage_bytes() { return kMmaWarps * warp_stage_bytes<SBS>(); }
+template <int SBS>
+constexpr int stage_count() { return SBS == 1 ? 3 : 2; }
 
 // The activations in the layout the kernel reads, for nt n8 tiles of tokens (padded with zeros):
 struct Q8Frags {
   int4* frag;    // [n_sb][nt][4][32]: lane 4g + t of pair p: b0, b1 of sub-block 2p, then of 2p + 1, token 8f + g
   float* scale;  // [n_sb][8 nt]: dx of each token
-  float2* sums;  // [n_sb][nt][32]: lane 4g + t: the sums of x over sub-blocks t and t + 4 of token 8f + g (tf32)
+  float2* sums;  // [n_sb][nt][32]: lane 4g + t: dx * the sums of xq over sub-blocks t and t + 4 of token 8f + g (tf32)
 };
 size_t q8_frags_bytes(int64_t n_sb, int nt) { return (size_t)n_sb * nt * (4 * 32 * 16 + 8 * 4 + 32 * 8); }
 Q8Frags q8_frags_at(void* base, int64_t n_sb, int nt) {
@@ -61,14 +69,13 @@ __global__ void to_q8_fragments_kernel(const float* x, int n_tok, int64_t cols, 
     const float4 a = src[0], b = src[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
-  float amax = 0.0f, sum = 0.0f;
+  float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i])), sum += v[i];
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int qsum = 0;  // of the quantized values: the mins then multiply the same x as the scales (see below)
   const int f = tok / 8, g = tok % 8, j = lane / 4;
   int* frag = reinterpret_cast<int*>(out.frag + ((sb * nt + f) * 4 + j / 2) * 32 + 4 * g);
 #pragma unroll
@@ -78,20 +85,24 @@ __global__ void to_q8_fragments_kernel(const float* x, int n_tok, int64_t cols, 
     for (int b = 0; b < 4; ++b) {
       const int q = max(-127, min(127, __float2int_rn(v[4 * h + b] * inv)));
       packed |= (uint32_t)(q & 0xFF) << (8 * b);
+      qsum += q;
     }
     // Elements k0..k0+3 of the sub-block: b0 (k < 16) or b1 of lane t = (k0 % 16) / 4.
     const int k0 = 8 * (lane % 4) + 4 * h;
     frag[4 * ((k0 % 16) / 4) + 2 * (j % 2) + (k0 >= 16 ? 1 : 0)] = (int)packed;
   }
-  if (lane == 0) out.scale[sb * n_pad + tok] = amax / 127.0f;
-  if (lane % 4 == 0) reinterpret_cast<float*>(out.sums + (sb * nt + f) * 32 + 4 * g + j % 4)[j / 4] = __uint_as_float(to_tf32(sum));
+  qsum += __shfl_xor_sync(0xFFFFFFFFu, qsum, 1);
+  qsum += __shfl_xor_sync(0xFFFFFFFFu, qsum, 2);
+  const float dx = amax / 127.0f;
+  if (lane == 0) out.scale[sb * n_pad + tok] = dx;
+  if (lane % 4 == 0) reinterpret_cast<float*>(out.sums + (sb * nt + f) * 32 + 4 * g + j % 4)[j / 4] = __uint_as_float(to_tf32(dx * (float)qsum));
 }
 
-template <int NT>
-constexpr int int8_min_ctas() { return NT <= 2 ? 4 : NT <= 4 ? 3 : 2; }
+template <int NT, int SBS>
+constexpr int int8_min_ctas() { return SBS == 1 ? (NT <= 2 ? 4 : NT <= 4 ? 3 : 2) : (NT <= 4 ? 3 : 2); }
 
 // The body of one CTA: row tile `row_tile`, K split `split` of `n_splits` (as mma_rows in cuda_gemm.cu).
-template <int NT>
+template <int NT, int SBS>
 __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& x, float* y, int ldy, int n_tok, bool accumulate, float* part,
                                           int64_t row_tile, int split, int n_splits) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
@@ -99,36 +110,52 @@ __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& 
   const int64_t n_sb = w.cols / 256;
   const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
   extern __shared__ int4 int8_smem[];
-  uint8_t* slots = reinterpret_cast<uint8_t*>(int8_smem) + warp * kWarpStageBytes;
-  // Lane l stages row l of the warp (rows past the last repeat it); row r of a stage at r * 144.
-  const uint8_t* my_row = w.data + min(row_base + lane, w.rows - 1) * w.row_bytes;
-  auto stage_copy = [&](int64_t sb, int stage) {
-    if (sb < sb_end) {
-      const uint8_t* src = my_row + sb * kQ4KBlockBytes;
-      uint8_t* dst = slots + stage * kStageBytes + lane * kQ4KBlockBytes;
+  constexpr int kStages = stage_count<SBS>(), kStageBytes = stage_bytes<SBS>(), kRowStride = SBS * kQ4KBlockBytes;
+  uint8_t* slots = reinterpret_cast<uint8_t*>(int8_smem) + warp * warp_stage_bytes<SBS>();
+  // A stage holds super-blocks sb0..sb0+SBS-1 of the warp's 32 rows, row r at r * kRowStride (rows past the
+  // last repeat it): 9 * SBS pieces of 16 bytes a row, piece c = 9 * SBS * r + k; lane l copies pieces l,
+  // l + 32, ..., so that each copy instruction of the warp reads whole runs of consecutive bytes of a few
+  // rows. (32-bit offsets: int8_products_take holds the weight under 4 GiB.)
+  constexpr int kPieces = kWarpRows * kRowStride / 16 / 32;
+  uint32_t piece_at[kPieces];
+  uint32_t piece_sb = 0;  // bit i: piece i is of the stage's second super-block (SBS = 2)
 #pragma unroll
-      for (int c = 0; c < kQ4KBlockBytes / 16; ++c) copy_async<16>(dst + 16 * c, src + 16 * c);
-    }
+  for (int i = 0; i < kPieces; ++i) {
+    const int c = lane + 32 * i, k = c % (9 * SBS);
+    piece_at[i] = (uint32_t)(min(row_base + c / (9 * SBS), w.rows - 1) * w.row_bytes) + 16 * k;
+    if (k >= 9) piece_sb |= 1u << i;
+  }
+  auto stage_copy = [&](int64_t sb0, int stage) {
+    uint8_t* dst = slots + stage * kStageBytes + 16 * lane;
+    const uint8_t* src = w.data + sb0 * kQ4KBlockBytes;
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i)
+      if (sb0 + ((piece_sb >> i) & 1) < sb_end) copy_async<16>(dst + 512 * i, src + piece_at[i]);
     copy_async_commit();
   };
   // Weights are no kernel's output: the first stages are fetched before the wait for the previous kernel.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) stage_copy(sb_begin + s, s);
+  for (int s = 0; s < kStages - 1; ++s) stage_copy(sb_begin + SBS * s, s);
   wait_for_previous_kernel();
   float acc[2][NT][4] = {};
   int stage = 0;
-  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+  for (int64_t sb0 = sb_begin; sb0 < sb_end; sb0 += SBS) {
     copy_async_wait<kStages - 2>();
     __syncwarp();  // every lane's copies of this stage landed; every lane is done with the one refilled next
-    stage_copy(sb + kStages - 1, stage == 0 ? kStages - 1 : stage - 1);
-    const uint8_t* blk = slots + stage * kStageBytes;
+    stage_copy(sb0 + SBS * (kStages - 1), stage == 0 ? kStages - 1 : stage - 1);
+    const uint8_t* stage_base = slots + stage * kStageBytes;
     stage = stage == kStages - 1 ? 0 : stage + 1;
+#pragma unroll
+    for (int u = 0; u < SBS; ++u) {
+    const int64_t sb = sb0 + u;
+    if (sb >= sb_end) break;
+    const uint8_t* blk = stage_base + u * kQ4KBlockBytes;
     // Row slot i (0-3) is row g + 8i: m tile i / 2, fragment row g (i even) or g + 8.
     uint32_t sc_lo[4], sc_hi[4], mins[4][2];
     float d[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int4 h = *reinterpret_cast<const int4*>(blk + (g + 8 * i) * kQ4KBlockBytes);
+      const int4 h = *reinterpret_cast<const int4*>(blk + (g + 8 * i) * kRowStride);
       __half2 dm_h;
       memcpy(&dm_h, &h.x, 4);
       const float2 dm = __half22float2(dm_h);
@@ -142,7 +169,7 @@ __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& 
     }
     // Token tiles in chunks of up to four, so that the int32 sums of one chunk are live at a time (the
     // weights' words are read from shared memory again for each chunk).
-    constexpr int FC = NT < 4 ? NT : 4;
+    constexpr int FC = NT <= 4 ? NT : NT / 2;
     const int4* xf = x.frag + sb * NT * 4 * 32 + lane;
 #pragma unroll
     for (int fc = 0; fc < NT; fc += FC) {
@@ -155,7 +182,7 @@ __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& 
         uint32_t w0[4], w1[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const uint8_t* q = blk + (g + 8 * i) * kQ4KBlockBytes + 16 + 32 * p + 4 * t;
+          const uint8_t* q = blk + (g + 8 * i) * kRowStride + 16 + 32 * p + 4 * t;
           w0[i] = *reinterpret_cast<const uint32_t*>(q);
           w1[i] = *reinterpret_cast<const uint32_t*>(q + 16);
         }
@@ -196,6 +223,7 @@ __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& 
         }
       }
     }
+    }
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -216,22 +244,34 @@ __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& 
       }
 }
 
-template <int NT>
-__global__ void __launch_bounds__(kMmaThreads, int8_min_ctas<NT>()) int8_rows_kernel(MmaMembers m, Q8Frags x, int n_tok, bool accumulate,
-                                                                                     float* part) {
+template <int NT, int SBS>
+__global__ void __launch_bounds__(kMmaThreads, (int8_min_ctas<NT, SBS>())) int8_rows_kernel(MmaMembers m, Q8Frags x, int n_tok,
+                                                                                            bool accumulate, float* part) {
   const MmaMember k = mma_member(m, blockIdx.x);
-  int8_rows<NT>(k.w, x, k.y, k.ldy, n_tok, accumulate, part + k.part_off, blockIdx.x - k.tile0, blockIdx.y, gridDim.y);
+  int8_rows<NT, SBS>(k.w, x, k.y, k.ldy, n_tok, accumulate, part + k.part_off, blockIdx.x - k.tile0, blockIdx.y, gridDim.y);
 }
 
+template <int NT, int SBS>
+void launch_int8_rows_sbs(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const Q8Frags& x, int n_tok,
+                          bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  constexpr int smem = stage_count<SBS>() * stage_bytes<SBS>();
+  const int slots = smem_set_once<int8_rows_kernel<NT, SBS>>(smem, kMmaThreads);
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kMmaWarps * kWarpRows, slots, part_floats);
+  launch(int8_rows_kernel<NT, SBS>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(kMmaThreads), smem, stream, pdl_enabled(), plan.m, x,
+         n_tok, accumulate, part);
+  reduce_k_splits(plan, n_tok, accumulate, part, stream);
+}
+
+// Super-blocks per stage: 1, or 2 with ROOFLINE_INT8_STAGE_SBS=2 (an experiment: longer runs of each row).
 template <int NT>
 void launch_int8_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const Q8Frags& x, int n_tok,
                       bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = kStages * kStageBytes;
-  const int slots = smem_set_once<int8_rows_kernel<NT>>(smem, kMmaThreads);
-  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kMmaWarps * kWarpRows, slots, part_floats);
-  launch(int8_rows_kernel<NT>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(kMmaThreads), smem, stream, pdl_enabled(), plan.m, x,
-         n_tok, accumulate, part);
-  reduce_k_splits(plan, n_tok, accumulate, part, stream);
+  static const bool two = [] {
+    const char* e = std::getenv("ROOFLINE_INT8_STAGE_SBS");
+    return e && std::atoi(e) == 2;
+  }();
+  if (two) launch_int8_rows_sbs<NT, 2>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream);
+  else launch_int8_rows_sbs<NT, 1>(ws, ys, ldys, count, x, n_tok, accumulate, part, part_floats, stream);
 }
 
 int int8_mode_for_test = -1;  // -1: the environment decides
@@ -245,7 +285,7 @@ bool int8_products_on() {
 
 bool int8_products_take(const DeviceWeight& w, int n_tokens) {
   return n_tokens > 8 && n_tokens <= kMaxFusedRows && w.type == DType::Q4_K && w.layout == WeightLayout::Raw && w.cols % 256 == 0 &&
-         w.row_bytes == w.cols / 256 * kQ4KBlockBytes && code_arch() >= 80 && int8_products_on();
+         w.row_bytes == w.cols / 256 * kQ4KBlockBytes && (double)w.rows * (double)w.row_bytes < 4294967296.0 && code_arch() >= 80 && int8_products_on();
 }
 
 void int8_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
