@@ -58,8 +58,8 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
 // [n_tokens x rows] output, one after the other.
 std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>& ws, const std::vector<float>& x, int n_tokens,
                                                 int device = 0);
-// For tests: the batched products of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu) on (1) or off (0)
-// whatever ROOFLINE_INT8_MMA says, or back to what it says (-1).
+// For tests: the batched products of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu) for 9-64 rows (1)
+// or never (0) whatever ROOFLINE_INT8_MMA says, or back to what it says (-1: never unless set).
 void gpu_use_int8_products_for_test(int mode);
 
 // For tests: the MoE expert products, grouped by expert on the device as the MoE block runs them (tensor

@@ -454,6 +454,7 @@ TEST(GpuMemoryPlan, PlannedBytesAndAutoOffloadMatchTheEngine) {
   s.type_k = s.type_v = DType::Q8_0;
   GpuSpec spec = *find_gpu_spec("h200");
   spec.memory_gib = devices[0].free_bytes / kGiB + s.cuda_context_gib;  // usable = free, as the engine sees it
+  s.vram_limit_gib = 32;  // under 64 GiB, as the half limit below is: the same GEMM scratch in the work allowance
   const Plan all = make_plan(*model, spec, s);
   ASSERT_EQ(all.n_gpu_layers, all.n_units);
   const double overhead = all.gpu_bill.work + all.gpu_bill.margin;

@@ -103,8 +103,8 @@ int smem_set_once(int smem, int threads) {
   return s;
 }
 
-// Products of 9-64 rows of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu), for sm_80 and newer
-// with ROOFLINE_INT8_MMA=1 (or set_int8_products_for_test). x_scratch: the f16 fragment buffer of the
+// Products of 9-64 rows of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu), for sm_80 and newer, with
+// ROOFLINE_INT8_MMA=1 (9-64 rows) or =32 (9-32 rows); off by default (gpu_use_int8_products_for_test for tests). x_scratch: the f16 fragment buffer of the
 // f16 kernel (n_tokens rounded up to 16, times cols, halves), which the int8 activations fit.
 bool int8_products_take(const DeviceWeight& w, int n_tokens);
 void int8_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,

@@ -1,5 +1,8 @@
 // Batched-decode products (9-64 rows) of Q4_K weights on int8 tensor cores: the alternative to the
-// f16 kernel of cuda_gemm.cu, on sm_80 and newer with ROOFLINE_INT8_MMA=1.
+// f16 kernel of cuda_gemm.cu, on sm_80 and newer: ROOFLINE_INT8_MMA=32 for steps of 9-32 rows, =1 for 9-64.
+// Off by default: measured on an H200 (docs/performance.md) -npl 16 / 32 +6-11%, -npl 64 -3% on qwen3-32b,
+// but its activations (int8, one step per 256 values) are coarser than the f16 kernel's, and with it on a
+// tiny model's self-draft no longer accepts every drafted token (SpeculativeTest.GpuDraftKeepsTheGreedyOutput).
 //
 // A Q4_K weight is w = d * sc_j * q - dmin * m_j (q: 4 bits, sc_j and m_j: 6-bit scale and min of
 // sub-block j of 32, d and dmin per super-block of 256). The activations of each token and super-block
@@ -276,16 +279,21 @@ void launch_int8_rows(const DeviceWeight* const* ws, float* const* ys, const int
 
 int int8_mode_for_test = -1;  // -1: the environment decides
 
-bool int8_products_on() {
-  static const bool on = env_switch("ROOFLINE_INT8_MMA", false);
-  return int8_mode_for_test < 0 ? on : int8_mode_for_test == 1;
+// The most rows a step may have for the int8 kernel: 0 by default, 32 with ROOFLINE_INT8_MMA=32, 64 with =1.
+int int8_products_max_rows() {
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_INT8_MMA");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 1 ? kMaxFusedRows : v == 32 ? 32 : 0;
+  }();
+  return int8_mode_for_test < 0 ? env : int8_mode_for_test == 1 ? kMaxFusedRows : 0;
 }
 
 }  // namespace
 
 bool int8_products_take(const DeviceWeight& w, int n_tokens) {
-  return n_tokens > 8 && n_tokens <= kMaxFusedRows && w.type == DType::Q4_K && w.layout == WeightLayout::Raw && w.cols % 256 == 0 &&
-         w.row_bytes == w.cols / 256 * kQ4KBlockBytes && (double)w.rows * (double)w.row_bytes < 4294967296.0 && code_arch() >= 80 && int8_products_on();
+  return n_tokens > 8 && n_tokens <= int8_products_max_rows() && w.type == DType::Q4_K && w.layout == WeightLayout::Raw && w.cols % 256 == 0 &&
+         w.row_bytes == w.cols / 256 * kQ4KBlockBytes && (double)w.rows * (double)w.row_bytes < 4294967296.0 && code_arch() >= 80;
 }
 
 void int8_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
