@@ -685,14 +685,18 @@ class CudaBackend final : public Backend {
     add_bias(k_, L.v(LT::AttnKBias), n, hp.kv_dim_k(), stream_);
     add_bias(v_, L.v(LT::AttnVBias), n, hp.kv_dim_v(), stream_);
     const DeviceStep& st = L.ring ? dstep_swa_ : dstep_;  // ring layers address their rings through swa tables
+    const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
+    // Steps with prompt runs: rope writes their f16 queries itself, and the f32 ones only for split rows.
+    static const bool rope_q16 = env_switch("ROOFLINE_ROPE_Q16", true);
+    RopeQ16 q16;
+    if (rope_q16 && !prefill_runs_.empty()) q16 = RopeQ16{prefill_.q16, scale, n, n_attn_rows_ > 0};
     rope_and_store(st, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_base(L.il),
-                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_);
-    const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
+                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_, q16);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
     prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
-                      prefill_, attn_, stream_);
+                      prefill_, attn_, stream_, q16.out != nullptr);
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
                                combine_counters_, split_heads_);

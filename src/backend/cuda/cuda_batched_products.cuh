@@ -46,6 +46,31 @@ __device__ __forceinline__ MmaMember mma_member(const MmaMembers& m, int bx) {
 // (`slots`), among those whose partial sums, written and read back, move no more bytes than the
 // weights (or 32 MB, which the L2 absorbs) and fit the scratch. Measured on an H200 (qwen3-32b):
 // -npl 16 844 -> 904 tok/s against a fixed target of three CTAs per SM. Sets m.part_off.
+// Stores a warp's m16n8 accumulators of MT 16-row m tiles from row_base and NT 8-token tiles (the mma
+// fragment layout: lane 4g + t holds rows g and g + 8, tokens 2t and 2t + 1): into y (accumulating or
+// not), or with K split over CTAs as split `split`'s partial sums for the reduction.
+template <int MT, int NT>
+__device__ __forceinline__ void store_mma_tiles(const float (&acc)[MT][NT][4], int64_t row_base, int64_t rows, int n_tok, int g, int t,
+                                                float* y, int ldy, bool accumulate, float* part, int split, int n_splits) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int f = 0; f < NT; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r = row_base + 16 * m + g + 8 * (i / 2);
+        const int tok = 8 * f + 2 * t + i % 2;
+        if (r >= rows || tok >= n_tok) continue;
+        const float v = acc[m][f][i];
+        if (n_splits > 1) {
+          part[((int64_t)split * n_tok + tok) * rows + r] = v;
+        } else {
+          float* dst = y + (int64_t)tok * ldy + r;
+          *dst = accumulate ? *dst + v : v;
+        }
+      }
+}
+
 struct MmaPlan {
   MmaMembers m{};
   int64_t tiles = 0, splits = 1;

@@ -353,7 +353,6 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
   int64_t rows[2 * MT];
 #pragma unroll
   for (int i = 0; i < 2 * MT; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
-  wait_for_previous_kernel();
   const int4* xf = reinterpret_cast<const int4*>(x) + lane;  // fragment-ordered activations
   constexpr int S = mma_stages<T, NT, MT, SX>(), kWarpStage = 2 * MT * RowBlock<T>::kSlotBytes;
   constexpr int kXBytes = SX ? mma_x_stage_bytes<NT>() : 0, kStage = mma_stage_bytes<T, NT, MT, SX>();
@@ -377,8 +376,17 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
     }
     copy_async_commit();
   };
+  // Weights are no kernel's output: without shared activations the first stages are fetched before the
+  // wait for the previous kernel (with them, a stage holds activations too).
+  if constexpr (!SX) {
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) stage_copy(sb_begin + s, s);
+    for (int s = 0; s < S - 1; ++s) stage_copy(sb_begin + s, s);
+  }
+  wait_for_previous_kernel();
+  if constexpr (SX) {
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) stage_copy(sb_begin + s, s);
+  }
   float acc[MT][NT][4] = {};
   int stage = 0;
   for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
@@ -423,23 +431,7 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
       }
     }
   }
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int f = 0; f < NT; ++f)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t r = row_base + 16 * m + g + 8 * (i / 2);
-        const int tok = 8 * f + 2 * t + i % 2;
-        if (r >= w.rows || tok >= n_tok) continue;
-        const float v = acc[m][f][i];
-        if (n_splits > 1) {
-          part[((int64_t)split * n_tok + tok) * w.rows + r] = v;
-        } else {
-          float* dst = y + (int64_t)tok * ldy + r;
-          *dst = accumulate ? *dst + v : v;
-        }
-      }
+  store_mma_tiles<MT, NT>(acc, row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part, split, n_splits);
 }
 
 template <DType T, int NT, int MT, bool SX>

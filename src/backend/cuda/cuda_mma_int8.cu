@@ -228,23 +228,7 @@ __device__ __forceinline__ void int8_rows(const DeviceWeight& w, const Q8Frags& 
     }
     }
   }
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int f = 0; f < NT; ++f)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t r = row_base + 16 * m + g + 8 * (i / 2);
-        const int tok = 8 * f + 2 * t + i % 2;
-        if (r >= w.rows || tok >= n_tok) continue;
-        const float v = acc[m][f][i];
-        if (n_splits > 1) {
-          part[((int64_t)split * n_tok + tok) * w.rows + r] = v;
-        } else {
-          float* dst = y + (int64_t)tok * ldy + r;
-          *dst = accumulate ? *dst + v : v;
-        }
-      }
+  store_mma_tiles<2, NT>(acc, row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part, split, n_splits);
 }
 
 template <int NT, int SBS>
