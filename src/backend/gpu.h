@@ -36,6 +36,7 @@ struct GpuBackendOptions {
   std::vector<bool> experts_on_host;
   int n_host_threads = 0;  // CPU threads for those experts (0: every core)
   size_t gemm_scratch_bytes = 128 << 20;  // the prompt GEMMs' f16 weight scratch (placement.h gemm_scratch_bytes)
+  int dequant_ahead_slots = 0;            // as many more of it, dequantized ahead (placement.h dequant_ahead_slots)
 };
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 
@@ -163,11 +164,6 @@ struct GpuRopeForTest {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   const float* factors = nullptr;
-  // With q16_out: the query heads also as prefill attention's f16 queries scaled by q16_scale, returned as
-  // floats in q's order ([row][head][dim]); without keep_q32 the kernel may leave q as it was.
-  std::vector<float>* q16_out = nullptr;
-  float q16_scale = 1.0f;
-  bool keep_q32 = true;
 };
 void gpu_rope_store_for_test(const GpuAttentionShape& shape, const GpuRopeForTest& rope, const StepDesc& step, std::vector<float>& q,
                              std::vector<float>& k, const std::vector<float>& v, GpuKvCacheForTest& cache, int device = 0);

@@ -143,6 +143,7 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         go.experts_on_host = host_experts;
         go.n_host_threads = o.n_threads;
         go.gemm_scratch_bytes = gemm_scratch_bytes(smallest_gpu);
+        go.dequant_ahead_slots = dequant_ahead_slots(smallest_gpu);
         gpu_options.push_back(go);
         gpus.push_back(make_gpu_backend(go));
         double usable = (double)g.free_bytes;

@@ -56,8 +56,12 @@ int fit_units(int n_units, const std::vector<double>& weights, const std::vector
 
 size_t gemm_scratch_bytes(double gpu_total_bytes) { return (gpu_total_bytes >= 64.0 * 1073741824.0 ? 320 : 128) * (size_t)1048576; }
 
+int dequant_ahead_slots(double gpu_total_bytes) { return gpu_total_bytes >= 64.0 * 1073741824.0 ? 2 : 0; }
+
 double gpu_work_bytes(int n_batch, int n_vocab, int n_ff, double gpu_total_bytes) {
-  return (double)n_batch * (4.0 * n_vocab + 64.0 * n_ff) + 256.0 * 1048576 + (double)(gemm_scratch_bytes(gpu_total_bytes) - 128 * (size_t)1048576);
+  const double scratch = (double)gemm_scratch_bytes(gpu_total_bytes);
+  return (double)n_batch * (4.0 * n_vocab + 64.0 * n_ff) + 256.0 * 1048576 + (scratch - 128.0 * 1048576) +
+         dequant_ahead_slots(gpu_total_bytes) * scratch;
 }
 
 double gpu_budget_bytes(double usable_bytes, double margin_gib, double work_bytes) {

@@ -31,9 +31,13 @@ std::vector<GpuRange> gpu_ranges(int n_units, int offloaded, const std::vector<d
 // 64 GiB and more, where whole matrices of the 27-32B models fit it (one cuBLAS product each: pp512 +1.5-3%
 // on an H200, docs/performance.md) for memory that costs such a GPU nothing it would miss.
 size_t gemm_scratch_bytes(double gpu_total_bytes);
+// Slots of that size the prompt GEMMs' weights are dequantized into ahead, on a side stream, while cuBLAS
+// multiplies the previous ones (backend/cuda/cuda_dequant_ahead.cuh): 2 on GPUs of 64 GiB and more (qwen3-32b
+// pp512 +4.5% on an H200, docs/performance.md), none below.
+int dequant_ahead_slots(double gpu_total_bytes);
 // Bytes a GPU keeps for work buffers besides weights, KV and state: logits and FFN activations of an
-// n_batch-row step plus 256 MiB for scratch, and what gemm_scratch_bytes takes beyond 128 MiB (the
-// allowance -ngl auto and `roofline plan` use).
+// n_batch-row step plus 256 MiB for scratch, what gemm_scratch_bytes takes beyond 128 MiB, and the
+// dequant-ahead slots (the allowance -ngl auto and `roofline plan` use).
 double gpu_work_bytes(int n_batch, int n_vocab, int n_ff, double gpu_total_bytes);
 // What placement may fill on a GPU: usable memory less the margin (-ngl auto keeps margin_gib free)
 // and the work buffers.

@@ -752,6 +752,43 @@ TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
   EXPECT_EQ(with_graphs, without);
 }
 
+// Prompt GEMM weights dequantized ahead on a side stream (ROOFLINE_DEQUANT_AHEAD, cuda_dequant_ahead.cuh):
+// prompt steps of several lengths, a batched step between them (its fused products record nothing) and
+// a second sequence. With cuBLAS on every SM the products are the same, so the logits are bit-identical
+// to dequantizing on the step's stream; with SMs left to the side stream cuBLAS may sum in another order.
+TEST(GpuEngineTest, WeightsDequantizedAheadGiveTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const auto tokens = some_tokens(400, model->hparams().n_vocab, 9);
+  auto run = [&]() {
+    auto e = Engine::create(model, all_on_gpu());
+    const int sa = e->memory().create_sequence(), sb = e->memory().create_sequence();
+    auto out = e->eval(sa, std::span<const int32_t>(tokens.data(), 100), true);
+    auto add = [&](std::vector<float> more) { out.insert(out.end(), more.begin(), more.end()); };
+    add(e->eval(sa, std::span<const int32_t>(tokens.data() + 100, 150), true));
+    std::vector<Engine::BatchRow> rows;
+    for (int i = 0; i < 20; ++i) rows.push_back({sa, tokens[(size_t)(250 + i)], true});
+    add(e->decode(rows));
+    add(e->eval(sb, std::span<const int32_t>(tokens.data() + 270, 120), true));
+    add(e->eval(sa, std::span<const int32_t>(tokens.data() + 280, 90), true));
+    return out;
+  };
+  setenv("ROOFLINE_DEQUANT_AHEAD", "0", 1);  // (on by default on GPUs of 64 GiB and more)
+  const auto plain = run();
+  setenv("ROOFLINE_DEQUANT_AHEAD", "2", 1);
+  setenv("ROOFLINE_DEQUANT_AHEAD_SMS", "0", 1);
+  const auto ahead = run();
+  setenv("ROOFLINE_DEQUANT_AHEAD", "3", 1);
+  setenv("ROOFLINE_DEQUANT_AHEAD_SMS", "8", 1);
+  const auto ahead_fewer_sms = run();
+  unsetenv("ROOFLINE_DEQUANT_AHEAD");
+  unsetenv("ROOFLINE_DEQUANT_AHEAD_SMS");
+  ASSERT_EQ(plain.size(), ahead.size());
+  EXPECT_EQ(plain, ahead);
+  ASSERT_EQ(plain.size(), ahead_fewer_sms.size());
+  EXPECT_LT(test::nmse(ahead_fewer_sms.data(), plain.data(), plain.size()), 1e-8);
+}
+
 TEST(GpuEngineTest, ForkCopiesBlocksOnTheGpu) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q8_0");

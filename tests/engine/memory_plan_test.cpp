@@ -148,7 +148,9 @@ TEST(MemoryPlan, LargeGpusBillTheWholeMatrixGemmScratch) {
   PlanSettings s;
   const Plan small = make_plan(*m, card("h200", 48.0), s);
   const Plan big = make_plan(*m, card("h200"), s);
-  EXPECT_DOUBLE_EQ(big.gpu_bill.work - small.gpu_bill.work, 192.0 * 1048576);
+  EXPECT_EQ(dequant_ahead_slots(63.9 * kGiB), 0);
+  EXPECT_EQ(dequant_ahead_slots(64 * kGiB), 2);
+  EXPECT_DOUBLE_EQ(big.gpu_bill.work - small.gpu_bill.work, (192.0 + 2 * 320.0) * 1048576);
   s.vram_limit_gib = 40;
   EXPECT_DOUBLE_EQ(make_plan(*m, card("h200"), s).gpu_bill.work, small.gpu_bill.work);
 }

@@ -133,58 +133,12 @@ __device__ void kv_put_head_warp(uint8_t* vals, uint8_t* scales, DType type, int
   }
 }
 
-// kv_put_head_warp for a head held in registers: lane l holds element l + 32 j in v[j] (hd % 32 == 0).
-template <int C>
-__device__ __forceinline__ void kv_put_head_regs(uint8_t* vals, uint8_t* scales, DType type, int64_t base, int hd, const float (&v)[C], int lane) {
-  if (type == DType::F32 || type == DType::F16 || type == DType::BF16) {
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= hd) break;
-      if (type == DType::F32) reinterpret_cast<float*>(vals)[base + i] = v[j];
-      else if (type == DType::F16) reinterpret_cast<__half*>(vals)[base + i] = __float2half(v[j]);
-      else reinterpret_cast<__nv_bfloat16*>(vals)[base + i] = __float2bfloat16(v[j]);
-    }
-    return;
-  }
-#pragma unroll
-  for (int g = 0; g < C; ++g) {
-    if (32 * g >= hd) break;
-    const float x = v[g];
-    const float amax = warp_max(fabsf(x));
-    const int64_t gi = (base + g * 32) / 32;
-    if (type == DType::Q8_0) {
-      const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
-      if (lane == 0) reinterpret_cast<__half*>(scales)[gi] = __float2half(d);
-      reinterpret_cast<int8_t*>(vals)[base + g * 32 + lane] = (int8_t)__float2int_rn(x * inv);
-    } else {  // Q4_0, as kv_put_head_warp
-      const unsigned first = __ffs(__ballot_sync(0xffffffffu, fabsf(x) == amax)) - 1;
-      const float vmax = __shfl_sync(0xffffffffu, x, first);
-      const float d = vmax / -8.0f, inv = d != 0 ? 1.0f / d : 0.0f;
-      if (lane == 0) reinterpret_cast<__half*>(scales)[gi] = __float2half(d);
-      const int q = min(15, (int)(x * inv + 8.5f));
-      const int q_hi = __shfl_down_sync(0xffffffffu, q, 16);
-      if (lane < 16) vals[gi * 16 + lane] = (uint8_t)(q | (q_hi << 4));
-    }
-  }
-}
-
-// Element (row r, query head h, dim d) of prefill attention's f16 queries: [KV head][row][head of the group][dim].
-__device__ __forceinline__ int64_t query_f16_index(int64_t r, int h, int d, int n_rows, int gqa, int hd) {
-  return (((int64_t)(h / gqa) * n_rows + r) * gqa + h % gqa) * hd + d;
-}
-
 // Q/K RMSNorm, RoPE and the K/V store of one step. grid = (rows, groups of 8 heads): warp w of CTA y
 // takes "head" 8y + w of [query heads | key heads | value heads]; key and value heads are stored into
 // the paged cache by the warp that holds them (store_whole_rows: by the separate row kernel instead).
-// With q16.out, query heads are also written as prefill attention's f16 queries (queries_f16_kernel's
-// values and layout), and with !q16.keep_q32 not back into q. A head of whole 32-value chunks (up to
-// 32 * kHeadChunks, NeoX pairs within a lane) is held in registers from its load to its stores; other
-// shapes go through memory.
-constexpr int kHeadChunks = 8;
 __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                                   const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
-                                  float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows, RopeQ16 q16) {
+                                  float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows) {
   extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
   const bool live = r < step.header[kStepRealRows];
@@ -207,11 +161,12 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
   }
   const int64_t slot = live && h < n_head + 2 * n_head_kv ? slot_of(step, r, pos, kv.block_size) : 0;
   // This warp's q or k norm weights (no kernel writes them): loaded before the wait, off the chain of the
-  // head's sum of squares. Lane l holds element l + 32 j in nwv[j] (heads of up to 32 * kHeadChunks).
+  // head's sum of squares. Lane l holds element l + 32 j in nwv[j] (heads of up to 32 * kNormChunks).
+  constexpr int kNormChunks = 8;
   const float* nw = h < n_head ? q_norm : h < n_head + n_head_kv ? k_norm : nullptr;
-  float nwv[kHeadChunks];
+  float nwv[kNormChunks];
 #pragma unroll
-  for (int j = 0; j < kHeadChunks; ++j) nwv[j] = live && nw && lane + 32 * j < hd_k ? nw[lane + 32 * j] : 0.0f;
+  for (int j = 0; j < kNormChunks; ++j) nwv[j] = live && nw && lane + 32 * j < hd_k ? nw[lane + 32 * j] : 0.0f;
   wait_for_previous_kernel();
   if (!live) return;
   if (needs_rope) __syncthreads();
@@ -225,69 +180,13 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
   }
   const bool is_q = h < n_head;
   float* x = is_q ? q + ((int64_t)r * n_head + h) * hd_k : k + ((int64_t)r * n_head_kv + (h - n_head)) * hd_k;
-  const int gqa = n_head / n_head_kv;
-  if (hd_k % 32 == 0 && hd_k <= 32 * kHeadChunks && (!neox || half % 32 == 0)) {
-    float xv[kHeadChunks];
-#pragma unroll
-    for (int j = 0; j < kHeadChunks; ++j) xv[j] = lane + 32 * j < hd_k ? x[lane + 32 * j] : 0.0f;
-    if (nw) {
-      float ss = 0;
-#pragma unroll
-      for (int j = 0; j < kHeadChunks; ++j)
-        if (lane + 32 * j < hd_k) ss += xv[j] * xv[j];
-      const float scale = rsqrtf(warp_sum(ss) / (float)hd_k + eps);
-#pragma unroll
-      for (int j = 0; j < kHeadChunks; ++j) xv[j] = xv[j] * scale * nwv[j];
-    }
-    // The pairs' other values: NeoX (i, i + half) lie half / 32 chunks apart in the lane, interleaved
-    // pairs (2i, 2i + 1) in the neighbouring lane.
-    const int hj = half / 32;
-    float other[kHeadChunks];
-#pragma unroll
-    for (int j = 0; j < kHeadChunks; ++j) {
-      if (neox) {
-        const int e = lane + 32 * j, from = e < half ? j + hj : j - hj;
-        other[j] = 0.0f;
-#pragma unroll
-        for (int k2 = 0; k2 < kHeadChunks; ++k2)
-          if (k2 == from) other[j] = xv[k2];
-      } else {
-        other[j] = __shfl_xor_sync(0xffffffffu, xv[j], 1);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kHeadChunks; ++j) {
-      const int e = lane + 32 * j;
-      if (e >= n_rot) continue;
-      const bool first = neox ? e < half : e % 2 == 0;  // a of the pair (a, b)
-      const int i = neox ? (first ? e : e - half) : e / 2;
-      const float c = cs[i], sn = cs[half + i];
-      const float x0 = first ? xv[j] : other[j], x1 = first ? other[j] : xv[j];
-      xv[j] = first ? x0 * c - x1 * sn : x0 * sn + x1 * c;
-    }
-    if (!is_q || q16.keep_q32) {
-#pragma unroll
-      for (int j = 0; j < kHeadChunks; ++j)
-        if (lane + 32 * j < hd_k) x[lane + 32 * j] = xv[j];
-    }
-    if (is_q && q16.out) {
-#pragma unroll
-      for (int j = 0; j < kHeadChunks; ++j)
-        if (lane + 32 * j < hd_k) q16.out[query_f16_index(r, h, lane + 32 * j, q16.n_rows, gqa, hd_k)] = saturated_half(xv[j] * q16.scale);
-    }
-    if (!is_q && !store_whole_rows) {
-      const int hk = h - n_head;
-      kv_put_head_regs(kv.k, kv.k_scales, kv.type_k, slot * (int64_t)(n_head_kv * hd_k) + (int64_t)hk * hd_k, hd_k, xv, lane);
-    }
-    return;
-  }
   if (nw) {
     float ss = 0;
     for (int i = lane; i < hd_k; i += 32) ss += x[i] * x[i];
     const float scale = rsqrtf(warp_sum(ss) / (float)hd_k + eps);
-    if (hd_k <= 32 * kHeadChunks) {
+    if (hd_k <= 32 * kNormChunks) {
 #pragma unroll
-      for (int j = 0; j < kHeadChunks; ++j)
+      for (int j = 0; j < kNormChunks; ++j)
         if (lane + 32 * j < hd_k) x[lane + 32 * j] = x[lane + 32 * j] * scale * nwv[j];
     } else {
       for (int i = lane; i < hd_k; i += 32) x[i] = x[i] * scale * nw[i];
@@ -301,8 +200,6 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
     x[b] = x0 * cs[half + i] + x1 * cs[i];
   }
   __syncwarp();
-  if (is_q && q16.out)
-    for (int i = lane; i < hd_k; i += 32) q16.out[query_f16_index(r, h, i, q16.n_rows, gqa, hd_k)] = saturated_half(x[i] * q16.scale);
   if (!is_q && !store_whole_rows) {
     const int hk = h - n_head;
     kv_put_head_warp(kv.k, kv.k_scales, kv.type_k, slot * (int64_t)(n_head_kv * hd_k) + (int64_t)hk * hd_k, hd_k, x, lane);
@@ -811,7 +708,11 @@ __global__ void queries_f16_kernel(const float* q, int n_rows, int n_head, int n
   const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;  // index in q: (row, head, dim)
   if (i >= (int64_t)n_rows * n_head * hd) return;
   const int gqa = n_head / n_head_kv;
-  auto dst = [&](int64_t e) { return query_f16_index(e / ((int64_t)hd * n_head), (int)(e / hd % n_head), (int)(e % hd), n_rows, gqa, hd); };
+  auto dst = [&](int64_t e) {
+    const int d = (int)(e % hd), h = (int)(e / hd % n_head);
+    const int64_t r = e / ((int64_t)hd * n_head);
+    return (((int64_t)(h / gqa) * n_rows + r) * gqa + h % gqa) * hd + d;
+  };
   if (hd % 8 == 0) {
     *reinterpret_cast<int4*>(out + dst(i)) = f16x8_saturated(reinterpret_cast<const float4*>(q + i)[0], reinterpret_cast<const float4*>(q + i)[1], scale);
   } else {
@@ -912,13 +813,12 @@ int prefill_key_tile() {
 
 void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
                        int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
-                       const PrefillScratch& scratch, float* out, cudaStream_t stream, bool q16_ready) {
+                       const PrefillScratch& scratch, float* out, cudaStream_t stream) {
   if (runs.empty()) return;
   const int gqa = n_head / n_head_kv;
   const int kv_dim_k = n_head_kv * head_dim_k, kv_dim_v = n_head_kv * head_dim_v;
   const int64_t n_q = (int64_t)n_rows * n_head * head_dim_k;
-  if (!q16_ready)
-    launch(queries_f16_kernel, dim3((unsigned)((n_q + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), q, n_rows, n_head,
+  launch(queries_f16_kernel, dim3((unsigned)((n_q + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), q, n_rows, n_head,
          n_head_kv, head_dim_k, scale, scratch.q16);
   __half* k16 = scratch.kv16;
   __half* v16 = scratch.kv16 + (size_t)scratch.key_tile * kv_dim_k;
@@ -1017,14 +917,14 @@ size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_
 void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
-                    cudaStream_t stream, const RopeQ16& q16) {
+                    cudaStream_t stream) {
   auto quantized = [](DType t) { return t == DType::Q8_0 || t == DType::Q4_0; };
   const bool whole_rows = (quantized(kv.type_k) && head_dim_k % 32 != 0) || (quantized(kv.type_v) && head_dim_v % 32 != 0);
   constexpr int kWarpsPerCta = 8;
   const dim3 grid((unsigned)n_rows, (unsigned)((n_head + 2 * n_head_kv + kWarpsPerCta - 1) / kWarpsPerCta));
   launch(rope_store_kernel, grid, dim3(32 * kWarpsPerCta), (size_t)n_rot * sizeof(float), stream, pdl_enabled(), step, q,
          k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base, freq_scale, eps,
-         kv, whole_rows, q16);
+         kv, whole_rows);
   if (whole_rows) {
     launch(kv_store_rows_kernel, dim3(n_rows), dim3(256), 0, stream, pdl_enabled(), step, k, v, n_head_kv, head_dim_k, head_dim_v, kv);
   }

@@ -325,28 +325,12 @@ void gpu_rope_store_for_test(const GpuAttentionShape& s, const GpuRopeForTest& r
   const float* q_norm = upload_vec(rope.q_norm, (size_t)s.head_dim_k);
   const float* k_norm = upload_vec(rope.k_norm, (size_t)s.head_dim_k);
   const float* factors = upload_vec(rope.factors, (size_t)rope.n_rot / 2);
-  RopeQ16 q16;
-  if (rope.q16_out) {
-    q16 = RopeQ16{reinterpret_cast<__half*>(arena.take((size_t)n_pad * q_dim * 2)), rope.q16_scale, n_pad, rope.keep_q32};
-    ROOFLINE_CUDA_CHECK(cudaMemset(q16.out, 0, (size_t)n_pad * q_dim * 2));
-  }
   ROOFLINE_CUDA_CHECK(cudaDeviceSynchronize());
   rope_and_store(dstep.step, dq, dk, dv, q_norm, k_norm, factors, n_pad, s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v, rope.n_rot,
-                 rope.neox, rope.freq_base, rope.freq_scale, rope.eps, kv, stream, q16);
+                 rope.neox, rope.freq_base, rope.freq_scale, rope.eps, kv, stream);
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   ROOFLINE_CUDA_CHECK(cudaMemcpy(q.data(), dq, q.size() * 4, cudaMemcpyDeviceToHost));
-  if (rope.q16_out) {  // [KV head][row][head of the group][dim] back to [row][head][dim]
-    std::vector<__half> h((size_t)n_pad * q_dim);
-    ROOFLINE_CUDA_CHECK(cudaMemcpy(h.data(), q16.out, h.size() * 2, cudaMemcpyDeviceToHost));
-    const int gqa = s.n_head / s.n_head_kv;
-    rope.q16_out->assign((size_t)n * q_dim, 0.0f);
-    for (int r = 0; r < n; ++r)
-      for (int hh = 0; hh < s.n_head; ++hh)
-        for (int d = 0; d < s.head_dim_k; ++d)
-          (*rope.q16_out)[((size_t)r * s.n_head + hh) * s.head_dim_k + d] =
-              __half2float(h[((((size_t)(hh / gqa) * n_pad + r) * gqa + hh % gqa) * s.head_dim_k + d)]);
-  }
   ROOFLINE_CUDA_CHECK(cudaMemcpy(k.data(), dk, k.size() * 4, cudaMemcpyDeviceToHost));
   const int64_t slots = (int64_t)cache.n_blocks * cache.block_size;
   download_plane({kv.k, kv.k_scales}, cache.type_k, cache.k, slots, (int)kd);

@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "backend/cuda/cuda_argmax_masks.cuh"
 #include "backend/cuda/cuda_delta_net.cuh"
+#include "backend/cuda/cuda_dequant_ahead.cuh"
 #include "backend/cuda/cuda_graph_cache.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -48,7 +50,14 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (options.device < 0 || options.device >= count) fail("GPU {} does not exist ({} found)", options.device, count);
     ROOFLINE_CUDA_CHECK(cudaSetDevice(options.device));
-    ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Prompt GEMM weights dequantized ahead into options.dequant_ahead_slots slots on a side stream
+    // (cuda_dequant_ahead.cuh; ROOFLINE_DEQUANT_AHEAD=n overrides, 0 turns it off); the step's stream then
+    // takes the greatest priority.
+    ahead_slots_ = options.dequant_ahead_slots;
+    if (const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD")) ahead_slots_ = std::max(0, std::atoi(env));
+    int least = 0, greatest = 0;
+    ROOFLINE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    ROOFLINE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, ahead_slots_ > 0 ? greatest : least));
     if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
     cublasSetStream(cublas_, stream_);
     // A workspace of our own, set once: without it cuBLAS takes one from its pool on each call.
@@ -63,6 +72,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaSetDevice(options_.device);
+    ahead_.reset();
     if (cublas_) cublasDestroy(cublas_);
     if (cublas_workspace_) cudaFree(cublas_workspace_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -181,6 +191,15 @@ class CudaBackend final : public Backend {
     }();
     gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, scratch_cap);
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
+    if (ahead_slots_ > 0) {
+      // SMs cuBLAS leaves to the dequantization while it multiplies a staged chunk (ROOFLINE_DEQUANT_AHEAD_SMS,
+      // default 16: measured on an H200 against 0, 8, 24 and 32).
+      const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD_SMS");
+      int sms = 0;
+      ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options_.device));
+      const int keep = env ? std::atoi(env) : 16;
+      ahead_ = std::make_unique<DequantAhead>(ahead_slots_, gemm_scratch_elems_, stream_, keep > 0 && keep < sms ? sms - keep : 0);
+    }
     const size_t floats = (size_t)T * (2 * hp.n_embd + hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v() +
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
                           partial + (layers.output ? (size_t)T * hp.n_vocab : 0) + (partial_sum_ ? (size_t)T * hp.n_embd : 0) +
@@ -366,7 +385,9 @@ class CudaBackend final : public Backend {
     attn_input_ready_ = ffn_input_ready_ = false;
     inputs_.reset();  // each forward starts on the first int8 buffer (a captured graph replays the pointers it saw)
     if (n_tok_ > 8 || !graphs_enabled_) {
+      if (ahead_) ahead_->begin_step();
       for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
+      if (ahead_) ahead_->end_step();
       return;
     }
     // Decode: one CUDA graph per (bucket, layer range, head split), captured on first use and replayed after.
@@ -585,7 +606,7 @@ class CudaBackend final : public Backend {
       if (ep.kind != MatvecEpilogue::Kind::None) take_input(ep, next_cols);
     } else {
       if (ep.kind != MatvecEpilogue::Kind::None) fail("internal error: a decode epilogue on a product of {} rows", n);
-      gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_, x_ready);
+      gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_, x_ready, ahead_.get());
     }
   }
 
@@ -685,18 +706,14 @@ class CudaBackend final : public Backend {
     add_bias(k_, L.v(LT::AttnKBias), n, hp.kv_dim_k(), stream_);
     add_bias(v_, L.v(LT::AttnVBias), n, hp.kv_dim_v(), stream_);
     const DeviceStep& st = L.ring ? dstep_swa_ : dstep_;  // ring layers address their rings through swa tables
-    const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
-    // Steps with prompt runs: rope writes their f16 queries itself, and the f32 ones only for split rows.
-    static const bool rope_q16 = env_switch("ROOFLINE_ROPE_Q16", true);
-    RopeQ16 q16;
-    if (rope_q16 && !prefill_runs_.empty()) q16 = RopeQ16{prefill_.q16, scale, n, n_attn_rows_ > 0};
     rope_and_store(st, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_base(L.il),
-                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_, q16);
+                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_);
+    const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
     prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
-                      prefill_, attn_, stream_, q16.out != nullptr);
+                      prefill_, attn_, stream_);
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
                                combine_counters_, split_heads_);
@@ -957,6 +974,8 @@ class CudaBackend final : public Backend {
   bool split_heads_ = false;           // the step's attention splits query-head groups (AttentionPlan::split_heads)
   int* combine_counters_ = nullptr;    // ... with these counters (attention())
   bool graphs_enabled_ = true;
+  int ahead_slots_ = 0;
+  std::unique_ptr<DequantAhead> ahead_;  // ROOFLINE_DEQUANT_AHEAD
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
   void* cublas_workspace_ = nullptr;
   StepProfiler profiler_;

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_dequant.cuh"
+#include "backend/cuda/cuda_dequant_ahead.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
@@ -624,8 +625,26 @@ bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens) {
   return (w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes);
 }
 
+void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half* out, cudaStream_t stream) {
+  static const bool warp_dequant = env_switch("ROOFLINE_WARP_DEQUANT", true);
+  const bool whole_blocks = warp_dequant && w.cols % 256 == 0;
+  const bool fast_q4k = whole_blocks && w.type == DType::Q4_K && w.layout == WeightLayout::Raw;
+  const bool fast_q6k = whole_blocks && w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes;
+  if (w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16) {
+    const int64_t n = n_rows * w.cols;
+    launch(float_rows_f16_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, out);
+  } else if (fast_q4k || fast_q6k) {
+    const int64_t threads = (n_rows * (w.cols / 256) + kDequantBlocks - 1) / kDequantBlocks * 32;
+    launch(fast_q4k ? dequant_kquant_f16_kernel<false> : dequant_kquant_f16_kernel<true>, dim3((unsigned)((threads + 255) / 256)),
+           dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, out);
+  } else {
+    const int64_t n_chunks = n_rows * (w.cols / 32);
+    launch(dequant_rows_f16_kernel, dim3((unsigned)((n_chunks + 127) / 128)), dim3(128), 0, stream, pdl_enabled(), w, r0, n_rows, out);
+  }
+}
+
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready) {
+          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready, DequantAhead* ahead) {
   const int64_t n_x = (int64_t)n_tokens * w.cols;
   if (gemm_fuses_dequant(w, n_tokens)) {
     if (x_ready) fail("internal error: an f16 input given to the fused {}-row product", n_tokens);
@@ -642,28 +661,25 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
   if (rows_per_chunk >= 512) rows_per_chunk = rows_per_chunk / 256 * 256;
   rows_per_chunk = std::min<int64_t>(rows_per_chunk, w.rows);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  static const bool warp_dequant = env_switch("ROOFLINE_WARP_DEQUANT", true);
-  const bool whole_blocks = warp_dequant && w.cols % 256 == 0;
-  const bool fast_q4k = whole_blocks && w.type == DType::Q4_K && w.layout == WeightLayout::Raw;
-  const bool fast_q6k = whole_blocks && w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes;
   for (int64_t r0 = 0; r0 < w.rows; r0 += rows_per_chunk) {
     const int64_t n_rows = std::min(rows_per_chunk, w.rows - r0);
-    if (w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16) {
-      const int64_t n = n_rows * w.cols;
-      launch(float_rows_f16_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
-    } else if (fast_q4k || fast_q6k) {
-      const int64_t threads = (n_rows * (w.cols / 256) + kDequantBlocks - 1) / kDequantBlocks * 32;
-      launch(fast_q4k ? dequant_kquant_f16_kernel<false> : dequant_kquant_f16_kernel<true>, dim3((unsigned)((threads + 255) / 256)),
-             dim3(256), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
-    } else {
-      const int64_t n_chunks = n_rows * (w.cols / 32);
-      launch(dequant_rows_f16_kernel, dim3((unsigned)((n_chunks + 127) / 128)), dim3(128), 0, stream, pdl_enabled(), w, r0, n_rows, scratch);
+    const __half* wf16 = ahead ? ahead->take(w, r0, n_rows) : nullptr;
+    if (!wf16) {
+      dequant_rows_f16(w, r0, n_rows, scratch, stream);
+      wf16 = scratch;
     }
+    // A staged chunk: cuBLAS leaves SMs to the side stream's dequantization of the next ones.
+    const bool staged = wf16 != scratch;
+    if (staged && ahead->cublas_sms() > 0) cublasSetSmCountTarget(cublas, ahead->cublas_sms());
     // Column-major view: Y^T[n_rows x n_tokens] = W[n_rows x K] * X^T[K x n_tokens].
     const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, n_tokens, (int)w.cols, &alpha,
-                                           scratch, CUDA_R_16F, (int)w.cols, x_f16, CUDA_R_16F, (int)w.cols, &beta,
+                                           wf16, CUDA_R_16F, (int)w.cols, x_f16, CUDA_R_16F, (int)w.cols, &beta,
                                            y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS GEMM failed with status {}", (int)st);
+    if (staged) {
+      if (ahead->cublas_sms() > 0) cublasSetSmCountTarget(cublas, 0);
+      ahead->release();
+    }
   }
 }
 

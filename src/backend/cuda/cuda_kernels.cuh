@@ -121,8 +121,10 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 // x_ready: the cuBLAS path's x_f16 already holds x as f16 rows (an earlier product of the same input, or
 // an f16 SwiGLU), so x is not read.
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
+// ahead: weights dequantized ahead on a side stream (cuda_dequant_ahead.cuh), or null.
+class DequantAhead;
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
-          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false);
+          __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false, DequantAhead* ahead = nullptr);
 // Products of one input joined in one launch of the fused kernel (q/k/v, gate/up of a 9-64 row step):
 // weights where gemm_fuses_dequant holds, of one type and row length; ys[k] = W_k x (no accumulation).
 // ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
@@ -181,20 +183,11 @@ struct KvLayer {
 __host__ __device__ inline int attention_first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
 size_t kv_values_bytes(DType type, int64_t n);  // bytes of n values in the value plane
 size_t kv_scales_bytes(DType type, int64_t n);  // bytes of their scales (0 for float types)
-// Prefill attention's f16 queries written by rope_and_store (so prefill_attention skips its conversion):
-// `out` as queries_f16_kernel lays them out for a step of n_rows rows, pre-scaled by `scale`; without
-// keep_q32 the query heads are not written back into q (when no split-kernel row of the step reads it).
-struct RopeQ16 {
-  __half* out = nullptr;
-  float scale = 1.0f;
-  int n_rows = 0;
-  bool keep_q32 = true;
-};
 // Q/K RMSNorm (when q_norm), RoPE, and the K/V store into the paged cache, for rows < n_tokens (real).
 void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
-                    cudaStream_t stream, const RopeQ16& q16 = {});
+                    cudaStream_t stream);
 // Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
 // get short spans (min_span, a power of two <= 128) so more CTAs share their keys, doubled while a row
 // would need more than `splits` splits, up to 128. It depends on the row alone, so a row's result does
@@ -251,7 +244,7 @@ struct PrefillScratch {
 };
 void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
                        int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
-                       const PrefillScratch& scratch, float* out, cudaStream_t stream, bool q16_ready = false);
+                       const PrefillScratch& scratch, float* out, cudaStream_t stream);
 // prefill_attention's one-launch form for a run (cuda_flash_prefill.cu): f16 K and V caches, equal head
 // dims of 64, 96, 128 or 256, sm_80 and newer, unless ROOFLINE_FLASH_PREFILL=0. q16 holds the step's
 // n_rows_all rows as queries_f16_kernel writes them; out is the step's output ([row][head][dim]).

@@ -71,49 +71,7 @@ struct MatvecGroup {
   int ldy[kMax];
   int64_t first_unit[kMax + 1];  // member m holds the warps [first_unit[m], first_unit[m + 1]) of the grid
   int n = 0;
-  int64_t prefetch_bytes = 0;  // weight bytes of each row asked of the L2 before the dependency wait (-1: all)
 };
-
-// Asks the L2 for the lines of [p, p + bytes), spread over the warp's lanes (a hint: nothing waits on it,
-// and the L2 keeps lines coherent, so it is safe on any memory).
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p, int64_t bytes, int lane) {
-  const uint8_t* base = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{127});
-  const int64_t span = bytes + (p - base);
-  for (int64_t o = (int64_t)lane * 128; o < span; o += 32 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
-}
-
-// The first `bytes` of weight rows row0 .. row0 + R - 1 (bytes < 0: all of them) into the L2, issued before the
-// dependency wait: the weights are no kernel's output, so a product's CTAs that became resident while the
-// previous kernel drains (programmatic dependent launch) start its DRAM reads then instead of after it.
-// Q6_K / Q8_0 planes: the same share of every plane (the kernels read super-block i of each plane together).
-template <int R>
-__device__ __forceinline__ void prefetch_rows(const DeviceWeight& w, int64_t row0, int64_t bytes, int lane) {
-  const int64_t n = min((int64_t)R, w.rows - row0);
-  if (n <= 0) return;
-  if (w.layout == WeightLayout::Raw) {
-    if (bytes < 0 || bytes >= (int64_t)w.row_bytes) return prefetch_l2(w.data + row0 * w.row_bytes, n * w.row_bytes, lane);
-    for (int64_t r = 0; r < n; ++r) prefetch_l2(w.data + (row0 + r) * w.row_bytes, bytes, lane);
-    return;
-  }
-  const bool q6 = w.layout == WeightLayout::Q6KPlanes;
-  const int64_t unit_bytes = q6 ? 210 : 34, unit_cols = q6 ? 256 : 32, units = w.cols / unit_cols;
-  const int64_t k = bytes < 0 ? units : min(units, (bytes + unit_bytes - 1) / unit_bytes);  // units of each row
-  // A plane of `per` bytes per unit: rows row0.. are contiguous in it.
-  auto plane = [&](const uint8_t* p, int64_t per) {
-    if (k == units) prefetch_l2(p + row0 * units * per, n * units * per, lane);
-    else
-      for (int64_t r = 0; r < n; ++r) prefetch_l2(p + (row0 + r) * units * per, k * per, lane);
-  };
-  if (q6) {
-    plane(w.data, 128);
-    plane(w.plane1, 64);
-    plane(w.plane2, 16);
-    plane(w.plane3, 2);
-  } else {
-    plane(w.data, 32);
-    plane(w.plane1, 2);
-  }
-}
 
 // Counts lane 0's warp in at `counter` and returns the count before it. The add is a release (lane 0
 // made every store of its warp's rows: store_rows) and an acquire (the last arrival sees every other
@@ -202,8 +160,6 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
       first = g.first_unit[m];
     }
   const int64_t row = (unit - first) * R;
-  if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || K == Kind::Q4K6K || K == Kind::Q8_0)
-    if (g.prefetch_bytes != 0 && live) prefetch_rows<R>(w, row, g.prefetch_bytes, lane);
   wait_for_previous_kernel();
   if (!live) return;
   if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F>(w, act, y, ldy, accumulate, row, lane);
@@ -430,16 +386,6 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
   experts(stacked, &stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
 }
 
-// Weight bytes of each row a decode product's warps ask of the L2 before their dependency wait
-// (prefetch_rows). ROOFLINE_MATVEC_PREFETCH: bytes per row, -1 for whole rows, 0 for none.
-static int64_t matvec_prefetch_bytes() {
-  static const int64_t bytes = [] {
-    const char* env = std::getenv("ROOFLINE_MATVEC_PREFETCH");
-    return env ? (int64_t)std::atoll(env) : int64_t{1152};
-  }();
-  return bytes;
-}
-
 bool matvec_uses_q8(DType type) {
   return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0;
 }
@@ -471,7 +417,6 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   MatvecGroup g;
   g.n = count;
   g.first_unit[0] = 0;
-  g.prefetch_bytes = pdl_enabled() ? matvec_prefetch_bytes() : 0;
   // One kind, or Q4_K and Q6_K together (Q4K6K: two rows per warp, one super-block in flight, whatever the kind).
   Kind kind = kind_of(*ws[0]);
   for (int m = 1; m < count; ++m)
