@@ -164,6 +164,7 @@ struct GpuRopeForTest {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   const float* factors = nullptr;
+  bool table = false;  // the rotations computed once for the step (rope_table) instead of in rope's CTAs
 };
 void gpu_rope_store_for_test(const GpuAttentionShape& shape, const GpuRopeForTest& rope, const StepDesc& step, std::vector<float>& q,
                              std::vector<float>& k, const std::vector<float>& v, GpuKvCacheForTest& cache, int device = 0);

@@ -19,7 +19,8 @@
 // - GpuAttention.LongPrefillRunsMatchTheReference: runs of 300 rows from position 0 and 70 rows 1000 deep
 //   (several column tiles per KV head, many key blocks, GQA 1 to 8), f16 caches (the one-launch kernel,
 //   cuda_flash_prefill.cu) and q8_0 (the tiled cuBLAS path), with and without a window of 100.
-// - GpuRopeStore.MatchesTheReference: Q/K RMSNorm + RoPE + K/V store (rope_and_store) for normal and
+// - GpuRopeStore.MatchesTheReference: Q/K RMSNorm + RoPE + K/V store (rope_and_store; rotations from the step's
+//   table for the larger step, as prompt steps take them) for normal and
 //   NeoX styles, full and partial rotary (Qwen3.5: 64 of 256), frequency factors and scaling, q/k norms,
 //   positions from 1234 on, decode-sized (padded) and larger steps, every KV type, and head dims whose
 //   quantized rows cross heads (80: the whole-row store kernel). q and k against a float64 RoPE (NMSE <
@@ -347,6 +348,7 @@ TEST(GpuRopeStore, MatchesTheReference) {
         rope.freq_base = c.freq_base;
         rope.freq_scale = c.freq_scale;
         rope.eps = 1e-6f;
+        rope.table = seqs[0].second > 1;  // the larger step as prompt steps take it: rotations from a table
         if (c.norms) {
           q_norm = random_values((size_t)s.head_dim_k, rng);
           k_norm = random_values((size_t)s.head_dim_k, rng);

@@ -133,13 +133,34 @@ __device__ void kv_put_head_warp(uint8_t* vals, uint8_t* scales, DType type, int
   }
 }
 
+// The cos and sin of rotation pair i at position pos (double precision, for large positions).
+__device__ __forceinline__ void rope_cos_sin(int pos, int i, int n_rot, const float* factors, float freq_base, float freq_scale, float& c,
+                                             float& s) {
+  double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
+  if (factors) freq /= (double)factors[i];
+  double sn, cd;
+  sincos((double)pos * freq, &sn, &cd);
+  c = (float)cd;
+  s = (float)sn;
+}
+
+// Each row's rotation for a step's layers of one frequency base: table[r * n_rot + i] = cos, + n_rot/2 = sin.
+__global__ void rope_table_kernel(DeviceStep step, const float* factors, int n_rot, float freq_base, float freq_scale, float* table) {
+  const int r = blockIdx.x, half = n_rot / 2;
+  const int pos = r < step.header[kStepRealRows] ? step.positions[r] : 0;
+  wait_for_previous_kernel();
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    rope_cos_sin(pos, i, n_rot, factors, freq_base, freq_scale, table[(int64_t)r * n_rot + i], table[(int64_t)r * n_rot + half + i]);
+}
+
 // Q/K RMSNorm, RoPE and the K/V store of one step. grid = (rows, groups of 8 heads): warp w of CTA y
 // takes "head" 8y + w of [query heads | key heads | value heads]; key and value heads are stored into
 // the paged cache by the warp that holds them (store_whole_rows: by the separate row kernel instead).
+// table: the step's rotations from rope_table_kernel (read after the wait), else each CTA computes its row's.
 __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                                   const float* factors, int n_head, int n_head_kv, int hd_k, int hd_v, int n_rot, bool neox,
-                                  float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows) {
-  extern __shared__ float cs[];  // cos then sin of this row's position, n_rot/2 each
+                                  float freq_base, float freq_scale, float eps, KvLayer kv, bool store_whole_rows, const float* table) {
+  extern __shared__ float row_cs[];  // cos then sin of this row's position, n_rot/2 each
   const int r = blockIdx.x;
   const bool live = r < step.header[kStepRealRows];
   const int pos = live ? step.positions[r] : 0;
@@ -149,16 +170,9 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
   const bool needs_rope = blockIdx.y * (blockDim.x / 32) < n_head + n_head_kv;
   // The rotation and the cache slot depend only on the step (written before its first kernel), not on
   // the previous kernel: computed before waiting for it.
-  if (live && needs_rope) {
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      double freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
-      if (factors) freq /= (double)factors[i];
-      double sn, c;
-      sincos((double)pos * freq, &sn, &c);
-      cs[i] = (float)c;
-      cs[half + i] = (float)sn;
-    }
-  }
+  if (live && needs_rope && !table)
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cos_sin(pos, i, n_rot, factors, freq_base, freq_scale, row_cs[i], row_cs[half + i]);
+  const float* cs = table ? table + (int64_t)r * n_rot : row_cs;
   const int64_t slot = live && h < n_head + 2 * n_head_kv ? slot_of(step, r, pos, kv.block_size) : 0;
   // This warp's q or k norm weights (no kernel writes them): loaded before the wait, off the chain of the
   // head's sum of squares. Lane l holds element l + 32 j in nwv[j] (heads of up to 32 * kNormChunks).
@@ -169,7 +183,7 @@ __global__ void rope_store_kernel(DeviceStep step, float* q, float* k, const flo
   for (int j = 0; j < kNormChunks; ++j) nwv[j] = live && nw && lane + 32 * j < hd_k ? nw[lane + 32 * j] : 0.0f;
   wait_for_previous_kernel();
   if (!live) return;
-  if (needs_rope) __syncthreads();
+  if (needs_rope && !table) __syncthreads();
   if (h >= n_head + 2 * n_head_kv) return;
   if (h >= n_head + n_head_kv) {  // a value head: store only
     if (store_whole_rows) return;
@@ -917,17 +931,22 @@ size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_
 void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const float* table) {
   auto quantized = [](DType t) { return t == DType::Q8_0 || t == DType::Q4_0; };
   const bool whole_rows = (quantized(kv.type_k) && head_dim_k % 32 != 0) || (quantized(kv.type_v) && head_dim_v % 32 != 0);
   constexpr int kWarpsPerCta = 8;
   const dim3 grid((unsigned)n_rows, (unsigned)((n_head + 2 * n_head_kv + kWarpsPerCta - 1) / kWarpsPerCta));
-  launch(rope_store_kernel, grid, dim3(32 * kWarpsPerCta), (size_t)n_rot * sizeof(float), stream, pdl_enabled(), step, q,
+  launch(rope_store_kernel, grid, dim3(32 * kWarpsPerCta), table ? 0 : (size_t)n_rot * sizeof(float), stream, pdl_enabled(), step, q,
          k, v, q_norm, k_norm, rope_factors, n_head, n_head_kv, head_dim_k, head_dim_v, n_rot, neox, freq_base, freq_scale, eps,
-         kv, whole_rows);
+         kv, whole_rows, table);
   if (whole_rows) {
     launch(kv_store_rows_kernel, dim3(n_rows), dim3(256), 0, stream, pdl_enabled(), step, k, v, n_head_kv, head_dim_k, head_dim_v, kv);
   }
+}
+
+void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, int n_rot, float freq_base, float freq_scale, float* table,
+                cudaStream_t stream) {
+  launch(rope_table_kernel, dim3((unsigned)n_rows), dim3(64), 0, stream, pdl_enabled(), step, rope_factors, n_rot, freq_base, freq_scale, table);
 }
 
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,

@@ -301,7 +301,7 @@ void gpu_rope_store_for_test(const GpuAttentionShape& s, const GpuRopeForTest& r
   const int n_pad = decode_bucket(n);
   DeviceArena arena;
   arena.reserve(cache_bytes(s, cache) + (size_t)n_pad * (q_dim + kd + vd) * 4 + (3 * (size_t)s.head_dim_k + rope.n_rot) * 4 +
-                step_ints(st, n_pad) * 4 + 16 * 256);
+                step_ints(st, n_pad) * 4 + (size_t)n_pad * rope.n_rot * 4 + 17 * 256);
   const KvLayer kv = upload_cache(arena, s, cache, 0, false);
   AttentionPlan no_plan;  // the prologue reads the header's row count, positions and tables only
   const StepOnDevice dstep = upload_step(arena, st, n_pad, no_plan, 0, cache.n_blocks);
@@ -325,9 +325,11 @@ void gpu_rope_store_for_test(const GpuAttentionShape& s, const GpuRopeForTest& r
   const float* q_norm = upload_vec(rope.q_norm, (size_t)s.head_dim_k);
   const float* k_norm = upload_vec(rope.k_norm, (size_t)s.head_dim_k);
   const float* factors = upload_vec(rope.factors, (size_t)rope.n_rot / 2);
+  float* table = rope.table ? reinterpret_cast<float*>(arena.take((size_t)n_pad * rope.n_rot * 4)) : nullptr;
   ROOFLINE_CUDA_CHECK(cudaDeviceSynchronize());
+  if (table) rope_table(dstep.step, n_pad, factors, rope.n_rot, rope.freq_base, rope.freq_scale, table, stream);
   rope_and_store(dstep.step, dq, dk, dv, q_norm, k_norm, factors, n_pad, s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v, rope.n_rot,
-                 rope.neox, rope.freq_base, rope.freq_scale, rope.eps, kv, stream);
+                 rope.neox, rope.freq_base, rope.freq_scale, rope.eps, kv, stream, table);
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   ROOFLINE_CUDA_CHECK(cudaMemcpy(q.data(), dq, q.size() * 4, cudaMemcpyDeviceToHost));

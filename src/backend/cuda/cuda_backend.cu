@@ -219,7 +219,9 @@ class CudaBackend final : public Backend {
     prefill_.key_tile = (int)std::min<int64_t>(cuda::prefill_key_tile(), (int64_t)(gemm_scratch_elems_ / 2 / hp.n_head) / 32 * 32);
     prefill_ok_ = prefill_.key_tile >= 32 && hp.q_dim() <= max_cols && hp.n_ff >= (int64_t)hp.n_head * hp.head_dim_v;
     const size_t prefill_bytes = prefill_ok_ ? (size_t)2 * prefill_.key_tile * kv_dim * 2 + (size_t)2 * T * hp.n_head * 4 : 0;
-    work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes + 36 * 256);
+    const size_t rope_table_floats = (size_t)T * std::max(0, hp.n_rot);  // per frequency base (kRopeTables)
+    work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes +
+                  kRopeTables * rope_table_floats * 4 + (36 + kRopeTables) * 256);
     auto take_f = [&](size_t n) { return reinterpret_cast<float*>(work_.take(n * 4)); };
     x_ = take_f((size_t)T * hp.n_embd);
     xn_ = take_f((size_t)T * hp.n_embd);
@@ -256,6 +258,8 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaMallocHost(&step_host_, step_ints * 4));
     if (layers.output) ROOFLINE_CUDA_CHECK(cudaMallocHost(&logits_host_, (size_t)T * hp.n_vocab * 4));
     argmax_dev_ = reinterpret_cast<int32_t*>(work_.take((size_t)T * 4));
+    if (rope_table_floats > 0)
+      for (RopeTable& t : rope_tables_) t.table = take_f(rope_table_floats);
     if (prefill_ok_) {
       prefill_.q16 = x_f16_;
       prefill_.kv16 = reinterpret_cast<__half*>(work_.take((size_t)2 * prefill_.key_tile * kv_dim * 2));
@@ -359,6 +363,7 @@ class CudaBackend final : public Backend {
     argmax_allowed_ = step.argmax_allowed;
     argmax_allowed_.resize(n_logit_, nullptr);
     hidden_rows_ = step.hidden_rows;
+    ++step_id_;  // the rope tables of the last step are stale
   }
 
   void embed() override {
@@ -669,6 +674,24 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Steps of more than 8 rows (not graphed): the rows' rotations for layers of this frequency base, computed
+  // once per step (rope_table), or null (rope's CTAs compute them; decode steps, or a third base).
+  // ROOFLINE_ROPE_TABLE=0 turns it off.
+  const float* rope_table_for(const DeviceStep& st, float base, float scale) {
+    static const bool on = env_switch("ROOFLINE_ROPE_TABLE", true);
+    if (!on || n_tok_ <= 8) return nullptr;
+    for (RopeTable& t : rope_tables_) {
+      if (!t.table) return nullptr;
+      if (t.step_id == step_id_ && t.base == base && t.scale == scale && t.positions == st.positions) return t.table;
+      if (t.step_id != step_id_) {
+        t.step_id = step_id_, t.base = base, t.scale = scale, t.positions = st.positions;
+        rope_table(st, n_tok_, rope_factors_, model_->hparams().n_rot, base, scale, t.table, stream_);
+        return t.table;
+      }
+    }
+    return nullptr;
+  }
+
   // A layer: norm -> mixer (attention or Gated DeltaNet) -> residual, then the FFN block.
   void forward_layer(LayerDev& L) {
     if (L.mixer == MixerKind::Attention) attention_block(L);
@@ -708,7 +731,7 @@ class CudaBackend final : public Backend {
     const DeviceStep& st = L.ring ? dstep_swa_ : dstep_;  // ring layers address their rings through swa tables
     rope_and_store(st, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_base(L.il),
-                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_);
+                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_, rope_table_for(st, hp.rope_base(L.il), hp.rope_scale(L.il)));
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
@@ -975,6 +998,16 @@ class CudaBackend final : public Backend {
   int* combine_counters_ = nullptr;    // ... with these counters (attention())
   bool graphs_enabled_ = true;
   int ahead_slots_ = 0;
+  // rope_table_for's tables: up to two frequency bases a step (Gemma 3: local and global layers).
+  static constexpr int kRopeTables = 2;
+  struct RopeTable {
+    float* table = nullptr;
+    uint64_t step_id = 0;
+    float base = 0, scale = 0;
+    const int* positions = nullptr;
+  };
+  std::array<RopeTable, kRopeTables> rope_tables_{};
+  uint64_t step_id_ = 1;
   std::unique_ptr<DequantAhead> ahead_;  // ROOFLINE_DEQUANT_AHEAD
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
   void* cublas_workspace_ = nullptr;

@@ -3,8 +3,8 @@
 // accumulation), so each weight byte is read once per step and nothing is written back; products of one
 // input (q/k/v, gate/up) share one launch and one activation conversion (gemm_multi). Otherwise
 // (prefill, other types) the weight is dequantized to f16 in row chunks that fit the scratch buffer and
-// multiplied with cuBLAS (f16 inputs, f32 accumulation). Both are free of atomics, so results are
-// reproducible.
+// multiplied with cuBLAS (f16 inputs, f32 accumulation); with a DequantAhead (cuda_dequant_ahead.cuh) the
+// chunks come dequantized from a side stream. Both are free of atomics, so results are reproducible.
 #include <algorithm>
 #include <climits>
 #include <cstring>

@@ -187,7 +187,12 @@ size_t kv_scales_bytes(DType type, int64_t n);  // bytes of their scales (0 for 
 void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
                     int n_rot, bool neox, float freq_base, float freq_scale, float eps, const KvLayer& kv,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const float* table = nullptr);
+// The rotations of a step's rows for rope_and_store's `table` ([n_rows][n_rot]: cos, then sin, n_rot/2 each),
+// once per step and frequency base instead of in each of a row's CTAs (prompt steps: their CTAs mostly start
+// after the previous kernel, so that work was on the step's critical path).
+void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, int n_rot, float freq_base, float freq_scale, float* table,
+                cudaStream_t stream);
 // Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
 // get short spans (min_span, a power of two <= 128) so more CTAs share their keys, doubled while a row
 // would need more than `splits` splits, up to 128. It depends on the row alone, so a row's result does
