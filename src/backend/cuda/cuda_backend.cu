@@ -192,13 +192,15 @@ class CudaBackend final : public Backend {
     gemm_scratch_elems_ = std::min<size_t>((size_t)max_rows_w * max_cols, scratch_cap);
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
     if (ahead_slots_ > 0) {
-      // SMs cuBLAS leaves to the dequantization while it multiplies a staged chunk (ROOFLINE_DEQUANT_AHEAD_SMS,
-      // default 16: measured on an H200 against 0, 8, 24 and 32).
+      ahead_ = std::make_unique<DequantAhead>(ahead_slots_, gemm_scratch_elems_, stream_);
+      // SMs cuBLAS leaves to the dequantization (ROOFLINE_DEQUANT_AHEAD_SMS, default 16: measured on an H200
+      // against 0, 8, 24 and 32), set once for the handle: setting and resetting it around each staged product
+      // made the prompt steps erratic (qwen3-8b pp512 repetitions 25k and 17k).
       const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD_SMS");
       int sms = 0;
       ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options_.device));
       const int keep = env ? std::atoi(env) : 16;
-      ahead_ = std::make_unique<DequantAhead>(ahead_slots_, gemm_scratch_elems_, stream_, keep > 0 && keep < sms ? sms - keep : 0);
+      if (keep > 0 && keep < sms) cublasSetSmCountTarget(cublas_, sms - keep);
     }
     const size_t floats = (size_t)T * (2 * hp.n_embd + hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v() +
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
@@ -674,12 +676,12 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Steps of more than 8 rows (not graphed): the rows' rotations for layers of this frequency base, computed
-  // once per step (rope_table), or null (rope's CTAs compute them; decode steps, or a third base).
-  // ROOFLINE_ROPE_TABLE=0 turns it off.
+  // Prompt steps (more than 64 rows: more rope CTAs than are resident before the wait): the rows' rotations
+  // for layers of this frequency base, computed once per step (rope_table), or null (rope's CTAs compute
+  // them before their wait; decode and batched steps, or a third base). ROOFLINE_ROPE_TABLE=0 turns it off.
   const float* rope_table_for(const DeviceStep& st, float base, float scale) {
     static const bool on = env_switch("ROOFLINE_ROPE_TABLE", true);
-    if (!on || n_tok_ <= 8) return nullptr;
+    if (!on || n_tok_ <= 64) return nullptr;
     for (RopeTable& t : rope_tables_) {
       if (!t.table) return nullptr;
       if (t.step_id == step_id_ && t.base == base && t.scale == scale && t.positions == st.positions) return t.table;

@@ -3,8 +3,7 @@
 
 namespace roofline::cuda {
 
-DequantAhead::DequantAhead(int n_slots, size_t slot_elems, cudaStream_t main, int cublas_sms)
-    : main_(main), slot_elems_(slot_elems), cublas_sms_(cublas_sms) {
+DequantAhead::DequantAhead(int n_slots, size_t slot_elems, cudaStream_t main) : main_(main), slot_elems_(slot_elems) {
   int least = 0, greatest = 0;
   ROOFLINE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   ROOFLINE_CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));

@@ -3,8 +3,8 @@
 // kernels alternate on one stream, and the dequantization (memory-bound) took a third of a qwen3-32b
 // pp512 step that cuBLAS (compute-bound) could have overlapped. Here a low-priority side stream
 // dequantizes the step's next weight chunks into a ring of slots while the main stream multiplies the
-// current one, and cuBLAS is held to fewer SMs (cublasSetSmCountTarget) so that the dequantization has
-// SMs of its own.
+// current one, and the backend holds cuBLAS to fewer SMs (cublasSetSmCountTarget, once for its handle) so
+// that the dequantization has SMs of its own.
 //
 // Which chunk comes next is learned: a step records the (weight, rows) chunks it asks for, in order, and
 // the next step with prompt GEMMs stages that order ahead. A chunk that is not the one staged (another
@@ -29,9 +29,8 @@ void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half*
 
 class DequantAhead {
  public:
-  // n_slots chunks of up to slot_elems halves each, staged for products on `main`; cuBLAS multiplies a
-  // staged chunk on cublas_sms SMs (0: all).
-  DequantAhead(int n_slots, size_t slot_elems, cudaStream_t main, int cublas_sms);
+  // n_slots chunks of up to slot_elems halves each, staged for products on `main`.
+  DequantAhead(int n_slots, size_t slot_elems, cudaStream_t main);
   ~DequantAhead();
   DequantAhead(const DequantAhead&) = delete;
   DequantAhead& operator=(const DequantAhead&) = delete;
@@ -46,7 +45,6 @@ class DequantAhead {
   // The product that read the slot take() gave is enqueued: the slot is free once it has run, and the
   // chunk the recorded order has next goes into it.
   void release();
-  int cublas_sms() const { return cublas_sms_; }
 
  private:
   struct Chunk {
@@ -58,7 +56,6 @@ class DequantAhead {
 
   cudaStream_t main_ = nullptr, side_ = nullptr;
   size_t slot_elems_ = 0;
-  int cublas_sms_ = 0;
   std::vector<__half*> slots_;
   std::vector<cudaEvent_t> ready_, free_;
   std::vector<Chunk> order_, seen_;

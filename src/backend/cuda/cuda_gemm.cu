@@ -668,18 +668,13 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
       dequant_rows_f16(w, r0, n_rows, scratch, stream);
       wf16 = scratch;
     }
-    // A staged chunk: cuBLAS leaves SMs to the side stream's dequantization of the next ones.
     const bool staged = wf16 != scratch;
-    if (staged && ahead->cublas_sms() > 0) cublasSetSmCountTarget(cublas, ahead->cublas_sms());
     // Column-major view: Y^T[n_rows x n_tokens] = W[n_rows x K] * X^T[K x n_tokens].
     const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, n_tokens, (int)w.cols, &alpha,
                                            wf16, CUDA_R_16F, (int)w.cols, x_f16, CUDA_R_16F, (int)w.cols, &beta,
                                            y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS GEMM failed with status {}", (int)st);
-    if (staged) {
-      if (ahead->cublas_sms() > 0) cublasSetSmCountTarget(cublas, 0);
-      ahead->release();
-    }
+    if (staged) ahead->release();
   }
 }
 
