@@ -14,12 +14,14 @@
 #include <memory>
 
 #include "backend/cuda/cuda_argmax_masks.cuh"
+#include "backend/cuda/cuda_backend_sizes.cuh"
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_dequant_ahead.cuh"
 #include "backend/cuda/cuda_graph_cache.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_product_inputs.cuh"
+#include "backend/cuda/cuda_rope_tables.cuh"
 #include "backend/cuda/cuda_step_pack.cuh"
 #include "backend/cuda/cuda_step_profiler.cuh"
 #include "backend/cuda/step_layout.h"
@@ -33,16 +35,6 @@
 namespace roofline::cuda {
 namespace {
 
-std::vector<float> to_floats(const Weight& w) {
-  if (!w) return {};
-  if (!w.data()) fail("tensor {} has no data (a layout-only model cannot run)", w.tensor->name);
-  std::vector<float> out((size_t)w.tensor->n_elements());
-  dequantize_rows_ref(w.type(), w.data(), out.data(), w.tensor->n_rows(), w.tensor->row_length());
-  return out;
-}
-
-size_t floats_bytes(const Weight& w) { return w ? ((size_t)w.tensor->n_elements() * 4 + 255) / 256 * 256 : 0; }
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const GpuBackendOptions& options) : options_(options) {
@@ -50,11 +42,9 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (options.device < 0 || options.device >= count) fail("GPU {} does not exist ({} found)", options.device, count);
     ROOFLINE_CUDA_CHECK(cudaSetDevice(options.device));
-    // Prompt GEMM weights dequantized ahead into options.dequant_ahead_slots slots on a side stream
-    // (cuda_dequant_ahead.cuh; ROOFLINE_DEQUANT_AHEAD=n overrides, 0 turns it off); the step's stream then
+    // With prompt weights dequantized ahead on a side stream (cuda_dequant_ahead.cuh) the step's stream
     // takes the greatest priority.
-    ahead_slots_ = options.dequant_ahead_slots;
-    if (const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD")) ahead_slots_ = std::max(0, std::atoi(env));
+    ahead_slots_ = DequantAhead::slots_wanted(options.dequant_ahead_slots);
     int least = 0, greatest = 0;
     ROOFLINE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     ROOFLINE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, ahead_slots_ > 0 ? greatest : least));
@@ -102,17 +92,6 @@ class CudaBackend final : public Backend {
     }
     n += floats_bytes(model.rope_freqs());
     return n;
-  }
-
-  // Bytes of the K/V planes of `positions` slots of one layer (with the arena's alignment slack).
-  static uint64_t kv_plane_bytes(const HParams& hp, const KvConfig& kv, int64_t positions) {
-    const int64_t nk = positions * hp.kv_dim_k(), nv = positions * hp.kv_dim_v();
-    return kv_values_bytes(kv.type_k, nk) + kv_scales_bytes(kv.type_k, nk) + kv_values_bytes(kv.type_v, nv) +
-           kv_scales_bytes(kv.type_v, nv) + 4 * 256;
-  }
-  // Sliding layers among [begin, end) kept in rings (KvConfig::swa_ring) rather than paged.
-  static int ring_layers(const HParams& hp, const LayerSet& layers, const KvConfig& kv) {
-    return kv.swa_ring > 0 ? hp.count_sliding_layers(layers.begin, layers.end) : 0;
   }
 
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
@@ -193,14 +172,7 @@ class CudaBackend final : public Backend {
     gemm_scratch_elems_ = std::max<size_t>(gemm_scratch_elems_, (size_t)max_cols);
     if (ahead_slots_ > 0) {
       ahead_ = std::make_unique<DequantAhead>(ahead_slots_, gemm_scratch_elems_, stream_);
-      // SMs cuBLAS leaves to the dequantization (ROOFLINE_DEQUANT_AHEAD_SMS, default 16: measured on an H200
-      // against 0, 8, 24 and 32), set once for the handle: setting and resetting it around each staged product
-      // made the prompt steps erratic (qwen3-8b pp512 repetitions 25k and 17k).
-      const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD_SMS");
-      int sms = 0;
-      ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options_.device));
-      const int keep = env ? std::atoi(env) : 16;
-      if (keep > 0 && keep < sms) cublasSetSmCountTarget(cublas_, sms - keep);
+      ahead_->leave_sms(cublas_, options_.device);
     }
     const size_t floats = (size_t)T * (2 * hp.n_embd + hp.q_dim() + hp.kv_dim_k() + hp.kv_dim_v() +
                                        (size_t)hp.n_head * hp.head_dim_v + 2 * hp.n_ff) +
@@ -221,9 +193,9 @@ class CudaBackend final : public Backend {
     prefill_.key_tile = (int)std::min<int64_t>(cuda::prefill_key_tile(), (int64_t)(gemm_scratch_elems_ / 2 / hp.n_head) / 32 * 32);
     prefill_ok_ = prefill_.key_tile >= 32 && hp.q_dim() <= max_cols && hp.n_ff >= (int64_t)hp.n_head * hp.head_dim_v;
     const size_t prefill_bytes = prefill_ok_ ? (size_t)2 * prefill_.key_tile * kv_dim * 2 + (size_t)2 * T * hp.n_head * 4 : 0;
-    const size_t rope_table_floats = (size_t)T * std::max(0, hp.n_rot);  // per frequency base (kRopeTables)
-    work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes +
-                  kRopeTables * rope_table_floats * 4 + (36 + kRopeTables) * 256);
+    const size_t rope_floats = RopeTables::floats(T, hp.n_rot);
+    work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes + rope_floats * 4 +
+                  37 * 256);
     auto take_f = [&](size_t n) { return reinterpret_cast<float*>(work_.take(n * 4)); };
     x_ = take_f((size_t)T * hp.n_embd);
     xn_ = take_f((size_t)T * hp.n_embd);
@@ -260,8 +232,7 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaMallocHost(&step_host_, step_ints * 4));
     if (layers.output) ROOFLINE_CUDA_CHECK(cudaMallocHost(&logits_host_, (size_t)T * hp.n_vocab * 4));
     argmax_dev_ = reinterpret_cast<int32_t*>(work_.take((size_t)T * 4));
-    if (rope_table_floats > 0)
-      for (RopeTable& t : rope_tables_) t.table = take_f(rope_table_floats);
+    rope_tables_.init(rope_floats > 0 ? take_f(rope_floats) : nullptr, T, hp.n_rot);
     if (prefill_ok_) {
       prefill_.q16 = x_f16_;
       prefill_.kv16 = reinterpret_cast<__half*>(work_.take((size_t)2 * prefill_.key_tile * kv_dim * 2));
@@ -365,7 +336,7 @@ class CudaBackend final : public Backend {
     argmax_allowed_ = step.argmax_allowed;
     argmax_allowed_.resize(n_logit_, nullptr);
     hidden_rows_ = step.hidden_rows;
-    ++step_id_;  // the rope tables of the last step are stale
+    rope_tables_.new_step();
   }
 
   void embed() override {
@@ -676,24 +647,6 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // Prompt steps (more than 64 rows: more rope CTAs than are resident before the wait): the rows' rotations
-  // for layers of this frequency base, computed once per step (rope_table), or null (rope's CTAs compute
-  // them before their wait; decode and batched steps, or a third base). ROOFLINE_ROPE_TABLE=0 turns it off.
-  const float* rope_table_for(const DeviceStep& st, float base, float scale) {
-    static const bool on = env_switch("ROOFLINE_ROPE_TABLE", true);
-    if (!on || n_tok_ <= 64) return nullptr;
-    for (RopeTable& t : rope_tables_) {
-      if (!t.table) return nullptr;
-      if (t.step_id == step_id_ && t.base == base && t.scale == scale && t.positions == st.positions) return t.table;
-      if (t.step_id != step_id_) {
-        t.step_id = step_id_, t.base = base, t.scale = scale, t.positions = st.positions;
-        rope_table(st, n_tok_, rope_factors_, model_->hparams().n_rot, base, scale, t.table, stream_);
-        return t.table;
-      }
-    }
-    return nullptr;
-  }
-
   // A layer: norm -> mixer (attention or Gated DeltaNet) -> residual, then the FFN block.
   void forward_layer(LayerDev& L) {
     if (L.mixer == MixerKind::Attention) attention_block(L);
@@ -733,7 +686,8 @@ class CudaBackend final : public Backend {
     const DeviceStep& st = L.ring ? dstep_swa_ : dstep_;  // ring layers address their rings through swa tables
     rope_and_store(st, q_, k_, v_, L.v(LT::AttnQNorm), L.v(LT::AttnKNorm), rope_factors_, n, hp.n_head, hp.n_head_kv, hp.head_dim_k,
                    hp.head_dim_v, hp.n_rot, model_->arch().rope_style == RopeStyle::Neox, hp.rope_base(L.il),
-                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_, rope_table_for(st, hp.rope_base(L.il), hp.rope_scale(L.il)));
+                   hp.rope_scale(L.il), hp.rms_eps, L.kv, stream_,
+                   rope_tables_.get(st, n, rope_factors_, hp.rope_base(L.il), hp.rope_scale(L.il), stream_));
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
@@ -1000,16 +954,7 @@ class CudaBackend final : public Backend {
   int* combine_counters_ = nullptr;    // ... with these counters (attention())
   bool graphs_enabled_ = true;
   int ahead_slots_ = 0;
-  // rope_table_for's tables: up to two frequency bases a step (Gemma 3: local and global layers).
-  static constexpr int kRopeTables = 2;
-  struct RopeTable {
-    float* table = nullptr;
-    uint64_t step_id = 0;
-    float base = 0, scale = 0;
-    const int* positions = nullptr;
-  };
-  std::array<RopeTable, kRopeTables> rope_tables_{};
-  uint64_t step_id_ = 1;
+  RopeTables rope_tables_;  // prompt steps' rotations
   std::unique_ptr<DequantAhead> ahead_;  // ROOFLINE_DEQUANT_AHEAD
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
   void* cublas_workspace_ = nullptr;

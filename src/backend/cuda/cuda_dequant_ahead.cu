@@ -1,7 +1,24 @@
 // Prompt GEMM weights dequantized ahead on a side stream: see cuda_dequant_ahead.cuh.
 #include "backend/cuda/cuda_dequant_ahead.cuh"
 
+#include <cstdlib>
+
 namespace roofline::cuda {
+
+int DequantAhead::slots_wanted(int option_slots) {
+  const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD");
+  return env ? std::max(0, std::atoi(env)) : option_slots;
+}
+
+// Set once for the handle: setting and resetting it around each staged product made prompt steps erratic
+// (qwen3-8b pp512 repetitions of 25k and 17k t/s); 16 measured best on an H200 against 0, 8, 24 and 32.
+void DequantAhead::leave_sms(cublasHandle_t cublas, int device) {
+  const char* env = std::getenv("ROOFLINE_DEQUANT_AHEAD_SMS");
+  const int keep = env ? std::atoi(env) : 16;
+  int sms = 0;
+  ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (keep > 0 && keep < sms) cublasSetSmCountTarget(cublas, sms - keep);
+}
 
 DequantAhead::DequantAhead(int n_slots, size_t slot_elems, cudaStream_t main) : main_(main), slot_elems_(slot_elems) {
   int least = 0, greatest = 0;

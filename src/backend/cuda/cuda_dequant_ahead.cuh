@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,8 +30,13 @@ void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half*
 
 class DequantAhead {
  public:
+  // The slots a backend takes: its option (placement.h dequant_ahead_slots), or ROOFLINE_DEQUANT_AHEAD (0: off).
+  static int slots_wanted(int option_slots);
   // n_slots chunks of up to slot_elems halves each, staged for products on `main`.
   DequantAhead(int n_slots, size_t slot_elems, cudaStream_t main);
+  // Holds the backend's cuBLAS handle to all but 16 SMs of `device` (ROOFLINE_DEQUANT_AHEAD_SMS), which the
+  // side stream's dequantization then has to itself.
+  static void leave_sms(cublasHandle_t cublas, int device);
   ~DequantAhead();
   DequantAhead(const DequantAhead&) = delete;
   DequantAhead& operator=(const DequantAhead&) = delete;
