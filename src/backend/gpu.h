@@ -85,7 +85,7 @@ std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>& router, in
 // The post-norm ops (Gemma 3's x += rmsnorm(y) * w, then rmsnorm(x) * w2) take a = [y rows, then x rows]
 // and b = [w, w2]; PostNormAdd returns the new x, PostNormAddNorm rmsnorm(x) * w2, PostNormAddInt8 its
 // int8 form dequantized (at most 8 rows, n a multiple of 32).
-enum class GpuOpForTest { RmsNorm, RmsNormInt8, Swiglu, SwigluInt8, SwigluF16, AddBias, Argmax, ArgmaxAllowed, PostNormAdd, PostNormAddNorm, PostNormAddInt8 };
+enum class GpuOpForTest { RmsNorm, RmsNormInt8, RmsNormF16, Swiglu, SwigluInt8, SwigluF16, AddBias, Argmax, ArgmaxAllowed, PostNormAdd, PostNormAddNorm, PostNormAddInt8 };
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps = 1e-6f, int device = 0);
 

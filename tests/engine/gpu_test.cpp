@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/gpu.h"
 #include "core/error.h"
+#include "core/fp16.h"
 #include "core/rng.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -314,6 +315,20 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
       const auto h_swiglu = gpu_op_for_test(GpuOpForTest::SwigluF16, a, up, n_rows, n);
       EXPECT_LT(test::nmse(h_swiglu.data(), swiglu.data(), swiglu.size()), 1e-6);
       EXPECT_EQ(g_bias, biased);
+      if (n_rows > 8 && n % 4 == 0) {
+        // The norm's f16 rows (a prompt GEMM's input): exactly its f32 output converted as gemm converts,
+        // saturated at the f16 range (one weight large enough to push every row's first value past it).
+        auto w_big = w;
+        w_big[0] = 1e6f;
+        const auto f = gpu_op_for_test(GpuOpForTest::RmsNorm, a, w_big, n_rows, n, 1e-5f);
+        const auto h = gpu_op_for_test(GpuOpForTest::RmsNormF16, a, w_big, n_rows, n, 1e-5f);
+        ASSERT_EQ(h.size(), f.size());
+        for (size_t i = 0; i < f.size(); ++i)
+          ASSERT_EQ(h[i], fp16_to_f32(f32_to_fp16(std::min(65504.0f, std::max(-65504.0f, f[i]))))) << "value " << i;
+        int saturated = 0;
+        for (int r = 0; r < n_rows; ++r) saturated += std::fabs(h[(size_t)r * n]) == 65504.0f;
+        EXPECT_GT(saturated, n_rows / 2);
+      }
       if (n % 32 == 0) {  // int8 rows: round-to-nearest in blocks of 32, so ~(1/127)^2 / 12 relative
         const auto q_norm = gpu_op_for_test(GpuOpForTest::RmsNormInt8, a, w, n_rows, n, 1e-5f);
         const auto q_swiglu = gpu_op_for_test(GpuOpForTest::SwigluInt8, a, up, n_rows, n);
@@ -787,6 +802,41 @@ TEST(GpuEngineTest, WeightsDequantizedAheadGiveTheSameLogits) {
   EXPECT_EQ(plain, ahead);
   ASSERT_EQ(plain.size(), ahead_fewer_sms.size());
   EXPECT_LT(test::nmse(ahead_fewer_sms.data(), plain.data(), plain.size()), 1e-8);
+}
+
+// Prompt norms and prompt attention writing their products' f16 inputs themselves (ROOFLINE_F16_OUTPUTS):
+// the same values converted the same way as gemm converts an f32 output, so the logits are bit-identical
+// to converting. Prompts of several lengths at depth 0 and deeper, a step mixing a prompt run with decode
+// rows (its attention output stays f32), batched steps of 20 and 40 rows, a model with post-norms (Gemma 3)
+// and one whose weights take no fused batched product at 9-64 rows (Q8_0).
+TEST(GpuEngineTest, PromptF16OutputsGiveTheSameLogits) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"tiny-qwen3:Q4_K_M", "tiny-qwen3:Q8_0", "tiny-gemma3:Q8_0"}) {
+    SCOPED_TRACE(name);
+    auto model = tiny(name);
+    const auto tokens = some_tokens(640, model->hparams().n_vocab, 5);
+    auto run = [&]() {
+      auto e = Engine::create(model, all_on_gpu());
+      const int sa = e->memory().create_sequence(), sb = e->memory().create_sequence();
+      auto out = e->eval(sa, std::span<const int32_t>(tokens.data(), 100), true);  // split attention kernel
+      auto add = [&](std::vector<float> more) { out.insert(out.end(), more.begin(), more.end()); };
+      add(e->eval(sa, std::span<const int32_t>(tokens.data() + 100, 200), true));  // a prefill run (300 keys)
+      add(e->eval(sb, std::span<const int32_t>(tokens.data() + 300, 200), true));
+      std::vector<Engine::BatchRow> rows = {{sa, tokens[500], true}};  // a decode row beside a prefill run
+      for (int i = 0; i < 90; ++i) rows.push_back({sb, tokens[(size_t)(510 + i)], true});
+      add(e->decode(rows));
+      rows.clear();
+      for (int i = 0; i < 20; ++i) rows.push_back({sa, tokens[(size_t)(601 + i)], true});
+      add(e->decode(rows));
+      return out;
+    };
+    setenv("ROOFLINE_F16_OUTPUTS", "0", 1);
+    const auto converted = run();
+    unsetenv("ROOFLINE_F16_OUTPUTS");
+    const auto direct = run();
+    ASSERT_EQ(converted.size(), direct.size());
+    EXPECT_EQ(converted, direct);
+  }
 }
 
 TEST(GpuEngineTest, ForkCopiesBlocksOnTheGpu) {

@@ -825,10 +825,10 @@ int prefill_key_tile() {
   return std::max(32, std::min(kMaxKeyTile, v / 32 * 32));
 }
 
-void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
+bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
                        int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
-                       const PrefillScratch& scratch, float* out, cudaStream_t stream) {
-  if (runs.empty()) return;
+                       const PrefillScratch& scratch, float* out, cudaStream_t stream, __half* out16) {
+  if (runs.empty()) return false;
   const int gqa = n_head / n_head_kv;
   const int kv_dim_k = n_head_kv * head_dim_k, kv_dim_v = n_head_kv * head_dim_v;
   const int64_t n_q = (int64_t)n_rows * n_head * head_dim_k;
@@ -837,11 +837,11 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
   __half* k16 = scratch.kv16;
   __half* v16 = scratch.kv16 + (size_t)scratch.key_tile * kv_dim_k;
   const bool flash = flash_prefill_fits(kv, head_dim_k, head_dim_v);
+  if (flash) {
+    for (const PrefillRun& run : runs) flash_prefill_run(step, run, scratch.q16, n_rows, kv, n_head, n_head_kv, head_dim_k, out, stream, out16);
+    return out16 != nullptr;
+  }
   for (const PrefillRun& run : runs) {
-    if (flash) {
-      flash_prefill_run(step, run, scratch.q16, n_rows, kv, n_head, n_head_kv, head_dim_k, out, stream);
-      continue;
-    }
     const int total_keys = run.first_pos + run.n_rows;
     const int key_tile = std::min(scratch.key_tile, (total_keys + 31) / 32 * 32);
     const int ld = key_tile;  // floats per score row
@@ -879,6 +879,7 @@ void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
              scratch.l_state, gqa, n_cols, head_dim_v, n_head, out + (int64_t)row0 * n_head * head_dim_v);
     }
   }
+  return false;
 }
 
 AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, bool prefill_ok) {

@@ -522,7 +522,6 @@ class CudaBackend final : public Backend {
     float* v(LayerTensor t) const { return vecs[(size_t)t]; }
   };
 
-
   // MoE hook: whether a layer's tensor stays in host memory (its stacked experts, --cpu-moe and the like).
   bool expert_on_host(int il, LayerTensor role) const {
     const bool expert = role == LayerTensor::FfnGateExps || role == LayerTensor::FfnUpExps || role == LayerTensor::FfnDownExps;
@@ -575,16 +574,17 @@ class CudaBackend final : public Backend {
 
   // y (+)= W x for the step's rows: matvec for decode-sized steps, GEMM beyond. With an epilogue (decode
   // only), its output is the next product's input (`next_cols` wide) after the launch.
-  // x_ready: x_f16_ already holds x (prompt GEMMs only: gemm_takes_f16).
+  // x_ready: x_f16_ already holds x; x16: x as f16 rows is there instead (prompt GEMMs only: gemm_takes_f16).
   void project(const DeviceWeight& w, const float* x, int n, float* y, int ldy, bool accumulate, const MatvecEpilogue& ep = {},
-               int next_cols = -1, bool x_ready = false) {
+               int next_cols = -1, bool x_ready = false, __half* x16 = nullptr) {
     if (n <= 8) {
       quantize_input(w, x, n);
       matvec(w, inputs_.current(), x, n, y, ldy, accumulate, stream_, ep);
       if (ep.kind != MatvecEpilogue::Kind::None) take_input(ep, next_cols);
     } else {
       if (ep.kind != MatvecEpilogue::Kind::None) fail("internal error: a decode epilogue on a product of {} rows", n);
-      gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_, x_ready, ahead_.get());
+      gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x16 ? x16 : x_f16_, stream_, x_ready || x16,
+           ahead_.get());
     }
   }
 
@@ -594,6 +594,15 @@ class CudaBackend final : public Backend {
   static bool gemm_takes_f16(const DeviceWeight& w, int n) {
     static const bool on = env_switch("ROOFLINE_F16_INPUT_REUSE", true);
     return on && n > 8 && !gemm_fuses_dequant(w, n);
+  }
+  // A block's pre-norm, xn_ = rmsnorm(x_) * w (and its int8 form when q8) for the products of `first`'s
+  // input; on prompt steps where `first` takes an f16 input, x_f16_ too. Returns the columns x_f16_ then
+  // holds (project_group's f16_cols), or -1.
+  int64_t pre_norm(const char* what, const float* w, bool q8, const DeviceWeight& first) {
+    const HParams& hp = model_->hparams();
+    mark(what, 0);
+    __half* x16 = f16_outputs_ && gemm_takes_f16(first, n_tok_) ? x_f16_ : nullptr;
+    return rms_norm(x_, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, xn_, q8 ? inputs_.writable() : ActQ8{}, stream_, x16) ? hp.n_embd : -1;
   }
 
   // Products of one input (q/k/v, gate/up): for decode-sized steps, those matvec_can_join joins go out
@@ -606,10 +615,11 @@ class CudaBackend final : public Backend {
     float* y;
     int ldy;
   };
-  void project_group(std::initializer_list<Product> products, const float* x, int n) {
+  // f16_cols: x_f16_ holds x already, as rows of this many values (a prompt norm wrote it).
+  void project_group(std::initializer_list<Product> products, const float* x, int n, int64_t f16_cols = -1) {
     const Product* p = products.begin();
     const size_t count = products.size();
-    int64_t converted_cols = -1;  // x_f16_ holds x as rows of this many values (prompt GEMMs)
+    int64_t converted_cols = f16_cols;  // x_f16_ holds x as rows of this many values (prompt GEMMs)
     for (size_t i = 0; i < count;) {
       size_t j = i + 1;
       if (n <= 8)
@@ -667,17 +677,15 @@ class CudaBackend final : public Backend {
     const int n = n_tok_;
     // Attention block.
     const bool q8_in = attn_takes_q8(L);
-    if (!attn_input_ready_) {  // else the previous layer's post-norm kernel wrote it
-      mark("attn norm + quantize", 0);
-      rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? inputs_.writable() : ActQ8{}, stream_);
-    }
+    // (else the previous layer's post-norm kernel wrote the input)
+    const int64_t f16_cols = attn_input_ready_ ? -1 : pre_norm("attn norm + quantize", L.v(LT::AttnNorm), q8_in, L.m(LT::AttnQ));
     attn_input_ready_ = false;
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
     const bool gated = hp.attn_output_gate;
     project_group({{"q", &L.m(LT::AttnQ), L.bytes(LT::AttnQ), gated ? q_full_ : q_, gated ? 2 * hp.q_dim() : hp.q_dim()},
                    {"k", &L.m(LT::AttnK), L.bytes(LT::AttnK), k_, hp.kv_dim_k()},
                    {"v", &L.m(LT::AttnV), L.bytes(LT::AttnV), v_, hp.kv_dim_v()}},
-                  xn_, n);
+                  xn_, n, f16_cols);
     mark("bias + rope + kv store", 0);
     if (gated) split_q_gate(q_full_, n, hp.n_head, hp.head_dim_k, q_, attn_gate_, stream_);
     add_bias(q_, L.v(LT::AttnQBias), n, hp.q_dim(), stream_);
@@ -691,8 +699,12 @@ class CudaBackend final : public Backend {
     const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt((float)hp.head_dim_k);
     mark("attention (+quantize)", 0);
     const bool q8_attn = needs_q8({&L.m(LT::AttnOut)});
-    prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
-                      prefill_, attn_, stream_);
+    // Prompt steps whose rows all take the prefill kernels write o's f16 input there (in attn_'s space).
+    __half* attn16 = !gated && n_attn_rows_ == 0 && !prefill_runs_.empty() && gemm_takes_f16(L.m(LT::AttnOut), n) && f16_outputs_
+                         ? reinterpret_cast<__half*>(attn_) : nullptr;
+    if (!prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
+                           prefill_, attn_, stream_, attn16))
+      attn16 = nullptr;
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
                                combine_counters_, split_heads_);
@@ -704,7 +716,7 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = quantized ? hp.n_head * hp.head_dim_v : -1;
     mark(op_name("matvec o", L.m(LT::AttnOut)).c_str(), L.bytes(LT::AttnOut));
     if (partial_sum_) {  // -sm row: this slice's share of o, summed over the slices, then the residual add
-      project(L.m(LT::AttnOut), attn_, n, tp_sum_, hp.n_embd, false);
+      project(L.m(LT::AttnOut), attn_, n, tp_sum_, hp.n_embd, false, {}, -1, false, attn16);
       sum_partials();
       if (float* post = L.v(LT::AttnPostNorm)) {
         const bool q8_ffn = ffn_takes_q8(L);
@@ -713,7 +725,7 @@ class CudaBackend final : public Backend {
         add_values(x_, tp_sum_, (int64_t)n * hp.n_embd, stream_);
       }
     } else if (float* post = L.v(LT::AttnPostNorm)) {  // gemma: x += rmsnorm(o) * w (gate_ is free until the FFN)
-      project(L.m(LT::AttnOut), attn_, n, gate_, hp.n_embd, false);
+      project(L.m(LT::AttnOut), attn_, n, gate_, hp.n_embd, false, {}, -1, false, attn16);
       // Decode steps: the FFN's pre-norm (and its int8 form) in the same kernel.
       const bool q8_ffn = !moe_ && ffn_takes_q8(L);
       ffn_input_ready_ = post_norm_add(gate_, post, xn_, moe_ ? nullptr : L.v(LT::FfnNorm), q8_ffn);
@@ -722,7 +734,7 @@ class CudaBackend final : public Backend {
       project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true, inputs_.norm(L.v(LT::FfnNorm), hp.rms_eps), hp.n_embd);
       ffn_input_ready_ = true;
     } else {
-      project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true);
+      project(L.m(LT::AttnOut), attn_, n, x_, hp.n_embd, true, {}, -1, false, attn16);
     }
   }
 
@@ -787,10 +799,8 @@ class CudaBackend final : public Backend {
       return;
     }
     const bool q8_ffn = ffn_takes_q8(L);
-    if (!ffn_input_ready_) {  // else the attention block's post-norm kernel wrote it
-      mark("ffn norm + quantize", 0);
-      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_ffn ? inputs_.writable() : ActQ8{}, stream_);
-    }
+    // (else the attention block's post-norm kernel wrote the input)
+    const int64_t f16_cols = ffn_input_ready_ ? -1 : pre_norm("ffn norm + quantize", L.v(LT::FfnNorm), q8_ffn, L.m(LT::FfnGate));
     ffn_input_ready_ = false;
     n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
     const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
@@ -808,7 +818,8 @@ class CudaBackend final : public Backend {
       matvec_multi(ws, ys, lds, 2, inputs_.current(), xn_, n, false, stream_, ep);
       take_input(ep, (int)hp.n_ff);
     } else {
-      project_group({{"gate", &gate, L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &up, L.bytes(LT::FfnUp), up_, hp.n_ff}}, xn_, n);
+      project_group({{"gate", &gate, L.bytes(LT::FfnGate), gate_, hp.n_ff}, {"up", &up, L.bytes(LT::FfnUp), up_, hp.n_ff}}, xn_, n,
+                    f16_cols);
       // Prompt steps: down's f16 input straight from the gated product (no f32 copy, no conversion).
       down_f16 = gemm_takes_f16(L.m(LT::FfnDown), n);
       float* h32 = down_f16 ? nullptr : gate_;
@@ -850,7 +861,6 @@ class CudaBackend final : public Backend {
     n_quantized_cols_ = -1;
   }
 
-
   // Gated DeltaNet: norm -> qkv/z/alpha/beta projections -> the mixer (cuda_delta_net.cuh; the
   // sequences' states in their cells) -> ssm_out (+ residual).
   void delta_net_block(LayerDev& L) {
@@ -859,17 +869,15 @@ class CudaBackend final : public Backend {
     const DeltaNetDims& d = hp.delta_net;
     const int n = n_tok_;
     const bool q8_in = needs_q8({&L.m(LT::SsmQkv), &L.m(LT::SsmGate), &L.m(LT::SsmAlpha), &L.m(LT::SsmBeta)}) && hp.n_embd % 32 == 0;
-    if (!attn_input_ready_) {  // else the previous layer's down product wrote it
-      mark("attn norm + quantize", 0);
-      rms_norm(x_, L.v(LT::AttnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, q8_in ? inputs_.writable() : ActQ8{}, stream_);
-    }
+    // (else the previous layer's down product wrote the input)
+    const int64_t f16_cols = attn_input_ready_ ? -1 : pre_norm("attn norm + quantize", L.v(LT::AttnNorm), q8_in, L.m(LT::SsmQkv));
     attn_input_ready_ = false;
     n_quantized_cols_ = q8_in ? hp.n_embd : -1;
     project_group({{"qkv", &L.m(LT::SsmQkv), L.bytes(LT::SsmQkv), dn_qkv_, d.conv_dim()},
                    {"z", &L.m(LT::SsmGate), L.bytes(LT::SsmGate), dn_z_, d.value_dim()},
                    {"alpha", &L.m(LT::SsmAlpha), L.bytes(LT::SsmAlpha), dn_alpha_, d.n_v_heads},
                    {"beta", &L.m(LT::SsmBeta), L.bytes(LT::SsmBeta), dn_beta_, d.n_v_heads}},
-                  xn_, n);
+                  xn_, n, f16_cols);
     DeltaNetLayerDev layer;
     layer.conv = L.v(LT::SsmConv);
     layer.dt_bias = L.v(LT::SsmDtBias);
@@ -926,6 +934,9 @@ class CudaBackend final : public Backend {
   int n_quantized_cols_ = -1;  // inputs_.current() holds the current input quantized (row length), or -1
   __half* gemm_scratch_ = nullptr;
   __half* x_f16_ = nullptr;
+  // Prompt norms and prompt attention write the next products' f16 inputs themselves (instead of an f32
+  // output that gemm converts); ROOFLINE_F16_OUTPUTS=0, read when the backend is created, converts.
+  const bool f16_outputs_ = env_switch("ROOFLINE_F16_OUTPUTS", true);
   size_t gemm_scratch_elems_ = 0;
   int* step_dev_ = nullptr;
   int* step_host_ = nullptr;

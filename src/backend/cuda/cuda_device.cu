@@ -152,6 +152,10 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
   switch (op) {
     case GpuOpForTest::RmsNorm: rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream); break;
     case GpuOpForTest::RmsNormInt8: rms_norm(da, db, eps, n_rows, n, nullptr, nullptr, act, stream); break;
+    case GpuOpForTest::RmsNormF16:
+      if (!rms_norm(da, db, eps, n_rows, n, nullptr, nullptr, ActQ8{}, stream, reinterpret_cast<__half*>(dy)))
+        fail("gpu_op_for_test: the norm wrote no f16 rows for {} rows of {}", n_rows, n);
+      break;
     case GpuOpForTest::Swiglu: swiglu(da, db, n_rows, n, dy, ActQ8{}, stream); break;
     case GpuOpForTest::SwigluInt8: swiglu(da, db, n_rows, n, nullptr, act, stream); break;
     case GpuOpForTest::SwigluF16: swiglu(da, db, n_rows, n, nullptr, ActQ8{}, stream, reinterpret_cast<__half*>(dy)); break;
@@ -195,7 +199,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
     ROOFLINE_CUDA_CHECK(cudaMemcpy(d.data(), act.d, d.size() * 4, cudaMemcpyDeviceToHost));
     out.resize(na);
     for (size_t i = 0; i < na; ++i) out[i] = (float)q[i] * d[i / 32];
-  } else if (op == GpuOpForTest::SwigluF16) {
+  } else if (op == GpuOpForTest::SwigluF16 || op == GpuOpForTest::RmsNormF16) {
     std::vector<__half> h(na);
     ROOFLINE_CUDA_CHECK(cudaMemcpy(h.data(), dy, na * 2, cudaMemcpyDeviceToHost));
     out.resize(na);

@@ -76,7 +76,7 @@ constexpr int kKeysOf = HD >= 256 ? 32 : 64;
 // KS: warps per column tile, each on its part of every key block (1 or 2).
 template <int HD, int KS>
 __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(DeviceStep step, PrefillRun run, const __half* q16, int n_rows_all,
-                                                                     KvLayer kv, int n_head, int n_head_kv, float* out) {
+                                                                     KvLayer kv, int n_head, int n_head_kv, float* out, __half* out16) {
   constexpr int kRow = HD + kPad;  // halves per shared row
   constexpr int kKeys = kKeysOf<HD>;
   extern __shared__ __align__(16) __half smem[];
@@ -260,24 +260,27 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
     merge_part<HD>(o, m_lo, m_hi, l_lo, l_hi, o_x, ml_x, lane);
   }
   const float inv_lo = l_lo > 0 ? 1.0f / l_lo : 0.0f, inv_hi = l_hi > 0 ? 1.0f / l_hi : 0.0f;
-  auto dst = [&](int col) {
-    return out + ((int64_t)(run.first_row + col / gqa) * n_head + kvh * gqa + col % gqa) * HD + (lane % 4) * 2;
+  auto at = [&](int col) { return ((int64_t)(run.first_row + col / gqa) * n_head + kvh * gqa + col % gqa) * HD + (lane % 4) * 2; };
+  // out16: f16 pairs (saturated, as gemm converts the output product's input), else f32 pairs.
+  auto store = [&](int64_t i, float a, float b) {
+    if (out16) *reinterpret_cast<__half2*>(out16 + i) = __halves2half2(saturated_half(a), saturated_half(b));
+    else *reinterpret_cast<float2*>(out + i) = make_float2(a, b);
   };
   if (r_lo < n_cols) {
-    float* d = dst(r_lo);
+    const int64_t i = at(r_lo);
 #pragma unroll
-    for (int n = 0; n < HD / 8; ++n) *reinterpret_cast<float2*>(d + n * 8) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+    for (int n = 0; n < HD / 8; ++n) store(i + n * 8, o[n][0] * inv_lo, o[n][1] * inv_lo);
   }
   if (r_hi < n_cols) {
-    float* d = dst(r_hi);
+    const int64_t i = at(r_hi);
 #pragma unroll
-    for (int n = 0; n < HD / 8; ++n) *reinterpret_cast<float2*>(d + n * 8) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    for (int n = 0; n < HD / 8; ++n) store(i + n * 8, o[n][2] * inv_hi, o[n][3] * inv_hi);
   }
 }
 
 template <int HD, int KS>
 void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
-                  int n_head_kv, float* out, cudaStream_t stream) {
+                  int n_head_kv, float* out, __half* out16, cudaStream_t stream) {
   constexpr size_t smem = (size_t)(kCols + 4 * kKeysOf<HD>) * (HD + kPad) * sizeof(__half);
   static const bool configured = [] {
     ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<HD, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -287,7 +290,7 @@ void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q
   const int n_cols = run.n_rows * (n_head / n_head_kv);
   const dim3 grid((unsigned)((n_cols + kCols - 1) / kCols), (unsigned)n_head_kv);
   launch(flash_prefill_kernel<HD, KS>, grid, dim3(32 * kColGroups * KS), smem, stream, pdl_enabled(), step, run, q16, n_rows_all, kv, n_head,
-         n_head_kv, out);
+         n_head_kv, out, out16);
 }
 
 }  // namespace
@@ -299,13 +302,13 @@ bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v) {
 }
 
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
-                       int n_head_kv, int head_dim, float* out, cudaStream_t stream) {
+                       int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16) {
   if (run.n_rows < 1) return;
   // Two warps per column tile unless ROOFLINE_FLASH_KEY_SPLIT=0.
   static const bool split = env_switch("ROOFLINE_FLASH_KEY_SPLIT", true);
   auto go = [&]<int HD>() {
-    if (split) launch_flash<HD, 2>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
-    else launch_flash<HD, 1>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, stream);
+    if (split) launch_flash<HD, 2>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, out16, stream);
+    else launch_flash<HD, 1>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, out16, stream);
   };
   switch (head_dim) {
     case 64: return go.template operator()<64>();

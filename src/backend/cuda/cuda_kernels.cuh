@@ -136,9 +136,11 @@ void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys
 // Token embedding rows (dequantized) for the step's tokens; rows >= n_tokens are zeroed.
 void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream);
 // out = rmsnorm(x[src_row]) * w for rows r < n_rows (src_row = gather ? gather[r] : r); writes f32 (if out)
-// and int8 activations (if act.q).
-void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out,
-              ActQ8 act_out, cudaStream_t stream);
+// and int8 activations (if act.q). out16 (steps of more than 8 rows, no int8 output): the rows as f16 too,
+// saturated as gemm converts its inputs (a prompt GEMM's x_f16); returns whether it wrote them (it does
+// where its row kernel takes the shape: 16-byte aligned rows of up to 8192 values).
+bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out,
+              ActQ8 act_out, cudaStream_t stream, __half* out16 = nullptr);
 // Activation quantization of rows (int8 blocks of 32); with gather, row r quantizes x's row gather[r].
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_t stream, const int32_t* gather = nullptr);
 // h = silu(gate) * up, written as f32 (if out), int8 activations (if act.q) and f16 (if out16, saturated
@@ -247,15 +249,18 @@ struct PrefillScratch {
   float* o_acc = nullptr;      // n_head x head_dim_v x rows of a chunk
   int key_tile = 1024;         // prefill_key_tile()
 };
-void prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
+// out16: where the flash form below takes the runs, their rows are written there as f16 ([row][head][dim],
+// saturated as gemm converts its inputs: the output product's x_f16) instead of as f32 to out; returns
+// whether they were.
+bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std::vector<PrefillRun>& runs, const float* q,
                        int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
-                       const PrefillScratch& scratch, float* out, cudaStream_t stream);
+                       const PrefillScratch& scratch, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // prefill_attention's one-launch form for a run (cuda_flash_prefill.cu): f16 K and V caches, equal head
 // dims of 64, 96, 128 or 256, sm_80 and newer, unless ROOFLINE_FLASH_PREFILL=0. q16 holds the step's
 // n_rows_all rows as queries_f16_kernel writes them; out is the step's output ([row][head][dim]).
 bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v);
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
-                       int n_head_kv, int head_dim, float* out, cudaStream_t stream);
+                       int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),
 // read when a backend is created.
 int prefill_key_tile();

@@ -68,10 +68,11 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n
 }
 
 // Prompt-sized steps without int8 output: a CTA per row, 16-byte loads, the row held in registers between
-// its sum of squares and the scaled write (the one-element-a-thread kernel above moved ~1.7 TB/s).
+// its sum of squares and the scaled write (the one-element-a-thread kernel above moved ~1.7 TB/s). out16:
+// the same values as f16 (saturated, as the GEMMs' input conversion makes them), for the prompt GEMMs.
 constexpr int kNormRowThreads = 256, kNormRowVec = 8;  // rows of up to 8192 values
 __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const float* x, const float* w, float eps, int n, const int* gather,
-                                                                       float* out) {
+                                                                       float* out, __half* out16) {
   wait_for_previous_kernel();
   __shared__ float smem[32];
   const int r = blockIdx.x, n4 = n / 4;
@@ -86,13 +87,23 @@ __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const fl
   }
   const float scale = rsqrtf(block_sum(ss, smem) / (float)n + eps);
   const float4* w4 = reinterpret_cast<const float4*>(w);
-  float4* o4 = reinterpret_cast<float4*>(out + (int64_t)r * n);
+  float4* o4 = out ? reinterpret_cast<float4*>(out + (int64_t)r * n) : nullptr;
+  uint2* h4 = out16 ? reinterpret_cast<uint2*>(out16 + (int64_t)r * n) : nullptr;
 #pragma unroll
   for (int k = 0; k < kNormRowVec; ++k) {
     const int i = threadIdx.x + k * kNormRowThreads;
     if (i < n4) {
       const float4 wi = w4[i];
-      o4[i] = make_float4(v[k].x * scale * wi.x, v[k].y * scale * wi.y, v[k].z * scale * wi.z, v[k].w * scale * wi.w);
+      const float4 y = make_float4(v[k].x * scale * wi.x, v[k].y * scale * wi.y, v[k].z * scale * wi.z, v[k].w * scale * wi.w);
+      if (o4) o4[i] = y;
+      if (h4) {
+        const __half2 a = __halves2half2(saturated_half(y.x), saturated_half(y.y));
+        const __half2 b = __halves2half2(saturated_half(y.z), saturated_half(y.w));
+        uint2 bits;
+        memcpy(&bits.x, &a, 4);
+        memcpy(&bits.y, &b, 4);
+        h4[i] = bits;
+      }
     }
   }
 }
@@ -376,20 +387,22 @@ void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_ro
   launch(embed_kernel, dim3(n_rows), dim3(128), 0, stream, pdl_enabled(), table, step, x, n_embd);
 }
 
-void rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
-              cudaStream_t stream) {
-  if (n_rows == 0) return;
+bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
+              cudaStream_t stream, __half* out16) {
+  if (n_rows == 0) return false;
   if (n_rows <= 8) {
     const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
     launch(rms_norm_wide_kernel, grid, dim3(256), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
-    return;
+    return false;
   }
-  const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
-  if (!act.q && out && aligned && n % 4 == 0 && n <= 4 * kNormRowThreads * kNormRowVec) {
-    launch(rms_norm_rows_kernel, dim3(n_rows), dim3(kNormRowThreads), 0, stream, pdl_enabled(), x, w, eps, n, gather, out);
-    return;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(out) |
+                         reinterpret_cast<uintptr_t>(out16)) & 15) == 0;
+  if (!act.q && (out || out16) && aligned && n % 4 == 0 && n <= 4 * kNormRowThreads * kNormRowVec) {
+    launch(rms_norm_rows_kernel, dim3(n_rows), dim3(kNormRowThreads), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, out16);
+    return out16 != nullptr;
   }
   launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
+  return false;
 }
 
 bool post_norm_add_fits(int n_rows, int n) { return n_rows <= 8 && n % 32 == 0 && n <= 4 * kPostNormThreads * kPostNormVec; }

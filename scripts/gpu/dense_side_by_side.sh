@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue #24's rows side by side with llama.cpp on the same synthetic Q4_K_M files of the dense models
+# (qwen3-32b, qwen3-8b), in two device calls made back to back (the machine stays warm, so the second
+# reuses the first's llama.cpp build and files under the git-ignored build-sbs/):
+#
+#   here:   build for the device, pack carry/pack/bin.tar.xz, and carry/pack/llamacpp.tar.gz
+#           (scripts/gpu/pack_llamacpp.sh); carry ["carry/pack"]
+#   call 1: bash scripts/gpu/dense_side_by_side.sh prep : llama.cpp's build in the background; every GPU
+#           test; the synthetic files written; VARIANTS (as variants.sh: settings separated by '|', the
+#           default first) alternated on pp512 of both models, ROUNDS rounds (default 2)
+#   call 2: bash scripts/gpu/dense_side_by_side.sh bench : per model, roofline's bench then llama-bench on
+#           the same file (pp512 + tg128, tg128 at depth 8192 for 32b), then `-npl 16,64` against
+#           llama-batched-bench (128-token prompts, 128 generated), then tests/load/load.py on
+#           `roofline serve` at 1, 16 and 64 streams (32b; LOAD=0 skips it)
+# MODELS overrides the shapes; everything lands in $OUT/summary.md.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+stage="${1:-prep}"
+out="${OUT:-/tmp/out}"
+mkdir -p "$out" build-sbs
+work=$PWD/build-sbs
+[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
+bin=$PWD/carry/bin
+lcpp=$work/lcpp
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
+export PYTHONUNBUFFERED=1
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.md"; }
+models="${MODELS:-qwen3-32b qwen3-8b}"
+file_of() { echo "$work/$1-Q4_K_M.gguf"; }
+rl() { local f=$1; shift; stamp "roofline bench $(basename "$f") $*"
+       timeout 200 "$bin/roofline" bench -m "$f" "$@" 2>&1 | grep -E "^\| *(model|qwen|---)|error" | tee -a "$out/summary.md"; }
+lb() { local f=$1; shift; stamp "llama-bench $(basename "$f") $*"
+       timeout 200 "$lcpp/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\||error" | tee -a "$out/summary.md"; }
+
+if [ "$stage" = prep ]; then
+  stamp "start: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) cores, $($bin/roofline --version | head -1)"
+  if [ ! -x "$lcpp/build/bin/llama-bench" ]; then
+    ( nice -n 10 bash scripts/gpu/build_llamacpp.sh carry/pack/llamacpp.tar.gz "$lcpp" > "$out/llamacpp_build.log" 2>&1 ) &
+    bpid=$!
+  fi
+  if [ "${TESTS:-Gpu*:*.Gpu*}" != none ]; then
+    CUDA_MODULE_LOADING=EAGER ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" \
+        --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" > "$out/gpu_tests.txt" 2>&1
+    stamp "GPU tests exit $?"
+    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure" "$out/gpu_tests.txt" | head -30 | tee -a "$out/summary.md"
+  fi
+  for m in $models; do
+    f=$(file_of "$m")
+    [ -f "$f" ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }
+  done
+  IFS='|' read -r -a variants <<< "${VARIANTS:-}"
+  [ ${#variants[@]} -eq 0 ] && variants=("")
+  for m in $models; do
+    for round in $(seq "${ROUNDS:-2}"); do
+      for settings in "${variants[@]}"; do
+        line=$(env $settings timeout 200 "$bin/roofline" bench -m "$(file_of "$m")" ${BENCH:--p 512 -n 0 -r 2} 2>/dev/null |
+               grep -E "\| *(tg|pp)[0-9]" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
+        stamp "$m [${settings:-default}] $line"
+      done
+    done
+  done
+  if [ -n "${bpid:-}" ]; then stamp "waiting for llama.cpp"; wait "$bpid"; fi
+  tail -2 "$out/llamacpp_build.log" | tee -a "$out/summary.md"
+  stamp "done"
+fi
+
+if [ "$stage" = bench ]; then
+  [ -x "$lcpp/build/bin/llama-bench" ] || { stamp "no llama.cpp build under $lcpp: run the prep stage first"; exit 1; }
+  for m in $models; do
+    f=$(file_of "$m")
+    [ -f "$f" ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }
+    rl "$f" -p 512 -n 128 -r 2
+    lb "$f" -p 512 -n 128 -r 2
+    if [ "$m" = qwen3-32b ]; then
+      rl "$f" -p 0 -n 128 -d 8192 -r 1
+      lb "$f" -p 0 -n 128 -d 8192 -r 1
+      rl "$f" -p 128 -n 128 -npl 16,64 -r 1
+      stamp "llama-batched-bench $m"
+      timeout 200 "$lcpp/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
+          -npl 16,64 2>&1 | grep -E "^\|" | tee -a "$out/summary.md"
+    fi
+  done
+  if [ "${LOAD:-1}" != 0 ]; then
+    f=$(file_of qwen3-32b)
+    stamp "load.py on roofline serve, $(basename "$f")"
+    timeout 240 python3 tests/load/load.py --bin "$bin/roofline" --model "$f" --server-args "-np 64 -c 32768 -ngl all" \
+        --concurrency 1,16,64 --per-stream 2 2>&1 | grep -E "^\||failed|error" | tee -a "$out/summary.md"
+  fi
+  stamp "done"
+fi
