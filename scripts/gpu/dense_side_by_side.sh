@@ -7,7 +7,8 @@
 #           (scripts/gpu/pack_llamacpp.sh); carry ["carry/pack"]
 #   call 1: bash scripts/gpu/dense_side_by_side.sh prep : llama.cpp's build in the background; every GPU
 #           test; the synthetic files written; VARIANTS (as variants.sh: settings separated by '|', the
-#           default first) alternated on pp512 of both models, ROUNDS rounds (default 2)
+#           default first; BIN=name runs another carried binary) alternated on pp512 of both models, ROUNDS
+#           rounds (default 2)
 #   call 2: bash scripts/gpu/dense_side_by_side.sh bench : per model, roofline's bench then llama-bench on
 #           the same file (pp512 + tg128, tg128 at depth 8192 for 32b), then `-npl 16,64` against
 #           llama-batched-bench (128-token prompts, 128 generated), then tests/load/load.py on
@@ -54,7 +55,9 @@ if [ "$stage" = prep ]; then
   for m in $models; do
     for round in $(seq "${ROUNDS:-2}"); do
       for settings in "${variants[@]}"; do
-        line=$(env $settings timeout 200 "$bin/roofline" bench -m "$(file_of "$m")" ${BENCH:--p 512 -n 0 -r 2} 2>/dev/null |
+        exe=roofline  # BIN=name in a variant: another carried binary (as in variants.sh)
+        for word in $settings; do [[ $word == BIN=* ]] && exe=${word#BIN=}; done
+        line=$(env $settings timeout 200 "$bin/$exe" bench -m "$(file_of "$m")" ${BENCH:--p 512 -n 0 -r 2} 2>/dev/null |
                grep -E "\| *(tg|pp)[0-9]" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
         stamp "$m [${settings:-default}] $line"
       done

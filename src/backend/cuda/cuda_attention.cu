@@ -831,16 +831,15 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
   if (runs.empty()) return false;
   const int gqa = n_head / n_head_kv;
   const int kv_dim_k = n_head_kv * head_dim_k, kv_dim_v = n_head_kv * head_dim_v;
+  if (flash_prefill_fits(kv, head_dim_k, head_dim_v)) {  // (converts its own queries)
+    for (const PrefillRun& run : runs) flash_prefill_run(step, run, q, scale, kv, n_head, n_head_kv, head_dim_k, out, stream, out16);
+    return out16 != nullptr;
+  }
   const int64_t n_q = (int64_t)n_rows * n_head * head_dim_k;
   launch(queries_f16_kernel, dim3((unsigned)((n_q + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), q, n_rows, n_head,
          n_head_kv, head_dim_k, scale, scratch.q16);
   __half* k16 = scratch.kv16;
   __half* v16 = scratch.kv16 + (size_t)scratch.key_tile * kv_dim_k;
-  const bool flash = flash_prefill_fits(kv, head_dim_k, head_dim_v);
-  if (flash) {
-    for (const PrefillRun& run : runs) flash_prefill_run(step, run, scratch.q16, n_rows, kv, n_head, n_head_kv, head_dim_k, out, stream, out16);
-    return out16 != nullptr;
-  }
   for (const PrefillRun& run : runs) {
     const int total_keys = run.first_pos + run.n_rows;
     const int key_tile = std::min(scratch.key_tile, (total_keys + 31) / 32 * 32);

@@ -3,8 +3,8 @@
 // paged f16 cache. It replaces, for f16 caches on sm_80 and newer, prefill_attention's chain of a key
 // gather, two cuBLAS products and a softmax kernel per tile of keys (13% of a qwen3-32b pp512 step).
 //
-// Columns are (prompt row, query head of the group) pairs of one KV head, in the order queries_f16_kernel
-// writes them: column c is row c / gqa, head c % gqa. A CTA takes kColGroups m16 tiles of columns, each
+// Columns are (prompt row, query head of the group) pairs of one KV head: column c is row c / gqa, head
+// c % gqa; each CTA reads its columns' f32 queries and converts them (times the scale) to f16 itself. A CTA takes kColGroups m16 tiles of columns, each
 // tile two warps that split every block of keys between them (half the chain of dependent steps per
 // warp; their results merge at the end). For each block of kKeys keys the CTA stages K and V in shared
 // memory (cp.async, double-buffered: the next block loads while this one is multiplied); each warp
@@ -75,7 +75,7 @@ constexpr int kKeysOf = HD >= 256 ? 32 : 64;
 
 // KS: warps per column tile, each on its part of every key block (1 or 2).
 template <int HD, int KS>
-__global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(DeviceStep step, PrefillRun run, const __half* q16, int n_rows_all,
+__global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(DeviceStep step, PrefillRun run, const float* q, float scale,
                                                                      KvLayer kv, int n_head, int n_head_kv, float* out, __half* out16) {
   constexpr int kRow = HD + kPad;  // halves per shared row
   constexpr int kKeys = kKeysOf<HD>;
@@ -98,13 +98,17 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
   const __half* vcache = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
   wait_for_previous_kernel();
 
-  // The CTA's queries (pre-scaled f16), zero past the run's last column.
-  const __half* qsrc = q16 + ((int64_t)kvh * n_rows_all * gqa + (int64_t)run.first_row * gqa + col0) * HD;
-  constexpr int kChunks = HD / 8;  // 16-byte pieces per row
+  // The CTA's queries, scaled and converted to f16 (saturated), zero past the run's last column: column
+  // c is query head kvh * gqa + c % gqa of the run's row c / gqa.
+  constexpr int kChunks = HD / 8;  // 8-value pieces per row
   for (int i = threadIdx.x; i < kCols * kChunks; i += 32 * kWarps) {
     const int c = i / kChunks, p = i % kChunks;
     int4 v = make_int4(0, 0, 0, 0);
-    if (col0 + c < n_cols) v = reinterpret_cast<const int4*>(qsrc + (int64_t)c * HD)[p];
+    if (col0 + c < n_cols) {
+      const int col = col0 + c;
+      const float4* src = reinterpret_cast<const float4*>(q + ((int64_t)(run.first_row + col / gqa) * n_head + kvh * gqa + col % gqa) * HD + p * 8);
+      v = f16x8_saturated(src[0], src[1], scale);
+    }
     *reinterpret_cast<int4*>(qs + c * kRow + p * 8) = v;
   }
 
@@ -279,7 +283,7 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
 }
 
 template <int HD, int KS>
-void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
+void launch_flash(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,
                   int n_head_kv, float* out, __half* out16, cudaStream_t stream) {
   constexpr size_t smem = (size_t)(kCols + 4 * kKeysOf<HD>) * (HD + kPad) * sizeof(__half);
   static const bool configured = [] {
@@ -289,7 +293,7 @@ void launch_flash(const DeviceStep& step, const PrefillRun& run, const __half* q
   (void)configured;
   const int n_cols = run.n_rows * (n_head / n_head_kv);
   const dim3 grid((unsigned)((n_cols + kCols - 1) / kCols), (unsigned)n_head_kv);
-  launch(flash_prefill_kernel<HD, KS>, grid, dim3(32 * kColGroups * KS), smem, stream, pdl_enabled(), step, run, q16, n_rows_all, kv, n_head,
+  launch(flash_prefill_kernel<HD, KS>, grid, dim3(32 * kColGroups * KS), smem, stream, pdl_enabled(), step, run, q, scale, kv, n_head,
          n_head_kv, out, out16);
 }
 
@@ -301,14 +305,14 @@ bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v) {
   return head_dim_k == 64 || head_dim_k == 96 || head_dim_k == 128 || head_dim_k == 256;
 }
 
-void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
+void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,
                        int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16) {
   if (run.n_rows < 1) return;
   // Two warps per column tile unless ROOFLINE_FLASH_KEY_SPLIT=0.
   static const bool split = env_switch("ROOFLINE_FLASH_KEY_SPLIT", true);
   auto go = [&]<int HD>() {
-    if (split) launch_flash<HD, 2>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, out16, stream);
-    else launch_flash<HD, 1>(step, run, q16, n_rows_all, kv, n_head, n_head_kv, out, out16, stream);
+    if (split) launch_flash<HD, 2>(step, run, q, scale, kv, n_head, n_head_kv, out, out16, stream);
+    else launch_flash<HD, 1>(step, run, q, scale, kv, n_head, n_head_kv, out, out16, stream);
   };
   switch (head_dim) {
     case 64: return go.template operator()<64>();

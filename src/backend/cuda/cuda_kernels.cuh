@@ -256,10 +256,10 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
                        int n_rows, const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v, float scale,
                        const PrefillScratch& scratch, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // prefill_attention's one-launch form for a run (cuda_flash_prefill.cu): f16 K and V caches, equal head
-// dims of 64, 96, 128 or 256, sm_80 and newer, unless ROOFLINE_FLASH_PREFILL=0. q16 holds the step's
-// n_rows_all rows as queries_f16_kernel writes them; out is the step's output ([row][head][dim]).
+// dims of 64, 96, 128 or 256, sm_80 and newer, unless ROOFLINE_FLASH_PREFILL=0. q: the step's queries
+// ([row][head][dim], f32; each CTA converts its own to f16 times scale); out is the step's output ([row][head][dim]).
 bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v);
-void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const __half* q16, int n_rows_all, const KvLayer& kv, int n_head,
+void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,
                        int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),
 // read when a backend is created.
