@@ -36,7 +36,7 @@ lb() { local f=$1; shift; stamp "llama-bench $(basename "$f") $*"
 
 if [ "$stage" = prep ]; then
   stamp "start: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) cores, $($bin/roofline --version | head -1)"
-  if [ ! -x "$lcpp/build/bin/llama-bench" ]; then
+  if [ ! -x "$lcpp/build/bin/llama-bench" ] && [ "${LLAMA:-1}" != 0 ]; then  # LLAMA=0: no llama.cpp build
     ( nice -n 10 bash scripts/gpu/build_llamacpp.sh carry/pack/llamacpp.tar.gz "$lcpp" > "$out/llamacpp_build.log" 2>&1 ) &
     bpid=$!
   fi

@@ -120,7 +120,31 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
   }
 }
 
+// The tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) on small matrices (so forced, ROOFLINE_Q4K_TILE_GEMM_ANY=1):
+// odd row counts (partial row tiles), token counts over one and several token tiles, partial ones
+// included, and K of one to several super-blocks. It multiplies the same f16 weights as the cuBLAS
+// path, so the bound is the f16 activations' rounding.
+TEST(GpuMatmulTest, Q4KTileGemmMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() {
+      unsetenv("ROOFLINE_Q4K_TILE_GEMM_ANY");
+      unsetenv("ROOFLINE_Q4K_TILE_GEMM");
+    }
+  } restore;
+  setenv("ROOFLINE_Q4K_TILE_GEMM_ANY", "1", 1);
+  setenv("ROOFLINE_Q4K_TILE_GEMM", "512", 1);
+  Rng rng(23);
+  for (int n : {65, 100, 128, 129, 300})
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{300, 1280}, {129, 256}, {77, 2816}}) {
+      const double e = gpu_matmul_nmse(DType::Q4_K, rows, cols, n, rng);
+      EXPECT_LT(e, 2e-6) << rows << " x " << cols << " n=" << n;
+    }
+}
+
 namespace {
+
+using JoinedGroup = std::vector<std::pair<DType, int64_t>>;  // each member's type and rowsnamespace {
 
 using JoinedGroup = std::vector<std::pair<DType, int64_t>>;  // each member's type and rows
 
@@ -837,6 +861,34 @@ TEST(GpuEngineTest, PromptF16OutputsGiveTheSameLogits) {
     ASSERT_EQ(converted.size(), direct.size());
     EXPECT_EQ(converted, direct);
   }
+}
+
+// Prompt steps of a Q4_K_M model with every Q4_K product of 65-256 rows on the tiled GEMM (forced onto
+// the tiny model's small matrices) against the cuBLAS path: the same f16 weights and activations, summed
+// in another order; the residual products (o, down) add into the stream, the others write it.
+TEST(GpuEngineTest, Q4KTileGemmPromptsMatchTheCublasPath) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const auto tokens = some_tokens(520, model->hparams().n_vocab, 13);
+  auto run = [&]() {
+    auto e = Engine::create(model, all_on_gpu());
+    const int sa = e->memory().create_sequence(), sb = e->memory().create_sequence();
+    auto out = e->eval(sa, std::span<const int32_t>(tokens.data(), 100), true);
+    auto add = [&](std::vector<float> more) { out.insert(out.end(), more.begin(), more.end()); };
+    add(e->eval(sa, std::span<const int32_t>(tokens.data() + 100, 200), true));
+    add(e->eval(sb, std::span<const int32_t>(tokens.data() + 300, 220), true));
+    return out;
+  };
+  setenv("ROOFLINE_Q4K_TILE_GEMM", "0", 1);
+  const auto cublas = run();
+  setenv("ROOFLINE_Q4K_TILE_GEMM", "256", 1);
+  setenv("ROOFLINE_Q4K_TILE_GEMM_ANY", "1", 1);
+  const auto tiled = run();
+  unsetenv("ROOFLINE_Q4K_TILE_GEMM");
+  unsetenv("ROOFLINE_Q4K_TILE_GEMM_ANY");
+  ASSERT_EQ(cublas.size(), tiled.size());
+  EXPECT_NE(cublas, tiled);  // the tiled path ran (its sums round differently somewhere)
+  EXPECT_LT(test::nmse(tiled.data(), cublas.data(), cublas.size()), 1e-6);
 }
 
 TEST(GpuEngineTest, ForkCopiesBlocksOnTheGpu) {

@@ -654,6 +654,7 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
     return fused_products(ws, ys, ldys, 1, x, n_tokens, accumulate, scratch, scratch_elems, x_f16, stream);
   }
   if (!x_ready) launch(to_f16_kernel, dim3((unsigned)((n_x + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
+  if (q4k_tile_gemm_fits(w, n_tokens)) return q4k_tile_gemm(w, x_f16, n_tokens, y, ldy, accumulate, stream);
   int64_t rows_per_chunk = (int64_t)(scratch_elems / (size_t)w.cols);
   if (rows_per_chunk < 1) fail("internal error: GEMM scratch smaller than one row");
   // Whole multiples of 256 rows per chunk: an odd chunk misaligns the output columns and cuBLAS then

@@ -127,6 +127,14 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
           __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false, DequantAhead* ahead = nullptr);
 // Products of one input joined in one launch of the fused kernel (q/k/v, gate/up of a 9-64 row step):
 // weights where gemm_fuses_dequant holds, of one type and row length; ys[k] = W_k x (no accumulation).
+// Prompt products of Q4_K weights as one tiled tensor-core GEMM that dequantizes its tiles in shared
+// memory (cuda_gemm_q4k_tiles.cu), instead of an f16 copy of the weights for cuBLAS: gemm() takes it for
+// steps of 65 to q4k_tile_gemm_max_tokens() rows (256, or ROOFLINE_Q4K_TILE_GEMM; 0 turns it off) on
+// sm_80+, where the product has most of a GPU's wave of tiles (or wherever, ROOFLINE_Q4K_TILE_GEMM_ANY=1;
+// both read per call). x16: the step's rows as f16 ([n_tokens][cols]).
+int q4k_tile_gemm_max_tokens();
+bool q4k_tile_gemm_fits(const DeviceWeight& w, int n_tokens);
+void q4k_tile_gemm(const DeviceWeight& w, const __half* x16, int n_tokens, float* y, int ldy, bool accumulate, cudaStream_t stream);
 // ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
 bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens);
 void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
