@@ -170,7 +170,7 @@ int sm_count() {
 
 int q4k_tile_gemm_max_tokens() {
   const char* env = std::getenv("ROOFLINE_Q4K_TILE_GEMM");
-  return env ? std::atoi(env) : 256;
+  return env ? std::atoi(env) : 0;
 }
 
 bool q4k_tile_gemm_fits(const DeviceWeight& w, int n_tokens) {

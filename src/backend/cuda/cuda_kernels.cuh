@@ -129,7 +129,7 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
 // weights where gemm_fuses_dequant holds, of one type and row length; ys[k] = W_k x (no accumulation).
 // Prompt products of Q4_K weights as one tiled tensor-core GEMM that dequantizes its tiles in shared
 // memory (cuda_gemm_q4k_tiles.cu), instead of an f16 copy of the weights for cuBLAS: gemm() takes it for
-// steps of 65 to q4k_tile_gemm_max_tokens() rows (256, or ROOFLINE_Q4K_TILE_GEMM; 0 turns it off) on
+// steps of 65 to q4k_tile_gemm_max_tokens() rows (ROOFLINE_Q4K_TILE_GEMM; 0, the default, turns it off) on
 // sm_80+, where the product has most of a GPU's wave of tiles (or wherever, ROOFLINE_Q4K_TILE_GEMM_ANY=1;
 // both read per call). x16: the step's rows as f16 ([n_tokens][cols]).
 int q4k_tile_gemm_max_tokens();
