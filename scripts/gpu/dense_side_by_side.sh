@@ -17,16 +17,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stage="${1:-prep}"
-out="${OUT:-/tmp/out}"
-mkdir -p "$out" build-sbs
+STAMP_FILE=summary.md
+source scripts/gpu/device_env.sh  # $out, $bin, stamp, LD_LIBRARY_PATH
+mkdir -p build-sbs
 work=$PWD/build-sbs
-[ -x carry/bin/roofline ] || tar xJf carry/pack/bin.tar.xz -C carry
-bin=$PWD/carry/bin
 lcpp=$work/lcpp
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
 export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.md"; }
 models="${MODELS:-qwen3-32b qwen3-8b}"
 file_of() { echo "$work/$1-Q4_K_M.gguf"; }
 rl() { local f=$1; shift; stamp "roofline bench $(basename "$f") $*"

@@ -62,6 +62,8 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 // For tests: the batched products of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu) for 9-64 rows (1)
 // or never (0) whatever ROOFLINE_INT8_MMA says, or back to what it says (-1: never unless set).
 void gpu_use_int8_products_for_test(int mode);
+// For tests: how many products the tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) has run in this process.
+int64_t gpu_q4k_tile_gemm_calls_for_test();
 
 // For tests: the MoE expert products, grouped by expert on the device as the MoE block runs them (tensor
 // cores for more than 64 tokens of Q4_K / Q6_K weights with even rows per expert, else the int8 / float kernels).

@@ -880,14 +880,17 @@ TEST(GpuEngineTest, Q4KTileGemmPromptsMatchTheCublasPath) {
     return out;
   };
   setenv("ROOFLINE_Q4K_TILE_GEMM", "0", 1);
+  const int64_t calls0 = gpu_q4k_tile_gemm_calls_for_test();
   const auto cublas = run();
+  EXPECT_EQ(gpu_q4k_tile_gemm_calls_for_test(), calls0);
   setenv("ROOFLINE_Q4K_TILE_GEMM", "256", 1);
   setenv("ROOFLINE_Q4K_TILE_GEMM_ANY", "1", 1);
   const auto tiled = run();
   unsetenv("ROOFLINE_Q4K_TILE_GEMM");
   unsetenv("ROOFLINE_Q4K_TILE_GEMM_ANY");
+  // (With K of 256 and 768, the tiled sums and cuBLAS's may well agree to the bit, so the calls say it ran.)
+  EXPECT_GT(gpu_q4k_tile_gemm_calls_for_test(), calls0);
   ASSERT_EQ(cublas.size(), tiled.size());
-  EXPECT_NE(cublas, tiled);  // the tiled path ran (its sums round differently somewhere)
   EXPECT_LT(test::nmse(tiled.data(), cublas.data(), cublas.size()), 1e-6);
 }
 

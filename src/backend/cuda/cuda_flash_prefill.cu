@@ -32,16 +32,6 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Two B fragments (k16 x n8, n-tiles nt and nt + 1) of a row-major [key][dim] tile in shared memory.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#endif
-}
-
 // The KV cache slot of key position pos of the run's sequence.
 __device__ __forceinline__ int64_t key_slot(const DeviceStep& step, int seq, int block_size, int pos) {
   return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / block_size] * block_size + pos % block_size;
@@ -232,7 +222,7 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
 #pragma unroll
       for (int n = 0; n < HD / 8; n += 2) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, vp + n * 8);
+        ldmatrix_x4<true>(b, vp + n * 8);  // two B fragments (n-tiles n, n + 1) of the [key][dim] tile
         mma_16816(o[n], a[0], a[1], a[2], a[3], b[0], b[1]);
         mma_16816(o[n + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
       }

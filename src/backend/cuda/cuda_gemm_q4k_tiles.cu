@@ -16,7 +16,9 @@
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/gpu.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,17 +32,6 @@ constexpr int kRawRow = 48;                // bytes per row of a raw stage: the 
 constexpr int kXStage = kTileToks * kRow;  // halves
 constexpr int kRawStage = kTileRows * kRawRow;
 constexpr size_t kSmemBytes = (size_t)kStages * (kXStage * 2 + kRawStage) + (size_t)kTileRows * kRow * 2;
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#else
-  __trap();  // the host takes this path on sm_80+ only (q4k_tile_gemm_fits)
-#endif
-}
 
 __global__ void __launch_bounds__(kThreads, 2) q4k_tile_gemm_kernel(DeviceWeight w, const __half* x, int n_tok, float* y, int ldy,
                                                                    bool accumulate) {
@@ -184,7 +175,10 @@ bool q4k_tile_gemm_fits(const DeviceWeight& w, int n_tokens) {
   return ctas >= 2 * sm_count() * 3 / 4 || (any && std::atoi(any) == 1);
 }
 
+std::atomic<int64_t> tile_gemm_calls{0};  // (gpu_q4k_tile_gemm_calls_for_test)
+
 void q4k_tile_gemm(const DeviceWeight& w, const __half* x16, int n_tokens, float* y, int ldy, bool accumulate, cudaStream_t stream) {
+  tile_gemm_calls.fetch_add(1, std::memory_order_relaxed);
   static const bool configured = [] {
     ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(q4k_tile_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
     return true;
@@ -195,3 +189,9 @@ void q4k_tile_gemm(const DeviceWeight& w, const __half* x16, int n_tokens, float
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+int64_t gpu_q4k_tile_gemm_calls_for_test() { return cuda::tile_gemm_calls.load(); }
+
+}  // namespace roofline

@@ -1,6 +1,7 @@
 // What the mma.sync kernels share (the batched-decode products, the expert products, prompt
-// attention): the tensor-core products in the PTX fragment layouts (f16 m16n8k16 and tf32 m16n8k8 with
-// f32 accumulation, u8 x s8 m16n8k32 with int32 sums) and asynchronous global-to-shared copies.
+// attention, the tiled Q4_K prompt GEMM): the tensor-core products in the PTX fragment layouts (f16
+// m16n8k16 and tf32 m16n8k8 with f32 accumulation, u8 x s8 m16n8k32 with int32 sums), fragment loads
+// from shared memory (ldmatrix) and asynchronous global-to-shared copies.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +62,25 @@ __device__ __forceinline__ uint32_t to_tf32(float v) {
   r = __float_as_uint(v);
 #endif
   return r;
+}
+
+// Four 8 x 8 matrices of 16-bit values from shared memory into mma fragments (ldmatrix .x4; Trans: each
+// matrix transposed); lane l gives the address of row l % 8 of matrix l / 8, and r[i] is matrix i (sm_80+).
+template <bool Trans = false>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+  __trap();  // the callers run on sm_80+ only (flash_prefill_fits, q4k_tile_gemm_fits)
+#endif
 }
 
 // Asynchronous global -> shared copies (cp.async, sm_80+; a plain copy before that). Each thread's copies
