@@ -95,6 +95,8 @@ bool env_switch(const char* name, bool default_on);
 // less where the binary only has code for an older one (a PTX-only build JIT-compiled by the driver).
 // Host code picks kernel forms by this, never by the device's capability alone.
 int code_arch();
+// The current device's SM count (cached per device; 1 if it cannot be read).
+int sm_count();
 // Tunables of attention_span, read when a backend is created: the shortest span of keys per split
 // (32, or ROOFLINE_ATTN_MIN_SPAN: 16-128) and the splits per row before spans double (32, or
 // ROOFLINE_ATTN_SPLITS: 8-512).
@@ -113,6 +115,16 @@ __device__ __forceinline__ int4 f16x8_saturated(float4 a, float4 b, float scale 
   } o;
   o.h[0] = h(a.x), o.h[1] = h(a.y), o.h[2] = h(a.z), o.h[3] = h(a.w);
   o.h[4] = h(b.x), o.h[5] = h(b.y), o.h[6] = h(b.z), o.h[7] = h(b.w);
+  return o.v;
+}
+
+// Four floats as four saturated f16 (one 8-byte store).
+__device__ __forceinline__ uint2 f16x4_saturated(float4 a) {
+  union {
+    uint2 v;
+    __half h[4];
+  } o;
+  o.h[0] = saturated_half(a.x), o.h[1] = saturated_half(a.y), o.h[2] = saturated_half(a.z), o.h[3] = saturated_half(a.w);
   return o.v;
 }
 

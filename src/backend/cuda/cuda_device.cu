@@ -30,6 +30,15 @@ __global__ void probe_kernel() {}
 
 }  // namespace
 
+int sm_count() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  static int cached[64] = {};
+  int& sms = cached[device & 63];
+  if (sms == 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 1;
+  return sms;
+}
+
 int code_arch() {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;

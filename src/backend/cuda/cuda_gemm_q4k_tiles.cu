@@ -148,15 +148,6 @@ __global__ void __launch_bounds__(kThreads, 2) q4k_tile_gemm_kernel(DeviceWeight
       }
 }
 
-int sm_count() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 1;
-  static int cached[64] = {};
-  int& sms = cached[device & 63];
-  if (sms == 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 1;
-  return sms;
-}
-
 }  // namespace
 
 int q4k_tile_gemm_max_tokens() {

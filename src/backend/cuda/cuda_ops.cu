@@ -96,14 +96,7 @@ __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const fl
       const float4 wi = w4[i];
       const float4 y = make_float4(v[k].x * scale * wi.x, v[k].y * scale * wi.y, v[k].z * scale * wi.z, v[k].w * scale * wi.w);
       if (o4) o4[i] = y;
-      if (h4) {
-        const __half2 a = __halves2half2(saturated_half(y.x), saturated_half(y.y));
-        const __half2 b = __halves2half2(saturated_half(y.z), saturated_half(y.w));
-        uint2 bits;
-        memcpy(&bits.x, &a, 4);
-        memcpy(&bits.y, &b, 4);
-        h4[i] = bits;
-      }
+      if (h4) h4[i] = f16x4_saturated(y);
     }
   }
 }
