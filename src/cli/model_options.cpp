@@ -45,6 +45,26 @@ void add_model_options(CLI::App& app, ModelArgs& a, bool model_required) {
   app.add_option("--vram-limit", a.vram_limit, "use at most this many GiB on each GPU (one value, or one per GPU: 24,24)");
   add_device_option(app, a.device);
   add_moe_placement_options(app, a);
+  add_f16_copies_option(app, a);
+}
+
+void add_f16_copies_option(CLI::App& app, ModelArgs& a) {
+  app.add_option("--f16-copies", a.f16_copies,
+                 "f16 copies of the GPU layers' weights, made last from the memory left, so prompts skip dequantizing them: auto "
+                 "(where they fit), on (all, or an error), off (leave that memory free), or at most this many GiB per GPU")
+      ->capture_default_str();
+}
+
+F16Copies parse_f16_copies(const std::string& text, double& max_gib) {
+  max_gib = 0;
+  if (text == "auto") return F16Copies::Auto;
+  if (text == "on") return F16Copies::On;
+  if (text == "off") return F16Copies::Off;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end || !(v > 0 && v < 1e6)) fail("--f16-copies '{}': expected auto, on, off or a size in GiB", text);
+  max_gib = v;
+  return F16Copies::Auto;
 }
 
 void add_device_option(CLI::App& app, std::string& device) {
@@ -161,6 +181,7 @@ EngineOptions engine_options(const ModelArgs& a) {
   if (a.n_cpu_moe < 0) fail("--n-cpu-moe {}: expected a number of layers (0 or more)", a.n_cpu_moe);
   o.n_cpu_moe = a.cpu_moe ? EngineOptions::kAllLayers : a.n_cpu_moe;
   o.cpu_tensor_patterns = parse_override_tensor(a.override_tensor);
+  o.f16_copies = parse_f16_copies(a.f16_copies, o.f16_copies_max_gib);
   return o;
 }
 

@@ -32,6 +32,7 @@ struct ModelArgs {
   bool cpu_moe = false;                    // --cpu-moe: every MoE layer's experts in host memory
   int n_cpu_moe = 0;                       // --n-cpu-moe N: the first N layers' experts in host memory
   std::vector<std::string> override_tensor;  // -ot REGEX=CPU[,REGEX=CPU...]
+  std::string f16_copies = "auto";           // --f16-copies auto|on|off|GIB (EngineOptions::f16_copies)
   // Set by the command (not flags): sequences alive at once and state snapshots kept for prompt
   // caching, for models with recurrent layers (EngineOptions::n_seq_max, n_state_snapshots).
   int n_seq_max = 1;
@@ -42,6 +43,10 @@ struct ModelArgs {
 // -ot values ("REGEX=CPU", several joined by commas, as llama.cpp takes them) into the regexes whose
 // tensors stay in host memory; Error for another buffer type.
 std::vector<std::string> parse_override_tensor(const std::vector<std::string>& values);
+// --f16-copies (serve, run, bench, perplexity): f16 copies of the GPU weights for prompt steps.
+void add_f16_copies_option(CLI::App& app, ModelArgs& a);
+// auto, on, off, or a size in GiB (auto, at most that much: max_gib).
+F16Copies parse_f16_copies(const std::string& text, double& max_gib);
 // Adds --cpu-moe, --n-cpu-moe and -ot/--override-tensor (MoE experts in host memory).
 void add_moe_placement_options(CLI::App& app, ModelArgs& args);
 

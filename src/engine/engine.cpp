@@ -144,6 +144,10 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
         go.n_host_threads = o.n_threads;
         go.gemm_scratch_bytes = gemm_scratch_bytes(smallest_gpu);
         go.dequant_ahead_slots = dequant_ahead_slots(smallest_gpu);
+        go.f16_copies = o.f16_copies;
+        go.f16_copies_max_bytes = o.f16_copies_max_gib * 1073741824.0;
+        go.margin_bytes = o.gpu_margin_gib * 1073741824.0;
+        if (!o.vram_limit_gib.empty()) go.vram_limit_bytes = o.vram_limit_gib[o.vram_limit_gib.size() == 1 ? 0 : i] * 1073741824.0;
         gpu_options.push_back(go);
         gpus.push_back(make_gpu_backend(go));
         double usable = (double)g.free_bytes;
@@ -284,6 +288,11 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
     else
       engine->report_.push_back(fmt::format("offloaded {}/{} layers to {} GPUs, split by layer ({})", units, n_units,
                                             n_shares, shares));
+  }
+  // Last, once every backend has its weights, KV cache and state: f16 copies from what memory is left.
+  for (auto& b : engine->backends_) {
+    const std::string line = b->keep_f16_copies();
+    if (!line.empty()) engine->report_.push_back(line);
   }
   engine->copies_ = std::make_unique<BackendCopies>(engine->backends_);
   engine->memory_ = std::make_unique<SequenceMemory>(mo, engine->copies_.get());

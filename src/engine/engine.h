@@ -50,6 +50,10 @@ struct EngineOptions {
   // host memory and run on the CPU; the rest of those layers runs on the GPU.
   int n_cpu_moe = 0;
   std::vector<std::string> cpu_tensor_patterns;
+  // f16 copies of the GPU layers' weight matrices for prompt steps, made last from the memory left
+  // (--f16-copies; backend.h F16Copies): faster prompts for memory nothing else was given.
+  F16Copies f16_copies = F16Copies::Auto;
+  double f16_copies_max_gib = 0;  // auto: at most this much per GPU (--f16-copies GIB; 0: no cap)
   static constexpr int kAllLayers = 1 << 30;
 
   static constexpr int kGpuLayersAuto = -1;

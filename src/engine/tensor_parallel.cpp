@@ -220,6 +220,16 @@ void TensorParallelBackend::init_snapshots(int n) {
   wait();
 }
 
+std::string TensorParallelBackend::keep_f16_copies() {
+  std::vector<std::string> lines(ranks_.size());
+  post([&lines](int r, Backend& b) { lines[(size_t)r] = b.keep_f16_copies(); });
+  wait();
+  std::string all;
+  for (const std::string& line : lines)
+    if (!line.empty()) all += (all.empty() ? "" : "; ") + line;
+  return all;
+}
+
 void TensorParallelBackend::begin_step(const StepDesc& step) {
   n_tokens_ = (size_t)step.n_tokens();
   auto copy = std::make_shared<StepDesc>(step);

@@ -58,6 +58,7 @@ class TensorParallelBackend final : public Backend {
   void copy_kv_block(int src, int dst) override;
   void copy_state(int src, int dst) override;
   void init_snapshots(int n) override;
+  std::string keep_f16_copies() override;  // each rank its own slices' copies
   void save_window(int cell, int first_block, int n_blocks, int snapshot) override;
   void load_window(int snapshot, int cell, int first_block, int n_blocks) override;
 

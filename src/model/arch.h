@@ -36,6 +36,9 @@ enum class LayerTensor : uint8_t {
   Count
 };
 constexpr size_t kLayerTensorCount = (size_t)LayerTensor::Count;
+constexpr bool is_stacked_experts(LayerTensor t) {
+  return t == LayerTensor::FfnGateExps || t == LayerTensor::FfnUpExps || t == LayerTensor::FfnDownExps;
+}
 
 // The gated FFN's activation: down(act(gate(x)) * up(x)).
 enum class FfnKind : uint8_t {

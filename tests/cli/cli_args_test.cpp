@@ -108,6 +108,23 @@ TEST(CliArgs, RunRefusesSamplingValuesLlamaCppGivesNoMeaning) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// --f16-copies (f16 copies of the GPU weights for prompts): auto, on, off or a cap in GiB, checked before the
+// model loads by every command that takes it; where there is no GPU it changes nothing.
+TEST(CliArgs, F16CopiesTakeAutoOnOffOrASize) {
+  for (const char* bad : {"lots", "-1", "0", "1e9", ""}) {
+    for (const char* cmd : {"run", "bench"}) {
+      std::vector<std::string> args = {cmd, "-m", kTiny, "-p", std::string(cmd) == "run" ? "hi" : "8", "-n", "2", "--f16-copies", bad};
+      auto r = run_cli(args);
+      EXPECT_EQ(r.exit_code, 1) << cmd << " " << bad;
+      EXPECT_EQ(r.err, fmt::format("error: --f16-copies '{}': expected auto, on, off or a size in GiB\n", bad)) << cmd;
+    }
+  }
+  for (const char* good : {"auto", "on", "off", "12.5"}) {
+    auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-ngl", "0", "--f16-copies", good});
+    EXPECT_EQ(r.exit_code, 0) << good << ": " << r.err;
+  }
+}
+
 TEST(CliArgs, ThreadsBeyondTheCoresAreCapped) {
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-t", "1000"});

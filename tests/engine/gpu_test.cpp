@@ -799,8 +799,10 @@ TEST(GpuEngineTest, WeightsDequantizedAheadGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");
   const auto tokens = some_tokens(400, model->hparams().n_vocab, 9);
+  EngineOptions o = all_on_gpu();
+  o.f16_copies = F16Copies::Off;  // weights with copies dequantize nothing
   auto run = [&]() {
-    auto e = Engine::create(model, all_on_gpu());
+    auto e = Engine::create(model, o);
     const int sa = e->memory().create_sequence(), sb = e->memory().create_sequence();
     auto out = e->eval(sa, std::span<const int32_t>(tokens.data(), 100), true);
     auto add = [&](std::vector<float> more) { out.insert(out.end(), more.begin(), more.end()); };
@@ -870,8 +872,10 @@ TEST(GpuEngineTest, Q4KTileGemmPromptsMatchTheCublasPath) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");
   const auto tokens = some_tokens(520, model->hparams().n_vocab, 13);
+  EngineOptions o = all_on_gpu();
+  o.f16_copies = F16Copies::Off;  // a weight's f16 copy would take its products instead
   auto run = [&]() {
-    auto e = Engine::create(model, all_on_gpu());
+    auto e = Engine::create(model, o);
     const int sa = e->memory().create_sequence(), sb = e->memory().create_sequence();
     auto out = e->eval(sa, std::span<const int32_t>(tokens.data(), 100), true);
     auto add = [&](std::vector<float> more) { out.insert(out.end(), more.begin(), more.end()); };

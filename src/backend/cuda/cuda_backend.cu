@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_backend_sizes.cuh"
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_dequant_ahead.cuh"
+#include "backend/cuda/cuda_f16_copies.cuh"
 #include "backend/cuda/cuda_graph_cache.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -76,22 +77,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return fmt::format("CUDA{}", options_.device); }
 
   uint64_t weight_bytes(const Model& model, const LayerSet& layers) const override {
-    uint64_t n = 0;
-    for (int il = layers.begin; il < layers.end; ++il) {
-      const LayerWeights& L = model.layer(il);
-      for (const PlannedTensor& t : layer_tensor_plan(model.arch(), model.hparams(), il)) {
-        const Weight& w = L[t.rule->role];
-        if (expert_on_host(il, t.rule->role)) continue;  // MoE hook: experts kept in host memory
-        n += t.rule->use == TensorUse::Matrix ? device_weight_bytes(w) : floats_bytes(w);
-      }
-    }
-    if (layers.embedding) n += device_weight_bytes(model.token_embd());
-    if (layers.output) {
-      if (!(layers.embedding && model.tied_embeddings())) n += device_weight_bytes(model.output());
-      n += floats_bytes(model.output_norm());
-    }
-    n += floats_bytes(model.rope_freqs());
-    return n;
+    return device_weights_bytes(model, layers, [&](int il, LayerTensor role) { return expert_on_host(il, role); });
   }
 
   uint64_t kv_block_bytes(const Model& model, const LayerSet& layers, const KvConfig& kv) const override {
@@ -489,6 +475,17 @@ class CudaBackend final : public Backend {
   void init_snapshots(int n) override {
     window_snapshots_.init(options_.device, ring_planes(), n, kv_.swa_snapshot_blocks, kv_.swa_ring / kv_.block_size, n_state_cells_);
   }
+  std::string keep_f16_copies() override {  // of the layers' matrices, not the stacked experts (their own kernels)
+    ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
+    std::vector<DeviceWeight*> ws;
+    for (LayerDev& d : layer_dev_)
+      for (size_t i = 0; i < d.mats.size(); ++i)
+        if (d.mats[i].data && !is_stacked_experts((LayerTensor)i)) ws.push_back(&d.mats[i]);
+    const size_t own = weights_.capacity() + work_.capacity() + kv_arena_.capacity() + state_arena_.capacity() + kCublasWorkspaceBytes;
+    double room = f16_copy_room(options_.margin_bytes, options_.vram_limit_bytes, (double)own);
+    if (options_.f16_copies == F16Copies::Auto && options_.f16_copies_max_bytes > 0) room = std::min(room, options_.f16_copies_max_bytes);
+    return make_f16_copies(ws, options_.f16_copies, room, f16_copies_, stream_, options_.device);
+  }
   void save_window(int cell, int first, int n, int snapshot) override { window_snapshots_.save(stream_, cell, first, n, snapshot); }
   void load_window(int snapshot, int cell, int first, int n) override { window_snapshots_.load(stream_, snapshot, cell, first, n); }
 
@@ -524,8 +521,7 @@ class CudaBackend final : public Backend {
 
   // MoE hook: whether a layer's tensor stays in host memory (its stacked experts, --cpu-moe and the like).
   bool expert_on_host(int il, LayerTensor role) const {
-    const bool expert = role == LayerTensor::FfnGateExps || role == LayerTensor::FfnUpExps || role == LayerTensor::FfnDownExps;
-    return expert && il < (int)options_.experts_on_host.size() && options_.experts_on_host[(size_t)il];
+    return is_stacked_experts(role) && il < (int)options_.experts_on_host.size() && options_.experts_on_host[(size_t)il];
   }
 
   int table_capacity_blocks() const {
@@ -908,7 +904,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<const Model> model_;
   LayerSet layers_;
   KvConfig kv_;
-  DeviceArena weights_, work_, kv_arena_, state_arena_;
+  DeviceArena weights_, work_, kv_arena_, state_arena_, f16_copies_;
   int n_state_cells_ = 0;
   WindowSnapshots window_snapshots_;  // prompt-cache snapshots of the rings, in pinned host memory
   std::vector<LayerDev> layer_dev_;

@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_weights.cuh"
 #include "core/error.h"
 #include "formats/quant_ref.h"
 #include "model/model.h"
@@ -36,6 +37,27 @@ inline uint64_t kv_plane_bytes(const HParams& hp, const KvConfig& kv, int64_t po
 // Sliding layers among [begin, end) kept in rings (KvConfig::swa_ring) rather than paged.
 inline int ring_layers(const HParams& hp, const LayerSet& layers, const KvConfig& kv) {
   return kv.swa_ring > 0 ? hp.count_sliding_layers(layers.begin, layers.end) : 0;
+}
+
+// Device bytes of the weights of `layers` (CudaBackend::weight_bytes): matrices in their device layout, small
+// tensors as floats; on_host(il, role) says which stacked experts stay in host memory (--cpu-moe and the like).
+template <typename OnHost>
+uint64_t device_weights_bytes(const Model& model, const LayerSet& layers, OnHost&& on_host) {
+  uint64_t n = 0;
+  for (int il = layers.begin; il < layers.end; ++il) {
+    const LayerWeights& L = model.layer(il);
+    for (const PlannedTensor& t : layer_tensor_plan(model.arch(), model.hparams(), il)) {
+      if (on_host(il, t.rule->role)) continue;
+      const Weight& w = L[t.rule->role];
+      n += t.rule->use == TensorUse::Matrix ? device_weight_bytes(w) : floats_bytes(w);
+    }
+  }
+  if (layers.embedding) n += device_weight_bytes(model.token_embd());
+  if (layers.output) {
+    if (!(layers.embedding && model.tied_embeddings())) n += device_weight_bytes(model.output());
+    n += floats_bytes(model.output_norm());
+  }
+  return n + floats_bytes(model.rope_freqs());
 }
 
 }  // namespace roofline::cuda

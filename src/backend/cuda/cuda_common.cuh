@@ -168,6 +168,9 @@ struct DeviceWeight {
   const uint8_t* plane1 = nullptr;  // Q8_0Planes: f16 scales; Q6KPlanes: high 2-bit plane
   const uint8_t* plane2 = nullptr;  // Q6KPlanes: int8 sub-block scales
   const uint8_t* plane3 = nullptr;  // Q6KPlanes: f16 super-block scales
+  // An f16 copy of the whole matrix ([rows x cols], the values the prompt path's dequantization gives), kept
+  // where memory allows (CudaBackend::keep_f16_copies): prompt products multiply it instead of dequantizing.
+  const __half* f16 = nullptr;
 };
 
 // Activations of a matrix product in int8 form: per 32 elements a float scale d and s = d * sum(q).

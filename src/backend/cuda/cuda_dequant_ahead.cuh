@@ -21,12 +21,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_kernels.cuh"
 
 namespace roofline::cuda {
-
-// The f16 rows [r0, r0 + n_rows) of w into out ([n_rows x cols]), on `stream` (cuda_gemm.cu).
-void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half* out, cudaStream_t stream);
 
 class DequantAhead {
  public:

@@ -221,7 +221,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
   return out;
 }
 
-std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device) {
+std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device, bool f16_copy) {
   using namespace cuda;
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t stream;
@@ -234,8 +234,13 @@ std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>
   const size_t scratch = (size_t)rows * cols;
   const size_t padded_tokens = (size_t)(n_tokens + 15) / 16 * 16;  // the batched kernel's activation layout
   arena.reserve(device_weight_bytes(w) + (size_t)n_tokens * (cols * 4 + cols + 8 * (cols / 32 + 1) + rows * 4) +
-                padded_tokens * cols * 2 + scratch * 2 + 16 * 256);
-  const DeviceWeight dw = upload_weight(w, arena, stream);
+                padded_tokens * cols * 2 + scratch * 2 * (f16_copy ? 2 : 1) + 16 * 256);
+  DeviceWeight dw = upload_weight(w, arena, stream);
+  if (f16_copy) {  // as CudaBackend::keep_f16_copies makes them
+    __half* copy = reinterpret_cast<__half*>(arena.take(scratch * 2));
+    dequant_rows_f16(dw, 0, rows, copy, stream);
+    dw.f16 = copy;
+  }
   float* dx = reinterpret_cast<float*>(arena.take((size_t)n_tokens * cols * 4));
   float* dy = reinterpret_cast<float*>(arena.take((size_t)n_tokens * rows * 4));
   ActQ8 act;

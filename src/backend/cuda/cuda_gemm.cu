@@ -6,7 +6,9 @@
 // multiplied with cuBLAS (f16 inputs, f32 accumulation); with a DequantAhead (cuda_dequant_ahead.cuh) the
 // chunks come dequantized from a side stream. Both are free of atomics, so results are reproducible.
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_batched_products.cuh"
@@ -14,6 +16,7 @@
 #include "backend/cuda/cuda_dequant_ahead.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/gpu.h"
 
 namespace roofline::cuda {
 
@@ -619,7 +622,17 @@ void reduce_k_splits(const MmaPlan& plan, int n_tok, bool accumulate, const floa
   }
 }
 
+std::atomic<int64_t> f16_copy_gemm_calls{0};  // (gpu_f16_copy_gemm_calls_for_test)
+
+int f16_copy_min_rows() {
+  const char* env = std::getenv("ROOFLINE_F16_COPY_MIN_ROWS");
+  return env ? std::max(9, std::atoi(env)) : 65;
+}
+
+bool gemm_uses_f16_copy(const DeviceWeight& w, int n_tokens) { return w.f16 && n_tokens > 8 && n_tokens >= f16_copy_min_rows(); }
+
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens) {
+  if (gemm_uses_f16_copy(w, n_tokens)) return false;
   if (n_tokens < 1 || n_tokens > kMaxFusedRows || w.cols % 256 != 0) return false;
   if (code_arch() < 75) return false;  // the m16n8k8 f16 mma needs sm_75 (sm_70: dequantize + cuBLAS)
   return (w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes);
@@ -654,6 +667,15 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
     return fused_products(ws, ys, ldys, 1, x, n_tokens, accumulate, scratch, scratch_elems, x_f16, stream);
   }
   if (!x_ready) launch(to_f16_kernel, dim3((unsigned)((n_x + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (gemm_uses_f16_copy(w, n_tokens)) {  // the whole matrix's f16 copy, in one product
+    const cublasStatus_t st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w.rows, n_tokens, (int)w.cols, &alpha, w.f16, CUDA_R_16F,
+                                           (int)w.cols, x_f16, CUDA_R_16F, (int)w.cols, &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS GEMM failed with status {}", (int)st);
+    f16_copy_gemm_calls.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   if (q4k_tile_gemm_fits(w, n_tokens)) return q4k_tile_gemm(w, x_f16, n_tokens, y, ldy, accumulate, stream);
   int64_t rows_per_chunk = (int64_t)(scratch_elems / (size_t)w.cols);
   if (rows_per_chunk < 1) fail("internal error: GEMM scratch smaller than one row");
@@ -661,7 +683,6 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
   // falls back to slow pre-Hopper kernels (measured 10x slower on an H200).
   if (rows_per_chunk >= 512) rows_per_chunk = rows_per_chunk / 256 * 256;
   rows_per_chunk = std::min<int64_t>(rows_per_chunk, w.rows);
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   for (int64_t r0 = 0; r0 < w.rows; r0 += rows_per_chunk) {
     const int64_t n_rows = std::min(rows_per_chunk, w.rows - r0);
     const __half* wf16 = ahead ? ahead->take(w, r0, n_rows) : nullptr;
@@ -709,3 +730,9 @@ void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const Exp
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+int64_t gpu_f16_copy_gemm_calls_for_test() { return cuda::f16_copy_gemm_calls.load(); }
+
+}  // namespace roofline

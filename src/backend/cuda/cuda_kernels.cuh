@@ -121,6 +121,13 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 // x_ready: the cuBLAS path's x_f16 already holds x as f16 rows (an earlier product of the same input, or
 // an f16 SwiGLU), so x is not read.
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
+// The f16 rows [r0, r0 + n_rows) of w into out ([n_rows x cols]), on `stream`: what the cuBLAS path multiplies.
+void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half* out, cudaStream_t stream);
+// Whether a product of n_tokens rows multiplies w's f16 copy (DeviceWeight::f16) with cuBLAS: steps of at least
+// f16_copy_min_rows() rows (ROOFLINE_F16_COPY_MIN_ROWS, read per call; 65 by default: the fused kernels keep
+// batched decode). Such products dequantize nothing and fuse nothing (gemm_fuses_dequant is false for them).
+int f16_copy_min_rows();
+bool gemm_uses_f16_copy(const DeviceWeight& w, int n_tokens);
 // ahead: weights dequantized ahead on a side stream (cuda_dequant_ahead.cuh), or null.
 class DequantAhead;
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
