@@ -60,7 +60,7 @@ std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>& x, int device
 // For tests: y[t][r] = sum_c W[r][c] x[t][c] computed by the GPU's kernels (matvec for n_tokens <= 8,
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].
 // f16_copy: W also gets the f16 copy the backend keeps for prompt steps (the product then multiplies it where
-// gemm_uses_f16_copy says so: n_tokens >= ROOFLINE_F16_COPY_MIN_ROWS, 65 by default).
+// gemm_uses_f16_copy says so: n_tokens >= ROOFLINE_F16_COPY_MIN_ROWS, 33 by default).
 std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device = 0, bool f16_copy = false);
 // For tests: products of int8-activation weights of one row length in one launch, as the backend joins
 // q/k/v and gate/up: 1-8 tokens through matvec_multi (one kind, or Q4_K and Q6_K together), 9-64 through

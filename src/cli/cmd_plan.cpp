@@ -94,6 +94,9 @@ int run(int argc, char** argv) {
   app.add_option("--cache-type-v", ctv, "V cache type: f16, bf16, q8_0, q4_0 (-ctv)")->capture_default_str();
   app.add_option("--n-gpu-layers,--gpu-layers", ngl, "units on the GPU: a number, auto or all (-ngl)")->capture_default_str();
   app.add_flag("--no-prompt-cache", no_prompt_cache, "as serve: no state snapshots for recurrent models");
+  std::string f16_copies = "auto";
+  app.add_option("--f16-copies", f16_copies, "as serve: f16 copies of the GPU weights for prompts, from the memory the bill leaves "
+                 "(auto, on, off, or GiB)")->capture_default_str();
   std::string spec_type;
   app.add_option("--spec-type", spec_type, "as serve: speculative decoding (draft-mtp, draft-simple), which keeps a second "
                  "recurrent state per slot")
@@ -117,6 +120,9 @@ int run(int argc, char** argv) {
   settings.type_v = parse_cache_type(ctv);
   settings.n_gpu_layers = parse_gpu_layers(ngl);
   settings.prompt_cache = !no_prompt_cache;
+  double f16_copies_cap = 0;
+  settings.f16_copies = parse_f16_copies(f16_copies, f16_copies_cap) != F16Copies::Off;
+  settings.f16_copies_max_gib = f16_copies_cap;
   settings.speculative = !spec_type.empty() && spec_type != "none";
   settings.cache_ram_mib = cache_ram_mib;
   settings.draft_max = draft_max;
@@ -182,6 +188,7 @@ int run(int argc, char** argv) {
                        : fmt::format(" -ngl {}", plan.n_gpu_layers == plan.n_units ? std::string("all") : std::to_string(plan.n_gpu_layers));
   if (vram_limit > 0) serve += fmt::format(" --vram-limit {}", vram_limit);
   if (no_prompt_cache) serve += " --no-prompt-cache";
+  if (f16_copies != "auto") serve += " --f16-copies " + f16_copies;
   if (settings.speculative) serve += " --spec-type " + spec_type;
   if (settings.speculative && draft_max != PlanSettings{}.draft_max) serve += fmt::format(" --draft-max {}", draft_max);
   if (n_batch != 512) serve += fmt::format(" -b {}", n_batch);
@@ -209,6 +216,7 @@ int run(int argc, char** argv) {
     out["decode_tok_s_full_context"] = plan.decode_tok_s_full_context;
     out["decode_tok_s_all_slots"] = plan.decode_tok_s_all_slots;
     out["prefill_tok_s"] = plan.prefill_tok_s;
+    out["f16_copies"] = {{"bytes", plan.f16_copy_bytes}, {"share_that_fits", plan.f16_copy_share}};
     ordered_json bill = ordered_json::array();
     for (const DeviceBill* b : {&plan.gpu_bill, &plan.host_bill})
       bill.push_back({{"device", b->device}, {"weights_bytes", b->weights}, {"kv_bytes", b->kv}, {"state_bytes", b->state},

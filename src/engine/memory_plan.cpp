@@ -325,7 +325,18 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   p.prompt_flops_per_token = flops_per_token(model, 256, /*with_output=*/false);
   const double all_weights = host_weight_bytes(model, LayerSet{0, hp.n_layer, true, true});
   const double gpu_share = gpu.host ? 0 : std::min(1.0, p.gpu_bill.weights / std::max(all_weights, 1.0));
-  const double gpu_flops = gpu.host ? 0 : gpu.tflops * 1e12 * s.prefill_efficiency;
+  // The f16 copies the GPU layers' prompt products would take, and what share of them the bill leaves room for.
+  for (int il = std::min(first_gpu_unit, hp.n_layer); !gpu.host && il < hp.n_layer; ++il)
+    for (const PlannedTensor& t : layer_tensor_plan(model.arch(), hp, il)) {
+      const Weight& w = model.layer(il)[t.rule->role];
+      if (w && t.rule->use == TensorUse::Matrix && !is_stacked_experts(t.rule->role) && w.type() != DType::F16)
+        p.f16_copy_bytes += (double)w.tensor->n_elements() * 2;
+    }
+  double room = p.gpu_bill.capacity > 0 ? p.gpu_bill.capacity - p.gpu_bill.total() : 0;
+  if (s.f16_copies_max_gib > 0) room = std::min(room, s.f16_copies_max_gib * 1073741824.0);
+  p.f16_copy_share = s.f16_copies && p.f16_copy_bytes > 0 ? std::clamp(room / p.f16_copy_bytes, 0.0, 1.0) : 0;
+  const double gpu_efficiency = p.f16_copy_share * s.prefill_copies_efficiency + (1 - p.f16_copy_share) * s.prefill_efficiency;
+  const double gpu_flops = gpu.host ? 0 : gpu.tflops * 1e12 * gpu_efficiency;
   const bool host_compute_measured = s.host_tflops > 0;
   const double host_tflops = host_compute_measured ? s.host_tflops : host->tflops;
   const double host_flops = host_tflops * 1e12 * s.host_prefill_efficiency;
@@ -392,8 +403,12 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                             p.prefill_tok_s));
   else
     d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
-                            "on the H200){} = {:.0f} tok/s",
-                            p.prompt_flops_per_token / 1e9, gpu.tflops, s.prefill_efficiency,
+                            "on the H200: {:.2f} with f16 copies of the weights, {:.2f} without; {}){} = {:.0f} tok/s",
+                            p.prompt_flops_per_token / 1e9, gpu.tflops, gpu_efficiency, s.prefill_copies_efficiency, s.prefill_efficiency,
+                            !s.f16_copies ? std::string("--f16-copies off")
+                            : p.f16_copy_share >= 1 ? fmt::format("the copies, {:.1f} GiB, fit in what the bill leaves", p.f16_copy_bytes / 1073741824.0)
+                                                    : fmt::format("{:.0f}% of the copies' {:.1f} GiB fit in what the bill leaves", 100 * p.f16_copy_share,
+                                                                  p.f16_copy_bytes / 1073741824.0),
                             gpu_share < 1 ? fmt::format(", {:.0f}% of the weights on the GPU, the rest at {}", 100 * gpu_share, host_rate) : "",
                             p.prefill_tok_s));
   return p;

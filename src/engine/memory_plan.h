@@ -75,6 +75,12 @@ struct PlanSettings {
   // matrix left out: 278 of 989 TFLOPS).
   double batched_row_efficiency = 0.43;
   double prefill_efficiency = 0.28;
+  // With the layers' f16 copies (serve's --f16-copies auto, made from the memory the bill leaves) the prompt
+  // products dequantize nothing: qwen3-32b pp512 8024 tok/s, 505 of 989 TFLOPS (docs/performance.md, "f16
+  // copies"). A prompt step whose GPU weights have copies for a share of them runs that share at this rate.
+  double prefill_copies_efficiency = 0.51;
+  bool f16_copies = true;         // --f16-copies off: false
+  double f16_copies_max_gib = 0;  // --f16-copies GIB: at most this much (0: no cap)
   // The host's prompt products: their measured rate (cpu::measure_cpu_product_tflops; 0: the `cpu` entry's
   // rough figure), of which a CPU prompt step reaches this share (the products were 79-90% of qwen3-1.7b's
   // 128-token steps in the CPU profile, 1 to 16 threads: docs/performance.md).
@@ -115,6 +121,9 @@ struct Plan {
   double decode_roofline_tok_s = 0, decode_tok_s = 0, decode_tok_s_full_context = 0;
   double decode_tok_s_all_slots = 0;  // every slot generating at once, all slots together
   double flops_per_token = 0, prefill_tok_s = 0;  // flops_per_token: a decode row's (logits included)
+  // f16 copies of the GPU layers' matrices (CudaBackend::keep_f16_copies): the bytes all of them take, and the
+  // share of them that fits in what the GPU bill leaves (0 without a known capacity, or with them off).
+  double f16_copy_bytes = 0, f16_copy_share = 0;
   double prompt_flops_per_token = 0;               // a prompt row's (no logits)
   std::vector<std::string> derivation;       // how the rates were computed, one line each
   std::vector<std::string> recommendations;  // computed alternatives when it does not fit

@@ -42,7 +42,7 @@ bool has_line(const std::vector<std::string>& report, const std::string& part) {
 
 }  // namespace
 
-// Every weight type the prompt path dequantizes, at prompt sizes (65+ rows, the default threshold) and, with
+// Every weight type the prompt path dequantizes, at prompt sizes (65+ rows) and, with
 // ROOFLINE_F16_COPY_MIN_ROWS=9, at batched-decode sizes. The copy holds the values the dequantization writes
 // and the whole matrix is one cuBLAS product either way (the test's scratch holds it), so the two paths agree
 // to the bit from 65 rows; below that the copy replaces the fused kernel, and only the reference bound holds.
@@ -72,7 +72,7 @@ TEST(GpuMatmulTest, F16CopyProductsMatchTheReference) {
 
 // Whole models with copies (auto) and without: prompts of several lengths, a step mixing a prompt run with
 // decode rows, a batched-decode step, decode steps. The copies hold what the prompt path's dequantization
-// writes, so the logits are bit-identical; the report says what was kept. A model with post-norms (Gemma 3),
+// writes, so the logits are bit-identical (a 40-row step, fused kernel against copy, agrees to rounding); the report says what was kept. A model with post-norms (Gemma 3),
 // one of Q8_0 weights, a hybrid Qwen3.5 (the DeltaNet projections take copies too) and
 // an MoE model (its attention takes copies, its stacked experts keep their kernels).
 TEST(GpuEngineTest, F16CopiesGiveTheSameLogits) {
@@ -82,6 +82,7 @@ TEST(GpuEngineTest, F16CopiesGiveTheSameLogits) {
     auto model = tiny(name);
     const auto tokens = some_tokens(700, model->hparams().n_vocab, 17);
     std::vector<std::string> report;
+    std::vector<float> batched;
     auto run = [&](F16Copies copies) {
       auto e = Engine::create(model, on_gpu(copies));
       report = e->report();
@@ -97,13 +98,21 @@ TEST(GpuEngineTest, F16CopiesGiveTheSameLogits) {
       for (int i = 0; i < 20; ++i) rows.push_back({sa, tokens[(size_t)(651 + i)], true});
       add(e->decode(rows));
       add(e->eval(sa, std::span<const int32_t>(tokens.data() + 671, 1), false));
+      // A batched-decode step of 40 rows: the copies from 33 rows (f16_copy_min_rows), the fused kernel without.
+      rows.clear();
+      for (int i = 0; i < 20; ++i) rows.push_back({sa, tokens[(size_t)(672 + i)], true});
+      for (int i = 0; i < 20; ++i) rows.push_back({sb, tokens[(size_t)(672 + i)], true});
+      batched = e->decode(rows);
       return out;
     };
     const int64_t calls0 = gpu_f16_copy_gemm_calls_for_test();
     const auto plain = run(F16Copies::Off);
+    const auto plain_batched = batched;
     EXPECT_EQ(gpu_f16_copy_gemm_calls_for_test(), calls0);
     EXPECT_FALSE(has_line(report, "f16 copies"));
     const auto copied = run(F16Copies::Auto);
+    ASSERT_EQ(plain_batched.size(), batched.size());
+    EXPECT_LT(test::nmse(batched.data(), plain_batched.data(), batched.size()), 1e-8);  // the same products summed in another order
     EXPECT_GT(gpu_f16_copy_gemm_calls_for_test(), calls0);
     EXPECT_TRUE(has_line(report, "f16 copies of ")) << "the report names the copies";
     ASSERT_EQ(plain.size(), copied.size());

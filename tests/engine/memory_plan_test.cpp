@@ -155,6 +155,38 @@ TEST(MemoryPlan, LargeGpusBillTheWholeMatrixGemmScratch) {
   EXPECT_DOUBLE_EQ(make_plan(*m, card("h200"), s).gpu_bill.work, small.gpu_bill.work);
 }
 
+// The f16 copies a GPU's layers would keep for prompts (--f16-copies): two bytes per weight of every layer
+// matrix but the stacked experts, counted independently here from the tensor table; all of them fit on an
+// H200 beside qwen3-8b, part of them in what a 16 GiB card leaves (and that share is what the bill leaves
+// divided by their bytes), none with them off or capped at nothing; the prefill prediction moves with the share.
+TEST(MemoryPlan, F16CopiesTakeWhatTheBillLeaves) {
+  auto m = layout("synthetic:qwen3-8b:Q4_K_M");
+  const HParams& hp = m->hparams();
+  double want = 0;
+  for (int il = 0; il < hp.n_layer; ++il)
+    for (LayerTensor t : {LayerTensor::AttnQ, LayerTensor::AttnK, LayerTensor::AttnV, LayerTensor::AttnOut, LayerTensor::FfnGate,
+                          LayerTensor::FfnUp, LayerTensor::FfnDown})
+      want += 2.0 * (double)m->layer(il)[t].tensor->n_elements();
+  PlanSettings s;
+  const Plan h200 = make_plan(*m, card("h200"), s);
+  EXPECT_DOUBLE_EQ(h200.f16_copy_bytes, want);
+  EXPECT_DOUBLE_EQ(h200.f16_copy_share, 1.0);
+  const Plan small = make_plan(*m, card("h200", 16.0), s);
+  ASSERT_TRUE(small.fits);
+  EXPECT_NEAR(small.f16_copy_share, (small.gpu_bill.capacity - small.gpu_bill.total()) / want, 1e-12);
+  EXPECT_GT(small.f16_copy_share, 0.0);
+  EXPECT_LT(small.f16_copy_share, 1.0);
+  s.f16_copies = false;
+  const Plan off = make_plan(*m, card("h200"), s);
+  EXPECT_EQ(off.f16_copy_share, 0.0);
+  EXPECT_NEAR(h200.prefill_tok_s / off.prefill_tok_s, s.prefill_copies_efficiency / s.prefill_efficiency, 1e-9);
+  EXPECT_GT(small.prefill_tok_s, off.prefill_tok_s);  // the same card's compute with part of the copies
+  EXPECT_LT(small.prefill_tok_s, h200.prefill_tok_s);
+  s.f16_copies = true;
+  s.f16_copies_max_gib = 1.0;
+  EXPECT_NEAR(make_plan(*m, card("h200"), s).f16_copy_share, kGiB / want, 1e-12);
+}
+
 TEST(MemoryPlan, AutoOffloadIsTheLargestTailThatFitsTheBudget) {
   auto m = layout("synthetic:qwen3.5-27b:Q4_K_M");
   PlanSettings s;

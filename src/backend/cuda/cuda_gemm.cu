@@ -626,7 +626,7 @@ std::atomic<int64_t> f16_copy_gemm_calls{0};  // (gpu_f16_copy_gemm_calls_for_te
 
 int f16_copy_min_rows() {
   const char* env = std::getenv("ROOFLINE_F16_COPY_MIN_ROWS");
-  return env ? std::max(9, std::atoi(env)) : 65;
+  return env ? std::max(9, std::atoi(env)) : 33;
 }
 
 bool gemm_uses_f16_copy(const DeviceWeight& w, int n_tokens) { return w.f16 && n_tokens > 8 && n_tokens >= f16_copy_min_rows(); }
