@@ -484,7 +484,13 @@ class CudaBackend final : public Backend {
     const size_t own = weights_.capacity() + work_.capacity() + kv_arena_.capacity() + state_arena_.capacity() + kCublasWorkspaceBytes;
     double room = f16_copy_room(options_.margin_bytes, options_.vram_limit_bytes, (double)own);
     if (options_.f16_copies == F16Copies::Auto && options_.f16_copies_max_bytes > 0) room = std::min(room, options_.f16_copies_max_bytes);
-    return make_f16_copies(ws, options_.f16_copies, room, f16_copies_, stream_, options_.device);
+    const std::string line = make_f16_copies(ws, options_.f16_copies, room, f16_copies_, stream_, options_.device);
+    // Every layer matrix has a copy: nothing is left to dequantize ahead, so cuBLAS gets every SM back.
+    if (ahead_ && std::all_of(ws.begin(), ws.end(), [](const DeviceWeight* w) { return w->f16 != nullptr; })) {
+      ahead_.reset();
+      cublasSetSmCountTarget(cublas_, 0);
+    }
+    return line;
   }
   void save_window(int cell, int first, int n, int snapshot) override { window_snapshots_.save(stream_, cell, first, n, snapshot); }
   void load_window(int snapshot, int cell, int first, int n) override { window_snapshots_.load(stream_, snapshot, cell, first, n); }
