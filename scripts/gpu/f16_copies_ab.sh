@@ -19,7 +19,7 @@ fi
 # Q4_K_M files of qwen3-32b and qwen3-8b written under build-sbs/ (where dense_side_by_side.sh looks for them);
 # llama.cpp built there in the background for a `dense_side_by_side.sh bench` call right after (LLAMA=0 skips
 # it); then prompt rows (pp128, pp512) with the copies off and on, alternated; batched decode (`-npl 16,64`,
-# 128-token prompts) with them off, on from 65 rows (the default), and from 33 and 9 rows
+# 128-token prompts) with them off, on from 65 rows, from 33 (the default) and from 9 rows
 # (ROOFLINE_F16_COPY_MIN_ROWS); and tg128, which the copies must leave as it was. MODELS: the shapes of the
 # prompt rows (qwen3-32b first: the other rows are its); NPL=0, TG=0 skip those rows; LOAD=1 adds load.py on
 # `roofline serve` (1, 16, 64 streams). Carry ["carry/pack"]. Results in $OUT/summary.md.
@@ -64,12 +64,21 @@ done
 f=$(file_of qwen3-32b)
 [ -f "$f" ] || { stamp "synth qwen3-32b"; "$bin/roofline" synth "qwen3-32b:Q4_K_M" -o "$f" 2>&1 | tail -1; }
 m=qwen3-32b
-row $m "" --f16-copies off -p 128 -n 32 -npl 16,64 -r 1
-row $m "" -p 128 -n 32 -npl 16,64 -r 1
-row $m "ROOFLINE_F16_COPY_MIN_ROWS=33" -p 128 -n 32 -npl 16,64 -r 1
-row $m "ROOFLINE_F16_COPY_MIN_ROWS=9" -p 128 -n 32 -npl 16,64 -r 1
-row $m "" --f16-copies off -p 0 -n 128 -r 2
-row $m "" -p 0 -n 128 -r 2
+if [ "${NPL:-1}" != 0 ]; then
+  row $m "" --f16-copies off -p 128 -n 32 -npl 16,64 -r 1
+  row $m "ROOFLINE_F16_COPY_MIN_ROWS=65" -p 128 -n 32 -npl 16,64 -r 1
+  row $m "" -p 128 -n 32 -npl 16,64 -r 1
+  row $m "ROOFLINE_F16_COPY_MIN_ROWS=9" -p 128 -n 32 -npl 16,64 -r 1
+fi
+if [ "${TG:-1}" != 0 ]; then
+  row $m "" --f16-copies off -p 0 -n 128 -r 2
+  row $m "" -p 0 -n 128 -r 2
+fi
+if [ "${LOAD:-0}" != 0 ]; then  # the server under load, as dense_side_by_side.sh's bench stage runs it
+  stamp "load.py on roofline serve, qwen3-32b"
+  timeout 240 python3 tests/load/load.py --bin "$bin/roofline" --model "$(file_of qwen3-32b)" --server-args "-np 64 -c 32768 -ngl all" \
+      --concurrency 1,16,64 --per-stream 2 2>&1 | grep -E "^\||failed|error" | tee -a "$out/summary.md"
+fi
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | tee -a "$out/summary.md"
 if [ -n "${bpid:-}" ]; then stamp "waiting for llama.cpp"; wait "$bpid"; fi
 [ -f "$out/llamacpp_build.log" ] && tail -2 "$out/llamacpp_build.log" | tee -a "$out/summary.md"

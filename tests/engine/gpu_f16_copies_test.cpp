@@ -72,7 +72,7 @@ TEST(GpuMatmulTest, F16CopyProductsMatchTheReference) {
 
 // Whole models with copies (auto) and without: prompts of several lengths, a step mixing a prompt run with
 // decode rows, a batched-decode step, decode steps. The copies hold what the prompt path's dequantization
-// writes, so the logits are bit-identical (a 40-row step, fused kernel against copy, agrees to rounding); the report says what was kept. A model with post-norms (Gemma 3),
+// writes, so the logits are bit-identical (a 40-row step, fused kernel against copy, agrees to f16 rounding); the report says what was kept. A model with post-norms (Gemma 3),
 // one of Q8_0 weights, a hybrid Qwen3.5 (the DeltaNet projections take copies too) and
 // an MoE model (its attention takes copies, its stacked experts keep their kernels).
 TEST(GpuEngineTest, F16CopiesGiveTheSameLogits) {
@@ -112,7 +112,9 @@ TEST(GpuEngineTest, F16CopiesGiveTheSameLogits) {
     EXPECT_FALSE(has_line(report, "f16 copies"));
     const auto copied = run(F16Copies::Auto);
     ASSERT_EQ(plain_batched.size(), batched.size());
-    EXPECT_LT(test::nmse(batched.data(), plain_batched.data(), batched.size()), 1e-8);  // the same products summed in another order
+    // The fused kernel rounds each weight to f16 through its own half arithmetic (d * sc, then q * scale - min),
+    // the dequantization (and so the copy) through its own: f16 weights that differ in the last bit here and there.
+    EXPECT_LT(test::nmse(batched.data(), plain_batched.data(), batched.size()), 2e-5);
     EXPECT_GT(gpu_f16_copy_gemm_calls_for_test(), calls0);
     EXPECT_TRUE(has_line(report, "f16 copies of ")) << "the report names the copies";
     ASSERT_EQ(plain.size(), copied.size());
