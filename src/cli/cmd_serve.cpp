@@ -39,6 +39,36 @@ void on_signal(int sig) {
   (void)n;
 }
 
+// A warm-up before the server listens, as llama-server's: one prompt step of up to a batch of rows, then decode
+// steps of 1, 2, 4 and 8 rows, on sequences freed after. The first steps of each kind load their kernels
+// (lazily, by default), let cuBLAS pick its algorithms and capture the decode buckets' CUDA graphs: tens of
+// milliseconds that would otherwise land on the first requests' time to the first token.
+// A context too small for it stops it early: warming up is never a reason not to serve.
+void warm_up(Engine& engine, int n_parallel) {
+  SequenceMemory& mem = engine.memory();
+  const int n_prompt = std::max(1, std::min({engine.options().n_batch, mem.block_size() * 4, engine.options().n_ctx / 4}));
+  const int n_vocab = engine.n_vocab();
+  std::vector<int32_t> tokens((size_t)n_prompt + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t)((7 + 131 * i) % (size_t)n_vocab);
+  std::vector<int> seqs;
+  try {
+    seqs.push_back(mem.create_sequence(false));
+    engine.eval(seqs[0], std::span<const int32_t>(tokens.data(), (size_t)n_prompt), false);
+    for (int rows = 1; rows <= std::min(8, std::max(1, n_parallel)); rows *= 2) {
+      while ((int)seqs.size() < rows) {
+        seqs.push_back(mem.create_sequence(false));
+        engine.eval(seqs.back(), std::span<const int32_t>(tokens.data(), 1), false);
+      }
+      std::vector<Engine::BatchRow> batch;
+      for (int i = 0; i < rows; ++i) batch.push_back({seqs[(size_t)i], tokens[(size_t)i + 1], true, true});
+      engine.step(batch);
+    }
+  } catch (const Error& e) {
+    log_debug("warm-up stopped early: {}", e.what());
+  }
+  for (int s : seqs) mem.free_sequence(s);
+}
+
 // Waits up to timeout_ms (-1: forever) for a signal; true when one came.
 bool wait_signal(int timeout_ms) {
   pollfd p{g_signal_pipe[0], POLLIN, 0};
@@ -156,6 +186,8 @@ int run(int argc, char** argv) {
   app.add_flag("--jinja,!--no-jinja", jinja, "Jinja chat templates (always on)");
   app.add_flag("--kv-unified,!--no-kv-unified", kv_unified, "one KV pool shared by all slots (always)");
   app.add_flag("--no-cache-prompt", no_prompt_cache, "do not reuse the KV blocks of earlier prompts");
+  bool no_warmup = false;
+  app.add_flag("--no-warmup", no_warmup, "skip the warm-up steps before listening (they load the kernels the first requests would)");
   double cache_ram_mib = 8192;
   app.add_option("--cache-ram", cache_ram_mib,
                  "sliding-window models (gemma3): MiB of host memory for prompt-cache snapshots of the window (-cram; "
@@ -300,6 +332,7 @@ int run(int argc, char** argv) {
       engine = create_engine(model, margs);
       for (const std::string& line : engine->report()) log_info("{}", line);
       if (dargs.given()) draft = load_draft(dargs, margs, *engine);
+      if (!no_warmup) warm_up(*engine, n_parallel);
       mc->tokenizer = load_tokenizer(*model);
       std::string source = template_override.empty() ? chat_template_from_metadata(model->metadata()) : template_override;
       if (source.empty()) {
