@@ -40,13 +40,13 @@ void on_signal(int sig) {
 }
 
 // A warm-up before the server listens, as llama-server's: one prompt step of up to a batch of rows, then decode
-// steps of 1, 2, 4 and 8 rows, on sequences freed after. The first steps of each kind load their kernels
+// steps of 1, 2, 4, ... rows up to the slots (64 at most), on sequences freed after. The first steps of each kind load their kernels
 // (lazily, by default), let cuBLAS pick its algorithms and capture the decode buckets' CUDA graphs: tens of
 // milliseconds that would otherwise land on the first requests' time to the first token.
 // A context too small for it stops it early: warming up is never a reason not to serve.
 void warm_up(Engine& engine, int n_parallel) {
   SequenceMemory& mem = engine.memory();
-  const int n_prompt = std::max(1, std::min({engine.options().n_batch, mem.block_size() * 4, engine.options().n_ctx / 4}));
+  const int n_prompt = std::max(1, std::min(engine.options().n_batch, engine.options().n_ctx / 4));
   const int n_vocab = engine.n_vocab();
   std::vector<int32_t> tokens((size_t)n_prompt + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t)((7 + 131 * i) % (size_t)n_vocab);
@@ -54,13 +54,13 @@ void warm_up(Engine& engine, int n_parallel) {
   try {
     seqs.push_back(mem.create_sequence(false));
     engine.eval(seqs[0], std::span<const int32_t>(tokens.data(), (size_t)n_prompt), false);
-    for (int rows = 1; rows <= std::min(8, std::max(1, n_parallel)); rows *= 2) {
+    for (int rows = 1; rows <= std::min(64, std::max(1, n_parallel)); rows *= 2) {
       while ((int)seqs.size() < rows) {
         seqs.push_back(mem.create_sequence(false));
         engine.eval(seqs.back(), std::span<const int32_t>(tokens.data(), 1), false);
       }
       std::vector<Engine::BatchRow> batch;
-      for (int i = 0; i < rows; ++i) batch.push_back({seqs[(size_t)i], tokens[(size_t)i + 1], true, true});
+      for (int i = 0; i < rows; ++i) batch.push_back({seqs[(size_t)i], tokens[(size_t)(i + 1) % tokens.size()], true, true});
       engine.step(batch);
     }
   } catch (const Error& e) {
