@@ -1,19 +1,3 @@
-m=qwen3-32b
-if [ "${NPL:-1}" != 0 ]; then
-  row $m "" --f16-copies off -p 128 -n 32 -npl 16,64 -r 1
-  row $m "ROOFLINE_F16_COPY_MIN_ROWS=65" -p 128 -n 32 -npl 16,64 -r 1
-  row $m "" -p 128 -n 32 -npl 16,64 -r 1
-  row $m "ROOFLINE_F16_COPY_MIN_ROWS=9" -p 128 -n 32 -npl 16,64 -r 1
-fi
-if [ "${TG:-1}" != 0 ]; then
-  row $m "" --f16-copies off -p 0 -n 128 -r 2
-  row $m "" -p 0 -n 128 -r 2
-fi
-if [ "${LOAD:-0}" != 0 ]; then  # the server under load, as dense_side_by_side.sh's bench stage runs it
-  stamp "load.py on roofline serve, qwen3-32b"
-  timeout 240 python3 tests/load/load.py --bin "$bin/roofline" --model "$(file_of qwen3-32b)" --server-args "-np 64 -c 32768 -ngl all" \
-      --concurrency 1,16,64 --per-stream 2 2>&1 | grep -E "^\||failed|error" | tee -a "$out/summary.md"
-fi
 #!/usr/bin/env bash
 # One device call for the f16 weight copies (--f16-copies, cuda_f16_copies.cuh): every GPU test; the synthetic
 # Q4_K_M files of qwen3-32b and qwen3-8b written under build-sbs/ (where dense_side_by_side.sh looks for them);
