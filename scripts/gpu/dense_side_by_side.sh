@@ -32,16 +32,8 @@ lb() { local f=$1; shift; stamp "llama-bench $(basename "$f") $*"
 
 if [ "$stage" = prep ]; then
   stamp "start: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) cores, $($bin/roofline --version | head -1)"
-  if [ ! -x "$lcpp/build/bin/llama-bench" ] && [ "${LLAMA:-1}" != 0 ]; then  # LLAMA=0: no llama.cpp build
-    ( nice -n 10 bash scripts/gpu/build_llamacpp.sh carry/pack/llamacpp.tar.gz "$lcpp" > "$out/llamacpp_build.log" 2>&1 ) &
-    bpid=$!
-  fi
-  if [ "${TESTS:-Gpu*:*.Gpu*}" != none ]; then
-    CUDA_MODULE_LOADING=EAGER ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" \
-        --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" > "$out/gpu_tests.txt" 2>&1
-    stamp "GPU tests exit $?"
-    grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure" "$out/gpu_tests.txt" | head -30 | tee -a "$out/summary.md"
-  fi
+  start_llamacpp_build "$lcpp"  # LLAMA=0: none
+  gpu_tests
   for m in $models; do
     f=$(file_of "$m")
     [ -f "$f" ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }

@@ -9,3 +9,20 @@ bin="$PWD/${CARRY_BIN:-carry/bin}"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}:$PWD/carry/lib"
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/${STAMP_FILE:-summary.txt}"; }
+# gpu_tests: every GPU test (or those of TESTS, a gtest filter; TESTS=none skips them) into $out/gpu_tests.txt, the
+# verdict lines into the summary.
+gpu_tests() {
+  [ "${TESTS:-Gpu*:*.Gpu*}" = none ] && return
+  CUDA_MODULE_LOADING=EAGER ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" \
+      --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" > "$out/gpu_tests.txt" 2>&1
+  stamp "GPU tests exit $?"
+  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure" "$out/gpu_tests.txt" | head -30 | tee -a "$out/${STAMP_FILE:-summary.txt}"
+}
+# start_llamacpp_build DIR: unless DIR has a llama.cpp build (or LLAMA=0), builds carry/pack/llamacpp.tar.gz there in the
+# background (niced; the log in $out/llamacpp_build.log); $bpid is the job to wait for.
+start_llamacpp_build() {
+  if [ ! -x "$1/build/bin/llama-bench" ] && [ "${LLAMA:-1}" != 0 ]; then
+    ( nice -n 10 bash scripts/gpu/build_llamacpp.sh carry/pack/llamacpp.tar.gz "$1" > "$out/llamacpp_build.log" 2>&1 ) &
+    bpid=$!
+  fi
+}

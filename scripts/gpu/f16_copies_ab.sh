@@ -15,16 +15,8 @@ mkdir -p build-sbs
 work=$PWD/build-sbs
 file_of() { echo "$work/$1-Q4_K_M.gguf"; }
 stamp "start: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) cores, $($bin/roofline --version | head -1)"
-if [ ! -x "$work/lcpp/build/bin/llama-bench" ] && [ "${LLAMA:-1}" != 0 ]; then
-  ( nice -n 10 bash scripts/gpu/build_llamacpp.sh carry/pack/llamacpp.tar.gz "$work/lcpp" > "$out/llamacpp_build.log" 2>&1 ) &
-  bpid=$!
-fi
-if [ "${TESTS:-Gpu*:*.Gpu*}" != none ]; then
-  CUDA_MODULE_LOADING=EAGER ROOFLINE_SHARED_DIR=carry/shared ROOFLINE_SOURCE_DIR="$PWD" timeout 240 "$bin/roofline_tests" \
-      --gtest_filter="${TESTS:-Gpu*:*.Gpu*}" > "$out/gpu_tests.txt" 2>&1
-  stamp "GPU tests exit $?"
-  grep -E "^\[  FAILED|^\[  PASSED|^\[  SKIPPED|Failure" "$out/gpu_tests.txt" | head -30 | tee -a "$out/summary.md"
-fi
+start_llamacpp_build "$work/lcpp"  # LLAMA=0: none
+gpu_tests
 models="${MODELS:-qwen3-32b qwen3-8b}"
 # row ENV ARGS...: one bench, its rows on one line, and the engine's report line on the copies.
 row() {
