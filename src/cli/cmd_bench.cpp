@@ -247,10 +247,12 @@ int run(int argc, char** argv) {
                 margs.f16_copies = moe_args.f16_copies;
                 margs.n_seq_max = npl.empty() ? 1 : *std::max_element(npl.begin(), npl.end());
                 margs.draft_rollback = dargs.given();
+                margs.defer_f16_copies = dargs.given();  // the draft's engine first
                 auto engine = create_engine(model, margs);
                 for (const std::string& line : engine->report()) log_info("{}", line);
                 std::unique_ptr<Drafter> draft;
                 if (dargs.given()) draft = load_draft(dargs, margs, *engine);
+                for (const std::string& line : engine->keep_f16_copies()) log_info("{}", line);
                 const int units = engine->gpu_units();
                 const auto placed = engine->placements();
                 int n_gpu_ranges = 0;

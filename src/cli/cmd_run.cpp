@@ -306,6 +306,7 @@ int run_body(int argc, char** argv, bool chat_command) {
   auto model = load_model(margs);
   fit_context(margs, model->hparams(), 4096);
   margs.draft_rollback = dargs.given();
+  margs.defer_f16_copies = dargs.given() && !ra.chat;  // the draft's engine first
   auto tokenizer = load_tokenizer(*model);
   auto engine = create_engine(model, margs);
   for (const std::string& line : engine->report()) log_info("{}", line);
@@ -318,6 +319,7 @@ int run_body(int argc, char** argv, bool chat_command) {
   if (ra.chat) return chat_loop(*engine, tokenizer, *model, margs.model, ra);
   std::unique_ptr<Drafter> draft;
   if (dargs.given()) draft = load_draft(dargs, margs, *engine);
+  for (const std::string& line : engine->keep_f16_copies()) log_info("{}", line);
   return generate_once(*engine, *tokenizer, ra, draft.get());
 }
 

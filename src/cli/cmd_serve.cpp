@@ -329,9 +329,11 @@ int run(int argc, char** argv) {
       const KvConfig kv = planned_kv_config(hp, eo.n_ctx, eo.n_batch, eo.kv_block_size, eo.type_k, eo.type_v);
       if (kv.swa_snapshot_blocks > 0)
         margs.n_state_snapshots = no_prompt_cache ? 0 : window_snapshot_count(*model, kv, n_parallel, cache_ram_mib);
+      margs.defer_f16_copies = dargs.given();  // the draft's engine first
       engine = create_engine(model, margs);
       for (const std::string& line : engine->report()) log_info("{}", line);
       if (dargs.given()) draft = load_draft(dargs, margs, *engine);
+      for (const std::string& line : engine->keep_f16_copies()) log_info("{}", line);
       if (!no_warmup) warm_up(*engine, n_parallel);
       mc->tokenizer = load_tokenizer(*model);
       std::string source = template_override.empty() ? chat_template_from_metadata(model->metadata()) : template_override;

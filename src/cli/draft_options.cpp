@@ -44,6 +44,7 @@ std::unique_ptr<Drafter> load_draft(const DraftArgs& a, const ModelArgs& target_
     check_draft_target(target.memory(), "--spec-type draft-mtp");
     EngineOptions o = target.options();
     o.n_seq_max = std::max(1, target_args.n_seq_max);
+    o.f16_copies = F16Copies::Off;  // the memory left is the target's, for its own copies (load_draft's callers)
     auto mtp = std::make_unique<MtpDrafter>(target.model_ptr(), o, a.params);
     for (const std::string& line : mtp->engine().report()) log_info("MTP head: {}", line);
     log_info("speculative decoding: the model's MTP head, up to {} tokens per step (min {}, p-min {:.2f})", a.params.n_max,
@@ -61,6 +62,8 @@ std::unique_ptr<Drafter> load_draft(const DraftArgs& a, const ModelArgs& target_
   d.cpu_moe = false;
   d.n_cpu_moe = 0;
   d.override_tensor.clear();
+  d.f16_copies = "off";  // the memory left is the target's, for its own copies (load_draft's callers)
+  d.defer_f16_copies = false;
   d.n_state_snapshots = 0;
   d.draft_rollback = false;
   std::shared_ptr<const Model> model;

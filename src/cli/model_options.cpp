@@ -182,6 +182,7 @@ EngineOptions engine_options(const ModelArgs& a) {
   o.n_cpu_moe = a.cpu_moe ? EngineOptions::kAllLayers : a.n_cpu_moe;
   o.cpu_tensor_patterns = parse_override_tensor(a.override_tensor);
   o.f16_copies = parse_f16_copies(a.f16_copies, o.f16_copies_max_gib);
+  o.defer_f16_copies = a.defer_f16_copies;
   return o;
 }
 

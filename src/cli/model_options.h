@@ -33,6 +33,7 @@ struct ModelArgs {
   int n_cpu_moe = 0;                       // --n-cpu-moe N: the first N layers' experts in host memory
   std::vector<std::string> override_tensor;  // -ot REGEX=CPU[,REGEX=CPU...]
   std::string f16_copies = "auto";           // --f16-copies auto|on|off|GIB (EngineOptions::f16_copies)
+  bool defer_f16_copies = false;             // EngineOptions::defer_f16_copies (a draft engine comes next)
   // Set by the command (not flags): sequences alive at once and state snapshots kept for prompt
   // caching, for models with recurrent layers (EngineOptions::n_seq_max, n_state_snapshots).
   int n_seq_max = 1;

@@ -290,13 +290,22 @@ std::unique_ptr<Engine> Engine::create(std::shared_ptr<const Model> model, const
                                             n_shares, shares));
   }
   // Last, once every backend has its weights, KV cache and state: f16 copies from what memory is left.
-  for (auto& b : engine->backends_) {
-    const std::string line = b->keep_f16_copies();
-    if (!line.empty()) engine->report_.push_back(line);
-  }
+  if (!o.defer_f16_copies) engine->keep_f16_copies();
   engine->copies_ = std::make_unique<BackendCopies>(engine->backends_);
   engine->memory_ = std::make_unique<SequenceMemory>(mo, engine->copies_.get());
   return engine;
+}
+
+std::vector<std::string> Engine::keep_f16_copies() {
+  std::vector<std::string> lines;
+  if (f16_copies_kept_) return lines;
+  f16_copies_kept_ = true;
+  for (auto& b : backends_) {
+    const std::string line = b->keep_f16_copies();
+    if (!line.empty()) lines.push_back(line);
+  }
+  report_.insert(report_.end(), lines.begin(), lines.end());
+  return lines;
 }
 
 std::vector<float> Engine::decode(const std::vector<BatchRow>& batch) {

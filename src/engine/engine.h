@@ -54,6 +54,7 @@ struct EngineOptions {
   // (--f16-copies; backend.h F16Copies): faster prompts for memory nothing else was given.
   F16Copies f16_copies = F16Copies::Auto;
   double f16_copies_max_gib = 0;  // auto: at most this much per GPU (--f16-copies GIB; 0: no cap)
+  bool defer_f16_copies = false;  // create() leaves them to keep_f16_copies() (a draft engine is loaded first)
   static constexpr int kAllLayers = 1 << 30;
 
   static constexpr int kGpuLayersAuto = -1;
@@ -144,6 +145,10 @@ class Engine {
 
   // Human-readable placement and memory report (one line per item), as the startup log prints it.
   std::vector<std::string> report() const;
+  // The f16 copies of EngineOptions::f16_copies, from the memory left on each GPU; create() makes them last
+  // unless options().defer_f16_copies, for a caller that loads another engine first (a draft: the copies would
+  // leave it no room). Returns the report's new lines; later calls do nothing.
+  std::vector<std::string> keep_f16_copies();
 
  private:
   Engine() = default;
@@ -174,6 +179,7 @@ class Engine {
   bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
   std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement
+  bool f16_copies_kept_ = false;
   // -sm row: cuts the model into a slice per GPU of gpu_list (in proportion to weights), fits the units
   // every GPU can hold its slice of (budgets: bytes per GPU), makes row_split_ of the GPUs' backends
   // (moved from gpus) and returns the number of units offloaded.

@@ -124,7 +124,7 @@ TEST(GpuEngineTest, F16CopiesGiveTheSameLogits) {
 
 // `on` takes a copy of every matrix; a cap (--f16-copies GIB) keeps the copies that fit under it, in layer
 // order, and the products of the rest dequantize as before: the same logits again. A cap below every
-// matrix keeps none and says so.
+// matrix keeps none and says so. Deferred copies (serve, run and bench with a draft) come when asked, once.
 TEST(GpuEngineTest, F16CopiesUnderACap) {
   SKIP_WITHOUT_GPU();
   auto model = tiny("tiny-qwen3:Q4_K_M");
@@ -153,4 +153,18 @@ TEST(GpuEngineTest, F16CopiesUnderACap) {
   const auto none = run(F16Copies::Auto, 1e-9);
   EXPECT_TRUE(has_line(report, "no f16 copies"));
   EXPECT_EQ(plain, none);
+  // Deferred (a draft engine loads first): none until keep_f16_copies(), which makes them once.
+  EngineOptions o = on_gpu(F16Copies::Auto);
+  o.defer_f16_copies = true;
+  auto e = Engine::create(model, o);
+  EXPECT_FALSE(has_line(e->report(), "f16 copies"));
+  const auto lines = e->keep_f16_copies();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("f16 copies of "), std::string::npos);
+  EXPECT_TRUE(has_line(e->report(), "f16 copies of "));
+  EXPECT_TRUE(e->keep_f16_copies().empty());
+  const int64_t calls = gpu_f16_copy_gemm_calls_for_test();
+  const int seq = e->memory().create_sequence();
+  EXPECT_EQ(e->eval(seq, std::span<const int32_t>(tokens.data(), tokens.size()), true), plain);
+  EXPECT_GT(gpu_f16_copy_gemm_calls_for_test(), calls);
 }
