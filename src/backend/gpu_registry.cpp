@@ -18,7 +18,7 @@ std::unique_ptr<PartialSumReducer> make_gpu_reducer(const std::vector<int>&, siz
 std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>&, int, bool) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
-std::vector<float> gpu_matmul_for_test(const Weight&, const std::vector<float>&, int, int) {
+std::vector<float> gpu_matmul_for_test(const Weight&, const std::vector<float>&, int, int, bool) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>&, const std::vector<float>&, int, int) {
@@ -26,6 +26,7 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 }
 void gpu_use_int8_products_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_q4k_tile_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+int64_t gpu_f16_copy_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::vector<int32_t>&, int, const std::vector<float>&, int,
                                                 int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
