@@ -115,13 +115,13 @@ class Backend {
   // `snapshot`, load_window copies them back into another cell's ring. No-ops without ring layers.
   // Ordered after the steps already launched, before later ones; the host copy is complete on return.
   virtual void init_snapshots(int n) = 0;
+  virtual void save_window(int cell, int first_block, int n_blocks, int snapshot) = 0;
+  virtual void load_window(int snapshot, int cell, int first_block, int n_blocks) = 0;
 
   // Last, after every backend's init_snapshots: a GPU backend may keep f16 copies of its weight matrices
   // (F16Copies) for its prompt steps, which then multiply them instead of dequantizing every matrix in
   // every step. Returns a line for the startup report, or "" where it keeps none.
   virtual std::string keep_f16_copies() { return {}; }
-  virtual void save_window(int cell, int first_block, int n_blocks, int snapshot) = 0;
-  virtual void load_window(int snapshot, int cell, int first_block, int n_blocks) = 0;
 };
 
 }  // namespace roofline

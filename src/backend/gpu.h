@@ -36,6 +36,7 @@ struct GpuBackendOptions {
   std::vector<bool> experts_on_host;
   int n_host_threads = 0;  // CPU threads for those experts (0: every core)
   size_t gemm_scratch_bytes = 128 << 20;  // the prompt GEMMs' f16 weight scratch (placement.h gemm_scratch_bytes)
+  int dequant_ahead_slots = 0;            // as many more of it, dequantized ahead (placement.h dequant_ahead_slots)
   // f16 copies of the weight matrices kept for prompt steps (Backend::keep_f16_copies): where they fit in
   // what is free after everything else, less margin_bytes (and within vram_limit_bytes of this backend's
   // allocations, when that is set).
@@ -43,7 +44,6 @@ struct GpuBackendOptions {
   double f16_copies_max_bytes = 0;  // auto: at most this much (0: no cap)
   double vram_limit_bytes = 0;
   double margin_bytes = 1073741824.0;
-  int dequant_ahead_slots = 0;            // as many more of it, dequantized ahead (placement.h dequant_ahead_slots)
 };
 std::unique_ptr<Backend> make_gpu_backend(const GpuBackendOptions& options);
 
@@ -60,7 +60,7 @@ std::vector<float> gpu_nccl_sum_for_test(const std::vector<float>& x, int device
 // For tests: y[t][r] = sum_c W[r][c] x[t][c] computed by the GPU's kernels (matvec for n_tokens <= 8,
 // GEMM beyond), with W uploaded in its device layout. x: [n_tokens x cols], returns [n_tokens x rows].
 // f16_copy: W also gets the f16 copy the backend keeps for prompt steps (the product then multiplies it where
-// gemm_uses_f16_copy says so: n_tokens >= ROOFLINE_F16_COPY_MIN_ROWS, 33 by default).
+// gemm_uses_f16_copy says so: n_tokens >= ROOFLINE_F16_COPY_MIN_ROWS, 33 by default; gpu_set_f16_copy_min_rows_for_test).
 std::vector<float> gpu_matmul_for_test(const Weight& w, const std::vector<float>& x, int n_tokens, int device = 0, bool f16_copy = false);
 // For tests: products of int8-activation weights of one row length in one launch, as the backend joins
 // q/k/v and gate/up: 1-8 tokens through matvec_multi (one kind, or Q4_K and Q6_K together), 9-64 through
@@ -73,6 +73,8 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 void gpu_use_int8_products_for_test(int mode);
 // For tests: how many products have multiplied a weight's f16 copy (GpuBackendOptions::f16_copies) in this process.
 int64_t gpu_f16_copy_gemm_calls_for_test();
+// For tests: the fewest rows whose products take the f16 copies (at least 9), or back to ROOFLINE_F16_COPY_MIN_ROWS's (0).
+void gpu_set_f16_copy_min_rows_for_test(int rows);
 // For tests: how many products the tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) has run in this process.
 int64_t gpu_q4k_tile_gemm_calls_for_test();
 

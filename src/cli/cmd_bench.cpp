@@ -130,9 +130,9 @@ int run(int argc, char** argv) {
   std::string device;
   add_device_option(app, device);
   app.add_option("--main-gpu", main_gpu, "GPU to use with -sm none (-mg)")->capture_default_str();
-  ModelArgs moe_args;  // --cpu-moe, --n-cpu-moe, -ot (MoE experts in host memory), --f16-copies
-  add_moe_placement_options(app, moe_args);
-  add_f16_copies_option(app, moe_args);
+  ModelArgs placement_args;  // --cpu-moe, --n-cpu-moe, -ot (MoE experts in host memory), --f16-copies
+  add_moe_placement_options(app, placement_args);
+  add_f16_copies_option(app, placement_args);
   app.add_option("--flash-attn", fa, "flash attention (-fa): roofline's attention is always the fused kernel")->capture_default_str();
   app.add_option("--n-parallel", npl_list, "parallel sequences (-npl): each prefilled with -p tokens, generating -n");
   app.add_option("-r,--repetitions", reps, "repetitions per test")->capture_default_str();
@@ -151,7 +151,7 @@ int run(int argc, char** argv) {
   if (reps < 1) fail("repetitions must be at least 1");
   if (dargs.given()) check_draft_args(dargs);
   double f16_copies_cap = 0;
-  (void)parse_f16_copies(moe_args.f16_copies, f16_copies_cap);  // checked before anything is measured or loaded
+  (void)parse_f16_copies(placement_args.f16_copies, f16_copies_cap);  // checked before anything is measured or loaded
   const bool text_tg = dargs.given() || !prompt_file.empty();
   std::string prompt_text = kDefaultBenchPrompt;
   if (!prompt_file.empty()) {
@@ -241,10 +241,10 @@ int run(int argc, char** argv) {
                 margs.vram_limit = vram_limit;
                 margs.main_gpu = main_gpu;
                 margs.device = device;
-                margs.cpu_moe = moe_args.cpu_moe;
-                margs.n_cpu_moe = moe_args.n_cpu_moe;
-                margs.override_tensor = moe_args.override_tensor;
-                margs.f16_copies = moe_args.f16_copies;
+                margs.cpu_moe = placement_args.cpu_moe;
+                margs.n_cpu_moe = placement_args.n_cpu_moe;
+                margs.override_tensor = placement_args.override_tensor;
+                margs.f16_copies = placement_args.f16_copies;
                 margs.n_seq_max = npl.empty() ? 1 : *std::max_element(npl.begin(), npl.end());
                 margs.draft_rollback = dargs.given();
                 margs.defer_f16_copies = dargs.given();  // the draft's engine first

@@ -22,9 +22,9 @@ using test::tiny;
 
 namespace {
 
-struct MinRowsEnv {
-  explicit MinRowsEnv(const char* v) { setenv("ROOFLINE_F16_COPY_MIN_ROWS", v, 1); }
-  ~MinRowsEnv() { unsetenv("ROOFLINE_F16_COPY_MIN_ROWS"); }
+struct MinRows {
+  explicit MinRows(int rows) { gpu_set_f16_copy_min_rows_for_test(rows); }
+  ~MinRows() { gpu_set_f16_copy_min_rows_for_test(0); }
 };
 
 EngineOptions on_gpu(F16Copies copies) {
@@ -43,7 +43,7 @@ bool has_line(const std::vector<std::string>& report, const std::string& part) {
 }  // namespace
 
 // Every weight type the prompt path dequantizes, at prompt sizes (65+ rows) and, with
-// ROOFLINE_F16_COPY_MIN_ROWS=9, at batched-decode sizes. The copy holds the values the dequantization writes
+// the copies from 9 rows, at batched-decode sizes. The copy holds the values the dequantization writes
 // and the whole matrix is one cuBLAS product either way (the test's scratch holds it), so the two paths agree
 // to the bit from 65 rows; below that the copy replaces the fused kernel, and only the reference bound holds.
 TEST(GpuMatmulTest, F16CopyProductsMatchTheReference) {
@@ -51,7 +51,7 @@ TEST(GpuMatmulTest, F16CopyProductsMatchTheReference) {
   Rng rng(41);
   for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::F16, DType::BF16, DType::F32})
     for (int n : {16, 65, 130}) {
-      const MinRowsEnv env(n < 65 ? "9" : "65");
+      const MinRows min_rows(n < 65 ? 9 : 65);
       const int64_t rows = 75, cols = type == DType::Q8_0 || type == DType::F16 || type == DType::BF16 || type == DType::F32 ? 320 : 768;
       test::RandomWeight w(type, rows, cols, rng);
       std::vector<float> x((size_t)(n * cols));

@@ -482,8 +482,7 @@ class CudaBackend final : public Backend {
       for (size_t i = 0; i < d.mats.size(); ++i)
         if (d.mats[i].data && !is_stacked_experts((LayerTensor)i)) ws.push_back(&d.mats[i]);
     const size_t own = weights_.capacity() + work_.capacity() + kv_arena_.capacity() + state_arena_.capacity() + kCublasWorkspaceBytes;
-    double room = f16_copy_room(options_.margin_bytes, options_.vram_limit_bytes, (double)own);
-    if (options_.f16_copies == F16Copies::Auto && options_.f16_copies_max_bytes > 0) room = std::min(room, options_.f16_copies_max_bytes);
+    const double room = f16_copy_room(options_.margin_bytes, options_.vram_limit_bytes, (double)own, options_.f16_copies_max_bytes);
     const std::string line = make_f16_copies(ws, options_.f16_copies, room, f16_copies_, stream_, options_.device);
     // Every layer matrix has a copy: nothing is left to dequantize ahead, so cuBLAS gets every SM back.
     if (ahead_ && std::all_of(ws.begin(), ws.end(), [](const DeviceWeight* w) { return w->f16 != nullptr; })) {

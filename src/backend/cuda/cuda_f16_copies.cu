@@ -15,11 +15,12 @@ size_t copy_bytes(const DeviceWeight& w) { return ((size_t)w.rows * (size_t)w.co
 bool is_own_copy(const DeviceWeight& w) { return w.type == DType::F16 && w.layout == WeightLayout::Raw && w.row_bytes == (size_t)w.cols * 2; }
 }  // namespace
 
-double f16_copy_room(double margin_bytes, double limit_bytes, double own_bytes) {
+double f16_copy_room(double margin_bytes, double limit_bytes, double own_bytes, double cap_bytes) {
   size_t free_b = 0, total_b = 0;
   ROOFLINE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   double room = (double)free_b - margin_bytes;
   if (limit_bytes > 0) room = std::min(room, limit_bytes - own_bytes - margin_bytes);
+  if (cap_bytes > 0) room = std::min(room, cap_bytes);
   return std::max(0.0, room);
 }
 

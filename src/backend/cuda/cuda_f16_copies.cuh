@@ -15,8 +15,9 @@
 namespace roofline::cuda {
 
 // Bytes the current device can give copies: what it has free, less margin_bytes; with a limit (--vram-limit,
-// 0: none), also no more than limit_bytes less own_bytes (what this backend has allocated) and the margin.
-double f16_copy_room(double margin_bytes, double limit_bytes, double own_bytes);
+// 0: none), also no more than limit_bytes less own_bytes (what this backend has allocated) and the margin; with a
+// cap (--f16-copies GIB, 0: none), no more than that.
+double f16_copy_room(double margin_bytes, double limit_bytes, double own_bytes, double cap_bytes);
 
 // Gives weights an f16 copy each, in order, while they fit in room_bytes (Auto), or every one of them (On:
 // a one-line error naming the bytes when they do not fit). An F16 matrix in its raw layout is its own copy

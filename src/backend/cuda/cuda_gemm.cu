@@ -624,9 +624,14 @@ void reduce_k_splits(const MmaPlan& plan, int n_tok, bool accumulate, const floa
 
 std::atomic<int64_t> f16_copy_gemm_calls{0};  // (gpu_f16_copy_gemm_calls_for_test)
 
+int f16_copy_min_rows_for_test = 0;  // (gpu_set_f16_copy_min_rows_for_test; 0: the environment's or the default)
+
 int f16_copy_min_rows() {
-  const char* env = std::getenv("ROOFLINE_F16_COPY_MIN_ROWS");
-  return env ? std::max(9, std::atoi(env)) : 33;
+  static const int rows = [] {
+    const char* env = std::getenv("ROOFLINE_F16_COPY_MIN_ROWS");
+    return env ? std::max(9, std::atoi(env)) : 33;
+  }();
+  return f16_copy_min_rows_for_test > 0 ? f16_copy_min_rows_for_test : rows;
 }
 
 bool gemm_uses_f16_copy(const DeviceWeight& w, int n_tokens) { return w.f16 && n_tokens > 8 && n_tokens >= f16_copy_min_rows(); }
@@ -734,5 +739,6 @@ void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const Exp
 namespace roofline {
 
 int64_t gpu_f16_copy_gemm_calls_for_test() { return cuda::f16_copy_gemm_calls.load(); }
+void gpu_set_f16_copy_min_rows_for_test(int rows) { cuda::f16_copy_min_rows_for_test = rows > 0 ? std::max(9, rows) : 0; }
 
 }  // namespace roofline

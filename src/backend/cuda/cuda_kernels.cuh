@@ -124,7 +124,7 @@ bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 // The f16 rows [r0, r0 + n_rows) of w into out ([n_rows x cols]), on `stream`: what the cuBLAS path multiplies.
 void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half* out, cudaStream_t stream);
 // Whether a product of n_tokens rows multiplies w's f16 copy (DeviceWeight::f16) with cuBLAS: steps of at least
-// f16_copy_min_rows() rows (ROOFLINE_F16_COPY_MIN_ROWS, read per call; 33 by default: measured on an H200,
+// f16_copy_min_rows() rows (ROOFLINE_F16_COPY_MIN_ROWS, read once; 33 by default: measured on an H200,
 // qwen3-32b `-npl 64` 1883 generated tok/s from 33 rows against 1712-1758 with the fused kernel, `-npl 16`
 // 669 from 9 rows against 896-906). Such products dequantize nothing and fuse nothing (gemm_fuses_dequant is
 // false for them).
