@@ -61,18 +61,9 @@ GpuSpec resolve_gpu(const std::string& name, double cuda_context_gib) {
     spec.measured = true;
     return spec;
   }
-  const GpuInfo& d = devices[0];
-  const GpuSpec* known = match_gpu_spec(d.name, d.total_bytes / kGiB);
-  GpuSpec spec = known ? *known : GpuSpec{};
-  spec.name = known ? known->name + " (measured)" : "local GPU";
-  spec.display_name = d.name;
-  spec.cc_major = d.cc_major;
-  spec.cc_minor = d.cc_minor;
-  spec.memory_gib = d.free_bytes / kGiB + cuda_context_gib;  // the plan subtracts the context again: usable = free
-  spec.peak_gbs = measure_gpu_read_bandwidth(d.index);
+  GpuSpec spec = local_gpu_spec(devices[0], cuda_context_gib);
+  spec.peak_gbs = measure_gpu_read_bandwidth(devices[0].index);
   spec.stream_fraction = 1.0;
-  spec.measured = true;
-  if (!known) spec.tflops = 0;  // not in the table: prefill is not predicted
   return spec;
 }
 

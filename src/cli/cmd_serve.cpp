@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,8 @@
 #include "cli/model_options.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "backend/gpu.h"
+#include "engine/gpu_table.h"
 #include "engine/memory_plan.h"
 #include "engine/pooling.h"
 #include "serve/malloc_arenas.h"
@@ -67,6 +70,32 @@ void warm_up(Engine& engine, int n_parallel) {
     log_debug("warm-up stopped early: {}", e.what());
   }
   for (int s : seqs) mem.free_sequence(s);
+}
+
+// -b not given: steps of kLargeServeBatch rows where the whole model fits the GPU with their buffers
+// (serve_batch_size); several GPUs, experts placed by flag, a draft model or no GPU: -b's default.
+int choose_serve_batch(const Model& model, const ModelArgs& a, int n_parallel, bool prompt_cache) {
+  const EngineOptions o = engine_options(a);
+  if (o.n_gpu_layers == 0 || o.n_cpu_moe != 0 || !o.cpu_tensor_patterns.empty() || o.gpu_ids.size() > 1) return a.n_batch;
+  const auto devices = gpu_devices();
+  const int id = o.gpu_ids.empty() ? o.main_gpu : o.gpu_ids[0];
+  if (id < 0 || id >= (int)devices.size()) return a.n_batch;
+  if (devices.size() > 1 && o.gpu_ids.empty() && o.split_mode != EngineOptions::SplitMode::None) return a.n_batch;
+  PlanSettings s;
+  s.n_ctx = a.n_ctx;
+  s.n_parallel = n_parallel;
+  s.type_k = o.type_k, s.type_v = o.type_v;
+  s.n_batch = a.n_batch;
+  s.kv_block_size = o.kv_block_size;
+  s.prompt_cache = prompt_cache;
+  s.margin_gib = o.gpu_margin_gib;
+  s.vram_limit_gib = o.vram_limit_gib.empty() ? 0 : o.vram_limit_gib[0];
+  try {
+    return serve_batch_size(model, local_gpu_spec(devices[(size_t)id], s.cuda_context_gib), s);
+  } catch (const Error& e) {
+    log_debug("batch size: {}", e.what());
+  }
+  return a.n_batch;
 }
 
 // Waits up to timeout_ms (-1: forever) for a signal; true when one came.
@@ -138,10 +167,10 @@ std::vector<std::string> fill_optional_values(std::vector<std::string> args) {
 int run(int argc, char** argv) {
   CLI::App app{"OpenAI-compatible server with parallel slots and continuous batching (a drop-in for llama-server)"};
   ModelArgs margs;
-  // Steps of up to -b tokens, 512 by default (llama-server's physical batch, -ub). Larger steps let the
-  // prompts of many requests share one dequantization of the weights (on an H200, qwen3-32b, 64
-  // streams: 1376 tok/s with -b 512, 1459 with -b 2048), but their buffers (logits for every row) come
-  // out of the GPU memory that -ngl auto would give to layers, so they are asked for, not the default.
+  // Steps of up to -b tokens: 512 (llama-server's physical batch, -ub), or 2048 where the whole model fits
+  // the GPU with their buffers (choose_serve_batch). Larger steps let the prompts of many requests share a
+  // step, but their buffers (logits for every row) come out of the GPU memory that -ngl auto would give to
+  // layers, so they are taken only where no layer needs that memory.
   add_model_options(app, margs);
   DraftArgs dargs;  // speculative decoding: -md, --draft-max, --draft-min, --draft-p-min, -ngld
   add_draft_options(app, dargs);
@@ -216,6 +245,7 @@ int run(int argc, char** argv) {
   app.add_option("--frequency-penalty", sp.frequency_penalty, "default frequency penalty")->capture_default_str();
   app.add_option("-s,--seed", seed, "default seed (-1: random)")->capture_default_str();
   if (int rc = parse_args(app, fill_optional_values(normalize_llama_flags(argc, argv))); rc >= 0) return rc;
+  const bool batch_given = app.count("--batch-size") > 0 || std::getenv("LLAMA_ARG_BATCH") != nullptr;
 
   // Everything that can be checked without the model is checked before listening, so a bad value
   // exits at once with one line (and never leaves a server answering "Loading model").
@@ -323,6 +353,11 @@ int run(int argc, char** argv) {
       margs.n_seq_max = n_parallel;
       margs.n_state_snapshots = no_prompt_cache ? 0 : 2 * n_parallel;
       margs.draft_rollback = dargs.given();
+      if (!batch_given && !dargs.given()) {
+        margs.n_batch = choose_serve_batch(*model, margs, n_parallel, !no_prompt_cache);
+        if (margs.n_batch != ModelArgs{}.n_batch)
+          log_info("steps of up to {} rows: the whole model and their buffers fit the GPU (-b sets the size)", margs.n_batch);
+      }
       // Sliding-window models without recurrent layers: snapshots of the window in host memory, two per
       // slot as --cache-ram allows (the device holds only each slot's ring).
       const EngineOptions eo = engine_options(margs);

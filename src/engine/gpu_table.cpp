@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "backend/gpu.h"
+
 namespace roofline {
 
 namespace {
@@ -99,6 +101,20 @@ const GpuSpec* match_gpu_spec(std::string_view device_name, double memory_gib) {
   for (const Key& k : keys)
     if (n.find(k.needle) != std::string::npos && memory_gib <= k.max_gib) return find_gpu_spec(k.name);
   return nullptr;
+}
+
+GpuSpec local_gpu_spec(const GpuInfo& device, double cuda_context_gib) {
+  constexpr double kGiB = 1073741824.0;
+  const GpuSpec* known = match_gpu_spec(device.name, (double)device.total_bytes / kGiB);
+  GpuSpec spec = known ? *known : GpuSpec{};
+  spec.name = known ? known->name + " (measured)" : "local GPU";
+  spec.display_name = device.name;
+  spec.cc_major = device.cc_major;
+  spec.cc_minor = device.cc_minor;
+  spec.memory_gib = (double)device.free_bytes / kGiB + cuda_context_gib;  // the plan subtracts the context again: usable = free
+  spec.measured = true;
+  if (!known) spec.tflops = 0;  // not in the table: prefill is not predicted
+  return spec;
 }
 
 }  // namespace roofline

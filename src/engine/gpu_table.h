@@ -9,6 +9,8 @@
 
 namespace roofline {
 
+struct GpuInfo;  // backend/gpu.h
+
 struct GpuSpec {
   std::string name;          // "v100-32gb": what --gpu takes
   std::string display_name;  // "Tesla V100-SXM2-32GB"
@@ -33,5 +35,9 @@ std::string gpu_table_names();
 // The table entry whose card a CUDA device name ("NVIDIA H200", "Tesla V100-SXM2-32GB") describes,
 // given its memory; nullptr if none matches.
 const GpuSpec* match_gpu_spec(std::string_view device_name, double memory_gib);
+// A CUDA device of this machine as the planner takes it: its table entry where one matches (else a blank
+// spec: no prefill rate), with the memory free now as its memory (plus the CUDA context's allowance, which
+// the plan subtracts again) and the table's bandwidth (`plan --gpu auto` measures it instead).
+GpuSpec local_gpu_spec(const GpuInfo& device, double cuda_context_gib);
 
 }  // namespace roofline

@@ -487,4 +487,13 @@ void add_recommendations(Plan& plan, const Model& model, const ModelForMix& mode
   if (out.empty()) out.push_back("nothing smaller tried here fits this card: use a card with more memory, or several GPUs (-sm layer)");
 }
 
+int serve_batch_size(const Model& model, const GpuSpec& gpu, PlanSettings settings) {
+  const int fallback = settings.n_batch;
+  if (gpu.host || fallback >= kLargeServeBatch) return fallback;
+  settings.n_batch = kLargeServeBatch;
+  settings.n_gpu_layers = -1;  // auto: fits means every unit found room
+  settings.f16_copies = false;
+  return make_plan(model, gpu, settings).fits ? kLargeServeBatch : fallback;
+}
+
 }  // namespace roofline

@@ -187,6 +187,32 @@ TEST(MemoryPlan, F16CopiesTakeWhatTheBillLeaves) {
   EXPECT_NEAR(make_plan(*m, card("h200"), s).f16_copy_share, kGiB / want, 1e-12);
 }
 
+TEST(MemoryPlan, ServeTakesLargeStepsOnlyWhereTheWholeModelFitsWithThem) {
+  auto m = layout("synthetic:qwen3-32b:Q4_K_M");
+  PlanSettings s;  // as load.py's server: 64 slots sharing 32k positions
+  s.n_ctx = 32768;
+  s.n_parallel = 64;
+  EXPECT_EQ(serve_batch_size(*m, card("h200"), s), kLargeServeBatch);
+  EXPECT_EQ(serve_batch_size(*m, card("cpu"), s), 512);
+  // Cards below 64 GiB (one GEMM scratch size): 2048 exactly where the plan with 2048-row steps fits, and some
+  // sizes where 512-row steps fit and 2048-row ones do not keep 512.
+  int large = 0, kept = 0;
+  for (double gib = 20; gib < 40; gib += 0.25) {
+    PlanSettings b = s;
+    b.n_batch = kLargeServeBatch;
+    const bool fits_large = make_plan(*m, card("rtx4090", gib), b).fits;
+    const bool fits_default = make_plan(*m, card("rtx4090", gib), s).fits;
+    const int got = serve_batch_size(*m, card("rtx4090", gib), s);
+    EXPECT_EQ(got, fits_large ? kLargeServeBatch : 512) << gib << " GiB";
+    large += got == kLargeServeBatch;
+    kept += fits_default && !fits_large;
+  }
+  EXPECT_GT(large, 0);
+  EXPECT_GT(kept, 0);
+  s.n_batch = 4096;  // a larger default stays
+  EXPECT_EQ(serve_batch_size(*m, card("h200"), s), 4096);
+}
+
 TEST(MemoryPlan, AutoOffloadIsTheLargestTailThatFitsTheBudget) {
   auto m = layout("synthetic:qwen3.5-27b:Q4_K_M");
   PlanSettings s;

@@ -218,7 +218,8 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   for (int p : st.positions) n_ctx = std::max(n_ctx, p + 1);
   const int min_span = attention_min_span(), span_splits = attention_span_splits();
   rig.max_splits = attention_max_splits(n_ctx, min_span, span_splits);
-  rig.plan = plan_attention(st, rig.max_splits, min_span, span_splits, true);
+  rig.plan = plan_attention(st, rig.max_splits, min_span, span_splits,
+                            prefill_min_keys(flash_prefill_fits(c.type_k, c.type_v, s.head_dim_k, s.head_dim_v)));
   const int q_dim = s.n_head * s.head_dim_k, o_dim = s.n_head * s.head_dim_v;
   const int kv_dim = std::max(s.n_head_kv * s.head_dim_k, s.n_head_kv * s.head_dim_v);
   const int tile = key_tile > 0 ? clamp_key_tile(key_tile) : prefill_key_tile();

@@ -305,7 +305,8 @@ class CudaBackend final : public Backend {
     StepPackConfig c;
     c.max_tokens = options_.max_tokens;
     c.layout = step_layout();
-    c.max_splits = max_splits_, c.min_span = min_span_, c.span_splits = span_splits_, c.prefill_ok = prefill_ok_;
+    c.max_splits = max_splits_, c.min_span = min_span_, c.span_splits = span_splits_;
+    c.prefill_min_keys = prefill_ok_ ? prefill_min_keys(flash_prefill_fits(kv_.type_k, kv_.type_v, hp.head_dim_k, hp.head_dim_v)) : 0;
     c.rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
     c.swa_ring = kv_.swa_ring, c.kv_block_size = kv_.block_size, c.sliding_window = hp.sliding_window;
     c.n_state_cells = n_state_cells_;

@@ -102,6 +102,10 @@ int sm_count();
 // ROOFLINE_ATTN_SPLITS: 8-512).
 int attention_min_span();
 int attention_span_splits();
+// The keys a run of prompt rows must reach to take prefill_attention (plan_attention): any run where the
+// flash kernel takes the cache (`flash`), kMinPrefillKeys otherwise; ROOFLINE_PREFILL_MIN_KEYS (at least
+// kMinPrefillRun) sets both, read once.
+int prefill_min_keys(bool flash);
 
 // A float as f16, saturated at the f16 range (an activation beyond it would otherwise become inf): the
 // tensor-core products' f16 inputs.

@@ -82,6 +82,14 @@ int attention_span_splits() {
   return std::max(8, std::min(512, v));
 }
 
+int prefill_min_keys(bool flash) {
+  static const int keys = [] {
+    const char* env = std::getenv("ROOFLINE_PREFILL_MIN_KEYS");
+    return env ? std::max(kMinPrefillRun, std::atoi(env)) : 0;
+  }();
+  return keys > 0 ? keys : flash ? kMinPrefillRun : kMinPrefillKeys;
+}
+
 int attention_min_span() {
   const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
   const int v = env ? std::atoi(env) : 32;

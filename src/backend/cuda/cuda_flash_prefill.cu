@@ -289,10 +289,14 @@ void launch_flash(const DeviceStep& step, const PrefillRun& run, const float* q,
 
 }  // namespace
 
-bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v) {
+bool flash_prefill_fits(DType type_k, DType type_v, int head_dim_k, int head_dim_v) {
   static const bool on = env_switch("ROOFLINE_FLASH_PREFILL", true);
-  if (!on || code_arch() < 80 || kv.type_k != DType::F16 || kv.type_v != DType::F16 || head_dim_k != head_dim_v) return false;
+  if (!on || code_arch() < 80 || type_k != DType::F16 || type_v != DType::F16 || head_dim_k != head_dim_v) return false;
   return head_dim_k == 64 || head_dim_k == 96 || head_dim_k == 128 || head_dim_k == 256;
+}
+
+bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v) {
+  return flash_prefill_fits(kv.type_k, kv.type_v, head_dim_k, head_dim_v);
 }
 
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,

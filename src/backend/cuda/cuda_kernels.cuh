@@ -276,6 +276,7 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
 // dims of 64, 96, 128 or 256, sm_80 and newer, unless ROOFLINE_FLASH_PREFILL=0. q: the step's queries
 // ([row][head][dim], f32; each CTA converts its own to f16 times scale); out is the step's output ([row][head][dim]).
 bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v);
+bool flash_prefill_fits(DType type_k, DType type_v, int head_dim_k, int head_dim_v);
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,
                        int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),
@@ -285,9 +286,10 @@ int prefill_key_tile();
 // How a step's rows share the attention kernels (the backend's begin_step; gpu_attention_for_test):
 // decode-sized steps (<= 8 rows) take each row's own spans (attention_span) over up to max_splits
 // splits; larger ones spans of at least 128 keys from 33 rows on, widened (split_len) when the partial
-// buffer (8 rows x max_splits) cannot hold every row's splits. With prefill_ok, runs of at least
-// kMinPrefillRun consecutive rows of one sequence reaching kMinPrefillKeys keys go to
-// prefill_attention and the other rows are listed for the split kernel.
+// buffer (8 rows x max_splits) cannot hold every row's splits. With prefill_min_keys > 0, runs of at
+// least kMinPrefillRun consecutive rows of one sequence reaching prefill_min_keys keys go to
+// prefill_attention and the other rows are listed for the split kernel (prefill_min_keys() says how many
+// keys: a run's worth where the one-launch flash kernel takes the cache, kMinPrefillKeys otherwise).
 constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;
 struct AttentionPlan {
   int split_len = 0;  // header[kStepSplitLen]: keys per split (0: attention_span's)
@@ -297,6 +299,6 @@ struct AttentionPlan {
   std::vector<PrefillRun> runs;
   std::vector<int> split_rows;  // with runs: the rows the split kernel takes
 };
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, bool prefill_ok);
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int prefill_min_keys);
 
 }  // namespace roofline::cuda

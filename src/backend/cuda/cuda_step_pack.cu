@@ -21,7 +21,7 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
   int stride = 1;
   for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
   // Attention splits and prefill runs (plan_attention; measured choices in its comments).
-  AttentionPlan plan = plan_attention(step, c.max_splits, c.min_span, c.span_splits, c.prefill_ok);
+  AttentionPlan plan = plan_attention(step, c.max_splits, c.min_span, c.span_splits, c.prefill_min_keys);
   p.splits = plan.splits;
   p.split_heads = plan.split_heads;
   const StepLayout& lay = c.layout;
