@@ -90,6 +90,8 @@ int choose_serve_batch(const Model& model, const ModelArgs& a, int n_parallel, b
   s.prompt_cache = prompt_cache;
   s.margin_gib = o.gpu_margin_gib;
   s.vram_limit_gib = o.vram_limit_gib.empty() ? 0 : o.vram_limit_gib[0];
+  s.f16_copies = o.f16_copies != F16Copies::Off;
+  s.f16_copies_max_gib = o.f16_copies_max_gib;
   try {
     return serve_batch_size(model, local_gpu_spec(devices[(size_t)id], s.cuda_context_gib), s);
   } catch (const Error& e) {

@@ -490,10 +490,11 @@ void add_recommendations(Plan& plan, const Model& model, const ModelForMix& mode
 int serve_batch_size(const Model& model, const GpuSpec& gpu, PlanSettings settings) {
   const int fallback = settings.n_batch;
   if (gpu.host || fallback >= kLargeServeBatch) return fallback;
-  settings.n_batch = kLargeServeBatch;
   settings.n_gpu_layers = -1;  // auto: fits means every unit found room
-  settings.f16_copies = false;
-  return make_plan(model, gpu, settings).fits ? kLargeServeBatch : fallback;
+  const double copies = make_plan(model, gpu, settings).f16_copy_share;
+  settings.n_batch = kLargeServeBatch;
+  const Plan large = make_plan(model, gpu, settings);
+  return large.fits && large.f16_copy_share >= copies ? kLargeServeBatch : fallback;
 }
 
 }  // namespace roofline

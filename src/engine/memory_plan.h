@@ -133,10 +133,11 @@ struct Plan {
 Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& settings);
 
 // serve's step size when -b is not given: kLargeServeBatch rows where the plan with that batch fits `gpu`
-// entirely (every layer, the KV cache of -c, the slots' state and the larger steps' buffers: logits and
-// activations of every row, ~2.2 MiB a row for qwen3-32b), else settings.n_batch. Many requests' prompts then
-// share a step: on an H200, qwen3-32b, 64 streams of 128-token prompts arriving at once, TTFT p99 1.36 s with
-// 512 against 0.97 s with 2048 (docs/performance.md). The f16 copies, made from what is left, never decide it.
+// entirely (every layer, the KV cache of -c, the slots' state and sliding-window rings, the larger steps'
+// buffers: logits and activations of every row, ~2.2 MiB a row for qwen3-32b) and keeps as large a share of
+// the f16 copies (settings.f16_copies) as settings.n_batch would; else settings.n_batch. Many requests'
+// prompts then share a step: on an H200, qwen3-32b, 64 streams of 128-token prompts arriving at once, TTFT
+// p99 1.36 s with 512 against 0.96 s with 2048 (docs/performance.md).
 constexpr int kLargeServeBatch = 2048;
 int serve_batch_size(const Model& model, const GpuSpec& gpu, PlanSettings settings);
 

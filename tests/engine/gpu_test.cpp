@@ -791,6 +791,25 @@ TEST(GpuEngineTest, CudaGraphsGiveTheSameLogits) {
   EXPECT_EQ(with_graphs, without);
 }
 
+// Decode steps launch attention's split kernel over the splits their rows need (a power of two), not over
+// every split the pool could need, and capture a graph per such grid: decoding from 100 to 200 keys deep (4
+// to 7 splits of 32 keys: grids of 4 and 8) gives the same bits with graphs and without, and with a pool of
+// 16384 positions (128 splits at most) as with one of 256 (8).
+TEST(GpuEngineTest, DecodeGraphsFollowTheAttentionGrid) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const auto tokens = some_tokens(200, model->hparams().n_vocab, 5);
+  EngineOptions big = all_on_gpu(), small = all_on_gpu();
+  big.n_ctx = 16384;
+  small.n_ctx = 256;
+  const auto with_graphs = run_logits(model, big, tokens);
+  EXPECT_EQ(with_graphs, run_logits(model, small, tokens)) << "the pool's size changed a row's attention";
+  setenv("ROOFLINE_NO_CUDA_GRAPHS", "1", 1);
+  const auto without = run_logits(model, big, tokens);
+  unsetenv("ROOFLINE_NO_CUDA_GRAPHS");
+  EXPECT_EQ(with_graphs, without) << "a graph captured for a smaller attention grid was replayed";
+}
+
 // Prompt GEMM weights dequantized ahead on a side stream (ROOFLINE_DEQUANT_AHEAD, cuda_dequant_ahead.cuh):
 // prompt steps of several lengths, a batched step between them (its fused products record nothing) and
 // a second sequence. With cuBLAS on every SM the products are the same, so the logits are bit-identical

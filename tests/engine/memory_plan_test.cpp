@@ -194,13 +194,22 @@ TEST(MemoryPlan, ServeTakesLargeStepsOnlyWhereTheWholeModelFitsWithThem) {
   s.n_parallel = 64;
   EXPECT_EQ(serve_batch_size(*m, card("h200"), s), kLargeServeBatch);
   EXPECT_EQ(serve_batch_size(*m, card("cpu"), s), 512);
-  // Cards below 64 GiB (one GEMM scratch size): 2048 exactly where the plan with 2048-row steps fits, and some
-  // sizes where 512-row steps fit and 2048-row ones do not keep 512.
+  // gemma3-27b's 64 sliding-window rings grow by the step's rows: on an H200 that would cost f16 copies.
+  auto gemma = layout("synthetic:gemma3-27b:Q4_K_M");
+  EXPECT_EQ(serve_batch_size(*gemma, card("h200"), s), 512);
+  PlanSettings no_copies = s;
+  no_copies.f16_copies = false;
+  EXPECT_EQ(serve_batch_size(*gemma, card("h200"), no_copies), kLargeServeBatch);
+  // Cards below 64 GiB (one GEMM scratch size), without copies (with them, a 32B model's 58 GiB of copies want
+  // every byte such a card has left): 2048 exactly where the plan with 2048-row steps fits, and some sizes
+  // where 512-row steps fit and 2048-row ones do not keep 512.
+  s.f16_copies = false;
   int large = 0, kept = 0;
   for (double gib = 20; gib < 40; gib += 0.25) {
     PlanSettings b = s;
     b.n_batch = kLargeServeBatch;
-    const bool fits_large = make_plan(*m, card("rtx4090", gib), b).fits;
+    const Plan plan_large = make_plan(*m, card("rtx4090", gib), b);
+    const bool fits_large = plan_large.fits && plan_large.f16_copy_share >= make_plan(*m, card("rtx4090", gib), s).f16_copy_share;
     const bool fits_default = make_plan(*m, card("rtx4090", gib), s).fits;
     const int got = serve_batch_size(*m, card("rtx4090", gib), s);
     EXPECT_EQ(got, fits_large ? kLargeServeBatch : 512) << gib << " GiB";

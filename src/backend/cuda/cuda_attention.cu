@@ -906,6 +906,12 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span,
       plan.split_len = std::max(128, (per + 127) / 128 * 128);
     }
   }
+  plan.grid_splits = plan.splits;
+  if (n <= 8) {
+    int need = 1;
+    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits));
+    while (plan.grid_splits / 2 >= need) plan.grid_splits /= 2;
+  }
   // Runs of at least kMinPrefillRun consecutive rows of one sequence that reach prefill_min_keys keys go
   // through prefill_attention. With the cuBLAS tiles (five launches per run) short prompts are as fast in
   // the split kernel's single pass (on an H200, 16 prompts of 128 tokens in one step took 480 ms against
@@ -953,7 +959,7 @@ void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, i
 
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream, int* combine_counters, bool split_heads) {
+               const int* row_list, cudaStream_t stream, int* combine_counters, bool split_heads, int grid_splits) {
   if (head_dim_v % 32 != 0) out_act = ActQ8{};
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
@@ -970,7 +976,8 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   if (parts > 1) smem = split_smem_bytes(gqa / parts, head_dim_k, head_dim_v, true);
   const AttentionKernel kernel = fuse.counters ? pick_attention<true>(kv.type_k, kv.type_v, gqa, head_dim_v)
                                               : pick_attention<false>(kv.type_k, kv.type_v, gqa / parts, head_dim_v);
-  launch(kernel, dim3(n_rows, n_head_kv * parts, max_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv,
+  if (grid_splits <= 0 || grid_splits > max_splits) grid_splits = max_splits;
+  launch(kernel, dim3(n_rows, n_head_kv * parts, grid_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv,
          head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
   if (fuse.counters) return out_act.q != nullptr;
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,

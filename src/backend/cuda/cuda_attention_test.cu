@@ -202,7 +202,7 @@ struct AttentionRig {
                       prefill, out, stream);
     const int n_split_rows = plan.runs.empty() ? n_pad : (int)plan.split_rows.size();
     attention(dstep.step, q, kv, n_split_rows, s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v, scale, plan.splits, partial, out,
-              ActQ8{}, dstep.split_rows, stream, combine_in_split ? combine_counters : nullptr, plan.split_heads);
+              ActQ8{}, dstep.split_rows, stream, combine_in_split ? combine_counters : nullptr, plan.split_heads, plan.grid_splits);
   }
 };
 

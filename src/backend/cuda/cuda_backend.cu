@@ -312,7 +312,7 @@ class CudaBackend final : public Backend {
     c.n_state_cells = n_state_cells_;
     c.delta_net = dn_qkv_ != nullptr, c.delta_net_chunked = dn_chunked_, c.delta_net_chunked_min_rows = kDeltaNetChunkedMinRows;
     PackedStep p = pack_step(step, c, step_host_, step_dev_, stream_);
-    n_real_ = p.n_real, n_tok_ = p.n_tok, splits_ = p.splits, split_heads_ = p.split_heads, n_attn_rows_ = p.n_attn_rows;
+    n_real_ = p.n_real, n_tok_ = p.n_tok, splits_ = p.splits, grid_splits_ = p.grid_splits, split_heads_ = p.split_heads, n_attn_rows_ = p.n_attn_rows;
     prefill_runs_ = std::move(p.prefill_runs);
     attn_rows_dev_ = p.attn_rows_dev;
     dstep_ = p.dstep, dstep_swa_ = p.dstep_swa;
@@ -355,8 +355,10 @@ class CudaBackend final : public Backend {
       if (ahead_) ahead_->end_step();
       return;
     }
-    // Decode: one CUDA graph per (bucket, layer range, head split), captured on first use and replayed after.
-    const uint64_t key = ((uint64_t)split_heads_ << 62) | ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) | (uint64_t)layer_end;
+    // Decode: one CUDA graph per (bucket, layer range, head split, attention grid), captured on first use and
+    // replayed after (grid_splits_ <= 8192: 14 bits).
+    const uint64_t key = ((uint64_t)split_heads_ << 62) | ((uint64_t)grid_splits_ << 48) | ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) |
+                         (uint64_t)layer_end;
     graphs_.run(key, stream_, [&] {
       for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
     });
@@ -709,7 +711,7 @@ class CudaBackend final : public Backend {
       attn16 = nullptr;
     bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                                splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
-                               combine_counters_, split_heads_);
+                               combine_counters_, split_heads_, grid_splits_);
     if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
       mark("output gate (+quantize)", 0);
       quantized = q8_attn && hp.q_dim() % 32 == 0;
@@ -952,7 +954,7 @@ class CudaBackend final : public Backend {
   int* hidden_rows_dev_ = nullptr;    // their device copy (allocated on first use)
   DeviceStep dstep_;
   DeviceStep dstep_swa_;  // dstep_ with the swa tables as block tables (ring layers)
-  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, min_span_ = 32, span_splits_ = 32;
+  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, grid_splits_ = 1, min_span_ = 32, span_splits_ = 32;
   // Prefill attention: runs of this step, the other rows (device list) and their count.
   bool prefill_ok_ = false;
   cuda::PrefillScratch prefill_;

@@ -239,10 +239,13 @@ __host__ __device__ inline int attention_splits(int n_keys, int min_span, int sp
 // also its int8 form (when head_dim_v % 32 == 0; returns whether it was written). combine_counters
 // (attention_combine_counters() ints, zero; or null): decode steps merge the splits in the split kernel
 // itself, without the combine kernel. split_heads (AttentionPlan::split_heads): the split kernel's CTAs take
-// parts of a KV head's query heads (attention_head_parts), for steps whose rows are all short.
+// parts of a KV head's query heads (attention_head_parts), for steps whose rows are all short. grid_splits
+// (AttentionPlan::grid_splits; 0: max_splits): the split kernel's grid of splits, at least any row's splits
+// (max_splits stays the partial buffer's stride).
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream, int* combine_counters = nullptr, bool split_heads = false);
+               const int* row_list, cudaStream_t stream, int* combine_counters = nullptr, bool split_heads = false,
+               int grid_splits = 0);
 inline size_t attention_combine_counters(int n_head_kv) { return (size_t)8 * n_head_kv; }
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
 
@@ -294,7 +297,11 @@ constexpr int kMinPrefillRun = 32, kMinPrefillKeys = 256;
 struct AttentionPlan {
   int split_len = 0;  // header[kStepSplitLen]: keys per split (0: attention_span's)
   int min_span = 32;  // header[kStepMinSpan]
-  int splits = 1;     // the split kernel's splits per row (its grid)
+  int splits = 1;     // the split kernel's splits per row (the partial buffer's stride)
+  // The split kernel's grid of splits: decode-sized steps (a captured graph per grid) the power of two at or
+  // above their rows' most splits, at most `splits`; larger steps `splits`. A decode step of a 32k-position
+  // pool otherwise launched max_splits (256) splits per KV head for rows of a few hundred keys.
+  int grid_splits = 1;
   bool split_heads = false;  // no row has more than kHeadSplitMaxKeys keys (attention's split_heads)
   std::vector<PrefillRun> runs;
   std::vector<int> split_rows;  // with runs: the rows the split kernel takes

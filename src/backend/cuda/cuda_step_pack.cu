@@ -23,6 +23,7 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
   // Attention splits and prefill runs (plan_attention; measured choices in its comments).
   AttentionPlan plan = plan_attention(step, c.max_splits, c.min_span, c.span_splits, c.prefill_min_keys);
   p.splits = plan.splits;
+  p.grid_splits = plan.grid_splits;
   p.split_heads = plan.split_heads;
   const StepLayout& lay = c.layout;
   h[kStepRealRows] = n;

@@ -37,7 +37,7 @@ struct PackedStep {
   int n_tok = 0;   // rows the kernels run: a decode step padded to its bucket (1, 2, 4, 8)
   // Attention: the split kernel's splits per row and rows, whether its CTAs split query-head groups,
   // the prompt runs that go through prefill_attention and, with runs, the rows the split kernel takes.
-  int splits = 1, n_attn_rows = 0;
+  int splits = 1, grid_splits = 1, n_attn_rows = 0;
   bool split_heads = false;
   std::vector<PrefillRun> prefill_runs;
   const int* attn_rows_dev = nullptr;
