@@ -131,6 +131,13 @@ std::vector<float> random_values(size_t n, Rng& rng) {
   return x;
 }
 
+// The split kernel for f16 caches too (they otherwise take the tensor-core decode kernel, whose f16 queries and
+// probabilities the split kernel's 1e-8 bounds do not allow), for the tests of the split kernel.
+struct SplitKernelOnly {
+  SplitKernelOnly() { gpu_use_flash_decode_for_test(0); }
+  ~SplitKernelOnly() { gpu_use_flash_decode_for_test(-1); }
+};
+
 // One step of the sequences (n_past, n_new) over a random cache of scattered blocks (spare_blocks beyond
 // those needed) and random queries: the GPU's attention (prefill runs in key tiles of key_tile, 0: the
 // default) and the float64 reference's.
@@ -160,6 +167,7 @@ AttentionCase run_against_reference(const GpuAttentionShape& s, DType tk, DType 
 
 TEST(GpuAttention, DecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
+  const SplitKernelOnly split_kernel;
   // Keys 1, 20 (one split), 701 (22 spans of 32), 2101 (spans of 128 after doubling), then two rows of
   // one sequence at 4998 and 4999 keys (40 spans of 128); or, all short, 1021 and 1022 keys.
   // A step of short rows only (at most 1024 keys: the split kernel's CTAs take parts of each KV head's
@@ -190,6 +198,7 @@ TEST(GpuAttention, DecodeMatchesTheReference) {
 // rows (the split kernel's CTAs take two query heads each) and beside a row past 1024 keys (whole groups).
 TEST(GpuAttention, ShortRowsGiveTheSameBitsWithAndWithoutHeadParts) {
   SKIP_WITHOUT_GPU();
+  const SplitKernelOnly split_kernel;
   for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{16, 2, 128, 128}})
     for (auto [tk, tv] : KvTypes()) {
       SCOPED_TRACE(describe(s, tk, tv, 0));
@@ -213,8 +222,47 @@ TEST(GpuAttention, ShortRowsGiveTheSameBitsWithAndWithoutHeadParts) {
     }
 }
 
+// The tensor-core decode kernel (cuda_flash_decode.cu, f16 caches): rows of 1 to 5000 keys (one split to 40
+// spans of 128, blocks of 64 keys cut by the span's end), groups of 1 to 12 query heads, head dims 64 to 256,
+// full and sliding-window layers, against the float64 reference to f16 rounding; and a row's bits alone as in
+// its step.
+TEST(GpuAttention, FlashDecodeMatchesTheReference) {
+  SKIP_WITHOUT_GPU();
+  gpu_use_flash_decode_for_test(1);
+  const std::vector<std::pair<int, int>> seqs = {{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}};
+  for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{4, 2, 256, 256},
+                                     GpuAttentionShape{6, 2, 96, 96}, GpuAttentionShape{64, 8, 128, 128}, GpuAttentionShape{2, 2, 128, 128}})
+    for (int window : {0, 300}) {
+      SCOPED_TRACE(describe(s, DType::F16, DType::F16, window));
+      const AttentionCase c = run_against_reference(s, DType::F16, DType::F16, window, seqs, 211 + (uint64_t)window + (uint64_t)s.head_dim_k, 3);
+      // The combine kernel merges (the split kernel's own combine, which the test hook uses by default, is the split kernel's).
+      const auto out = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false);
+      ASSERT_EQ(out.size(), c.ref.size());
+      double worst = 0;
+      for (int r = 0; r < c.st.n_tokens(); ++r) {
+        const double e = test::nmse_vs_reference(out, c.ref, r * c.row, (r + 1) * c.row);
+        EXPECT_LT(e, 1e-5) << "row " << r << " at " << c.st.positions[r];
+        worst = std::max(worst, e);
+      }
+      EXPECT_GT(worst, 1e-10) << "f32 arithmetic: the split kernel ran, not the tensor-core one";
+      // The 2101-key row alone in a step: the same bits.
+      StepDesc alone = c.st;
+      alone.sequences = {c.st.sequences[3]};
+      alone.sequences[0].first_token = 0;
+      alone.tokens = {0};
+      alone.positions = {c.st.positions[3]};
+      alone.row_seq = {0};
+      const std::vector<float> q3(c.q.begin() + 3 * (long)(s.n_head * s.head_dim_k), c.q.begin() + 4 * (long)(s.n_head * s.head_dim_k));
+      const auto out3 = gpu_attention_for_test(s, c.h.cache, window, c.scale, alone, q3, 0, false);
+      ASSERT_EQ(out3.size(), c.row);
+      EXPECT_EQ(0, std::memcmp(out3.data(), out.data() + 3 * c.row, c.row * sizeof(float))) << "a row's bits depend on its batch-mates";
+    }
+  gpu_use_flash_decode_for_test(-1);
+}
+
 TEST(GpuAttention, PrefillMatchesTheReference) {
   SKIP_WITHOUT_GPU();
+  const SplitKernelOnly split_kernel;
   // Rows 0-36: a prompt run (prefill_attention); 37-39 and 85: split kernel; 40-84 (45 rows, < 256 keys): a
   // prompt run where the one-launch flash kernel takes the cache (f16 K and V of equal head dims: every run of
   // 32 rows, prefill_min_keys), else the split kernel (the cuBLAS tiles take runs from 256 keys).

@@ -972,14 +972,18 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
   SplitCombine fuse;
   if (combine_counters && !row_list && n_rows <= 8 && (size_t)gqa * max_splits <= smem / sizeof(float) - split_state_floats(gqa))
     fuse = SplitCombine{combine_counters, out, out_act};
-  const int parts = split_heads ? attention_head_parts(gqa, head_dim_v, fuse.counters != nullptr) : 1;
-  if (parts > 1) smem = split_smem_bytes(gqa / parts, head_dim_k, head_dim_v, true);
-  const AttentionKernel kernel = fuse.counters ? pick_attention<true>(kv.type_k, kv.type_v, gqa, head_dim_v)
-                                              : pick_attention<false>(kv.type_k, kv.type_v, gqa / parts, head_dim_v);
   if (grid_splits <= 0 || grid_splits > max_splits) grid_splits = max_splits;
-  launch(kernel, dim3(n_rows, n_head_kv * parts, grid_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head, n_head_kv,
-         head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
-  if (fuse.counters) return out_act.q != nullptr;
+  if (!fuse.counters && flash_decode_fits(kv, n_head, n_head_kv, head_dim_k, head_dim_v)) {
+    flash_decode(step, q, scale, kv, n_rows, n_head, n_head_kv, head_dim_k, max_splits, grid_splits, partial, row_list, stream);
+  } else {
+    const int parts = split_heads ? attention_head_parts(gqa, head_dim_v, fuse.counters != nullptr) : 1;
+    if (parts > 1) smem = split_smem_bytes(gqa / parts, head_dim_k, head_dim_v, true);
+    const AttentionKernel kernel = fuse.counters ? pick_attention<true>(kv.type_k, kv.type_v, gqa, head_dim_v)
+                                                : pick_attention<false>(kv.type_k, kv.type_v, gqa / parts, head_dim_v);
+    launch(kernel, dim3(n_rows, n_head_kv * parts, grid_splits), dim3(kThreads), smem, stream, pdl_enabled(), step, q, kv, n_head,
+           n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
+    if (fuse.counters) return out_act.q != nullptr;
+  }
   launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
          max_splits, partial, out, out_act, row_list, kv.window);
   return out_act.q != nullptr;

@@ -280,6 +280,12 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
 // ([row][head][dim], f32; each CTA converts its own to f16 times scale); out is the step's output ([row][head][dim]).
 bool flash_prefill_fits(const KvLayer& kv, int head_dim_k, int head_dim_v);
 bool flash_prefill_fits(DType type_k, DType type_v, int head_dim_k, int head_dim_v);
+// The split kernel's work on tensor cores (cuda_flash_decode.cu): the caches flash_prefill_fits takes, groups of
+// up to 16 query heads, unless ROOFLINE_FLASH_DECODE=0 (or gpu_use_flash_decode_for_test). Writes the split
+// kernel's partials for rows 0..n_rows-1 (or row_list's) over grid_splits splits; attention_combine_kernel merges.
+bool flash_decode_fits(const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v);
+void flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+                  int head_dim, int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream);
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,
                        int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),
