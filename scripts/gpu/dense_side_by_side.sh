@@ -13,7 +13,8 @@
 #           the same file (pp512 + tg128, tg128 at depth 8192 for 32b), then `-npl 16,64` against
 #           llama-batched-bench (128-token prompts, 128 generated), then tests/load/load.py on
 #           `roofline serve` at 1, 16 and 64 streams (32b; LOAD=0 skips it)
-# MODELS overrides the shapes; everything lands in $OUT/summary.md.
+# MODELS overrides the shapes; LLAMA=0 leaves llama.cpp out (roofline's rows alone, one call: prep then bench);
+# everything lands in $OUT/summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 stage="${1:-prep}"
@@ -27,7 +28,7 @@ models="${MODELS:-qwen3-32b qwen3-8b}"
 file_of() { echo "$work/$1-Q4_K_M.gguf"; }
 rl() { local f=$1; shift; stamp "roofline bench $(basename "$f") $*"
        timeout 200 "$bin/roofline" bench -m "$f" "$@" 2>&1 | grep -E "^\| *(model|qwen|---)|error" | tee -a "$out/summary.md"; }
-lb() { local f=$1; shift; stamp "llama-bench $(basename "$f") $*"
+lb() { local f=$1; shift; [ "${LLAMA:-1}" = 0 ] && return; stamp "llama-bench $(basename "$f") $*"
        timeout 200 "$lcpp/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\||error" | tee -a "$out/summary.md"; }
 
 if [ "$stage" = prep ]; then
@@ -57,7 +58,7 @@ if [ "$stage" = prep ]; then
 fi
 
 if [ "$stage" = bench ]; then
-  [ -x "$lcpp/build/bin/llama-bench" ] || { stamp "no llama.cpp build under $lcpp: run the prep stage first"; exit 1; }
+  [ -x "$lcpp/build/bin/llama-bench" ] || [ "${LLAMA:-1}" = 0 ] || { stamp "no llama.cpp build under $lcpp: run the prep stage first"; exit 1; }
   for m in $models; do
     f=$(file_of "$m")
     [ -f "$f" ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }
@@ -67,8 +68,8 @@ if [ "$stage" = bench ]; then
       rl "$f" -p 0 -n 128 -d 8192 -r 1
       lb "$f" -p 0 -n 128 -d 8192 -r 1
       rl "$f" -p 128 -n 128 -npl 16,64 -r 1
-      stamp "llama-batched-bench $m"
-      timeout 200 "$lcpp/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
+      [ "${LLAMA:-1}" = 0 ] || stamp "llama-batched-bench $m"
+      [ "${LLAMA:-1}" = 0 ] || timeout 200 "$lcpp/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
           -npl 16,64 2>&1 | grep -E "^\|" | tee -a "$out/summary.md"
     fi
   done

@@ -15,7 +15,12 @@
 //   128 and 256), K/V types F16, BF16, Q8_0, Q4_0 and mixed Q8_0/F16, full and sliding-window layers,
 //   blocks scattered out of order; against attention_reference (float64, the dequantized cache). NMSE
 //   bounds: 1e-8 for the split kernel (f32 arithmetic on the cache's exact values), 1e-5 for prefill
-//   runs (queries, keys, values and probabilities rounded to f16 for the tensor cores).
+//   runs (queries, keys, values and probabilities rounded to f16 for the tensor cores). These three run
+//   the split kernel for f16 caches too (gpu_use_flash_decode_for_test(0)).
+// - GpuAttention.FlashDecodeMatchesTheReference: the split kernel's work on tensor cores for f16 caches (the
+//   default there, cuda_flash_decode.cu) over the decode step's depths, GQA 1 to 8 and head dims 64 to 256,
+//   full and sliding-window layers, to 1e-5 (f16 queries and probabilities); a row alone gives its bits in
+//   the step.
 // - GpuAttention.LongPrefillRunsMatchTheReference: runs of 300 rows from position 0 and 70 rows 1000 deep
 //   (several column tiles per KV head, many key blocks, GQA 1 to 8), f16 caches (the one-launch kernel,
 //   cuda_flash_prefill.cu) and q8_0 (the tiled cuBLAS path), with and without a window of 100.
@@ -133,9 +138,12 @@ std::vector<float> random_values(size_t n, Rng& rng) {
 
 // The split kernel for f16 caches too (they otherwise take the tensor-core decode kernel, whose f16 queries and
 // probabilities the split kernel's 1e-8 bounds do not allow), for the tests of the split kernel.
-struct SplitKernelOnly {
-  SplitKernelOnly() { gpu_use_flash_decode_for_test(0); }
-  ~SplitKernelOnly() { gpu_use_flash_decode_for_test(-1); }
+struct FlashDecodeMode {
+  explicit FlashDecodeMode(int mode) { gpu_use_flash_decode_for_test(mode); }
+  ~FlashDecodeMode() { gpu_use_flash_decode_for_test(-1); }
+};
+struct SplitKernelOnly : FlashDecodeMode {
+  SplitKernelOnly() : FlashDecodeMode(0) {}
 };
 
 // One step of the sequences (n_past, n_new) over a random cache of scattered blocks (spare_blocks beyond
@@ -228,12 +236,13 @@ TEST(GpuAttention, ShortRowsGiveTheSameBitsWithAndWithoutHeadParts) {
 // its step.
 TEST(GpuAttention, FlashDecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  gpu_use_flash_decode_for_test(1);
   const std::vector<std::pair<int, int>> seqs = {{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}};
+  for (int buffers : {2, 1})  // the staging buffers (heads of 256 always take one)
   for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{4, 2, 256, 256},
                                      GpuAttentionShape{6, 2, 96, 96}, GpuAttentionShape{64, 8, 128, 128}, GpuAttentionShape{2, 2, 128, 128}})
     for (int window : {0, 300}) {
-      SCOPED_TRACE(describe(s, DType::F16, DType::F16, window));
+      SCOPED_TRACE(describe(s, DType::F16, DType::F16, window) + ", staging buffers " + std::to_string(buffers));
+      const FlashDecodeMode flash(buffers == 2 ? 1 : 2);
       const AttentionCase c = run_against_reference(s, DType::F16, DType::F16, window, seqs, 211 + (uint64_t)window + (uint64_t)s.head_dim_k, 3);
       // The combine kernel merges (the split kernel's own combine, which the test hook uses by default, is the split kernel's).
       const auto out = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false);
@@ -257,7 +266,6 @@ TEST(GpuAttention, FlashDecodeMatchesTheReference) {
       ASSERT_EQ(out3.size(), c.row);
       EXPECT_EQ(0, std::memcmp(out3.data(), out.data() + 3 * c.row, c.row * sizeof(float))) << "a row's bits depend on its batch-mates";
     }
-  gpu_use_flash_decode_for_test(-1);
 }
 
 TEST(GpuAttention, PrefillMatchesTheReference) {
@@ -299,6 +307,7 @@ TEST(GpuAttention, PrefillMatchesTheReference) {
 // block, a run that starts deep in its sequence, and a sliding window that drops whole key blocks.
 TEST(GpuAttention, LongPrefillRunsMatchTheReference) {
   SKIP_WITHOUT_GPU();
+  const SplitKernelOnly split_kernel;  // the last two rows' bound
   const std::vector<std::pair<int, int>> seqs = {{0, 300}, {1000, 70}, {33, 2}};
   for (const GpuAttentionShape& s : {GpuAttentionShape{16, 2, 128, 128}, GpuAttentionShape{8, 8, 64, 64}, GpuAttentionShape{12, 2, 256, 256},
                                      GpuAttentionShape{6, 3, 96, 96}})

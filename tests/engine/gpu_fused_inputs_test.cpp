@@ -148,6 +148,12 @@ std::vector<float> gpu_logits(const std::string& spec, bool fused, const std::ve
 // epilogues and the split kernel's combine against the separate kernels and against the CPU.
 TEST(GpuFusedInputs, WholeModelsMatchTheSeparateKernelsAndTheCpu) {
   SKIP_WITHOUT_GPU();
+  // The split kernel's combine against the combine kernel after the same split kernel (f16 caches would
+  // otherwise take the tensor-core decode kernel where the combine is separate).
+  struct SplitKernelOnly {
+    SplitKernelOnly() { gpu_use_flash_decode_for_test(0); }
+    ~SplitKernelOnly() { gpu_use_flash_decode_for_test(-1); }
+  } split_kernel;
   for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q4_K_M", "tiny-qwen3moe:Q4_K_M", "tiny-qwen3:Q8_0"}) {
     const auto tokens = test::some_tokens(24, test::tiny(spec)->hparams().n_vocab);
     const auto fused = gpu_logits(spec, true, tokens), plain = gpu_logits(spec, false, tokens), cpu = gpu_logits(spec, false, tokens, true);

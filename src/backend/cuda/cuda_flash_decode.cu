@@ -13,6 +13,9 @@
 // Queries and probabilities are rounded to f16, as in the prefill kernel (cuda_flash_prefill.cu).
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/gpu.h"
 #include "backend/cuda/cuda_mma.cuh"
@@ -25,20 +28,23 @@ constexpr int kWarps = 4;
 constexpr int kWarpKeys = 16;              // keys per warp per staged block (one k16 step of P V)
 constexpr int kBlock = kWarps * kWarpKeys;  // keys per staged block
 constexpr int kPad = 8;                    // halves of padding per shared row (conflict-free fragment loads)
+// Staging buffers: 2 (the next block loads while this one is multiplied) for heads up to 128, 1 for heads of
+// 256 (their output fragments take 128 registers and a block 68 KB), or 1 for all with ROOFLINE_FLASH_DECODE_BUFFERS=1
+// (half the shared memory: twice the CTAs a SM holds).
 template <int HD>
-constexpr int kBuffers = HD <= 128 ? 2 : 1;  // heads of 256: one buffer (the output fragments take 128 registers)
+constexpr int kDefaultBuffers = HD <= 128 ? 2 : 1;
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <int HD>
+template <int HD, int B>
 constexpr size_t flash_decode_smem() {
-  return (size_t)(16 + kBuffers<HD> * 2 * kBlock) * (HD + kPad) * sizeof(__half);
+  return (size_t)(16 + B * 2 * kBlock) * (HD + kPad) * sizeof(__half);
 }
 
-template <int HD>
+template <int HD, int B>
 __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head, int n_head_kv,
                                                                    float scale, int max_splits, float* partial, const int* row_list) {
   constexpr int kRow = HD + kPad;  // halves per shared row
@@ -109,7 +115,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
   for (int key0 = k_begin, buf = 0; key0 < k_end; key0 += kBlock) {
     const bool more = key0 + kBlock < k_end;
-    if (kBuffers<HD> == 2 && more) {
+    if (B == 2 && more) {
       stage(key0 + kBlock, buf ^ 1);
       copy_async_wait<1>();
     } else {
@@ -183,8 +189,8 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
       mma_16816(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
-    if (kBuffers<HD> == 1 && more) stage(key0 + kBlock, 0);
-    if (kBuffers<HD> == 2) buf ^= 1;
+    if (B == 1 && more) stage(key0 + kBlock, 0);
+    if (B == 2) buf ^= 1;
   }
 #pragma unroll
   for (int off = 1; off <= 2; off <<= 1) {
@@ -243,26 +249,40 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
   if (lane / 4 + 8 < gqa) write(lane / 4 + 8, M_hi, L_hi, 1);
 }
 
-template <int HD>
-void launch_flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+template <int HD, int B>
+void launch_flash_decode_b(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                          int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream) {
-  constexpr size_t smem = flash_decode_smem<HD>();
+  constexpr size_t smem = flash_decode_smem<HD, B>();
   static const bool configured = [] {
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<HD, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return true;
   }();
   (void)configured;
-  launch(flash_decode_kernel<HD>, dim3((unsigned)n_rows, (unsigned)n_head_kv, (unsigned)grid_splits), dim3(32 * kWarps), smem, stream,
+  launch(flash_decode_kernel<HD, B>, dim3((unsigned)n_rows, (unsigned)n_head_kv, (unsigned)grid_splits), dim3(32 * kWarps), smem, stream,
          pdl_enabled(), step, q, kv, n_head, n_head_kv, scale, max_splits, partial, row_list);
 }
 
 int flash_decode_mode_for_test = -1;  // gpu_use_flash_decode_for_test: -1 the environment's (default on)
 
+template <int HD>
+void launch_flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+                         int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream) {
+  static const bool single = [] {
+    const char* env = std::getenv("ROOFLINE_FLASH_DECODE_BUFFERS");
+    return env && std::strcmp(env, "1") == 0;
+  }();
+  if (single || flash_decode_mode_for_test == 2 || kDefaultBuffers<HD> == 1)
+    launch_flash_decode_b<HD, 1>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+  else
+    launch_flash_decode_b<HD, 2>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+}
+
+
 }  // namespace
 
 bool flash_decode_fits(const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v) {
   static const bool env_on = env_switch("ROOFLINE_FLASH_DECODE", true);
-  const bool on = flash_decode_mode_for_test >= 0 ? flash_decode_mode_for_test == 1 : env_on;
+  const bool on = flash_decode_mode_for_test >= 0 ? flash_decode_mode_for_test > 0 : env_on;
   return on && n_head_kv > 0 && n_head % n_head_kv == 0 && n_head / n_head_kv <= 16 && flash_prefill_fits(kv, head_dim_k, head_dim_v);
 }
 
@@ -283,5 +303,5 @@ void flash_decode(const DeviceStep& step, const float* q, float scale, const KvL
 }  // namespace roofline::cuda
 
 namespace roofline {
-void gpu_use_flash_decode_for_test(int mode) { cuda::flash_decode_mode_for_test = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
+void gpu_use_flash_decode_for_test(int mode) { cuda::flash_decode_mode_for_test = mode < 0 ? -1 : mode > 2 ? 2 : mode; }
 }  // namespace roofline
