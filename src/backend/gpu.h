@@ -75,8 +75,8 @@ void gpu_use_int8_products_for_test(int mode);
 int64_t gpu_f16_copy_gemm_calls_for_test();
 // For tests: the fewest rows whose products take the f16 copies (at least 9), or back to ROOFLINE_F16_COPY_MIN_ROWS's (0).
 void gpu_set_f16_copy_min_rows_for_test(int rows);
-// For tests: decode attention of f16 caches on tensor cores (cuda_flash_decode.cu) always (1; 2: with one staging
-// buffer, as ROOFLINE_FLASH_DECODE_BUFFERS=1), never (0), or as ROOFLINE_FLASH_DECODE says (-1; on unless it is 0).
+// For tests: decode attention of f16 caches on tensor cores (cuda_flash_decode.cu) always (1; 2: with two staging
+// buffers, as ROOFLINE_FLASH_DECODE_BUFFERS=2), never (0), or as ROOFLINE_FLASH_DECODE says (-1; on unless it is 0).
 void gpu_use_flash_decode_for_test(int mode);
 // For tests: how many products the tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) has run in this process.
 int64_t gpu_q4k_tile_gemm_calls_for_test();

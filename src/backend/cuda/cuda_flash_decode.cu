@@ -3,7 +3,7 @@
 // output per query head and split) for attention_combine_kernel to merge. The split kernel walks its span on
 // CUDA cores, a few 16-byte loads in flight per thread, and reached ~780 GB/s at depth 8192 (qwen3-32b: 43 us
 // a layer for 33.7 MB of keys and values); here the CTA stages blocks of 64 keys' K and V by cp.async (the
-// next block loading while this one is multiplied) and multiplies with mma.sync m16n8k16.
+// block after it loading once this one is multiplied) and multiplies with mma.sync m16n8k16.
 //
 // The m16 tile's rows are the query heads of the KV head's group (up to 16; the rest padded with zero
 // queries, never written); each of the 4 warps takes 16 keys of every block: S = Q K^T, masked past the
@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/cuda_flash_common.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/gpu.h"
 #include "backend/cuda/cuda_mma.cuh"
@@ -28,16 +29,12 @@ constexpr int kWarps = 4;
 constexpr int kWarpKeys = 16;              // keys per warp per staged block (one k16 step of P V)
 constexpr int kBlock = kWarps * kWarpKeys;  // keys per staged block
 constexpr int kPad = 8;                    // halves of padding per shared row (conflict-free fragment loads)
-// Staging buffers: 2 (the next block loads while this one is multiplied) for heads up to 128, 1 for heads of
-// 256 (their output fragments take 128 registers and a block 68 KB), or 1 for all with ROOFLINE_FLASH_DECODE_BUFFERS=1
-// (half the shared memory: twice the CTAs a SM holds).
+// Staging buffers: 1 (a span of up to 128 keys is two blocks; with half the shared memory a SM holds twice the
+// CTAs: H200, tg64 at depth 8192 qwen3-32b 109.4 -> 111.5, qwen3-8b 306.7 -> 320.2 against 2), or with
+// ROOFLINE_FLASH_DECODE_BUFFERS=2 for heads up to 128, 2 (the next block loads while this one is multiplied).
+// Heads of 256 always take 1 (their output fragments take 128 registers and a block 68 KB).
 template <int HD>
-constexpr int kDefaultBuffers = HD <= 128 ? 2 : 1;
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
+constexpr int kMaxBuffers = HD <= 128 ? 2 : 1;
 
 template <int HD, int B>
 constexpr size_t flash_decode_smem() {
@@ -51,7 +48,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
   constexpr int kChunks = HD / 8;  // 16-byte pieces per row
   extern __shared__ __align__(16) __half smem[];
   __half* qs = smem;               // [16][kRow]
-  __half* kvs = qs + 16 * kRow;    // kBuffers x (K [kBlock][kRow], V [kBlock][kRow])
+  __half* kvs = qs + 16 * kRow;    // B x (K [kBlock][kRow], V [kBlock][kRow])
   const int gqa = n_head / n_head_kv;
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x;
   const int kvh = blockIdx.y, split = blockIdx.z;
@@ -81,19 +78,9 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
   auto stage = [&](int key0, int buf) {
     __half* kd = kvs + buf * 2 * kBlock * kRow;
     __half* vd = kd + kBlock * kRow;
-    for (int i = threadIdx.x; i < kBlock * kChunks; i += 32 * kWarps) {
-      const int j = i / kChunks, p = i % kChunks;
-      const int pos = key0 + j;
-      if (pos < k_end) {
-        const int64_t slot = (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / kv.block_size] * kv.block_size +
-                             pos % kv.block_size;
-        copy_async<16>(kd + j * kRow + p * 8, kcache + slot * kv_dim + p * 8);
-        copy_async<16>(vd + j * kRow + p * 8, vcache + slot * kv_dim + p * 8);
-      } else {
-        *reinterpret_cast<int4*>(kd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
-        *reinterpret_cast<int4*>(vd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
-      }
-    }
+    stage_kv_block<HD, kPad>(kd, vd, kBlock, key0, k_end, kcache, vcache, kv_dim, 32 * kWarps, [&](int pos) {
+      return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / kv.block_size] * kv.block_size + pos % kv.block_size;
+    });
     copy_async_commit();
   };
   stage(k_begin, 0);
@@ -151,30 +138,9 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
         if (e >= 2) mx_hi = fmaxf(mx_hi, s[n][e]);
         else mx_lo = fmaxf(mx_lo, s[n][e]);
       }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
     // A warp whose keys are all past the span keeps m = -inf and adds nothing.
-    const float alpha_lo = mn_lo == -INFINITY ? 1.0f : exp2f(m_lo - mn_lo);
-    const float alpha_hi = mn_hi == -INFINITY ? 1.0f : exp2f(m_hi - mn_hi);
-    const float sub_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      s[n][0] = exp2f(s[n][0] - sub_lo);
-      s[n][1] = exp2f(s[n][1] - sub_lo);
-      s[n][2] = exp2f(s[n][2] - sub_hi);
-      s[n][3] = exp2f(s[n][3] - sub_hi);
-      sum_lo += s[n][0] + s[n][1];
-      sum_hi += s[n][2] + s[n][3];
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
+    float alpha_lo, alpha_hi;
+    online_softmax_step(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, alpha_lo, alpha_hi);
     // O = O * alpha + P V, P's A fragment from the two score n-tiles.
     const uint32_t a0 = pack_half2(s[0][0], s[0][1]), a1 = pack_half2(s[0][2], s[0][3]);
     const uint32_t a2 = pack_half2(s[1][0], s[1][1]), a3 = pack_half2(s[1][2], s[1][3]);
@@ -267,14 +233,15 @@ int flash_decode_mode_for_test = -1;  // gpu_use_flash_decode_for_test: -1 the e
 template <int HD>
 void launch_flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                          int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream) {
-  static const bool single = [] {
+  static const bool env_double = [] {
     const char* env = std::getenv("ROOFLINE_FLASH_DECODE_BUFFERS");
-    return env && std::strcmp(env, "1") == 0;
+    return env && std::strcmp(env, "2") == 0;
   }();
-  if (single || flash_decode_mode_for_test == 2 || kDefaultBuffers<HD> == 1)
-    launch_flash_decode_b<HD, 1>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
-  else
+  const bool two = flash_decode_mode_for_test > 0 ? flash_decode_mode_for_test == 2 : env_double;
+  if (two && kMaxBuffers<HD> == 2)
     launch_flash_decode_b<HD, 2>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+  else
+    launch_flash_decode_b<HD, 1>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
 }
 
 

@@ -16,6 +16,7 @@
 
 #include <climits>
 
+#include "backend/cuda/cuda_flash_common.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
@@ -26,11 +27,6 @@ namespace {
 constexpr int kColGroups = 4;           // m16 tiles of query columns per CTA
 constexpr int kCols = 16 * kColGroups;  // query columns per CTA
 constexpr int kPad = 8;             // halves of padding per shared row (conflict-free fragment loads)
-
-__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // The KV cache slot of key position pos of the run's sequence.
 __device__ __forceinline__ int64_t key_slot(const DeviceStep& step, int seq, int block_size, int pos) {
@@ -117,18 +113,8 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
   auto stage = [&](int key0, int buf) {
     __half* kd = ks + buf * 2 * kKeys * kRow;
     __half* vd = kd + kKeys * kRow;
-    for (int i = threadIdx.x; i < kKeys * kChunks; i += 32 * kWarps) {
-      const int j = i / kChunks, p = i % kChunks;
-      const int pos = key0 + j;
-      if (pos < key_end) {
-        const int64_t slot = key_slot(step, run.seq, kv.block_size, pos);
-        copy_async<16>(kd + j * kRow + p * 8, kcache + slot * kv_dim + p * 8);
-        copy_async<16>(vd + j * kRow + p * 8, vcache + slot * kv_dim + p * 8);
-      } else {
-        *reinterpret_cast<int4*>(kd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
-        *reinterpret_cast<int4*>(vd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
-      }
-    }
+    stage_kv_block<HD, kPad>(kd, vd, kKeys, key0, key_end, kcache, vcache, kv_dim, 32 * kWarps,
+                             [&](int pos) { return key_slot(step, run.seq, kv.block_size, pos); });
     copy_async_commit();
   };
   stage(key_begin, 0);
@@ -177,30 +163,8 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
         if (hi) mx_hi = fmaxf(mx_hi, s[n][e]);
         else mx_lo = fmaxf(mx_lo, s[n][e]);
       }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    // A row that has seen no key yet (sliding window, or a padding column) keeps m = -inf and p = 0.
-    const float alpha_lo = mn_lo == -INFINITY ? 1.0f : exp2f(m_lo - mn_lo);
-    const float alpha_hi = mn_hi == -INFINITY ? 1.0f : exp2f(m_hi - mn_hi);
-    const float sub_lo = mn_lo == -INFINITY ? 0.0f : mn_lo, sub_hi = mn_hi == -INFINITY ? 0.0f : mn_hi;
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kPartKeys / 8; ++n) {
-      s[n][0] = exp2f(s[n][0] - sub_lo);
-      s[n][1] = exp2f(s[n][1] - sub_lo);
-      s[n][2] = exp2f(s[n][2] - sub_hi);
-      s[n][3] = exp2f(s[n][3] - sub_hi);
-      sum_lo += s[n][0] + s[n][1];
-      sum_hi += s[n][2] + s[n][3];
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
+    float alpha_lo, alpha_hi;
+    online_softmax_step(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, alpha_lo, alpha_hi);
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       o[n][0] *= alpha_lo;
@@ -213,10 +177,10 @@ __global__ void __launch_bounds__(32 * kColGroups * KS) flash_prefill_kernel(Dev
 #pragma unroll
     for (int t = 0; t < kPartKeys / 16; ++t) {
       uint32_t a[4];
-      a[0] = pack_h2(s[2 * t][0], s[2 * t][1]);
-      a[1] = pack_h2(s[2 * t][2], s[2 * t][3]);
-      a[2] = pack_h2(s[2 * t + 1][0], s[2 * t + 1][1]);
-      a[3] = pack_h2(s[2 * t + 1][2], s[2 * t + 1][3]);
+      a[0] = pack_half2(s[2 * t][0], s[2 * t][1]);
+      a[1] = pack_half2(s[2 * t][2], s[2 * t][3]);
+      a[2] = pack_half2(s[2 * t + 1][0], s[2 * t + 1][1]);
+      a[3] = pack_half2(s[2 * t + 1][2], s[2 * t + 1][3]);
       // Lanes 0-15 address keys 16t..16t+15 of n-tile n, lanes 16-31 the same keys of n-tile n + 1.
       const __half* vp = vs_b + (t * 16 + (lane & 15)) * kRow + (lane >> 4) * 8;
 #pragma unroll
