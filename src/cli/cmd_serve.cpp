@@ -174,6 +174,10 @@ int run(int argc, char** argv) {
   // step, but their buffers (logits for every row) come out of the GPU memory that -ngl auto would give to
   // layers, so they are taken only where no layer needs that memory.
   add_model_options(app, margs);
+  app.get_option("--batch-size")
+      ->description("most tokens per forward step (default: 2048 where the whole model, the KV cache and every f16 copy fit the GPU "
+                    "with such steps, else 512)")
+      ->default_str("auto");
   DraftArgs dargs;  // speculative decoding: -md, --draft-max, --draft-min, --draft-p-min, -ngld
   add_draft_options(app, dargs);
   serve::ServerOptions so;
