@@ -78,6 +78,16 @@ void gpu_set_f16_copy_min_rows_for_test(int rows);
 // For tests: decode attention of f16 caches on tensor cores (cuda_flash_decode.cu) always (1; 2: with two staging
 // buffers, as ROOFLINE_FLASH_DECODE_BUFFERS=2), never (0), or as ROOFLINE_FLASH_DECODE says (-1; on unless it is 0).
 void gpu_use_flash_decode_for_test(int mode);
+// For tests: the feed-forward block of one decode row, x += down(silu(gate(xn)) * up(xn)) with xn = rmsnorm(x) *
+// norm_w, as the backend's separate launches (persistent false: rms norm, gate/up, SwiGLU, down) or as the
+// persistent kernel (cuda_decode_ffn.cu) over n_ctas CTAs (0: one per SM). The block runs `repeats` times in
+// turn on x (each run's grid barrier on the same counter); returns x after each run ([repeats x x.size()]).
+std::vector<float> gpu_decode_ffn_for_test(const Weight& gate, const Weight& up, const Weight& down, const std::vector<float>& norm_w,
+                                           const std::vector<float>& x, bool persistent, int n_ctas, int repeats, float eps = 1e-6f,
+                                           int device = 0);
+// For tests: one-row decode steps take the persistent FFN kernel where it fits (1), never (0), or as
+// ROOFLINE_PERSISTENT_FFN says (-1).
+void gpu_use_persistent_ffn_for_test(int mode);
 // For tests: how many products the tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) has run in this process.
 int64_t gpu_q4k_tile_gemm_calls_for_test();
 

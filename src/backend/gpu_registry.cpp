@@ -28,6 +28,11 @@ void gpu_use_int8_products_for_test(int) { fail("this build has no GPU backend: 
 int64_t gpu_q4k_tile_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_f16_copy_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_f16_copy_min_rows_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+std::vector<float> gpu_decode_ffn_for_test(const Weight&, const Weight&, const Weight&, const std::vector<float>&, const std::vector<float>&,
+                                           bool, int, int, float, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
+void gpu_use_persistent_ffn_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_flash_decode_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::vector<int32_t>&, int, const std::vector<float>&, int,
                                                 int) {

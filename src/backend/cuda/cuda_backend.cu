@@ -181,7 +181,7 @@ class CudaBackend final : public Backend {
     const size_t prefill_bytes = prefill_ok_ ? (size_t)2 * prefill_.key_tile * kv_dim * 2 + (size_t)2 * T * hp.n_head * 4 : 0;
     const size_t rope_floats = RopeTables::floats(T, hp.n_rot);
     work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes + rope_floats * 4 +
-                  37 * 256);
+                  38 * 256);
     auto take_f = [&](size_t n) { return reinterpret_cast<float*>(work_.take(n * 4)); };
     x_ = take_f((size_t)T * hp.n_embd);
     xn_ = take_f((size_t)T * hp.n_embd);
@@ -218,6 +218,8 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaMallocHost(&step_host_, step_ints * 4));
     if (layers.output) ROOFLINE_CUDA_CHECK(cudaMallocHost(&logits_host_, (size_t)T * hp.n_vocab * 4));
     argmax_dev_ = reinterpret_cast<int32_t*>(work_.take((size_t)T * 4));
+    ffn_sync_ = reinterpret_cast<unsigned long long*>(work_.take(8));  // the persistent FFN's grid barrier
+    ROOFLINE_CUDA_CHECK(cudaMemsetAsync(ffn_sync_, 0, 8, stream_));
     rope_tables_.init(rope_floats > 0 ? take_f(rope_floats) : nullptr, T, hp.n_rot);
     if (prefill_ok_) {
       prefill_.q16 = x_f16_;
@@ -318,10 +320,8 @@ class CudaBackend final : public Backend {
     dstep_ = p.dstep, dstep_swa_ = p.dstep_swa;
     if (c.delta_net) dn_seqs_ = p.dn_seqs, dn_real_seqs_ = p.dn_real_seqs, dn_max_seq_rows_ = p.dn_max_seq_rows, dn_form_ = p.dn_form;
     n_logit_ = (int)step.logit_rows.size();
-    argmax_only_ = step.argmax_only;
-    argmax_only_.resize(n_logit_, 0);
-    argmax_allowed_ = step.argmax_allowed;
-    argmax_allowed_.resize(n_logit_, nullptr);
+    (argmax_only_ = step.argmax_only).resize(n_logit_, 0);
+    (argmax_allowed_ = step.argmax_allowed).resize(n_logit_, nullptr);
     hidden_rows_ = step.hidden_rows;
     rope_tables_.new_step();
   }
@@ -506,7 +506,6 @@ class CudaBackend final : public Backend {
     ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-
   void set_matmul_observer(MatmulObserver observer) override {
     if (observer) fail("importance matrices are collected on the CPU backend (run imatrix with -ngl 0)");
   }
@@ -534,8 +533,7 @@ class CudaBackend final : public Backend {
 
   int table_capacity_blocks() const {
     const int64_t bs = std::max(1, std::min(16, options_.kv_block_size));  // smaller blocks need longer tables
-    const int64_t blocks = ((int64_t)options_.n_ctx + bs - 1) / bs + 2;
-    return (int)blocks;
+    return (int)(((int64_t)options_.n_ctx + bs - 1) / bs + 2);
   }
   StepLayout step_layout() const {
     return StepLayout::make(options_.max_tokens, table_capacity_blocks(), model_ && model_->hparams().has_sliding_layers());
@@ -723,7 +721,8 @@ class CudaBackend final : public Backend {
       project(L.m(LT::AttnOut), attn_, n, tp_sum_, hp.n_embd, false, {}, -1, false, attn16);
       sum_partials();
       if (float* post = L.v(LT::AttnPostNorm)) {
-        const bool q8_ffn = ffn_takes_q8(L);
+        if (n == 1 && persistent_ffn(L)) return;
+    const bool q8_ffn = ffn_takes_q8(L);
         ffn_input_ready_ = post_norm_add(tp_sum_, post, xn_, L.v(LT::FfnNorm), q8_ffn);
       } else {
         add_values(x_, tp_sum_, (int64_t)n * hp.n_embd, stream_);
@@ -775,6 +774,17 @@ class CudaBackend final : public Backend {
     return needs_q8({&L.m(LT::FfnGate), &L.m(LT::FfnUp)}) && model_->hparams().n_embd % 32 == 0;
   }
 
+  // A one-row step's dense SwiGLU block as one persistent launch (cuda_decode_ffn.cu) where it fits.
+  bool persistent_ffn(LayerDev& L) {
+    using LT = LayerTensor;
+    const DecodeFfn f{L.m(LT::FfnGate), L.m(LT::FfnUp), L.m(LT::FfnDown), L.v(LT::FfnNorm), model_->hparams().rms_eps, x_, gate_, ffn_sync_};
+    if (!ffn_ctas_ || !persistent_ffn_on() || partial_sum_ || inputs_.enabled() || ffn_input_ready_ || L.v(LT::FfnPostNorm) ||
+        model_->arch().ffn == FfnKind::GeGLU || !decode_ffn_fits(f.gate, f.up, f.down, ffn_ctas_))
+      return false;
+    mark(op_name("ffn (one launch)", f.gate).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp) + L.bytes(LT::FfnDown));
+    decode_ffn(f, ffn_ctas_, stream_);
+    return (n_quantized_cols_ = -1), true;
+  }
   // Feed-forward block: norm -> gate/up -> SwiGLU -> down (+ residual).
   void ffn_block(LayerDev& L) {
     using LT = LayerTensor;
@@ -788,20 +798,11 @@ class CudaBackend final : public Backend {
                               shared ? &L.m(LT::FfnGateShexp) : nullptr, shared ? &L.m(LT::FfnUpShexp) : nullptr,
                               shared ? &L.m(LT::FfnDownShexp) : nullptr, L.v(LT::FfnGateInpShexp)};
       const int il = (int)(&L - layer_dev_.data()) + layers_.begin;
-      if (host_experts_ && host_experts_->holds(il)) {  // routed experts on the CPU, the shared one here
-        const size_t row = (size_t)hp.n_embd;
-        float* host_xn = host_rows_;
-        float* host_out = host_rows_ + (size_t)options_.max_tokens * row;
-        ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(host_xn, xn_, (size_t)n * row * 4, cudaMemcpyDeviceToHost, stream_));
-        ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        host_experts_->forward(il, host_xn, n, host_out);
-        moe_->add_host_rows(host_out, n, x_, stream_);
-        moe_->forward_shared(layer, xn_, n, x_, stream_);
-      } else {
-        moe_->forward(layer, xn_, n, x_, stream_);
-      }
+      if (host_experts_ && host_experts_->holds(il)) moe_->forward_on_host(layer, *host_experts_, il, xn_, n, x_, host_rows_, stream_);
+      else moe_->forward(layer, xn_, n, x_, stream_);
       return;
     }
+    if (n == 1 && persistent_ffn(L)) return;
     const bool q8_ffn = ffn_takes_q8(L);
     // (else the attention block's post-norm kernel wrote the input)
     const int64_t f16_cols = ffn_input_ready_ ? -1 : pre_norm("ffn norm + quantize", L.v(LT::FfnNorm), q8_ffn, L.m(LT::FfnGate));
@@ -967,6 +968,8 @@ class CudaBackend final : public Backend {
   bool split_combine_ = false;         // decode attention merges its splits in the split kernel
   bool split_heads_ = false;           // the step's attention splits query-head groups (AttentionPlan::split_heads)
   int* combine_counters_ = nullptr;    // ... with these counters (attention())
+  unsigned long long* ffn_sync_ = nullptr;  // persistent_ffn's barrier counter, and its CTAs (0: not on this GPU)
+  const int ffn_ctas_ = cuda::decode_ffn_ctas(options_.device);
   bool graphs_enabled_ = true;
   int ahead_slots_ = 0;
   RopeTables rope_tables_;  // prompt steps' rotations

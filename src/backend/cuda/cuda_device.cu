@@ -392,6 +392,54 @@ std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fuse
   return out;
 }
 
+std::vector<float> gpu_decode_ffn_for_test(const Weight& gate, const Weight& up, const Weight& down, const std::vector<float>& norm_w,
+                                           const std::vector<float>& x, bool persistent, int n_ctas, int repeats, float eps, int device) {
+  using namespace cuda;
+  const int64_t n_embd = gate.cols(), n_ff = gate.rows();
+  if (x.size() != (size_t)n_embd || norm_w.size() != (size_t)n_embd || up.rows() != n_ff || up.cols() != n_embd || down.rows() != n_embd ||
+      down.cols() != n_ff || n_embd % 32 || n_ff % 32 || repeats < 1)
+    fail("gpu_decode_ffn_for_test: shapes do not chain");
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  const int64_t max_cols = std::max(n_embd, n_ff);
+  arena.reserve(device_weight_bytes(gate) + device_weight_bytes(up) + device_weight_bytes(down) + (size_t)(2 * n_embd + 3 * n_ff) * 4 +
+                ProductInputs::bytes(ProductInputs::kDecodeRows, max_cols) + 64 * 256);  // each take rounds up
+  const DeviceWeight dg = upload_weight(gate, arena, stream), du = upload_weight(up, arena, stream), dd = upload_weight(down, arena, stream);
+  auto take_f = [&](size_t n) { return reinterpret_cast<float*>(arena.take(n * 4)); };
+  float *dx = take_f((size_t)n_embd), *dw = take_f((size_t)n_embd), *dxn = take_f((size_t)n_embd), *dgate = take_f((size_t)n_ff),
+        *dup = take_f((size_t)n_ff), *dh = take_f((size_t)n_ff);
+  auto* sync = reinterpret_cast<unsigned long long*>(arena.take(8));
+  ROOFLINE_CUDA_CHECK(cudaMemset(sync, 0, 8));
+  ProductInputs inputs;
+  inputs.init(arena, ProductInputs::kDecodeRows, max_cols, stream);
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(dw, norm_w.data(), norm_w.size() * 4, cudaMemcpyHostToDevice));
+  const int ctas = n_ctas > 0 ? n_ctas : decode_ffn_ctas(device);
+  std::vector<float> out;
+  for (int run = 0; run < repeats; ++run) {
+    if (persistent) {
+      decode_ffn({dg, du, dd, dw, eps, dx, dh, sync}, ctas, stream);
+    } else {  // the backend's launches for one row (ffn_block)
+      inputs.reset();
+      rms_norm(dx, dw, eps, 1, (int)n_embd, nullptr, dxn, inputs.writable(), stream);
+      const DeviceWeight* ws[2] = {&dg, &du};
+      float* ys[2] = {dgate, dup};
+      const int lds[2] = {(int)n_ff, (int)n_ff};
+      matvec_multi(ws, ys, lds, 2, inputs.current(), dxn, 1, false, stream);
+      swiglu(dgate, dup, 1, (int)n_ff, dgate, inputs.writable(), stream);
+      matvec(dd, inputs.current(), dgate, 1, dx, (int)n_embd, true, stream);
+    }
+    std::vector<float> y((size_t)n_embd);
+    ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y.data(), dx, y.size() * 4, cudaMemcpyDeviceToHost, stream));
+    ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    out.insert(out.end(), y.begin(), y.end());
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
+  return out;
+}
+
 std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_expert, const std::vector<int32_t>& ids, int k,
                                                 const std::vector<float>& x, int n_tokens, int device) {
   using namespace cuda;

@@ -149,6 +149,27 @@ bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens);
 void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
                 size_t scratch_elems, __half* x_f16, cudaStream_t stream);
 
+// --- the feed-forward block of a one-row decode step in one persistent launch (cuda_decode_ffn.cu) ---
+// x += down(silu(gate(xn)) * up(xn)), xn = rmsnorm(x) * norm_w, with the bits of the separate launches
+// (rms_norm, matvec_multi, swiglu, matvec with accumulate). h: [n_ff] scratch; sync: a device counter,
+// zero before its first launch and used by no other kernel (the grid barrier).
+struct DecodeFfn {
+  DeviceWeight gate, up, down;
+  const float* norm_w = nullptr;
+  float eps = 0.0f;
+  float* x = nullptr;
+  float* h = nullptr;
+  unsigned long long* sync = nullptr;
+};
+// Whether one-row decode steps take it: ROOFLINE_PERSISTENT_FFN=1 (or gpu_use_persistent_ffn_for_test).
+bool persistent_ffn_on();
+// Q4_K gate/up, Q4_K or Q6_K (planes) down, rows of whole super-blocks within the kernel's limits.
+bool decode_ffn_fits(const DeviceWeight& gate, const DeviceWeight& up, const DeviceWeight& down, int n_ctas);
+// CTAs of the launch on `device` (one per SM), or 0 where the kernel cannot run (shared memory, sm_80+).
+int decode_ffn_ctas(int device);
+// n_ctas <= decode_ffn_ctas(): every CTA must be resident at once (the barrier waits for all of them).
+void decode_ffn(const DecodeFfn& f, int n_ctas, cudaStream_t stream);
+
 // --- elementwise and normalization (cuda_ops.cu) ---
 // Token embedding rows (dequantized) for the step's tokens; rows >= n_tokens are zeroed.
 void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream);

@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "backend/cpu/host_experts.h"
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe_route.cuh"
@@ -338,6 +339,17 @@ void MoeFfn::add_host_rows(const float* host_rows, int n, float* x, cudaStream_t
   const int64_t count = (int64_t)n * hp_.n_embd;
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(y_, host_rows, (size_t)count * 4, cudaMemcpyHostToDevice, stream));
   launch(moe_add_kernel, dim3((unsigned)((count + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), (const float*)y_, count, x);
+}
+
+void MoeFfn::forward_on_host(const MoeLayerDev& layer, HostExperts& experts, int il, const float* xn, int n, float* x, float* host_rows,
+                             cudaStream_t stream) {
+  const size_t row = (size_t)hp_.n_embd;
+  float* host_out = host_rows + (size_t)max_rows_ * row;
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(host_rows, xn, (size_t)n * row * 4, cudaMemcpyDeviceToHost, stream));
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  experts.forward(il, host_rows, n, host_out);
+  add_host_rows(host_out, n, x, stream);
+  forward_shared(layer, xn, n, x, stream);
 }
 
 void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {

@@ -13,6 +13,10 @@
 #include "backend/cuda/cuda_weights.cuh"
 #include "model/hparams.h"
 
+namespace roofline {
+class HostExperts;
+}
+
 namespace roofline::cuda {
 
 // A layer's MoE weights on the device.
@@ -96,6 +100,10 @@ class MoeFfn {
   void forward_shared(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
   // x[r] += rows[r] for host rows [n_rows x n_embd] (the routed experts' output computed on the CPU).
   void add_host_rows(const float* rows, int n_rows, float* x, cudaStream_t stream);
+  // Layer il's routed experts on the CPU (xn through host_rows, [2 x max_rows x n_embd] of pinned memory;
+  // the stream is synchronized), then the shared expert here.
+  void forward_on_host(const MoeLayerDev& layer, HostExperts& experts, int il, const float* xn, int n_rows, float* x, float* host_rows,
+                       cudaStream_t stream);
 
   // The last forward's routing ([n_rows x n_expert_used] ids and weights, device pointers).
   const int32_t* ids() const { return ids_; }
