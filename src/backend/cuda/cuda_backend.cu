@@ -721,8 +721,7 @@ class CudaBackend final : public Backend {
       project(L.m(LT::AttnOut), attn_, n, tp_sum_, hp.n_embd, false, {}, -1, false, attn16);
       sum_partials();
       if (float* post = L.v(LT::AttnPostNorm)) {
-        if (n == 1 && persistent_ffn(L)) return;
-    const bool q8_ffn = ffn_takes_q8(L);
+        const bool q8_ffn = ffn_takes_q8(L);
         ffn_input_ready_ = post_norm_add(tp_sum_, post, xn_, L.v(LT::FfnNorm), q8_ffn);
       } else {
         add_values(x_, tp_sum_, (int64_t)n * hp.n_embd, stream_);
@@ -777,13 +776,14 @@ class CudaBackend final : public Backend {
   // A one-row step's dense SwiGLU block as one persistent launch (cuda_decode_ffn.cu) where it fits.
   bool persistent_ffn(LayerDev& L) {
     using LT = LayerTensor;
-    const DecodeFfn f{L.m(LT::FfnGate), L.m(LT::FfnUp), L.m(LT::FfnDown), L.v(LT::FfnNorm), model_->hparams().rms_eps, x_, gate_, ffn_sync_};
     if (!ffn_ctas_ || !persistent_ffn_on() || partial_sum_ || inputs_.enabled() || ffn_input_ready_ || L.v(LT::FfnPostNorm) ||
-        model_->arch().ffn == FfnKind::GeGLU || !decode_ffn_fits(f.gate, f.up, f.down, ffn_ctas_))
+        model_->arch().ffn == FfnKind::GeGLU || !decode_ffn_fits(L.m(LT::FfnGate), L.m(LT::FfnUp), L.m(LT::FfnDown), ffn_ctas_))
       return false;
-    mark(op_name("ffn (one launch)", f.gate).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp) + L.bytes(LT::FfnDown));
-    decode_ffn(f, ffn_ctas_, stream_);
-    return (n_quantized_cols_ = -1), true;
+    mark(op_name("ffn (one launch)", L.m(LT::FfnGate)).c_str(), L.bytes(LT::FfnGate) + L.bytes(LT::FfnUp) + L.bytes(LT::FfnDown));
+    decode_ffn({L.m(LT::FfnGate), L.m(LT::FfnUp), L.m(LT::FfnDown), L.v(LT::FfnNorm), model_->hparams().rms_eps, x_, gate_, ffn_sync_}, ffn_ctas_,
+               stream_);
+    n_quantized_cols_ = -1;
+    return true;
   }
   // Feed-forward block: norm -> gate/up -> SwiGLU -> down (+ residual).
   void ffn_block(LayerDev& L) {
