@@ -30,8 +30,8 @@ for m in ${MODELS:-qwen3-32b qwen3-8b qwen3.5-27b gemma3-27b qwen3-30b-a3b}; do
       for v in A B; do
         settings="${A:-}"
         [ $v = B ] && settings="${B:-}"
-        line=$(env $settings timeout 200 "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2} -d "$d" 2>/dev/null |
-               grep -E "\| *(tg|pp)[0-9]" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
+        # shellcheck disable=SC2086
+        line=$(bench_row $settings timeout 200 "$bin/roofline" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2} -d "$d")
         stamp "$m d=$d $v[${settings:-default}] $line"
       done
     done

@@ -26,3 +26,13 @@ start_llamacpp_build() {
     bpid=$!
   fi
 }
+# bench_row ARGS...: runs `ARGS` (a bench command line, environment settings first), prints its result rows as
+# "tgN t/s roofline%;" per row, or "FAILED (exit N): <its last error line>" when it printed none (a crash, a bad
+# setting), so that a variant that died shows as such in the summary.
+bench_row() {
+  local log="$out/bench_last.log" rows rc
+  env "$@" > "$log" 2>&1
+  rc=$?
+  rows=$(grep -E "\| *(tg|pp)[0-9]" "$log" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
+  if [ -n "$rows" ]; then echo "$rows"; else echo "FAILED (exit $rc): $(grep -v '^$' "$log" | tail -1)"; fi
+}

@@ -23,8 +23,8 @@ for m in ${MODELS:-qwen3-32b qwen3-8b}; do
     for settings in "${variants[@]}"; do
       exe=roofline
       for word in $settings; do [[ $word == BIN=* ]] && exe=${word#BIN=}; done
-      line=$(env $settings timeout 200 "$bin/$exe" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2} 2>/dev/null |
-             grep -E "\| *(tg|pp)[0-9]" | awk -F'|' '{printf "%s%s %s;", $10, $11, $14}')
+      # shellcheck disable=SC2086
+      line=$(bench_row $settings timeout 200 "$bin/$exe" bench -m "synthetic:$m:Q4_K_M" ${BENCH:--p 0 -n 128 -r 2})
       stamp "$m [${settings:-default}] $line"
     done
   done
