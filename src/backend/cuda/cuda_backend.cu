@@ -30,6 +30,8 @@ CudaBackend::CudaBackend(const GpuBackendOptions& options) : options_(options) {
   const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
   graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
   if (profiler_.enabled()) graphs_enabled_ = false;
+  const char* batched = std::getenv("ROOFLINE_BATCHED_GRAPHS");
+  batched_graphs_ = batched && std::strcmp(batched, "1") == 0;  // off: written, not yet measured (docs/performance.md)
   const char* split_combine = std::getenv("ROOFLINE_SPLIT_COMBINE");
   split_combine_ = split_combine && std::strcmp(split_combine, "1") == 0;  // off: slower on the H200 (docs/performance.md)
 }
@@ -325,14 +327,14 @@ void CudaBackend::forward(int layer_begin, int layer_end) {
   forward_end_ = layer_end;  // a layer may prepare the next one's input only inside this range
   attn_input_ready_ = ffn_input_ready_ = false;
   inputs_.reset();  // each forward starts on the first int8 buffer (a captured graph replays the pointers it saw)
-  if (n_tok_ > 8 || !graphs_enabled_) {
+  if (!graphs_enabled_ || (n_tok_ > 8 && !batched_graph())) {
     if (ahead_) ahead_->begin_step();
     for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
     if (ahead_) ahead_->end_step();
     return;
   }
   // Decode: one CUDA graph per (bucket, layer range, head split, attention grid), captured on first use and
-  // replayed after (grid_splits_ <= 8192: 14 bits).
+  // replayed after (grid_splits_ <= 8192: 14 bits; buckets of at most 64 rows: 8 bits).
   const uint64_t key = ((uint64_t)split_heads_ << 62) | ((uint64_t)grid_splits_ << 48) | ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) |
                        (uint64_t)layer_end;
   graphs_.run(key, stream_, [&] {
