@@ -24,6 +24,8 @@ std::vector<float> batched_steps(const char* spec, bool graphs) {
   auto model = test::tiny(spec);
   EngineOptions o;
   o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.n_ctx = 4096;     // 24 sequences of up to ~65 positions
+  o.n_seq_max = 24;   // a state cell (Qwen3.5) or a window ring (Gemma 3) each
   auto engine = Engine::create(model, o);
   unsetenv("ROOFLINE_BATCHED_GRAPHS");  // read when the backend is created
   const int n_vocab = model->hparams().n_vocab;
