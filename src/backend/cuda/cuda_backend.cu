@@ -327,16 +327,18 @@ void CudaBackend::forward(int layer_begin, int layer_end) {
   forward_end_ = layer_end;  // a layer may prepare the next one's input only inside this range
   attn_input_ready_ = ffn_input_ready_ = false;
   inputs_.reset();  // each forward starts on the first int8 buffer (a captured graph replays the pointers it saw)
-  if (!graphs_enabled_ || (n_tok_ > 8 && !batched_graph())) {
+  // Decode: one CUDA graph per (bucket, layer range, head split, attention grid), captured on first use and
+  // replayed after (grid_splits_ <= 8192: 14 bits; buckets of at most 64 rows: 8 bits).
+  const uint64_t key = ((uint64_t)split_heads_ << 62) | ((uint64_t)grid_splits_ << 48) | ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) |
+                       (uint64_t)layer_end;
+  // Batched steps' keys (any row count from 9 to 64, any split count) are many: past kMaxGraphs graphs, new ones launch.
+  const bool graph = graphs_enabled_ && (n_tok_ <= 8 || (batched_graph() && (graphs_.has(key) || graphs_.size() < kMaxGraphs)));
+  if (!graph) {
     if (ahead_) ahead_->begin_step();
     for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
     if (ahead_) ahead_->end_step();
     return;
   }
-  // Decode: one CUDA graph per (bucket, layer range, head split, attention grid), captured on first use and
-  // replayed after (grid_splits_ <= 8192: 14 bits; buckets of at most 64 rows: 8 bits).
-  const uint64_t key = ((uint64_t)split_heads_ << 62) | ((uint64_t)grid_splits_ << 48) | ((uint64_t)n_tok_ << 40) | ((uint64_t)layer_begin << 20) |
-                       (uint64_t)layer_end;
   graphs_.run(key, stream_, [&] {
     for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
   });

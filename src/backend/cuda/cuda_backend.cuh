@@ -259,6 +259,7 @@ class CudaBackend final : public Backend {
   // graphs too, where nothing in them leaves the device or depends on more than the bucket (no MoE, no -sm row; one
   // row per sequence in DeltaNet layers, whose kernel form follows a sequence's rows).
   bool batched_graphs_ = false;
+  static constexpr size_t kMaxGraphs = 256;  // graphs a backend keeps before batched steps stop capturing new ones
   bool batched_graph() const {
     return batched_graphs_ && n_tok_ <= 64 && prefill_runs_.empty() && !moe_ && !partial_sum_ && dn_max_seq_rows_ <= 1;
   }

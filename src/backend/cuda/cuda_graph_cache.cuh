@@ -21,6 +21,8 @@ class GraphCache {
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   }
 
+  bool has(uint64_t key) const { return graphs_.count(key) != 0; }
+  size_t size() const { return graphs_.size(); }
   // Launches key's graph on stream, capturing enqueue()'s launches into it the first time.
   template <typename Enqueue>
   void run(uint64_t key, cudaStream_t stream, Enqueue&& enqueue) {
