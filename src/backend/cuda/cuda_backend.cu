@@ -30,8 +30,8 @@ CudaBackend::CudaBackend(const GpuBackendOptions& options) : options_(options) {
   const char* no_graphs = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
   graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
   if (profiler_.enabled()) graphs_enabled_ = false;
-  const char* batched = std::getenv("ROOFLINE_BATCHED_GRAPHS");
-  batched_graphs_ = batched && std::strcmp(batched, "1") == 0;  // off: written, not yet measured (docs/performance.md)
+  // Read per backend (the tests switch it between engines). Off: written, not yet measured (docs/performance.md).
+  batched_graphs_ = env_switch("ROOFLINE_BATCHED_GRAPHS", false);
   const char* split_combine = std::getenv("ROOFLINE_SPLIT_COMBINE");
   split_combine_ = split_combine && std::strcmp(split_combine, "1") == 0;  // off: slower on the H200 (docs/performance.md)
 }
