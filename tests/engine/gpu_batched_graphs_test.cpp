@@ -1,5 +1,5 @@
 // Batched decode steps (9-64 rows, one row per sequence) captured and replayed as CUDA graphs
-// (ROOFLINE_BATCHED_GRAPHS=1, cuda_backend.cuh batched_graph): the same kernels with the same arguments as the
+// (on by default, ROOFLINE_BATCHED_GRAPHS=0 turns it off; cuda_backend.cuh batched_graph): the same kernels with the same arguments as the
 // launches they replace, so every step's logits have the same bits with the switch on and off. Steps of 12, 20
 // and 24 rows over sequences of different depths, each size more than once (a captured graph replayed), between
 // prompt steps (not captured) and one-row steps (their own graphs). Skipped without a GPU.
@@ -19,8 +19,7 @@ using namespace roofline;
 namespace {
 
 std::vector<float> batched_steps(const char* spec, bool graphs) {
-  if (graphs) setenv("ROOFLINE_BATCHED_GRAPHS", "1", 1);
-  else unsetenv("ROOFLINE_BATCHED_GRAPHS");
+  setenv("ROOFLINE_BATCHED_GRAPHS", graphs ? "1" : "0", 1);
   auto model = test::tiny(spec);
   EngineOptions o;
   o.n_gpu_layers = EngineOptions::kGpuLayersAll;

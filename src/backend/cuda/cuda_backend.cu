@@ -31,7 +31,7 @@ CudaBackend::CudaBackend(const GpuBackendOptions& options) : options_(options) {
   graphs_enabled_ = !(no_graphs && *no_graphs && *no_graphs != '0');
   if (profiler_.enabled()) graphs_enabled_ = false;
   // Read per backend (the tests switch it between engines). Off: written, not yet measured (docs/performance.md).
-  batched_graphs_ = env_switch("ROOFLINE_BATCHED_GRAPHS", false);
+  batched_graphs_ = env_switch("ROOFLINE_BATCHED_GRAPHS", true);
   const char* split_combine = std::getenv("ROOFLINE_SPLIT_COMBINE");
   split_combine_ = split_combine && std::strcmp(split_combine, "1") == 0;  // off: slower on the H200 (docs/performance.md)
 }

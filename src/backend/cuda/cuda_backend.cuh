@@ -255,10 +255,11 @@ class CudaBackend final : public Backend {
   unsigned long long* ffn_sync_ = nullptr;  // persistent_ffn's barrier counter, and its CTAs (0: not on this GPU)
   const int ffn_ctas_ = cuda::decode_ffn_ctas(options_.device);
   bool graphs_enabled_ = true;
-  // ROOFLINE_BATCHED_GRAPHS=1: batched decode steps (9-64 rows, every row a decode row) are captured and replayed as
-  // graphs too, where nothing in them leaves the device or depends on more than the bucket (no MoE, no -sm row; one
-  // row per sequence in DeltaNet layers, whose kernel form follows a sequence's rows).
-  bool batched_graphs_ = false;
+  // Batched decode steps (9-64 rows, every row a decode row) are captured and replayed as graphs too, where nothing
+  // in them leaves the device or depends on more than the bucket (no MoE, no -sm row; one row per sequence in
+  // DeltaNet layers, whose kernel form follows a sequence's rows). On since measured (-npl 16 / 64 +1-9%,
+  // docs/performance.md); ROOFLINE_BATCHED_GRAPHS=0 launches them kernel by kernel.
+  bool batched_graphs_ = true;
   static constexpr size_t kMaxGraphs = 256;  // graphs a backend keeps before batched steps stop capturing new ones
   bool batched_graph() const {
     return batched_graphs_ && n_tok_ <= 64 && prefill_runs_.empty() && !moe_ && !partial_sum_ && dn_max_seq_rows_ <= 1;
