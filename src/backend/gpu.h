@@ -78,6 +78,11 @@ void gpu_set_f16_copy_min_rows_for_test(int rows);
 // For tests: decode attention of f16 caches on tensor cores (cuda_flash_decode.cu) always (1; 2: with two staging
 // buffers, as ROOFLINE_FLASH_DECODE_BUFFERS=2), never (0), or as ROOFLINE_FLASH_DECODE says (-1; on unless it is 0).
 void gpu_use_flash_decode_for_test(int mode);
+// For tests: steps whose rows all have one split finalize in the flash decode kernel (1), or go through the
+// combine kernel (0), or as ROOFLINE_FLASH_FINALIZE says (-1; off unless it is 1).
+void gpu_use_flash_finalize_for_test(int mode);
+// For tests: flash decode launches so far that finalized their rows themselves.
+int64_t gpu_flash_finalize_launches_for_test();
 // For tests: the feed-forward block of one decode row, x += down(silu(gate(xn)) * up(xn)) with xn = rmsnorm(x) *
 // norm_w, as the backend's separate launches (persistent false: rms norm, gate/up, SwiGLU, down) or as the
 // persistent kernel (cuda_decode_ffn.cu) over n_ctas CTAs (0: one per SM). The block runs `repeats` times in
@@ -175,10 +180,11 @@ struct GpuAttentionShape {
 // the others through the split-KV kernel), with max_splits as for a context of the step's deepest row.
 // q: [rows x n_head * head_dim_k]; window > 0: a sliding-window layer. Returns [rows x n_head * head_dim_v].
 // combine_in_split: decode steps merge the splits in the split kernel (else the combine kernel). Runs
-// twice and fails unless both give the same bits.
+// twice and fails unless both give the same bits. act: also the output's int8 form as decode steps write it
+// for the o product (when head_dim_v is a multiple of 32): q, then each group of 32's d and s as raw bytes.
 std::vector<float> gpu_attention_for_test(const GpuAttentionShape& shape, const GpuKvCacheForTest& cache, int window, float scale,
                                           const StepDesc& step, const std::vector<float>& q, int prefill_key_tile = 0,
-                                          bool combine_in_split = true, int device = 0);
+                                          bool combine_in_split = true, int device = 0, std::vector<uint8_t>* act = nullptr);
 // For tests: the prologue of attention (rope_and_store) over a step's rows, padded like a decode
 // bucket (the padding rows must store nothing): Q/K RMSNorm with q_norm / k_norm ([head_dim_k], when
 // given), RoPE of the first n_rot dimensions of each head (NeoX pairs (i, i + n_rot/2) when neox, else

@@ -34,6 +34,8 @@ std::vector<float> gpu_decode_ffn_for_test(const Weight&, const Weight&, const W
 }
 void gpu_use_persistent_ffn_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_flash_decode_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_flash_finalize_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+int64_t gpu_flash_finalize_launches_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::vector<int32_t>&, int, const std::vector<float>&, int,
                                                 int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
@@ -59,7 +61,7 @@ std::vector<double> gpu_delta_net_time_for_test(const DeltaNetDims&, int, int, G
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 std::vector<float> gpu_attention_for_test(const GpuAttentionShape&, const GpuKvCacheForTest&, int, float, const StepDesc&,
-                                          const std::vector<float>&, int, bool, int) {
+                                          const std::vector<float>&, int, bool, int, std::vector<uint8_t>*) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 void gpu_rope_store_for_test(const GpuAttentionShape&, const GpuRopeForTest&, const StepDesc&, std::vector<float>&, std::vector<float>&,

@@ -21,6 +21,8 @@
 //   default there, cuda_flash_decode.cu) over the decode step's depths, GQA 1 to 8 and head dims 64 to 256,
 //   full and sliding-window layers, to 1e-5 (f16 queries and probabilities); a row alone gives its bits in
 //   the step.
+// - GpuAttention.OneSplitStepsFinalizeInTheFlashKernelWithTheCombinesBits: steps of rows of one split, finalized
+//   in the flash kernel (no combine kernel), against the combine kernel's output and int8 form, bit for bit.
 // - GpuAttention.LongPrefillRunsMatchTheReference: runs of 300 rows from position 0 and 70 rows 1000 deep
 //   (several column tiles per KV head, many key blocks, GQA 1 to 8), f16 caches (the one-launch kernel,
 //   cuda_flash_prefill.cu) and q8_0 (the tiled cuBLAS path), with and without a window of 100.
@@ -265,6 +267,46 @@ TEST(GpuAttention, FlashDecodeMatchesTheReference) {
       const auto out3 = gpu_attention_for_test(s, c.h.cache, window, c.scale, alone, q3, 0, false);
       ASSERT_EQ(out3.size(), c.row);
       EXPECT_EQ(0, std::memcmp(out3.data(), out.data() + 3 * c.row, c.row * sizeof(float))) << "a row's bits depend on its batch-mates";
+    }
+}
+
+// Steps whose rows all have one split (at most the shortest span of keys): the flash kernel finalizes them
+// itself, without the combine kernel, and must give the combine kernel's bits, the output's int8 form
+// included; padding rows of the bucket come back zero (the hook checks). Also against the float64 reference.
+TEST(GpuAttention, OneSplitStepsFinalizeInTheFlashKernelWithTheCombinesBits) {
+  SKIP_WITHOUT_GPU();
+  struct FinalizeMode {
+    explicit FinalizeMode(int m) { gpu_use_flash_finalize_for_test(m); }
+    ~FinalizeMode() { gpu_use_flash_finalize_for_test(-1); }
+  };
+  // Five rows of 1 to 31 keys (one sequence with two new rows): a bucket of 8, three padding rows.
+  const std::vector<std::pair<int, int>> seqs = {{0, 1}, {7, 1}, {29, 2}, {18, 1}};
+  for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{4, 2, 256, 256},
+                                     GpuAttentionShape{6, 2, 96, 96}, GpuAttentionShape{64, 8, 128, 128}, GpuAttentionShape{16, 1, 128, 128}})
+    for (int window : {0, 12}) {
+      SCOPED_TRACE(describe(s, DType::F16, DType::F16, window));
+      const AttentionCase c = run_against_reference(s, DType::F16, DType::F16, window, seqs, 331 + (uint64_t)window + (uint64_t)s.head_dim_k, 2);
+      std::vector<uint8_t> act_fin, act_sep;
+      const int64_t before = gpu_flash_finalize_launches_for_test();
+      std::vector<float> fin, sep;
+      {
+        const FinalizeMode on(1);
+        fin = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false, 0, &act_fin);
+      }
+      EXPECT_GT(gpu_flash_finalize_launches_for_test(), before) << "the flash kernel did not finalize";
+      const int64_t after = gpu_flash_finalize_launches_for_test();
+      {
+        const FinalizeMode off(0);
+        sep = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false, 0, &act_sep);
+      }
+      EXPECT_EQ(gpu_flash_finalize_launches_for_test(), after) << "finalized with the switch off";
+      ASSERT_EQ(fin.size(), c.ref.size());
+      ASSERT_EQ(sep.size(), fin.size());
+      EXPECT_EQ(0, std::memcmp(fin.data(), sep.data(), fin.size() * sizeof(float))) << "the output's bits differ from the combine kernel's";
+      ASSERT_EQ(act_fin.size(), act_sep.size());
+      EXPECT_TRUE(act_fin == act_sep) << "the int8 output differs from the combine kernel's";
+      for (int r = 0; r < c.st.n_tokens(); ++r)
+        EXPECT_LT(test::nmse_vs_reference(fin, c.ref, r * c.row, (r + 1) * c.row), 1e-5) << "row " << r << " at " << c.st.positions[r];
     }
 }
 

@@ -974,7 +974,11 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
     fuse = SplitCombine{combine_counters, out, out_act};
   if (grid_splits <= 0 || grid_splits > max_splits) grid_splits = max_splits;
   if (!fuse.counters && flash_decode_fits(kv, n_head, n_head_kv, head_dim_k, head_dim_v)) {
-    flash_decode(step, q, scale, kv, n_rows, n_head, n_head_kv, head_dim_k, max_splits, grid_splits, partial, row_list, stream);
+    if (flash_decode_finalizes(grid_splits)) {
+      flash_decode(step, q, scale, kv, n_rows, n_head, n_head_kv, head_dim_k, max_splits, 1, partial, row_list, out, out_act, stream);
+      return out_act.q != nullptr;
+    }
+    flash_decode(step, q, scale, kv, n_rows, n_head, n_head_kv, head_dim_k, max_splits, grid_splits, partial, row_list, nullptr, ActQ8{}, stream);
   } else {
     const int parts = split_heads ? attention_head_parts(gqa, head_dim_v, fuse.counters != nullptr) : 1;
     if (parts > 1) smem = split_smem_bytes(gqa / parts, head_dim_k, head_dim_v, true);

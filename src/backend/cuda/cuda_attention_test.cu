@@ -188,6 +188,7 @@ struct AttentionRig {
   AttentionPlan plan;
   PrefillScratch prefill;
   float *q = nullptr, *out = nullptr, *partial = nullptr;
+  ActQ8 act;  // the output's int8 form (with_act)
   int* combine_counters = nullptr;  // decode steps' combine in the split kernel
   int n_pad = 0, max_splits = 1;
   cublasHandle_t cublas = nullptr;
@@ -202,12 +203,12 @@ struct AttentionRig {
                       prefill, out, stream);
     const int n_split_rows = plan.runs.empty() ? n_pad : (int)plan.split_rows.size();
     attention(dstep.step, q, kv, n_split_rows, s.n_head, s.n_head_kv, s.head_dim_k, s.head_dim_v, scale, plan.splits, partial, out,
-              ActQ8{}, dstep.split_rows, stream, combine_in_split ? combine_counters : nullptr, plan.split_heads, plan.grid_splits);
+              act, dstep.split_rows, stream, combine_in_split ? combine_counters : nullptr, plan.split_heads, plan.grid_splits);
   }
 };
 
 void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheForTest& c, int window, const StepDesc& st,
-               int key_tile, bool pattern_fill, cudaStream_t stream) {
+               int key_tile, bool pattern_fill, cudaStream_t stream, bool with_act = false) {
   if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv) fail("{} query heads over {} KV heads", s.n_head, s.n_head_kv);
   check_kv_type(c.type_k, s.n_head_kv * s.head_dim_k);
   check_kv_type(c.type_v, s.n_head_kv * s.head_dim_v);
@@ -228,7 +229,7 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   const size_t rows = (size_t)rig.n_pad;
   rig.arena.reserve(cache_bytes(s, c) + rows * (q_dim + o_dim) * 4 + partial * 4 + rows * q_dim * 2 + (size_t)2 * tile * kv_dim * 2 +
                     score_floats * 4 + 2 * rows * s.n_head * 4 + rows * o_dim * 4 + 17 * 256 + step_ints(st, rig.n_pad) * 4 +
-                    attention_combine_counters(s.n_head_kv) * 4);
+                    attention_combine_counters(s.n_head_kv) * 4 + (with_act ? rows * o_dim * 3 + 3 * 256 : 0));
   rig.kv = upload_cache(rig.arena, s, c, window, pattern_fill);
   rig.dstep = upload_step(rig.arena, st, rig.n_pad, rig.plan, span_splits, c.n_blocks);
   auto take_f = [&](size_t k) { return reinterpret_cast<float*>(rig.arena.take(std::max<size_t>(1, k) * 4)); };
@@ -236,6 +237,11 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   rig.out = take_f(rows * o_dim);
   rig.partial = take_f(partial);
   rig.combine_counters = reinterpret_cast<int*>(rig.arena.take(attention_combine_counters(s.n_head_kv) * 4));
+  if (with_act) {
+    rig.act.q = reinterpret_cast<int8_t*>(rig.arena.take(rows * o_dim));
+    rig.act.d = take_f(rows * o_dim / 32);
+    rig.act.s = take_f(rows * o_dim / 32);
+  }
   ROOFLINE_CUDA_CHECK(cudaMemset(rig.combine_counters, 0, attention_combine_counters(s.n_head_kv) * 4));
   rig.prefill.key_tile = tile;
   rig.prefill.q16 = reinterpret_cast<__half*>(rig.arena.take(rows * q_dim * 2));
@@ -254,7 +260,7 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
 
 std::vector<float> gpu_attention_for_test(const GpuAttentionShape& s, const GpuKvCacheForTest& cache, int window, float scale,
                                           const StepDesc& st, const std::vector<float>& q, int key_tile, bool combine_in_split,
-                                          int device) {
+                                          int device, std::vector<uint8_t>* act) {
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   const int n = st.n_tokens();
   const size_t q_dim = (size_t)s.n_head * s.head_dim_k, o_dim = (size_t)s.n_head * s.head_dim_v;
@@ -262,7 +268,8 @@ std::vector<float> gpu_attention_for_test(const GpuAttentionShape& s, const GpuK
   cudaStream_t stream;
   ROOFLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   AttentionRig rig;
-  build_rig(rig, s, cache, window, st, key_tile, false, stream);
+  if (act && s.head_dim_v % 32 != 0) fail("gpu_attention_for_test: an int8 output needs heads of whole groups of 32, not {}", s.head_dim_v);
+  build_rig(rig, s, cache, window, st, key_tile, false, stream, act != nullptr);
   // Padding rows' queries are NaN (a kernel reading them would put NaN in their outputs, which must
   // come back zero); the output starts as NaN everywhere, so a row no kernel writes shows.
   std::vector<float> qh((size_t)rig.n_pad * q_dim, std::numeric_limits<float>::quiet_NaN());
@@ -278,6 +285,13 @@ std::vector<float> gpu_attention_for_test(const GpuAttentionShape& s, const GpuK
     ROOFLINE_CUDA_CHECK(cudaMemcpy(dst->data(), rig.out, dst->size() * 4, cudaMemcpyDeviceToHost));
   }
   if (std::memcmp(out.data(), again.data(), out.size() * 4) != 0) fail("gpu_attention_for_test: a second run gave other values");
+  if (act) {  // the real rows' int8 values, then their groups' d and s
+    const size_t vals = (size_t)n * o_dim, groups = vals / 32;
+    act->assign(vals + 8 * groups, 0);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(act->data(), rig.act.q, vals, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(act->data() + vals, rig.act.d, groups * 4, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(act->data() + vals + 4 * groups, rig.act.s, groups * 4, cudaMemcpyDeviceToHost));
+  }
   rig.release();
   ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
   for (size_t i = (size_t)n * o_dim; i < out.size(); ++i)

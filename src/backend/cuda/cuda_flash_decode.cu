@@ -11,17 +11,26 @@
 // hold it), P reused as the A operand of P V. The warps' states merge in warp order at the end, so a row's
 // result depends only on the row, its keys and the split boundaries (attention_span: the row's own).
 // Queries and probabilities are rounded to f16, as in the prefill kernel (cuda_flash_prefill.cu).
+//
+// With ROOFLINE_FLASH_FINALIZE=1 (off: measured level), steps whose every row has one split (the grid's split count
+// is 1: rows of up to the shortest span of keys) finalize in the kernel (F): the output o / l and its int8 form for
+// the o product, written as the combine kernel writes them from one split's partials (its weight exp(0) = 1 and its
+// 1 / l, the same bits), and the combine kernel is not launched: one kernel boundary fewer per attention layer.
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/cuda_attention_splits.cuh"
 #include "backend/cuda/cuda_flash_common.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/gpu.h"
 #include "backend/cuda/cuda_mma.cuh"
 
 namespace roofline::cuda {
+
+extern std::atomic<int64_t> flash_finalize_launches;
 
 namespace {
 
@@ -41,9 +50,10 @@ constexpr size_t flash_decode_smem() {
   return (size_t)(16 + B * 2 * kBlock) * (HD + kPad) * sizeof(__half);
 }
 
-template <int HD, int B>
+template <int HD, int B, bool F>
 __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head, int n_head_kv,
-                                                                   float scale, int max_splits, float* partial, const int* row_list) {
+                                                                   float scale, int max_splits, float* partial, const int* row_list,
+                                                                   float* out, ActQ8 act) {
   constexpr int kRow = HD + kPad;  // halves per shared row
   constexpr int kChunks = HD / 8;  // 16-byte pieces per row
   extern __shared__ __align__(16) __half smem[];
@@ -67,8 +77,14 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
     seq = step.row_seq[r];
   }
   wait_for_previous_kernel();
-  if (!has_work) return;  // padding rows: the combine kernel writes their zeros
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (!has_work) {  // padding rows: the combine kernel writes their zeros, or here the finalizing kernel
+    if constexpr (F)
+      if (r >= step.header[kStepRealRows])
+        for (int i = warp; i < gqa * (HD / 32); i += kWarps)
+          store_output(out, act, r, kvh * gqa + i / (HD / 32), n_head, HD, i % (HD / 32) * 32 + lane, 0.0f);
+    return;
+  }
   const int kv_dim = n_head_kv * HD;
   const __half* kcache = reinterpret_cast<const __half*>(kv.k) + (int64_t)kvh * HD;
   const __half* vcache = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
@@ -176,7 +192,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
     ml[lane] = m_lo, ml[32 + lane] = m_hi, ml[64 + lane] = l_lo, ml[96 + lane] = l_hi;
   }
   __syncthreads();
-  if (warp > 0) return;
+  if (warp == 0) {
   float M_lo = m_lo, M_hi = m_hi;
   for (int w = 1; w < kWarps; ++w) {
     M_lo = fmaxf(M_lo, ml_x[w * 128 + lane]);
@@ -211,37 +227,69 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
       out[2 + n * 8 + (lane % 4) * 2 + 1] = o[n][2 * half + 1];
     }
   };
-  if (lane / 4 < gqa) write(lane / 4, M_lo, L_lo, 0);
-  if (lane / 4 + 8 < gqa) write(lane / 4 + 8, M_hi, L_hi, 1);
+  if constexpr (F) {
+    // The combine kernel's value from one split: (0 + o * exp(0)) * (1 / l), laid out [query head][dim] in the
+    // staging space (warp 0's reads of it above are done) for the four warps' stores in groups of 32.
+    __syncwarp();
+    float* fin = reinterpret_cast<float*>(kvs);
+    const float inv_lo = 1.0f / L_lo, inv_hi = 1.0f / L_hi;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = lane / 4 + (e >= 2 ? 8 : 0);
+        if (c < gqa) fin[c * HD + n * 8 + (lane % 4) * 2 + (e & 1)] = (0.0f + o[n][e]) * (e >= 2 ? inv_hi : inv_lo);
+      }
+  } else {
+    if (lane / 4 < gqa) write(lane / 4, M_lo, L_lo, 0);
+    if (lane / 4 + 8 < gqa) write(lane / 4 + 8, M_hi, L_hi, 1);
+  }
+  }
+  if constexpr (F) {
+    __syncthreads();
+    const float* fin = reinterpret_cast<const float*>(kvs);
+    for (int i = warp; i < gqa * (HD / 32); i += kWarps) {
+      const int c = i / (HD / 32), d = i % (HD / 32) * 32 + lane;
+      store_output(out, act, r, kvh * gqa + c, n_head, HD, d, fin[c * HD + d]);
+    }
+  }
+}
+
+template <int HD, int B, bool F>
+void launch_flash_decode_f(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
+                           int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act, cudaStream_t stream) {
+  constexpr size_t smem = flash_decode_smem<HD, B>();
+  static const bool configured = [] {
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<HD, B, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return true;
+  }();
+  (void)configured;
+  launch(flash_decode_kernel<HD, B, F>, dim3((unsigned)n_rows, (unsigned)n_head_kv, (unsigned)grid_splits), dim3(32 * kWarps), smem, stream,
+         pdl_enabled(), step, q, kv, n_head, n_head_kv, scale, max_splits, partial, row_list, out, act);
 }
 
 template <int HD, int B>
 void launch_flash_decode_b(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
-                         int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream) {
-  constexpr size_t smem = flash_decode_smem<HD, B>();
-  static const bool configured = [] {
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<HD, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    return true;
-  }();
-  (void)configured;
-  launch(flash_decode_kernel<HD, B>, dim3((unsigned)n_rows, (unsigned)n_head_kv, (unsigned)grid_splits), dim3(32 * kWarps), smem, stream,
-         pdl_enabled(), step, q, kv, n_head, n_head_kv, scale, max_splits, partial, row_list);
+                           int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act, cudaStream_t stream) {
+  if (out) flash_finalize_launches.fetch_add(1, std::memory_order_relaxed);
+  if (out) launch_flash_decode_f<HD, B, true>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, 1, partial, row_list, out, act, stream);
+  else launch_flash_decode_f<HD, B, false>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
 }
 
 int flash_decode_mode_for_test = -1;  // gpu_use_flash_decode_for_test: -1 the environment's (default on)
 
 template <int HD>
 void launch_flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
-                         int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream) {
+                         int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act, cudaStream_t stream) {
   static const bool env_double = [] {
     const char* env = std::getenv("ROOFLINE_FLASH_DECODE_BUFFERS");
     return env && std::strcmp(env, "2") == 0;
   }();
   const bool two = flash_decode_mode_for_test > 0 ? flash_decode_mode_for_test == 2 : env_double;
   if (two && kMaxBuffers<HD> == 2)
-    launch_flash_decode_b<HD, 2>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+    launch_flash_decode_b<HD, 2>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
   else
-    launch_flash_decode_b<HD, 1>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+    launch_flash_decode_b<HD, 1>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
 }
 
 
@@ -253,16 +301,30 @@ bool flash_decode_fits(const KvLayer& kv, int n_head, int n_head_kv, int head_di
   return on && n_head_kv > 0 && n_head % n_head_kv == 0 && n_head / n_head_kv <= 16 && flash_prefill_fits(kv, head_dim_k, head_dim_v);
 }
 
+int flash_finalize_mode_for_test = -1;  // gpu_use_flash_finalize_for_test: -1 the environment's (default off)
+std::atomic<int64_t> flash_finalize_launches{0};  // (gpu_flash_finalize_launches_for_test)
+
+bool flash_decode_finalizes(int grid_splits) {
+  // Off by default: measured level on an H200 (tg128 with every row one split, ROOFLINE_ATTN_MIN_SPAN=128: qwen3-8b
+  // 397.3 / 397.9 against 390.7 / 392.1, qwen3-32b 127.2 / 126.7 against 127.8 / 127.4, qwen3.5-27b 146.5 / 145.3
+  // against 146.4 / 146.7; docs/performance.md): the finalizing tail costs what the combine kernel did.
+  static const bool env_on = env_switch("ROOFLINE_FLASH_FINALIZE", false);
+  return grid_splits == 1 && (flash_finalize_mode_for_test >= 0 ? flash_finalize_mode_for_test > 0 : env_on);
+}
+
 void flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
-                  int head_dim, int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream) {
+                  int head_dim, int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act,
+                  cudaStream_t stream) {
   if (n_rows < 1) return;
   switch (head_dim) {
-    case 64: return launch_flash_decode<64>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
-    case 96: return launch_flash_decode<96>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+    case 64:
+      return launch_flash_decode<64>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
+    case 96:
+      return launch_flash_decode<96>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
     case 128:
-      return launch_flash_decode<128>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+      return launch_flash_decode<128>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
     case 256:
-      return launch_flash_decode<256>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, stream);
+      return launch_flash_decode<256>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
     default: fail("internal error: flash decode attention with heads of {}", head_dim);
   }
 }
@@ -271,4 +333,6 @@ void flash_decode(const DeviceStep& step, const float* q, float scale, const KvL
 
 namespace roofline {
 void gpu_use_flash_decode_for_test(int mode) { cuda::flash_decode_mode_for_test = mode < 0 ? -1 : mode > 2 ? 2 : mode; }
+void gpu_use_flash_finalize_for_test(int mode) { cuda::flash_finalize_mode_for_test = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
+int64_t gpu_flash_finalize_launches_for_test() { return cuda::flash_finalize_launches.load(); }
 }  // namespace roofline

@@ -304,9 +304,15 @@ bool flash_prefill_fits(DType type_k, DType type_v, int head_dim_k, int head_dim
 // The split kernel's work on tensor cores (cuda_flash_decode.cu): the caches flash_prefill_fits takes, groups of
 // up to 16 query heads, unless ROOFLINE_FLASH_DECODE=0 (or gpu_use_flash_decode_for_test). Writes the split
 // kernel's partials for rows 0..n_rows-1 (or row_list's) over grid_splits splits; attention_combine_kernel merges.
+// With `out` (grid_splits 1: every row one split; flash_decode_finalizes) it writes the output and its int8 form
+// (act) itself, the combine kernel's bits, and no partials.
 bool flash_decode_fits(const KvLayer& kv, int n_head, int n_head_kv, int head_dim_k, int head_dim_v);
 void flash_decode(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
-                  int head_dim, int max_splits, int grid_splits, float* partial, const int* row_list, cudaStream_t stream);
+                  int head_dim, int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act,
+                  cudaStream_t stream);
+// Whether a flash decode launch of grid_splits splits finalizes its rows itself: where grid_splits is 1, with
+// ROOFLINE_FLASH_FINALIZE=1 (or gpu_use_flash_finalize_for_test(1)); off by default (measured level).
+bool flash_decode_finalizes(int grid_splits);
 void flash_prefill_run(const DeviceStep& step, const PrefillRun& run, const float* q, float scale, const KvLayer& kv, int n_head,
                        int n_head_kv, int head_dim, float* out, cudaStream_t stream, __half* out16 = nullptr);
 // Keys per tile of prefill_attention: 1024, or ROOFLINE_ATTN_KEY_TILE (32-1024; tests use small tiles),

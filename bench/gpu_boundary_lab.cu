@@ -1,0 +1,243 @@
+// A standalone lab for what a kernel boundary costs in a decode step on sm_90, and whether waiting on a
+// counter instead of the programmatic-dependent-launch wait makes it cheaper. A decode step is emulated
+// as a chain of kernels with the launch shapes and weight bytes of qwen3-8b and qwen3-32b layers (per
+// layer: norm, q/k/v product, rope, attention, combine, o product, norm, gate+up product, SwiGLU, down
+// product; the products read their bytes from a pool larger than the L2, the small kernels move a few
+// KB), captured in one CUDA graph and replayed. The chain is the same in every mode; only how a kernel
+// waits for its predecessor changes:
+//   plain     no programmatic dependent launch (each kernel starts when the previous one has ended)
+//   pdl       griddepcontrol.wait then launch_dependents at the start (the engine's wait_for_previous_kernel)
+//   pdl-pre   as pdl, with the product's weight loads issued before the wait (into registers)
+//   flag      launch_dependents first, then CTA 0's thread 0 polls a step counter that every CTA of the
+//             previous kernels adds 1 to when its stores are done (release / acquire), the counter reset at
+//             the step's start by a memset node
+//   flag-pre  as flag, with the weight loads issued before the poll (and once more with a 100 ns pause
+//             between the poll's reads)
+// Prints per mode and model: us per step, us per layer, and the step's weight bytes over its time.
+// Build: nvcc -O3 -arch=sm_90 -std=c++17 bench/gpu_boundary_lab.cu -o gpu_boundary_lab
+// Run: gpu_boundary_lab [replays]
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+enum Mode { kPlain, kPdl, kPdlPre, kFlag, kFlagPre, kModes };
+const char* kModeNames[kModes] = {"plain", "pdl", "pdl-pre", "flag", "flag-pre"};
+
+constexpr int kThreads = 128;
+constexpr int kLoads = 12;  // 16-byte weight loads per thread per round: a CTA reads 24 KiB a round
+
+__device__ unsigned long long g_done;  // CTAs of the step's kernels that have finished (reset each step)
+__constant__ int c_sleep_ns;           // the poll's pause between reads (0: none)
+
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <int M>
+__device__ __forceinline__ void wait_prev(unsigned long long target) {
+  if constexpr (M == kPdl || M == kPdlPre) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+  } else if constexpr (M == kFlag || M == kFlagPre) {
+    if (threadIdx.x == 0)
+      while (load_acquire(&g_done) < target)
+        if (c_sleep_ns) __nanosleep(c_sleep_ns);
+    __syncthreads();
+  }
+}
+
+template <int M>
+__device__ __forceinline__ void start() {
+  if constexpr (M == kFlag || M == kFlagPre) asm volatile("griddepcontrol.launch_dependents;");
+}
+
+template <int M>
+__device__ __forceinline__ void finish() {
+  if constexpr (M == kFlag || M == kFlagPre) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(&g_done) : "memory");
+    }
+  }
+}
+
+// A product: CTA b reads [b * chunk, (b + 1) * chunk) of w (rounds of kThreads * kLoads 16-byte loads), and
+// the previous kernel's output vector (n_in floats); writes one float per thread.
+template <int M>
+__global__ void __launch_bounds__(kThreads) product_kernel(const int4* w, int64_t chunk16, const float* in, int n_in, float* out,
+                                                           unsigned long long target) {
+  start<M>();
+  const int64_t base = blockIdx.x * chunk16;
+  int4 v[kLoads];
+  constexpr bool pre = M == kPdlPre || M == kFlagPre;
+  if constexpr (pre) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int64_t k = threadIdx.x + (int64_t)i * kThreads;
+      v[i] = k < chunk16 ? __ldcs(w + base + k) : int4{0, 0, 0, 0};
+    }
+  }
+  wait_prev<M>(target);
+  float acc = 0;
+  for (int i = threadIdx.x; i < n_in; i += kThreads) acc += in[i];
+  int sum = 0;
+  for (int64_t r = 0; r < chunk16; r += kThreads * kLoads) {
+    if (!pre || r > 0) {
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int64_t k = r + threadIdx.x + (int64_t)i * kThreads;
+        v[i] = k < chunk16 ? __ldcs(w + base + k) : int4{0, 0, 0, 0};
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) sum += v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+  }
+  out[(blockIdx.x % 4096) * kThreads + threadIdx.x] = acc + (float)(sum & 1);  // (the buffers hold 4096 CTAs' floats)
+  finish<M>();
+}
+
+// A small op: each CTA reads n_in floats of the previous output and writes kThreads floats.
+template <int M>
+__global__ void __launch_bounds__(kThreads) small_kernel(const float* in, int n_in, float* out, unsigned long long target) {
+  start<M>();
+  wait_prev<M>(target);
+  float acc = 0;
+  for (int i = threadIdx.x; i < n_in; i += kThreads) acc += in[i];
+  __shared__ float red[kThreads];
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  out[(blockIdx.x % 4096) * kThreads + threadIdx.x] = red[(threadIdx.x + 1) % kThreads] * 0.5f;
+  finish<M>();
+}
+
+struct Op {
+  int64_t bytes;  // 0: a small op
+  int ctas;       // small ops: CTAs
+};
+
+struct Shape {
+  const char* name;
+  int layers;
+  std::vector<Op> layer;
+};
+
+template <typename K, typename... Args>
+void launch(K kernel, int grid, bool pdl, cudaStream_t s, Args... args) {
+  cudaLaunchConfig_t c{};
+  c.gridDim = dim3(grid);
+  c.blockDim = dim3(kThreads);
+  c.stream = s;
+  cudaLaunchAttribute a[1];
+  if (pdl) {
+    a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = a;
+    c.numAttrs = 1;
+  }
+  CHECK(cudaLaunchKernelEx(&c, kernel, args...));
+}
+
+template <int M>
+double run_mode(const Shape& sh, const uint8_t* pool, int64_t pool_bytes, float* bufs, int replays, int64_t* step_bytes) {
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* done_ptr = nullptr;
+  CHECK(cudaGetSymbolAddress(&done_ptr, g_done));
+  cudaGraph_t graph;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemsetAsync(done_ptr, 0, 8, s));
+  const bool pdl = M != kPlain;
+  int64_t offset = 0, bytes = 0;
+  unsigned long long before = 0;  // CTAs of the step's kernels before this one
+  int cur = 0, prev_ctas = 1;
+  for (int l = 0; l < sh.layers; ++l)
+    for (const Op& op : sh.layer) {
+      const float* in = bufs + (size_t)cur * (1 << 20);
+      float* out = bufs + (size_t)(cur ^ 1) * (1 << 20);
+      const int n_in = std::min(prev_ctas * kThreads, 4096);
+      int ctas;
+      if (op.bytes > 0) {
+        const int64_t chunk = 18432;  // 8 rows of 2304 bytes: the engine's CTA of 4 warps x 2 rows of qwen3-8b
+        ctas = (int)((op.bytes + chunk - 1) / chunk);
+        if (offset + (int64_t)ctas * chunk > pool_bytes) offset = 0;
+        launch(product_kernel<M>, ctas, pdl, s, reinterpret_cast<const int4*>(pool + offset), chunk / 16, in, n_in, out, before);
+        offset += (int64_t)ctas * chunk;
+        bytes += (int64_t)ctas * chunk;
+      } else {
+        ctas = op.ctas;
+        launch(small_kernel<M>, ctas, pdl, s, in, n_in, out, before);
+      }
+      before += ctas;
+      prev_ctas = ctas;
+      cur ^= 1;
+    }
+  CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, s));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaEventRecord(e0, s));
+  for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(exec, s));
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(s));
+  *step_bytes = bytes;
+  return 1000.0 * ms / replays;
+}
+
+int main(int argc, char** argv) {
+  const int replays = argc > 1 ? std::atoi(argv[1]) : 20;
+  const int64_t pool_bytes = 6LL << 30;
+  uint8_t* pool;
+  CHECK(cudaMalloc(&pool, pool_bytes));
+  CHECK(cudaMemset(pool, 1, pool_bytes));
+  float* bufs;
+  CHECK(cudaMalloc(&bufs, 2 * (1 << 20) * sizeof(float)));
+  CHECK(cudaMemset(bufs, 0, 2 * (1 << 20) * sizeof(float)));
+  // Per layer: norm (1 CTA), q/k/v, rope (5 CTAs), attention (16), combine (32), o, norm, gate+up, SwiGLU (48 / 100), down.
+  const Shape shapes[] = {
+      {"qwen3-8b", 36, {{0, 1}, {14155776, 0}, {0, 5}, {0, 16}, {0, 32}, {9437184, 0}, {0, 1}, {56623104, 0}, {0, 48}, {28311552, 0}}},
+      {"qwen3-32b", 64, {{0, 1}, {29491200, 0}, {0, 9}, {0, 32}, {0, 64}, {23592960, 0}, {0, 1}, {147456000, 0}, {0, 100}, {73728000, 0}}},
+      {"products only (8b)", 36, {{14155776, 0}, {9437184, 0}, {56623104, 0}, {28311552, 0}}},
+      {"one large read", 1, {{4000000000LL, 0}}},
+  };
+  for (const Shape& sh : shapes) {
+    for (int m = 0; m < kModes + 1; ++m) {  // the last: flag-pre with a 100 ns pause between polls
+      const int sleep_ns = m == kModes ? 100 : 0;
+      CHECK(cudaMemcpyToSymbol(c_sleep_ns, &sleep_ns, sizeof(int)));
+      int64_t bytes = 0;
+      double us = 0;
+      switch (m) {
+        case kPlain: us = run_mode<kPlain>(sh, pool, pool_bytes, bufs, replays, &bytes); break;
+        case kPdl: us = run_mode<kPdl>(sh, pool, pool_bytes, bufs, replays, &bytes); break;
+        case kPdlPre: us = run_mode<kPdlPre>(sh, pool, pool_bytes, bufs, replays, &bytes); break;
+        case kFlag: us = run_mode<kFlag>(sh, pool, pool_bytes, bufs, replays, &bytes); break;
+        default: us = run_mode<kFlagPre>(sh, pool, pool_bytes, bufs, replays, &bytes); break;
+      }
+      std::printf("%-20s %-9s%s step %9.1f us  layer %7.2f us  %7.1f GB/s\n", sh.name, kModeNames[m < kModes ? m : kFlagPre], m == kModes ? "+sleep" : "", us, us / sh.layers,
+                  (double)bytes / (us * 1e3));
+    }
+  }
+  return 0;
+}
