@@ -71,6 +71,9 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 // For tests: the batched products of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu) for 9-64 rows (1)
 // or never (0) whatever ROOFLINE_INT8_MMA says, or back to what it says (-1: never unless set).
 void gpu_use_int8_products_for_test(int mode);
+// For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to
+// max_sb super-blocks (0: never), or as ROOFLINE_MATVEC_PIPE says (-1; unset: launches of at most 4 CTAs a SM).
+void gpu_set_matvec_pipe_for_test(int64_t max_sb);
 // For tests: how many products have multiplied a weight's f16 copy (GpuBackendOptions::f16_copies) in this process.
 int64_t gpu_f16_copy_gemm_calls_for_test();
 // For tests: the fewest rows whose products take the f16 copies (at least 9), or back to ROOFLINE_F16_COPY_MIN_ROWS's (0).

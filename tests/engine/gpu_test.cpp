@@ -194,6 +194,36 @@ TEST(GpuMatmulTest, JoinedProductsOfOneInputMatchEachProduct) {
       for (int n : {1, 2, 3, 5, 8}) expect_joined_products_match(group, cols, n, 2e-4, rng);
 }
 
+// One-token Q4_K products with a warp's rounds of loads pipelined (matvec_q4_k's P = 2, for rows of up to
+// ROOFLINE_MATVEC_PIPE super-blocks) give the bits of the plain loop: alone (rows of 3, 16, 20 and 33
+// super-blocks, a short last warp) and joined with Q6_K as q/k/v are; and the reference's values.
+TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_set_matvec_pipe_for_test(-1); }
+  } restore;
+  Rng rng(23);
+  for (const int64_t cols : {768, 4096, 5120, 8448}) {
+    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
+    std::vector<float> x((size_t)cols);
+    for (float& v : x) v = (float)rng.normal();
+    const Weight q4w = q4.weight(), q6w = q6.weight();
+    std::vector<float> plain, piped, plain_joined, piped_joined;
+    for (const int64_t max_sb : {(int64_t)0, (int64_t)1000}) {
+      gpu_set_matvec_pipe_for_test(max_sb);
+      (max_sb ? piped : plain) = gpu_matmul_for_test(q4w, x, 1);
+      (max_sb ? piped_joined : plain_joined) = gpu_joined_products_for_test({&q4w, &q6w}, x, 1);
+    }
+    ASSERT_EQ(plain.size(), 67u);
+    EXPECT_EQ(0, std::memcmp(plain.data(), piped.data(), plain.size() * sizeof(float))) << "Q4_K alone, cols " << cols;
+    ASSERT_EQ(plain_joined.size(), 112u);
+    EXPECT_EQ(0, std::memcmp(plain_joined.data(), piped_joined.data(), plain_joined.size() * sizeof(float))) << "Q4_K with Q6_K, cols " << cols;
+    const std::vector<double> ref = q4.times(x, 0);
+    std::vector<float> reff(ref.begin(), ref.end());
+    EXPECT_LT(test::nmse(piped.data(), reff.data(), reff.size()), 2e-4) << "cols " << cols;
+  }
+}
+
 // Batched-decode products (9-64 tokens) joined in one launch of the tensor-core kernel, as the backend
 // joins q/k/v and gate/up there: one type per launch, members whose row counts leave row tiles short,
 // one member large enough to split K over CTAs; each product against its double reference (f16 inputs).

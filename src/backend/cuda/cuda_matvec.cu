@@ -162,11 +162,11 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   const int64_t row = (unit - first) * R;
   wait_for_previous_kernel();
   if (!live) return;
-  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F>(w, act, y, ldy, accumulate, row, lane);
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q4K6K) {
-    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F>(w, act, y, ldy, accumulate, row, lane);
+    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
     else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   }
   else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
@@ -245,9 +245,38 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
   }
 }
 
+// One-token Q4_K products (and Q4_K/Q6_K groups) pipelined (matvec_pipelined): the next round's loads are
+// issued before this round's arithmetic (S = 2 for these kinds: matvec_q4_k's P, and two Q6_K super-blocks in
+// flight): the same bits, 121 registers instead of 72 (4 CTAs a SM instead of 7). Measured on an H200 (tg128,
+// docs/performance.md): for every launch, qwen3-8b +3% (411.3 / 414.3 against 399.2 / 401.2), qwen3-32b -1.2%,
+// qwen3.5-27b -1.5%; capped at 96 registers (spills) all three lost; for rows of up to 16 super-blocks only,
+// qwen3-8b level. So the rule: a launch whose CTAs all fit on the GPU at once at 4 a SM (where the lower
+// occupancy costs no second wave: qwen3-8b's o and Q4_K down), qwen3-8b 410.8 / 410.3 / 402.6 against 397.5
+// three times, qwen3-32b (no launch that small) level. ROOFLINE_MATVEC_PIPE=N instead pipelines every launch
+// of rows of up to N super-blocks (0: never).
+int64_t matvec_pipe_for_test = -1;  // gpu_set_matvec_pipe_for_test: -1 the environment's
+// -1: the default rule.
+int64_t matvec_pipe_max_sb() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("ROOFLINE_MATVEC_PIPE");
+    return e ? std::max<int64_t>(0, std::atoll(e)) : -1;
+  }();
+  return matvec_pipe_for_test >= 0 ? matvec_pipe_for_test : v;
+}
+bool matvec_pipelined(const MatvecGroup& g) {
+  const int64_t max_sb = matvec_pipe_max_sb();
+  if (max_sb >= 0) return g.w[0].cols / 256 <= max_sb;
+  return (g.first_unit[g.n] + kWarps - 1) / kWarps <= 4 * (int64_t)sm_count();
+}
+
 template <int B>
 void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep,
                    cudaStream_t stream) {
+  if constexpr (B == 1)
+    if ((kind == Kind::Q4K || kind == Kind::Q4K6K) && matvec_pipelined(g)) {
+      if (kind == Kind::Q4K) return launch_one<B, Kind::Q4K, 2, 2>(g, act, x, accumulate, ep, stream);
+      return launch_one<B, Kind::Q4K6K, 2, 2>(g, act, x, accumulate, ep, stream);
+    }
   switch (kind) {
     case Kind::Q4K: return launch_one<B, Kind::Q4K, 2, 1>(g, act, x, accumulate, ep, stream);
     case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, ep, stream);
@@ -456,3 +485,10 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
+
+
+}  // namespace roofline

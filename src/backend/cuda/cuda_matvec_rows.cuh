@@ -80,15 +80,13 @@ __device__ __forceinline__ void k4_scale_min_select(int j, uint32_t lo, uint32_t
 // (low nibbles: sub-block 2c, high: 2c+1), so the per-lane work that does not scale with the bytes
 // (scales, activation scales, the float sums) is spread over twice the bytes of matvec_q4_k. A warp
 // takes 8 super-blocks of each of its R rows per round; the activations are loaded once for the R rows.
-template <int B, int R>
-__device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
-  const int g = lane / 4, c = lane % 4;
-  const int64_t n_sb = w.cols / 256;
-  const uint8_t* rowp[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
-  for (int64_t i = g; i < n_sb; i += 8) {
-    int4 hdr[R], q0[R], q1[R];
+// P = 2: the next round's weight loads are issued before this round's arithmetic (its registers a
+// second set), so a warp's rounds do not each wait a full memory latency in turn; the same arithmetic
+// in the same order, so the same bits as P = 1.
+template <int R>
+struct Q4KRound {
+  int4 hdr[R], q0[R], q1[R];
+  __device__ __forceinline__ void load(const uint8_t* const (&rowp)[R], int64_t i, int c) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const uint8_t* blk = rowp[r] + i * 144;
@@ -96,40 +94,69 @@ __device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, cons
       q0[r] = ld16(blk + 16 + 32 * c);
       q1[r] = ld16(blk + 32 + 32 * c);
     }
-    float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
-    int4 lo0[R], lo1[R], hi0[R], hi1[R];
+  }
+};
+template <int B, int R>
+__device__ __forceinline__ void q4_k_round(const Q4KRound<R>& in, const DeviceWeight& w, const ActQ8& act, int64_t i, int c, float (&acc)[R][B]) {
+  float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
+  int4 lo0[R], lo1[R], hi0[R], hi1[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    half2_floats((uint32_t)in.hdr[r].x, d[r], dmin[r]);
+    k4_scale_min_select(2 * c, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc0[r], m0[r]);
+    k4_scale_min_select(2 * c + 1, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc1[r], m1[r]);
+    const int4 a = in.q0[r], b = in.q1[r];
+    lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
+    lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
+    hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
+    hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
+  }
+#pragma unroll
+  for (int t = 0; t < B; ++t) {
+    const int8_t* x = act.q + (int64_t)t * w.cols + i * 256 + 64 * c;
+    const int4 x0 = ld16(x), x1 = ld16(x + 16), x2 = ld16(x + 32), x3 = ld16(x + 48);
+    const int64_t s = (int64_t)t * (w.cols / 32) + 8 * i + 2 * c;
+    const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
+    const float2 as = __ldg(reinterpret_cast<const float2*>(act.s + s));
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      half2_floats((uint32_t)hdr[r].x, d[r], dmin[r]);
-      k4_scale_min_select(2 * c, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc0[r], m0[r]);
-      k4_scale_min_select(2 * c + 1, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc1[r], m1[r]);
-      const int4 a = q0[r], b = q1[r];
-      lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
-      lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
-      hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
-      hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
-    }
-#pragma unroll
-    for (int t = 0; t < B; ++t) {
-      const int8_t* x = act.q + (int64_t)t * w.cols + i * 256 + 64 * c;
-      const int4 x0 = ld16(x), x1 = ld16(x + 16), x2 = ld16(x + 32), x3 = ld16(x + 48);
-      const int64_t s = (int64_t)t * (w.cols / 32) + 8 * i + 2 * c;
-      const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
-      const float2 as = __ldg(reinterpret_cast<const float2*>(act.s + s));
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
-        const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-        acc[r][t] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
-        acc[r][t] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
-      }
+      const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
+      const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
+      acc[r][t] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
+      acc[r][t] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
     }
   }
 }
-template <int B, int R, bool F = false>
+template <int B, int R, int P = 1>
+__device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
+  const int g = lane / 4, c = lane % 4;
+  const int64_t n_sb = w.cols / 256;
+  const uint8_t* rowp[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
+  if constexpr (P == 1) {
+    for (int64_t i = g; i < n_sb; i += 8) {
+      Q4KRound<R> cur;
+      cur.load(rowp, i, c);
+      q4_k_round<B, R>(cur, w, act, i, c, acc);
+    }
+  } else {
+    if (g >= n_sb) return;
+    Q4KRound<R> cur;
+    cur.load(rowp, g, c);
+    for (int64_t i = g; i < n_sb; i += 8) {
+      Q4KRound<R> next;
+      const bool more = i + 8 < n_sb;
+      if (more) next.load(rowp, i + 8, c);
+      q4_k_round<B, R>(cur, w, act, i, c, acc);
+      if (more) cur = next;
+    }
+  }
+}
+template <int B, int R, bool F = false, int P = 1>
 __device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
   float acc[R][B] = {};
-  matvec_q4_k_partials<B, R>(w, act, row0, lane, acc);
+  matvec_q4_k_partials<B, R, P>(w, act, row0, lane, acc);
   store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
