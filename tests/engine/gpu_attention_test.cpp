@@ -20,7 +20,8 @@
 // - GpuAttention.FlashDecodeMatchesTheReference: the split kernel's work on tensor cores for f16 caches (the
 //   default there, cuda_flash_decode.cu) over the decode step's depths, GQA 1 to 8 and head dims 64 to 256,
 //   full and sliding-window layers, to 1e-5 (f16 queries and probabilities); a row alone gives its bits in
-//   the step.
+//   the step; the first block's older keys staged before the dependency wait (ROOFLINE_FLASH_EARLY_KV) give
+//   the same bits.
 // - GpuAttention.OneSplitStepsFinalizeInTheFlashKernelWithTheCombinesBits: steps of rows of one split, finalized
 //   in the flash kernel (no combine kernel), against the combine kernel's output and int8 form, bit for bit.
 // - GpuAttention.LongPrefillRunsMatchTheReference: runs of 300 rows from position 0 and 70 rows 1000 deep
@@ -256,6 +257,13 @@ TEST(GpuAttention, FlashDecodeMatchesTheReference) {
         worst = std::max(worst, e);
       }
       EXPECT_GT(worst, 1e-10) << "f32 arithmetic: the split kernel ran, not the tensor-core one";
+      if (buffers == 1) {  // the first block's older keys staged before the dependency wait: the same bits
+        gpu_use_flash_early_kv_for_test(1);
+        const auto early = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false);
+        gpu_use_flash_early_kv_for_test(-1);
+        ASSERT_EQ(early.size(), out.size());
+        EXPECT_EQ(0, std::memcmp(early.data(), out.data(), out.size() * sizeof(float))) << "keys staged before the wait";
+      }
       // The 2101-key row alone in a step: the same bits.
       StepDesc alone = c.st;
       alone.sequences = {c.st.sequences[3]};

@@ -33,6 +33,27 @@ __device__ __forceinline__ void stage_kv_block(__half* kd, __half* vd, int n_key
   }
 }
 
+// stage_kv_block's copies for the keys of the block in [from, to) only (E: the first block's older keys staged
+// before the dependency wait, the rest after it).
+template <int HD, int pad, typename SlotOf>
+__device__ __forceinline__ void stage_kv_keys(__half* kd, __half* vd, int n_keys, int key0, int from, int to, int key_end, const __half* kcache,
+                                              const __half* vcache, int kv_dim, int n_threads, SlotOf slot_of) {
+  constexpr int kChunks = HD / 8, kRow = HD + pad;
+  for (int i = threadIdx.x; i < n_keys * kChunks; i += n_threads) {
+    const int j = i / kChunks, p = i % kChunks;
+    const int pos = key0 + j;
+    if (pos < from || pos >= to) continue;
+    if (pos < key_end) {
+      const int64_t at = slot_of(pos) * kv_dim + p * 8;
+      copy_async<16>(kd + j * kRow + p * 8, kcache + at);
+      copy_async<16>(vd + j * kRow + p * 8, vcache + at);
+    } else {
+      *reinterpret_cast<int4*>(kd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
+      *reinterpret_cast<int4*>(vd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);

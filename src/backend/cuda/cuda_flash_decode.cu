@@ -31,6 +31,7 @@
 namespace roofline::cuda {
 
 extern std::atomic<int64_t> flash_finalize_launches;
+bool flash_early_kv();
 
 namespace {
 
@@ -50,7 +51,7 @@ constexpr size_t flash_decode_smem() {
   return (size_t)(16 + B * 2 * kBlock) * (HD + kPad) * sizeof(__half);
 }
 
-template <int HD, int B, bool F>
+template <int HD, int B, bool F, bool E = false>
 __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep step, const float* q, KvLayer kv, int n_head, int n_head_kv,
                                                                    float scale, int max_splits, float* partial, const int* row_list,
                                                                    float* out, ActQ8 act) {
@@ -76,6 +77,23 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
     k_end = min(pos + 1, k_begin + split_len);
     seq = step.row_seq[r];
   }
+  // E: the first block's keys that no kernel of this step writes (positions before pos - real rows + 1: a
+  // sequence's new rows in a step are consecutive, and this row attends only to those at or before it) are
+  // staged before the wait, state left by earlier steps; the rest of the block after it.
+  int early_end = k_begin;
+  if constexpr (E) {
+    if (has_work) {
+      early_end = max(k_begin, min(min(k_end, k_begin + kBlock), step.positions[r] - step.header[kStepRealRows] + 1));
+      const __half* kc = reinterpret_cast<const __half*>(kv.k) + (int64_t)kvh * HD;
+      const __half* vc = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
+      stage_kv_keys<HD, kPad>(kvs, kvs + kBlock * kRow, kBlock, k_begin, k_begin, early_end, k_end, kc, vc, n_head_kv * HD, 32 * kWarps,
+                              [&](int p) {
+                                return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + p / kv.block_size] * kv.block_size +
+                                       p % kv.block_size;
+                              });
+      copy_async_commit();
+    }
+  }
   wait_for_previous_kernel();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (!has_work) {  // padding rows: the combine kernel writes their zeros, or here the finalizing kernel
@@ -99,7 +117,16 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
     });
     copy_async_commit();
   };
-  stage(k_begin, 0);
+  if constexpr (E) {  // the rest of the first block (this step's keys, and zeros past the span)
+    stage_kv_keys<HD, kPad>(kvs, kvs + kBlock * kRow, kBlock, k_begin, early_end, k_begin + kBlock, k_end, kcache, vcache, kv_dim, 32 * kWarps,
+                            [&](int p) {
+                              return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + p / kv.block_size] * kv.block_size +
+                                     p % kv.block_size;
+                            });
+    copy_async_commit();
+  } else {
+    stage(k_begin, 0);
+  }
   // The group's queries, scaled and converted to f16 (saturated); rows past the group are zero.
   for (int i = threadIdx.x; i < 16 * kChunks; i += 32 * kWarps) {
     const int c = i / kChunks, p = i % kChunks;
@@ -255,16 +282,16 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
   }
 }
 
-template <int HD, int B, bool F>
+template <int HD, int B, bool F, bool E = false>
 void launch_flash_decode_f(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                            int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act, cudaStream_t stream) {
   constexpr size_t smem = flash_decode_smem<HD, B>();
   static const bool configured = [] {
-    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<HD, B, F>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(flash_decode_kernel<HD, B, F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     return true;
   }();
   (void)configured;
-  launch(flash_decode_kernel<HD, B, F>, dim3((unsigned)n_rows, (unsigned)n_head_kv, (unsigned)grid_splits), dim3(32 * kWarps), smem, stream,
+  launch(flash_decode_kernel<HD, B, F, E>, dim3((unsigned)n_rows, (unsigned)n_head_kv, (unsigned)grid_splits), dim3(32 * kWarps), smem, stream,
          pdl_enabled(), step, q, kv, n_head, n_head_kv, scale, max_splits, partial, row_list, out, act);
 }
 
@@ -273,6 +300,9 @@ void launch_flash_decode_b(const DeviceStep& step, const float* q, float scale, 
                            int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act, cudaStream_t stream) {
   if (out) flash_finalize_launches.fetch_add(1, std::memory_order_relaxed);
   if (out) launch_flash_decode_f<HD, B, true>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, 1, partial, row_list, out, act, stream);
+  else if (B == 1 && flash_early_kv())
+    launch_flash_decode_f<HD, 1, false, true>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act,
+                                              stream);
   else launch_flash_decode_f<HD, B, false>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);
 }
 
@@ -302,6 +332,15 @@ bool flash_decode_fits(const KvLayer& kv, int n_head, int n_head_kv, int head_di
 }
 
 int flash_finalize_mode_for_test = -1;  // gpu_use_flash_finalize_for_test: -1 the environment's (default off)
+int flash_early_kv_mode_for_test = -1;  // gpu_use_flash_early_kv_for_test: -1 the environment's (default off)
+
+// Whether the one-buffer flash decode kernel stages its first block's older keys before the dependency wait
+// (ROOFLINE_FLASH_EARLY_KV=1; off: written after the session's device time was spent, not yet measured): the
+// same keys and arithmetic, the same bits; the first block's memory latency off the chain after rope.
+bool flash_early_kv() {
+  static const bool env_on = env_switch("ROOFLINE_FLASH_EARLY_KV", false);
+  return flash_early_kv_mode_for_test >= 0 ? flash_early_kv_mode_for_test > 0 : env_on;
+}
 std::atomic<int64_t> flash_finalize_launches{0};  // (gpu_flash_finalize_launches_for_test)
 
 bool flash_decode_finalizes(int grid_splits) {
@@ -335,4 +374,5 @@ namespace roofline {
 void gpu_use_flash_decode_for_test(int mode) { cuda::flash_decode_mode_for_test = mode < 0 ? -1 : mode > 2 ? 2 : mode; }
 void gpu_use_flash_finalize_for_test(int mode) { cuda::flash_finalize_mode_for_test = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
 int64_t gpu_flash_finalize_launches_for_test() { return cuda::flash_finalize_launches.load(); }
+void gpu_use_flash_early_kv_for_test(int mode) { cuda::flash_early_kv_mode_for_test = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
 }  // namespace roofline
