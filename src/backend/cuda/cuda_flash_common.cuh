@@ -11,30 +11,11 @@
 
 namespace roofline::cuda {
 
-// One block of n_keys keys from key0 into shared K and V rows of HD + pad halves (kd, vd), by the CTA's
-// n_threads threads, 16 bytes a cp.async: key positions before key_end from the cache slot slot_of(pos) gives
-// (kcache, vcache: the KV head's first value; kv_dim: values per slot), the rest zero, so that their
-// probability 0 never meets a NaN. The caller commits and waits.
-template <int HD, int pad, typename SlotOf>
-__device__ __forceinline__ void stage_kv_block(__half* kd, __half* vd, int n_keys, int key0, int key_end, const __half* kcache,
-                                               const __half* vcache, int kv_dim, int n_threads, SlotOf slot_of) {
-  constexpr int kChunks = HD / 8, kRow = HD + pad;
-  for (int i = threadIdx.x; i < n_keys * kChunks; i += n_threads) {
-    const int j = i / kChunks, p = i % kChunks;
-    const int pos = key0 + j;
-    if (pos < key_end) {
-      const int64_t at = slot_of(pos) * kv_dim + p * 8;
-      copy_async<16>(kd + j * kRow + p * 8, kcache + at);
-      copy_async<16>(vd + j * kRow + p * 8, vcache + at);
-    } else {
-      *reinterpret_cast<int4*>(kd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
-      *reinterpret_cast<int4*>(vd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
-    }
-  }
-}
-
-// stage_kv_block's copies for the keys of the block in [from, to) only (E: the first block's older keys staged
-// before the dependency wait, the rest after it).
+// Keys [from, to) of a block of n_keys keys from key0, into shared K and V rows of HD + pad halves (kd, vd), by
+// the CTA's n_threads threads, 16 bytes a cp.async: key positions before key_end from the cache slot slot_of(pos)
+// gives (kcache, vcache: the KV head's first value; kv_dim: values per slot), the rest zero, so that their
+// probability 0 never meets a NaN. The caller commits and waits. (A range of the block: the flash decode kernel
+// stages its first block's older keys before the dependency wait, the rest after it.)
 template <int HD, int pad, typename SlotOf>
 __device__ __forceinline__ void stage_kv_keys(__half* kd, __half* vd, int n_keys, int key0, int from, int to, int key_end, const __half* kcache,
                                               const __half* vcache, int kv_dim, int n_threads, SlotOf slot_of) {
@@ -52,6 +33,13 @@ __device__ __forceinline__ void stage_kv_keys(__half* kd, __half* vd, int n_keys
       *reinterpret_cast<int4*>(vd + j * kRow + p * 8) = make_int4(0, 0, 0, 0);
     }
   }
+}
+
+// The whole block.
+template <int HD, int pad, typename SlotOf>
+__device__ __forceinline__ void stage_kv_block(__half* kd, __half* vd, int n_keys, int key0, int key_end, const __half* kcache,
+                                               const __half* vcache, int kv_dim, int n_threads, SlotOf slot_of) {
+  stage_kv_keys<HD, pad>(kd, vd, n_keys, key0, key0, key0 + n_keys, key_end, kcache, vcache, kv_dim, n_threads, slot_of);
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {

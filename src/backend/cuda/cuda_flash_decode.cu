@@ -80,17 +80,17 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
   // E: the first block's keys that no kernel of this step writes (positions before pos - real rows + 1: a
   // sequence's new rows in a step are consecutive, and this row attends only to those at or before it) are
   // staged before the wait, state left by earlier steps; the rest of the block after it.
+  const int kv_dim = n_head_kv * HD;
+  const __half* kcache = reinterpret_cast<const __half*>(kv.k) + (int64_t)kvh * HD;
+  const __half* vcache = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
+  auto slot_of = [&](int pos) {
+    return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / kv.block_size] * kv.block_size + pos % kv.block_size;
+  };
   int early_end = k_begin;
   if constexpr (E) {
     if (has_work) {
       early_end = max(k_begin, min(min(k_end, k_begin + kBlock), step.positions[r] - step.header[kStepRealRows] + 1));
-      const __half* kc = reinterpret_cast<const __half*>(kv.k) + (int64_t)kvh * HD;
-      const __half* vc = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
-      stage_kv_keys<HD, kPad>(kvs, kvs + kBlock * kRow, kBlock, k_begin, k_begin, early_end, k_end, kc, vc, n_head_kv * HD, 32 * kWarps,
-                              [&](int p) {
-                                return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + p / kv.block_size] * kv.block_size +
-                                       p % kv.block_size;
-                              });
+      stage_kv_keys<HD, kPad>(kvs, kvs + kBlock * kRow, kBlock, k_begin, k_begin, early_end, k_end, kcache, vcache, kv_dim, 32 * kWarps, slot_of);
       copy_async_commit();
     }
   }
@@ -103,26 +103,17 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
           store_output(out, act, r, kvh * gqa + i / (HD / 32), n_head, HD, i % (HD / 32) * 32 + lane, 0.0f);
     return;
   }
-  const int kv_dim = n_head_kv * HD;
-  const __half* kcache = reinterpret_cast<const __half*>(kv.k) + (int64_t)kvh * HD;
-  const __half* vcache = reinterpret_cast<const __half*>(kv.v) + (int64_t)kvh * HD;
-
   // K and V of the block of keys from key0 into buffer buf (keys past the span are zero, so that their
   // probability 0 never meets a NaN).
   auto stage = [&](int key0, int buf) {
     __half* kd = kvs + buf * 2 * kBlock * kRow;
     __half* vd = kd + kBlock * kRow;
-    stage_kv_block<HD, kPad>(kd, vd, kBlock, key0, k_end, kcache, vcache, kv_dim, 32 * kWarps, [&](int pos) {
-      return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + pos / kv.block_size] * kv.block_size + pos % kv.block_size;
-    });
+    stage_kv_block<HD, kPad>(kd, vd, kBlock, key0, k_end, kcache, vcache, kv_dim, 32 * kWarps, slot_of);
     copy_async_commit();
   };
   if constexpr (E) {  // the rest of the first block (this step's keys, and zeros past the span)
     stage_kv_keys<HD, kPad>(kvs, kvs + kBlock * kRow, kBlock, k_begin, early_end, k_begin + kBlock, k_end, kcache, vcache, kv_dim, 32 * kWarps,
-                            [&](int p) {
-                              return (int64_t)step.block_tables[(int64_t)seq * step.table_stride + p / kv.block_size] * kv.block_size +
-                                     p % kv.block_size;
-                            });
+                            slot_of);
     copy_async_commit();
   } else {
     stage(k_begin, 0);
@@ -298,9 +289,10 @@ void launch_flash_decode_f(const DeviceStep& step, const float* q, float scale, 
 template <int HD, int B>
 void launch_flash_decode_b(const DeviceStep& step, const float* q, float scale, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                            int max_splits, int grid_splits, float* partial, const int* row_list, float* out, ActQ8 act, cudaStream_t stream) {
-  if (out) flash_finalize_launches.fetch_add(1, std::memory_order_relaxed);
-  if (out) launch_flash_decode_f<HD, B, true>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, 1, partial, row_list, out, act, stream);
-  else if (B == 1 && flash_early_kv())
+  if (out) {
+    flash_finalize_launches.fetch_add(1, std::memory_order_relaxed);
+    launch_flash_decode_f<HD, B, true>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, 1, partial, row_list, out, act, stream);
+  } else if (B == 1 && flash_early_kv())
     launch_flash_decode_f<HD, 1, false, true>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act,
                                               stream);
   else launch_flash_decode_f<HD, B, false>(step, q, scale, kv, n_rows, n_head, n_head_kv, max_splits, grid_splits, partial, row_list, out, act, stream);

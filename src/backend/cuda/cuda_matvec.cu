@@ -247,13 +247,14 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
 
 // One-token Q4_K products (and Q4_K/Q6_K groups) pipelined (matvec_pipelined): the next round's loads are
 // issued before this round's arithmetic (S = 2 for these kinds: matvec_q4_k's P, and two Q6_K super-blocks in
-// flight): the same bits, 121 registers instead of 72 (4 CTAs a SM instead of 7). Measured on an H200 (tg128,
-// docs/performance.md): for every launch, qwen3-8b +3% (411.3 / 414.3 against 399.2 / 401.2), qwen3-32b -1.2%,
-// qwen3.5-27b -1.5%; capped at 96 registers (spills) all three lost; for rows of up to 16 super-blocks only,
-// qwen3-8b level. So the rule: a launch whose CTAs all fit on the GPU at once at 4 a SM (where the lower
-// occupancy costs no second wave: qwen3-8b's o and Q4_K down), qwen3-8b 410.8 / 410.3 / 402.6 against 397.5
-// three times, qwen3-32b (no launch that small) level. ROOFLINE_MATVEC_PIPE=N instead pipelines every launch
-// of rows of up to N super-blocks (0: never).
+// flight): the same bits, 121 registers instead of 72 (4 CTAs a SM instead of 7 on an H200). Measured there
+// (tg128, docs/performance.md): for every launch, qwen3-8b +3% (411.3 / 414.3 against 399.2 / 401.2),
+// qwen3-32b -1.2%, qwen3.5-27b -1.5%; capped at 96 registers (spills) all three lost; for rows of up to 16
+// super-blocks only, qwen3-8b level. So the rule: a launch whose CTAs all fit on the GPU at once at the
+// pipelined kernel's occupancy (matvec_pipelined_wave_ctas), where the lower occupancy costs no second wave
+// (qwen3-8b's o and Q4_K down): qwen3-8b 410.8 / 410.3 / 402.6 against 397.5 three times, qwen3-32b (no
+// launch that small) level. ROOFLINE_MATVEC_PIPE=N instead pipelines every launch of rows of up to N
+// super-blocks (0: never).
 int64_t matvec_pipe_for_test = -1;  // gpu_set_matvec_pipe_for_test: -1 the environment's
 // -1: the default rule.
 int64_t matvec_pipe_max_sb() {
@@ -263,10 +264,27 @@ int64_t matvec_pipe_max_sb() {
   }();
   return matvec_pipe_for_test >= 0 ? matvec_pipe_for_test : v;
 }
+}  // namespace
+
+int64_t matvec_pipelined_wave_ctas() {
+  static int64_t waves[64] = {};
+  int dev = 0;
+  ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
+  int64_t& w = waves[dev & 63];
+  if (w == 0) {
+    int occ = 0;
+    ROOFLINE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, matvec_kernel<1, Kind::Q4K, 2, 2, false>, kWarps * 32, 0));
+    w = std::max<int64_t>(1, (int64_t)occ * sm_count());
+  }
+  return w;
+}
+
+namespace {
+
 bool matvec_pipelined(const MatvecGroup& g) {
   const int64_t max_sb = matvec_pipe_max_sb();
   if (max_sb >= 0) return g.w[0].cols / 256 <= max_sb;
-  return (g.first_unit[g.n] + kWarps - 1) / kWarps <= 4 * (int64_t)sm_count();
+  return (g.first_unit[g.n] + kWarps - 1) / kWarps <= matvec_pipelined_wave_ctas();
 }
 
 template <int B>
@@ -489,6 +507,5 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 namespace roofline {
 
 void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
-
 
 }  // namespace roofline
