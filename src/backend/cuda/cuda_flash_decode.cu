@@ -324,13 +324,14 @@ bool flash_decode_fits(const KvLayer& kv, int n_head, int n_head_kv, int head_di
 }
 
 int flash_finalize_mode_for_test = -1;  // gpu_use_flash_finalize_for_test: -1 the environment's (default off)
-int flash_early_kv_mode_for_test = -1;  // gpu_use_flash_early_kv_for_test: -1 the environment's (default off)
+int flash_early_kv_mode_for_test = -1;  // gpu_use_flash_early_kv_for_test: -1 the environment's (default on)
 
 // Whether the one-buffer flash decode kernel stages its first block's older keys before the dependency wait
-// (ROOFLINE_FLASH_EARLY_KV=1; off: written after the session's device time was spent, not yet measured): the
-// same keys and arithmetic, the same bits; the first block's memory latency off the chain after rope.
+// (ROOFLINE_FLASH_EARLY_KV=0 turns it off): the same keys and arithmetic, the same bits; the first block's memory
+// latency off the chain after rope. Measured on an H200 (docs/performance.md): qwen3-32b tg64 at depth 8192 111.3 /
+// 111.4 against 110.3 / 110.7 (+0.7%), tg128 of qwen3-8b, qwen3-32b and qwen3.5-27b level.
 bool flash_early_kv() {
-  static const bool env_on = env_switch("ROOFLINE_FLASH_EARLY_KV", false);
+  static const bool env_on = env_switch("ROOFLINE_FLASH_EARLY_KV", true);
   return flash_early_kv_mode_for_test >= 0 ? flash_early_kv_mode_for_test > 0 : env_on;
 }
 std::atomic<int64_t> flash_finalize_launches{0};  // (gpu_flash_finalize_launches_for_test)
