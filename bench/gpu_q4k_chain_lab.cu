@@ -39,8 +39,10 @@
 // The small kernels write their outputs with the engine's sizes; one step is one CUDA graph, replayed.
 // Prints per model and form: us per step, us per layer, and the weight bytes over the step's time, for the
 // whole layer chain and for a chain of the products alone (each product's input written by a one-CTA kernel).
-// Build (from the repository root): nvcc -O3 -arch=sm_90 -std=c++20 -I src bench/gpu_q4k_chain_lab.cu -o q4k_chain_lab
-// Run: q4k_chain_lab [replays [form [model]]]
+// Before the timings, each form that computes is checked against the engine's output bit for bit.
+// Build (from the repository root, as the engine's CUDA files are compiled; the binary is carried to the GPU machine):
+//   nvcc -O3 -arch=sm_90 -std=c++17 -DFMT_HEADER_ONLY=1 --expt-relaxed-constexpr -I src bench/gpu_q4k_chain_lab.cu -o q4k_chain_lab
+// Run: q4k_chain_lab [replays [form [model]]] (ncu: `--kernel-name regex:product_kernel --launch-skip 9`, past the checks)
 #include "backend/cuda/cuda_matvec_rows.cuh"
 
 #include "backend/cuda/cuda_mma.cuh"
