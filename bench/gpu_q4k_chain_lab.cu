@@ -32,6 +32,13 @@
 //   smem-async as smem-p1 (P = 1, the first round before the wait), the activations copied with cp.async (every
 //              copy issued, then one wait and the barrier)
 //   no-copy-p1 smem-async without the copy and its barrier (timing only)
+//   perm-act   engine with the activations of each run of 8 super-blocks (2 KiB) stored piece-major: lane 4g + c's
+//              piece m at 512 m + 16 (4g + c), so each of a warp's four activation loads reads 512 contiguous bytes
+//              (the lab's values are random, so a layout costs only its addresses; timing only, not the engine's bits)
+//   planes     engine with a row's headers in a plane apart from its quants, and each super-block's quants
+//              permuted so that a lane's two 16-byte pieces are c and c + 4 (each load covers 64 contiguous bytes
+//              of each super-block; the header load 128 contiguous bytes); timing only
+//   planes-perm both
 //   persist    engine, with one wave of CTAs (as many as fit the GPU at once), each warp taking row pairs in
 //              turn (no CTA starts after the first wave)
 //   streamS    ringS in one wave of CTAs: each warp streams the rounds of all its row pairs through its ring,
@@ -65,8 +72,8 @@
 using namespace roofline;
 using namespace roofline::cuda;
 
-enum Form { kRead, kEngine, kPipe, kPipePre, kSmem, kSmemP1, kSmemNoCopy, kRing2, kRing3, kRing4, kLean, kLeanPipe, kPattern, kTiled, kPatternTiled, kSmemAsync, kNoCopyP1, kPersist, kStream2, kStream3, kStream4, kForms };
-const char* kFormNames[kForms] = {"read", "engine", "pipe", "pipe-pre", "smem", "smem-p1", "no-copy", "ring2", "ring3", "ring4", "lean", "lean-pipe", "pattern", "tiled", "pat-tiled", "smem-async", "no-copy-p1", "persist", "stream2", "stream3", "stream4"};
+enum Form { kRead, kEngine, kPipe, kPipePre, kSmem, kSmemP1, kSmemNoCopy, kRing2, kRing3, kRing4, kLean, kLeanPipe, kPattern, kTiled, kPatternTiled, kSmemAsync, kNoCopyP1, kPermAct, kPlanes, kPlanesPermAct, kPersist, kStream2, kStream3, kStream4, kForms };
+const char* kFormNames[kForms] = {"read", "engine", "pipe", "pipe-pre", "smem", "smem-p1", "no-copy", "ring2", "ring3", "ring4", "lean", "lean-pipe", "pattern", "tiled", "pat-tiled", "smem-async", "no-copy-p1", "perm-act", "planes", "planes-perm", "persist", "stream2", "stream3", "stream4"};
 constexpr int ring_stages(int f) {
   return f == kRing2 || f == kStream2 ? 2 : f == kRing3 || f == kStream3 ? 3 : f == kRing4 || f == kStream4 ? 4 : 0;
 }
@@ -170,6 +177,72 @@ __device__ __forceinline__ void q4_k_round_lean(const Q4KRound<R>& in, const Act
   }
 }
 
+template <bool PermAct, bool Planes>
+__device__ __forceinline__ void q4k_layout(const DeviceWeight& w, const ActQ8& act, float* y, int64_t row0, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  const int64_t n_sb = w.cols / 256;
+  int64_t rows[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) rows[r] = min(row0 + r, w.rows - 1);
+  wait_for_previous_kernel();
+  float acc[2][1] = {};
+  for (int64_t i = g; i < n_sb; i += 8) {
+    Q4KRound<2> in;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (Planes) {
+        const uint8_t* qb = w.data + rows[r] * n_sb * 128 + i * 128;
+        in.hdr[r] = ld16(w.data + w.rows * n_sb * 128 + (rows[r] * n_sb + i) * 16);
+        in.q0[r] = ld16(qb + 16 * c);
+        in.q1[r] = ld16(qb + 64 + 16 * c);
+      } else {
+        const uint8_t* blk = w.data + rows[r] * w.row_bytes + i * 144;
+        in.hdr[r] = ld16(blk);
+        in.q0[r] = ld16(blk + 16 + 32 * c);
+        in.q1[r] = ld16(blk + 32 + 32 * c);
+      }
+    }
+    float d[2], dmin[2], sc0[2], m0[2], sc1[2], m1[2];
+    int4 lo0[2], lo1[2], hi0[2], hi1[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      half2_floats((uint32_t)in.hdr[r].x, d[r], dmin[r]);
+      k4_scale_min_select(2 * c, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc0[r], m0[r]);
+      k4_scale_min_select(2 * c + 1, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc1[r], m1[r]);
+      const int4 a = in.q0[r], b = in.q1[r];
+      lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
+      lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
+      hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
+      hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
+    }
+    int4 x0, x1, x2, x3;
+    if constexpr (PermAct) {
+      const int8_t* xb = act.q + (i / 8) * 2048 + 16 * (4 * (i % 8) + c);
+      x0 = ld16(xb);
+      x1 = ld16(xb + 512);
+      x2 = ld16(xb + 1024);
+      x3 = ld16(xb + 1536);
+    } else {
+      const int8_t* x = act.q + i * 256 + 64 * c;
+      x0 = ld16(x);
+      x1 = ld16(x + 16);
+      x2 = ld16(x + 32);
+      x3 = ld16(x + 48);
+    }
+    const int64_t s = 8 * i + 2 * c;
+    const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
+    const float2 as = __ldg(reinterpret_cast<const float2*>(act.s + s));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
+      const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
+      acc[r][0] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
+      acc[r][0] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+    }
+  }
+  store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);
+}
+
 constexpr int kRoundBytes = 2 * 8 * 144;  // one round of a warp: 8 super-blocks of each of two rows
 
 template <int S>
@@ -269,7 +342,8 @@ __device__ __forceinline__ void q4k_stream(const DeviceWeight& w, const ActQ8& a
 }
 
 template <int F>
-__global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) ? 8 : 1) product_kernel(DeviceWeight w, ActQ8 act, float* y) {
+__global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) ? 8 : (F == kPermAct || F == kPlanes || F == kPlanesPermAct) ? 7 : 1)
+    product_kernel(DeviceWeight w, ActQ8 act, float* y) {
   extern __shared__ int4 act_smem[];
   const int lane = threadIdx.x % 32;
   const int64_t row0 = ((int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32) * 2;
@@ -378,6 +452,8 @@ __global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) 
       q4_k_round_smem(cur, xq, xd, xs, i, c, acc);
     }
     store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);
+  } else if constexpr (F == kPermAct || F == kPlanes || F == kPlanesPermAct) {
+    q4k_layout<F != kPlanes, F != kPermAct>(w, act, y, row0, lane);
   } else if constexpr (F == kPersist) {
     wait_for_previous_kernel();
     const int64_t stride = (int64_t)gridDim.x * (kThreads / 32), pairs = (w.rows + 1) / 2;
@@ -651,6 +727,9 @@ int main(int argc, char** argv) {
           case kPatternTiled: us = run<kPatternTiled>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kSmemAsync: us = run<kSmemAsync>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kNoCopyP1: us = run<kNoCopyP1>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
+          case kPermAct: us = run<kPermAct>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
+          case kPlanes: us = run<kPlanes>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
+          case kPlanesPermAct: us = run<kPlanesPermAct>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kPersist: us = run<kPersist>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kStream2: us = run<kStream2>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kStream3: us = run<kStream3>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
