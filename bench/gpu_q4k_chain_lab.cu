@@ -116,8 +116,7 @@ __device__ __forceinline__ void q4_k_round_smem(const Q4KRound<2>& in, const int
   for (int r = 0; r < 2; ++r) {
     const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
     const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-    acc[r][0] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
-    acc[r][0] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+    acc[r][0] = q4k_lane_term(acc[r][0], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
   }
 }
 
@@ -172,8 +171,10 @@ __device__ __forceinline__ void q4_k_round_lean(const Q4KRound<R>& in, const Act
   for (int r = 0; r < R; ++r) {
     const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
     const int dhi = dot16_us(hi1[r], x3, dot16_us(hi0[r], x2, 0)) >> 4;  // every term a multiple of 16: exact
-    acc[r][0] += d[r] * (sc0[r] * ad.x * int_to_float_exact(dlo) + sc1[r] * ad.y * int_to_float_exact(dhi));
-    acc[r][0] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+    // q4k_lane_term's roundings, with the exact conversions
+    const float both = __fmaf_rn(__fmul_rn(sc1[r], ad.y), int_to_float_exact(dhi), __fmul_rn(__fmul_rn(sc0[r], ad.x), int_to_float_exact(dlo)));
+    acc[r][0] = __fmaf_rn(d[r], both, acc[r][0]);
+    acc[r][0] = __fmaf_rn(-dmin[r], __fmaf_rn(m1[r], as.y, __fmul_rn(m0[r], as.x)), acc[r][0]);
   }
 }
 
@@ -236,8 +237,7 @@ __device__ __forceinline__ void q4k_layout(const DeviceWeight& w, const ActQ8& a
     for (int r = 0; r < 2; ++r) {
       const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
       const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-      acc[r][0] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
-      acc[r][0] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+      acc[r][0] = q4k_lane_term(acc[r][0], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
     }
   }
   store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);

@@ -89,6 +89,9 @@ int64_t gpu_flash_finalize_launches_for_test();
 // For tests: the one-buffer flash decode kernel stages its first block's older keys before the dependency wait
 // (1), after it (0), or as ROOFLINE_FLASH_EARLY_KV says (-1; on unless it is 0).
 void gpu_use_flash_early_kv_for_test(int mode);
+// For tests: products of 2-8 tokens of Q4_K weights on int8 tensor cores (1), by the warp kernels (0), or as
+// ROOFLINE_MATVEC_MMA says (-1; off unless it is 1).
+void gpu_use_mma_matvec_for_test(int mode);
 // For tests: the feed-forward block of one decode row, x += down(silu(gate(xn)) * up(xn)) with xn = rmsnorm(x) *
 // norm_w, as the backend's separate launches (persistent false: rms norm, gate/up, SwiGLU, down) or as the
 // persistent kernel (cuda_decode_ffn.cu) over n_ctas CTAs (0: one per SM). The block runs `repeats` times in

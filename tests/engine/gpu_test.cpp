@@ -224,6 +224,44 @@ TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
   }
 }
 
+// Products of 2-8 tokens of Q4_K weights on int8 tensor cores (cuda_matvec_mma.cu) give the warp kernels' bits,
+// alone and joined with Q6_K as q/k/v are (rows of 3, 16, 20 and 33 super-blocks, 67 rows: a short last tile),
+// and each token's outputs are the one-token product's of that token (a step's results do not depend on how
+// many tokens it holds).
+TEST(GpuMatmulTest, TensorCoreProductsOfFewTokensGiveTheWarpKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  if (gpu_devices().empty() || gpu_devices()[0].code_arch < 80) GTEST_SKIP() << "int8 tensor cores need sm_80 or newer";
+  struct Restore {
+    ~Restore() { gpu_use_mma_matvec_for_test(-1); }
+  } restore;
+  Rng rng(29);
+  for (const int64_t cols : {768, 4096, 5120, 8448}) {
+    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
+    const Weight q4w = q4.weight(), q6w = q6.weight();
+    for (int n = 2; n <= 8; ++n) {
+      std::vector<float> x((size_t)(n * cols));
+      for (float& v : x) v = (float)rng.normal();
+      gpu_use_mma_matvec_for_test(0);
+      const std::vector<float> warp = gpu_matmul_for_test(q4w, x, n), warp_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      std::vector<float> single;
+      for (int t = 0; t < n; ++t) {
+        const std::vector<float> xt(x.begin() + (ptrdiff_t)(t * cols), x.begin() + (ptrdiff_t)((t + 1) * cols));
+        const std::vector<float> yt = gpu_matmul_for_test(q4w, xt, 1);
+        single.insert(single.end(), yt.begin(), yt.end());
+      }
+      gpu_use_mma_matvec_for_test(1);
+      const std::vector<float> mma = gpu_matmul_for_test(q4w, x, n), mma_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      ASSERT_EQ(warp.size(), (size_t)(67 * n));
+      ASSERT_EQ(mma.size(), warp.size());
+      EXPECT_EQ(0, std::memcmp(warp.data(), mma.data(), warp.size() * sizeof(float))) << "Q4_K alone, cols " << cols << ", " << n << " tokens";
+      EXPECT_EQ(0, std::memcmp(single.data(), mma.data(), mma.size() * sizeof(float))) << "against one token at a time, cols " << cols << ", " << n << " tokens";
+      ASSERT_EQ(mma_joined.size(), warp_joined.size());
+      EXPECT_EQ(0, std::memcmp(warp_joined.data(), mma_joined.data(), mma_joined.size() * sizeof(float)))
+          << "Q4_K with Q6_K, cols " << cols << ", " << n << " tokens";
+    }
+  }
+}
+
 // Batched-decode products (9-64 tokens) joined in one launch of the tensor-core kernel, as the backend
 // joins q/k/v and gate/up there: one type per launch, members whose row counts leave row tiles short,
 // one member large enough to split K over CTAs; each product against its double reference (f16 inputs).

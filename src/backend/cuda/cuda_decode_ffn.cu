@@ -232,8 +232,7 @@ __device__ __forceinline__ void q4k_rows(const uint8_t* const (&rows)[R], int l,
   for (int r = 0; r < R; ++r) {
     const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
     const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-    acc[r] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
-    acc[r] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+    acc[r] = q4k_lane_term(acc[r], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
   }
 }
 

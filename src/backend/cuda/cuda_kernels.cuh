@@ -83,6 +83,11 @@ bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b);
 // of one input that the backend joins in one launch (q/k/v; MoE experts keep one kind per launch).
 bool matvec_can_join(const DeviceWeight& a, const DeviceWeight& b);
 constexpr int kMatvecGroupMax = 4;
+// Products of 2-8 tokens of Q4_K weights on int8 tensor cores with the warp kernels' bits (cuda_matvec_mma.cu),
+// where ROOFLINE_MATVEC_MMA=1 (off by default) and the GPU has them: matvec_multi takes that path by itself.
+bool matvec_mma_takes(const DeviceWeight& w, int n_tokens);
+void matvec_mma_q4k(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act, int n_tokens,
+                    bool accumulate, cudaStream_t stream);
 void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act,
                   const float* x, int n_tokens, bool accumulate, cudaStream_t stream, const MatvecEpilogue& epilogue = {});
 // Expert products grouped by expert (MoE, cuda_moe.cu): for each active expert e, rows [0,

@@ -461,6 +461,26 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
                                                                                                           !epilogue.out.row_factor || !epilogue.grid_counter
                                                                                                     : count != 2 || ws[1]->rows != ws[0]->rows)))
     fail("internal error: a matvec epilogue over {} products of {} rows", count, ws[0]->rows);
+  // 2-8 tokens: the Q4_K members on tensor cores (the same bits), the others of a mixed group by the warp kernels.
+  if (epilogue.kind == EK::None && n_tokens >= 2 && n_tokens <= 8) {
+    const DeviceWeight* mma_ws[MatvecGroup::kMax];
+    const DeviceWeight* rest_ws[MatvecGroup::kMax];
+    float* mma_ys[MatvecGroup::kMax];
+    float* rest_ys[MatvecGroup::kMax];
+    int mma_ldys[MatvecGroup::kMax], rest_ldys[MatvecGroup::kMax];
+    int n_mma = 0, n_rest = 0;
+    for (int m = 0; m < count; ++m) {
+      if (matvec_mma_takes(*ws[m], n_tokens)) {
+        mma_ws[n_mma] = ws[m], mma_ys[n_mma] = ys[m], mma_ldys[n_mma++] = ldys[m];
+      } else {
+        rest_ws[n_rest] = ws[m], rest_ys[n_rest] = ys[m], rest_ldys[n_rest++] = ldys[m];
+      }
+    }
+    if (n_mma > 0) {
+      if (n_rest > 0) matvec_multi(rest_ws, rest_ys, rest_ldys, n_rest, act, x, n_tokens, accumulate, stream);
+      return matvec_mma_q4k(mma_ws, mma_ys, mma_ldys, n_mma, act, n_tokens, accumulate, stream);
+    }
+  }
   MatvecGroup g;
   g.n = count;
   g.first_unit[0] = 0;

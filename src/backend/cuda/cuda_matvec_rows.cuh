@@ -76,6 +76,18 @@ __device__ __forceinline__ void k4_scale_min_select(int j, uint32_t lo, uint32_t
   m = (float)(j < 4 ? m_lo : m_hi);
 }
 
+// One super-block's share of a Q4_K row's sum for one token as lane c of its group adds it: sub-blocks 2c and
+// 2c + 1 (d, dmin, their 6-bit scales and mins as floats), the activations' steps and step-weighted sums of
+// those sub-blocks (ad, as), and the exact integer dot products of their quants with the int8 activations
+// (dlo, dhi). Every rounding is spelled out (no contraction left to the compiler), so that a kernel that gets
+// the same integer sums another way (matvec_mma's tensor cores, cuda_matvec_mma.cu) gets the same bits.
+__device__ __forceinline__ float q4k_lane_term(float acc, float d, float dmin, float sc0, float m0, float sc1, float m1, float2 ad, float2 as,
+                                               int dlo, int dhi) {
+  const float both = __fmaf_rn(__fmul_rn(sc1, ad.y), (float)dhi, __fmul_rn(__fmul_rn(sc0, ad.x), (float)dlo));
+  acc = __fmaf_rn(d, both, acc);
+  return __fmaf_rn(-dmin, __fmaf_rn(m1, as.y, __fmul_rn(m0, as.x)), acc);
+}
+
 // Q4_K, one token, 4 lanes per super-block: lane c of a group reads the 32 B of quants of chunk c
 // (low nibbles: sub-block 2c, high: 2c+1), so the per-lane work that does not scale with the bytes
 // (scales, activation scales, the float sums) is spread over twice the bytes of matvec_q4_k. A warp
@@ -122,8 +134,7 @@ __device__ __forceinline__ void q4_k_round(const Q4KRound<R>& in, const DeviceWe
     for (int r = 0; r < R; ++r) {
       const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
       const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-      acc[r][t] += d[r] * (sc0[r] * ad.x * (float)dlo + sc1[r] * ad.y * (float)dhi);
-      acc[r][t] -= dmin[r] * (m0[r] * as.x + m1[r] * as.y);
+      acc[r][t] = q4k_lane_term(acc[r][t], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
     }
   }
 }
