@@ -1,0 +1,83 @@
+// Decode products of quantized weights give the same bits whatever path takes them: the one-token Q4_K kernel
+// with its rounds of loads pipelined or not, and the tensor-core products of 2-8 tokens (cuda_matvec_mma.cu) against
+// the warp kernels and against one token at a time (skipped where no GPU is present, e.g. CI).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/gpu.h"
+#include "core/rng.h"
+#include "engine/engine_test_util.h"
+#include "engine/random_weight.h"
+#include "test_util.h"
+
+using namespace roofline;
+
+// One-token Q4_K products with a warp's rounds of loads pipelined (matvec_q4_k's P = 2, for rows of up to
+// ROOFLINE_MATVEC_PIPE super-blocks) give the bits of the plain loop: alone (rows of 3, 16, 20 and 33
+// super-blocks, a short last warp) and joined with Q6_K as q/k/v are; and the reference's values.
+TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_set_matvec_pipe_for_test(-1); }
+  } restore;
+  Rng rng(23);
+  for (const int64_t cols : {768, 4096, 5120, 8448}) {
+    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
+    std::vector<float> x((size_t)cols);
+    for (float& v : x) v = (float)rng.normal();
+    const Weight q4w = q4.weight(), q6w = q6.weight();
+    std::vector<float> plain, piped, plain_joined, piped_joined;
+    for (const int64_t max_sb : {(int64_t)0, (int64_t)1000}) {
+      gpu_set_matvec_pipe_for_test(max_sb);
+      (max_sb ? piped : plain) = gpu_matmul_for_test(q4w, x, 1);
+      (max_sb ? piped_joined : plain_joined) = gpu_joined_products_for_test({&q4w, &q6w}, x, 1);
+    }
+    ASSERT_EQ(plain.size(), 67u);
+    EXPECT_EQ(0, std::memcmp(plain.data(), piped.data(), plain.size() * sizeof(float))) << "Q4_K alone, cols " << cols;
+    ASSERT_EQ(plain_joined.size(), 112u);
+    EXPECT_EQ(0, std::memcmp(plain_joined.data(), piped_joined.data(), plain_joined.size() * sizeof(float))) << "Q4_K with Q6_K, cols " << cols;
+    const std::vector<double> ref = q4.times(x, 0);
+    std::vector<float> reff(ref.begin(), ref.end());
+    EXPECT_LT(test::nmse(piped.data(), reff.data(), reff.size()), 2e-4) << "cols " << cols;
+  }
+}
+
+// Products of 2-8 tokens of Q4_K weights on int8 tensor cores (cuda_matvec_mma.cu) give the warp kernels' bits,
+// alone and joined with Q6_K as q/k/v are (rows of 3, 16, 20 and 33 super-blocks, 67 rows: a short last tile),
+// and each token's outputs are the one-token product's of that token (a step's results do not depend on how
+// many tokens it holds).
+TEST(GpuMatmulTest, TensorCoreProductsOfFewTokensGiveTheWarpKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  if (gpu_devices().empty() || gpu_devices()[0].code_arch < 80) GTEST_SKIP() << "int8 tensor cores need sm_80 or newer";
+  struct Restore {
+    ~Restore() { gpu_use_mma_matvec_for_test(-1); }
+  } restore;
+  Rng rng(29);
+  for (const int64_t cols : {768, 4096, 5120, 8448}) {
+    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
+    const Weight q4w = q4.weight(), q6w = q6.weight();
+    for (int n = 2; n <= 8; ++n) {
+      std::vector<float> x((size_t)(n * cols));
+      for (float& v : x) v = (float)rng.normal();
+      gpu_use_mma_matvec_for_test(0);
+      const std::vector<float> warp = gpu_matmul_for_test(q4w, x, n), warp_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      std::vector<float> single;
+      for (int t = 0; t < n; ++t) {
+        const std::vector<float> xt(x.begin() + (ptrdiff_t)(t * cols), x.begin() + (ptrdiff_t)((t + 1) * cols));
+        const std::vector<float> yt = gpu_matmul_for_test(q4w, xt, 1);
+        single.insert(single.end(), yt.begin(), yt.end());
+      }
+      gpu_use_mma_matvec_for_test(1);
+      const std::vector<float> mma = gpu_matmul_for_test(q4w, x, n), mma_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      ASSERT_EQ(warp.size(), (size_t)(67 * n));
+      ASSERT_EQ(mma.size(), warp.size());
+      EXPECT_EQ(0, std::memcmp(warp.data(), mma.data(), warp.size() * sizeof(float))) << "Q4_K alone, cols " << cols << ", " << n << " tokens";
+      EXPECT_EQ(0, std::memcmp(single.data(), mma.data(), mma.size() * sizeof(float))) << "against one token at a time, cols " << cols << ", " << n << " tokens";
+      ASSERT_EQ(mma_joined.size(), warp_joined.size());
+      EXPECT_EQ(0, std::memcmp(warp_joined.data(), mma_joined.data(), mma_joined.size() * sizeof(float)))
+          << "Q4_K with Q6_K, cols " << cols << ", " << n << " tokens";
+    }
+  }
+}
