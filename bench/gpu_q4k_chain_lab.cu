@@ -94,30 +94,14 @@ __device__ __forceinline__ int swizzled_unit(int u) {
 // (swizzled), xd / xs the per-32 scales and sums.
 __device__ __forceinline__ void q4_k_round_smem(const Q4KRound<2>& in, const int4* xq, const float* xd, const float* xsum, int64_t i, int c,
                                                 float (&acc)[2][1]) {
-  float d[2], dmin[2], sc0[2], m0[2], sc1[2], m1[2];
-  int4 lo0[2], lo1[2], hi0[2], hi1[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    half2_floats((uint32_t)in.hdr[r].x, d[r], dmin[r]);
-    k4_scale_min_select(2 * c, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc0[r], m0[r]);
-    k4_scale_min_select(2 * c + 1, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc1[r], m1[r]);
-    const int4 a = in.q0[r], b = in.q1[r];
-    lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
-    lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
-    hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
-    hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
-  }
-  const int u = 16 * (int)i + 4 * c;
-  const int4 x0 = xq[swizzled_unit(u)], x1 = xq[swizzled_unit(u + 1)], x2 = xq[swizzled_unit(u + 2)], x3 = xq[swizzled_unit(u + 3)];
+  const Q4KUnpacked<2> u(in.hdr, in.q0, in.q1, c);
+  const int unit = 16 * (int)i + 4 * c;
+  const int4 x0 = xq[swizzled_unit(unit)], x1 = xq[swizzled_unit(unit + 1)], x2 = xq[swizzled_unit(unit + 2)], x3 = xq[swizzled_unit(unit + 3)];
   const int s = 8 * (int)i + 2 * c;
   const float2 ad = *reinterpret_cast<const float2*>(xd + s);
   const float2 as = *reinterpret_cast<const float2*>(xsum + s);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
-    const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-    acc[r][0] = q4k_lane_term(acc[r][0], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
-  }
+  for (int r = 0; r < 2; ++r) acc[r][0] = u.term(r, acc[r][0], x0, x1, x2, x3, ad, as);
 }
 
 // Exact int -> float for |v| < 2^22 without the conversion pipe: 1.5 * 2^23 + v has v in its low mantissa bits.
@@ -203,19 +187,7 @@ __device__ __forceinline__ void q4k_layout(const DeviceWeight& w, const ActQ8& a
         in.q1[r] = ld16(blk + 32 + 32 * c);
       }
     }
-    float d[2], dmin[2], sc0[2], m0[2], sc1[2], m1[2];
-    int4 lo0[2], lo1[2], hi0[2], hi1[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      half2_floats((uint32_t)in.hdr[r].x, d[r], dmin[r]);
-      k4_scale_min_select(2 * c, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc0[r], m0[r]);
-      k4_scale_min_select(2 * c + 1, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc1[r], m1[r]);
-      const int4 a = in.q0[r], b = in.q1[r];
-      lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
-      lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
-      hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
-      hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
-    }
+    const Q4KUnpacked<2> u(in.hdr, in.q0, in.q1, c);
     int4 x0, x1, x2, x3;
     if constexpr (PermAct) {
       const int8_t* xb = act.q + (i / 8) * 2048 + 16 * (4 * (i % 8) + c);
@@ -234,11 +206,7 @@ __device__ __forceinline__ void q4k_layout(const DeviceWeight& w, const ActQ8& a
     const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
     const float2 as = __ldg(reinterpret_cast<const float2*>(act.s + s));
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
-      const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-      acc[r][0] = q4k_lane_term(acc[r][0], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
-    }
+    for (int r = 0; r < 2; ++r) acc[r][0] = u.term(r, acc[r][0], x0, x1, x2, x3, ad, as);
   }
   store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);
 }

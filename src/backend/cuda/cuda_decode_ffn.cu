@@ -209,19 +209,7 @@ __device__ __forceinline__ void q4k_rows(const uint8_t* const (&rows)[R], int l,
     q0[r] = *reinterpret_cast<const int4*>(blk + 16 + 32 * c);
     q1[r] = *reinterpret_cast<const int4*>(blk + 32 + 32 * c);
   }
-  float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
-  int4 lo0[R], lo1[R], hi0[R], hi1[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    half2_floats((uint32_t)hdr[r].x, d[r], dmin[r]);
-    k4_scale_min_select(2 * c, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc0[r], m0[r]);
-    k4_scale_min_select(2 * c + 1, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc1[r], m1[r]);
-    const int4 a = q0[r], b = q1[r];
-    lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
-    lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
-    hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
-    hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
-  }
+  const Q4KUnpacked<R> u(hdr, q0, q1, c);
   const int8_t* x = s.aq + (i >> 3) * 2048 + 16 * (4 * (i & 7) + c);  // act_offset's Q4_K order: piece k 512 bytes on
   const int4 x0 = *reinterpret_cast<const int4*>(x), x1 = *reinterpret_cast<const int4*>(x + 512);
   const int4 x2 = *reinterpret_cast<const int4*>(x + 1024), x3 = *reinterpret_cast<const int4*>(x + 1536);
@@ -229,11 +217,7 @@ __device__ __forceinline__ void q4k_rows(const uint8_t* const (&rows)[R], int l,
   const float2 ad = *reinterpret_cast<const float2*>(s.ad + sidx);
   const float2 as = *reinterpret_cast<const float2*>(s.as + sidx);
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
-    const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-    acc[r] = q4k_lane_term(acc[r], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
-  }
+  for (int r = 0; r < R; ++r) acc[r] = u.term(r, acc[r], x0, x1, x2, x3, ad, as);
 }
 
 // matvec_q6_k_partials (one token, one row): lane group ii's share of local super-block l, global index i.

@@ -64,14 +64,6 @@ RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
   return shape;
 }
 
-struct MatvecGroup {
-  static constexpr int kMax = kMatvecGroupMax;
-  DeviceWeight w[kMax];
-  float* y[kMax];
-  int ldy[kMax];
-  int64_t first_unit[kMax + 1];  // member m holds the warps [first_unit[m], first_unit[m + 1]) of the grid
-  int n = 0;
-};
 
 // Counts lane 0's warp in at `counter` and returns the count before it. The add is a release (lane 0
 // made every store of its warp's rows: store_rows) and an acquire (the last arrival sees every other
@@ -145,8 +137,8 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
   const bool live = unit < g.first_unit[g.n];
-  // The member, picked with selects (a run-time index into the parameter arrays would copy them to
-  // local memory).
+  // The member, picked with selects as matvec_member does, written out here: the warp kernels' code as measured
+  // (the helper's struct gives some of them other register counts).
   DeviceWeight w = g.w[0];
   float* y = g.y[0];
   int ldy = g.ldy[0];

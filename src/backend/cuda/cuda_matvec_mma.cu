@@ -30,14 +30,6 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kTileRows = 16;  // rows of a warp: one m16 tile
 
-struct MmaMatvecGroup {
-  DeviceWeight w[kMatvecGroupMax];
-  float* y[kMatvecGroupMax];
-  int ldy[kMatvecGroupMax];
-  int64_t first_tile[kMatvecGroupMax + 1];  // member m holds the warps [first_tile[m], first_tile[m + 1])
-  int n = 0;
-};
-
 __device__ __forceinline__ uint2 ld8(const void* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
 
 // A lane's butterfly partial sums waiting for their partner, in shared memory (registers would spill):
@@ -60,22 +52,15 @@ __device__ __forceinline__ void fold_phase(float cur, int ph, float* pending, in
 }
 
 template <int B>
-__global__ void __launch_bounds__(kWarps * 32) q4k_mma_matvec_kernel(MmaMatvecGroup grp, ActQ8 act, bool accumulate) {
+__global__ void __launch_bounds__(kWarps * 32) q4k_mma_matvec_kernel(MatvecGroup grp, ActQ8 act, bool accumulate) {
   const int lane = threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-  const int64_t tile = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
-  const bool live = tile < grp.first_tile[grp.n];
-  DeviceWeight w = grp.w[0];
-  float* y = grp.y[0];
-  int ldy = grp.ldy[0];
-  int64_t first = 0;
-#pragma unroll
-  for (int m = 1; m < kMatvecGroupMax; ++m)
-    if (m < grp.n && tile >= grp.first_tile[m]) {
-      w = grp.w[m];
-      y = grp.y[m];
-      ldy = grp.ldy[m];
-      first = grp.first_tile[m];
-    }
+  const int64_t tile = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;  // the grid's units are 16-row tiles
+  const bool live = tile < grp.first_unit[grp.n];
+  const MatvecMember mb = matvec_member(grp, tile);
+  const DeviceWeight& w = mb.w;
+  float* y = mb.y;
+  const int ldy = mb.ldy;
+  const int64_t first = mb.first;
   wait_for_previous_kernel();
   if (!live) return;
   const int64_t row_a = (tile - first) * kTileRows + gq, row_b = row_a + 8;
@@ -162,8 +147,8 @@ __global__ void __launch_bounds__(kWarps * 32) q4k_mma_matvec_kernel(MmaMatvecGr
 int mma_matvec_mode_for_test = -1;  // gpu_use_mma_matvec_for_test: -1 the environment's
 
 template <int B>
-void launch_q4k_mma(const MmaMatvecGroup& g, const ActQ8& act, bool accumulate, cudaStream_t stream) {
-  const dim3 grid((unsigned)((g.first_tile[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
+void launch_q4k_mma(const MatvecGroup& g, const ActQ8& act, bool accumulate, cudaStream_t stream) {
+  const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
   launch(q4k_mma_matvec_kernel<B>, grid, block, 0, stream, pdl_enabled(), g, act, accumulate);
 }
 
@@ -183,15 +168,15 @@ bool matvec_mma_takes(const DeviceWeight& w, int n_tokens) {
 void matvec_mma_q4k(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const ActQ8& act, int n_tokens,
                     bool accumulate, cudaStream_t stream) {
   if (count < 1 || count > kMatvecGroupMax) fail("internal error: a tensor-core matvec group of {} products", count);
-  MmaMatvecGroup g;
+  MatvecGroup g;
   g.n = count;
-  g.first_tile[0] = 0;
+  g.first_unit[0] = 0;
   for (int m = 0; m < count; ++m) {
     if (!matvec_mma_takes(*ws[m], n_tokens) || ws[m]->cols != ws[0]->cols) fail("internal error: a tensor-core matvec over other weights");
     g.w[m] = *ws[m];
     g.y[m] = ys[m];
     g.ldy[m] = ldys[m];
-    g.first_tile[m + 1] = g.first_tile[m] + (ws[m]->rows + kTileRows - 1) / kTileRows;
+    g.first_unit[m + 1] = g.first_unit[m] + (ws[m]->rows + kTileRows - 1) / kTileRows;
   }
   switch (n_tokens) {
     case 2: return launch_q4k_mma<2>(g, act, accumulate, stream);

@@ -40,6 +40,41 @@ __device__ __forceinline__ void half2_floats(uint32_t bits, float& a, float& b) 
   b = __high2float(h);
 }
 
+// The products of one launch (q/k/v, gate/up: one input), their rows laid end to end over the grid's units
+// (a warp's rows: cuda_matvec.cu's row shapes, or cuda_matvec_mma.cu's 16-row tiles).
+struct MatvecGroup {
+  static constexpr int kMax = kMatvecGroupMax;
+  DeviceWeight w[kMax];
+  float* y[kMax];
+  int ldy[kMax];
+  int64_t first_unit[kMax + 1];  // member m holds the units [first_unit[m], first_unit[m + 1]) of the grid
+  int n = 0;
+};
+struct MatvecMember {
+  DeviceWeight w;
+  float* y;
+  int ldy;
+  int64_t first;  // its first unit
+};
+// The member holding `unit`, picked with selects (a run-time index into the parameter arrays would copy them
+// to local memory).
+__device__ __forceinline__ MatvecMember matvec_member(const MatvecGroup& g, int64_t unit) {
+  MatvecMember mb;
+  mb.w = g.w[0];
+  mb.y = g.y[0];
+  mb.ldy = g.ldy[0];
+  mb.first = 0;
+#pragma unroll
+  for (int m = 1; m < MatvecGroup::kMax; ++m)
+    if (m < g.n && unit >= g.first_unit[m]) {
+      mb.w = g.w[m];
+      mb.y = g.y[m];
+      mb.ldy = g.ldy[m];
+      mb.first = g.first_unit[m];
+    }
+  return mb;
+}
+
 // Row `row` of the B token rows; act (int8 activations, or null for float ones) for the row factor.
 template <int B>
 __device__ __forceinline__ void store_rows(const float (&acc)[B], float* y, int ldy, int64_t row, bool accumulate, int lane,
@@ -108,21 +143,35 @@ struct Q4KRound {
     }
   }
 };
-template <int B, int R>
-__device__ __forceinline__ void q4_k_round(const Q4KRound<R>& in, const DeviceWeight& w, const ActQ8& act, int64_t i, int c, float (&acc)[R][B]) {
+// A round's weights as lane c uses them: d, dmin, the scales and mins of sub-blocks 2c and 2c + 1 as floats,
+// and the quants' low nibbles (sub-block 2c) and high nibbles (2c + 1) as bytes, for each of R rows.
+template <int R>
+struct Q4KUnpacked {
   float d[R], dmin[R], sc0[R], m0[R], sc1[R], m1[R];
   int4 lo0[R], lo1[R], hi0[R], hi1[R];
+  __device__ __forceinline__ Q4KUnpacked(const int4 (&hdr)[R], const int4 (&q0)[R], const int4 (&q1)[R], int c) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    half2_floats((uint32_t)in.hdr[r].x, d[r], dmin[r]);
-    k4_scale_min_select(2 * c, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc0[r], m0[r]);
-    k4_scale_min_select(2 * c + 1, (uint32_t)in.hdr[r].y, (uint32_t)in.hdr[r].z, (uint32_t)in.hdr[r].w, sc1[r], m1[r]);
-    const int4 a = in.q0[r], b = in.q1[r];
-    lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
-    lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
-    hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
-    hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
+    for (int r = 0; r < R; ++r) {
+      half2_floats((uint32_t)hdr[r].x, d[r], dmin[r]);
+      k4_scale_min_select(2 * c, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc0[r], m0[r]);
+      k4_scale_min_select(2 * c + 1, (uint32_t)hdr[r].y, (uint32_t)hdr[r].z, (uint32_t)hdr[r].w, sc1[r], m1[r]);
+      const int4 a = q0[r], b = q1[r];
+      lo0[r] = make_int4(a.x & 0x0F0F0F0F, a.y & 0x0F0F0F0F, a.z & 0x0F0F0F0F, a.w & 0x0F0F0F0F);
+      lo1[r] = make_int4(b.x & 0x0F0F0F0F, b.y & 0x0F0F0F0F, b.z & 0x0F0F0F0F, b.w & 0x0F0F0F0F);
+      hi0[r] = make_int4((a.x >> 4) & 0x0F0F0F0F, (a.y >> 4) & 0x0F0F0F0F, (a.z >> 4) & 0x0F0F0F0F, (a.w >> 4) & 0x0F0F0F0F);
+      hi1[r] = make_int4((b.x >> 4) & 0x0F0F0F0F, (b.y >> 4) & 0x0F0F0F0F, (b.z >> 4) & 0x0F0F0F0F, (b.w >> 4) & 0x0F0F0F0F);
+    }
   }
+  // Row r's term for one token: the activations x0-x3 (sub-block 2c, then 2c + 1) with their steps and sums.
+  __device__ __forceinline__ float term(int r, float acc, int4 x0, int4 x1, int4 x2, int4 x3, float2 ad, float2 as) const {
+    const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
+    const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
+    return q4k_lane_term(acc, d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
+  }
+};
+template <int B, int R>
+__device__ __forceinline__ void q4_k_round(const Q4KRound<R>& in, const DeviceWeight& w, const ActQ8& act, int64_t i, int c, float (&acc)[R][B]) {
+  const Q4KUnpacked<R> u(in.hdr, in.q0, in.q1, c);
 #pragma unroll
   for (int t = 0; t < B; ++t) {
     const int8_t* x = act.q + (int64_t)t * w.cols + i * 256 + 64 * c;
@@ -131,11 +180,7 @@ __device__ __forceinline__ void q4_k_round(const Q4KRound<R>& in, const DeviceWe
     const float2 ad = __ldg(reinterpret_cast<const float2*>(act.d + s));
     const float2 as = __ldg(reinterpret_cast<const float2*>(act.s + s));
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int dlo = dot16(lo1[r], x1, dot16(lo0[r], x0, 0));
-      const int dhi = dot16(hi1[r], x3, dot16(hi0[r], x2, 0));
-      acc[r][t] = q4k_lane_term(acc[r][t], d[r], dmin[r], sc0[r], m0[r], sc1[r], m1[r], ad, as, dlo, dhi);
-    }
+    for (int r = 0; r < R; ++r) acc[r][t] = u.term(r, acc[r][t], x0, x1, x2, x3, ad, as);
   }
 }
 template <int B, int R, int P = 1>
