@@ -213,6 +213,19 @@ __device__ __forceinline__ void q4k_layout(const DeviceWeight& w, const ActQ8& a
 
 constexpr int kRoundBytes = 2 * 8 * 144;  // one round of a warp: 8 super-blocks of each of two rows
 
+// Lane (g, c)'s share of a round staged in a ring slot (two rows of 8 super-blocks, 1152 bytes apart).
+__device__ __forceinline__ Q4KRound<2> ring_round(const uint8_t* slot, int g, int c) {
+  Q4KRound<2> cur;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint8_t* blk = slot + r * 1152 + g * 144;
+    cur.hdr[r] = *reinterpret_cast<const int4*>(blk);
+    cur.q0[r] = *reinterpret_cast<const int4*>(blk + 16 + 32 * c);
+    cur.q1[r] = *reinterpret_cast<const int4*>(blk + 32 + 32 * c);
+  }
+  return cur;
+}
+
 template <int S>
 __device__ __forceinline__ void q4k_ring(const DeviceWeight& w, const ActQ8& act, float* y, int64_t row0, int lane, uint8_t* ring) {
   const int g = lane / 4, c = lane % 4;
@@ -245,15 +258,7 @@ __device__ __forceinline__ void q4k_ring(const DeviceWeight& w, const ActQ8& act
     copy_round(k + S - 1, stage == 0 ? S - 1 : stage - 1);
     const int64_t i = 8 * k + g;
     if (i < n_sb) {
-      Q4KRound<2> cur;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint8_t* blk = ring + stage * kRoundBytes + r * 1152 + g * 144;
-        cur.hdr[r] = *reinterpret_cast<const int4*>(blk);
-        cur.q0[r] = *reinterpret_cast<const int4*>(blk + 16 + 32 * c);
-        cur.q1[r] = *reinterpret_cast<const int4*>(blk + 32 + 32 * c);
-      }
-      q4_k_round<1, 2>(cur, w, act, i, c, acc);
+      q4_k_round<1, 2>(ring_round(ring + stage * kRoundBytes, g, c), w, act, i, c, acc);
     }
     stage = stage == S - 1 ? 0 : stage + 1;
   }
@@ -291,15 +296,7 @@ __device__ __forceinline__ void q4k_stream(const DeviceWeight& w, const ActQ8& a
     copy_round(t + S - 1, stage == 0 ? S - 1 : stage - 1);
     const int64_t k = t % n_rounds, i = 8 * k + g;
     if (i < n_sb) {
-      Q4KRound<2> cur;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint8_t* blk = ring + stage * kRoundBytes + r * 1152 + g * 144;
-        cur.hdr[r] = *reinterpret_cast<const int4*>(blk);
-        cur.q0[r] = *reinterpret_cast<const int4*>(blk + 16 + 32 * c);
-        cur.q1[r] = *reinterpret_cast<const int4*>(blk + 32 + 32 * c);
-      }
-      q4_k_round<1, 2>(cur, w, act, i, c, acc);
+      q4_k_round<1, 2>(ring_round(ring + stage * kRoundBytes, g, c), w, act, i, c, acc);
     }
     stage = stage == S - 1 ? 0 : stage + 1;
     if (k == n_rounds - 1) {
