@@ -64,7 +64,6 @@ RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
   return shape;
 }
 
-
 // Counts lane 0's warp in at `counter` and returns the count before it. The add is a release (lane 0
 // made every store of its warp's rows: store_rows) and an acquire (the last arrival sees every other
 // warp's stores), without the sequentially consistent fence that __threadfence() is.
