@@ -23,14 +23,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "gpu_lab_common.cuh"
+
 
 enum Mode { kPlain, kPdl, kPdlPre, kFlag, kFlagPre, kModes };
 const char* kModeNames[kModes] = {"plain", "pdl", "pdl-pre", "flag", "flag-pre"};
@@ -187,23 +181,10 @@ double run_mode(const Shape& sh, const uint8_t* pool, int64_t pool_bytes, float*
       cur ^= 1;
     }
   CHECK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, s));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0, s));
-  for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(exec, s));
-  CHECK(cudaEventRecord(e1, s));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
+  const double us = replay_graph_us(graph, s, replays);
   CHECK(cudaStreamDestroy(s));
   *step_bytes = bytes;
-  return 1000.0 * ms / replays;
+  return us;
 }
 
 int main(int argc, char** argv) {

@@ -53,6 +53,7 @@
 #include "backend/cuda/cuda_matvec_rows.cuh"
 
 #include "backend/cuda/cuda_mma.cuh"
+#include "gpu_lab_common.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -60,14 +61,6 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 using namespace roofline;
 using namespace roofline::cuda;
@@ -226,13 +219,31 @@ __device__ __forceinline__ Q4KRound<2> ring_round(const uint8_t* slot, int g, in
   return cur;
 }
 
+// A warp's two rows (row0, row0 + 1; past the end a repeat) as Q4KRound::load takes them, and its lane's
+// super-block group g and chunk c.
+struct WarpRows {
+  const uint8_t* rowp[2];
+  int g, c;
+  int64_t n_sb;
+  __device__ __forceinline__ WarpRows(const DeviceWeight& w, int64_t row0, int lane) : g(lane / 4), c(lane % 4), n_sb(w.cols / 256) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;
+  }
+  // The lane's first round, loaded before the dependency wait (weights are no kernel's output); then the wait.
+  __device__ __forceinline__ Q4KRound<2> first_round_then_wait() const {
+    Q4KRound<2> cur;
+    if (g < n_sb) cur.load(rowp, g, c);
+    wait_for_previous_kernel();
+    return cur;
+  }
+};
+
 template <int S>
 __device__ __forceinline__ void q4k_ring(const DeviceWeight& w, const ActQ8& act, float* y, int64_t row0, int lane, uint8_t* ring) {
-  const int g = lane / 4, c = lane % 4;
-  const int64_t n_sb = w.cols / 256, n_rounds = (n_sb + 7) / 8;
-  const uint8_t* rowp[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;
+  const WarpRows wr(w, row0, lane);
+  const int g = wr.g, c = wr.c;
+  const int64_t n_sb = wr.n_sb, n_rounds = (n_sb + 7) / 8;
+  const auto& rowp = wr.rowp;
   // Round k into stage `stage`: each row's super-blocks 8k.. as contiguous 16-byte pieces. One commit per
   // round (empty past the end), so waiting for all but the newest S - 2 groups means round k has landed.
   auto copy_round = [&](int64_t k, int stage) {
@@ -332,11 +343,10 @@ __global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) 
     const float v = warp_sum((float)(sum & 1) + (float)act.q[lane]);
     if (lane == 0 && row0 < w.rows) y[row0] = v;
   } else if constexpr (F == kLean || F == kLeanPipe) {
-    const int g = lane / 4, c = lane % 4;
-    const int64_t n_sb = w.cols / 256;
-    const uint8_t* rowp[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;
+    const WarpRows wr(w, row0, lane);
+    const int g = wr.g, c = wr.c;
+    const int64_t n_sb = wr.n_sb;
+    const auto& rowp = wr.rowp;
     wait_for_previous_kernel();
     float acc[2][1] = {};
     if constexpr (F == kLean) {
@@ -389,14 +399,11 @@ __global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) 
     if constexpr (F != kTiled) acc[0][0] = (float)(x & 1) + (float)act.q[lane];
     store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);
   } else if constexpr (F == kSmemAsync || F == kNoCopyP1) {
-    const int g = lane / 4, c = lane % 4;
-    const int64_t n_sb = w.cols / 256;
-    const uint8_t* rowp[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;
-    Q4KRound<2> cur;
-    if (g < n_sb) cur.load(rowp, g, c);  // weights are no kernel's output
-    wait_for_previous_kernel();
+    const WarpRows wr(w, row0, lane);
+    const int g = wr.g, c = wr.c;
+    const int64_t n_sb = wr.n_sb;
+    const auto& rowp = wr.rowp;
+    Q4KRound<2> cur = wr.first_round_then_wait();
     int4* xq = act_smem;
     float* xd = reinterpret_cast<float*>(act_smem + w.cols / 16);
     float* xs = xd + w.cols / 32;
@@ -433,14 +440,11 @@ __global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) 
     wait_for_previous_kernel();
     matvec_q4_k<1, 2, false, F == kPipe ? 2 : 1>(w, act, y, 0, false, row0, lane);
   } else {
-    const int g = lane / 4, c = lane % 4;
-    const int64_t n_sb = w.cols / 256;
-    const uint8_t* rowp[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;
-    Q4KRound<2> cur;
-    if (g < n_sb) cur.load(rowp, g, c);  // weights are no kernel's output
-    wait_for_previous_kernel();
+    const WarpRows wr(w, row0, lane);
+    const int g = wr.g, c = wr.c;
+    const int64_t n_sb = wr.n_sb;
+    const auto& rowp = wr.rowp;
+    Q4KRound<2> cur = wr.first_round_then_wait();
     float acc[2][1] = {};
     if constexpr (F == kPipePre) {
       for (int64_t i = g; i < n_sb; i += 8) {
@@ -582,23 +586,10 @@ double run(const Shape& sh, bool products_only, uint8_t* pool, int64_t pool_byte
     launch_product(sh.down);
   }
   CHECK(cudaStreamEndCapture(st, &graph));
-  cudaGraphExec_t exec;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, st));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0, st));
-  for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(exec, st));
-  CHECK(cudaEventRecord(e1, st));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
+  const double us = replay_graph_us(graph, st, replays);
   CHECK(cudaStreamDestroy(st));
   *step_bytes = bytes;
-  return 1000.0 * ms / replays;
+  return us;
 }
 
 __global__ void fill_kernel(uint32_t* p, int64_t n) {

@@ -20,14 +20,8 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);      \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "gpu_lab_common.cuh"
+
 
 struct W {
   const uint8_t* data;
