@@ -44,6 +44,43 @@ TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
   }
 }
 
+// Products of 2-8 tokens of Q4_K weights with four rows a warp (the default) give the bits of two rows a warp
+// (ROOFLINE_MATVEC_Q4K_ROWS=2) and of one token at a time, alone and joined with Q6_K (rows of 3, 16, 20 and 33 super-blocks; 67
+// and 45 rows: short last warps).
+TEST(GpuMatmulTest, FourQ4KRowsAWarpGiveTheBitsOfTwo) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_set_matvec_q4k_rows_for_test(0); }
+  } restore;
+  Rng rng(31);
+  for (const int64_t cols : {768, 4096, 5120, 8448}) {
+    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
+    const Weight q4w = q4.weight(), q6w = q6.weight();
+    for (int n = 2; n <= 8; ++n) {
+      std::vector<float> x((size_t)(n * cols));
+      for (float& v : x) v = (float)rng.normal();
+      std::vector<float> single;
+      for (int t = 0; t < n; ++t) {
+        const std::vector<float> xt(x.begin() + (ptrdiff_t)(t * cols), x.begin() + (ptrdiff_t)((t + 1) * cols));
+        const std::vector<float> yt = gpu_matmul_for_test(q4w, xt, 1);
+        single.insert(single.end(), yt.begin(), yt.end());
+      }
+      gpu_set_matvec_q4k_rows_for_test(2);
+      const std::vector<float> two = gpu_matmul_for_test(q4w, x, n), two_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      gpu_set_matvec_q4k_rows_for_test(4);
+      const std::vector<float> four = gpu_matmul_for_test(q4w, x, n), four_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      ASSERT_EQ(two.size(), (size_t)(67 * n));
+      ASSERT_EQ(four.size(), two.size());
+      EXPECT_EQ(0, std::memcmp(two.data(), four.data(), two.size() * sizeof(float))) << "Q4_K alone, cols " << cols << ", " << n << " tokens";
+      EXPECT_EQ(0, std::memcmp(single.data(), four.data(), four.size() * sizeof(float)))
+          << "against one token at a time, cols " << cols << ", " << n << " tokens";
+      ASSERT_EQ(four_joined.size(), two_joined.size());
+      EXPECT_EQ(0, std::memcmp(two_joined.data(), four_joined.data(), four_joined.size() * sizeof(float)))
+          << "Q4_K with Q6_K, cols " << cols << ", " << n << " tokens";
+    }
+  }
+}
+
 // Products of 2-8 tokens of Q4_K weights on int8 tensor cores (cuda_matvec_mma.cu) give the warp kernels' bits,
 // alone and joined with Q6_K as q/k/v are (rows of 3, 16, 20 and 33 super-blocks, 67 rows: a short last tile),
 // and each token's outputs are the one-token product's of that token (a step's results do not depend on how

@@ -1,7 +1,7 @@
 // Decode matrix-vector products (1-8 tokens), one launch per group of products sharing an input
 // (q/k/v, gate/up: fewer launches per layer). Each warp streams its output rows with 16-byte loads.
 // Q4_K, Q6_K (planes) and Q8_0 (planes) use int8 activations and dp4a, with 1, 2 or 4 rows per warp
-// (row_shape; Q4_K two, with 4 lanes per super-block): the activations, loaded once for the warp's rows,
+// (row_shape; Q4_K two for one token and four for more, with 4 lanes per super-block): the activations, loaded once for the warp's rows,
 // are larger than the 4.5-6.5-bit weights, and the L1 rather than DRAM limits these kernels; Q5_K (int8) and F16/BF16/F32 (float
 // activations) one row per warp; a generic dequantize-and-FMA kernel for the other types. Each output
 // is reduced by one warp in a fixed order, so results do not depend on the batch, on the rows sharing
@@ -36,8 +36,8 @@ bool multi_row(Kind k) { return k == Kind::Q6K || k == Kind::Q8_0; }
 struct RowShape {
   int rows = 1, sbs = 1;
 };
-// Q4_K (4 lanes per super-block) takes two rows per warp at every token count: they share each
-// activation load, which the L1 limits (ncu, qwen3-32b gate+up with one row per warp: 2.6 TB/s with the
+// Q4_K (4 lanes per super-block) takes two rows per warp for one token (four for 2-8 tokens: q4k_warp_rows): they
+// share each activation load, which the L1 limits (ncu, qwen3-32b gate+up with one row per warp: 2.6 TB/s with the
 // L1 at 91%). Measured on the H200 (tg128, one run): qwen3-32b 115.2 against 114.0 with one row per warp
 // where two would leave fewer warps than fit the GPU, qwen3-8b 348.7 / 341.8, qwen3.5-27b 138.7 / 136.4.
 RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
@@ -272,6 +272,23 @@ int64_t matvec_pipelined_wave_ctas() {
 
 namespace {
 
+// Rows per warp of the Q4_K (and Q4_K/Q6_K group) products of 2-8 tokens: four, so that each activation load
+// serves four rows (the L1 traffic of these products is mostly activations, and grows with the tokens);
+// the same bits as two (a row's sum does not depend on the rows sharing its warp). Measured on an H200
+// (-p 128 -n 32 -npl 2,4,8, generated tok/s, docs/performance.md): qwen3-8b 620 / 895 / 1128 -> 690-705 /
+// 1013-1069 / 1434-1499, qwen3-32b 201 / 261 / 317 -> 226-231 / 296-300 / 398-402; eight rows (up to 4
+// tokens) lost 8-17%, and so did four rows for one token (tg32 -5%) and for Q6_K / Q8_0 at 5-8 tokens
+// (-8-10%). ROOFLINE_MATVEC_Q4K_ROWS=2 takes two.
+int q4k_rows_for_test = 0;  // gpu_set_matvec_q4k_rows_for_test: 0 the environment's
+int q4k_warp_rows(int n_tokens) {
+  static const int few = [] {
+    const char* e = std::getenv("ROOFLINE_MATVEC_Q4K_ROWS");
+    return e && std::atoi(e) == 2 ? 2 : 4;
+  }();
+  if (n_tokens == 1) return 2;
+  return q4k_rows_for_test ? q4k_rows_for_test : few;
+}
+
 bool matvec_pipelined(const MatvecGroup& g) {
   const int64_t max_sb = matvec_pipe_max_sb();
   if (max_sb >= 0) return g.w[0].cols / 256 <= max_sb;
@@ -281,11 +298,16 @@ bool matvec_pipelined(const MatvecGroup& g) {
 template <int B>
 void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep,
                    cudaStream_t stream) {
-  if constexpr (B == 1)
-    if ((kind == Kind::Q4K || kind == Kind::Q4K6K) && matvec_pipelined(g)) {
+  const bool q4k = kind == Kind::Q4K || kind == Kind::Q4K6K;
+  if constexpr (B == 1) {
+    if (q4k && matvec_pipelined(g)) {
       if (kind == Kind::Q4K) return launch_one<B, Kind::Q4K, 2, 2>(g, act, x, accumulate, ep, stream);
       return launch_one<B, Kind::Q4K6K, 2, 2>(g, act, x, accumulate, ep, stream);
     }
+  } else if (q4k && shape.rows == 4) {
+    if (kind == Kind::Q4K) return launch_one<B, Kind::Q4K, 4, 1>(g, act, x, accumulate, ep, stream);
+    return launch_one<B, Kind::Q4K6K, 4, 1>(g, act, x, accumulate, ep, stream);
+  }
   switch (kind) {
     case Kind::Q4K: return launch_one<B, Kind::Q4K, 2, 1>(g, act, x, accumulate, ep, stream);
     case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, ep, stream);
@@ -479,7 +501,8 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
   Kind kind = kind_of(*ws[0]);
   for (int m = 1; m < count; ++m)
     if (kind_of(*ws[m]) != kind) kind = Kind::Q4K6K;
-  const RowShape shape = kind == Kind::Q4K6K ? RowShape{2, 1} : row_shape(kind, n_tokens, ws[0]->cols);
+  RowShape shape = kind == Kind::Q4K6K ? RowShape{2, 1} : row_shape(kind, n_tokens, ws[0]->cols);
+  if (kind == Kind::Q4K || kind == Kind::Q4K6K) shape.rows = q4k_warp_rows(n_tokens);
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
     const Kind km = kind_of(*ws[m]);
@@ -518,5 +541,6 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 namespace roofline {
 
 void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
+void gpu_set_matvec_q4k_rows_for_test(int rows) { cuda::q4k_rows_for_test = rows == 2 || rows == 4 ? rows : 0; }
 
 }  // namespace roofline
