@@ -517,7 +517,8 @@ void launch_mma_rows_nt(const DeviceWeight* const* ws, float* const* ys, const i
 
 // Two m16 tiles (32 weight rows) per warp: measured on an H200 (qwen3-32b, -npl 16/64), 636/852 tok/s
 // against 618/655 with one tile (fewer registers, but each activation fragment feeds half the mma);
-// again with the fragment-ordered activations, 1639 against 1488 at 64 tokens.
+// again with the fragment-ordered activations, 1639 against 1488 at 64 tokens. Four tiles for Q4_K at up to 32 tokens
+// (182-248 registers, 2 CTAs a SM): qwen3-8b -npl 16 / 32 +3-7%, qwen3-32b -npl 16 -7-9%, 32 level (docs/performance.md).
 constexpr int kMmaTiles = 2;
 constexpr int kMmaTilesExperts = 2;  // the same for the expert products
 
