@@ -1,9 +1,10 @@
 // Decode products of quantized weights give the same bits whatever path takes them: the one-token Q4_K kernel
-// with its rounds of loads pipelined or not, and the tensor-core products of 2-8 tokens (cuda_matvec_mma.cu) against
-// the warp kernels and against one token at a time (skipped where no GPU is present, e.g. CI).
+// with its rounds of loads pipelined or not; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor
+// cores (cuda_matvec_mma.cu), against the warp kernels and against one token at a time (skipped where no GPU is present, e.g. CI).
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "backend/gpu.h"
@@ -44,77 +45,61 @@ TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
   }
 }
 
-// Products of 2-8 tokens of Q4_K weights with four rows a warp (the default) give the bits of two rows a warp
-// (ROOFLINE_MATVEC_Q4K_ROWS=2) and of one token at a time, alone and joined with Q6_K (rows of 3, 16, 20 and 33 super-blocks; 67
-// and 45 rows: short last warps).
-TEST(GpuMatmulTest, FourQ4KRowsAWarpGiveTheBitsOfTwo) {
-  SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() { gpu_set_matvec_q4k_rows_for_test(0); }
-  } restore;
-  Rng rng(31);
+namespace {
+
+// Products of 2-8 tokens of a Q4_K weight (67 rows: a short last warp or tile; rows of 3, 16, 20 and 33
+// super-blocks), alone and joined with a Q6_K weight as q/k/v are, in the form `use(false)` selects and in the
+// form `use(true)` selects: the same bits from both, and the second form's outputs for each token are the
+// one-token product's of that token (a step's results do not depend on how many tokens it holds).
+void expect_few_token_forms_agree(uint64_t seed, const std::function<void(bool)>& use) {
+  Rng rng(seed);
   for (const int64_t cols : {768, 4096, 5120, 8448}) {
     const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
     const Weight q4w = q4.weight(), q6w = q6.weight();
     for (int n = 2; n <= 8; ++n) {
       std::vector<float> x((size_t)(n * cols));
       for (float& v : x) v = (float)rng.normal();
+      use(false);
+      const std::vector<float> base = gpu_matmul_for_test(q4w, x, n), base_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
       std::vector<float> single;
       for (int t = 0; t < n; ++t) {
         const std::vector<float> xt(x.begin() + (ptrdiff_t)(t * cols), x.begin() + (ptrdiff_t)((t + 1) * cols));
         const std::vector<float> yt = gpu_matmul_for_test(q4w, xt, 1);
         single.insert(single.end(), yt.begin(), yt.end());
       }
-      gpu_set_matvec_q4k_rows_for_test(2);
-      const std::vector<float> two = gpu_matmul_for_test(q4w, x, n), two_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
-      gpu_set_matvec_q4k_rows_for_test(4);
-      const std::vector<float> four = gpu_matmul_for_test(q4w, x, n), four_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
-      ASSERT_EQ(two.size(), (size_t)(67 * n));
-      ASSERT_EQ(four.size(), two.size());
-      EXPECT_EQ(0, std::memcmp(two.data(), four.data(), two.size() * sizeof(float))) << "Q4_K alone, cols " << cols << ", " << n << " tokens";
-      EXPECT_EQ(0, std::memcmp(single.data(), four.data(), four.size() * sizeof(float)))
+      use(true);
+      const std::vector<float> form = gpu_matmul_for_test(q4w, x, n), form_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
+      ASSERT_EQ(base.size(), (size_t)(67 * n));
+      ASSERT_EQ(form.size(), base.size());
+      EXPECT_EQ(0, std::memcmp(base.data(), form.data(), base.size() * sizeof(float))) << "Q4_K alone, cols " << cols << ", " << n << " tokens";
+      EXPECT_EQ(0, std::memcmp(single.data(), form.data(), form.size() * sizeof(float)))
           << "against one token at a time, cols " << cols << ", " << n << " tokens";
-      ASSERT_EQ(four_joined.size(), two_joined.size());
-      EXPECT_EQ(0, std::memcmp(two_joined.data(), four_joined.data(), four_joined.size() * sizeof(float)))
+      ASSERT_EQ(form_joined.size(), base_joined.size());
+      EXPECT_EQ(0, std::memcmp(base_joined.data(), form_joined.data(), form_joined.size() * sizeof(float)))
           << "Q4_K with Q6_K, cols " << cols << ", " << n << " tokens";
     }
   }
 }
 
-// Products of 2-8 tokens of Q4_K weights on int8 tensor cores (cuda_matvec_mma.cu) give the warp kernels' bits,
-// alone and joined with Q6_K as q/k/v are (rows of 3, 16, 20 and 33 super-blocks, 67 rows: a short last tile),
-// and each token's outputs are the one-token product's of that token (a step's results do not depend on how
-// many tokens it holds).
+}  // namespace
+
+// Products of 2-8 tokens of Q4_K weights with four rows a warp (the default) give the bits of two rows a warp
+// (ROOFLINE_MATVEC_Q4K_ROWS=2) and of one token at a time.
+TEST(GpuMatmulTest, FourQ4KRowsAWarpGiveTheBitsOfTwo) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_set_matvec_q4k_rows_for_test(0); }
+  } restore;
+  expect_few_token_forms_agree(31, [](bool four) { gpu_set_matvec_q4k_rows_for_test(four ? 4 : 2); });
+}
+
+// Products of 2-8 tokens of Q4_K weights on int8 tensor cores (cuda_matvec_mma.cu) give the warp kernels' bits
+// and those of one token at a time.
 TEST(GpuMatmulTest, TensorCoreProductsOfFewTokensGiveTheWarpKernelsBits) {
   SKIP_WITHOUT_GPU();
   if (gpu_devices().empty() || gpu_devices()[0].code_arch < 80) GTEST_SKIP() << "int8 tensor cores need sm_80 or newer";
   struct Restore {
     ~Restore() { gpu_use_mma_matvec_for_test(-1); }
   } restore;
-  Rng rng(29);
-  for (const int64_t cols : {768, 4096, 5120, 8448}) {
-    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
-    const Weight q4w = q4.weight(), q6w = q6.weight();
-    for (int n = 2; n <= 8; ++n) {
-      std::vector<float> x((size_t)(n * cols));
-      for (float& v : x) v = (float)rng.normal();
-      gpu_use_mma_matvec_for_test(0);
-      const std::vector<float> warp = gpu_matmul_for_test(q4w, x, n), warp_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
-      std::vector<float> single;
-      for (int t = 0; t < n; ++t) {
-        const std::vector<float> xt(x.begin() + (ptrdiff_t)(t * cols), x.begin() + (ptrdiff_t)((t + 1) * cols));
-        const std::vector<float> yt = gpu_matmul_for_test(q4w, xt, 1);
-        single.insert(single.end(), yt.begin(), yt.end());
-      }
-      gpu_use_mma_matvec_for_test(1);
-      const std::vector<float> mma = gpu_matmul_for_test(q4w, x, n), mma_joined = gpu_joined_products_for_test({&q4w, &q6w}, x, n);
-      ASSERT_EQ(warp.size(), (size_t)(67 * n));
-      ASSERT_EQ(mma.size(), warp.size());
-      EXPECT_EQ(0, std::memcmp(warp.data(), mma.data(), warp.size() * sizeof(float))) << "Q4_K alone, cols " << cols << ", " << n << " tokens";
-      EXPECT_EQ(0, std::memcmp(single.data(), mma.data(), mma.size() * sizeof(float))) << "against one token at a time, cols " << cols << ", " << n << " tokens";
-      ASSERT_EQ(mma_joined.size(), warp_joined.size());
-      EXPECT_EQ(0, std::memcmp(warp_joined.data(), mma_joined.data(), mma_joined.size() * sizeof(float)))
-          << "Q4_K with Q6_K, cols " << cols << ", " << n << " tokens";
-    }
-  }
+  expect_few_token_forms_agree(29, [](bool mma) { gpu_use_mma_matvec_for_test(mma ? 1 : 0); });
 }
