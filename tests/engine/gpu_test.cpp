@@ -85,7 +85,7 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
     for (int n : {1, 3, 8, 9, 16, 33, 48, 49, 57, 64, 65}) {
       const double e = gpu_matmul_nmse(type, 67, cols, n, rng);
       // int8 activations (decode, quantized types) ~1e-4; f16 inputs (GEMM, batched decode) ~1e-6; float matvec ~1e-12.
-      const bool q8 = n <= 8 && (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0);
+      const bool q8 = n <= 8 && (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0);
       const double bound = q8 ? 2e-4 : n > 8 ? 2e-6 : 1e-9;
       EXPECT_LT(e, bound) << dtype_name(type) << " n=" << n;
     }
@@ -108,14 +108,14 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
       const double e = gpu_matmul_nmse(type, 300, 2560, n, rng);
       EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n;
     }
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0})
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0})
     for (int n : {1, 2, 5, 8}) {
       const double e = gpu_matmul_nmse(type, 301, 5120, n, rng);
       EXPECT_LT(e, 2e-4) << dtype_name(type) << " n=" << n;
     }
-  // One token over rows of whole rounds of two super-blocks (Q8_0: blocks) per lane group.
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0}) {
-    const double e = gpu_matmul_nmse(type, 131, type == DType::Q8_0 ? 4096 : 6144, 1, rng);
+  // One token over rows of whole rounds of two super-blocks (Q8_0, Q4_0: blocks) per lane group.
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) {
+    const double e = gpu_matmul_nmse(type, 131, type == DType::Q8_0 || type == DType::Q4_0 ? 4096 : 6144, 1, rng);
     EXPECT_LT(e, 2e-4) << dtype_name(type) << " whole rounds";
   }
 }
@@ -284,7 +284,7 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
           ref[(size_t)p * rows + r] = (float)s;
         }
       const double e = test::nmse(y.data(), ref.data(), ref.size());
-      const bool q8 = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0;
+      const bool q8 = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0;
       EXPECT_LT(e, q8 ? 2e-4 : 1e-9) << dtype_name(type) << " n=" << n;
       // Pair 0 and the last pair against the dense product of their expert's slice, that token alone
       // (the int8 and float kernels; prompts of Q4_K / Q6_K with even rows go through tensor cores).

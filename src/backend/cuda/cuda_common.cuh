@@ -161,15 +161,15 @@ __device__ __forceinline__ void warp_quantize32(float v, int lane, int8_t* q, fl
 
 // How a weight is stored on the device. Raw: GGUF blocks as in the file. The plane layouts split a
 // type whose blocks are not 16-byte aligned into aligned planes (see cuda_weights.cu).
-enum class WeightLayout : int { Raw = 0, Q8_0Planes = 1, Q6KPlanes = 2 };
+enum class WeightLayout : int { Raw = 0, Q8_0Planes = 1, Q6KPlanes = 2, Q4_0Planes = 3 };
 
 struct DeviceWeight {
   DType type = DType::F32;
   WeightLayout layout = WeightLayout::Raw;
   int64_t rows = 0, cols = 0;
   size_t row_bytes = 0;          // Raw: bytes of one GGUF row
-  const uint8_t* data = nullptr;  // Raw blocks; Q8_0Planes: int8 values; Q6KPlanes: low nibbles
-  const uint8_t* plane1 = nullptr;  // Q8_0Planes: f16 scales; Q6KPlanes: high 2-bit plane
+  const uint8_t* data = nullptr;  // Raw blocks; Q8_0Planes: int8 values; Q6KPlanes: low nibbles; Q4_0Planes: the blocks' 16 quant bytes
+  const uint8_t* plane1 = nullptr;  // Q8_0Planes, Q4_0Planes: f16 scales; Q6KPlanes: high 2-bit plane
   const uint8_t* plane2 = nullptr;  // Q6KPlanes: int8 sub-block scales
   const uint8_t* plane3 = nullptr;  // Q6KPlanes: f16 super-block scales
   // An f16 copy of the whole matrix ([rows x cols], the values the prompt path's dequantization gives), kept

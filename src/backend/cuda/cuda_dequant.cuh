@@ -48,6 +48,15 @@ __device__ inline void dequant_chunk32(const DeviceWeight& w, int64_t row, int64
       for (int i = 0; i < 32; ++i) out[i] = d * q[i];
       return;
     }
+    case WeightLayout::Q4_0Planes: {
+      const uint8_t* q = w.data + (row * (w.cols / 32) + chunk) * 16;
+      const float d = ld_half(w.plane1 + (row * (w.cols / 32) + chunk) * 2);
+      for (int j = 0; j < 16; ++j) {
+        out[j] = ((q[j] & 0xF) - 8) * d;
+        out[j + 16] = ((q[j] >> 4) - 8) * d;
+      }
+      return;
+    }
     case WeightLayout::Q6KPlanes: {
       const int64_t sb = e0 / 256;
       const int j = (int)((e0 % 256) / 32);

@@ -35,6 +35,10 @@ __device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64
       v.data = w.data + r0 * w.cols;
       v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
       break;
+    case WeightLayout::Q4_0Planes:
+      v.data = w.data + r0 * (w.cols / 2);
+      v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
+      break;
     case WeightLayout::Q6KPlanes:
       v.data = w.data + r0 * (w.cols / 2);
       v.plane1 = w.plane1 + r0 * (w.cols / 4);

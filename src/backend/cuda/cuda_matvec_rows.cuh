@@ -380,6 +380,64 @@ __device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& 
   store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
+// Q4_0 planes: as Q8_0, one lane per 32-element block of each of the R rows (one 16-byte load of its quant
+// bytes: element j in the low nibble of byte j, j + 16 in the high one), S blocks per iteration. With the
+// activations' step ad and step-weighted sum as (s = ad * sum(qa)): sum((q - 8) * ad * qa) = ad * dot - 8 * as.
+template <int B, int R, int S>
+__device__ __forceinline__ void matvec_q4_0_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
+  const int64_t n_blocks = w.cols / 32;
+  const uint8_t* q_row[R];
+  const __half* d_row[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, w.rows - 1);  // past the end: a repeat, not stored
+    q_row[r] = w.data + row * (w.cols / 2);
+    d_row[r] = reinterpret_cast<const __half*>(w.plane1) + row * n_blocks;
+  }
+  for (int64_t b0 = lane; b0 < n_blocks; b0 += 32 * S) {
+    int4 q[S][R];
+    float d[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        q[u][r] = make_int4(0, 0, 0, 0);
+        d[u][r] = 0.0f;
+        const int64_t b = b0 + 32 * u;
+        if (u == 0 || b < n_blocks) {
+          q[u][r] = ld16(q_row[r] + b * 16);
+          d[u][r] = __half2float(d_row[r][b]);
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int64_t b = b0 + 32 * u;
+      if (u > 0 && b >= n_blocks) break;
+#pragma unroll
+      for (int t = 0; t < B; ++t) {
+        const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
+        const int4 a0 = ld16(a), a1 = ld16(a + 16);
+        const int64_t s = (int64_t)t * n_blocks + b;
+        const float ad = act.d[s], as = act.s[s];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int4 v = q[u][r];
+          const int4 lo = make_int4(v.x & 0x0F0F0F0F, v.y & 0x0F0F0F0F, v.z & 0x0F0F0F0F, v.w & 0x0F0F0F0F);
+          const int4 hi = make_int4((v.x >> 4) & 0x0F0F0F0F, (v.y >> 4) & 0x0F0F0F0F, (v.z >> 4) & 0x0F0F0F0F, (v.w >> 4) & 0x0F0F0F0F);
+          const int dot = dot16(hi, a1, dot16(lo, a0, 0));
+          acc[r][t] += d[u][r] * (ad * (float)dot - 8.0f * as);
+        }
+      }
+    }
+  }
+}
+template <int B, int R, int S, bool F = false>
+__device__ __forceinline__ void matvec_q4_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
+  float acc[R][B] = {};
+  matvec_q4_0_partials<B, R, S>(w, act, row0, lane, acc);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
+}
+
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
 template <int B, DType T>
 __device__ __forceinline__ void matvec_float(const DeviceWeight& w, const float* x, float* y, int ldy, bool accumulate, int64_t row, int lane) {

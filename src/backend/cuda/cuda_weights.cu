@@ -1,6 +1,7 @@
 // Weight upload and repacking. Q6_K: low nibbles, 2-bit highs, int8 scales and f16 super-block scales
 // in four planes, ordered so one 16-byte load gives a lane 32 consecutive weights (see the Q6_K
-// matvec). Q8_0: int8 values and f16 scales in two planes.
+// matvec). Q8_0: int8 values and f16 scales in two planes; Q4_0 likewise (each block's 16 quant bytes as in
+// the file, so one aligned 16-byte load gives a lane its 32 weights).
 #include "backend/cuda/cuda_weights.cuh"
 
 #include <cstring>
@@ -27,6 +28,7 @@ bool device_supports(DType t) {
 
 WeightLayout device_layout_for(DType t) {
   if (t == DType::Q8_0) return WeightLayout::Q8_0Planes;
+  if (t == DType::Q4_0) return WeightLayout::Q4_0Planes;
   if (t == DType::Q6_K) return WeightLayout::Q6KPlanes;
   return WeightLayout::Raw;
 }
@@ -39,6 +41,16 @@ __global__ void repack_q8_0_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t
   d[2 * b] = src[0];
   d[2 * b + 1] = src[1];
   for (int i = 0; i < 32; ++i) qs[b * 32 + i] = src[2 + i];
+}
+
+// One thread per block: the GGUF Q4_0 block (f16 d, 16 quant bytes) split into its quant bytes and its scale.
+__global__ void repack_q4_0_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* d) {
+  const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= n_blocks) return;
+  const uint8_t* src = raw + b * 18;
+  d[2 * b] = src[0];
+  d[2 * b + 1] = src[1];
+  for (int i = 0; i < 16; ++i) qs[b * 16 + i] = src[2 + i];
 }
 
 // One thread per super-block: unpack the 6-bit values (element order of llama-cpp-facts §2.3) and
@@ -78,6 +90,7 @@ size_t device_weight_bytes(const Weight& w) {
   const int64_t rows = w.tensor->n_rows(), cols = w.cols();
   switch (device_layout_for(w.type())) {
     case WeightLayout::Q8_0Planes: return align_up((size_t)(rows * cols)) + align_up((size_t)(rows * cols / 32 * 2));
+    case WeightLayout::Q4_0Planes: return align_up((size_t)(rows * cols / 2)) + align_up((size_t)(rows * cols / 32 * 2));
     case WeightLayout::Q6KPlanes:
       return align_up((size_t)(rows * cols / 2)) + align_up((size_t)(rows * cols / 4)) + align_up((size_t)(rows * cols / 16)) +
              align_up((size_t)(rows * cols / 256 * 2));
@@ -135,13 +148,19 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
   uint8_t* raw = nullptr;
   ROOFLINE_CUDA_CHECK(cudaMalloc(&raw, w.bytes()));
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(raw, w.data(), w.bytes(), cudaMemcpyHostToDevice, stream));
-  const int64_t n_blocks = rows * cols / (d.layout == WeightLayout::Q8_0Planes ? 32 : 256);
+  const int64_t n_blocks = rows * cols / (d.layout == WeightLayout::Q6KPlanes ? 256 : 32);
   const int threads = 256;
   const int grid = (int)((n_blocks + threads - 1) / threads);
   if (d.layout == WeightLayout::Q8_0Planes) {
     uint8_t* pq = arena.take((size_t)(rows * cols));
     uint8_t* pd = arena.take((size_t)n_blocks * 2);
     repack_q8_0_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
+    d.data = pq;
+    d.plane1 = pd;
+  } else if (d.layout == WeightLayout::Q4_0Planes) {
+    uint8_t* pq = arena.take((size_t)n_blocks * 16);
+    uint8_t* pd = arena.take((size_t)n_blocks * 2);
+    repack_q4_0_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
     d.data = pq;
     d.plane1 = pd;
   } else {
