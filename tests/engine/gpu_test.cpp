@@ -85,7 +85,8 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
     for (int n : {1, 3, 8, 9, 16, 33, 48, 49, 57, 64, 65}) {
       const double e = gpu_matmul_nmse(type, 67, cols, n, rng);
       // int8 activations (decode, quantized types) ~1e-4; f16 inputs (GEMM, batched decode) ~1e-6; float matvec ~1e-12.
-      const bool q8 = n <= 8 && (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0);
+      const bool q8 = n <= 8 && (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0 ||
+                                 type == DType::IQ4_XS);
       const double bound = q8 ? 2e-4 : n > 8 ? 2e-6 : 1e-9;
       EXPECT_LT(e, bound) << dtype_name(type) << " n=" << n;
     }
@@ -108,14 +109,14 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
       const double e = gpu_matmul_nmse(type, 300, 2560, n, rng);
       EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n;
     }
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0})
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS})
     for (int n : {1, 2, 5, 8}) {
       const double e = gpu_matmul_nmse(type, 301, 5120, n, rng);
       EXPECT_LT(e, 2e-4) << dtype_name(type) << " n=" << n;
     }
   // One token over rows of whole rounds of two super-blocks (Q8_0, Q4_0: blocks) per lane group.
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0}) {
-    const double e = gpu_matmul_nmse(type, 131, type == DType::Q8_0 || type == DType::Q4_0 ? 4096 : 6144, 1, rng);
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+    const double e = gpu_matmul_nmse(type, 131, type == DType::Q6_K || type == DType::Q4_K ? 6144 : 4096, 1, rng);
     EXPECT_LT(e, 2e-4) << dtype_name(type) << " whole rounds";
   }
 }
@@ -246,7 +247,7 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
   Rng rng(17);
   const int n_expert = 12, k = 3;
   for (int64_t rows : {67, 130})
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::Q4_0, DType::F32, DType::BF16}) {
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::F32, DType::BF16}) {
     const int64_t cols = dtype_block_size(type) == 256 ? 512 : type == DType::F32 || type == DType::BF16 ? 100 : 96;
     std::vector<float> wf((size_t)(n_expert * rows * cols));
     for (float& v : wf) v = (float)rng.normal() * 0.05f;
@@ -284,7 +285,8 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
           ref[(size_t)p * rows + r] = (float)s;
         }
       const double e = test::nmse(y.data(), ref.data(), ref.size());
-      const bool q8 = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0;
+      const bool q8 = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0 ||
+                      type == DType::IQ4_XS;
       EXPECT_LT(e, q8 ? 2e-4 : 1e-9) << dtype_name(type) << " n=" << n;
       // Pair 0 and the last pair against the dense product of their expert's slice, that token alone
       // (the int8 and float kernels; prompts of Q4_K / Q6_K with even rows go through tensor cores).

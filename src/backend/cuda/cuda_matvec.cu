@@ -1,6 +1,6 @@
 // Decode matrix-vector products (1-8 tokens), one launch per group of products sharing an input
 // (q/k/v, gate/up: fewer launches per layer). Each warp streams its output rows with 16-byte loads.
-// Q4_K, Q6_K (planes), Q8_0 and Q4_0 (planes) use int8 activations and dp4a, with 1, 2 or 4 rows per warp
+// Q4_K, Q6_K (planes), Q8_0 and Q4_0 (planes) and IQ4_XS use int8 activations and dp4a, with 1, 2 or 4 rows per warp
 // (row_shape; Q4_K two for one token and four for more, with 4 lanes per super-block): the activations, loaded once for the warp's rows,
 // are larger than the 4.5-6.5-bit weights, and the L1 rather than DRAM limits these kernels; Q5_K (int8) and F16/BF16/F32 (float
 // activations) one row per warp; a generic dequantize-and-FMA kernel for the other types. Each output
@@ -22,11 +22,11 @@ constexpr int kWarps = 4;  // rows per CTA
 // The kernel behind every matvec launch: a group of products that share the input (q/k/v, gate/up),
 // all of one weight kind, their rows laid end to end over the grid (one warp per row_shape().rows rows).
 // Q4K6K: a group of Q4_K and Q6_K products in one launch (matvec_can_join), each warp taking its member's kind.
-enum class Kind { Q4K, Q5K, Q6K, Q8_0, Q4_0, F16, BF16, F32, Generic, Q4K6K };
+enum class Kind { Q4K, Q5K, Q6K, Q8_0, Q4_0, IQ4XS, F16, BF16, F32, Generic, Q4K6K };
 
-bool multi_row(Kind k) { return k == Kind::Q6K || k == Kind::Q8_0 || k == Kind::Q4_0; }
-// Q8_0 and Q4_0 planes: a lane per 32-value block.
-constexpr bool block32(Kind k) { return k == Kind::Q8_0 || k == Kind::Q4_0; }
+// Q8_0 and Q4_0 planes and IQ4_XS: a lane per 32-value block.
+constexpr bool block32(Kind k) { return k == Kind::Q8_0 || k == Kind::Q4_0 || k == Kind::IQ4XS; }
+bool multi_row(Kind k) { return k == Kind::Q6K || block32(k); }
 // Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of Q6_K and Q8_0. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
 // would spill). One token: one row, with two super-blocks in flight per lane group where a row is one
 // or two whole rounds of eight (the four lane groups x 2; ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
   }
   else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q4_0) matvec_q4_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::IQ4XS) matvec_iq4_xs<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, accumulate, row, lane);
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
 // Whether a product's launch needs the kernels compiled for the epilogues (only the int8 kinds have them).
 bool wants_fused(Kind k, const ActQ8& act, const MatvecEpilogue& ep) {
   const bool fused = act.row_factor || ep.kind != MatvecEpilogue::Kind::None;
-  if (fused && k != Kind::Q4K && k != Kind::Q5K && k != Kind::Q6K && k != Kind::Q8_0 && k != Kind::Q4_0 && k != Kind::Q4K6K)
+  if (fused && k != Kind::Q4K && k != Kind::Q5K && k != Kind::Q6K && !block32(k) && k != Kind::Q4K6K)
     fail("internal error: a decode epilogue or a norm's factor on a product of float activations");
   return fused;
 }
@@ -199,6 +200,7 @@ Kind kind_of(const DeviceWeight& w) {
     case DType::Q6_K: return Kind::Q6K;
     case DType::Q8_0: return Kind::Q8_0;
     case DType::Q4_0: return w.layout == WeightLayout::Q4_0Planes ? Kind::Q4_0 : Kind::Generic;
+    case DType::IQ4_XS: return Kind::IQ4XS;
     case DType::F16: return Kind::F16;
     case DType::BF16: return Kind::BF16;
     case DType::F32: return Kind::F32;
@@ -209,7 +211,7 @@ Kind kind_of(const DeviceWeight& w) {
 template <int B, Kind K, int R, int S>
 void launch_one(const MatvecGroup& g, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep, cudaStream_t stream) {
   const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || K == Kind::Q8_0 || K == Kind::Q4_0 || K == Kind::Q4K6K) {
+  if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || block32(K) || K == Kind::Q4K6K) {
     if (wants_fused(K, act, ep))
       return launch(matvec_kernel<B, K, R, S, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
   } else {
@@ -317,6 +319,7 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
     case Kind::Q6K: return launch_multi_row<B, Kind::Q6K>(g, shape, act, x, accumulate, ep, stream);
     case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, ep, stream);
     case Kind::Q4_0: return launch_multi_row<B, Kind::Q4_0>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::IQ4XS: return launch_multi_row<B, Kind::IQ4XS>(g, shape, act, x, accumulate, ep, stream);
     case Kind::Q5K: return launch_one<B, Kind::Q5K, 1, 1>(g, act, x, accumulate, ep, stream);
     case Kind::F16: return launch_one<B, Kind::F16, 1, 1>(g, act, x, accumulate, ep, stream);
     case Kind::BF16: return launch_one<B, Kind::BF16, 1, 1>(g, act, x, accumulate, ep, stream);
@@ -337,6 +340,7 @@ __device__ __forceinline__ void product_rows(const DeviceWeight& w, const ActQ8&
   else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, 1>(w, act, y, ldy, false, row, lane);
   else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, 1>(w, act, y, ldy, false, row, lane);
   else if constexpr (K == Kind::Q4_0) matvec_q4_0<B, R, 1>(w, act, y, ldy, false, row, lane);
+  else if constexpr (K == Kind::IQ4XS) matvec_iq4_xs<B, R, 1>(w, act, y, ldy, false, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, false, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, false, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, false, row, lane);
@@ -427,6 +431,7 @@ void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t 
       case Kind::Q6K: return launch_experts<Kind::Q6K, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
       case Kind::Q8_0: return launch_experts<Kind::Q8_0, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
       case Kind::Q4_0: return launch_experts<Kind::Q4_0, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::IQ4XS: return launch_experts<Kind::IQ4XS, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
       default: break;
     }
   switch (kind_of(stacked)) {
@@ -435,6 +440,7 @@ void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t 
     case Kind::Q6K: return launch_experts<Kind::Q6K, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::Q8_0: return launch_experts<Kind::Q8_0, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::Q4_0: return launch_experts<Kind::Q4_0, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::IQ4XS: return launch_experts<Kind::IQ4XS, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::F16: return launch_experts<Kind::F16, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::BF16: return launch_experts<Kind::BF16, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::F32: return launch_experts<Kind::F32, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
@@ -455,7 +461,8 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 }
 
 bool matvec_uses_q8(DType type) {
-  return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0;
+  return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0 ||
+         type == DType::IQ4_XS;
 }
 
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {

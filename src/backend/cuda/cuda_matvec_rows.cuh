@@ -438,6 +438,81 @@ __device__ __forceinline__ void matvec_q4_0(const DeviceWeight& w, const ActQ8& 
   store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
+// Four 4-bit indices (the bytes of idx, each 0-15) looked up in the 16 int8 values of IQ4_NL's table, as the
+// four bytes of a word (dp4a's operand): the table's halves by byte permutes, the half chosen by each index's bit 3.
+constexpr uint32_t pack_int8x4(int a, int b, int c, int d) {
+  return (uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16 | (uint32_t)(uint8_t)d << 24;
+}
+__device__ __forceinline__ int iq4_lookup4(uint32_t idx) {
+  constexpr uint32_t t0 = pack_int8x4(-127, -104, -83, -65), t1 = pack_int8x4(-49, -35, -22, -10), t2 = pack_int8x4(1, 13, 25, 38),
+                     t3 = pack_int8x4(53, 69, 89, 113);  // IQ4_NL's table (kIQ4NLDevice)
+  const uint32_t v = idx & 0x07070707u;
+  const uint32_t sel = (v & 0xFu) | ((v >> 4) & 0xF0u) | ((v >> 8) & 0xF00u) | ((v >> 12) & 0xF000u);
+  const uint32_t lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+  const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xFFu;
+  return (int)((lo & ~high) | (hi & high));
+}
+
+// IQ4_XS (136-byte super-blocks as in the file: f16 d, 2 bytes of scales' high bits, 4 of their low nibbles,
+// 128 of indices): one lane per 32-value sub-block of each of the R rows, S sub-blocks per iteration; value
+// d * (ls - 32) * table[index]. The blocks are 8-byte aligned, so a lane's 16 index bytes are two 8-byte loads.
+template <int B, int R, int S>
+__device__ __forceinline__ void matvec_iq4_xs_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
+  const int64_t n_blocks = w.cols / 32;
+  const uint8_t* rowp[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
+  for (int64_t b0 = lane; b0 < n_blocks; b0 += 32 * S) {
+    int2 hdr[S][R], qa[S][R], qb[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        hdr[u][r] = qa[u][r] = qb[u][r] = make_int2(0, 0);
+        const int64_t b = b0 + 32 * u;
+        if (u == 0 || b < n_blocks) {
+          const uint8_t* blk = rowp[r] + (b / 8) * 136;
+          hdr[u][r] = __ldg(reinterpret_cast<const int2*>(blk));
+          qa[u][r] = __ldg(reinterpret_cast<const int2*>(blk + 8 + 16 * (b % 8)));
+          qb[u][r] = __ldg(reinterpret_cast<const int2*>(blk + 16 + 16 * (b % 8)));
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+      const int64_t b = b0 + 32 * u;
+      if (u > 0 && b >= n_blocks) break;
+      const int s = (int)(b % 8);
+      float dl[R];
+      int4 lo[R], hi[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t h = (uint32_t)hdr[u][r].x, l = (uint32_t)hdr[u][r].y;
+        const int ls = (int)(((l >> (4 * s)) & 0xF) | (((h >> (16 + 2 * s)) & 3) << 4));
+        dl[r] = __half2float(__ushort_as_half((unsigned short)(h & 0xFFFF))) * (float)(ls - 32);
+        const uint32_t q[4] = {(uint32_t)qa[u][r].x, (uint32_t)qa[u][r].y, (uint32_t)qb[u][r].x, (uint32_t)qb[u][r].y};
+        lo[r] = make_int4(iq4_lookup4(q[0] & 0x0F0F0F0Fu), iq4_lookup4(q[1] & 0x0F0F0F0Fu), iq4_lookup4(q[2] & 0x0F0F0F0Fu),
+                          iq4_lookup4(q[3] & 0x0F0F0F0Fu));
+        hi[r] = make_int4(iq4_lookup4((q[0] >> 4) & 0x0F0F0F0Fu), iq4_lookup4((q[1] >> 4) & 0x0F0F0F0Fu),
+                          iq4_lookup4((q[2] >> 4) & 0x0F0F0F0Fu), iq4_lookup4((q[3] >> 4) & 0x0F0F0F0Fu));
+      }
+#pragma unroll
+      for (int t = 0; t < B; ++t) {
+        const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
+        const int4 a0 = ld16(a), a1 = ld16(a + 16);
+        const float ad = act.d[(int64_t)t * n_blocks + b];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][t] += dl[r] * ad * (float)dot16(hi[r], a1, dot16(lo[r], a0, 0));
+      }
+    }
+  }
+}
+template <int B, int R, int S, bool F = false>
+__device__ __forceinline__ void matvec_iq4_xs(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
+  float acc[R][B] = {};
+  matvec_iq4_xs_partials<B, R, S>(w, act, row0, lane, acc);
+  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
+}
+
 // F16 / BF16 / F32 weights with float activations: each lane reads 16 B of the row per step.
 template <int B, DType T>
 __device__ __forceinline__ void matvec_float(const DeviceWeight& w, const float* x, float* y, int ldy, bool accumulate, int64_t row, int lane) {
