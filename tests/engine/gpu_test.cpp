@@ -68,6 +68,12 @@ double gpu_matmul_nmse(DType type, int64_t rows, int64_t cols, int n, Rng& rng) 
   return test::nmse(y.data(), ref.data(), ref.size());
 }
 
+// Weight types whose decode products (and expert products) multiply int8 activations (cuda_matvec.cu's
+// matvec_uses_q8): their error is the activations' rounding, ~1e-4, where float activations give ~1e-12.
+bool int8_decode_type(DType t) {
+  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::IQ4_XS;
+}
+
 }  // namespace
 
 TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
@@ -85,8 +91,7 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
     for (int n : {1, 3, 8, 9, 16, 33, 48, 49, 57, 64, 65}) {
       const double e = gpu_matmul_nmse(type, 67, cols, n, rng);
       // int8 activations (decode, quantized types) ~1e-4; f16 inputs (GEMM, batched decode) ~1e-6; float matvec ~1e-12.
-      const bool q8 = n <= 8 && (type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0 ||
-                                 type == DType::IQ4_XS);
+      const bool q8 = n <= 8 && int8_decode_type(type);
       const double bound = q8 ? 2e-4 : n > 8 ? 2e-6 : 1e-9;
       EXPECT_LT(e, bound) << dtype_name(type) << " n=" << n;
     }
@@ -285,8 +290,7 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
           ref[(size_t)p * rows + r] = (float)s;
         }
       const double e = test::nmse(y.data(), ref.data(), ref.size());
-      const bool q8 = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0 ||
-                      type == DType::IQ4_XS;
+      const bool q8 = int8_decode_type(type);
       EXPECT_LT(e, q8 ? 2e-4 : 1e-9) << dtype_name(type) << " n=" << n;
       // Pair 0 and the last pair against the dense product of their expert's slice, that token alone
       // (the int8 and float kernels; prompts of Q4_K / Q6_K with even rows go through tensor cores).

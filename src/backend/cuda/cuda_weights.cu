@@ -33,24 +33,16 @@ WeightLayout device_layout_for(DType t) {
   return WeightLayout::Raw;
 }
 
-// One thread per block: the GGUF Q8_0 block split into its values and its scale.
-__global__ void repack_q8_0_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* d) {
+// One thread per block: a GGUF block of an f16 scale followed by QBYTES quant bytes (Q8_0: 32, Q4_0: 16) split
+// into its quant bytes and its scale.
+template <int QBYTES>
+__global__ void split_scale_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* d) {
   const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
-  const uint8_t* src = raw + b * 34;
+  const uint8_t* src = raw + b * (2 + QBYTES);
   d[2 * b] = src[0];
   d[2 * b + 1] = src[1];
-  for (int i = 0; i < 32; ++i) qs[b * 32 + i] = src[2 + i];
-}
-
-// One thread per block: the GGUF Q4_0 block (f16 d, 16 quant bytes) split into its quant bytes and its scale.
-__global__ void repack_q4_0_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* d) {
-  const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= n_blocks) return;
-  const uint8_t* src = raw + b * 18;
-  d[2 * b] = src[0];
-  d[2 * b + 1] = src[1];
-  for (int i = 0; i < 16; ++i) qs[b * 16 + i] = src[2 + i];
+  for (int i = 0; i < QBYTES; ++i) qs[b * QBYTES + i] = src[2 + i];
 }
 
 // One thread per super-block: unpack the 6-bit values (element order of llama-cpp-facts §2.3) and
@@ -151,16 +143,12 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
   const int64_t n_blocks = rows * cols / (d.layout == WeightLayout::Q6KPlanes ? 256 : 32);
   const int threads = 256;
   const int grid = (int)((n_blocks + threads - 1) / threads);
-  if (d.layout == WeightLayout::Q8_0Planes) {
-    uint8_t* pq = arena.take((size_t)(rows * cols));
+  if (d.layout == WeightLayout::Q8_0Planes || d.layout == WeightLayout::Q4_0Planes) {
+    const bool q8 = d.layout == WeightLayout::Q8_0Planes;
+    uint8_t* pq = arena.take((size_t)n_blocks * (q8 ? 32 : 16));
     uint8_t* pd = arena.take((size_t)n_blocks * 2);
-    repack_q8_0_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
-    d.data = pq;
-    d.plane1 = pd;
-  } else if (d.layout == WeightLayout::Q4_0Planes) {
-    uint8_t* pq = arena.take((size_t)n_blocks * 16);
-    uint8_t* pd = arena.take((size_t)n_blocks * 2);
-    repack_q4_0_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
+    if (q8) split_scale_kernel<32><<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
+    else split_scale_kernel<16><<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
     d.data = pq;
     d.plane1 = pd;
   } else {
