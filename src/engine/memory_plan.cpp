@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/device_planes.h"
 #include "core/error.h"
 #include "engine/placement.h"
 #include "engine/roofline_model.h"
@@ -20,13 +21,16 @@ constexpr size_t kDeviceAlign = 256;  // the CUDA weight arena's alignment (cuda
 
 size_t align_device(size_t n) { return (n + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign; }
 
-// A matrix as the CUDA backend stores it: Q8_0 and Q6_K split into aligned planes, others as in the file.
+// A matrix as the CUDA backend stores it: some types split into aligned planes (backend/device_planes.h), others
+// as in the file.
 size_t device_matrix_bytes(const Weight& w) {
   if (!w) return 0;
   const size_t n = (size_t)w.tensor->n_elements();
-  if (w.type() == DType::Q8_0) return align_device(n) + align_device(n / 32 * 2);
-  if (w.type() == DType::Q6_K) return align_device(n / 2) + align_device(n / 4) + align_device(n / 16) + align_device(n / 256 * 2);
-  return align_device(w.bytes());
+  const DevicePlanes p = device_planes(w.type());
+  if (p.values == 0) return align_device(w.bytes());
+  size_t bytes = 0;
+  for (int b : p.bytes) bytes += align_device(n / (size_t)p.values * (size_t)b);
+  return bytes;
 }
 
 // Norms, biases and other small tensors: uploaded as f32.

@@ -71,7 +71,8 @@ double gpu_matmul_nmse(DType type, int64_t rows, int64_t cols, int n, Rng& rng) 
 // Weight types whose decode products (and expert products) multiply int8 activations (cuda_matvec.cu's
 // matvec_uses_q8): their error is the activations' rounding, ~1e-4, where float activations give ~1e-12.
 bool int8_decode_type(DType t) {
-  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::IQ4_XS;
+  return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K || t == DType::Q8_0 || t == DType::Q4_0 || t == DType::IQ4_XS ||
+         t == DType::Q3_K || t == DType::Q2_K || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::IQ4_NL;
 }
 
 }  // namespace
@@ -114,13 +115,14 @@ TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
       const double e = gpu_matmul_nmse(type, 300, 2560, n, rng);
       EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n;
     }
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS})
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS, DType::Q3_K, DType::Q2_K, DType::Q4_1, DType::Q5_0,
+                     DType::Q5_1, DType::IQ4_NL})
     for (int n : {1, 2, 5, 8}) {
       const double e = gpu_matmul_nmse(type, 301, 5120, n, rng);
       EXPECT_LT(e, 2e-4) << dtype_name(type) << " n=" << n;
     }
   // One token over rows of whole rounds of two super-blocks (Q8_0, Q4_0: blocks) per lane group.
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS}) {
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q4_0, DType::IQ4_XS, DType::Q3_K, DType::Q2_K, DType::Q5_1}) {
     const double e = gpu_matmul_nmse(type, 131, type == DType::Q6_K || type == DType::Q4_K ? 6144 : 4096, 1, rng);
     EXPECT_LT(e, 2e-4) << dtype_name(type) << " whole rounds";
   }
@@ -252,7 +254,8 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
   Rng rng(17);
   const int n_expert = 12, k = 3;
   for (int64_t rows : {67, 130})
-  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::F32, DType::BF16}) {
+  for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::Q3_K, DType::Q2_K, DType::Q4_1,
+                     DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::F32, DType::BF16}) {
     const int64_t cols = dtype_block_size(type) == 256 ? 512 : type == DType::F32 || type == DType::BF16 ? 100 : 96;
     std::vector<float> wf((size_t)(n_expert * rows * cols));
     for (float& v : wf) v = (float)rng.normal() * 0.05f;
@@ -452,7 +455,8 @@ TEST(GpuEngineTest, FullOffloadMatchesCpuForEveryMix) {
   SKIP_WITHOUT_GPU();
   for (const char* spec : {"tiny-qwen3:F32", "tiny-qwen3:F16", "tiny-qwen3:Q8_0", "tiny-qwen3:Q4_K_M", "tiny-llama:Q6_K",
                            "tiny-qwen2:Q5_K_M", "tiny-llama:Q2_K", "tiny-qwen3:Q3_K_M", "tiny-qwen3:IQ4_XS",
-                           "tiny-qwen2:Q4_0", "tiny-llama:Q5_0", "tiny-qwen3:BF16"}) {
+                           "tiny-qwen2:Q4_0", "tiny-llama:Q5_0", "tiny-qwen3:Q4_1", "tiny-qwen2:Q5_1", "tiny-llama:IQ4_NL",
+                           "tiny-qwen3:BF16"}) {
     auto model = tiny(spec);
     const auto tokens = some_tokens(24, model->hparams().n_vocab);
     EngineOptions cpu, gpu = all_on_gpu();

@@ -160,18 +160,29 @@ __device__ __forceinline__ void warp_quantize32(float v, int lane, int8_t* q, fl
 }
 
 // How a weight is stored on the device. Raw: GGUF blocks as in the file. The plane layouts split a
-// type whose blocks are not 16-byte aligned into aligned planes (see cuda_weights.cu).
-enum class WeightLayout : int { Raw = 0, Q8_0Planes = 1, Q6KPlanes = 2, Q4_0Planes = 3 };
+// type into aligned planes (backend/device_planes.h says which and their bytes; cuda_weights.cu makes them).
+enum class WeightLayout : int {
+  Raw = 0,
+  Q8_0Planes = 1,
+  Q6KPlanes = 2,
+  Q4_0Planes = 3,  // Q4_0 and IQ4_NL
+  Q3KPlanes = 4,
+  Q2KPlanes = 5,
+  Q4_1Planes = 6,
+  Q5_0Planes = 7,
+  Q5_1Planes = 8
+};
 
 struct DeviceWeight {
   DType type = DType::F32;
   WeightLayout layout = WeightLayout::Raw;
   int64_t rows = 0, cols = 0;
   size_t row_bytes = 0;          // Raw: bytes of one GGUF row
-  const uint8_t* data = nullptr;  // Raw blocks; Q8_0Planes: int8 values; Q6KPlanes: low nibbles; Q4_0Planes: the blocks' 16 quant bytes
-  const uint8_t* plane1 = nullptr;  // Q8_0Planes, Q4_0Planes: f16 scales; Q6KPlanes: high 2-bit plane
-  const uint8_t* plane2 = nullptr;  // Q6KPlanes: int8 sub-block scales
-  const uint8_t* plane3 = nullptr;  // Q6KPlanes: f16 super-block scales
+  // Raw: the file's blocks; the plane layouts: their planes in device_planes.h's order (cuda_matvec_blocks.cuh reads them).
+  const uint8_t* data = nullptr;
+  const uint8_t* plane1 = nullptr;
+  const uint8_t* plane2 = nullptr;
+  const uint8_t* plane3 = nullptr;
   // An f16 copy of the whole matrix ([rows x cols], the values the prompt path's dequantization gives), kept
   // where memory allows (CudaBackend::keep_f16_copies): prompt products multiply it instead of dequantizing.
   const __half* f16 = nullptr;

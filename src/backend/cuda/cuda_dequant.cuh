@@ -48,12 +48,23 @@ __device__ inline void dequant_chunk32(const DeviceWeight& w, int64_t row, int64
       for (int i = 0; i < 32; ++i) out[i] = d * q[i];
       return;
     }
-    case WeightLayout::Q4_0Planes: {
-      const uint8_t* q = w.data + (row * (w.cols / 32) + chunk) * 16;
-      const float d = ld_half(w.plane1 + (row * (w.cols / 32) + chunk) * 2);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = ((q[j] & 0xF) - 8) * d;
-        out[j + 16] = ((q[j] >> 4) - 8) * d;
+    case WeightLayout::Q4_0Planes:
+    case WeightLayout::Q4_1Planes:
+    case WeightLayout::Q5_0Planes:
+    case WeightLayout::Q5_1Planes: {
+      // The file's 16 quant bytes (value j in the low nibble of byte j, j + 16 in the high one), f16 d (and m), and for
+      // Q5_0/Q5_1 the fifth bits (value e at byte e % 4, bit e / 4); the formulas of the GGUF spec.
+      const int64_t c = row * (w.cols / 32) + chunk;
+      const uint8_t* q = w.data + c * 16;
+      const bool with_min = w.layout == WeightLayout::Q4_1Planes || w.layout == WeightLayout::Q5_1Planes;
+      const bool five = w.layout == WeightLayout::Q5_0Planes || w.layout == WeightLayout::Q5_1Planes;
+      const float d = ld_half(w.plane1 + c * (with_min ? 4 : 2)), m = with_min ? ld_half(w.plane1 + c * 4 + 2) : 0.0f;
+      for (int e = 0; e < 32; ++e) {
+        int v = e < 16 ? q[e] & 0xF : q[e - 16] >> 4;
+        if (five) v |= ((w.plane2[c * 4 + e % 4] >> (e / 4)) & 1) << 4;
+        if (w.type == DType::IQ4_NL) out[e] = d * kIQ4NLDevice[v];
+        else if (with_min) out[e] = v * d + m;
+        else out[e] = (v - (five ? 16 : 8)) * d;
       }
       return;
     }
@@ -69,6 +80,31 @@ __device__ inline void dequant_chunk32(const DeviceWeight& w, int64_t row, int64
         const int nib = half ? (lo[t] >> 4) : (lo[t] & 0xF);
         const int h = (hi[4 * half + (t % 4)] >> (2 * (t / 4))) & 3;
         out[e] = d * (float)sc[half] * (float)((nib | (h << 4)) - 32);
+      }
+      return;
+    }
+    case WeightLayout::Q3KPlanes:
+    case WeightLayout::Q2KPlanes: {
+      // A chunk's 2-bit words (value t of each 16 at byte t % 4, bits 2 * (t / 4)), then per type the rest.
+      const int64_t c = row * (w.cols / 32) + chunk, sb = row * (w.cols / 256) + chunk / 8;
+      const uint8_t* q = w.data + c * 8;
+      if (w.layout == WeightLayout::Q3KPlanes) {
+        const uint8_t* hi = w.plane1 + c * 4;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(w.plane2) + c * 2;
+        const float d = ld_half(w.plane3 + sb * 2);
+        for (int e = 0; e < 32; ++e) {
+          const int half = e / 16, t = e % 16;
+          const int low = (q[4 * half + t % 4] >> (2 * (t / 4))) & 3, high = (hi[e % 4] >> (e / 4)) & 1;
+          out[e] = d * (float)sc[half] * (float)((low | (high << 2)) - 4);
+        }
+      } else {
+        const uint8_t* sc = w.plane1 + c * 2;
+        const float d = ld_half(w.plane2 + sb * 4), dmin = ld_half(w.plane2 + sb * 4 + 2);
+        for (int e = 0; e < 32; ++e) {
+          const int half = e / 16, t = e % 16;
+          const float dl = d * (sc[half] & 0xF), ml = dmin * (sc[half] >> 4);
+          out[e] = dl * ((q[4 * half + t % 4] >> (2 * (t / 4))) & 3) - ml;
+        }
       }
       return;
     }
@@ -88,63 +124,6 @@ __device__ inline void dequant_chunk32(const DeviceWeight& w, int64_t row, int64
     case DType::BF16:
       for (int i = 0; i < 32; ++i) out[i] = ld_bf16(rowp + (e0 + i) * 2);
       return;
-    case DType::Q4_0: {
-      const uint8_t* b = rowp + chunk * 18;
-      const float d = ld_half(b);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = ((b[2 + j] & 0xF) - 8) * d;
-        out[j + 16] = ((b[2 + j] >> 4) - 8) * d;
-      }
-      return;
-    }
-    case DType::Q4_1: {
-      const uint8_t* b = rowp + chunk * 20;
-      const float d = ld_half(b), m = ld_half(b + 2);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = (b[4 + j] & 0xF) * d + m;
-        out[j + 16] = (b[4 + j] >> 4) * d + m;
-      }
-      return;
-    }
-    case DType::Q5_0: {
-      const uint8_t* b = rowp + chunk * 22;
-      const float d = ld_half(b);
-      uint32_t qh;
-      memcpy(&qh, b + 2, 4);
-      for (int j = 0; j < 16; ++j) {
-        const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
-        out[j] = (((b[6 + j] & 0xF) | h0) - 16) * d;
-        out[j + 16] = (((b[6 + j] >> 4) | h1) - 16) * d;
-      }
-      return;
-    }
-    case DType::Q5_1: {
-      const uint8_t* b = rowp + chunk * 24;
-      const float d = ld_half(b), m = ld_half(b + 2);
-      uint32_t qh;
-      memcpy(&qh, b + 4, 4);
-      for (int j = 0; j < 16; ++j) {
-        const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
-        out[j] = ((b[8 + j] & 0xF) | h0) * d + m;
-        out[j + 16] = ((b[8 + j] >> 4) | h1) * d + m;
-      }
-      return;
-    }
-    case DType::Q8_0: {
-      const uint8_t* b = rowp + chunk * 34;
-      const float d = ld_half(b);
-      for (int j = 0; j < 32; ++j) out[j] = d * (float)(int8_t)b[2 + j];
-      return;
-    }
-    case DType::IQ4_NL: {
-      const uint8_t* b = rowp + chunk * 18;
-      const float d = ld_half(b);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * kIQ4NLDevice[b[2 + j] & 0xF];
-        out[j + 16] = d * kIQ4NLDevice[b[2 + j] >> 4];
-      }
-      return;
-    }
     default:
       break;
   }
@@ -152,37 +131,6 @@ __device__ inline void dequant_chunk32(const DeviceWeight& w, int64_t row, int64
   const int64_t blk = chunk / 8;
   const int s = (int)(chunk % 8);
   switch (w.type) {
-    case DType::Q2_K: {
-      const uint8_t* b = rowp + blk * 84;
-      const float d = ld_half(b + 80), dmin = ld_half(b + 82);
-      const int n = s / 4, pass = s % 4;
-      for (int part = 0; part < 2; ++part) {
-        const int sc = b[8 * n + 2 * pass + part];
-        const float dl = d * (sc & 0xF), ml = dmin * (sc >> 4);
-        for (int l = 0; l < 16; ++l) out[16 * part + l] = dl * ((b[16 + 32 * n + 16 * part + l] >> (2 * pass)) & 3) - ml;
-      }
-      return;
-    }
-    case DType::Q3_K: {
-      const uint8_t* b = rowp + blk * 110;
-      const uint8_t* hmask = b;
-      const uint8_t* qs = b + 32;
-      const uint8_t* sb = b + 96;
-      const float d = ld_half(b + 108);
-      const int n = s / 4, pass = s % 4;
-      for (int part = 0; part < 2; ++part) {
-        const int i = 8 * n + 2 * pass + part;
-        const int low = i < 8 ? (sb[i] & 0xF) : (sb[i - 8] >> 4);
-        const int high = (sb[8 + i % 4] >> (2 * (i / 4))) & 3;
-        const float dl = d * (float)((low | (high << 4)) - 32);
-        const int m = 1 << (4 * n + pass);
-        for (int l = 0; l < 16; ++l) {
-          const int q2 = (qs[32 * n + 16 * part + l] >> (2 * pass)) & 3;
-          out[16 * part + l] = dl * (float)(q2 - ((hmask[16 * part + l] & m) ? 0 : 4));
-        }
-      }
-      return;
-    }
     case DType::Q4_K:
     case DType::Q5_K: {
       const bool five = w.type == DType::Q5_K;

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/step_layout.h"
+#include "backend/device_planes.h"
 #include "backend/step.h"
 
 namespace roofline::cuda {
@@ -23,6 +24,17 @@ struct DeviceStep {
   int table_stride = 0;
 };
 
+// Moves a view's planes down r0 rows of a plane layout of type T (its bytes per block known at compile time).
+template <DType T>
+__device__ __forceinline__ void skip_plane_rows(DeviceWeight& v, int64_t r0) {
+  constexpr DevicePlanes p = device_planes(T);
+  const int64_t blocks = r0 * (v.cols / p.values);
+  v.data += blocks * p.bytes[0];
+  v.plane1 += blocks * p.bytes[1];
+  if constexpr (p.bytes[2] != 0) v.plane2 += blocks * p.bytes[2];
+  if constexpr (p.bytes[3] != 0) v.plane3 += blocks * p.bytes[3];
+}
+
 // Expert e's slice [e * rows, (e + 1) * rows) of a stacked weight, as a weight of its own (every device
 // layout stores its planes row by row, so each plane moves by whole rows).
 __device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64_t e, int64_t rows) {
@@ -31,21 +43,26 @@ __device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64
   v.rows = rows;
   switch (w.layout) {
     case WeightLayout::Raw: v.data = w.data + r0 * (int64_t)w.row_bytes; break;
-    case WeightLayout::Q8_0Planes:
-      v.data = w.data + r0 * w.cols;
-      v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
-      break;
-    case WeightLayout::Q4_0Planes:
-      v.data = w.data + r0 * (w.cols / 2);
-      v.plane1 = w.plane1 + r0 * (w.cols / 32) * 2;
-      break;
-    case WeightLayout::Q6KPlanes:
-      v.data = w.data + r0 * (w.cols / 2);
-      v.plane1 = w.plane1 + r0 * (w.cols / 4);
-      v.plane2 = w.plane2 + r0 * (w.cols / 16);
-      v.plane3 = w.plane3 + r0 * (w.cols / 256) * 2;
-      break;
+    case WeightLayout::Q8_0Planes: skip_plane_rows<DType::Q8_0>(v, r0); break;
+    case WeightLayout::Q4_0Planes: skip_plane_rows<DType::Q4_0>(v, r0); break;
+    case WeightLayout::Q4_1Planes: skip_plane_rows<DType::Q4_1>(v, r0); break;
+    case WeightLayout::Q5_0Planes: skip_plane_rows<DType::Q5_0>(v, r0); break;
+    case WeightLayout::Q5_1Planes: skip_plane_rows<DType::Q5_1>(v, r0); break;
+    case WeightLayout::Q6KPlanes: skip_plane_rows<DType::Q6_K>(v, r0); break;
+    case WeightLayout::Q3KPlanes: skip_plane_rows<DType::Q3_K>(v, r0); break;
+    case WeightLayout::Q2KPlanes: skip_plane_rows<DType::Q2_K>(v, r0); break;
   }
+  return v;
+}
+// The same for a weight of type T in the layout the device gives T (backend/device_planes.h), known at compile time:
+// no switch in the kernels that read one expert's rows per warp (the MoE decode kernels).
+template <DType T>
+__device__ __forceinline__ DeviceWeight expert_view_of(const DeviceWeight& w, int64_t e, int64_t rows) {
+  DeviceWeight v = w;
+  const int64_t r0 = e * rows;
+  v.rows = rows;
+  if constexpr (device_planes(T).values == 0) v.data = w.data + r0 * (int64_t)w.row_bytes;
+  else skip_plane_rows<T>(v, r0);
   return v;
 }
 

@@ -1,6 +1,6 @@
 // Decode matrix-vector products (1-8 tokens), one launch per group of products sharing an input
 // (q/k/v, gate/up: fewer launches per layer). Each warp streams its output rows with 16-byte loads.
-// Q4_K, Q6_K (planes), Q8_0 and Q4_0 (planes) and IQ4_XS use int8 activations and dp4a, with 1, 2 or 4 rows per warp
+// Q4_K, Q6_K, Q3_K, Q2_K, Q8_0 and Q4_0 (planes) and IQ4_XS use int8 activations and dp4a, with 1, 2 or 4 rows per warp
 // (row_shape; Q4_K two for one token and four for more, with 4 lanes per super-block): the activations, loaded once for the warp's rows,
 // are larger than the 4.5-6.5-bit weights, and the L1 rather than DRAM limits these kernels; Q5_K (int8) and F16/BF16/F32 (float
 // activations) one row per warp; a generic dequantize-and-FMA kernel for the other types. Each output
@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_kernels.cuh"
-#include "backend/cuda/cuda_matvec_rows.cuh"
+#include "backend/cuda/cuda_matvec_blocks.cuh"
 
 namespace roofline::cuda {
 
@@ -22,11 +22,29 @@ constexpr int kWarps = 4;  // rows per CTA
 // The kernel behind every matvec launch: a group of products that share the input (q/k/v, gate/up),
 // all of one weight kind, their rows laid end to end over the grid (one warp per row_shape().rows rows).
 // Q4K6K: a group of Q4_K and Q6_K products in one launch (matvec_can_join), each warp taking its member's kind.
-enum class Kind { Q4K, Q5K, Q6K, Q8_0, Q4_0, IQ4XS, F16, BF16, F32, Generic, Q4K6K };
+enum class Kind { Q4K, Q5K, Q6K, Q8_0, Q4_0, IQ4XS, Q3K, Q2K, Q4_1, Q5_0, Q5_1, IQ4NL, F16, BF16, F32, Generic, Q4K6K };
 
-// Q8_0 and Q4_0 planes and IQ4_XS: a lane per 32-value block.
-constexpr bool block32(Kind k) { return k == Kind::Q8_0 || k == Kind::Q4_0 || k == Kind::IQ4XS; }
+// The 32-value block types (planes, and IQ4_XS): a lane per block; Q3_K and Q2_K planes: likewise, a lane per 32-value
+// chunk (as Q6_K, which keeps its own shapes for 2-4 tokens).
+constexpr bool block32(Kind k) {
+  return k == Kind::Q8_0 || k == Kind::Q4_0 || k == Kind::IQ4XS || k == Kind::Q3K || k == Kind::Q2K || k == Kind::Q4_1 || k == Kind::Q5_0 ||
+         k == Kind::Q5_1 || k == Kind::IQ4NL;
+}
 bool multi_row(Kind k) { return k == Kind::Q6K || block32(k); }
+// The block walker's policy of each of those kinds (cuda_matvec_blocks.cuh).
+template <Kind K>
+struct BlocksOf;
+template <> struct BlocksOf<Kind::Q8_0> { using T = Q8_0Blocks; };
+template <> struct BlocksOf<Kind::Q4_0> { using T = Q4_0Blocks; };
+template <> struct BlocksOf<Kind::IQ4XS> { using T = IQ4XSBlocks; };
+template <> struct BlocksOf<Kind::Q3K> { using T = Q3KBlocks; };
+template <> struct BlocksOf<Kind::Q2K> { using T = Q2KBlocks; };
+template <> struct BlocksOf<Kind::Q4_1> { using T = Q4_1Blocks; };
+template <> struct BlocksOf<Kind::Q5_0> { using T = Q5_0Blocks; };
+template <> struct BlocksOf<Kind::Q5_1> { using T = Q5_1Blocks; };
+template <> struct BlocksOf<Kind::IQ4NL> { using T = IQ4NLBlocks; };
+template <Kind K>
+using Blocks = typename BlocksOf<K>::T;
 // Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of Q6_K and Q8_0. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
 // would spill). One token: one row, with two super-blocks in flight per lane group where a row is one
 // or two whole rounds of eight (the four lane groups x 2; ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
@@ -162,9 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ
     if (w.type == DType::Q4_K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
     else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   }
-  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q4_0) matvec_q4_0<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::IQ4XS) matvec_iq4_xs<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (block32(K)) matvec_blocks<Blocks<K>, B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, accumulate, row, lane);
@@ -200,7 +216,13 @@ Kind kind_of(const DeviceWeight& w) {
     case DType::Q6_K: return Kind::Q6K;
     case DType::Q8_0: return Kind::Q8_0;
     case DType::Q4_0: return w.layout == WeightLayout::Q4_0Planes ? Kind::Q4_0 : Kind::Generic;
+    case DType::IQ4_NL: return w.layout == WeightLayout::Q4_0Planes ? Kind::IQ4NL : Kind::Generic;
+    case DType::Q4_1: return w.layout == WeightLayout::Q4_1Planes ? Kind::Q4_1 : Kind::Generic;
+    case DType::Q5_0: return w.layout == WeightLayout::Q5_0Planes ? Kind::Q5_0 : Kind::Generic;
+    case DType::Q5_1: return w.layout == WeightLayout::Q5_1Planes ? Kind::Q5_1 : Kind::Generic;
     case DType::IQ4_XS: return Kind::IQ4XS;
+    case DType::Q3_K: return w.layout == WeightLayout::Q3KPlanes ? Kind::Q3K : Kind::Generic;
+    case DType::Q2_K: return w.layout == WeightLayout::Q2KPlanes ? Kind::Q2K : Kind::Generic;
     case DType::F16: return Kind::F16;
     case DType::BF16: return Kind::BF16;
     case DType::F32: return Kind::F32;
@@ -320,6 +342,12 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
     case Kind::Q8_0: return launch_multi_row<B, Kind::Q8_0>(g, shape, act, x, accumulate, ep, stream);
     case Kind::Q4_0: return launch_multi_row<B, Kind::Q4_0>(g, shape, act, x, accumulate, ep, stream);
     case Kind::IQ4XS: return launch_multi_row<B, Kind::IQ4XS>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q3K: return launch_multi_row<B, Kind::Q3K>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q2K: return launch_multi_row<B, Kind::Q2K>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q4_1: return launch_multi_row<B, Kind::Q4_1>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q5_0: return launch_multi_row<B, Kind::Q5_0>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::Q5_1: return launch_multi_row<B, Kind::Q5_1>(g, shape, act, x, accumulate, ep, stream);
+    case Kind::IQ4NL: return launch_multi_row<B, Kind::IQ4NL>(g, shape, act, x, accumulate, ep, stream);
     case Kind::Q5K: return launch_one<B, Kind::Q5K, 1, 1>(g, act, x, accumulate, ep, stream);
     case Kind::F16: return launch_one<B, Kind::F16, 1, 1>(g, act, x, accumulate, ep, stream);
     case Kind::BF16: return launch_one<B, Kind::BF16, 1, 1>(g, act, x, accumulate, ep, stream);
@@ -338,13 +366,38 @@ __device__ __forceinline__ void product_rows(const DeviceWeight& w, const ActQ8&
   if constexpr (K == Kind::Q4K) matvec_q4_k<B, R>(w, act, y, ldy, false, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B>(w, act, y, ldy, false, row, lane);
   else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, 1>(w, act, y, ldy, false, row, lane);
-  else if constexpr (K == Kind::Q8_0) matvec_q8_0<B, R, 1>(w, act, y, ldy, false, row, lane);
-  else if constexpr (K == Kind::Q4_0) matvec_q4_0<B, R, 1>(w, act, y, ldy, false, row, lane);
-  else if constexpr (K == Kind::IQ4XS) matvec_iq4_xs<B, R, 1>(w, act, y, ldy, false, row, lane);
+  else if constexpr (block32(K)) matvec_blocks<Blocks<K>, B, R, 1>(w, act, y, ldy, false, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, false, row, lane);
   else if constexpr (K == Kind::BF16) matvec_float<B, DType::BF16>(w, x, y, ldy, false, row, lane);
   else if constexpr (K == Kind::F32) matvec_float<B, DType::F32>(w, x, y, ldy, false, row, lane);
   else matvec_generic<B>(w, x, y, ldy, false, row, lane);
+}
+
+// The weight type of kind K, whose layout is then the one the device gives that type (Generic: any, read at run time).
+constexpr DType kind_type(Kind k) {
+  switch (k) {
+    case Kind::Q4K: return DType::Q4_K;
+    case Kind::Q5K: return DType::Q5_K;
+    case Kind::Q6K: return DType::Q6_K;
+    case Kind::Q8_0: return DType::Q8_0;
+    case Kind::Q4_0: return DType::Q4_0;
+    case Kind::IQ4XS: return DType::IQ4_XS;
+    case Kind::Q3K: return DType::Q3_K;
+    case Kind::Q2K: return DType::Q2_K;
+    case Kind::Q4_1: return DType::Q4_1;
+    case Kind::Q5_0: return DType::Q5_0;
+    case Kind::Q5_1: return DType::Q5_1;
+    case Kind::IQ4NL: return DType::IQ4_NL;
+    case Kind::F16: return DType::F16;
+    case Kind::BF16: return DType::BF16;
+    default: return DType::F32;
+  }
+}
+// Expert e's rows of a stacked weight of kind K (expert_view without the layout switch where K fixes the layout).
+template <Kind K>
+__device__ __forceinline__ DeviceWeight expert_slice(const DeviceWeight& w, int64_t e, int64_t rows) {
+  if constexpr (K == Kind::Generic || K == Kind::Q4K6K) return expert_view(w, e, rows);
+  else return expert_view_of<kind_type(K)>(w, e, rows);
 }
 
 // grid.x: tiles of the expert's rows (R per warp), grid.y: active expert slots, grid.z: CTAs sharing an
@@ -377,7 +430,7 @@ __global__ void __launch_bounds__(kWarps * 32) expert_matvec_kernel(DeviceWeight
     begin = in_begin = g.offsets[e];
     count = g.offsets[e + 1] - begin;
   }
-  const DeviceWeight we = expert_view(w, e, rows_per_expert);
+  const DeviceWeight we = expert_slice<K>(w, e, rows_per_expert);
   for (int j = (int)blockIdx.z * 8; j < count; j += (int)gridDim.z * 8) {
     const int64_t r0 = begin + j, in0 = in_begin + j;
     ActQ8 a{};
@@ -432,6 +485,12 @@ void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t 
       case Kind::Q8_0: return launch_experts<Kind::Q8_0, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
       case Kind::Q4_0: return launch_experts<Kind::Q4_0, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
       case Kind::IQ4XS: return launch_experts<Kind::IQ4XS, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q3K: return launch_experts<Kind::Q3K, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q2K: return launch_experts<Kind::Q2K, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q4_1: return launch_experts<Kind::Q4_1, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q5_0: return launch_experts<Kind::Q5_0, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::Q5_1: return launch_experts<Kind::Q5_1, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+      case Kind::IQ4NL: return launch_experts<Kind::IQ4NL, 4, true>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
       default: break;
     }
   switch (kind_of(stacked)) {
@@ -441,6 +500,12 @@ void experts(const DeviceWeight& stacked, const DeviceWeight* stacked2, int64_t 
     case Kind::Q8_0: return launch_experts<Kind::Q8_0, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::Q4_0: return launch_experts<Kind::Q4_0, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::IQ4XS: return launch_experts<Kind::IQ4XS, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q3K: return launch_experts<Kind::Q3K, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q2K: return launch_experts<Kind::Q2K, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q4_1: return launch_experts<Kind::Q4_1, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q5_0: return launch_experts<Kind::Q5_0, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::Q5_1: return launch_experts<Kind::Q5_1, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
+    case Kind::IQ4NL: return launch_experts<Kind::IQ4NL, 2>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::F16: return launch_experts<Kind::F16, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::BF16: return launch_experts<Kind::BF16, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
     case Kind::F32: return launch_experts<Kind::F32, 1>(stacked, stacked2, rows_per_expert, groups, act, x, y, y2, ldy, stream);
@@ -461,8 +526,13 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 }
 
 bool matvec_uses_q8(DType type) {
-  return type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::Q8_0 || type == DType::Q4_0 ||
-         type == DType::IQ4_XS;
+  switch (type) {
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1: case DType::Q5_0:
+    case DType::Q5_1: case DType::IQ4_NL: case DType::IQ4_XS: case DType::Q3_K: case DType::Q2_K:
+      return true;
+    default:
+      return false;
+  }
 }
 
 bool matvec_can_group(const DeviceWeight& a, const DeviceWeight& b) {

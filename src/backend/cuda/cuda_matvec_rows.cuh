@@ -2,7 +2,9 @@
 // kernels (cuda_moe_decode.cu): one warp reduces R rows for B token rows with 16-byte loads, int8
 // activations and dp4a for the quantized types, float activations otherwise. The *_partials functions
 // leave each lane's share in acc (a warp_sum gives the row); the matvec_* wrappers sum and store.
-// Whoever reduces a row through these functions gets the same bits as every other caller.
+// Whoever reduces a row through these functions gets the same bits as every other caller. Here: Q4_K, Q5_K,
+// Q6_K, the float types and the generic kernel; the other types a lane reads 32 values at a time of:
+// cuda_matvec_blocks.cuh.
 #pragma once
 
 #include "backend/cuda/cuda_dequant.cuh"
@@ -253,7 +255,7 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
   store_rows<B>(acc, y, ldy, row, accumulate, lane, F ? &act : nullptr);
 }
 
-// Q6_K planes: lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
+// Q6_K planes (backend/device_planes.h): lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
 // 32j..32j+31 (sub-blocks 2j and 2j+1), giving signed 6-bit values (q - 32) for dp4a. The activations
 // of each super-block are loaded once for the R rows.
 template <int B, int R, int S>
@@ -327,189 +329,6 @@ template <int B, int R, int S, bool F = false>
 __device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
   float acc[R][B] = {};
   matvec_q6_k_partials<B, R, S>(w, act, row0, lane, acc);
-  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
-}
-
-// Q8_0 planes: one lane per 32-element block of each of the R rows, S blocks (b, b + 32, ..) per iteration.
-template <int B, int R, int S>
-__device__ __forceinline__ void matvec_q8_0_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
-  const int64_t n_blocks = w.cols / 32;
-  const int8_t* q_row[R];
-  const __half* d_row[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = min(row0 + r, w.rows - 1);  // past the end: a repeat, not stored
-    q_row[r] = reinterpret_cast<const int8_t*>(w.data) + row * w.cols;
-    d_row[r] = reinterpret_cast<const __half*>(w.plane1) + row * n_blocks;
-  }
-  for (int64_t b0 = lane; b0 < n_blocks; b0 += 32 * S) {
-    int4 q0[S][R], q1[S][R];
-    float d[S][R];
-#pragma unroll
-    for (int u = 0; u < S; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        q0[u][r] = q1[u][r] = make_int4(0, 0, 0, 0);
-        d[u][r] = 0.0f;
-        const int64_t b = b0 + 32 * u;
-        if (u == 0 || b < n_blocks) {
-          q0[u][r] = ld16(q_row[r] + b * 32);
-          q1[u][r] = ld16(q_row[r] + b * 32 + 16);
-          d[u][r] = __half2float(d_row[r][b]);
-        }
-      }
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-      const int64_t b = b0 + 32 * u;
-      if (u > 0 && b >= n_blocks) break;
-#pragma unroll
-      for (int t = 0; t < B; ++t) {
-        const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
-        const int4 a0 = ld16(a), a1 = ld16(a + 16);
-        const float ad = act.d[(int64_t)t * n_blocks + b];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][t] += d[u][r] * ad * (float)dot16(q1[u][r], a1, dot16(q0[u][r], a0, 0));
-      }
-    }
-  }
-}
-template <int B, int R, int S, bool F = false>
-__device__ __forceinline__ void matvec_q8_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
-  float acc[R][B] = {};
-  matvec_q8_0_partials<B, R, S>(w, act, row0, lane, acc);
-  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
-}
-
-// Q4_0 planes: as Q8_0, one lane per 32-element block of each of the R rows (one 16-byte load of its quant
-// bytes: element j in the low nibble of byte j, j + 16 in the high one), S blocks per iteration. With the
-// activations' step ad and step-weighted sum as (s = ad * sum(qa)): sum((q - 8) * ad * qa) = ad * dot - 8 * as.
-template <int B, int R, int S>
-__device__ __forceinline__ void matvec_q4_0_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
-  const int64_t n_blocks = w.cols / 32;
-  const uint8_t* q_row[R];
-  const __half* d_row[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = min(row0 + r, w.rows - 1);  // past the end: a repeat, not stored
-    q_row[r] = w.data + row * (w.cols / 2);
-    d_row[r] = reinterpret_cast<const __half*>(w.plane1) + row * n_blocks;
-  }
-  for (int64_t b0 = lane; b0 < n_blocks; b0 += 32 * S) {
-    int4 q[S][R];
-    float d[S][R];
-#pragma unroll
-    for (int u = 0; u < S; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        q[u][r] = make_int4(0, 0, 0, 0);
-        d[u][r] = 0.0f;
-        const int64_t b = b0 + 32 * u;
-        if (u == 0 || b < n_blocks) {
-          q[u][r] = ld16(q_row[r] + b * 16);
-          d[u][r] = __half2float(d_row[r][b]);
-        }
-      }
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-      const int64_t b = b0 + 32 * u;
-      if (u > 0 && b >= n_blocks) break;
-#pragma unroll
-      for (int t = 0; t < B; ++t) {
-        const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
-        const int4 a0 = ld16(a), a1 = ld16(a + 16);
-        const int64_t s = (int64_t)t * n_blocks + b;
-        const float ad = act.d[s], as = act.s[s];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const int4 v = q[u][r];
-          const int4 lo = make_int4(v.x & 0x0F0F0F0F, v.y & 0x0F0F0F0F, v.z & 0x0F0F0F0F, v.w & 0x0F0F0F0F);
-          const int4 hi = make_int4((v.x >> 4) & 0x0F0F0F0F, (v.y >> 4) & 0x0F0F0F0F, (v.z >> 4) & 0x0F0F0F0F, (v.w >> 4) & 0x0F0F0F0F);
-          const int dot = dot16(hi, a1, dot16(lo, a0, 0));
-          acc[r][t] += d[u][r] * (ad * (float)dot - 8.0f * as);
-        }
-      }
-    }
-  }
-}
-template <int B, int R, int S, bool F = false>
-__device__ __forceinline__ void matvec_q4_0(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
-  float acc[R][B] = {};
-  matvec_q4_0_partials<B, R, S>(w, act, row0, lane, acc);
-  store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
-}
-
-// Four 4-bit indices (the bytes of idx, each 0-15) looked up in the 16 int8 values of IQ4_NL's table, as the
-// four bytes of a word (dp4a's operand): the table's halves by byte permutes, the half chosen by each index's bit 3.
-constexpr uint32_t pack_int8x4(int a, int b, int c, int d) {
-  return (uint32_t)(uint8_t)a | (uint32_t)(uint8_t)b << 8 | (uint32_t)(uint8_t)c << 16 | (uint32_t)(uint8_t)d << 24;
-}
-__device__ __forceinline__ int iq4_lookup4(uint32_t idx) {
-  constexpr uint32_t t0 = pack_int8x4(-127, -104, -83, -65), t1 = pack_int8x4(-49, -35, -22, -10), t2 = pack_int8x4(1, 13, 25, 38),
-                     t3 = pack_int8x4(53, 69, 89, 113);  // IQ4_NL's table (kIQ4NLDevice)
-  const uint32_t v = idx & 0x07070707u;
-  const uint32_t sel = (v & 0xFu) | ((v >> 4) & 0xF0u) | ((v >> 8) & 0xF00u) | ((v >> 12) & 0xF000u);
-  const uint32_t lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
-  const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xFFu;
-  return (int)((lo & ~high) | (hi & high));
-}
-
-// IQ4_XS (136-byte super-blocks as in the file: f16 d, 2 bytes of scales' high bits, 4 of their low nibbles,
-// 128 of indices): one lane per 32-value sub-block of each of the R rows, S sub-blocks per iteration; value
-// d * (ls - 32) * table[index]. The blocks are 8-byte aligned, so a lane's 16 index bytes are two 8-byte loads.
-template <int B, int R, int S>
-__device__ __forceinline__ void matvec_iq4_xs_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
-  const int64_t n_blocks = w.cols / 32;
-  const uint8_t* rowp[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
-  for (int64_t b0 = lane; b0 < n_blocks; b0 += 32 * S) {
-    int2 hdr[S][R], qa[S][R], qb[S][R];
-#pragma unroll
-    for (int u = 0; u < S; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        hdr[u][r] = qa[u][r] = qb[u][r] = make_int2(0, 0);
-        const int64_t b = b0 + 32 * u;
-        if (u == 0 || b < n_blocks) {
-          const uint8_t* blk = rowp[r] + (b / 8) * 136;
-          hdr[u][r] = __ldg(reinterpret_cast<const int2*>(blk));
-          qa[u][r] = __ldg(reinterpret_cast<const int2*>(blk + 8 + 16 * (b % 8)));
-          qb[u][r] = __ldg(reinterpret_cast<const int2*>(blk + 16 + 16 * (b % 8)));
-        }
-      }
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-      const int64_t b = b0 + 32 * u;
-      if (u > 0 && b >= n_blocks) break;
-      const int s = (int)(b % 8);
-      float dl[R];
-      int4 lo[R], hi[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint32_t h = (uint32_t)hdr[u][r].x, l = (uint32_t)hdr[u][r].y;
-        const int ls = (int)(((l >> (4 * s)) & 0xF) | (((h >> (16 + 2 * s)) & 3) << 4));
-        dl[r] = __half2float(__ushort_as_half((unsigned short)(h & 0xFFFF))) * (float)(ls - 32);
-        const uint32_t q[4] = {(uint32_t)qa[u][r].x, (uint32_t)qa[u][r].y, (uint32_t)qb[u][r].x, (uint32_t)qb[u][r].y};
-        lo[r] = make_int4(iq4_lookup4(q[0] & 0x0F0F0F0Fu), iq4_lookup4(q[1] & 0x0F0F0F0Fu), iq4_lookup4(q[2] & 0x0F0F0F0Fu),
-                          iq4_lookup4(q[3] & 0x0F0F0F0Fu));
-        hi[r] = make_int4(iq4_lookup4((q[0] >> 4) & 0x0F0F0F0Fu), iq4_lookup4((q[1] >> 4) & 0x0F0F0F0Fu),
-                          iq4_lookup4((q[2] >> 4) & 0x0F0F0F0Fu), iq4_lookup4((q[3] >> 4) & 0x0F0F0F0Fu));
-      }
-#pragma unroll
-      for (int t = 0; t < B; ++t) {
-        const int8_t* a = act.q + (int64_t)t * w.cols + b * 32;
-        const int4 a0 = ld16(a), a1 = ld16(a + 16);
-        const float ad = act.d[(int64_t)t * n_blocks + b];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][t] += dl[r] * ad * (float)dot16(hi[r], a1, dot16(lo[r], a0, 0));
-      }
-    }
-  }
-}
-template <int B, int R, int S, bool F = false>
-__device__ __forceinline__ void matvec_iq4_xs(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
-  float acc[R][B] = {};
-  matvec_iq4_xs_partials<B, R, S>(w, act, row0, lane, acc);
   store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "backend/cuda/cuda_matvec_rows.cuh"
+#include "backend/cuda/cuda_matvec_blocks.cuh"
 #include "backend/gpu.h"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_moe_route.cuh"
@@ -92,7 +92,7 @@ template <DType T>
 __device__ __forceinline__ void expert_rows(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[kDownRows][1]) {
   if constexpr (T == DType::Q4_K) matvec_q4_k_partials<1, kDownRows>(w, act, row0, lane, acc);
   else if constexpr (T == DType::Q6_K) matvec_q6_k_partials<1, kDownRows, 1>(w, act, row0, lane, acc);
-  else matvec_q8_0_partials<1, kDownRows, 1>(w, act, row0, lane, acc);
+  else block_partials<Q8_0Blocks, 1, kDownRows, 1>(w, act, row0, lane, acc);
 }
 
 // x[t, r] += sum_s weights[t * k + s] * (down of expert ids[t * k + s] . h[t * k + s])[r] for the kDownRows
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(De
   for (int s = warp; s < k; s += warps) {
     const int64_t p = (int64_t)t * k + s;
     float acc[kDownRows][1] = {};
-    expert_rows<T>(expert_view(down, ids[p], rows_per_expert), ActQ8{act.q + p * down.cols, act.d + p * groups, act.s + p * groups}, row0,
+    expert_rows<T>(expert_view_of<T>(down, ids[p], rows_per_expert), ActQ8{act.q + p * down.cols, act.d + p * groups, act.s + p * groups}, row0,
                    lane, acc);
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r) {
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(512) moe_gate_up_swiglu_kernel(DeviceWeight ga
   const int64_t blk = blockIdx.x, p = blockIdx.y, row0 = blk * 32 + (warp % 8) * kDownRows;
   const int64_t in = p / k, groups = gate.cols / 32;
   wait_for_previous_kernel();
-  const DeviceWeight w = expert_view(warp < 8 ? gate : up, ids[p], rows_per_expert);
+  const DeviceWeight w = expert_view_of<T>(warp < 8 ? gate : up, ids[p], rows_per_expert);
   float acc[kDownRows][1] = {};
   expert_rows<T>(w, ActQ8{xn.q + in * gate.cols, xn.d + in * groups, xn.s + in * groups}, row0, lane, acc);
   float* dst = warp < 8 ? g : u;

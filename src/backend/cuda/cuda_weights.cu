@@ -1,11 +1,12 @@
-// Weight upload and repacking. Q6_K: low nibbles, 2-bit highs, int8 scales and f16 super-block scales
-// in four planes, ordered so one 16-byte load gives a lane 32 consecutive weights (see the Q6_K
-// matvec). Q8_0: int8 values and f16 scales in two planes; Q4_0 likewise (each block's 16 quant bytes as in
-// the file, so one aligned 16-byte load gives a lane its 32 weights).
+// Weight upload and repacking into the plane layouts of backend/device_planes.h: the 32-value block types split
+// into quant bytes, scales and (Q5_0, Q5_1) fifth bits; Q6_K, Q3_K and Q2_K rearranged so that a lane's one or two
+// loads give it 32 consecutive values, with small per-chunk scale planes beside (the decode kernels that read
+// them: cuda_matvec_blocks.cuh, and cuda_matvec_rows.cuh for Q6_K).
 #include "backend/cuda/cuda_weights.cuh"
 
 #include <cstring>
 
+#include "backend/device_planes.h"
 #include "formats/quant_blocks.h"
 
 namespace roofline::cuda {
@@ -27,27 +28,54 @@ bool device_supports(DType t) {
 }
 
 WeightLayout device_layout_for(DType t) {
-  if (t == DType::Q8_0) return WeightLayout::Q8_0Planes;
-  if (t == DType::Q4_0) return WeightLayout::Q4_0Planes;
-  if (t == DType::Q6_K) return WeightLayout::Q6KPlanes;
-  return WeightLayout::Raw;
+  switch (t) {
+    case DType::Q8_0: return WeightLayout::Q8_0Planes;
+    case DType::Q4_0: case DType::IQ4_NL: return WeightLayout::Q4_0Planes;
+    case DType::Q4_1: return WeightLayout::Q4_1Planes;
+    case DType::Q5_0: return WeightLayout::Q5_0Planes;
+    case DType::Q5_1: return WeightLayout::Q5_1Planes;
+    case DType::Q6_K: return WeightLayout::Q6KPlanes;
+    case DType::Q3_K: return WeightLayout::Q3KPlanes;
+    case DType::Q2_K: return WeightLayout::Q2KPlanes;
+    default: return WeightLayout::Raw;
+  }
 }
 
-// One thread per block: a GGUF block of an f16 scale followed by QBYTES quant bytes (Q8_0: 32, Q4_0: 16) split
-// into its quant bytes and its scale.
-template <int QBYTES>
-__global__ void split_scale_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* d) {
+// One thread per 32-value block of BYTES bytes: SCALE bytes of scales (f16 d, and f16 m for the types with a
+// min) first, then (FIFTH: Q5_0, Q5_1) a word of the values' fifth bits, then the quant bytes (32 for Q8_0, 16 for the
+// 4- and 5-bit types). The quant bytes and scales go to their planes as they are; the fifth bits are transposed so
+// that value e is bit e / 4 of byte e % 4 (a lane takes them for four values at once).
+template <int BYTES, int SCALE, bool FIFTH>
+__global__ void split_block32_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* qs, uint8_t* scales, uint8_t* fifth) {
   const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
-  const uint8_t* src = raw + b * (2 + QBYTES);
-  d[2 * b] = src[0];
-  d[2 * b + 1] = src[1];
-  for (int i = 0; i < QBYTES; ++i) qs[b * QBYTES + i] = src[2 + i];
+  constexpr int kQuantAt = SCALE + (FIFTH ? 4 : 0), kQuantBytes = BYTES - kQuantAt;
+  const uint8_t* src = raw + b * BYTES;
+  for (int i = 0; i < SCALE; ++i) scales[b * SCALE + i] = src[i];
+  for (int i = 0; i < kQuantBytes; ++i) qs[b * kQuantBytes + i] = src[kQuantAt + i];
+  if constexpr (FIFTH) {
+    const uint32_t h = (uint32_t)src[SCALE] | (uint32_t)src[SCALE + 1] << 8 | (uint32_t)src[SCALE + 2] << 16 | (uint32_t)src[SCALE + 3] << 24;
+    for (int k = 0; k < 4; ++k) {
+      uint8_t byte = 0;
+      for (int i = 0; i < 8; ++i) byte |= (uint8_t)(((h >> (4 * i + k)) & 1) << i);
+      fifth[b * 4 + k] = byte;
+    }
+  }
+}
+
+// Writes 16 values of 2 bits (the low 2 bits of v[0..15]) as one little-endian word: value e at byte e % 4, bits
+// 2 * (e / 4), so that (word >> 2k) & 0x03030303 gives values 4k..4k+3 as bytes.
+__device__ void put_2bit_word(const uint8_t* v, uint8_t* out) {
+  for (int k = 0; k < 4; ++k) {
+    uint8_t byte = 0;
+    for (int i = 0; i < 4; ++i) byte |= (uint8_t)((v[4 * i + k] & 3) << (2 * i));
+    out[k] = byte;
+  }
 }
 
 // One thread per super-block: unpack the 6-bit values (element order of llama-cpp-facts §2.3) and
 // write them as lane chunks of 32: low nibbles of elements t and 16+t share byte t of a 16-byte run;
-// the 2-bit highs of 16 elements fill one 32-bit word (element e: byte e%4, bits 2*(e/4)).
+// the 2-bit highs of each 16 elements as put_2bit_word.
 __global__ void repack_q6_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* lo, uint8_t* hi, uint8_t* sc, uint8_t* d) {
   const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
@@ -64,31 +92,76 @@ __global__ void repack_q6_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t
       q[128 * n + l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
       q[128 * n + l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
     }
+  uint8_t high[32];
   for (int j = 0; j < 8; ++j) {
     for (int t = 0; t < 16; ++t) lo[b * 128 + 16 * j + t] = (uint8_t)((q[32 * j + t] & 0xF) | ((q[32 * j + 16 + t] & 0xF) << 4));
-    for (int half = 0; half < 2; ++half)
-      for (int k = 0; k < 4; ++k) {
-        uint8_t byte = 0;
-        for (int i = 0; i < 4; ++i) byte |= (uint8_t)(((q[32 * j + 16 * half + 4 * i + k] >> 4) & 3) << (2 * i));
-        hi[b * 64 + 8 * j + 4 * half + k] = byte;
-      }
+    for (int e = 0; e < 32; ++e) high[e] = q[32 * j + e] >> 4;
+    put_2bit_word(high, hi + b * 64 + 8 * j);
+    put_2bit_word(high + 16, hi + b * 64 + 8 * j + 4);
   }
   for (int i = 0; i < 16; ++i) sc[b * 16 + i] = blk[192 + i];
   d[2 * b] = blk[208];
   d[2 * b + 1] = blk[209];
 }
 
+// The 2-bit fields of a Q2_K/Q3_K super-block's 64 quant bytes in element order: element 128n + 32p + l is
+// bits 2p of byte 32n + l.
+__device__ void unpack_2bit_fields(const uint8_t* qs, uint8_t* v) {
+  for (int n = 0; n < 2; ++n)
+    for (int p = 0; p < 4; ++p)
+      for (int l = 0; l < 32; ++l) v[128 * n + 32 * p + l] = (qs[32 * n + l] >> (2 * p)) & 3;
+}
+
+// One thread per super-block. Q3_K (hmask[32], qs[64], 12 scale bytes, f16 d): levels L = value + 4 (0..7) in
+// chunks of 32: their low 2 bits as put_2bit_word (8 B), their bit 2 as one word (value e at byte e % 4, bit
+// e / 4), the 16 6-bit scales unpacked to int8 (s - 32), and d.
+__global__ void repack_q3_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* lo, uint8_t* hi, uint8_t* sc, uint8_t* d) {
+  const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= n_blocks) return;
+  const uint8_t* blk = raw + b * 110;
+  const uint8_t* hmask = blk;
+  const uint8_t* scales = blk + 96;
+  uint8_t v[256];
+  unpack_2bit_fields(blk + 32, v);
+  for (int e = 0; e < 256; ++e) v[e] |= (uint8_t)(((hmask[e % 32] >> (e / 32)) & 1) << 2);  // bit set: the level is as stored
+  for (int j = 0; j < 8; ++j) {
+    put_2bit_word(v + 32 * j, lo + b * 64 + 8 * j);
+    put_2bit_word(v + 32 * j + 16, lo + b * 64 + 8 * j + 4);
+    for (int k = 0; k < 4; ++k) {
+      uint8_t byte = 0;
+      for (int i = 0; i < 8; ++i) byte |= (uint8_t)(((v[32 * j + 4 * i + k] >> 2) & 1) << i);
+      hi[b * 32 + 4 * j + k] = byte;
+    }
+  }
+  for (int i = 0; i < 16; ++i) {
+    const int low = i < 8 ? scales[i] & 0xF : scales[i - 8] >> 4;
+    const int high = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[b * 16 + i] = (uint8_t)(int8_t)((low | (high << 4)) - 32);
+  }
+  d[2 * b] = blk[108];
+  d[2 * b + 1] = blk[109];
+}
+
+// One thread per super-block. Q2_K (16 scale bytes, qs[64], f16 d, f16 dmin): the 2-bit values in chunks of 32 as
+// put_2bit_word, the scale bytes as they are (chunk j's are bytes 2j and 2j + 1), d and dmin.
+__global__ void repack_q2_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* q, uint8_t* sc, uint8_t* dm) {
+  const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= n_blocks) return;
+  const uint8_t* blk = raw + b * 84;
+  uint8_t v[256];
+  unpack_2bit_fields(blk + 16, v);
+  for (int j = 0; j < 16; ++j) put_2bit_word(v + 16 * j, q + b * 64 + 4 * j);
+  for (int i = 0; i < 16; ++i) sc[b * 16 + i] = blk[i];
+  for (int i = 0; i < 4; ++i) dm[b * 4 + i] = blk[80 + i];
+}
+
 size_t device_weight_bytes(const Weight& w) {
   const int64_t rows = w.tensor->n_rows(), cols = w.cols();
-  switch (device_layout_for(w.type())) {
-    case WeightLayout::Q8_0Planes: return align_up((size_t)(rows * cols)) + align_up((size_t)(rows * cols / 32 * 2));
-    case WeightLayout::Q4_0Planes: return align_up((size_t)(rows * cols / 2)) + align_up((size_t)(rows * cols / 32 * 2));
-    case WeightLayout::Q6KPlanes:
-      return align_up((size_t)(rows * cols / 2)) + align_up((size_t)(rows * cols / 4)) + align_up((size_t)(rows * cols / 16)) +
-             align_up((size_t)(rows * cols / 256 * 2));
-    case WeightLayout::Raw: break;
-  }
-  return align_up(w.bytes());
+  const DevicePlanes p = device_planes(w.type());
+  if (p.values == 0) return align_up(w.bytes());
+  size_t n = 0;
+  for (int bytes : p.bytes) n += align_up((size_t)(rows * cols / p.values * bytes));
+  return n;
 }
 
 DeviceArena::~DeviceArena() {
@@ -140,28 +213,28 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
   uint8_t* raw = nullptr;
   ROOFLINE_CUDA_CHECK(cudaMalloc(&raw, w.bytes()));
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(raw, w.data(), w.bytes(), cudaMemcpyHostToDevice, stream));
-  const int64_t n_blocks = rows * cols / (d.layout == WeightLayout::Q6KPlanes ? 256 : 32);
+  const DevicePlanes planes = device_planes(d.type);
+  const int64_t n_blocks = rows * cols / planes.values;
+  uint8_t* p[4] = {};
+  for (int i = 0; i < 4; ++i)
+    if (planes.bytes[i]) p[i] = arena.take((size_t)n_blocks * planes.bytes[i]);
   const int threads = 256;
   const int grid = (int)((n_blocks + threads - 1) / threads);
-  if (d.layout == WeightLayout::Q8_0Planes || d.layout == WeightLayout::Q4_0Planes) {
-    const bool q8 = d.layout == WeightLayout::Q8_0Planes;
-    uint8_t* pq = arena.take((size_t)n_blocks * (q8 ? 32 : 16));
-    uint8_t* pd = arena.take((size_t)n_blocks * 2);
-    if (q8) split_scale_kernel<32><<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
-    else split_scale_kernel<16><<<grid, threads, 0, stream>>>(raw, n_blocks, pq, pd);
-    d.data = pq;
-    d.plane1 = pd;
-  } else {
-    uint8_t* plo = arena.take((size_t)n_blocks * 128);
-    uint8_t* phi = arena.take((size_t)n_blocks * 64);
-    uint8_t* psc = arena.take((size_t)n_blocks * 16);
-    uint8_t* pd = arena.take((size_t)n_blocks * 2);
-    repack_q6_k_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, plo, phi, psc, pd);
-    d.data = plo;
-    d.plane1 = phi;
-    d.plane2 = psc;
-    d.plane3 = pd;
+  switch (d.layout) {
+    case WeightLayout::Q8_0Planes: split_block32_kernel<34, 2, false><<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2]); break;
+    case WeightLayout::Q4_0Planes: split_block32_kernel<18, 2, false><<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2]); break;
+    case WeightLayout::Q4_1Planes: split_block32_kernel<20, 4, false><<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2]); break;
+    case WeightLayout::Q5_0Planes: split_block32_kernel<22, 2, true><<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2]); break;
+    case WeightLayout::Q5_1Planes: split_block32_kernel<24, 4, true><<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2]); break;
+    case WeightLayout::Q6KPlanes: repack_q6_k_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2], p[3]); break;
+    case WeightLayout::Q3KPlanes: repack_q3_k_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2], p[3]); break;
+    case WeightLayout::Q2KPlanes: repack_q2_k_kernel<<<grid, threads, 0, stream>>>(raw, n_blocks, p[0], p[1], p[2]); break;
+    case WeightLayout::Raw: break;
   }
+  d.data = p[0];
+  d.plane1 = p[1];
+  d.plane2 = p[2];
+  d.plane3 = p[3];
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaFree(raw));
