@@ -1,21 +1,20 @@
 // The decode row products of the weight types a lane reads 32 values at a time: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-// IQ4_NL and the chunks of Q3_K and Q2_K as planes (backend/device_planes.h), IQ4_XS as in the file. One walker (block_partials)
-// moves a warp's lanes over the 32-value blocks of R rows (lane l takes blocks l, l + 32, ..; S blocks in flight,
-// every load of a round issued before its arithmetic), loading each token's 32 int8 activations once for the R
-// rows. A type's policy says the rest:
+// IQ4_NL and the chunks of Q3_K and Q2_K as planes (backend/device_planes.h), IQ4_XS as in the file. One walker
+// (block_partials) moves a warp's lanes over the 32-value blocks of R rows (lane l takes blocks l, l + 32, ..; S
+// blocks in flight, every load of a round issued before its arithmetic), loading each token's 32 int8 activations
+// once for the R rows. A type's policy says the rest:
 //   T::at(w, row)        the row's plane pointers;
 //   load(b)              block b's loads (a T::Loads, zero where the walker has no block);
-//   words(loads, b)      the block's values as eight words of four int8 (w0: values 0-15, w1: 16-31) and its
+//   words(loads, b)      the block's values as eight words of four int8 (values 0-15, then 16-31) and its
 //                        scales (these may load more: small per-block scales);
 //   T::add(acc, v, a0, a1, ad, as)   acc += the block's sum for one token (activations a0, a1 with step ad
 //                        and step-weighted sum as = ad * sum(q)).
-// Every float operation of a block's term is written out in add (where a sum of two products would leave the
-// compiler a choice of which to fuse, with explicit roundings: the choice differed between kernels for Q4_1), so
+// Every float operation of a block's term is written out in add (with explicit roundings where a sum of two
+// products would leave the compiler a choice of which to fuse: the choice differed between kernels for Q4_1), so
 // every caller of these functions gets the same bits for a row whatever shares its warp (cuda_matvec.cu,
-// cuda_moe_decode.cu). Q6_K keeps its own loop
-// (matvec_q6_k_partials, cuda_matvec_rows.cuh): through this walker (the same PTX but for the index arithmetic)
-// ptxas allocated its 5-8-token kernels otherwise, and steps of 8 tokens lost 4-8% on the H200 (qwen3-8b / 32b
-// Q4_K_M, -npl 8: 1372-1387 / 392 tok/s against 1499-1510 / 408).
+// cuda_moe_decode.cu). Q6_K keeps its own loop (matvec_q6_k_partials, cuda_matvec_rows.cuh): through this walker
+// (the same PTX but for the index arithmetic) ptxas allocated its 5-8-token kernels otherwise, and steps of 8
+// tokens lost 4-8% on the H200 (qwen3-8b / 32b Q4_K_M, -npl 8: 1372-1387 / 392 tok/s against 1499-1510 / 408).
 #pragma once
 
 #include "backend/cuda/cuda_matvec_rows.cuh"
