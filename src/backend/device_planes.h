@@ -9,7 +9,7 @@
 //   Q5_0    the file's 16 quant bytes | f16 scale | fifth bits (value e at byte e % 4, bit e / 4)
 //   Q5_1    the file's 16 quant bytes | f16 scale, f16 min | fifth bits
 //   Q6_K    low nibbles | 2-bit highs | int8 scales | f16 scale      (lane chunks of 32 values)
-//   Q3_K    low 2 bits | high bits | int8 scales (-32) | f16 scale   (lane chunks of 32 values)
+//   Q3_K    low 2 bits | sign bits | int8 scales (-32) | f16 scale   (lane chunks of 32 values)
 //   Q2_K    2-bit values | the file's scale bytes | f16 d, dmin    (lane chunks of 32 values)
 // Other types (Q4_K, Q5_K, IQ4_XS, the float types) stay as the file's blocks.
 #pragma once

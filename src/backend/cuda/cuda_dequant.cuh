@@ -94,8 +94,8 @@ __device__ inline void dequant_chunk32(const DeviceWeight& w, int64_t row, int64
         const float d = ld_half(w.plane3 + sb * 2);
         for (int e = 0; e < 32; ++e) {
           const int half = e / 16, t = e % 16;
-          const int low = (q[4 * half + t % 4] >> (2 * (t / 4))) & 3, high = (hi[e % 4] >> (e / 4)) & 1;
-          out[e] = d * (float)sc[half] * (float)((low | (high << 2)) - 4);
+          const int low = (q[4 * half + t % 4] >> (2 * (t / 4))) & 3, sign = (hi[e % 4] >> (e / 4)) & 1;
+          out[e] = d * (float)sc[half] * (float)(low - 4 * sign);
         }
       } else {
         const uint8_t* sc = w.plane1 + c * 2;

@@ -238,9 +238,10 @@ struct IQ4NLBlocks : Q4_0Blocks {
   }
 };
 
-// Q3_K planes: 8 B of low 2 bits per chunk (Q6_K's 2-bit word layout: values 0-15, then 16-31), 4 B of high
-// bits (value e at byte e % 4, bit e / 4), two int8 scales (s - 32) per chunk and an f16 d per super-block;
-// values (low | high << 2) - 4, -4..3 as in the file (a clear hmask bit subtracts 4). A chunk's sum:
+// Q3_K planes: 8 B of low 2 bits per chunk (Q6_K's 2-bit word layout: values 0-15, then 16-31), 4 B of sign bits
+// (the file's hmask bits inverted: value e at byte e % 4, bit e / 4), two int8 scales (s - 32) per chunk and an f16 d
+// per super-block; values low - 4 * sign, -4..3 as in the file, as int8 bytes low | sign * 0xFC (a multiply and an OR
+// where (low | high << 2) - 4 took a shift, an OR and a three-instruction byte-wise subtraction). A chunk's sum:
 // d * ad * (sc0 * dot(values 0-15) + sc1 * dot(values 16-31)), as Q6_K's (here with explicit roundings).
 struct Q3KBlocks {
   static constexpr bool kUsesSums = false;
@@ -271,8 +272,8 @@ struct Q3KBlocks {
     int* p1 = &v.w1.x;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      p0[k] = (int)__vsub4((unsigned)(((in.lo.x >> (2 * k)) & 0x03030303) | (((in.hi >> k) & 0x01010101) << 2)), 0x04040404u);
-      p1[k] = (int)__vsub4((unsigned)(((in.lo.y >> (2 * k)) & 0x03030303) | (((in.hi >> (4 + k)) & 0x01010101) << 2)), 0x04040404u);
+      p0[k] = ((in.lo.x >> (2 * k)) & 0x03030303) | (((in.hi >> k) & 0x01010101) * 0xFC);
+      p1[k] = ((in.lo.y >> (2 * k)) & 0x03030303) | (((in.hi >> (4 + k)) & 0x01010101) * 0xFC);
     }
     return v;
   }

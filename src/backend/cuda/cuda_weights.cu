@@ -112,9 +112,9 @@ __device__ void unpack_2bit_fields(const uint8_t* qs, uint8_t* v) {
       for (int l = 0; l < 32; ++l) v[128 * n + 32 * p + l] = (qs[32 * n + l] >> (2 * p)) & 3;
 }
 
-// One thread per super-block. Q3_K (hmask[32], qs[64], 12 scale bytes, f16 d): levels L = value + 4 (0..7) in
-// chunks of 32: their low 2 bits as put_2bit_word (8 B), their bit 2 as one word (value e at byte e % 4, bit
-// e / 4), the 16 6-bit scales unpacked to int8 (s - 32), and d.
+// One thread per super-block. Q3_K (hmask[32], qs[64], 12 scale bytes, f16 d): values low - 4 * sign (-4..3) in
+// chunks of 32: their low 2 bits as put_2bit_word (8 B), their sign bits (a clear hmask bit) as one word (value e at
+// byte e % 4, bit e / 4), the 16 6-bit scales unpacked to int8 (s - 32), and d.
 __global__ void repack_q3_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t* lo, uint8_t* hi, uint8_t* sc, uint8_t* d) {
   const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
@@ -123,7 +123,7 @@ __global__ void repack_q3_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t
   const uint8_t* scales = blk + 96;
   uint8_t v[256];
   unpack_2bit_fields(blk + 32, v);
-  for (int e = 0; e < 256; ++e) v[e] |= (uint8_t)(((hmask[e % 32] >> (e / 32)) & 1) << 2);  // bit set: the level is as stored
+  for (int e = 0; e < 256; ++e) v[e] |= (uint8_t)((~hmask[e % 32] >> (e / 32) & 1) << 2);  // bit 2: the sign (hmask clear: minus 4)
   for (int j = 0; j < 8; ++j) {
     put_2bit_word(v + 32 * j, lo + b * 64 + 8 * j);
     put_2bit_word(v + 32 * j + 16, lo + b * 64 + 8 * j + 4);
