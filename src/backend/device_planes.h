@@ -14,6 +14,7 @@
 // Other types (Q4_K, Q5_K, IQ4_XS, the float types) stay as the file's blocks.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "formats/dtype.h"
@@ -37,6 +38,17 @@ constexpr DevicePlanes device_planes(DType t) {
     case DType::Q2_K: return {256, {64, 16, 4, 0}};
     default: return {};
   }
+}
+
+// The bytes a matrix of n values of type t takes on the device with each plane (or, stored as in the file, its
+// file_bytes) rounded up to `align` (the weight arena's alignment).
+constexpr size_t device_matrix_bytes(DType t, int64_t n, size_t file_bytes, size_t align) {
+  const auto up = [align](size_t b) { return (b + align - 1) / align * align; };
+  const DevicePlanes p = device_planes(t);
+  if (p.values == 0) return up(file_bytes);
+  size_t bytes = 0;
+  for (int b : p.bytes) bytes += up((size_t)(n / p.values) * (size_t)b);
+  return bytes;
 }
 
 }  // namespace roofline

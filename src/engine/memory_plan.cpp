@@ -19,18 +19,11 @@ namespace {
 constexpr double kGiB = 1073741824.0;
 constexpr size_t kDeviceAlign = 256;  // the CUDA weight arena's alignment (cuda_weights.cu)
 
-size_t align_device(size_t n) { return (n + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign; }
 
 // A matrix as the CUDA backend stores it: some types split into aligned planes (backend/device_planes.h), others
 // as in the file.
 size_t device_matrix_bytes(const Weight& w) {
-  if (!w) return 0;
-  const size_t n = (size_t)w.tensor->n_elements();
-  const DevicePlanes p = device_planes(w.type());
-  if (p.values == 0) return align_device(w.bytes());
-  size_t bytes = 0;
-  for (int b : p.bytes) bytes += align_device(n / (size_t)p.values * (size_t)b);
-  return bytes;
+  return w ? roofline::device_matrix_bytes(w.type(), w.tensor->n_elements(), w.bytes(), kDeviceAlign) : 0;
 }
 
 // Norms, biases and other small tensors: uploaded as f32.

@@ -71,6 +71,11 @@ __device__ __forceinline__ int4 nibbles(int4 v, int shift) {
   return make_int4((v.x >> shift) & 0x0F0F0F0F, (v.y >> shift) & 0x0F0F0F0F, (v.z >> shift) & 0x0F0F0F0F, (v.w >> shift) & 0x0F0F0F0F);
 }
 
+// The term of a block whose values are w0 (0-15), w1 (16-31) times one scale: scale * ad * dot (Q8_0, IQ4_XS, IQ4_NL).
+__device__ __forceinline__ void add_scaled_dot(float& acc, float scale, int4 w0, int4 w1, int4 a0, int4 a1, float ad) {
+  acc += scale * ad * (float)dot16(w1, a1, dot16(w0, a0, 0));
+}
+
 // Q8_0 planes: a block's 32 int8 values and its f16 scale.
 struct Q8_0Blocks {
   static constexpr bool kUsesSums = false;
@@ -86,9 +91,7 @@ struct Q8_0Blocks {
   }
   __device__ Loads load(int64_t b) const { return {ld16(q + b * 32), ld16(q + b * 32 + 16), __half2float(d[b])}; }
   __device__ Words words(const Loads& in, int64_t) const { return in; }
-  static __device__ void add(float& acc, const Words& v, int4 a0, int4 a1, float ad, float) {
-    acc += v.d * ad * (float)dot16(v.q1, a1, dot16(v.q0, a0, 0));
-  }
+  static __device__ void add(float& acc, const Words& v, int4 a0, int4 a1, float ad, float) { add_scaled_dot(acc, v.d, v.q0, v.q1, a0, a1, ad); }
 };
 
 // Q4_0 planes: a block's 16 quant bytes as in the file (value j in the low nibble of byte j, j + 16 in the high
@@ -188,6 +191,10 @@ __device__ __forceinline__ int iq4_lookup4(uint32_t idx) {
   const uint32_t high = ((idx >> 3) & 0x01010101u) * 0xFFu;
   return (int)((lo & ~high) | (hi & high));
 }
+// Four words of four indices each (the nibbles of a block, 0-15 per byte) looked up in the table.
+__device__ __forceinline__ int4 iq4_lookup16(int4 idx) {
+  return make_int4(iq4_lookup4(idx.x), iq4_lookup4(idx.y), iq4_lookup4(idx.z), iq4_lookup4(idx.w));
+}
 
 // IQ4_XS as in the file (136-byte super-blocks: f16 d, 2 bytes of the scales' high bits, 4 of their low nibbles,
 // 128 of indices; 8-byte aligned, so a block's 16 index bytes are two 8-byte loads): value d * (ls - 32) * table[index].
@@ -212,30 +219,20 @@ struct IQ4XSBlocks {
     const int ls = (int)(((l >> (4 * s)) & 0xF) | (((h >> (16 + 2 * s)) & 3) << 4));
     Words v;
     v.dl = __half2float(__ushort_as_half((unsigned short)(h & 0xFFFF))) * (float)(ls - 32);
-    const uint32_t q[4] = {(uint32_t)in.qa.x, (uint32_t)in.qa.y, (uint32_t)in.qb.x, (uint32_t)in.qb.y};
-    v.lo = make_int4(iq4_lookup4(q[0] & 0x0F0F0F0Fu), iq4_lookup4(q[1] & 0x0F0F0F0Fu), iq4_lookup4(q[2] & 0x0F0F0F0Fu),
-                     iq4_lookup4(q[3] & 0x0F0F0F0Fu));
-    v.hi = make_int4(iq4_lookup4((q[0] >> 4) & 0x0F0F0F0Fu), iq4_lookup4((q[1] >> 4) & 0x0F0F0F0Fu), iq4_lookup4((q[2] >> 4) & 0x0F0F0F0Fu),
-                     iq4_lookup4((q[3] >> 4) & 0x0F0F0F0Fu));
+    const int4 q = make_int4(in.qa.x, in.qa.y, in.qb.x, in.qb.y);
+    v.lo = iq4_lookup16(nibbles(q, 0));
+    v.hi = iq4_lookup16(nibbles(q, 4));
     return v;
   }
-  static __device__ void add(float& acc, const Words& v, int4 a0, int4 a1, float ad, float) {
-    acc += v.dl * ad * (float)dot16(v.hi, a1, dot16(v.lo, a0, 0));
-  }
+  static __device__ void add(float& acc, const Words& v, int4 a0, int4 a1, float ad, float) { add_scaled_dot(acc, v.dl, v.lo, v.hi, a0, a1, ad); }
 };
 
 // IQ4_NL in Q4_0's planes: the quant bytes are indices into the IQ4_NL table; value d * table[index].
 struct IQ4NLBlocks : Q4_0Blocks {
   static constexpr bool kUsesSums = false;
   static __device__ IQ4NLBlocks at(const DeviceWeight& w, int64_t row) { return {Q4_0Blocks::at(w, row)}; }
-  __device__ Words words(const Loads& in, int64_t) const {
-    const int4 lo = nibbles(in.q, 0), hi = nibbles(in.q, 4);
-    return {make_int4(iq4_lookup4(lo.x), iq4_lookup4(lo.y), iq4_lookup4(lo.z), iq4_lookup4(lo.w)),
-            make_int4(iq4_lookup4(hi.x), iq4_lookup4(hi.y), iq4_lookup4(hi.z), iq4_lookup4(hi.w)), in.d};
-  }
-  static __device__ void add(float& acc, const Words& v, int4 a0, int4 a1, float ad, float) {
-    acc += v.d * ad * (float)dot16(v.hi, a1, dot16(v.lo, a0, 0));
-  }
+  __device__ Words words(const Loads& in, int64_t) const { return {iq4_lookup16(nibbles(in.q, 0)), iq4_lookup16(nibbles(in.q, 4)), in.d}; }
+  static __device__ void add(float& acc, const Words& v, int4 a0, int4 a1, float ad, float) { add_scaled_dot(acc, v.d, v.lo, v.hi, a0, a1, ad); }
 };
 
 // Q3_K planes: 8 B of low 2 bits per chunk (Q6_K's 2-bit word layout: values 0-15, then 16-31), 4 B of sign bits

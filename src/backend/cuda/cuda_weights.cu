@@ -156,12 +156,7 @@ __global__ void repack_q2_k_kernel(const uint8_t* raw, int64_t n_blocks, uint8_t
 }
 
 size_t device_weight_bytes(const Weight& w) {
-  const int64_t rows = w.tensor->n_rows(), cols = w.cols();
-  const DevicePlanes p = device_planes(w.type());
-  if (p.values == 0) return align_up(w.bytes());
-  size_t n = 0;
-  for (int bytes : p.bytes) n += align_up((size_t)(rows * cols / p.values * bytes));
-  return n;
+  return device_matrix_bytes(w.type(), w.tensor->n_rows() * w.cols(), w.bytes(), kAlign);
 }
 
 DeviceArena::~DeviceArena() {
