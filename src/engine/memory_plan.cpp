@@ -19,7 +19,6 @@ namespace {
 constexpr double kGiB = 1073741824.0;
 constexpr size_t kDeviceAlign = 256;  // the CUDA weight arena's alignment (cuda_weights.cu)
 
-
 // A matrix as the CUDA backend stores it: some types split into aligned planes (backend/device_planes.h), others
 // as in the file.
 size_t device_matrix_bytes(const Weight& w) {
