@@ -196,6 +196,14 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) {
 __device__ __forceinline__ __half2 small_uints_h2(uint32_t v) {
   return __hsub2(bits_h2(v | 0x64006400u), bits_h2(0x64006400u));  // (1024 + q) - 1024, exact
 }
+// (v & MASK) | 0x64006400 in one logic instruction: written as C, the compiler splits it in two (an
+// instruction takes one 32-bit immediate); the exponent bits come from a register here.
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t masked_with_exponent(uint32_t v) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "n"(MASK), "r"(0x64006400u));  // (a & b) | c
+  return r;
+}
 
 // One row's super-block as lane t holds it. Q4_K (GGUF blocks): header + quant bytes [16t, 16t+16) and
 // [64+16t, 64+16t+16); load h, word u, nibble p hold elements 4u..4u+3 of sub-block 2(2h + t/2) + p at
@@ -229,29 +237,50 @@ struct RowBlock<DType::Q4_K> {
     q[4] = q1.x; q[5] = q1.y; q[6] = q1.z; q[7] = q1.w;
   }
   // Scale and offset (as half2 broadcasts) of the sub-block of load h, nibble p: w = q * scale - offset.
-  // (Register selects only: a run-time index into these arrays would put them in local memory.) The
-  // 6-bit scale and min become halves exactly through the 1024 + n trick and are multiplied by d and
-  // dmin in one half2 product (d * sc rounds to half once, as a float product converted would), which
-  // keeps this off the slow int/float conversion pipe.
-  __device__ __forceinline__ void scales(int h, int p, int t, __half2& scale, __half2& offset) const {
-    const int sh = 8 * (2 * (t / 2) + p);  // byte of sub-block 4h + 2(t/2) + p within its 4-byte group
-    uint32_t s, m;
+  // (Register selects only: a run-time index into these arrays would put them in local memory.) The four
+  // 6-bit scales (and mins) of load h's sub-blocks are unpacked together, one byte each; one byte
+  // permutation then pairs the lane's scale and min (sub-block 4h + 2(t/2) + p: `sel` = lane_scale_selector)
+  // and they become halves exactly through the 1024 + n trick, multiplied by d and dmin in one half2
+  // product (d * sc rounds to half once, as a float product converted would). Integer and logic
+  // instructions are what this kernel's issue slots are short of (ncu at 16 tokens: the ALU pipe the
+  // busiest), so the unpacking is shared by the lane's two sub-blocks of each load.
+  static __device__ __forceinline__ uint32_t lane_scale_selector(int t, int p) {
+    const uint32_t b = 2 * (t / 2) + p;  // the byte of the lane's sub-block in the four unpacked scales
+    return b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12);
+  }
+  __device__ __forceinline__ void scales(int h, uint32_t sel, __half2& scale, __half2& offset) const {
+    uint32_t s4, m4;  // byte j: scale (min) of sub-block 4h + j
     if (h == 0) {
-      s = (sc[0] >> sh) & 63;
-      m = (sc[1] >> sh) & 63;
+      s4 = sc[0] & 0x3F3F3F3Fu;
+      m4 = sc[1] & 0x3F3F3F3Fu;
     } else {
-      s = ((sc[2] >> sh) & 0xF) | (((sc[0] >> (sh + 6)) & 3) << 4);
-      m = ((sc[2] >> (sh + 4)) & 0xF) | (((sc[1] >> (sh + 6)) & 3) << 4);
+      s4 = (sc[2] & 0x0F0F0F0Fu) | ((sc[0] >> 2) & 0x30303030u);
+      m4 = ((sc[2] >> 4) & 0x0F0F0F0Fu) | ((sc[1] >> 2) & 0x30303030u);
     }
-    const __half2 sm = __hmul2(small_uints_h2(s | (m << 16)), bits_h2(dm));  // (d * sc, dmin * m)
+    const uint32_t pair = masked_with_exponent<0x00FF00FFu>(__byte_perm(s4, m4, sel));  // (1024 + sc, 1024 + m)
+    const __half2 sm = __hmul2(__hsub2(bits_h2(pair), bits_h2(0x64006400u)), bits_h2(dm));  // (d * sc, dmin * m)
     scale = __low2half2(sm);
     offset = __high2half2(sm);
   }
-  // A-fragment halves for word u of load h, nibble p: (e0, e2) and (e1, e3).
+  // A-fragment halves for word u of load h, nibble p: (e0, e2) and (e1, e3). The nibbles become halves
+  // exactly: low ones as (1024 + q) - 1024, high ones in place as (1024 + 16 q) / 16 - 64 (no shift).
+  // Bytes 1 and 3 come down by a shift for the low nibbles and by a byte permutation (which brings the
+  // exponent bits too) for the high ones: two forms, so the compiler does not keep the shifted words
+  // of every row alive between the two nibbles' products (registers this kernel does not have).
   __device__ __forceinline__ void group(int h, int p, int u, __half2 scale, __half2 offset, uint32_t& lo, uint32_t& hi) const {
-    const uint32_t v = q[4 * h + u] >> (4 * p);
-    lo = h2_bits(__hfma2(small_uints_h2(v & 0x000F000Fu), scale, __hneg2(offset)));
-    hi = h2_bits(__hfma2(small_uints_h2((v >> 8) & 0x000F000Fu), scale, __hneg2(offset)));
+    const uint32_t w = q[4 * h + u];
+    __half2 v02, v13;
+    if (p == 0) {
+      const __half2 k1024 = bits_h2(0x64006400u);
+      v02 = __hsub2(bits_h2(masked_with_exponent<0x000F000Fu>(w)), k1024);
+      v13 = __hsub2(bits_h2(masked_with_exponent<0x000F000Fu>(w >> 8)), k1024);
+    } else {
+      const __half2 sixteenth = bits_h2(0x2C002C00u), minus64 = bits_h2(0xD400D400u);
+      v02 = __hfma2(bits_h2(masked_with_exponent<0x00F000F0u>(w)), sixteenth, minus64);
+      v13 = __hfma2(bits_h2(__byte_perm(w, 0x64646464u, 0x4341) & 0xFFF0FFF0u), sixteenth, minus64);
+    }
+    lo = h2_bits(__hfma2(v02, scale, __hneg2(offset)));
+    hi = h2_bits(__hfma2(v13, scale, __hneg2(offset)));
   }
   // Offset in halves, inside the super-block, of the activations of word u of load h, nibble p.
   static __device__ __forceinline__ int x_offset(int h, int p, int u, int t) { return 64 * (t / 2) + 16 * (t % 2) + 128 * h + 32 * p + 4 * u; }
@@ -295,20 +324,23 @@ struct RowBlock<DType::Q6_K> {
     hi[0] = h0.x; hi[1] = h0.y; hi[2] = h1.x; hi[3] = h1.y;
     sc[0] = s.x; sc[1] = s.y; sc[2] = s.z; sc[3] = s.w;
   }
-  __device__ __forceinline__ void scales(int h, int p, int t, __half2& scale, __half2& offset) const {
-    // Sub-block 2(t + 4h) + p: word 2h + t/2, byte 2(t%2) + p.
-    const uint32_t word = (t / 2) ? sc[2 * h + 1] : sc[2 * h];
+  // Sub-block 2(t + 4h) + p: word 2h + t/2 (bit 8 of the selector), byte 2(t%2) + p (its shift, bits 0-7).
+  static __device__ __forceinline__ uint32_t lane_scale_selector(int t, int p) { return (t / 2) << 8 | 8 * (2 * (t % 2) + p); }
+  __device__ __forceinline__ void scales(int h, uint32_t sel, __half2& scale, __half2& offset) const {
+    const uint32_t word = (sel >> 8) ? sc[2 * h + 1] : sc[2 * h];
     // The signed scale biased by 128 becomes a half exactly (1024 + 128 + sc), then times d.
-    const uint32_t biased = ((word >> (8 * (2 * (t % 2) + p))) & 0xFF) ^ 0x80;
+    const uint32_t biased = ((word >> (sel & 0xFF)) & 0xFF) ^ 0x80;
     const __half sv = __hsub(__ushort_as_half((unsigned short)(0x6400 | biased)), __ushort_as_half((unsigned short)0x6480));
     scale = __half2half2(__hmul(sv, d));
     offset = __half2half2(__ushort_as_half((unsigned short)0));
   }
+  // Word u of load h, part p: its 6-bit values (low nibbles | high bits << 4, one per byte) become halves
+  // exactly as (1024 + q) - 1056 = q - 32.
   __device__ __forceinline__ void group(int h, int p, int u, __half2 scale, __half2, uint32_t& lo_out, uint32_t& hi_out) const {
     const uint32_t q = ((lo[4 * h + u] >> (4 * p)) & 0x0F0F0F0Fu) | (((hi[2 * h + p] >> (2 * u)) & 0x03030303u) << 4);
-    const __half2 bias = __float2half2_rn(32.0f);
-    lo_out = h2_bits(__hmul2(__hsub2(small_uints_h2(q & 0x00FF00FFu), bias), scale));
-    hi_out = h2_bits(__hmul2(__hsub2(small_uints_h2((q >> 8) & 0x00FF00FFu), bias), scale));
+    const __half2 bias = bits_h2(0x64206420u);  // 1056
+    lo_out = h2_bits(__hmul2(__hsub2(bits_h2(masked_with_exponent<0x00FF00FFu>(q)), bias), scale));
+    hi_out = h2_bits(__hmul2(__hsub2(bits_h2(masked_with_exponent<0x00FF00FFu>(q >> 8)), bias), scale));
   }
   static __device__ __forceinline__ int x_offset(int h, int p, int u, int t) { return 32 * t + 128 * h + 16 * p + 4 * u; }
 };
@@ -392,6 +424,7 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
     for (int s = 0; s < S - 1; ++s) stage_copy(sb_begin + s, s);
   }
   float acc[MT][NT][4] = {};
+  const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
   int stage = 0;
   for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
     copy_async_wait<S - 2>();
@@ -412,7 +445,7 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
       for (int p = 0; p < 2; ++p) {
         __half2 scale[2 * MT], offset[2 * MT];
 #pragma unroll
-        for (int i = 0; i < 2 * MT; ++i) blk[i].scales(h, p, t, scale[i], offset[i]);
+        for (int i = 0; i < 2 * MT; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
 #pragma unroll
         for (int u2 = 0; u2 < 4; u2 += 2) {
           int4 b[NT];  // B fragments of words u2 (x, y) and u2 + 1 (z, w)
