@@ -517,13 +517,29 @@ __global__ void to_f16_fragments_kernel(const float* x, int n_tok, int64_t cols,
   out[i] = o.v;
 }
 
-__global__ void split_k_reduce_kernel(const float* part, int splits, int n_tok, int64_t rows, float* y, int ldy, bool accumulate) {
+// The partial sums of every member of a launch, reduced in one launch: element i of member k (k's
+// elements start at end[k - 1]: n_tok x rows of it, token-major) adds its splits in split order.
+struct SplitSums {
+  float* y[kMatvecGroupMax];
+  int64_t part_off[kMatvecGroupMax], rows[kMatvecGroupMax], end[kMatvecGroupMax];
+  int ldy[kMatvecGroupMax];
+  int count;
+};
+__global__ void split_k_reduce_kernel(const float* part, SplitSums m, int splits, int n_tok, bool accumulate) {
   wait_for_previous_kernel();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n_tok * rows) return;
-  const int64_t n = i / rows, r = i % rows;
+  if (i >= m.end[m.count - 1]) return;
+  // i's member by register selects (a run-time index into the parameter arrays would copy them to local memory)
+  float* y = m.y[0];
+  int64_t off = m.part_off[0], rows = m.rows[0], first = 0;
+  int ldy = m.ldy[0];
+#pragma unroll
+  for (int k = 1; k < kMatvecGroupMax; ++k)
+    if (k < m.count && i >= m.end[k - 1]) y = m.y[k], off = m.part_off[k], rows = m.rows[k], first = m.end[k - 1], ldy = m.ldy[k];
+  const int64_t n = (i - first) / rows, r = (i - first) % rows;
+  const float* p = part + off;
   float sum = 0;
-  for (int s = 0; s < splits; ++s) sum += part[((int64_t)s * n_tok + n) * rows + r];
+  for (int s = 0; s < splits; ++s) sum += p[((int64_t)s * n_tok + n) * rows + r];
   float* dst = y + n * ldy + r;
   *dst = accumulate ? *dst + sum : sum;
 }
@@ -649,11 +665,19 @@ void launch_mma_experts(const DeviceWeight& w, int64_t rows_per_expert, const Ex
 
 void reduce_k_splits(const MmaPlan& plan, int n_tok, bool accumulate, const float* part, cudaStream_t stream) {
   if (plan.splits < 2) return;
-  for (int k = 0; k < plan.m.count; ++k) {
-    const int64_t rows = plan.m.w[k].rows, n = (int64_t)n_tok * rows;
-    launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), part + plan.m.part_off[k],
-           (int)plan.splits, n_tok, rows, plan.m.y[k], plan.m.ldy[k], accumulate);
+  SplitSums m{};
+  m.count = plan.m.count;
+  int64_t n = 0;
+  for (int k = 0; k < m.count; ++k) {
+    m.y[k] = plan.m.y[k];
+    m.ldy[k] = plan.m.ldy[k];
+    m.part_off[k] = plan.m.part_off[k];
+    m.rows[k] = plan.m.w[k].rows;
+    n += (int64_t)n_tok * m.rows[k];
+    m.end[k] = n;
   }
+  launch(split_k_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), part, m, (int)plan.splits, n_tok,
+         accumulate);
 }
 
 std::atomic<int64_t> f16_copy_gemm_calls{0};  // (gpu_f16_copy_gemm_calls_for_test)
