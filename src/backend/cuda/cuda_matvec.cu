@@ -151,8 +151,11 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
 
 // F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
 // kernels without them are the products as they were, register for register.
+// The register budget of a kernel: a minimum of CTAs a SM for its launch bounds (0: none given).
+template <int B, Kind K, int R>
+constexpr int matvec_min_ctas() { return B == 1 ? 1 : 0; }
 template <int B, Kind K, int R, int S, bool F>
-__global__ void __launch_bounds__(kWarps * 32) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
+__global__ void __launch_bounds__(kWarps * 32, (matvec_min_ctas<B, K, R>())) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
   const bool live = unit < g.first_unit[g.n];
