@@ -151,7 +151,11 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
 
 // F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
 // kernels without them are the products as they were, register for register.
-// The register budget of a kernel: a minimum of CTAs a SM for its launch bounds (0: none given).
+// The register budget of a kernel: a minimum of CTAs a SM for its launch bounds (0: none given). With an
+// explicit minimum of one, ptxas gives the one-token kernels the registers it otherwise holds back (Q4_K two
+// rows a warp: 93 instead of 72) and schedules more of a round's loads at once: measured on an H200 qwen3-32b
+// tg64 +6-7%, gemma3-27b +8%, qwen3.5-27b +5.6% (docs/performance.md, twenty-seventh session). The kernels of
+// 2-8 tokens keep ptxas's own budget (a minimum of 3-4 CTAs a SM spilled and lost up to 10% at 6-8 tokens).
 template <int B, Kind K, int R>
 constexpr int matvec_min_ctas() { return B == 1 ? 1 : 0; }
 template <int B, Kind K, int R, int S, bool F>
