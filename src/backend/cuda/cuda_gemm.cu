@@ -192,12 +192,9 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) {
   return h;
 }
 
-// Unsigned integers in the low bits of each half of `v` (< 1024) -> half2 of their values.
-__device__ __forceinline__ __half2 small_uints_h2(uint32_t v) {
-  return __hsub2(bits_h2(v | 0x64006400u), bits_h2(0x64006400u));  // (1024 + q) - 1024, exact
-}
-// (v & MASK) | 0x64006400 in one logic instruction: written as C, the compiler splits it in two (an
-// instruction takes one 32-bit immediate); the exponent bits come from a register here.
+// (v & MASK) | 0x64006400 in one logic instruction: the halves of the result are 1024 + the masked bits (< 1024),
+// from which a subtraction of 1024 gives the small unsigned integers exactly. Written as C, the compiler splits
+// it in two (an instruction takes one 32-bit immediate); the exponent bits come from a register here.
 template <uint32_t MASK>
 __device__ __forceinline__ uint32_t masked_with_exponent(uint32_t v) {
   uint32_t r;
