@@ -149,8 +149,6 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
   finish_block(kind, norm_w, q, d, s, ssq, row_factor, eps, counters, grid_counter, y0, ldy0, y1, ldy1, row0, rows, expected, n_tokens, lane);
 }
 
-// F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
-// kernels without them are the products as they were, register for register.
 // The register budget of a kernel: a minimum of CTAs a SM for its launch bounds (0: none given). With an
 // explicit minimum of one, ptxas gives the one-token kernels the registers it otherwise holds back (Q4_K two
 // rows a warp: 93 instead of 72) and schedules more of a round's loads at once: measured on an H200 qwen3-32b
@@ -158,6 +156,8 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
 // 2-8 tokens keep ptxas's own budget (a minimum of 3-4 CTAs a SM spilled and lost up to 10% at 6-8 tokens).
 template <int B, Kind K, int R>
 constexpr int matvec_min_ctas() { return B == 1 ? 1 : 0; }
+// F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
+// kernels without them are the products as they were, register for register.
 template <int B, Kind K, int R, int S, bool F>
 __global__ void __launch_bounds__(kWarps * 32, (matvec_min_ctas<B, K, R>())) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
