@@ -76,6 +76,8 @@ void gpu_use_int8_products_for_test(int mode);
 void gpu_set_matvec_pipe_for_test(int64_t max_sb);
 // For tests: rows per warp (2 or 4) of the 2-8 token Q4_K products, or back to ROOFLINE_MATVEC_Q4K_ROWS's (0; unset: 4).
 void gpu_set_matvec_q4k_rows_for_test(int rows);
+// For tests: rows per warp of one-token Q4_K products (2 or 4) and Q6_K products (1 or 2), or the launch's rule (0).
+void gpu_set_matvec_one_token_rows_for_test(int q4k_rows, int q6k_rows);
 // For tests: how many products have multiplied a weight's f16 copy (GpuBackendOptions::f16_copies) in this process.
 int64_t gpu_f16_copy_gemm_calls_for_test();
 // For tests: the fewest rows whose products take the f16 copies (at least 9), or back to ROOFLINE_F16_COPY_MIN_ROWS's (0).

@@ -1,5 +1,5 @@
 // Decode products of quantized weights give the same bits whatever path takes them: the one-token Q4_K kernel
-// with its rounds of loads pipelined or not; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor
+// with its rounds of loads pipelined or not, one-token products with any rows a warp; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor
 // cores (cuda_matvec_mma.cu), against the warp kernels and against one token at a time (skipped where no GPU is present, e.g. CI).
 #include <gtest/gtest.h>
 
@@ -42,6 +42,40 @@ TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
     const std::vector<double> ref = q4.times(x, 0);
     std::vector<float> reff(ref.begin(), ref.end());
     EXPECT_LT(test::nmse(piped.data(), reff.data(), reff.size()), 2e-4) << "cols " << cols;
+  }
+}
+
+// One-token products give the same bits with any rows a warp (the launch's rule picks them by its waves:
+// one_token_rows, cuda_matvec.cu): Q4_K with two or four, Q6_K with one or two, alone and joined as q/k/v are
+// (rows of 3, 16, 20 and 33 super-blocks, a short last warp).
+TEST(GpuMatmulTest, OneTokenRowsAWarpGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_set_matvec_one_token_rows_for_test(0, 0); }
+  } restore;
+  Rng rng(41);
+  for (const int64_t cols : {768, 4096, 5120, 8448}) {
+    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
+    std::vector<float> x((size_t)cols);
+    for (float& v : x) v = (float)rng.normal();
+    const Weight q4w = q4.weight(), q6w = q6.weight();
+    std::vector<float> q4_out[2], q6_out[2], joined[2];
+    for (int form = 0; form < 2; ++form) {
+      gpu_set_matvec_one_token_rows_for_test(form ? 4 : 2, form ? 2 : 1);
+      q4_out[form] = gpu_matmul_for_test(q4w, x, 1);
+      q6_out[form] = gpu_matmul_for_test(q6w, x, 1);
+      joined[form] = gpu_joined_products_for_test({&q4w, &q6w}, x, 1);
+    }
+    ASSERT_EQ(q4_out[0].size(), 67u);
+    ASSERT_EQ(q6_out[0].size(), 45u);
+    ASSERT_EQ(joined[0].size(), 112u);
+    EXPECT_EQ(0, std::memcmp(q4_out[0].data(), q4_out[1].data(), 67 * sizeof(float))) << "Q4_K, cols " << cols;
+    EXPECT_EQ(0, std::memcmp(q6_out[0].data(), q6_out[1].data(), 45 * sizeof(float))) << "Q6_K, cols " << cols;
+    EXPECT_EQ(0, std::memcmp(joined[0].data(), joined[1].data(), 112 * sizeof(float))) << "Q4_K with Q6_K, cols " << cols;
+    const std::vector<double> ref4 = q4.times(x, 0), ref6 = q6.times(x, 0);
+    const std::vector<float> ref4f(ref4.begin(), ref4.end()), ref6f(ref6.begin(), ref6.end());
+    EXPECT_LT(test::nmse(q4_out[1].data(), ref4f.data(), ref4f.size()), 2e-4) << "Q4_K, cols " << cols;
+    EXPECT_LT(test::nmse(q6_out[1].data(), ref6f.data(), ref6f.size()), 2e-4) << "Q6_K, cols " << cols;
   }
 }
 

@@ -15,7 +15,7 @@ CudaBackend::CudaBackend(const GpuBackendOptions& options) : options_(options) {
   ROOFLINE_CUDA_CHECK(cudaGetDeviceCount(&count));
   if (options.device < 0 || options.device >= count) fail("GPU {} does not exist ({} found)", options.device, count);
   ROOFLINE_CUDA_CHECK(cudaSetDevice(options.device));
-  matvec_pipelined_wave_ctas();  // an occupancy query: here, not first inside a decode step's graph capture
+  matvec_query_waves();  // occupancy queries: here, not first inside a decode step's graph capture
   // With prompt weights dequantized ahead on a side stream (cuda_dequant_ahead.cuh) the step's stream
   // takes the greatest priority.
   ahead_slots_ = DequantAhead::slots_wanted(options.dequant_ahead_slots);

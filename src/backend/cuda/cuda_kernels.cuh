@@ -70,10 +70,9 @@ __device__ __forceinline__ DeviceWeight expert_view_of(const DeviceWeight& w, in
 // y[t * ldy + r] (+)= sum_c W[r, c] x[t, c] for t < n_tokens (n_tokens <= 8): int8 activations for the
 // quantized types with a dp4a kernel (Q4_K, Q5_K, Q6_K, Q8_0), float activations otherwise.
 bool matvec_uses_q8(DType type);
-// CTAs of the pipelined one-token Q4_K kernel the current device holds at once (its occupancy, read once per
-// device, times the SMs): a launch of at most that many takes the pipelined form by default (cuda_matvec.cu).
-// Backends read it once at creation, outside any graph capture.
-int64_t matvec_pipelined_wave_ctas();
+// Reads the occupancy of the one-token kernels whose launches are chosen by the waves of CTAs they need
+// (cuda_matvec.cu: the pipelined Q4_K form, rows a warp). Backends call it once at creation, outside any graph capture.
+void matvec_query_waves();
 // A decode product's epilogue that writes the int8 input of the product after it, so that no norm or
 // SwiGLU kernel runs between them. When the last warp of a 32-row block of the output has stored its
 // rows, that warp forms the block of the next input for every token row and quantizes it into `out`:

@@ -46,7 +46,7 @@ template <> struct BlocksOf<Kind::IQ4NL> { using T = IQ4NLBlocks; };
 template <Kind K>
 using Blocks = typename BlocksOf<K>::T;
 // Rows per warp (R) and super-blocks (Q8_0: blocks) in flight per lane group (S) of Q6_K and Q8_0. 2-4 tokens: four rows (the activations are the larger part of the L1 traffic); 5-8: two (four
-// would spill). One token: one row, with two super-blocks in flight per lane group where a row is one
+// would spill). One token: one row (Q6_K: one_token_rows), with two super-blocks in flight per lane group where a row is one
 // or two whole rounds of eight (the four lane groups x 2; ROOFLINE_MATVEC_SB2_ROUNDS raises the limit),
 // else one. Measured on the H200 (tg128): qwen3-8b (rows of 16 and 48 super-blocks) R1/S1 everywhere
 // 299.5, S2 on the 16-super-block rows 304.7, also on the 48 309.1, R2/S2 297.1, R4/S1 235.0;
@@ -55,6 +55,7 @@ using Blocks = typename BlocksOf<K>::T;
 // (all read once).
 struct RowShape {
   int rows = 1, sbs = 1;
+  bool forced_rows = false;  // set by ROOFLINE_MATVEC_ROWS1: one_token_rows leaves it
 };
 // Q4_K (4 lanes per super-block) takes two rows per warp for one token (four for 2-8 tokens: q4k_warp_rows): they
 // share each activation load, which the L1 limits (ncu, qwen3-32b gate+up with one row per warp: 2.6 TB/s with the
@@ -80,6 +81,7 @@ RowShape row_shape(Kind k, int n_tokens, int64_t cols) {
   const int64_t per_round = block32(k) ? 64 * 32 : 8 * 256;  // values a warp's lanes take in one round of S = 2
   RowShape shape{1, cols % per_round == 0 && cols / per_round <= max_rounds ? 2 : 1};
   if (forced.rows) shape.rows = forced.rows;
+  shape.forced_rows = forced.rows != 0;
   if (forced.sbs) shape.sbs = forced.sbs;
   return shape;
 }
@@ -277,7 +279,7 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
 // (tg128, docs/performance.md): for every launch, qwen3-8b +3% (411.3 / 414.3 against 399.2 / 401.2),
 // qwen3-32b -1.2%, qwen3.5-27b -1.5%; capped at 96 registers (spills) all three lost; for rows of up to 16
 // super-blocks only, qwen3-8b level. So the rule: a launch whose CTAs all fit on the GPU at once at the
-// pipelined kernel's occupancy (matvec_pipelined_wave_ctas), where the lower occupancy costs no second wave
+// pipelined kernel's occupancy (wave_ctas), where the lower occupancy costs no second wave
 // (qwen3-8b's o and Q4_K down): qwen3-8b 410.8 / 410.3 / 402.6 against 397.5 three times, qwen3-32b (no
 // launch that small) level. ROOFLINE_MATVEC_PIPE=N instead pipelines every launch of rows of up to N
 // super-blocks (0: never).
@@ -290,19 +292,30 @@ int64_t matvec_pipe_max_sb() {
   }();
   return matvec_pipe_for_test >= 0 ? matvec_pipe_for_test : v;
 }
-}  // namespace
 
-int64_t matvec_pipelined_wave_ctas() {
+// The CTAs of one wave of a one-token kernel on the current device: its occupancy (read once per device) times the SMs.
+template <Kind K, int R, int S>
+int64_t wave_ctas() {
   static int64_t waves[64] = {};
   int dev = 0;
   ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
   int64_t& w = waves[dev & 63];
   if (w == 0) {
     int occ = 0;
-    ROOFLINE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, matvec_kernel<1, Kind::Q4K, 2, 2, false>, kWarps * 32, 0));
+    ROOFLINE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, matvec_kernel<1, K, R, S, false>, kWarps * 32, 0));
     w = std::max<int64_t>(1, (int64_t)occ * sm_count());
   }
   return w;
+}
+}  // namespace
+
+void matvec_query_waves() {
+  wave_ctas<Kind::Q4K, 2, 2>();
+  wave_ctas<Kind::Q4K, 2, 1>();
+  wave_ctas<Kind::Q4K, 4, 1>();
+  wave_ctas<Kind::Q4K6K, 2, 1>();
+  wave_ctas<Kind::Q4K6K, 4, 1>();
+  wave_ctas<Kind::Q6K, 1, 1>();
 }
 
 namespace {
@@ -313,7 +326,7 @@ namespace {
 // (-p 128 -n 32 -npl 2,4,8, generated tok/s, docs/performance.md): qwen3-8b 620 / 895 / 1128 -> 690-705 /
 // 1013-1069 / 1434-1499, qwen3-32b 201 / 261 / 317 -> 226-231 / 296-300 / 398-402; eight rows (up to 4
 // tokens) lost 8-17%, and so did four rows for one token (tg32 -5%) and for Q6_K / Q8_0 at 5-8 tokens
-// (-8-10%). ROOFLINE_MATVEC_Q4K_ROWS=2 takes two.
+// (-8-10%). ROOFLINE_MATVEC_Q4K_ROWS=2 takes two. One token: one_token_rows.
 int q4k_rows_for_test = 0;  // gpu_set_matvec_q4k_rows_for_test: 0 the environment's
 int q4k_warp_rows(int n_tokens) {
   static const int few = [] {
@@ -324,10 +337,45 @@ int q4k_warp_rows(int n_tokens) {
   return q4k_rows_for_test ? q4k_rows_for_test : few;
 }
 
+// Rows a warp of one-token products by the waves of CTAs their launch needs. A launch of little more than one
+// wave runs a second, nearly empty one (each warp's rounds of loads are a memory latency each, so a wave costs
+// about as much full as nearly empty); more rows a warp fit it in one, and put as many bytes in flight per SM.
+// - Q6_K (rounds of one super-block a lane group): two rows where one-row CTAs would need more than one wave.
+// - Q4_K and Q4_K/Q6_K groups: four rows where two-row CTAs would need more than one wave and four-row ones fit in one.
+// Measured on an H200 (tg64, two rounds alternated, docs/performance.md, twenty-eighth session), against one Q6_K
+// row and two Q4_K rows everywhere: qwen3-32b 139.9 / 140.1 -> 146.7 / 146.1 (its 5120-row Q6_K down: 1.08 waves of
+// one-row CTAs at 51 registers, one of two-row ones at 80), qwen3.5-27b 157.1 / 157.2 -> 162.5 / 162.0, gemma3-27b
+// 150.4 / 150.1 -> 158.5 / 159.9 (of which the Q4_K rule, for its o, q/k/v and Q4_K down at 1.02-1.55 waves: 155.0 /
+// 154.6 -> 158.5 / 159.9), qwen3-8b 437.3 / 438.2 -> 440.1 / 443.1, qwen3-30b-a3b level. Four Q4_K rows for every
+// launch lost 3% on qwen3-32b and qwen3.5-27b, four Q6_K rows 1-3%.
+// ROOFLINE_MATVEC_ROWS1 (Q6_K and the 32-value kinds) and ROOFLINE_MATVEC_Q4K_ROWS1 (2 or 4) override the rule.
+int one_token_q4k_rows_for_test = 0, one_token_q6k_rows_for_test = 0;  // gpu_set_matvec_one_token_rows_for_test
+int64_t ctas_at(int64_t rows, int rows_per_warp) { return (rows + (int64_t)rows_per_warp * kWarps - 1) / ((int64_t)rows_per_warp * kWarps); }
+void one_token_rows(Kind kind, int64_t rows, RowShape& shape) {
+  if (kind == Kind::Q6K && !shape.forced_rows) {
+    if (one_token_q6k_rows_for_test) shape.rows = one_token_q6k_rows_for_test;
+    else if (shape.sbs == 1) shape.rows = ctas_at(rows, 1) > wave_ctas<Kind::Q6K, 1, 1>() ? 2 : 1;
+  }
+  if (kind != Kind::Q4K && kind != Kind::Q4K6K) return;
+  static const int forced = [] {
+    const char* e = std::getenv("ROOFLINE_MATVEC_Q4K_ROWS1");
+    const int r = e ? std::atoi(e) : 0;
+    return r == 2 || r == 4 ? r : 0;
+  }();
+  if (one_token_q4k_rows_for_test || forced) {
+    shape.rows = one_token_q4k_rows_for_test ? one_token_q4k_rows_for_test : forced;
+    return;
+  }
+  const bool q4k = kind == Kind::Q4K;
+  const int64_t wave2 = q4k ? wave_ctas<Kind::Q4K, 2, 1>() : wave_ctas<Kind::Q4K6K, 2, 1>();
+  const int64_t wave4 = q4k ? wave_ctas<Kind::Q4K, 4, 1>() : wave_ctas<Kind::Q4K6K, 4, 1>();
+  shape.rows = ctas_at(rows, 2) > wave2 && ctas_at(rows, 4) <= wave4 ? 4 : 2;
+}
+
 bool matvec_pipelined(const MatvecGroup& g) {
   const int64_t max_sb = matvec_pipe_max_sb();
   if (max_sb >= 0) return g.w[0].cols / 256 <= max_sb;
-  return (g.first_unit[g.n] + kWarps - 1) / kWarps <= matvec_pipelined_wave_ctas();
+  return (g.first_unit[g.n] + kWarps - 1) / kWarps <= wave_ctas<Kind::Q4K, 2, 2>();
 }
 
 template <int B>
@@ -335,6 +383,10 @@ void launch_matvec(const MatvecGroup& g, Kind kind, RowShape shape, const ActQ8&
                    cudaStream_t stream) {
   const bool q4k = kind == Kind::Q4K || kind == Kind::Q4K6K;
   if constexpr (B == 1) {
+    if (q4k && shape.rows == 4) {
+      if (kind == Kind::Q4K) return launch_one<B, Kind::Q4K, 4, 1>(g, act, x, accumulate, ep, stream);
+      return launch_one<B, Kind::Q4K6K, 4, 1>(g, act, x, accumulate, ep, stream);
+    }
     if (q4k && matvec_pipelined(g)) {
       if (kind == Kind::Q4K) return launch_one<B, Kind::Q4K, 2, 2>(g, act, x, accumulate, ep, stream);
       return launch_one<B, Kind::Q4K6K, 2, 2>(g, act, x, accumulate, ep, stream);
@@ -595,6 +647,11 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
     if (kind_of(*ws[m]) != kind) kind = Kind::Q4K6K;
   RowShape shape = kind == Kind::Q4K6K ? RowShape{2, 1} : row_shape(kind, n_tokens, ws[0]->cols);
   if (kind == Kind::Q4K || kind == Kind::Q4K6K) shape.rows = q4k_warp_rows(n_tokens);
+  if (n_tokens == 1) {
+    int64_t rows = 0;
+    for (int m = 0; m < count; ++m) rows += ws[m]->rows;
+    one_token_rows(kind, rows, shape);
+  }
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
     const Kind km = kind_of(*ws[m]);
@@ -634,5 +691,9 @@ namespace roofline {
 
 void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
 void gpu_set_matvec_q4k_rows_for_test(int rows) { cuda::q4k_rows_for_test = rows == 2 || rows == 4 ? rows : 0; }
+void gpu_set_matvec_one_token_rows_for_test(int q4k_rows, int q6k_rows) {
+  cuda::one_token_q4k_rows_for_test = q4k_rows == 2 || q4k_rows == 4 ? q4k_rows : 0;
+  cuda::one_token_q6k_rows_for_test = q6k_rows == 1 || q6k_rows == 2 ? q6k_rows : 0;
+}
 
 }  // namespace roofline
