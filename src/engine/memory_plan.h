@@ -57,15 +57,15 @@ struct PlanSettings {
   // token takes  bytes on the GPU / (its read bandwidth x gpu_stream_efficiency)
   //            + gpu_layer_us for each layer on the GPU (the ops without weights, kernel launches)
   //            + bytes on the host / (host read bandwidth x host_stream_efficiency).
-  // From qwen3-32b and qwen3-8b Q4_K_M decode (19.32 and 4.67 GB a token at the h200 entry's 4512 GB/s; 140.1
-  // and 431.5 tok/s, tg64 at f7c7301, the one-token kernels with their full register budget): 0.81 and 29 us
-  // (0.73 and 31 us from 127.0 / 392.7 at 30f1990 / 1cbd41c; 0.72 and 35 us at 021d0bf; 0.69 and 38 us before); Q8_0 weights (qwen3-8b Q8_0: 295.6 tok/s through serve) stream at 0.87; the layers left
+  // From qwen3-32b and qwen3-8b Q4_K_M decode (19.32 and 4.67 GB a token at the h200 entry's 4512 GB/s; 146.4
+  // and 441.6 tok/s, tg64 at 372780a, one-token rows a warp by waves): 0.87 and 30 us (0.81 and 29 us from 140.1 /
+  // 431.5 at f7c7301; 0.73 and 31 us from 127.0 / 392.7 at 30f1990 / 1cbd41c; 0.72 and 35 us at 021d0bf; 0.69 and 38 us before); Q8_0 weights (qwen3-8b Q8_0: 295.6 tok/s through serve) stream at 0.87; the layers left
   // on the host (qwen3-32b Q4_K_M with 19 of 65 units there, Q8_0 with 39: scripts/gpu/plan_check.sh
   // cases 6 and 10) read at 0.81 and 0.85 of the host's measured bandwidth: 0.83. Not measured on other
   // cards: their table bandwidth stands in for the H200's.
-  double gpu_stream_efficiency = 0.81;
+  double gpu_stream_efficiency = 0.87;
   double gpu_q8_stream_efficiency = 0.87;
-  double gpu_layer_us = 29;
+  double gpu_layer_us = 30;
   double host_stream_efficiency = 0.83;
   double host_read_gbs = 0;  // the host's read bandwidth, measured (0: the `cpu` table entry's)
   // Every slot decoding at once: each row after the first adds its FLOPs at this share of the card's
