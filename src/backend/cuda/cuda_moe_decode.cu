@@ -88,11 +88,11 @@ __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(const float*
 }
 
 // The experts' products of R rows, as the grouped expert kernels reduce them (cuda_matvec.cu, product_rows).
-template <DType T>
-__device__ __forceinline__ void expert_rows(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[kDownRows][1]) {
-  if constexpr (T == DType::Q4_K) matvec_q4_k_partials<1, kDownRows>(w, act, row0, lane, acc);
-  else if constexpr (T == DType::Q6_K) matvec_q6_k_partials<1, kDownRows, 1>(w, act, row0, lane, acc);
-  else block_partials<Q8_0Blocks, 1, kDownRows, 1>(w, act, row0, lane, acc);
+template <DType T, int R = kDownRows>
+__device__ __forceinline__ void expert_rows(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][1]) {
+  if constexpr (T == DType::Q4_K) matvec_q4_k_partials<1, R>(w, act, row0, lane, acc);
+  else if constexpr (T == DType::Q6_K) matvec_q6_k_partials<1, R, 1>(w, act, row0, lane, acc);
+  else block_partials<Q8_0Blocks, 1, R, 1>(w, act, row0, lane, acc);
 }
 
 // x[t, r] += sum_s weights[t * k + s] * (down of expert ids[t * k + s] . h[t * k + s])[r] for the kDownRows
@@ -129,24 +129,25 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(De
 
 // h[p, 32 b + i] = silu(gate_e . x) * (up_e . x) for the 32 rows of block b = blockIdx.x of pair p =
 // blockIdx.y (expert e = ids[p], input row x = p / k of xn), quantized to int8 as gated_product_kernel
-// does (its formula, warp_quantize32): warps 0-7 take 4 gate rows each, warps 8-15 the same rows of up,
-// one round of loads each, as the grouped kernels reduce them.
-template <DType T>
-__global__ void __launch_bounds__(512) moe_gate_up_swiglu_kernel(DeviceWeight gate, DeviceWeight up, int64_t rows_per_expert, ActQ8 xn,
-                                                                 const int32_t* ids, int k, ActQ8 h) {
+// does (its formula, warp_quantize32): with R rows a warp, warps 0 to 32 / R - 1 take R gate rows each, the
+// others the same rows of up, one round of loads each, as the grouped kernels reduce them.
+template <DType T, int R>
+__global__ void __launch_bounds__(64 / R * 32, R == 8 ? 2 : 0) moe_gate_up_swiglu_kernel(DeviceWeight gate, DeviceWeight up, int64_t rows_per_expert,
+                                                                                  ActQ8 xn, const int32_t* ids, int k, ActQ8 h) {
+  constexpr int kHalf = 32 / R;  // warps on gate rows
   __shared__ float g[32], u[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t blk = blockIdx.x, p = blockIdx.y, row0 = blk * 32 + (warp % 8) * kDownRows;
+  const int64_t blk = blockIdx.x, p = blockIdx.y, row0 = blk * 32 + (warp % kHalf) * R;
   const int64_t in = p / k, groups = gate.cols / 32;
   wait_for_previous_kernel();
-  const DeviceWeight w = expert_view_of<T>(warp < 8 ? gate : up, ids[p], rows_per_expert);
-  float acc[kDownRows][1] = {};
-  expert_rows<T>(w, ActQ8{xn.q + in * gate.cols, xn.d + in * groups, xn.s + in * groups}, row0, lane, acc);
-  float* dst = warp < 8 ? g : u;
+  const DeviceWeight w = expert_view_of<T>(warp < kHalf ? gate : up, ids[p], rows_per_expert);
+  float acc[R][1] = {};
+  expert_rows<T, R>(w, ActQ8{xn.q + in * gate.cols, xn.d + in * groups, xn.s + in * groups}, row0, lane, acc);
+  float* dst = warp < kHalf ? g : u;
 #pragma unroll
-  for (int r = 0; r < kDownRows; ++r) {
+  for (int r = 0; r < R; ++r) {
     const float v = warp_sum(acc[r][0]);
-    if (lane == 0) dst[(warp % 8) * kDownRows + r] = v;
+    if (lane == 0) dst[(warp % kHalf) * R + r] = v;
   }
   __syncthreads();
   if (warp != 0) return;
@@ -208,9 +209,22 @@ void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_
   if (n_pairs == 0) return;
   if (!moe_gate_up_swiglu_fits(gate, up, rows_per_expert) || !xn.q || xn.row_factor || !h.q || n_pairs > 65535)
     fail("internal error: the fused MoE gate/up + SwiGLU over {} pairs of {} gate and up tensors", n_pairs, dtype_name(gate.type));
-  const dim3 grid((unsigned)(rows_per_expert / 32), (unsigned)n_pairs), block(512);
+  // Eight rows a warp (CTAs of 8 warps, 126 registers: two a SM) where the weights allow it without spills: a
+  // token's 8 experts of qwen3-30b-a3b (768 rows each) are 192 CTAs, one wave of these where the four-row CTAs (16
+  // warps at 90-97 registers: one a SM) took two. Measured on the H200 (tg64, three rounds, docs/performance.md,
+  // twenty-eighth session): qwen3-30b-a3b 444.6 / 445.6 / 454.2 -> 476.5 / 469.8 / 484.5, qwen3.5-35b-a3b (512-row
+  // experts: 128 CTAs, one wave either way) level. ROOFLINE_MOE_GATE_UP_ROWS=4 keeps four.
+  static const bool eight = [] {
+    const char* e = std::getenv("ROOFLINE_MOE_GATE_UP_ROWS");
+    return !(e && std::atoi(e) == 4);
+  }();
+  const dim3 grid((unsigned)(rows_per_expert / 32), (unsigned)n_pairs);
   with_decode_kind(gate.type, [&](auto kind) {
-    launch(moe_gate_up_swiglu_kernel<decltype(kind)::value>, grid, block, 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
+    if (eight && decltype(kind)::value != DType::Q6_K)  // Q6_K spills at eight rows
+      return launch(moe_gate_up_swiglu_kernel<decltype(kind)::value, 8>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids,
+                    k, h);
+    launch(moe_gate_up_swiglu_kernel<decltype(kind)::value, kDownRows>, grid, dim3(512), 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k,
+           h);
   });
 }
 
