@@ -220,11 +220,11 @@ void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_
   }();
   const dim3 grid((unsigned)(rows_per_expert / 32), (unsigned)n_pairs);
   with_decode_kind(gate.type, [&](auto kind) {
-    if (eight && decltype(kind)::value != DType::Q6_K)  // Q6_K spills at eight rows
-      return launch(moe_gate_up_swiglu_kernel<decltype(kind)::value, 8>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids,
-                    k, h);
-    launch(moe_gate_up_swiglu_kernel<decltype(kind)::value, kDownRows>, grid, dim3(512), 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k,
-           h);
+    constexpr DType T = decltype(kind)::value;
+    if constexpr (T != DType::Q6_K) {  // Q6_K spills at eight rows
+      if (eight) return launch(moe_gate_up_swiglu_kernel<T, 8>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
+    }
+    launch(moe_gate_up_swiglu_kernel<T, 4>, grid, dim3(512), 0, stream, pdl_enabled(), gate, up, rows_per_expert, xn, ids, k, h);
   });
 }
 
