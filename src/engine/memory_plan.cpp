@@ -290,6 +290,16 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   };
   const double gpu_gbs = gpu.host ? host_gbs : gpu.achievable_gbs();
   const int gpu_layers = gpu.host ? 0 : std::max(0, hp.n_layer - first_gpu_unit);
+  // The layers on the GPU by the kinds that add launches (gpu_recurrent_layer_us and after).
+  int gpu_recurrent = 0, gpu_moe = 0, gpu_shared = 0;
+  for (int il = hp.n_layer - gpu_layers; il < hp.n_layer; ++il) {
+    const LayerWeights& L = model.layer(il);
+    gpu_recurrent += hp.count_layers(MixerKind::DeltaNet, il, il + 1);
+    gpu_moe += L[LayerTensor::FfnGateExps] || L[LayerTensor::FfnUpExps] ? 1 : 0;
+    gpu_shared += L[LayerTensor::FfnUpShexp] ? 1 : 0;
+  }
+  const double gpu_layers_s = (gpu_layers * s.gpu_layer_us + gpu_recurrent * s.gpu_recurrent_layer_us + gpu_moe * s.gpu_moe_layer_us +
+                               gpu_shared * s.gpu_shared_expert_us) * 1e-6;
   struct DecodeTime {
     double on_gpu = 0, on_host = 0, q8_on_gpu = 0;  // bytes
     double bound = 0, predicted = 0;  // seconds: the roofline's, and the model's
@@ -301,7 +311,7 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     t.q8_on_gpu = gpu.host ? 0 : q8_bytes_on(first_gpu_unit, p.n_units);
     t.bound = t.on_gpu / (gpu_gbs * 1e9) + t.on_host / (host_gbs * 1e9);
     t.predicted = (t.on_gpu - t.q8_on_gpu) / (gpu_gbs * 1e9 * s.gpu_stream_efficiency) +
-                  t.q8_on_gpu / (gpu_gbs * 1e9 * s.gpu_q8_stream_efficiency) + gpu_layers * s.gpu_layer_us * 1e-6 +
+                  t.q8_on_gpu / (gpu_gbs * 1e9 * s.gpu_q8_stream_efficiency) + gpu_layers_s +
                   t.on_host / (host_gbs * 1e9 * s.host_stream_efficiency);
     return t;
   };
@@ -379,6 +389,9 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     terms += fmt::format("{}{:.2f} GB of Q8_0 / ({:.0f} GB/s x {:.2f})", terms.empty() ? "" : " + ", t0.q8_on_gpu / 1e9, gpu_gbs,
                          s.gpu_q8_stream_efficiency);
   if (gpu_layers > 0) terms += fmt::format(" + {} layers x {:.0f} us", gpu_layers, s.gpu_layer_us);
+  if (gpu_recurrent > 0 && s.gpu_recurrent_layer_us > 0) terms += fmt::format(" + {} DeltaNet x {:.1f} us", gpu_recurrent, s.gpu_recurrent_layer_us);
+  if (gpu_moe > 0 && s.gpu_moe_layer_us > 0) terms += fmt::format(" + {} MoE x {:.1f} us", gpu_moe, s.gpu_moe_layer_us);
+  if (gpu_shared > 0 && s.gpu_shared_expert_us > 0) terms += fmt::format(" + {} shared experts x {:.1f} us", gpu_shared, s.gpu_shared_expert_us);
   if (t0.on_host > 0)
     terms += fmt::format("{}{:.3f} GB / ({:.1f} GB/s x {:.2f})", terms.empty() ? "" : " + ", t0.on_host / 1e9, host_gbs,
                          s.host_stream_efficiency);

@@ -66,6 +66,12 @@ struct PlanSettings {
   double gpu_stream_efficiency = 0.87;
   double gpu_q8_stream_efficiency = 0.87;
   double gpu_layer_us = 30;
+  // What a layer of these kinds adds on the GPU beyond gpu_layer_us (their further launches), each fitted on one model's
+  // tg64 on the H200 with the terms above (docs/performance.md, twenty-eighth session): a DeltaNet mixer (qwen3.5-27b,
+  // 162.2 tok/s), a mixture-of-experts FFN (qwen3-30b-a3b, 476.9), a shared expert beside it (qwen3.5-35b-a3b, 391.6).
+  double gpu_recurrent_layer_us = 2.8;
+  double gpu_moe_layer_us = 3.5;
+  double gpu_shared_expert_us = 14.8;
   double host_stream_efficiency = 0.83;
   double host_read_gbs = 0;  // the host's read bandwidth, measured (0: the `cpu` table entry's)
   // Every slot decoding at once: each row after the first adds its FLOPs at this share of the card's

@@ -256,14 +256,36 @@ TEST(MemoryPlan, V100RunsA27bQ4KmWithQ8KvAtFourSlots) {
   EXPECT_NEAR(p.decode_roofline_tok_s, 900e9 * 0.88 / p.gpu_bytes_per_token, 1e-6);
   EXPECT_GT(p.decode_roofline_tok_s, 40);
   EXPECT_LT(p.decode_roofline_tok_s, 60);
-  // The decode model: the bytes at gpu_stream_efficiency of the bandwidth plus gpu_layer_us for each of the 64 layers.
-  EXPECT_NEAR(1.0 / p.decode_tok_s, p.gpu_bytes_per_token / (900e9 * 0.88 * s.gpu_stream_efficiency) + 64 * s.gpu_layer_us * 1e-6, 1e-9);
+  // The decode model: the bytes at gpu_stream_efficiency of the bandwidth plus gpu_layer_us for each of the 64 layers
+  // and gpu_recurrent_layer_us for each of the 48 DeltaNet layers among them.
+  EXPECT_NEAR(1.0 / p.decode_tok_s,
+              p.gpu_bytes_per_token / (900e9 * 0.88 * s.gpu_stream_efficiency) + (64 * s.gpu_layer_us + 48 * s.gpu_recurrent_layer_us) * 1e-6, 1e-9);
   EXPECT_LT(p.decode_tok_s, p.decode_roofline_tok_s);
   // The mission's 60-64 tok/s with --parallel 4 is the four slots together: a step reads the weights once.
   EXPECT_GT(p.decode_tok_s_all_slots, 2.0 * p.decode_tok_s);
   EXPECT_LT(p.decode_tok_s_all_slots, 4.0 * p.decode_tok_s);
   EXPECT_GT(p.prefill_tok_s, 0);
   EXPECT_FALSE(p.derivation.empty());
+}
+
+// The decode model's per-kind terms: a hybrid MoE model with a shared expert (qwen3.5-35b-a3b: 40 layers, 30 of them
+// DeltaNet, every one with 8 of 256 experts and a shared expert) adds each kind's time for each of its layers; a dense
+// attention model (qwen3-8b) none of them.
+TEST(MemoryPlan, DecodeModelAddsTheLaunchesOfEachLayerKind) {
+  PlanSettings s;
+  s.n_ctx = 4096;
+  s.n_parallel = 1;
+  const GpuSpec h200 = card("h200");
+  const Plan moe = make_plan(*layout("synthetic:qwen3.5-35b-a3b:Q4_K_M"), h200, s);
+  ASSERT_TRUE(moe.fits);
+  EXPECT_NEAR(1.0 / moe.decode_tok_s,
+              moe.gpu_bytes_per_token / (h200.achievable_gbs() * 1e9 * s.gpu_stream_efficiency) +
+                  (40 * s.gpu_layer_us + 30 * s.gpu_recurrent_layer_us + 40 * s.gpu_moe_layer_us + 40 * s.gpu_shared_expert_us) * 1e-6,
+              1e-9);
+  const Plan dense = make_plan(*layout("synthetic:qwen3-8b:Q4_K_M"), h200, s);
+  ASSERT_TRUE(dense.fits);
+  EXPECT_NEAR(1.0 / dense.decode_tok_s, dense.gpu_bytes_per_token / (h200.achievable_gbs() * 1e9 * s.gpu_stream_efficiency) + 36 * s.gpu_layer_us * 1e-6,
+              1e-9);
 }
 
 // --spec-type draft-mtp: the MTP head is an engine of its own that serve creates after the target's. On the GPU it
