@@ -194,7 +194,7 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   arena_.reserve(bytes(T * E) + 2 * bytes(P) + 2 * bytes(P * F) + 2 * bytes(P * H) + 3 * bytes(P) + 2 * bytes(E + 1) +
                  3 * bytes(max_tiles_) + bytes(1) + (frag_halves_ * 2 + 255) / 256 * 256 +
                  act_bytes(P, H) + act_bytes(P, F) + act_bytes(T, H) +
-                 (S ? 2 * bytes(T * S) + bytes(T * H) + act_bytes(T, S) : 0) + bytes(1) + 32 * 256);
+                 (S ? 2 * bytes(T * S) + bytes(T * H) + act_bytes(T, S) + bytes(kDirectPairRows) : 0) + bytes(1) + 32 * 256);
   auto take = [&](size_t floats) { return reinterpret_cast<float*>(arena_.take(floats * 4)); };
   auto take_i = [&](size_t n) { return reinterpret_cast<int32_t*>(arena_.take(n * 4)); };
   auto take_act = [&](size_t rows, size_t cols) {
@@ -228,6 +228,8 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
     shexp_up_ = take(T * S);
     shexp_y_ = take(T * H);
     act_sh_ = take_act(T, S);
+    shexp_ids_ = take_i(kDirectPairRows);
+    ROOFLINE_CUDA_CHECK(cudaMemsetAsync(shexp_ids_, 0, kDirectPairRows * sizeof(int32_t), stream));
   }
   route_counter_ = take_i(1);
   ROOFLINE_CUDA_CHECK(cudaMemsetAsync(route_counter_, 0, sizeof(int), stream));
@@ -364,14 +366,23 @@ void MoeFfn::forward_shared_quantized(const MoeLayerDev& L, const float* xn, con
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);
   const ActQ8 in = takes_q8(*L.gate_shexp) ? xn_act : ActQ8{};
-  if (matvec_can_group(*L.gate_shexp, *L.up_shexp)) {
-    matvec_experts_pair(*L.gate_shexp, *L.up_shexp, S, all, in, xn, shexp_gate_, shexp_up_, S, stream);
-  } else {
-    matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
-    matvec_experts(*L.up_shexp, S, all, takes_q8(*L.up_shexp) ? xn_act : ActQ8{}, xn, shexp_up_, S, stream);
-  }
   const bool q8_down = takes_q8(*L.down_shexp);
-  swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, q8_down ? act_sh_ : ActQ8{}, stream);
+  // Steps of up to kDirectPairRows tokens, with ROOFLINE_MOE_SHARED_FUSED=1: gate, up and SwiGLU in the routed experts'
+  // fused kernel (one launch instead of two), the shared expert as expert 0 of its own tensors and each token its own
+  // pair; the same row functions and SwiGLU formula, so the same bits as below. Written in the twenty-eighth session
+  // after its device time was spent: not yet run on a GPU, hence off.
+  static const bool fused = env_switch("ROOFLINE_MOE_SHARED_FUSED", false);
+  if (fused && n <= kDirectPairRows && q8_down && in.q && !in.row_factor && moe_gate_up_swiglu_fits(*L.gate_shexp, *L.up_shexp, S)) {
+    moe_gate_up_swiglu(*L.gate_shexp, *L.up_shexp, S, in, shexp_ids_, n, 1, act_sh_, stream);
+  } else {
+    if (matvec_can_group(*L.gate_shexp, *L.up_shexp)) {
+      matvec_experts_pair(*L.gate_shexp, *L.up_shexp, S, all, in, xn, shexp_gate_, shexp_up_, S, stream);
+    } else {
+      matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
+      matvec_experts(*L.up_shexp, S, all, takes_q8(*L.up_shexp) ? xn_act : ActQ8{}, xn, shexp_up_, S, stream);
+    }
+    swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, q8_down ? act_sh_ : ActQ8{}, stream);
+  }
   matvec_experts(*L.down_shexp, H, all, q8_down ? act_sh_ : ActQ8{}, shexp_gate_, shexp_y_, H, stream);
   launch(moe_shared_add_kernel, dim3((unsigned)n), dim3(256), 0, stream, pdl_enabled(), L.shexp_gate, xn,
          (const float*)shexp_y_, H, x);

@@ -121,6 +121,7 @@ class MoeFfn {
   DeviceArena arena_;
   float *logits_ = nullptr, *weights_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *y_ = nullptr, *xs_ = nullptr;
   float *shexp_gate_ = nullptr, *shexp_up_ = nullptr, *shexp_y_ = nullptr;
+  int32_t* shexp_ids_ = nullptr;  // zeros: the shared expert as expert 0 of its own tensors, for the fused gate/up kernel
   int32_t* ids_ = nullptr;
   int* route_counter_ = nullptr;  // the fused router's count of finished CTAs (MoeRouteTail)
   // The pairs grouped by expert (moe_sort_kernel): offsets per expert, active experts, each grouped row's
