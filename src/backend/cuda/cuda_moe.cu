@@ -108,25 +108,17 @@ __global__ void moe_gather_kernel(const float* x, const int32_t* row_token, int 
   if (i < n) out[(int64_t)j * n + i] = x[(int64_t)row_token[j] * n + i];
 }
 
-// x[t] += sigmoid(gate . xn[t]) * y[t]: one block per row, the dot reduced in a fixed order.
+// x[t] += sigmoid(gate . xn[t]) * y[t]: one block per row, the dot by its first warp in a fixed order (shared_gate_dot).
 __global__ void moe_shared_add_kernel(const float* gate, const float* xn, const float* y, int n, float* x) {
   wait_for_previous_kernel();
-  __shared__ float partial[32];
+  __shared__ float s;
   const int t = blockIdx.x;
-  const float* xr = xn + (int64_t)t * n;
-  float dot = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dot += gate[i] * xr[i];
-  dot = warp_sum(dot);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = dot;
-  __syncthreads();
   if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) partial[0] = v;
+    const float dot = shared_gate_dot(gate, xn + (int64_t)t * n, n, (int)threadIdx.x);
+    if (threadIdx.x == 0) s = 1.0f / (1.0f + expf(-dot));
   }
   __syncthreads();
-  const float s = 1.0f / (1.0f + expf(-partial[0]));
-  for (int i = threadIdx.x; i < n; i += blockDim.x) x[(int64_t)t * n + i] += s * y[(int64_t)t * n + i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[(int64_t)t * n + i] = fmaf(s, y[(int64_t)t * n + i], x[(int64_t)t * n + i]);
 }
 
 // x[i] += y[i] for i < n.
@@ -257,6 +249,11 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   if (!routed) route_rows(logits_, n, E, k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_, stream);
   const int pairs = n * k, max_active = std::min(pairs, E);
   if (n <= kDirectPairRows && takes_q8(*L.gate_exps) && matvec_can_group(*L.gate_exps, *L.up_exps) && H % 32 == 0) {
+    if (folds_shared(L, xn_act, n)) {
+      shared_swiglu(L, xn, xn_act, n, stream);
+      if (!forward_pairs(L, xn_act, n, x, stream, xn)) shared_down_add(L, xn, n, x, stream);
+      return;
+    }
     forward_pairs(L, xn_act, n, x, stream);
     forward_shared_quantized(L, xn, xn_act, n, x, stream);
     return;
@@ -310,7 +307,7 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
 
 // A step of a few tokens: each (token, expert) pair is its own row (no sort, no gather; an expert two
 // tokens share is read twice, from the L2 the second time).
-void MoeFfn::forward_pairs(const MoeLayerDev& L, const ActQ8& xn_act, int n, float* x, cudaStream_t stream) {
+bool MoeFfn::forward_pairs(const MoeLayerDev& L, const ActQ8& xn_act, int n, float* x, cudaStream_t stream, const float* shared_xn) {
   const int H = hp_.n_embd, k = hp_.n_expert_used, F = hp_.n_ff_exp, pairs = n * k;
   ExpertGroups direct{};
   direct.pair_ids = ids_;
@@ -324,13 +321,19 @@ void MoeFfn::forward_pairs(const MoeLayerDev& L, const ActQ8& xn_act, int n, flo
     swiglu(gate_, up_, pairs, F, gate_, q8_down ? act_h_ : ActQ8{}, stream);
   }
   if (q8_down && moe_down_combine_fits(*L.down_exps)) {
+    if (shared_xn && moe_down_combine_takes_shared(*L.down_exps, *L.down_shexp, k)) {
+      const MoeSharedDown shared{L.down_shexp, act_sh_, L.shexp_gate, shared_xn};
+      moe_down_combine(*L.down_exps, H, act_h_, ids_, weights_, n, k, x, stream, &shared);
+      return true;
+    }
     moe_down_combine(*L.down_exps, H, act_h_, ids_, weights_, n, k, x, stream);
-    return;
+    return false;
   }
   direct.input_div = 1;
   matvec_experts(*L.down_exps, H, direct, q8_down ? act_h_ : ActQ8{}, gate_, y_, H, stream);
   launch(moe_combine_kernel, dim3((unsigned)((H + 255) / 256), (unsigned)n), dim3(256), 0, stream, pdl_enabled(),
          (const float*)y_, (const int32_t*)nullptr, (const float*)weights_, k, H, x);
+  return false;
 }
 
 ActQ8 MoeFfn::input_act() const { return hp_.n_embd % 32 == 0 ? act_xn_ : ActQ8{}; }
@@ -361,29 +364,44 @@ void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float*
 
 void MoeFfn::forward_shared_quantized(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, float* x, cudaStream_t stream) {
   if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
-  const int H = hp_.n_embd, S = hp_.n_ff_shexp;
+  shared_swiglu(L, xn, xn_act, n, stream);
+  shared_down_add(L, xn, n, x, stream);
+}
+
+// The shared expert folded into the routed experts' fused launches (ROOFLINE_MOE_SHARED_FUSED=1), for steps of up to
+// kDirectPairRows tokens: its gate, up and SwiGLU through moe_gate_up_swiglu as expert 0 of its own tensors (each token
+// its own pair), and its down and gated add in the routed down + combine launch (moe_down_combine_takes_shared). The
+// same row functions, SwiGLU and gate arithmetic as its four separate launches, so the same bits: two launches a
+// layer instead of four (plus the routed two). Written in the twenty-eighth session after its device time was spent:
+// not yet run on a GPU, hence off.
+bool MoeFfn::folds_shared(const MoeLayerDev& L, const ActQ8& xn_act, int n) const {
+  static const bool on = env_switch("ROOFLINE_MOE_SHARED_FUSED", false);
+  if (!on || n > kDirectPairRows || hp_.n_ff_shexp == 0 || !L.gate_shexp || !takes_q8(*L.gate_shexp) || !takes_q8(*L.down_shexp)) return false;
+  return xn_act.q && !xn_act.row_factor && moe_gate_up_swiglu_fits(*L.gate_shexp, *L.up_shexp, hp_.n_ff_shexp);
+}
+
+void MoeFfn::shared_swiglu(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, cudaStream_t stream) {
+  const int S = hp_.n_ff_shexp;
+  if (folds_shared(L, xn_act, n)) return moe_gate_up_swiglu(*L.gate_shexp, *L.up_shexp, S, xn_act, shexp_ids_, n, 1, act_sh_, stream);
   ExpertGroups all{};
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);
   const ActQ8 in = takes_q8(*L.gate_shexp) ? xn_act : ActQ8{};
-  const bool q8_down = takes_q8(*L.down_shexp);
-  // Steps of up to kDirectPairRows tokens, with ROOFLINE_MOE_SHARED_FUSED=1: gate, up and SwiGLU in the routed experts'
-  // fused kernel (one launch instead of two), the shared expert as expert 0 of its own tensors and each token its own
-  // pair; the same row functions and SwiGLU formula, so the same bits as below. Written in the twenty-eighth session
-  // after its device time was spent: not yet run on a GPU, hence off.
-  static const bool fused = env_switch("ROOFLINE_MOE_SHARED_FUSED", false);
-  if (fused && n <= kDirectPairRows && q8_down && in.q && !in.row_factor && moe_gate_up_swiglu_fits(*L.gate_shexp, *L.up_shexp, S)) {
-    moe_gate_up_swiglu(*L.gate_shexp, *L.up_shexp, S, in, shexp_ids_, n, 1, act_sh_, stream);
+  if (matvec_can_group(*L.gate_shexp, *L.up_shexp)) {
+    matvec_experts_pair(*L.gate_shexp, *L.up_shexp, S, all, in, xn, shexp_gate_, shexp_up_, S, stream);
   } else {
-    if (matvec_can_group(*L.gate_shexp, *L.up_shexp)) {
-      matvec_experts_pair(*L.gate_shexp, *L.up_shexp, S, all, in, xn, shexp_gate_, shexp_up_, S, stream);
-    } else {
-      matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
-      matvec_experts(*L.up_shexp, S, all, takes_q8(*L.up_shexp) ? xn_act : ActQ8{}, xn, shexp_up_, S, stream);
-    }
-    swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, q8_down ? act_sh_ : ActQ8{}, stream);
+    matvec_experts(*L.gate_shexp, S, all, in, xn, shexp_gate_, S, stream);
+    matvec_experts(*L.up_shexp, S, all, takes_q8(*L.up_shexp) ? xn_act : ActQ8{}, xn, shexp_up_, S, stream);
   }
-  matvec_experts(*L.down_shexp, H, all, q8_down ? act_sh_ : ActQ8{}, shexp_gate_, shexp_y_, H, stream);
+  swiglu(shexp_gate_, shexp_up_, n, S, shexp_gate_, takes_q8(*L.down_shexp) ? act_sh_ : ActQ8{}, stream);
+}
+
+void MoeFfn::shared_down_add(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
+  const int H = hp_.n_embd;
+  ExpertGroups all{};
+  all.single_count = n;
+  all.chunk_splits = chunk_splits_for(n);
+  matvec_experts(*L.down_shexp, H, all, takes_q8(*L.down_shexp) ? act_sh_ : ActQ8{}, shexp_gate_, shexp_y_, H, stream);
   launch(moe_shared_add_kernel, dim3((unsigned)n), dim3(256), 0, stream, pdl_enabled(), L.shexp_gate, xn,
          (const float*)shexp_y_, H, x);
 }

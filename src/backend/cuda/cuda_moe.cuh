@@ -73,9 +73,19 @@ void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n
 // x[t] += sum_s weights[t * k + s] * down_{ids[t * k + s]} h[t * k + s] for t < n_rows: the experts' down
 // products and their weighted sum in one launch (int8 rows h in act; Q4_K, Q6_K or Q8_0 down tensors).
 // ROOFLINE_MOE_DOWN_COMBINE=0 keeps the down product and the combine kernel apart.
+// With `shared`, the layer's shared expert too, after the routed sum: x[t] += sigmoid(gate . xn[t]) * down h_shared[t], the
+// arithmetic of moe_shared_add_kernel (cuda_moe.cu) and the down product's row functions (ROOFLINE_MOE_SHARED_FUSED=1; where
+// moe_down_combine_takes_shared says: the shared down of the routed one's kind, k + 1 warps a CTA, rows of 256 floats x 8 at most).
+struct MoeSharedDown {
+  const DeviceWeight* down = nullptr;  // [n_embd rows x n_ff_shexp]
+  ActQ8 act{};                         // its int8 SwiGLU rows [n_rows x n_ff_shexp]
+  const float* gate = nullptr;         // [n_embd]
+  const float* xn = nullptr;           // the block's normed rows [n_rows x n_embd]
+};
 bool moe_down_combine_fits(const DeviceWeight& down);
+bool moe_down_combine_takes_shared(const DeviceWeight& down, const DeviceWeight& shared_down, int k);
 void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
-                      int k, float* x, cudaStream_t stream);
+                      int k, float* x, cudaStream_t stream, const MoeSharedDown* shared = nullptr);
 // h[p] = int8(silu(gate_{ids[p]} x[p / k]) * (up_{ids[p]} x[p / k])) for pairs p < n_pairs, the products
 // and the SwiGLU in one launch (int8 rows x in xn; gate and up of one kind among Q4_K, Q6_K, Q8_0; rows
 // per expert a multiple of 32). ROOFLINE_MOE_GATE_UP_SWIGLU=0 keeps the SwiGLU kernel apart.
@@ -111,10 +121,17 @@ class MoeFfn {
 
  private:
   // The routed experts of a step of a few tokens, pair by pair (xn_act: xn's int8 rows if already made).
-  void forward_pairs(const MoeLayerDev& layer, const ActQ8& xn_act, int n_rows, float* x, cudaStream_t stream);
-  // The shared expert with xn's int8 rows already made (xn_act; empty where its type takes floats).
+  // With shared_xn (the block's normed rows, the shared expert's SwiGLU already in act_sh_), the shared expert's down
+  // and gated add are folded into the down + combine launch where it takes them; returns whether they were.
+  bool forward_pairs(const MoeLayerDev& layer, const ActQ8& xn_act, int n_rows, float* x, cudaStream_t stream, const float* shared_xn = nullptr);
+  // The shared expert with xn's int8 rows already made (xn_act; empty where its type takes floats): its SwiGLU
+  // (shared_swiglu: into act_sh_ where its down takes int8 rows, else shexp_gate_), then its down and gated add.
   void forward_shared_quantized(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, float* x,
                                 cudaStream_t stream);
+  void shared_swiglu(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, cudaStream_t stream);
+  void shared_down_add(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
+  // Whether a step of n_rows folds the shared expert into the routed down + combine launch (ROOFLINE_MOE_SHARED_FUSED=1).
+  bool folds_shared(const MoeLayerDev& layer, const ActQ8& xn_act, int n_rows) const;
 
   HParams hp_;
   int max_rows_ = 0;

@@ -99,16 +99,34 @@ __device__ __forceinline__ void expert_rows(const DeviceWeight& w, const ActQ8& 
 // rows r of a CTA and token t = blockIdx.y: warp w takes the experts s = w, w + warps, .. (so every
 // expert's loads are in flight at once, one round each, as in the grouped kernels), puts its rows'
 // sums in shared memory, and the first lanes add them up in routing order, as moe_combine_kernel does.
-template <DType T>
+// Shared: the last warp computes the shared expert's rows and its gate (shared_gate_dot), added after the
+// routed sum as moe_shared_add_kernel adds them.
+template <DType T, bool Shared>
 __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(DeviceWeight down, int64_t rows_per_expert, ActQ8 act,
-                                                                              const int32_t* ids, const float* weights, int k, float* x) {
+                                                                              const int32_t* ids, const float* weights, int k, float* x,
+                                                                              DeviceWeight sdown, ActQ8 sact, const float* sgate, const float* xn) {
   __shared__ float y[kMaxExpertsUsed][kDownRows];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __shared__ float ysh[kDownRows];
+  __shared__ float gate_sh;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32 - (Shared ? 1 : 0);
   const int64_t row0 = (int64_t)blockIdx.x * kDownRows;
   const int t = blockIdx.y;
   const int64_t groups = down.cols / 32;
   wait_for_previous_kernel();
-  for (int s = warp; s < k; s += warps) {
+  if (Shared && warp == warps) {
+    const int64_t sgroups = sdown.cols / 32;
+    float acc[kDownRows][1] = {};
+    expert_rows<T>(expert_view_of<T>(sdown, 0, rows_per_expert),
+                   ActQ8{sact.q + (int64_t)t * sdown.cols, sact.d + t * sgroups, sact.s + t * sgroups}, row0, lane, acc);
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) {
+      const float v = warp_sum(acc[r][0]);
+      if (lane == 0) ysh[r] = v;
+    }
+    const float dot = shared_gate_dot(sgate, xn + (int64_t)t * rows_per_expert, (int)rows_per_expert, lane);
+    if (lane == 0) gate_sh = 1.0f / (1.0f + expf(-dot));
+  }
+  for (int s = warp; s < k && warp < warps; s += warps) {
     const int64_t p = (int64_t)t * k + s;
     float acc[kDownRows][1] = {};
     expert_rows<T>(expert_view_of<T>(down, ids[p], rows_per_expert), ActQ8{act.q + p * down.cols, act.d + p * groups, act.s + p * groups}, row0,
@@ -123,7 +141,9 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(De
   if (threadIdx.x < kDownRows && row0 + threadIdx.x < rows_per_expert) {
     float sum = 0;
     for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][threadIdx.x], sum);
-    x[(int64_t)t * rows_per_expert + row0 + threadIdx.x] += sum;
+    float* xr = x + (int64_t)t * rows_per_expert + row0 + threadIdx.x;
+    if constexpr (Shared) *xr = fmaf(gate_sh, ysh[threadIdx.x], *xr + sum);
+    else *xr += sum;
   }
 }
 
@@ -228,14 +248,34 @@ void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_
   });
 }
 
+bool moe_down_combine_takes_shared(const DeviceWeight& down, const DeviceWeight& shared_down, int k) {
+  // Q6_K: its 128 registers over the k + 1 warps of a CTA would leave one CTA a SM (two at k warps).
+  return moe_down_combine_fits(down) && down.type != DType::Q6_K && shared_down.type == down.type && shared_down.layout == down.layout &&
+         decode_kind(shared_down) && k + 1 <= kDownMaxWarps;
+}
+
 void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const ActQ8& act, const int32_t* ids, const float* weights, int n_rows,
-                      int k, float* x, cudaStream_t stream) {
+                      int k, float* x, cudaStream_t stream, const MoeSharedDown* shared) {
   if (n_rows == 0) return;
   if (!moe_down_combine_fits(down) || !act.q || act.row_factor)
     fail("internal error: the fused MoE down + combine over a {} down tensor", dtype_name(down.type));
-  const dim3 grid((unsigned)((rows_per_expert + kDownRows - 1) / kDownRows), (unsigned)n_rows), block(32 * std::min(k, kDownMaxWarps));
+  if (shared && (!shared->down || !moe_down_combine_takes_shared(down, *shared->down, k) || !shared->act.q || !shared->gate || !shared->xn ||
+                 shared->down->rows != rows_per_expert))
+    fail("internal error: a shared expert the fused MoE down + combine does not take");
+  const dim3 grid((unsigned)((rows_per_expert + kDownRows - 1) / kDownRows), (unsigned)n_rows);
+  const DeviceWeight sdown = shared ? *shared->down : down;
+  const ActQ8 sact = shared ? shared->act : ActQ8{};
+  const float* sgate = shared ? shared->gate : nullptr;
+  const float* xn = shared ? shared->xn : nullptr;
   with_decode_kind(down.type, [&](auto kind) {
-    launch(moe_down_combine_kernel<decltype(kind)::value>, grid, block, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
+    constexpr DType T = decltype(kind)::value;
+    if constexpr (T != DType::Q6_K) {
+      if (shared)
+        return launch(moe_down_combine_kernel<T, true>, grid, dim3(32 * (k + 1)), 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights,
+                      k, x, sdown, sact, sgate, xn);
+    }
+    launch(moe_down_combine_kernel<T, false>, grid, dim3(32 * std::min(k, kDownMaxWarps)), 0, stream, pdl_enabled(), down, rows_per_expert, act, ids,
+           weights, k, x, sdown, sact, sgate, xn);
   });
 }
 

@@ -132,4 +132,21 @@ __device__ __forceinline__ void route_row_block(const float* l, int n_expert, in
   }
 }
 
+// The shared expert's gate before its sigmoid, gate . xr over n values, by one warp: each lane takes the strides
+// i = 32 w + lane, + 256, .. for w = 0..7 (as 256 threads would, one each), each such set of 32 is summed by a
+// butterfly, and the 8 sums by one more. moe_shared_add_kernel and the down + combine kernel that folds the shared
+// expert in both take it, so they give the same bits.
+__device__ __forceinline__ float shared_gate_dot(const float* gate, const float* xr, int n, int lane) {
+  constexpr int kStrideWarps = 8;
+  float mine = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kStrideWarps; ++w) {
+    float dot = 0.0f;
+    for (int i = 32 * w + lane; i < n; i += 32 * kStrideWarps) dot = fmaf(gate[i], xr[i], dot);
+    dot = warp_sum(dot);
+    if (lane == w) mine = dot;
+  }
+  return warp_sum(mine);
+}
+
 }  // namespace roofline::cuda
