@@ -108,17 +108,26 @@ __global__ void moe_gather_kernel(const float* x, const int32_t* row_token, int 
   if (i < n) out[(int64_t)j * n + i] = x[(int64_t)row_token[j] * n + i];
 }
 
-// x[t] += sigmoid(gate . xn[t]) * y[t]: one block per row, the dot by its first warp in a fixed order (shared_gate_dot).
+// x[t] += sigmoid(gate . xn[t]) * y[t]: one block per row (256 threads), the dot reduced in a fixed order
+// (shared_gate_dot, cuda_moe_route.cuh, repeats it in one warp for the fused decode launches).
 __global__ void moe_shared_add_kernel(const float* gate, const float* xn, const float* y, int n, float* x) {
   wait_for_previous_kernel();
-  __shared__ float s;
+  __shared__ float partial[32];
   const int t = blockIdx.x;
+  const float* xr = xn + (int64_t)t * n;
+  float dot = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dot += gate[i] * xr[i];
+  dot = warp_sum(dot);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = dot;
+  __syncthreads();
   if (threadIdx.x < 32) {
-    const float dot = shared_gate_dot(gate, xn + (int64_t)t * n, n, (int)threadIdx.x);
-    if (threadIdx.x == 0) s = 1.0f / (1.0f + expf(-dot));
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) x[(int64_t)t * n + i] = fmaf(s, y[(int64_t)t * n + i], x[(int64_t)t * n + i]);
+  const float s = 1.0f / (1.0f + expf(-partial[0]));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[(int64_t)t * n + i] += s * y[(int64_t)t * n + i];
 }
 
 // x[i] += y[i] for i < n.

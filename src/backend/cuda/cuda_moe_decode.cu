@@ -142,8 +142,13 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(De
     float sum = 0;
     for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][threadIdx.x], sum);
     float* xr = x + (int64_t)t * rows_per_expert + row0 + threadIdx.x;
-    if constexpr (Shared) *xr = fmaf(gate_sh, ysh[threadIdx.x], *xr + sum);
-    else *xr += sum;
+    if constexpr (Shared) {
+      float v = *xr + sum;       // what the routed launch stores
+      v += gate_sh * ysh[threadIdx.x];  // moe_shared_add_kernel's expression, contracted alike
+      *xr = v;
+    } else {
+      *xr += sum;
+    }
   }
 }
 

@@ -132,17 +132,17 @@ __device__ __forceinline__ void route_row_block(const float* l, int n_expert, in
   }
 }
 
-// The shared expert's gate before its sigmoid, gate . xr over n values, by one warp: each lane takes the strides
-// i = 32 w + lane, + 256, .. for w = 0..7 (as 256 threads would, one each), each such set of 32 is summed by a
-// butterfly, and the 8 sums by one more. moe_shared_add_kernel and the down + combine kernel that folds the shared
-// expert in both take it, so they give the same bits.
+// The shared expert's gate before its sigmoid, gate . xr over n values, by one warp in the order moe_shared_add_kernel
+// (cuda_moe.cu) sums it with 256 threads: each lane takes the strides i = 32 w + lane, + 256, .. for w = 0..7 (the
+// expression of that kernel's loop, so the compiler contracts it alike), each set of 32 is summed by a butterfly, and
+// the 8 sums by one more with zeros in the other lanes: the same bits.
 __device__ __forceinline__ float shared_gate_dot(const float* gate, const float* xr, int n, int lane) {
-  constexpr int kStrideWarps = 8;
+  constexpr int kStrideWarps = 8;  // moe_shared_add_kernel's 256 threads
   float mine = 0.0f;
 #pragma unroll
   for (int w = 0; w < kStrideWarps; ++w) {
-    float dot = 0.0f;
-    for (int i = 32 * w + lane; i < n; i += 32 * kStrideWarps) dot = fmaf(gate[i], xr[i], dot);
+    float dot = 0;
+    for (int i = 32 * w + lane; i < n; i += 32 * kStrideWarps) dot += gate[i] * xr[i];
     dot = warp_sum(dot);
     if (lane == w) mine = dot;
   }
