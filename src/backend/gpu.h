@@ -76,6 +76,12 @@ void gpu_use_int8_products_for_test(int mode);
 void gpu_set_matvec_pipe_for_test(int64_t max_sb);
 // For tests: rows per warp (2 or 4) of the 2-8 token Q4_K products, or back to ROOFLINE_MATVEC_Q4K_ROWS's (0; unset: 4).
 void gpu_set_matvec_q4k_rows_for_test(int rows);
+// For tests: x[t] = sum_s weights[t * k + s] * down_{ids[t * k + s]} h[t * k + s] for t < n_rows (1 or 2) through the fused
+// MoE down + combine launch of decode steps (h quantized to int8 first; stacked_down holds n_expert experts' rows one after
+// the other), by its eight-row kernel for Q4_K experts of 1-4 super-blocks a row (short_rows) or its four-row one.
+std::vector<float> gpu_moe_down_combine_for_test(const Weight& stacked_down, int n_expert, const std::vector<float>& h,
+                                                 const std::vector<int32_t>& ids, const std::vector<float>& weights, int n_rows, int k,
+                                                 bool short_rows, int device = 0);
 // For tests: rows per warp of one-token Q4_K products (2 or 4) and Q6_K products (1 or 2), or the launch's rule (0).
 void gpu_set_matvec_one_token_rows_for_test(int q4k_rows, int q6k_rows);
 // For tests: how many products have multiplied a weight's f16 copy (GpuBackendOptions::f16_copies) in this process.

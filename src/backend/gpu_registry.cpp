@@ -40,6 +40,10 @@ void gpu_use_mma_matvec_for_test(int) { fail("this build has no GPU backend: reb
 void gpu_set_matvec_pipe_for_test(int64_t) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_matvec_q4k_rows_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_matvec_one_token_rows_for_test(int, int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+std::vector<float> gpu_moe_down_combine_for_test(const Weight&, int, const std::vector<float>&, const std::vector<int32_t>&, const std::vector<float>&,
+                                                 int, int, bool, int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
 int64_t gpu_flash_finalize_launches_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_expert_products_for_test(const Weight&, int, const std::vector<int32_t>&, int, const std::vector<float>&, int,
                                                 int) {

@@ -3,7 +3,8 @@
 // many rows) and decode steps (buckets replayed as CUDA graphs), full and partial offload; decode
 // batches bit-identical to each sequence alone; the chosen experts the same as the CPU's (logits of f32
 // models within float rounding, which a different expert in some row would break); the decode router
-// kernel's routing against a double reference.
+// kernel's routing against a double reference; the fused down + combine launch's eight-row kernel for short Q4_K
+// expert rows against its four-row one, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "engine/engine.h"
 #include "model/model_file.h"
 #include "engine/engine_test_util.h"
+#include "engine/random_weight.h"
 #include "test_util.h"
 
 using namespace roofline;
@@ -236,6 +238,49 @@ TEST(GpuMoeTest, RouterKernelRoutesAsTheReferenceAndTheSameInEveryBatch) {
       const size_t pairs = (size_t)n * c.k;
       EXPECT_TRUE(std::equal(ids.begin(), ids.end(), all_ids.begin())) << c.n_expert << " experts, " << n << " rows";
       EXPECT_EQ(0, std::memcmp(w.data(), all_w.data(), pairs * 4)) << c.n_expert << " experts, " << n << " rows";
+    }
+  }
+}
+
+// The fused MoE down + combine of decode steps: the eight-row kernel for Q4_K experts of 1-4 super-blocks a row (one
+// row per lane group, ROOFLINE_MOE_DOWN_SHORT=1) gives the four-row kernel's bits, for one and two rows of 3 of 5
+// experts over 67 output rows (a short last CTA), and the double reference's values within the int8 inputs' error.
+TEST(GpuMoeTest, ShortExpertRowsTakeTheEightRowKernelWithTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(53);
+  const int n_expert = 5, k = 3;
+  const int64_t rows = 67;
+  for (const int64_t cols : {256, 512, 768, 1024}) {
+    const test::RandomWeight down(DType::Q4_K, n_expert * rows, cols, rng);
+    for (const int n_rows : {1, 2}) {
+      const size_t pairs = (size_t)n_rows * k;
+      std::vector<float> h(pairs * (size_t)cols), weights(pairs);
+      std::vector<int32_t> ids(pairs);
+      for (float& v : h) v = (float)rng.normal();
+      for (size_t p = 0; p < pairs; ++p) {
+        ids[p] = (int32_t)((p * 2 + (size_t)cols / 256) % n_expert);
+        weights[p] = 0.2f + 0.6f * (float)rng.uniform();
+      }
+      const std::vector<float> four = gpu_moe_down_combine_for_test(down.weight(), n_expert, h, ids, weights, n_rows, k, false);
+      const std::vector<float> eight = gpu_moe_down_combine_for_test(down.weight(), n_expert, h, ids, weights, n_rows, k, true);
+      ASSERT_EQ(four.size(), (size_t)(n_rows * rows));
+      ASSERT_EQ(eight.size(), four.size());
+      EXPECT_EQ(0, std::memcmp(four.data(), eight.data(), four.size() * sizeof(float))) << "cols " << cols << ", " << n_rows << " rows";
+      // The reference: the experts' dequantized rows times the float inputs, weighted.
+      std::vector<float> ref((size_t)(n_rows * rows));
+      for (int t = 0; t < n_rows; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double sum = 0;
+          for (int s = 0; s < k; ++s) {
+            const size_t p = (size_t)(t * k + s);
+            const float* w = down.values.data() + (size_t)((ids[p] * rows + r) * cols);
+            double dot = 0;
+            for (int64_t c = 0; c < cols; ++c) dot += (double)w[c] * (double)h[p * (size_t)cols + (size_t)c];
+            sum += (double)weights[p] * dot;
+          }
+          ref[(size_t)(t * rows + r)] = (float)sum;
+        }
+      EXPECT_LT(test::nmse(eight.data(), ref.data(), ref.size()), 2e-4) << "cols " << cols << ", " << n_rows << " rows";
     }
   }
 }

@@ -334,6 +334,49 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
   return out;
 }
 
+std::vector<float> gpu_moe_down_combine_for_test(const Weight& stacked_down, int n_expert, const std::vector<float>& h,
+                                                 const std::vector<int32_t>& ids, const std::vector<float>& weights, int n_rows, int k,
+                                                 bool short_rows, int device) {
+  using namespace cuda;
+  const int64_t rows = stacked_down.rows() / std::max(1, n_expert), cols = stacked_down.cols();
+  const size_t pairs = (size_t)n_rows * k;
+  if (n_expert < 1 || rows * n_expert != stacked_down.rows() || n_rows < 1 || n_rows > 2 || k < 1 || k > 8 || h.size() != pairs * cols ||
+      ids.size() != pairs || weights.size() != pairs)
+    fail("gpu_moe_down_combine_for_test: {} experts of a {} x {} tensor, {} rows of {} pairs", n_expert, stacked_down.rows(), cols, n_rows, k);
+  for (const int32_t e : ids)
+    if (e < 0 || e >= n_expert) fail("gpu_moe_down_combine_for_test: expert {} of {}", e, n_expert);
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  arena.reserve(device_weight_bytes(stacked_down) + pairs * (cols * 5 + 2 * (cols / 32 + 1) * 4 + 8) + (size_t)n_rows * rows * 4 + 16 * 256);
+  const DeviceWeight dw = upload_weight(stacked_down, arena, stream);
+  if (!moe_down_combine_fits(dw)) fail("gpu_moe_down_combine_for_test: a {} down tensor the fused kernel does not take", dtype_name(dw.type));
+  float* dh = reinterpret_cast<float*>(arena.take(pairs * cols * 4));
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take(pairs * cols));
+  act.d = reinterpret_cast<float*>(arena.take(pairs * (cols / 32 + 1) * 4));
+  act.s = reinterpret_cast<float*>(arena.take(pairs * (cols / 32 + 1) * 4));
+  int32_t* dids = reinterpret_cast<int32_t*>(arena.take(pairs * 4));
+  float* dweights = reinterpret_cast<float*>(arena.take(pairs * 4));
+  float* dx = reinterpret_cast<float*>(arena.take((size_t)n_rows * rows * 4));
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dh, h.data(), h.size() * 4, cudaMemcpyHostToDevice, stream));
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dids, ids.data(), pairs * 4, cudaMemcpyHostToDevice, stream));
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(dweights, weights.data(), pairs * 4, cudaMemcpyHostToDevice, stream));
+  ROOFLINE_CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)n_rows * rows * 4, stream));
+  quantize_rows(dh, (int)pairs, (int)cols, act, stream);
+  const int before = moe_down_short_for_test;
+  moe_down_short_for_test = short_rows ? 1 : 0;
+  moe_down_combine(dw, rows, act, dids, dweights, n_rows, k, dx, stream);
+  moe_down_short_for_test = before;
+  std::vector<float> out((size_t)n_rows * rows);
+  ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(out.data(), dx, out.size() * 4, cudaMemcpyDeviceToHost, stream));
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ROOFLINE_CUDA_CHECK(cudaGetLastError());
+  cudaStreamDestroy(stream);
+  return out;
+}
+
 std::vector<float> gpu_chained_products_for_test(GpuChainForTest kind, bool fused, const Weight& p, const Weight* p2, const Weight& c,
                                                  const std::vector<float>& a, const std::vector<float>& x, const std::vector<float>& norm_w,
                                                  int n_tokens, float eps, int device) {

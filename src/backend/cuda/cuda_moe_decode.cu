@@ -152,6 +152,57 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(De
   }
 }
 
+// Q4_K expert rows of NSB <= 4 super-blocks (experts of 512-1024 values; matvec_q4_k_partials leaves 8 - NSB of a
+// warp's 8 lane groups idle on them) with one row per 4-lane group: lane c of group r takes every super-block g of row
+// r, each term summed from zero as the lane of super-block g would (q4_k_round), then the terms are added in
+// warp_sum's tree over the groups (g with g ^ 4, then g ^ 2, then g ^ 1; the idle groups' zeros included) and the
+// group's 4 lanes by the rest of it: the bits of matvec_q4_k_partials + warp_sum, eight rows a warp.
+template <int NSB>
+__device__ __forceinline__ float q4k_short_row(const DeviceWeight& w, const ActQ8& act, int64_t row, int c) {
+  const uint8_t* rowp[1] = {w.data + min(row, w.rows - 1) * w.row_bytes};  // past the end: a repeat, not stored
+  Q4KRound<1> in[NSB];
+#pragma unroll
+  for (int g = 0; g < NSB; ++g) in[g].load(rowp, g, c);
+  float t[8] = {};
+#pragma unroll
+  for (int g = 0; g < NSB; ++g) {
+    float acc[1][1] = {{0.0f}};
+    q4_k_round<1, 1>(in[g], w, act, g, c, acc);
+    t[g] = acc[0][0];
+  }
+  float v = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v;
+}
+
+// moe_down_combine_kernel for Q4_K experts of NSB <= 4 super-blocks a row: kShortRows output rows a CTA (one per lane
+// group of each warp), the same sums and combine, half the CTAs of the four-row kernel (qwen3-30b-a3b: 256 for a
+// token's 8 experts, one wave at two CTAs a SM, where the four-row kernel's 512 take 1.94).
+constexpr int kShortRows = 8;
+template <int NSB>
+__global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_short_kernel(DeviceWeight down, int64_t rows_per_expert, ActQ8 act,
+                                                                                    const int32_t* ids, const float* weights, int k, float* x) {
+  __shared__ float y[kMaxExpertsUsed][kShortRows];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int64_t row0 = (int64_t)blockIdx.x * kShortRows;
+  const int t = blockIdx.y;
+  const int64_t groups = down.cols / 32;
+  wait_for_previous_kernel();
+  for (int s = warp; s < k; s += warps) {
+    const int64_t p = (int64_t)t * k + s;
+    const float v = q4k_short_row<NSB>(expert_view_of<DType::Q4_K>(down, ids[p], rows_per_expert),
+                                       ActQ8{act.q + p * down.cols, act.d + p * groups, act.s + p * groups}, row0 + lane / 4, lane % 4);
+    if (lane % 4 == 0) y[s][lane / 4] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kShortRows && row0 + threadIdx.x < rows_per_expert) {
+    float sum = 0;
+    for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][threadIdx.x], sum);
+    x[(int64_t)t * rows_per_expert + row0 + threadIdx.x] += sum;
+  }
+}
+
 // h[p, 32 b + i] = silu(gate_e . x) * (up_e . x) for the 32 rows of block b = blockIdx.x of pair p =
 // blockIdx.y (expert e = ids[p], input row x = p / k of xn), quantized to int8 as gated_product_kernel
 // does (its formula, warp_quantize32): with R rows a warp, warps 0 to 32 / R - 1 take R gate rows each, the
@@ -253,6 +304,8 @@ void moe_gate_up_swiglu(const DeviceWeight& gate, const DeviceWeight& up, int64_
   });
 }
 
+int moe_down_short_for_test = -1;
+
 bool moe_down_combine_takes_shared(const DeviceWeight& down, const DeviceWeight& shared_down, int k) {
   // Q6_K: its 128 registers over the k + 1 warps of a CTA would leave one CTA a SM (two at k warps).
   return moe_down_combine_fits(down) && down.type != DType::Q6_K && shared_down.type == down.type && shared_down.layout == down.layout &&
@@ -267,6 +320,20 @@ void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const A
   if (shared && (!shared->down || !moe_down_combine_takes_shared(down, *shared->down, k) || !shared->act.q || !shared->gate || !shared->xn ||
                  shared->down->rows != rows_per_expert))
     fail("internal error: a shared expert the fused MoE down + combine does not take");
+  // Q4_K experts of 1-4 super-blocks a row, with ROOFLINE_MOE_DOWN_SHORT=1 (written in the twenty-eighth session after
+  // its device time was spent: not yet run on a GPU, hence off): eight rows a CTA, every lane busy.
+  static const bool short_env = env_switch("ROOFLINE_MOE_DOWN_SHORT", false);
+  const bool short_rows = moe_down_short_for_test >= 0 ? moe_down_short_for_test == 1 : short_env;
+  const int64_t n_sb = down.cols / 256;
+  if (short_rows && !shared && down.type == DType::Q4_K && n_sb >= 1 && n_sb <= 4) {
+    const dim3 grid8((unsigned)((rows_per_expert + kShortRows - 1) / kShortRows), (unsigned)n_rows), block8(32 * std::min(k, kDownMaxWarps));
+    switch (n_sb) {
+      case 1: return launch(moe_down_combine_short_kernel<1>, grid8, block8, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
+      case 2: return launch(moe_down_combine_short_kernel<2>, grid8, block8, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
+      case 3: return launch(moe_down_combine_short_kernel<3>, grid8, block8, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
+      default: return launch(moe_down_combine_short_kernel<4>, grid8, block8, 0, stream, pdl_enabled(), down, rows_per_expert, act, ids, weights, k, x);
+    }
+  }
   const dim3 grid((unsigned)((rows_per_expert + kDownRows - 1) / kDownRows), (unsigned)n_rows);
   const DeviceWeight sdown = shared ? *shared->down : down;
   const ActQ8 sact = shared ? shared->act : ActQ8{};
