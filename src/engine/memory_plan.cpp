@@ -291,10 +291,10 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const double gpu_gbs = gpu.host ? host_gbs : gpu.achievable_gbs();
   const int gpu_layers = gpu.host ? 0 : std::max(0, hp.n_layer - first_gpu_unit);
   // The layers on the GPU by the kinds that add launches (gpu_recurrent_layer_us and after).
-  int gpu_recurrent = 0, gpu_moe = 0, gpu_shared = 0;
+  const int gpu_recurrent = hp.count_layers(MixerKind::DeltaNet, hp.n_layer - gpu_layers, hp.n_layer);
+  int gpu_moe = 0, gpu_shared = 0;
   for (int il = hp.n_layer - gpu_layers; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layer(il);
-    gpu_recurrent += hp.count_layers(MixerKind::DeltaNet, il, il + 1);
     gpu_moe += L[LayerTensor::FfnGateExps] || L[LayerTensor::FfnUpExps] ? 1 : 0;
     gpu_shared += L[LayerTensor::FfnUpShexp] ? 1 : 0;
   }

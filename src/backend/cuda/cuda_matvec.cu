@@ -156,12 +156,12 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
 // rows a warp: 93 instead of 72) and schedules more of a round's loads at once: measured on an H200 qwen3-32b
 // tg64 +6-7%, gemma3-27b +8%, qwen3.5-27b +5.6% (docs/performance.md, twenty-seventh session). The kernels of
 // 2-8 tokens keep ptxas's own budget (a minimum of 3-4 CTAs a SM spilled and lost up to 10% at 6-8 tokens).
-template <int B, Kind K, int R>
+template <int B>
 constexpr int matvec_min_ctas() { return B == 1 ? 1 : 0; }
 // F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
 // kernels without them are the products as they were, register for register.
 template <int B, Kind K, int R, int S, bool F>
-__global__ void __launch_bounds__(kWarps * 32, (matvec_min_ctas<B, K, R>())) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
+__global__ void __launch_bounds__(kWarps * 32, matvec_min_ctas<B>()) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
   const bool live = unit < g.first_unit[g.n];

@@ -259,7 +259,7 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   const int pairs = n * k, max_active = std::min(pairs, E);
   if (n <= kDirectPairRows && takes_q8(*L.gate_exps) && matvec_can_group(*L.gate_exps, *L.up_exps) && H % 32 == 0) {
     if (folds_shared(L, xn_act, n)) {
-      shared_swiglu(L, xn, xn_act, n, stream);
+      shared_swiglu(L, xn, xn_act, n, true, stream);
       if (!forward_pairs(L, xn_act, n, x, stream, xn)) shared_down_add(L, xn, n, x, stream);
       return;
     }
@@ -373,7 +373,7 @@ void MoeFfn::forward_shared(const MoeLayerDev& L, const float* xn, int n, float*
 
 void MoeFfn::forward_shared_quantized(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, float* x, cudaStream_t stream) {
   if (n == 0 || hp_.n_ff_shexp == 0 || !L.gate_shexp) return;
-  shared_swiglu(L, xn, xn_act, n, stream);
+  shared_swiglu(L, xn, xn_act, n, folds_shared(L, xn_act, n), stream);
   shared_down_add(L, xn, n, x, stream);
 }
 
@@ -389,9 +389,9 @@ bool MoeFfn::folds_shared(const MoeLayerDev& L, const ActQ8& xn_act, int n) cons
   return xn_act.q && !xn_act.row_factor && moe_gate_up_swiglu_fits(*L.gate_shexp, *L.up_shexp, hp_.n_ff_shexp);
 }
 
-void MoeFfn::shared_swiglu(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, cudaStream_t stream) {
+void MoeFfn::shared_swiglu(const MoeLayerDev& L, const float* xn, const ActQ8& xn_act, int n, bool fused, cudaStream_t stream) {
   const int S = hp_.n_ff_shexp;
-  if (folds_shared(L, xn_act, n)) return moe_gate_up_swiglu(*L.gate_shexp, *L.up_shexp, S, xn_act, shexp_ids_, n, 1, act_sh_, stream);
+  if (fused) return moe_gate_up_swiglu(*L.gate_shexp, *L.up_shexp, S, xn_act, shexp_ids_, n, 1, act_sh_, stream);
   ExpertGroups all{};
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);

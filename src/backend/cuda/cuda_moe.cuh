@@ -128,10 +128,11 @@ class MoeFfn {
   // and gated add are folded into the down + combine launch where it takes them; returns whether they were.
   bool forward_pairs(const MoeLayerDev& layer, const ActQ8& xn_act, int n_rows, float* x, cudaStream_t stream, const float* shared_xn = nullptr);
   // The shared expert with xn's int8 rows already made (xn_act; empty where its type takes floats): its SwiGLU
-  // (shared_swiglu: into act_sh_ where its down takes int8 rows, else shexp_gate_), then its down and gated add.
+  // (shared_swiglu: into act_sh_ where its down takes int8 rows, else shexp_gate_; fused: through moe_gate_up_swiglu, as
+  // folds_shared allows), then its down and gated add.
   void forward_shared_quantized(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, float* x,
                                 cudaStream_t stream);
-  void shared_swiglu(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, cudaStream_t stream);
+  void shared_swiglu(const MoeLayerDev& layer, const float* xn, const ActQ8& xn_act, int n_rows, bool fused, cudaStream_t stream);
   void shared_down_add(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
   // Whether a step of n_rows folds the shared expert into the routed down + combine launch (ROOFLINE_MOE_SHARED_FUSED=1).
   bool folds_shared(const MoeLayerDev& layer, const ActQ8& xn_act, int n_rows) const;

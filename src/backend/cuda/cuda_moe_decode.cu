@@ -95,6 +95,14 @@ __device__ __forceinline__ void expert_rows(const DeviceWeight& w, const ActQ8& 
   else block_partials<Q8_0Blocks, 1, R, 1>(w, act, row0, lane, acc);
 }
 
+// The routed experts' weighted sum of output row r of token t: weights in routing order, as moe_combine_kernel adds them.
+template <int N>
+__device__ __forceinline__ float routed_sum(const float* weights, const float (&y)[kMaxExpertsUsed][N], int t, int k, int r) {
+  float sum = 0;
+  for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][r], sum);
+  return sum;
+}
+
 // x[t, r] += sum_s weights[t * k + s] * (down of expert ids[t * k + s] . h[t * k + s])[r] for the kDownRows
 // rows r of a CTA and token t = blockIdx.y: warp w takes the experts s = w, w + warps, .. (so every
 // expert's loads are in flight at once, one round each, as in the grouped kernels), puts its rows'
@@ -139,8 +147,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_kernel(De
   }
   __syncthreads();
   if (threadIdx.x < kDownRows && row0 + threadIdx.x < rows_per_expert) {
-    float sum = 0;
-    for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][threadIdx.x], sum);
+    const float sum = routed_sum(weights, y, t, k, threadIdx.x);
     float* xr = x + (int64_t)t * rows_per_expert + row0 + threadIdx.x;
     if constexpr (Shared) {
       float v = *xr + sum;       // what the routed launch stores
@@ -197,9 +204,7 @@ __global__ void __launch_bounds__(kDownMaxWarps * 32) moe_down_combine_short_ker
   }
   __syncthreads();
   if (threadIdx.x < kShortRows && row0 + threadIdx.x < rows_per_expert) {
-    float sum = 0;
-    for (int s = 0; s < k; ++s) sum = fmaf(weights[(int64_t)t * k + s], y[s][threadIdx.x], sum);
-    x[(int64_t)t * rows_per_expert + row0 + threadIdx.x] += sum;
+    x[(int64_t)t * rows_per_expert + row0 + threadIdx.x] += routed_sum(weights, y, t, k, threadIdx.x);
   }
 }
 
