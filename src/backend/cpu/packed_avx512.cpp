@@ -14,6 +14,7 @@
 // -32 * (activation sum of the 16), times d * scale as floats. Integer work is exact; the float steps per output are the
 // same for any number of activation rows (batch invariance). Compiled through a target pragma, called
 // only after avx512_supported().
+#include <cpuid.h>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

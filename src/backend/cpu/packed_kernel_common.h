@@ -4,7 +4,7 @@
 // other headers: everything here has internal linkage, so each file compiles its own copy for its own
 // instruction set (no AVX2 or AVX-512 copy of a shared inline function can be the one the linker keeps).
 // No include guard and no includes of its own: one inclusion per kernel file, which has <immintrin.h>,
-// <cstdint>, <cstdlib>, <cstring>, packed_weights.h and quant_blocks.h already.
+// <cpuid.h>, <cstdint>, <cstdlib>, <cstring>, packed_weights.h and quant_blocks.h already.
 namespace roofline::cpu {
 namespace {
 
@@ -19,19 +19,28 @@ inline int32_t load32(const void* p) {
 // that CPU's prefetchers do not keep up with them; fetching brings them to 47 (AVX2: 24-26), while the other
 // types' loops measured the same or 5-10% slower with it (cpu_vec_dot_bench, one thread, cold). On the GPU
 // machine's Intel Xeon host every type gains: qwen3-8b / qwen3-1.7b decode at 4 threads +15-30% (Q8_0) and
-// +27-36% (Q4_0), qwen3-8b Q4_0 at 16 threads +26% (docs/performance.md, tenth session). So Intel CPUs fetch
-// in every type's loop and others in the Q4_K/Q5_K loops only. ROOFLINE_CPU_FETCH=all / k / none chooses
+// +27-36% (Q4_0), qwen3-8b Q4_0 at 16 threads +26% (docs/performance.md, tenth session). On an AMD EPYC of
+// family 1Ah (Zen 5) the Q6_K loop reads 35-36 GB/s a core without it and 47 with it, and decode at 2 threads
+// gains 10-17% (twenty-ninth session). So Intel CPUs and AMD ones from family 1Ah fetch in every type's loop,
+// others (Zen 4 and older) in the Q4_K/Q5_K loops only. ROOFLINE_CPU_FETCH=all / k / none chooses
 // instead, ROOFLINE_CPU_FETCH_AHEAD sets the distance (bytes, 512-65536) and ROOFLINE_CPU_FETCH_HINT=l2
 // fetches into the L2: the switches that measure it on other CPUs. The AVX2 kernels fetch in the Q4_K/Q5_K
 // loops only, always.
 constexpr size_t kPrefetchAhead = 4096;
+// The CPU's family from CPUID leaf 1 (base family, plus the extended family when the base is 0Fh).
+inline unsigned cpu_family() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const unsigned base = (a >> 8) & 0xF;
+  return base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+}
 enum class FetchKind { KQuant4, Other };
 struct FetchConfig {
   bool k_quant4 = true, other = false, to_l2 = false;
   size_t ahead = kPrefetchAhead;
   FetchConfig() {
     __builtin_cpu_init();
-    other = __builtin_cpu_is("intel");
+    other = __builtin_cpu_is("intel") || (__builtin_cpu_is("amd") && cpu_family() >= 0x1A);
     if (const char* m = std::getenv("ROOFLINE_CPU_FETCH")) {
       const bool all = std::strcmp(m, "all") == 0, none = std::strcmp(m, "none") == 0;
       k_quant4 = !none;

@@ -11,6 +11,7 @@
 // (packed_avx512.cpp): the same integer sums, so both give the same values; the float steps per output
 // are the same for any number of activation rows (batch invariance). Compiled through a target pragma
 // after every include (no AVX2 copy of a shared inline function), called only after avx2_supported().
+#include <cpuid.h>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
