@@ -302,8 +302,9 @@ ConvertResult convert_gemma3(const ConvertOptions& options, const json& config, 
     const bool plus_one = e->op == Op::PlusOne;
     // llama.cpp adds the 1 in torch: an f16 source stays f16 (the sum rounded to f16), others in f32.
     const bool f16_math = t->type == DType::F16;
-    planned.push_back({e->gguf_name, shape, type, [t, row, plus_one, f16_math](float* dst, int64_t r0, int64_t nr) {
-                         safetensors::tensor_to_f32(*t, r0 * row, nr * row, dst);
+    const safetensors::Tensor* src = t;  // Clang before 16 cannot capture a structured binding
+    planned.push_back({e->gguf_name, shape, type, [src, row, plus_one, f16_math](float* dst, int64_t r0, int64_t nr) {
+                         safetensors::tensor_to_f32(*src, r0 * row, nr * row, dst);
                          if (!plus_one) return;
                          for (int64_t i = 0; i < nr * row; ++i) dst[i] = f16_math ? round_to_fp16(dst[i] + 1.0f) : dst[i] + 1.0f;
                        }});

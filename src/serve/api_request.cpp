@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "serve/api.h"
 #include "serve/structured_output.h"
 
@@ -138,6 +139,8 @@ std::vector<std::string> parse_stop(const json& body) {
 }  // namespace
 
 json parse_body(const std::string& body) {
+  if (json_nesting_depth(body) > kMaxJsonNesting)
+    throw ApiError(400, fmt::format("the request body nests arrays and objects more than {} levels deep", kMaxJsonNesting));
   json j;
   try {
     j = json::parse(body);

@@ -278,9 +278,12 @@ class GrammarParser {
       return 1;
     }
     if (c == '(') {
+      // Groups recurse here: bounded, so a grammar of a hundred thousand '(' is an error, not a stack overflow.
+      if (++group_depth_ > kMaxGroupDepth) error(fmt::format("groups nested more than {} deep", kMaxGroupDepth));
       ++pos_;
       skip_space(true);
       auto alts = parse_alternatives(true);
+      --group_depth_;
       skip_space(true);
       if (peek() != ')') error("expected ')'");
       ++pos_;
@@ -402,25 +405,38 @@ class GrammarParser {
   // A rule that can reach itself without consuming a character would make the matcher loop.
   void check_left_recursion() {
     const size_t n = rules_.size();
+    // Nullable rules (those that can match nothing) by propagation, linear in the grammar's size: an
+    // alternative becomes nullable when the last of its rule references does; one with a character
+    // class never does. (A fixed-point sweep over the rules would take one sweep per link of a chain of
+    // rules written in the unlucky order: quadratic in a grammar of a hundred thousand rules.)
+    constexpr uint32_t kNever = 0xFFFFFFFFu;
     std::vector<bool> nullable(n, false);
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t r = 0; r < n; ++r) {
-        if (nullable[r]) continue;
-        for (const Sequence& alt : rules_[r]) {
-          bool all = true;
-          for (const GrammarElement& e : alt)
-            if (e.kind == GrammarElement::Chars || !nullable[e.index]) {
-              all = false;
-              break;
-            }
-          if (all) {
-            nullable[r] = true;
-            changed = true;
-            break;
-          }
+    std::vector<std::vector<uint32_t>> unknown(n);                   // per alternative: references not yet nullable
+    std::vector<std::vector<std::pair<uint32_t, uint32_t>>> uses(n);  // rule -> (rule, alternative) it occurs in
+    std::vector<uint32_t> found;
+    auto mark = [&](uint32_t r) {
+      if (nullable[r]) return;
+      nullable[r] = true;
+      found.push_back(r);
+    };
+    for (uint32_t r = 0; r < n; ++r) {
+      unknown[r].assign(rules_[r].size(), 0);
+      for (uint32_t a = 0; a < rules_[r].size(); ++a) {
+        uint32_t refs = 0;
+        bool chars = false;
+        for (const GrammarElement& e : rules_[r][a]) {
+          if (e.kind == GrammarElement::Chars) chars = true;
+          else ++refs, uses[e.index].push_back({r, a});
         }
+        unknown[r][a] = chars ? kNever : refs;
+        if (!chars && refs == 0) mark(r);
       }
+    }
+    while (!found.empty()) {
+      const uint32_t s = found.back();
+      found.pop_back();
+      for (const auto& [r, a] : uses[s])
+        if (unknown[r][a] != kNever && --unknown[r][a] == 0) mark(r);
     }
     // Edges r -> s where s can start r without input consumed before it.
     std::vector<std::vector<uint32_t>> left(n);
@@ -454,8 +470,10 @@ class GrammarParser {
     }
   }
 
+  static constexpr int kMaxGroupDepth = 256;
   std::string_view s_;
   size_t pos_ = 0;
+  int group_depth_ = 0;
   Grammar* g_ = nullptr;
   std::map<std::string, uint32_t> ids_;
   std::vector<std::vector<Sequence>> rules_;

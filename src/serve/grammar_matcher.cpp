@@ -68,10 +68,12 @@ GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar) : g_(
   State s;
   for (uint32_t alt : g_->alternatives()[g_->root()]) expand(alt, 0, s.stacks);
   start_ = intern(std::move(s));
+  if (start_ == kDead && limited_)
+    throw GrammarError(fmt::format("the grammar is too ambiguous: its start opens more than {} parses at once", kMaxStacks));
   if (start_ == kDead) throw GrammarError("the grammar matches nothing");
 }
 
-bool GrammarAutomaton::full() const { return states_.size() > kMaxStates; }
+bool GrammarAutomaton::full() const { return states_.size() > kMaxStates || state_heap_bytes_ > kMaxStateBytes; }
 
 size_t GrammarAutomaton::bytes() const {
   constexpr size_t kMapNode = 2 * sizeof(void*);  // an unordered_map node's link and cached hash, beyond its pair
@@ -114,44 +116,64 @@ uint32_t GrammarAutomaton::stack_node(uint32_t pos, uint32_t parent) {
   return it->second;
 }
 
-void GrammarAutomaton::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out) {
+void GrammarAutomaton::expand(uint32_t pos0, uint32_t parent0, std::vector<uint32_t>& out) {
+  // Iterative, with the alternatives still to expand on a work list: a grammar whose rules start with
+  // rule references a hundred thousand deep must not recurse that deep (the order of `out` is free:
+  // intern() sorts it).
   const std::vector<GrammarElement>& el = g_->elements();
-  for (;;) {
-    const GrammarElement& e = el[pos];
-    if (e.kind == GrammarElement::Chars) {
-      out.push_back(stack_node(pos, parent));
-      return;
-    }
-    if (e.kind == GrammarElement::End) {
-      if (parent == 0) {
-        out.push_back(0);
-        return;
+  std::vector<std::pair<uint32_t, uint32_t>>& todo = expand_todo_;
+  todo.clear();
+  todo.emplace_back(pos0, parent0);
+  while (!todo.empty()) {
+    auto [pos, parent] = todo.back();
+    todo.pop_back();
+    for (;;) {
+      if (out.size() >= kMaxRawStacks) return;  // cut: intern() refuses the state
+      const GrammarElement& e = el[pos];
+      if (e.kind == GrammarElement::Chars) {
+        out.push_back(stack_node(pos, parent));
+        break;
       }
-      const StackNode below = nodes_[parent];
-      pos = below.pos;
-      parent = below.parent;
-      continue;
+      if (e.kind == GrammarElement::End) {
+        if (parent == 0) {
+          out.push_back(0);
+          break;
+        }
+        const StackNode below = nodes_[parent];
+        pos = below.pos;
+        parent = below.parent;
+        continue;
+      }
+      // A rule reference: its alternatives on top of the continuation. When the reference is the last
+      // element of its alternative, the continuation is the parent itself (a tail call).
+      const uint32_t cont = el[pos + 1].kind == GrammarElement::End ? parent : stack_node(pos + 1, parent);
+      const std::vector<uint32_t>& alts = g_->alternatives()[e.index];
+      if (alts.empty()) break;
+      for (size_t i = 0; i + 1 < alts.size(); ++i) todo.emplace_back(alts[i], cont);
+      pos = alts.back();
+      parent = cont;
     }
-    // A rule reference: its alternatives on top of the continuation. When the reference is the last
-    // element of its alternative, the continuation is the parent itself (a tail call).
-    const uint32_t cont = el[pos + 1].kind == GrammarElement::End ? parent : stack_node(pos + 1, parent);
-    const std::vector<uint32_t>& alts = g_->alternatives()[e.index];
-    for (size_t i = 0; i + 1 < alts.size(); ++i) expand(alts[i], cont, out);
-    if (alts.empty()) return;
-    pos = alts.back();
-    parent = cont;
   }
 }
 
 int32_t GrammarAutomaton::intern(State s) {
+  const bool cut = s.stacks.size() >= kMaxRawStacks;  // expand() stopped early: the list is incomplete
   std::sort(s.stacks.begin(), s.stacks.end());
   s.stacks.erase(std::unique(s.stacks.begin(), s.stacks.end()), s.stacks.end());
   if (s.stacks.empty()) return kDead;
+  if (cut || s.stacks.size() > kMaxStacks) {
+    limited_ = true;
+    return kDead;
+  }
   std::string key(s.stacks.size() * 4 + 6, '\0');
   std::memcpy(key.data(), s.stacks.data(), s.stacks.size() * 4);
   std::memcpy(key.data() + s.stacks.size() * 4, &s.partial, 4);
   key[key.size() - 2] = (char)s.need;
   key.back() = (char)s.length;
+  if (state_heap_bytes_ > kMaxStateBytes && !state_ids_.count(key)) {
+    limited_ = true;
+    return kDead;
+  }
   const size_t key_heap = key.capacity() > 15 ? key.capacity() + 1 : 0;  // beyond the string's inline buffer
   auto [it, inserted] = state_ids_.try_emplace(std::move(key), (int32_t)states_.size());
   if (inserted) {

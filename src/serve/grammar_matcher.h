@@ -79,6 +79,14 @@ class GrammarAutomaton {
   size_t bytes() const;
   // The same state, built in this automaton from `from`'s state (when a matcher moves).
   int32_t import_state(const GrammarAutomaton& from, int32_t state);
+  // Whether some transition was refused because the grammar is open in too many ways at once (an
+  // ambiguous grammar: more than kMaxStacks parses, or an expansion past kMaxRawStacks) or the states
+  // already hold kMaxStateBytes: such a byte is treated as one the grammar does not allow, so a
+  // pathological grammar costs bounded time and memory instead of stalling the scheduler.
+  bool limited() const { return limited_; }
+  static constexpr size_t kMaxStacks = 1024;
+  static constexpr size_t kMaxRawStacks = 1 << 14;
+  static constexpr size_t kMaxStateBytes = 256u << 20;
 
  private:
   static constexpr int32_t kUnknown = -2;
@@ -112,8 +120,10 @@ class GrammarAutomaton {
   std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
   const TokenVocab* masks_vocab_ = nullptr;  // the vocabulary the cached masks are of
   std::vector<int32_t> walk_;  // per trie depth, the state after that many bytes
+  std::vector<std::pair<uint32_t, uint32_t>> expand_todo_;  // expand()'s work list (position, parent)
   size_t state_heap_bytes_ = 0;  // the states' stack lists and their map entries
   int32_t start_ = 0;
+  bool limited_ = false;
 };
 
 // Where one output is in its grammar.
@@ -129,6 +139,8 @@ class GrammarMatcher {
   bool is_complete() const { return a_->is_complete(current_); }
   // Some byte may still follow.
   bool can_continue() const { return a_->can_continue(current_); }
+  // Some continuation was cut by the automaton's bounds (GrammarAutomaton::limited).
+  bool limited() const { return a_->limited(); }
 
   // Token level: a token is allowed when its bytes keep the text a valid prefix (an end-of-generation
   // token: when the text is complete). Tokens without bytes are never allowed.

@@ -11,6 +11,8 @@
 #include <map>
 #include <set>
 
+#include "serve/grammar.h"
+
 namespace roofline::serve {
 
 using json = nlohmann::ordered_json;
@@ -418,11 +420,30 @@ class SchemaConverter {
 
 }  // namespace
 
+namespace {
+
+// The grammar a schema became must be one the matcher takes: where it is not (a '$ref' that reaches itself
+// before any character of the value, such as {"$ref": "#"}; a repetition too large to expand), that is
+// the schema's problem and is said as such, not in the generated rules' names alone.
+std::string usable(std::string gbnf) {
+  try {
+    Grammar::parse(gbnf);
+  } catch (const GrammarError& e) {
+    const std::string what = e.what();
+    if (what.find("left-recursive") != std::string::npos)
+      throw SchemaError(fmt::format("a '$ref' reaches itself before any character of the value ({})", what), "");
+    throw SchemaError(fmt::format("the schema cannot be enforced: {}", what), "");
+  }
+  return gbnf;
+}
+
+}  // namespace
+
 std::string json_schema_to_gbnf(const json& schema) {
   SchemaConverter c;
   c.set_root(schema, "");
   const std::string root = c.visit(schema, "", "value");
-  return c.grammar(root);
+  return usable(c.grammar(root));
 }
 
 std::string json_object_gbnf() {
@@ -453,7 +474,7 @@ std::string tool_calls_gbnf(const std::vector<ToolGrammarSpec>& tools, bool para
     calls += (calls.empty() ? "" : " | ") + call;
   }
   const std::string call = c.add_rule("tool-call", calls);
-  return c.grammar(parallel ? call + " (\"\\n\" " + call + ")*" : call);
+  return usable(c.grammar(parallel ? call + " (\"\\n\" " + call + ")*" : call));
 }
 
 }  // namespace roofline::serve

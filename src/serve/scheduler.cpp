@@ -387,7 +387,11 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
       e.choice = c.index;
       e.text = c.text.flush();
       e.finish = Finish::Error;
-      e.error = "no token the grammar allows has a finite logit";
+      e.error = c.grammar->limited()
+                    ? fmt::format("no token the grammar allows could be taken: the grammar is too ambiguous (more than {} parses "
+                                  "open at once) and continuations past that were cut",
+                                  GrammarAutomaton::kMaxStacks)
+                    : "no token the grammar allows has a finite logit";
       a.request->push(std::move(e));
       a.failed = true;
       finish_choice(a, c);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string_view>
 
+#include "core/json_nesting.h"
 #include "serve/api.h"
 #include "serve/tool_calls.h"
 
@@ -73,6 +74,7 @@ bool call_from_json(const json& j, const std::set<std::string>& names, ParsedToo
   if (key && !j[key].is_null()) {
     args = j[key];
     if (args.is_string()) {
+      if (json_nesting_depth(args.get<std::string>()) > kMaxJsonNesting) return false;
       try {
         args = json::parse(args.get<std::string>());
       } catch (const json::exception&) {
@@ -87,6 +89,7 @@ bool call_from_json(const json& j, const std::set<std::string>& names, ParsedToo
 }
 
 std::optional<json> parse_object(std::string_view text) {
+  if (json_nesting_depth(text) > kMaxJsonNesting) return std::nullopt;
   try {
     return json::parse(text);
   } catch (const json::exception&) {

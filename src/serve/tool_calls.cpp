@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/json_nesting.h"
 #include "serve/api.h"
 
 namespace roofline::serve {
@@ -77,6 +78,7 @@ ToolsRequest parse_tools_request(const json& body) {
 }
 
 bool parse_tool_call_body(const std::string& body, const std::set<std::string>& names, ParsedToolCall& call) {
+  if (json_nesting_depth(body) > kMaxJsonNesting) return false;  // too deep to be a call (and to walk safely)
   json j;
   try {
     j = json::parse(body);
@@ -90,6 +92,7 @@ bool parse_tool_call_body(const std::string& body, const std::set<std::string>& 
   if (j.contains("arguments") && !j["arguments"].is_null()) {
     args = j["arguments"];
     if (args.is_string()) {  // arguments given as JSON text: accepted when that text is an object
+      if (json_nesting_depth(args.get<std::string>()) > kMaxJsonNesting) return false;
       try {
         args = json::parse(args.get<std::string>());
       } catch (const json::exception&) {

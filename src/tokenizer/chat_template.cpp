@@ -2,6 +2,7 @@
 #include "tokenizer/chat_template.h"
 
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "tokenizer/jinja/template.h"
 
 namespace roofline {
@@ -28,6 +29,7 @@ ordered_json normalize_chat_messages(const ordered_json& messages) {
       ordered_json* fn = tc.is_object() && tc.contains("function") && tc["function"].is_object() ? &tc["function"] : &tc;
       if (!fn->is_object() || !fn->contains("arguments") || !(*fn)["arguments"].is_string()) continue;
       const std::string s = (*fn)["arguments"].get<std::string>();
+      if (json_nesting_depth(s) > kMaxJsonNesting) continue;  // left as the string it is
       try {
         (*fn)["arguments"] = ordered_json::parse(s);
       } catch (const ordered_json::exception&) {

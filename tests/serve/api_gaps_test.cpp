@@ -11,8 +11,10 @@
 
 #include "fake_runner.h"
 #include "model/model_file.h"
+#include "core/json_nesting.h"
 #include "serve/api.h"
 #include "serve/server.h"
+#include "serve/tool_calls.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -65,6 +67,24 @@ TEST(ApiGaps, AMessageWithoutContentIsRefused) {
     EXPECT_EQ(messages.size(), 3u) << body;
   }
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":""}]})").status, 200);  // empty is content
+}
+
+// A body nested deeper than kMaxJsonNesting is a 400 before anything walks it (a hundred thousand
+// levels in a message's extra field, or in a response_format schema, overflowed the stack of the
+// server: tests/fuzz/libfuzzer); a tool call's arguments string nested that deep stays a string.
+TEST(ApiGaps, JsonNestedPastTheBoundIsRefused) {
+  auto nest = [](int d) { return std::string(d, '[') + std::string(d, ']'); };
+  const ApiError e = chat_error(R"({"messages":[{"role":"user","content":"hi","x":)" + nest(100000) + "}]}");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(std::string(e.what()).find("more than 512 levels deep"), std::string::npos) << e.what();
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"hi","x":)" + nest(400) + "}]}").status, 200);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"[[[[","b":[{"c":"\"]]"}]})"), 3u);  // brackets in strings do not count
+  const std::string deep_args = nest(600);
+  json messages = json::array({{{"role", "assistant"}, {"content", ""},
+                                {"tool_calls", json::array({{{"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep_args}}}}})}}});
+  EXPECT_EQ(normalize_chat_messages(messages)[0]["tool_calls"][0]["function"]["arguments"], deep_args);
+  ParsedToolCall call;
+  EXPECT_FALSE(parse_tool_call_body(R"({"name":"f","arguments":)" + nest(600) + "}", {"f"}, call));
 }
 
 TEST(ApiGaps, ErrorCodesAreStringsOrNull) {

@@ -253,6 +253,63 @@ TEST(Grammar, MatchersShareAnAutomatonAndMoveOffAFullOne) {
   EXPECT_TRUE(m.is_complete());
 }
 
+// An ambiguous grammar whose open parses grow with the text (each x may end at any depth of its own
+// nesting, under each of 40 positions of root): past GrammarAutomaton::kMaxStacks parses the automaton
+// refuses the byte and says why (limited), where it used to take minutes and gigabytes a few dozen
+// bytes in (found by tests/fuzz/libfuzzer/fuzz_gbnf). An unambiguous grammar never comes near the bound.
+TEST(Grammar, AnAmbiguousGrammarIsCutAtTheBoundAndSaysSo) {
+  GrammarMatcher m(Grammar::parse("root ::= x{40,}\nx ::= [a-z] xs\nxs ::= x xs |"));
+  int taken = 0;
+  while (taken < 1000 && m.accept_bytes("a")) ++taken;
+  EXPECT_TRUE(m.limited());
+  EXPECT_GE(taken, 40);   // the short texts still parse ...
+  EXPECT_LT(taken, 1000);  // ... and the long ones are cut, not parsed at any cost
+  GrammarMatcher plain(Grammar::parse("root ::= x{40,}\nx ::= [a-z]"));
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(plain.accept_bytes("a"));
+  EXPECT_FALSE(plain.limited());
+  // One whose start alone opens too many parses is refused as the request's grammar is compiled.
+  std::string wide = "root ::= a0\n";
+  for (int i = 0; i < 12; ++i) wide += "a" + std::to_string(i) + " ::= a" + std::to_string(i + 1) + " | a" + std::to_string(i + 1) + " \"x\"\n";
+  wide += "a12 ::= [a-z]";
+  try {
+    GrammarMatcher w(Grammar::parse(wide));
+    FAIL() << "the grammar was accepted";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
+}
+
+// Grammars deep in ways a request can make them (found with tests/fuzz/libfuzzer/fuzz_gbnf and its
+// follow-ups; each was a stack overflow of the server, or minutes of parsing): groups nested past the
+// bound are an error; a hundred thousand rules each starting with the next, each with a second
+// alternative, are expanded without recursion; a chain of that many rules that can match nothing is
+// found nullable in one pass.
+TEST(Grammar, DeepGrammarsAreErrorsOrRunWithoutRecursion) {
+  const int n = 100000;
+  EXPECT_NE(parse_error("root ::= " + std::string(n, '(') + "\"a\"" + std::string(n, ')')).find("nested more than 256"), std::string::npos);
+  EXPECT_TRUE(full_match("root ::= " + std::string(200, '(') + "\"a\"" + std::string(200, ')'), "a"));
+  std::string chain = "root ::= r0\n", empty_chain = "root ::= r0 \"!\"\n";
+  for (int i = 0; i < n; ++i) {
+    chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + " | \"x\"\n";
+    empty_chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+  }
+  chain += "r" + std::to_string(n) + " ::= \"y\"";
+  empty_chain += "r" + std::to_string(n) + " ::= \"\" | \"y\"";
+  // Its start opens n + 1 parses (each level's "x" and the last "y"): expanded without recursion, then
+  // refused by the bound on parses (the old recursive expansion overflowed the stack first).
+  try {
+    GrammarMatcher m(Grammar::parse(chain));
+    FAIL() << "accepted";
+  } catch (const GrammarError& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(full_match(empty_chain, "!"));
+  EXPECT_TRUE(full_match(empty_chain, "y!"));
+  // A rule that reaches itself through the nullable chain is still left recursion.
+  EXPECT_NE(parse_error(empty_chain + "\nr" + std::to_string(n / 2) + "x ::= r0 r" + std::to_string(n / 2) + "x").find("left-recursive"),
+            std::string::npos);
+}
+
 // Random byte strings heavy in UTF-8 lead and continuation bytes, on one shared automaton: every prefix
 // is allowed (and complete) exactly when the reference says so. Classes that take every non-ASCII code
 // point, a few of them, or all but one make states where the bits read so far do or do not matter.
@@ -414,6 +471,12 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreNamedWithTheirPath) {
   EXPECT_NE(what.find("'x'"), std::string::npos);
   std::tie(what, path) = error(R"({"type":"martian"})");
   EXPECT_NE(what.find("martian"), std::string::npos);
+  // References that reach themselves before any character (found by tests/fuzz/libfuzzer/fuzz_json_schema):
+  // the schema's error, where the generated grammar used to fail later on its own rule names.
+  for (const char* cyclic : {R"({"$ref":"#"})", R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}},"$ref":"#/$defs/a"})"}) {
+    std::tie(what, path) = error(cyclic);
+    EXPECT_NE(what.find("'$ref' reaches itself"), std::string::npos) << cyclic << ": " << what;
+  }
 }
 
 TEST(JsonSchemaGrammar, ToolCallsInTheQwenFormat) {

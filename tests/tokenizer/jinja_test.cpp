@@ -110,6 +110,51 @@ TEST(TemplateErrors, RecursionAndHugeOutputAreBounded) {
   EXPECT_THROW(jinja::Template("{{ 'x' * 100000000000 }}").render(jinja::Value(jinja::Dict{})), Error);
 }
 
+// A template that would recurse or loop without bound fails with its reason, in bounded time and stack:
+// the shapes tests/fuzz/libfuzzer/fuzz_jinja found or that follow from them (each one a stack overflow
+// or an hour-long render before these bounds).
+std::string render_error(const std::string& source) {
+  try {
+    jinja::Template(source).render(jinja::Value(jinja::Dict{}));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(rendered)";
+}
+
+TEST(TemplateErrors, NestingLoopsAndValueDepthAreBounded) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  // Parse nesting: parentheses, operator chains, filter chains, blocks in blocks.
+  EXPECT_NE(render_error("{{ " + repeat("(", 5000) + "1" + repeat(")", 5000) + " }}").find("nested more than 256"), std::string::npos);
+  EXPECT_NE(render_error("{{ 1" + repeat(" + 1", 100000) + " }}").find("nested more than 256"), std::string::npos);
+  EXPECT_NE(render_error("{{ 'x'" + repeat("|string", 100000) + " }}").find("nested more than 256"), std::string::npos);
+  EXPECT_NE(render_error(repeat("{% if true %}", 5000) + "x" + repeat("{% endif %}", 5000)).find("nested more than 256"), std::string::npos);
+  // Just under the bound still renders (and its value is right).
+  EXPECT_EQ(render_error("{{ " + repeat("(", 100) + "1" + repeat(" + 1)", 100) + " }}"), "(rendered)");
+  EXPECT_EQ(jinja::Template("{{ " + repeat("(", 100) + "1" + repeat(" + 1)", 100) + " }}").render(jinja::Value(jinja::Dict{})), "101");
+  // Loops in loops.
+  EXPECT_NE(render_error("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}").find("loop iterations"),
+            std::string::npos);
+  // Macros calling macros, each with a nested expression: recursion at run time.
+  EXPECT_NE(render_error("{% macro f(n) %}{{ " + repeat("[", 200) + "f(n + 1)" + repeat("]", 200) + " }}{% endmacro %}{{ f(0) }}")
+                .find("recurses more than"),
+            std::string::npos);
+  // Values nested without bound through a namespace, a namespace inside itself.
+  EXPECT_NE(render_error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x|length }}")
+                .find("more than 1100 levels deep"),
+            std::string::npos);
+  EXPECT_NE(render_error("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns }}").find("cannot hold a namespace"), std::string::npos);
+  EXPECT_NE(render_error("{% set a = namespace(x=1) %}{% set b = namespace(y=a) %}{{ b }}").find("cannot hold a namespace"), std::string::npos);
+  // What real templates do with namespaces still works.
+  EXPECT_EQ(render_error("{% set ns = namespace(n=0, l=[]) %}{% for i in range(3) %}{% set ns.n = ns.n + i %}{% set ns.l = ns.l + [i] %}"
+                         "{% endfor %}{{ ns.n }}{{ ns.l }}{{ [ns]|length }}"),
+            "(rendered)");
+}
+
 TEST(TemplateErrors, RandomTemplatesNeverCrash) {
   const std::string alphabet = "{}%#-+|.()[]'\" abcxyz019=<>!~,:\n";
   uint32_t seed = 99;

@@ -12,6 +12,7 @@
 #include "formats/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -575,9 +576,14 @@ namespace detail {
   X(IQ4_NL, k_iq4_nl)            \
   X(IQ4_XS, k_iq4_xs)
 
+// F16C from CPUID leaf 1 (ECX bit 29): Clang before 16 does not know "f16c" in __builtin_cpu_supports.
+bool f16c_supported() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+
 bool avx2_supported() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c_supported();
   return ok;
 }
 

@@ -22,6 +22,22 @@ int64_t floor_div(int64_t a, int64_t b) {
 
 [[noreturn]] void template_error(int line, const std::string& msg) { fail("template line {}: {}", line, msg); }
 
+// One level of run-time recursion (exec of a statement, eval of an expression) while in scope.
+class Interpreter::Recursion {
+ public:
+  Recursion(Interpreter& in, int line) : in_(in) {
+    if (++in_.recursion_ > kMaxRecursion) template_error(line, fmt::format("the template recurses more than {} levels deep", kMaxRecursion));
+  }
+  ~Recursion() { --in_.recursion_; }
+
+ private:
+  Interpreter& in_;
+};
+
+void Interpreter::count_step(int line) {
+  if (++steps_ > kMaxSteps) template_error(line, fmt::format("the template runs more than {} loop iterations and calls", kMaxSteps));
+}
+
 Template::Template(const std::string& source, const LexOptions& options)
     : body_(std::make_shared<const Body>(parse(source, options))) {}
 
@@ -70,6 +86,7 @@ Interpreter::Flow Interpreter::exec(const Body& body) {
 }
 
 Interpreter::Flow Interpreter::exec(const Stmt& s) {
+  const Recursion level(*this, s.line);
   switch (s.kind) {
     case Stmt::Kind::Text:
       write(s.text);
@@ -101,6 +118,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
       if (s.cond) {
         Array kept;
         for (const auto& item : items) {
+          count_step(s.line);
           scopes_.emplace_back();
           bind(item);
           const bool keep = eval(*s.cond).truthy();
@@ -112,6 +130,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
       if (items.empty()) return exec(s.else_body);
       const int64_t n = (int64_t)items.size();
       for (int64_t i = 0; i < n; ++i) {
+        count_step(s.line);
         scopes_.emplace_back();
         Dict loop;
         loop.set("index", Value(i + 1));
@@ -142,7 +161,11 @@ Interpreter::Flow Interpreter::exec(const Stmt& s) {
       if (s.attr_target) {
         Value ns = eval(*s.attr_target);
         if (!ns.is_namespace()) template_error(s.line, "can only set attributes of a namespace() object, not of " + ns.type_name());
-        ns.dict().set(Value(s.text), std::move(v));
+        try {
+          ns.set_attribute(s.text, std::move(v));
+        } catch (const Error& e) {
+          template_error(s.line, e.what());
+        }
         return Flow::Normal;
       }
       if (s.targets.size() == 1) {
@@ -240,6 +263,7 @@ Args Interpreter::eval_args(const Expr& e) {
 
 Value Interpreter::call(const Value& f, Args& args, int line) {
   if (!f.is_function()) template_error(line, "'" + f.type_name() + "' object is not callable");
+  count_step(line);
   if (++depth_ > kMaxDepth) {
     depth_ = 0;
     template_error(line, "calls nested too deeply");
@@ -415,6 +439,7 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b,
 }
 
 Value Interpreter::eval(const Expr& e) {
+  const Recursion level(*this, e.line);
   switch (e.kind) {
     case Expr::Kind::Literal: return e.literal;
     case Expr::Kind::Name: return lookup(e.name);

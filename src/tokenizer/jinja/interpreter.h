@@ -38,10 +38,21 @@ class Interpreter {
   Value binary(const std::string& op, const Value& a, const Value& b, int line);
   Value make_macro(const Stmt& s);
 
+  // Bounds on one render, since a template comes with the model file (untrusted): loop iterations and
+  // calls together (a loop in a loop over long ranges would otherwise run for hours), and how deeply
+  // statements and expressions recurse at run time (macros calling macros, each with nested
+  // expressions): past either the render is an Error, not a hang or a stack overflow.
+  static constexpr int64_t kMaxSteps = 250000;
+  static constexpr int kMaxRecursion = 1000;
+  void count_step(int line);
+  class Recursion;
+
   const RenderOptions& opt_;
   std::string* out_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   int depth_ = 0;
+  int64_t steps_ = 0;
+  int recursion_ = 0;
 };
 
 [[noreturn]] void template_error(int line, const std::string& msg);

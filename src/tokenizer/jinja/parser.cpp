@@ -10,6 +10,12 @@
 namespace roofline::jinja {
 namespace {
 
+// How deep expressions and blocks may nest (parentheses, operands, filters, blocks in blocks): each level
+// is a few frames of this parser's recursion, of the interpreter's and of the tree's destructor, so a
+// template (untrusted: it comes with the model file) nested deeper is an error, not a stack overflow.
+// Python's own parser stops at 200 nested parentheses.
+constexpr int kMaxNesting = 256;
+
 class Parser {
  public:
   explicit Parser(std::vector<Token> toks) : t_(std::move(toks)) {}
@@ -24,6 +30,23 @@ class Parser {
   const Token& cur() const { return t_[i_]; }
   const Token& peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
   [[noreturn]] void error(const std::string& msg) const { fail("template line {}: {}", cur().line, msg); }
+  // Counts nesting levels while in scope: one on entry when asked, one more each deeper() (a loop that
+  // wraps the expression built so far in one more node nests it as deeply as recursion would).
+  class Nest {
+   public:
+    Nest(Parser& p, int levels) : p_(p) {
+      for (int i = 0; i < levels; ++i) deeper();
+    }
+    ~Nest() { p_.depth_ -= n_; }
+    void deeper() {
+      ++n_;
+      if (++p_.depth_ > kMaxNesting) p_.error(fmt::format("expressions or blocks nested more than {} deep", kMaxNesting));
+    }
+
+   private:
+    Parser& p_;
+    int n_ = 0;
+  };
   bool is_op(const char* op) const { return cur().type == Tok::Op && cur().text == op; }
   bool is_name(const char* n) const { return cur().type == Tok::Name && cur().text == n; }
   void expect_op(const char* op) {
@@ -52,6 +75,7 @@ class Parser {
   // Parses statements until a block tag whose keyword is in `ends`; that keyword is consumed
   // (the rest of its tag is left) and returned in *end.
   Body parse_body(std::initializer_list<const char*> ends, std::string* end) {
+    Nest nest(*this, 1);
     Body body;
     while (true) {
       const Token& tk = cur();
@@ -249,8 +273,10 @@ class Parser {
   ExprPtr make(Expr::Kind k) { return std::make_unique<Expr>(k, cur().line); }
 
   ExprPtr parse_expr(bool with_cond = true) {
+    Nest nest(*this, 1);
     ExprPtr e = parse_or();
     while (with_cond && is_name("if")) {
+      nest.deeper();
       ++i_;
       auto c = make(Expr::Kind::Cond);
       c->a = parse_or();
@@ -264,8 +290,10 @@ class Parser {
     return e;
   }
   ExprPtr parse_or() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_and();
     while (is_name("or")) {
+      nest.deeper();
       ++i_;
       auto n = make(Expr::Kind::Or);
       n->a = std::move(l);
@@ -275,8 +303,10 @@ class Parser {
     return l;
   }
   ExprPtr parse_and() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_not();
     while (is_name("and")) {
+      nest.deeper();
       ++i_;
       auto n = make(Expr::Kind::And);
       n->a = std::move(l);
@@ -287,6 +317,7 @@ class Parser {
   }
   ExprPtr parse_not() {
     if (is_name("not")) {
+      Nest nest(*this, 1);
       ++i_;
       auto n = make(Expr::Kind::Not);
       n->a = parse_not();
@@ -302,16 +333,20 @@ class Parser {
     return n;
   }
   ExprPtr parse_compare() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_math1();
     while (true) {
       if (cur().type == Tok::Op && (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == ">" ||
                                     cur().text == "<=" || cur().text == ">=")) {
+        nest.deeper();
         const std::string op = t_[i_++].text;
         l = binary(op, std::move(l), parse_math1());
       } else if (is_name("in")) {
+        nest.deeper();
         ++i_;
         l = binary("in", std::move(l), parse_math1());
       } else if (is_name("not") && peek().type == Tok::Name && peek().text == "in") {
+        nest.deeper();
         i_ += 2;
         l = binary("not in", std::move(l), parse_math1());
       } else {
@@ -320,32 +355,40 @@ class Parser {
     }
   }
   ExprPtr parse_math1() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_concat();
     while (is_op("+") || is_op("-")) {
+      nest.deeper();
       const std::string op = t_[i_++].text;
       l = binary(op, std::move(l), parse_concat());
     }
     return l;
   }
   ExprPtr parse_concat() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_math2();
     while (is_op("~")) {
+      nest.deeper();
       ++i_;
       l = binary("~", std::move(l), parse_math2());
     }
     return l;
   }
   ExprPtr parse_math2() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_pow();
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      nest.deeper();
       const std::string op = t_[i_++].text;
       l = binary(op, std::move(l), parse_pow());
     }
     return l;
   }
   ExprPtr parse_pow() {
+    Nest nest(*this, 0);
     ExprPtr l = parse_unary(true);
     while (is_op("**")) {
+      nest.deeper();
       ++i_;
       l = binary("**", std::move(l), parse_unary(true));
     }
@@ -354,6 +397,7 @@ class Parser {
   ExprPtr parse_unary(bool with_filter) {
     ExprPtr n;
     if (is_op("-") || is_op("+")) {
+      Nest nest(*this, 1);
       auto u = make(Expr::Kind::Unary);
       u->name = t_[i_++].text;
       u->a = parse_unary(false);
@@ -477,8 +521,10 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr n) {
+    Nest nest(*this, 0);
     while (true) {
       if (is_op(".")) {
+        nest.deeper();
         ++i_;
         auto a = make(Expr::Kind::Attr);
         if (cur().type == Tok::Int) a->name = t_[i_++].text;
@@ -486,6 +532,7 @@ class Parser {
         a->a = std::move(n);
         n = std::move(a);
       } else if (is_op("[")) {
+        nest.deeper();
         ++i_;
         ExprPtr parts[3];
         bool slice = false;
@@ -517,6 +564,7 @@ class Parser {
           n = std::move(s);
         }
       } else if (is_op("(")) {
+        nest.deeper();
         auto c = make(Expr::Kind::Call);
         c->a = std::move(n);
         parse_call_args(*c);
@@ -528,9 +576,11 @@ class Parser {
   }
 
   ExprPtr parse_filter_chain(ExprPtr n, bool first_without_bar) {
+    Nest nest(*this, 0);
     bool first = first_without_bar;
     while (true) {
       if (is_op("|") || first) {
+        nest.deeper();
         if (!first) ++i_;
         first = false;
         auto f = make(Expr::Kind::Filter);
@@ -543,6 +593,7 @@ class Parser {
         if (is_op("(")) parse_call_args(*f);
         n = std::move(f);
       } else if (is_name("is")) {
+        nest.deeper();
         ++i_;
         auto t = make(Expr::Kind::Test);
         if (is_name("not")) {
@@ -561,6 +612,7 @@ class Parser {
         }
         n = std::move(t);
       } else if (is_op("(")) {
+        nest.deeper();
         auto c = make(Expr::Kind::Call);
         c->a = std::move(n);
         parse_call_args(*c);
@@ -573,6 +625,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int depth_ = 0;  // nesting levels open (Nest)
 };
 
 }  // namespace

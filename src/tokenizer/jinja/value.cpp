@@ -2,6 +2,7 @@
 // truthiness, equality and ordering.
 #include "tokenizer/jinja/value.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +32,28 @@ Value Value::function(std::string name, Function f) {
   v.s_ = std::make_shared<std::string>(std::move(name));
   v.f_ = std::make_shared<Function>(std::move(f));
   return v;
+}
+
+void Value::measure() {
+  uint32_t deepest = 0;
+  auto take = [&](const Value& v) {
+    deepest = std::max(deepest, v.depth_);
+    holds_namespace_ = holds_namespace_ || v.contains_namespace();
+  };
+  if (kind_ == Kind::List) {
+    for (const Value& v : *a_) take(v);
+  } else {
+    for (const auto& [k, v] : d_map_->items) take(k), take(v);
+  }
+  depth_ = deepest + 1;
+  if (namespace_ && holds_namespace_) fail("a namespace attribute cannot hold a namespace");
+  if (depth_ > kMaxDepth) fail("a template value nests lists and dicts more than {} levels deep", kMaxDepth);
+}
+
+void Value::set_attribute(const std::string& name, Value v) {
+  if (v.contains_namespace()) fail("a namespace attribute cannot hold a namespace ('{}')", name);
+  depth_ = std::max(depth_, v.depth_ + 1);
+  d_map_->set(Value(name), std::move(v));
 }
 
 Value Value::from_json(const nlohmann::ordered_json& j) {

@@ -37,9 +37,11 @@ class Value {
   Value(double d) : kind_(Kind::Float), d_(d) {}
   Value(const char* s) : kind_(Kind::String), s_(std::make_shared<std::string>(s)) {}
   Value(std::string s) : kind_(Kind::String), s_(std::make_shared<std::string>(std::move(s))) {}
-  Value(Array a) : kind_(Kind::List), a_(std::make_shared<Array>(std::move(a))) {}
+  Value(Array a) : kind_(Kind::List), a_(std::make_shared<Array>(std::move(a))) { measure(); }
   Value(Dict d, bool is_namespace = false)
-      : kind_(Kind::Dict), d_map_(std::make_shared<Dict>(std::move(d))), namespace_(is_namespace) {}
+      : kind_(Kind::Dict), d_map_(std::make_shared<Dict>(std::move(d))), namespace_(is_namespace) {
+    measure();
+  }
   static Value function(std::string name, Function f);
   static Value tuple(Array a) {
     Value v(std::move(a));
@@ -62,6 +64,14 @@ class Value {
   bool is_tuple() const { return kind_ == Kind::List && tuple_; }
   bool is_function() const { return kind_ == Kind::Function; }
   bool is_iterable() const { return is_list() || is_dict() || is_string(); }
+  // Lists and dicts nest at most kMaxDepth levels (a deeper one is an Error where it is made): printing,
+  // comparing and freeing a value recurse once per level. A namespace holds no namespace (set_attribute),
+  // so no value contains itself and the bound stays true after a namespace changes.
+  static constexpr uint32_t kMaxDepth = 1100;
+  uint32_t depth() const { return depth_; }
+  bool contains_namespace() const { return namespace_ || holds_namespace_; }
+  // A namespace's attribute set, checked as above.
+  void set_attribute(const std::string& name, Value v);
 
   bool as_bool() const { return i_ != 0; }
   int64_t as_int() const { return kind_ == Kind::Float ? (int64_t)d_ : i_; }
@@ -96,6 +106,9 @@ class Value {
   std::shared_ptr<Function> f_;
   bool namespace_ = false;
   bool tuple_ = false;  // a list that prints as a Python tuple
+  bool holds_namespace_ = false;  // some item (at any depth) is a namespace
+  uint32_t depth_ = 0;            // levels of lists and dicts: 0 for a scalar
+  void measure();                 // depth_ and holds_namespace_ from the items
 };
 
 bool operator==(const Value& a, const Value& b);
