@@ -149,6 +149,14 @@ TEST(TemplateErrors, NestingLoopsAndValueDepthAreBounded) {
             std::string::npos);
   EXPECT_NE(render_error("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns }}").find("cannot hold a namespace"), std::string::npos);
   EXPECT_NE(render_error("{% set a = namespace(x=1) %}{% set b = namespace(y=a) %}{{ b }}").find("cannot hold a namespace"), std::string::npos);
+  // What a render builds: a join chain growing geometrically (fuzz_jinja: out of memory), a list doubling
+  // in a loop, a huge string iterated, a centre width of a terabyte.
+  EXPECT_NE(render_error("{{ ('x' * 1000)" + repeat("|join('yyyyyyyy')", 12) + " }}").find("1048576 bytes"), std::string::npos);
+  EXPECT_NE(render_error("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}")
+                .find("more than 1048576 items"),
+            std::string::npos);
+  EXPECT_NE(render_error("{{ ('x' * 60000000)|list|length }}").find("more than 1048576 bytes"), std::string::npos);
+  EXPECT_NE(render_error("{{ 'x'|center(1000000000000) }}").find("center"), std::string::npos);
   // What real templates do with namespaces still works.
   EXPECT_EQ(render_error("{% set ns = namespace(n=0, l=[]) %}{% for i in range(3) %}{% set ns.n = ns.n + i %}{% set ns.l = ns.l + [i] %}"
                          "{% endfor %}{{ ns.n }}{{ ns.l }}{{ [ns]|length }}"),

@@ -92,6 +92,7 @@ std::string replace_all(const std::string& s, const std::string& a, const std::s
         out += b;
         ++n;
       }
+      if (out.size() > Interpreter::kMaxStringBytes) fail("replace: the result is over {} bytes", Interpreter::kMaxStringBytes);
       if (i < s.size()) out += s[i];
     }
     return out;
@@ -105,6 +106,7 @@ std::string replace_all(const std::string& s, const std::string& a, const std::s
     out += s.substr(pos, f - pos) + b;
     pos = f + a.size();
     ++n;
+    if (out.size() > Interpreter::kMaxStringBytes) fail("replace: the result is over {} bytes", Interpreter::kMaxStringBytes);
   }
   return out + s.substr(pos);
 }
@@ -162,7 +164,7 @@ Value Interpreter::global(const std::string& name) const {
       Array out;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
         out.push_back(Value(i));
-        if (out.size() > 10000000) fail("range too large");
+        if (out.size() > Interpreter::kMaxListItems) fail("range too large (over {} items)", Interpreter::kMaxListItems);
       }
       return Value(std::move(out));
     });
@@ -248,7 +250,10 @@ Value Interpreter::method(const Value& obj, const std::string& name, int line) {
       return fn([s](Args& a) -> Value {
         std::string out;
         const Array items = a.get(0, "iterable").iterate();
-        for (size_t i = 0; i < items.size(); ++i) out += (i ? s : "") + items[i].str();
+        for (size_t i = 0; i < items.size(); ++i) {
+          out += (i ? s : "") + items[i].str();
+          if (out.size() > Interpreter::kMaxStringBytes) fail("join: the result is over {} bytes", Interpreter::kMaxStringBytes);
+        }
         return Value(out);
       });
     if (name == "isdigit" || name == "isalpha" || name == "isspace" || name == "isalnum" || name == "isupper" || name == "islower")
@@ -451,7 +456,10 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, Args& a
     const Value attr = a.get(1, "attribute");
     std::string out;
     const Array items = v.iterate();
-    for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + (attr.is_undefined() ? items[i] : attr_path(items[i], attr)).str();
+    for (size_t i = 0; i < items.size(); ++i) {
+      out += (i ? sep : "") + (attr.is_undefined() ? items[i] : attr_path(items[i], attr)).str();
+      if (out.size() > kMaxStringBytes) template_error(line, fmt::format("join: the result is over {} bytes", kMaxStringBytes));
+    }
     return Value(out);
   }
   if (name == "tojson") {
@@ -589,6 +597,7 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, Args& a
       const std::string& l = lines[i].str_ref();
       if (i == 0) rv = l;
       else rv += "\n" + ((blank || !l.empty()) ? ind + l : l);
+      if (rv.size() > kMaxStringBytes) template_error(line, fmt::format("indent: the result is over {} bytes", kMaxStringBytes));
     }
     return Value(first ? ind + rv : rv);
   }
@@ -602,6 +611,7 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, Args& a
     std::string s = v.str();
     const int64_t pad = w - (int64_t)s.size();
     if (pad <= 0) return Value(s);
+    if (w > (int64_t)kMaxStringBytes) template_error(line, fmt::format("center: a width over {} bytes", kMaxStringBytes));
     const int64_t left = pad / 2 + (pad & w & 1);
     return Value(std::string((size_t)left, ' ') + s + std::string((size_t)(pad - left), ' '));
   }

@@ -370,7 +370,8 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b,
     const Value* cnt = seq == &a ? &b : &a;
     if (seq && (cnt->is_int() || cnt->is_bool())) {
       const int64_t n = std::max<int64_t>(0, cnt->as_int());
-      if (n * (int64_t)(seq->is_string() ? seq->str_ref().size() : seq->list().size()) > (int64_t)opt_.max_output)
+      const int64_t size = seq->is_string() ? (int64_t)seq->str_ref().size() : (int64_t)seq->list().size();
+      if (size > 0 && n > (int64_t)(seq->is_string() ? std::min(opt_.max_output, kMaxStringBytes) : kMaxListItems) / size)
         template_error(line, "repetition result too large");
       if (seq->is_string()) {
         std::string r;
@@ -438,8 +439,20 @@ Value Interpreter::binary(const std::string& op, const Value& a, const Value& b,
   return type_err();
 }
 
+void Interpreter::check_size(const Value& v, int line) {
+  if (v.is_string() && v.str_ref().size() > kMaxStringBytes)
+    template_error(line, fmt::format("a string of more than {} bytes", kMaxStringBytes));
+  if (v.is_list() && v.list().size() > kMaxListItems) template_error(line, fmt::format("a list of more than {} items", kMaxListItems));
+}
+
 Value Interpreter::eval(const Expr& e) {
   const Recursion level(*this, e.line);
+  Value v = eval_node(e);
+  check_size(v, e.line);
+  return v;
+}
+
+Value Interpreter::eval_node(const Expr& e) {
   switch (e.kind) {
     case Expr::Kind::Literal: return e.literal;
     case Expr::Kind::Name: return lookup(e.name);

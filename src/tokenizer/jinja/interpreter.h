@@ -12,6 +12,12 @@ namespace roofline::jinja {
 
 class Interpreter {
  public:
+  // Bounds on what a render builds: a chain such as |join(sep)|join(sep) grows a string geometrically,
+  // list + list in a loop doubles it. Every value an expression yields is checked (check_size), and the
+  // built-ins that could build a larger one inside a single call check as they go.
+  static constexpr size_t kMaxStringBytes = 64u << 20;
+  static constexpr size_t kMaxListItems = 1u << 20;
+
   Interpreter(const RenderOptions& options, std::string& out) : opt_(options), out_(&out) {}
 
   void run(const Body& body, const Value& context);
@@ -43,6 +49,8 @@ class Interpreter {
   // statements and expressions recurse at run time (macros calling macros, each with nested
   // expressions): past either the render is an Error, not a hang or a stack overflow.
   static constexpr int64_t kMaxSteps = 250000;
+  static void check_size(const Value& v, int line);
+  Value eval_node(const Expr& e);
   static constexpr int kMaxRecursion = 1000;
   void count_step(int line);
   class Recursion;

@@ -316,6 +316,8 @@ Array Value::iterate() const {
     case Kind::String: {
       Array chars;
       const std::string& s = *s_;
+      // A value per character (~80 bytes each): a 64 MiB string would take gigabytes.
+      if (s.size() > kMaxIteratedBytes) fail("cannot iterate over a string of more than {} bytes", kMaxIteratedBytes);
       for (size_t i = 0; i < s.size();) {
         size_t l = 1;
         const unsigned char c = s[i];

@@ -68,6 +68,7 @@ class Value {
   // comparing and freeing a value recurse once per level. A namespace holds no namespace (set_attribute),
   // so no value contains itself and the bound stays true after a namespace changes.
   static constexpr uint32_t kMaxDepth = 1100;
+  static constexpr size_t kMaxIteratedBytes = 1u << 20;  // iterate() of a longer string is an Error
   uint32_t depth() const { return depth_; }
   bool contains_namespace() const { return namespace_ || holds_namespace_; }
   // A namespace's attribute set, checked as above.
