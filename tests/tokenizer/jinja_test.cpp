@@ -157,6 +157,12 @@ TEST(TemplateErrors, NestingLoopsAndValueDepthAreBounded) {
             std::string::npos);
   EXPECT_NE(render_error("{{ ('x' * 60000000)|list|length }}").find("more than 1048576 bytes"), std::string::npos);
   EXPECT_NE(render_error("{{ 'x'|center(1000000000000) }}").find("center"), std::string::npos);
+  // Numbers past the machine's range (fuzz_jinja: std::stod's out_of_range escaped as no Error): a float
+  // literal overflows to inf as in Python, a digit attribute too large to index is an error, a float too
+  // large for an int saturates instead of an undefined cast.
+  EXPECT_EQ(jinja::Template("{{ 1e999 }} {{ 1e-999 }}").render(jinja::Value(jinja::Dict{})), "inf 0.0");
+  EXPECT_NE(render_error("{{ [1, 2].99999999999999999999 }}").find("out of range"), std::string::npos);
+  EXPECT_EQ(render_error("{{ 1e300|int }}{{ '1e300'|int }}{{ (1e999 * 0)|int }}"), "(rendered)");
   // What real templates do with namespaces still works.
   EXPECT_EQ(render_error("{% set ns = namespace(n=0, l=[]) %}{% for i in range(3) %}{% set ns.n = ns.n + i %}{% set ns.l = ns.l + [i] %}"
                          "{% endfor %}{{ ns.n }}{{ ns.l }}{{ [ns]|length }}"),

@@ -404,7 +404,7 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, Args& a
     for (const Value& part : split(attr.str(), Value("."), -1)) {
       if (cur.is_undefined()) return cur;
       const std::string& p = part.str_ref();
-      cur = (!p.empty() && std::isdigit((unsigned char)p[0])) ? get_item(cur, Value((int64_t)std::stoll(p)), line)
+      cur = (!p.empty() && std::isdigit((unsigned char)p[0])) ? get_item(cur, Value(index_from_digits(p, line)), line)
                                                               : get_item(cur, Value(p), line);
     }
     return cur;
@@ -479,13 +479,13 @@ Value Interpreter::apply_filter(const std::string& name, const Value& v, Args& a
   if (name == "int") {
     const Value def = a.get(0, "default", Value((int64_t)0));
     if (v.is_int() || v.is_bool()) return Value(v.as_int());
-    if (v.is_float()) return Value((int64_t)v.as_double());
+    if (v.is_float()) return Value(v.as_int());
     if (v.is_string()) {
       try {
         size_t used = 0;
         const std::string s = strip(v.str_ref(), Value(), true, true);
         const double d = std::stod(s, &used);
-        if (used == s.size()) return Value((int64_t)d);
+        if (used == s.size()) return Value(Value::float_to_int(d));
       } catch (const std::exception&) {
       }
     }

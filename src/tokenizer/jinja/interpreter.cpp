@@ -1,6 +1,7 @@
 // Jinja interpreter: statements (Jinja2 scoping: a for-loop iteration and a macro call get their own
 // scope, if-blocks do not), expressions with Python semantics, attribute/item lookup with Jinja's
 // fallbacks, macros and loop variables. Filters/tests/methods/globals are in builtins.cpp.
+#include <charconv>
 #include <cmath>
 
 #include "core/error.h"
@@ -21,6 +22,13 @@ int64_t floor_div(int64_t a, int64_t b) {
 }  // namespace
 
 [[noreturn]] void template_error(int line, const std::string& msg) { fail("template line {}: {}", line, msg); }
+
+int64_t index_from_digits(const std::string& name, int line) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
+  if (ec != std::errc()) template_error(line, "index '" + name + "' out of range");
+  return v;
+}
 
 // One level of run-time recursion (exec of a statement, eval of an expression) while in scope.
 class Interpreter::Recursion {
@@ -287,7 +295,7 @@ Value Interpreter::get_attr(const Value& obj, const std::string& name, int line)
     return v ? *v : Value();
   }
   if (obj.is_string() || obj.is_list()) {
-    if (obj.is_list() && !name.empty() && std::isdigit((unsigned char)name[0])) return get_item(obj, Value((int64_t)std::stoll(name)), line);
+    if (obj.is_list() && !name.empty() && std::isdigit((unsigned char)name[0])) return get_item(obj, Value(index_from_digits(name, line)), line);
     return method(obj, name, line);
   }
   return Value();

@@ -64,5 +64,7 @@ class Interpreter {
 };
 
 [[noreturn]] void template_error(int line, const std::string& msg);
+// The leading digits of an attribute name used as a list index (x.0, attr="items.2"); too large is an error.
+int64_t index_from_digits(const std::string& name, int line);
 
 }  // namespace roofline::jinja

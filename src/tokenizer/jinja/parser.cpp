@@ -447,7 +447,7 @@ class Parser {
       case Tok::Float: {
         ++i_;
         auto e = std::make_unique<Expr>(Expr::Kind::Literal, tk.line);
-        e->literal = Value(std::stod(tk.text));
+        e->literal = Value(std::strtod(tk.text.c_str(), nullptr));  // as Python: 1e999 is inf, 1e-999 is 0.0
         return e;
       }
       case Tok::Op:

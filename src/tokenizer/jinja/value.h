@@ -75,7 +75,14 @@ class Value {
   void set_attribute(const std::string& name, Value v);
 
   bool as_bool() const { return i_ != 0; }
-  int64_t as_int() const { return kind_ == Kind::Float ? (int64_t)d_ : i_; }
+  int64_t as_int() const { return kind_ == Kind::Float ? float_to_int(d_) : i_; }
+  // Truncated toward zero as Python's int(); saturated at the int64 range (NaN: 0), where a cast would be undefined.
+  static int64_t float_to_int(double d) {
+    if (!(d == d)) return 0;
+    if (d >= 9.2233720368547758e18) return INT64_MAX;
+    if (d <= -9.2233720368547758e18) return INT64_MIN;
+    return (int64_t)d;
+  }
   double as_double() const { return kind_ == Kind::Float ? d_ : (double)i_; }
   const std::string& str_ref() const { return *s_; }
   const Array& list() const { return *a_; }
