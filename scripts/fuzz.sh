@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/libfuzzer/fuzz_*.cpp) with Clang under ASan/UBSan and runs each for
-# SECONDS (default 120) in one process, from seed inputs written here plus the corpus kept in FUZZ_DIR
+# FUZZ_SECONDS (default 120) in one process, from seed inputs written here plus the corpus kept in FUZZ_DIR
 # (default build-fuzz/corpus). A target that finds a crash, a hang or a defect stops with the input in
 # FUZZ_DIR/artifacts; this script then exits 1. Usage: scripts/fuzz.sh [TARGET ...]   (default: all)
 # Not part of scripts/test (it takes as long as you give it); a crash found here becomes a unit test.
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-fuzz
 dir="${FUZZ_DIR:-$build/corpus}"
-seconds="${SECONDS_EACH:-${SECONDS:-120}}"
+seconds="${FUZZ_SECONDS:-120}"  # not SECONDS: bash keeps its own (the shell's age) in that name
 command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ is needed (apt-get install clang)"; exit 2; }
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
       -DROOFLINE_LIBFUZZER=ON -DROOFLINE_TESTS=OFF > /dev/null
