@@ -119,10 +119,7 @@ void template_processing(const json& pp, const json& added_by_content, int64_t& 
   }
 }
 
-}  // namespace
-
-void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_json_path, int n_vocab,
-                               const std::string& pre_override) {
+void add_metadata(gguf::Metadata& md, const std::string& tokenizer_json_path, int n_vocab, const std::string& pre_override) {
   const fs::path tj_path(tokenizer_json_path);
   const json tj = read_json(tj_path, true);
   const fs::path dir = tj_path.parent_path();
@@ -309,6 +306,19 @@ void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_
     }
   }
   if (!tmpl.empty()) md.set("tokenizer.chat_template", gguf::Value::string(tmpl));
+}
+
+}  // namespace
+
+void add_hf_tokenizer_metadata(gguf::Metadata& md, const std::string& tokenizer_json_path, int n_vocab,
+                               const std::string& pre_override) {
+  // The files are JSON (read_json says when not); a field of another kind than the format's (a number
+  // where a token's text belongs, a list where an object does) is the file's fault, said in one line.
+  try {
+    add_metadata(md, tokenizer_json_path, n_vocab, pre_override);
+  } catch (const json::exception& e) {
+    fail("{}: not laid out as a Hugging Face tokenizer: {}", tokenizer_json_path, e.what());
+  }
 }
 
 }  // namespace roofline

@@ -72,6 +72,21 @@ int32_t optional_id(const gguf::Metadata& md, const char* key, int32_t n_vocab) 
   return (int32_t)id;
 }
 
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The byte of a byte token's text "<0xHH>", or -1 when the text is not of that form (a file may type
+// any token as a byte token; such a token then stands for its text).
+int byte_token_value(const std::string& text) {
+  if (text.size() != 6 || text.compare(0, 3, "<0x") != 0 || text[5] != '>') return -1;
+  const int hi = hex_digit(text[3]), lo = hex_digit(text[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 }  // namespace
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_file(const std::string& path) {
@@ -331,7 +346,7 @@ std::string Tokenizer::token_to_piece(int32_t id, bool special) const {
       if (kind_ == VocabKind::ByteLevelBpe) return text;  // stored as plain text
       break;                                              // SentencePiece: ▁ is a space here too
     case TokenType::Byte:
-      if (text.size() == 6 && text.rfind("<0x", 0) == 0) return std::string(1, (char)std::stoi(text.substr(3, 2), nullptr, 16));
+      if (const int b = byte_token_value(text); b >= 0) return std::string(1, (char)b);
       return text;
     default:
       break;
@@ -360,7 +375,8 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     const TokenType t = token_type(id);
     if (skip_special && (t == TokenType::Control || t == TokenType::Unknown)) continue;
     std::string piece = token_to_piece(id, true);
-    if (first && add_space_prefix_ && !piece.empty() && piece[0] == ' ') piece.erase(0, 1);
+    if (piece.empty()) continue;  // the leading space is the first text's, as in StreamDecoder
+    if (first && add_space_prefix_ && piece[0] == ' ') piece.erase(0, 1);
     first = false;
     out += piece;
   }

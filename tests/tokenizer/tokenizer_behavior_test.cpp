@@ -149,6 +149,35 @@ TEST(TokenizerFuzz, RandomBytesNeverCrash) {
   }
 }
 
+// fuzz_vocab: a token typed as a byte token whose text is not "<0xHH>" threw std::invalid_argument out of
+// token_to_piece (a model file may say anything). It stands for its text now; the others for their byte.
+TEST(TokenizerErrors, ByteTokensWithOtherTextsStandForTheirText) {
+  gguf::Metadata md;
+  md.set("tokenizer.ggml.model", gguf::Value::string("llama"));
+  md.set("tokenizer.ggml.tokens", gguf::Value::string_array({"<unk>", "<s>", "</s>", "<0xZZ>", "<0x4a>", "<0x41>", "<0x>"}));
+  md.set("tokenizer.ggml.token_type", gguf::Value::i32_array({2, 3, 3, 6, 6, 6, 6}));
+  auto tok = Tokenizer::from_metadata(md);
+  EXPECT_EQ(tok->token_to_piece(3), "<0xZZ>");
+  EXPECT_EQ(tok->token_to_piece(4), "J");
+  EXPECT_EQ(tok->token_to_piece(5), "A");
+  EXPECT_EQ(tok->token_to_piece(6), "<0x>");
+  EXPECT_EQ(tok->decode({3, 5}), "<0xZZ>A");
+}
+
+// A token with no text at the start does not keep the space prefix of the first word from being dropped,
+// in decode as in the stream decoder (fuzz_vocab compared the two).
+TEST(TokenizerErrors, EmptyPiecesDoNotKeepTheLeadingSpace) {
+  gguf::Metadata md;
+  md.set("tokenizer.ggml.model", gguf::Value::string("llama"));
+  md.set("tokenizer.ggml.tokens", gguf::Value::string_array({"<unk>", "<s>", "</s>", "", "\xE2\x96\x81hi"}));
+  md.set("tokenizer.ggml.token_type", gguf::Value::i32_array({2, 3, 3, 1, 1}));
+  auto tok = Tokenizer::from_metadata(md);
+  ASSERT_TRUE(tok->add_space_prefix());
+  EXPECT_EQ(tok->decode({3, 4}), "hi");
+  StreamDecoder stream(tok, true, true);
+  EXPECT_EQ(stream.push(3) + stream.push(4) + stream.flush(), "hi");
+}
+
 TEST(TokenizerErrors, BadFilesGiveClearErrors) {
   const std::string dir = test::temp_dir();
   {
@@ -169,6 +198,17 @@ TEST(TokenizerErrors, BadFilesGiveClearErrors) {
       FAIL() << "expected an error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("unknown pre-tokenizer regex \\w+"), std::string::npos) << e.what();
+    }
+  }
+  {
+    // fuzz_tokenizer_files: a field of another JSON kind escaped as nlohmann's type_error.
+    std::ofstream(dir + "/tokenizer.json")
+        << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 1, "content": 48}]})";
+    try {
+      Tokenizer::from_file(dir + "/tokenizer.json");
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not laid out as a Hugging Face tokenizer"), std::string::npos) << e.what();
     }
   }
   gguf::Metadata md;

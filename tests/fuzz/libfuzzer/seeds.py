@@ -112,3 +112,93 @@ bodies = [
      "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}}},
 ]
 write("fuzz_chat_request", [bytes([i]) + json.dumps(b).encode() for i, b in enumerate(bodies)])
+
+# fuzz_tokenize: the first byte picks one of the seven real tokenizers; texts of every script and shape.
+texts = ["Hello world", "  leading spaces and\ttabs\n\nnewlines  ", "emoji 🦙🚀 and 中文字 and कि",
+         "<|im_start|>user\nhi<|im_end|><think></think>", "<s>[INST] x [/INST]</s><start_of_turn>",
+         "numbers 1234567 3.14159 and 'quotes' can't won't", "a\xcc\x81 e\xcc\x81 (combining) ﬁ ligature Å",
+         "\u2581 spaces as U+2581 \u2581\u2581", "<0x41> <unk> <|endoftext|>", "x" * 300]
+write("fuzz_tokenize", [bytes([i % 7]) + t.encode() for i, t in enumerate(texts)] +
+      [bytes([i]) + b"bad \xff\xfe utf8 \xc3 \xe2\x82 end" for i in range(7)])
+
+
+def vocab_seed(flags, pre, ids, tokens, merges, types, text):
+    return (bytes([flags, pre]) + bytes(i & 0xFF for i in ids) + "\n".join(tokens).encode() + b"\0" +
+            "\n".join(merges).encode() + b"\0" + bytes(types) + b"\0" + text.encode())
+
+
+byte_level = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["Ġ", "Ċ", "Ġh", "he", "ll", "hell", "hello", "Ġw",
+                                                                  "<|endoftext|>", "<|im_end|>"]
+spm = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)] + ["▁", "▁h", "he", "▁he", "llo", "▁hello",
+                                                                          "a", "b", "h", "e", "l", "o", "<user>"]
+write("fuzz_vocab", [
+    vocab_seed(0x40, 2, [0x80, len(byte_level) - 2, 0x80, 0x80], byte_level, [],
+               [1] * (len(byte_level) - 2) + [3, 3], "hello world<|im_end|>"),
+    vocab_seed(0x40, 1, [0x80] * 4, byte_level, ["h e", "l l", "he ll", "hell o", "Ġ w"], [1] * len(byte_level),
+               "hello\nworld"),
+    vocab_seed(0xD5, 4, [1, 2, 0x80, 0], spm, [], [2, 3, 3] + [6] * 256 + [1] * 12 + [4], "hello a b <user> é"),
+    vocab_seed(0xD6, 4, [1, 2, 0x80, 0], spm, ["▁ h", "h e", "▁h e", "l l", "ll o", "▁he llo"],
+               [2, 3, 3] + [6] * 256 + [1] * 12 + [4], "hello hello 🦙"),
+    vocab_seed(0xF5, 4, [1, 2, 0x80, 0], spm + ["<|end|>"], [], [2, 3, 3] + [6] * 256 + [1] * 12 + [4, 3],
+               "hi <|end|>  x"),
+])
+
+hf_bpe = {"model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(byte_level[:-2])}, "merges": ["h e", "l l"]},
+          "added_tokens": [{"id": len(byte_level) - 2, "content": "<|endoftext|>", "special": True},
+                           {"id": len(byte_level) - 1, "content": "<|im_end|>", "special": True}],
+          "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+          "decoder": {"type": "ByteLevel"}}
+hf_spm = {"normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+          "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(spm)}, "merges": [["▁", "h"], ["h", "e"]],
+                    "byte_fallback": True, "unk_token": "<unk>"},
+          "added_tokens": [{"id": 0, "content": "<unk>", "special": True}, {"id": 1, "content": "<s>", "special": True},
+                           {"id": 2, "content": "</s>", "special": True}]}
+config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": "{{ messages }}"}
+
+
+def tok_bin(tokens):
+    out = struct.pack("<i", max(len(t.encode()) for t in tokens))
+    for i, t in enumerate(tokens):
+        out += struct.pack("<fi", -float(i), len(t.encode())) + t.encode()
+    return out
+
+
+llama2c_tokens = ["<unk>", "\n<s>\n", "\n</s>\n"] + ["<0x%02X>" % b for b in range(256)] + [" h", "he", "llo", " hello"]
+write("fuzz_tokenizer_files", [
+    bytes([0, 11]) + b"hello world" + json.dumps(hf_bpe).encode(),
+    bytes([2, 11]) + b"hello world" + json.dumps(hf_spm).encode() + b"\0" + json.dumps(config).encode(),
+    bytes([1, 11]) + b"hello world" + tok_bin(llama2c_tokens),
+    bytes([3, 5]) + b"hi \xff!" + tok_bin(llama2c_tokens),
+])
+
+# The real tokenizers fuzz_tokenize reads (ROOFLINE_FUZZ_TOKENIZERS = DIR/tokenizers), unpacked from ../shared.
+tok_dir = os.path.join(out, "tokenizers")
+models = os.path.join(shared, "..", "models", "stories260K", "tok512.bin")
+if os.path.isdir(shared):
+    for src, dst in [("qwen3/tokenizer.json.xz", "qwen3/tokenizer.json"), ("qwen3/tokenizer_config.json", None),
+                     ("llama3_1/tokenizer.json.xz", "llama3_1/tokenizer.json"), ("llama3_1/tokenizer_config.json", None),
+                     ("gemma3/tokenizer.json.xz", "gemma3/tokenizer.json"),
+                     ("gemma3/tokenizer_config.json.xz", "gemma3/tokenizer_config.json"),
+                     ("gguf-vocabs/ggml-vocab-gpt-2.gguf.xz", "ggml-vocab-gpt-2.gguf"),
+                     ("gguf-vocabs/ggml-vocab-llama-spm.gguf.xz", "ggml-vocab-llama-spm.gguf"),
+                     ("gguf-vocabs/ggml-vocab-phi-3.gguf.xz", "ggml-vocab-phi-3.gguf")]:
+        path = os.path.join(tok_dir, dst or src)
+        if os.path.exists(path):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        opener = lzma.open if src.endswith(".xz") else open
+        with opener(os.path.join(shared, src), "rb") as f, open(path, "wb") as g:
+            g.write(f.read())
+    if not os.path.exists(os.path.join(tok_dir, "tok512.bin")):
+        with open(models, "rb") as f, open(os.path.join(tok_dir, "tok512.bin"), "wb") as g:
+            g.write(f.read())
+
+# fuzz_model_file: byte 0 picks one of the seven tiny models, then 8-byte edit records (op, a, b, c0..c4).
+edits = []
+for m in range(7):
+    edits.append(bytes([m]))  # unedited: must load and run
+    for op in range(8):
+        for k in (5, 9, 13):
+            value = {0: struct.pack("<i", k - 8), 1: struct.pack("<f", 0.5 * k), 3: bytes([k, 0, 0, 0])}.get(op, bytes([k, 1, 0, 0]))
+            edits.append(bytes([m, op, k, k // 2]) + value + b"\0")
+write("fuzz_model_file", edits)
