@@ -202,3 +202,14 @@ for m in range(7):
             value = {0: struct.pack("<i", k - 8), 1: struct.pack("<f", 0.5 * k), 3: bytes([k, 0, 0, 0])}.get(op, bytes([k, 1, 0, 0]))
             edits.append(bytes([m, op, k, k // 2]) + value + b"\0")
 write("fuzz_model_file", edits)
+
+# fuzz_generate: byte 0 picks chat (0), completions (1) or native (2); the request bodies above, run.
+generate = [(0, bodies[0]), (0, bodies[1]), (1, bodies[2]), (2, bodies[3]), (0, bodies[6]),
+            (0, {"messages": [{"role": "user", "content": "q"}], "tools": bodies[1]["tools"], "max_tokens": 8,
+                 "parallel_tool_calls": True, "temperature": 1.5, "top_k": 3, "min_p": 0.2, "repeat_penalty": 1.3,
+                 "presence_penalty": 0.5, "frequency_penalty": 0.5, "dry_multiplier": 0.8, "mirostat": 2}),
+            (1, {"prompt": "abc", "max_tokens": 6, "n": 3, "stop": ["a", "bc"], "logit_bias": [[5, 2.5], ["b", -1]],
+                 "logprobs": 3, "stream": True}),
+            (2, {"prompt": [1, 2, 3], "n_predict": 5, "n_probs": 2, "ignore_eos": True, "typical_p": 0.5, "xtc_probability": 0.5,
+                 "json_schema": {"type": "array", "items": {"type": "integer"}}})]
+write("fuzz_generate", [bytes([e]) + json.dumps(b).encode() for e, b in generate])
