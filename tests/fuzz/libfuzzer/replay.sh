@@ -9,6 +9,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$work"
 python3 "$here/seeds.py" "$work"
 export ROOFLINE_FUZZ_TOKENIZERS="$work/tokenizers"
+export ROOFLINE_FUZZ_FIXTURES="$here/../../fixtures"
 for src in "$here"/fuzz_*.cpp; do
   t="$(basename "$src" .cpp)"
   if [ "$t" = fuzz_tokenize ] && [ ! -f "$ROOFLINE_FUZZ_TOKENIZERS/tok512.bin" ]; then

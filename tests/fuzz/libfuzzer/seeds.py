@@ -213,3 +213,14 @@ generate = [(0, bodies[0]), (0, bodies[1]), (1, bodies[2]), (2, bodies[3]), (0, 
             (2, {"prompt": [1, 2, 3], "n_predict": 5, "n_probs": 2, "ignore_eos": True, "typical_p": 0.5, "xtc_probability": 0.5,
                  "json_schema": {"type": "array", "items": {"type": "integer"}}})]
 write("fuzz_generate", [bytes([e]) + json.dumps(b).encode() for e, b in generate])
+
+# fuzz_convert: byte 0 picks a transformers fixture (their folders in path order, as the target lists
+# them), the rest is its config.json as transformers wrote it.
+fixtures = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures")
+folders = sorted(os.path.join(fixtures, sub, d) for sub in ("hf", "gemma3") for d in os.listdir(os.path.join(fixtures, sub))
+                 if os.path.exists(os.path.join(fixtures, sub, d, "model.safetensors")))
+configs = []
+for i, d in enumerate(folders):
+    with open(os.path.join(d, "config.json"), "rb") as f:
+        configs.append(bytes([i]) + f.read())
+write("fuzz_convert", configs)
