@@ -5,9 +5,12 @@
 // a sanitizer report, a hang) is a defect, and abort() hands it to libFuzzer with the input.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -26,5 +29,25 @@ inline std::pair<std::string_view, std::string_view> split_at_nul(std::string_vi
   if (z == std::string_view::npos) return {in, {}};
   return {in.substr(0, z), in.substr(z + 1)};
 }
+
+// A folder of this process's own under the temp directory, removed with the object (targets keep one
+// as a function-local static, so it goes when the process exits normally).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag)
+      : path_(std::filesystem::temp_directory_path() / ("roofline-" + tag + "-" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace roofline::fuzz

@@ -5,8 +5,6 @@
 // tokenizer. A conversion may be refused (roofline::Error: one line); a file it writes must load and
 // run a few tokens on the CPU, or be refused by the loader with an Error. Anything else is a defect.
 // Input: byte 0 picks the fixture, the rest is config.json.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -39,7 +37,8 @@ const std::vector<std::string>& folders() {
         if (fs::exists(d.path() / "model.safetensors")) sources.push_back(d.path());
     if (sources.empty()) fuzz::defect("setup", "no fixture folders under ROOFLINE_FUZZ_FIXTURES");
     std::sort(sources.begin(), sources.end());
-    const fs::path work = fs::temp_directory_path() / ("roofline-fuzz-convert-" + std::to_string(getpid()));
+    static const fuzz::TempDir temp("fuzz-convert");
+    const fs::path& work = temp.path();
     std::vector<std::string> out;
     for (const auto& src : sources) {
       const fs::path dir = work / src.filename();

@@ -6,8 +6,6 @@
 // Input: byte 0 (bit 0: llama2.c, else tokenizer.json; bits 1-2: pad to 0 / 300 / 70000 tokens), byte
 // 1 the length L of the text to encode, L bytes of text, then the file: for tokenizer.json its text, a
 // NUL, then tokenizer_config.json (absent when empty); for llama2.c the bytes of the .bin.
-#include <unistd.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -24,13 +22,9 @@ using namespace roofline;
 
 namespace {
 
-const std::string& work_dir() {
-  static const std::string dir = [] {
-    const std::string d = (std::filesystem::temp_directory_path() / ("roofline-fuzz-" + std::to_string(getpid()))).string();
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+std::string work_dir() {
+  static const fuzz::TempDir dir("fuzz-tokenizer-files");
+  return dir.path().string();
 }
 
 void write_file(const std::string& path, std::string_view bytes) {
