@@ -1,11 +1,13 @@
 // libFuzzer target: a model file that parses as GGUF but says something odd (a head count, a layer
 // count, a window, an expert count, a tensor's shape or type, a missing or renamed tensor), loaded and
-// run on the CPU: a prompt of a few tokens, then one decode step. The file is one of the tiny
+// run on the CPU: a prompt of a few tokens, then one decode step; when the input asks, quantized first
+// (`roofline quantize` with one of five mixes) and the quantized file run instead. The file is one of the tiny
 // synthetic models of every architecture, edited as the input says, written out as GGUF and parsed
 // back from memory (the path a downloaded file takes). Loading may refuse it (roofline::Error: one
 // line naming the problem); a model that loads must run. Anything else (another exception, a sanitizer
 // report, a hang) is a defect.
-// Input: byte 0 picks the model; then records of 8 bytes: op, a, b, c0..c4 (see apply_edit).
+// Input: byte 0 picks the model (byte 0 % 7) and the mix (byte 0 / 16 % 5: none, Q4_K_M, Q8_0, Q2_K,
+// IQ4_XS); then records of 8 bytes: op, a, b, c0..c4 (see apply_edit).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +21,8 @@
 #include "formats/gguf.h"
 #include "model/model.h"
 #include "model/model_file.h"
+#include "model/quant_mix.h"
+#include "model/quantize.h"
 #include "tests/fuzz/libfuzzer/fuzz_common.h"
 
 using namespace roofline;
@@ -129,7 +133,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto image = std::make_shared<std::vector<uint8_t>>(gguf::serialize_gguf(md, tensors, base.alignment()));
   try {
-    auto file = gguf::GgufFile::parse("fuzz.gguf", image->data(), image->size(), image);
+    std::shared_ptr<const gguf::GgufFile> file = gguf::GgufFile::parse("fuzz.gguf", image->data(), image->size(), image);
+    static const char* kMixes[] = {nullptr, "Q4_K_M", "Q8_0", "Q2_K", "IQ4_XS"};
+    if (const char* mix = kMixes[(data[0] >> 4) % 5]) {
+      static const fuzz::TempDir temp("fuzz-model-file");
+      const std::string out = (temp.path() / "quantized.gguf").string();
+      QuantizeOptions q;
+      q.mix = find_mix(mix);
+      q.n_threads = 1;
+      q.allow_requantize = true;
+      quantize_model(*file, out, q);
+      file = gguf::GgufFile::open(out);
+    }
     auto model = Model::load(file);
     EngineOptions o;
     o.n_ctx = 64;

@@ -201,6 +201,8 @@ for m in range(7):
         for k in (5, 9, 13):
             value = {0: struct.pack("<i", k - 8), 1: struct.pack("<f", 0.5 * k), 3: bytes([k, 0, 0, 0])}.get(op, bytes([k, 1, 0, 0]))
             edits.append(bytes([m, op, k, k // 2]) + value + b"\0")
+edits += [bytes([m + 16 * q]) for m in range(7) for q in range(1, 5)]  # quantized with each mix, unedited
+edits += [bytes([m + 16 * (1 + m % 4), 3, k, 0, 96, 0, 0, 0, 0]) for m in range(7) for k in range(0, 40, 7)]  # rows of 96
 write("fuzz_model_file", edits)
 
 # fuzz_generate: byte 0 picks chat (0), completions (1) or native (2); the request bodies above, run.
