@@ -14,7 +14,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=
       -DROOFLINE_LIBFUZZER=ON -DROOFLINE_TESTS=OFF > /dev/null
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(fuzz_gbnf fuzz_json_schema fuzz_jinja fuzz_tool_calls fuzz_safetensors fuzz_chat_request
-                                    fuzz_tokenize fuzz_vocab fuzz_tokenizer_files fuzz_model_file fuzz_generate fuzz_convert)
+                                    fuzz_tokenize fuzz_vocab fuzz_tokenizer_files fuzz_model_file fuzz_generate fuzz_convert fuzz_imatrix)
 ninja -C "$build" "${targets[@]}"
 python3 tests/fuzz/libfuzzer/seeds.py "$dir"  # also unpacks ../shared's tokenizers into $dir/tokenizers
 export ROOFLINE_FUZZ_TOKENIZERS="$dir/tokenizers"

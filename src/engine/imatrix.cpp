@@ -19,6 +19,10 @@
 namespace roofline {
 namespace {
 
+// The most rows an entry's count may say: 2^53, where float32/float64 files stop holding every integer
+// (a file saying more is corrupt; merged files saying more are refused, so sums stay in int64).
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -114,7 +118,10 @@ void Imatrix::merge(const Imatrix& other) {
     if (e.sums.size() != oe.sums.size() || e.counts.size() != oe.counts.size())
       fail("cannot merge importance matrices: entry '{}' has different shapes", name);
     for (size_t j = 0; j < e.sums.size(); ++j) e.sums[j] += oe.sums[j];
-    for (size_t j = 0; j < e.counts.size(); ++j) e.counts[j] += oe.counts[j];
+    for (size_t j = 0; j < e.counts.size(); ++j) {
+      e.counts[j] += oe.counts[j];  // each at most kMaxCount: no overflow
+      if (e.counts[j] > kMaxCount) fail("cannot merge importance matrices: entry '{}' would count more than 2^53 rows", name);
+    }
   }
   for (const std::string& d : other.datasets_) datasets_.push_back(d);
   chunk_count_ = -1;
@@ -196,7 +203,8 @@ Imatrix Imatrix::load_gguf(const std::string& path, int chunk_size) {
     for (int64_t j = 0; j < n_mat; ++j) {
       float c;
       std::memcpy(&c, p.counts->data + 4 * j, 4);
-      if (!std::isfinite(c) || c < 0) fail("{}: corrupt imatrix: entry '{}' has count {}", path, name, c);
+      if (!std::isfinite(c) || c < 0 || c > (float)kMaxCount)
+        fail("{}: corrupt imatrix: entry '{}' has count {}", path, name, c);
       e.counts[j] = std::llround(c);
     }
   }

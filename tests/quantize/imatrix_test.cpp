@@ -146,6 +146,23 @@ TEST(ImatrixTest, CorruptFilesAreRefused) {
   t.data = reinterpret_cast<const uint8_t*>(sums.data());
   gguf::write_gguf(dir + "/half.gguf", md, {t});
   expect_error(dir + "/half.gguf", "counts");
+  // fuzz_imatrix: a count of 1e30 loaded (as an out-of-range llround), and what save then wrote did not
+  // load. Counts past 2^53 rows are corrupt; merges past it are refused.
+  const float huge = 1e30f;
+  gguf::TensorInfo c = t;
+  c.name = "blk.0.attn_q.weight.counts";
+  c.ne = {1, 1, 1, 1};
+  c.n_bytes = 4;
+  c.data = reinterpret_cast<const uint8_t*>(&huge);
+  gguf::write_gguf(dir + "/huge.gguf", md, {t, c});
+  expect_error(dir + "/huge.gguf", "has count");
+  const float most = 9007199254740992.0f;  // 2^53: accepted, and two of them do not merge
+  c.data = reinterpret_cast<const uint8_t*>(&most);
+  gguf::write_gguf(dir + "/most.gguf", md, {t, c});
+  Imatrix a = Imatrix::load(dir + "/most.gguf");
+  EXPECT_EQ(a.entries().at("blk.0.attn_q.weight").counts[0], int64_t{1} << 53);
+  const Imatrix b = Imatrix::load(dir + "/most.gguf");
+  EXPECT_THROW(a.merge(b), Error);
 }
 
 // The observer sees every layer matrix of the tiny model with the rows of each window.

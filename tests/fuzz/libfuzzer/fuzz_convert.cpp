@@ -15,11 +15,10 @@
 
 #include "convert/convert.h"
 #include "core/error.h"
-#include "engine/engine.h"
-#include "engine/sequence_memory.h"
 #include "model/model.h"
 #include "model/model_file.h"
 #include "tests/fuzz/libfuzzer/fuzz_common.h"
+#include "tests/fuzz/libfuzzer/fuzz_engine.h"
 
 using namespace roofline;
 namespace fs = std::filesystem;
@@ -78,17 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::defect("convert", e.what());
   }
   try {
-    auto model = Model::load(open_model_file(o.output));
-    EngineOptions eo;
-    eo.n_ctx = 32;
-    eo.n_threads = 1;
-    eo.n_batch = 8;
-    eo.kv_block_size = 16;
-    eo.n_seq_max = 1;
-    auto engine = Engine::create(model, eo);
-    const int seq = engine->memory().create_sequence();
-    const int n_vocab = engine->n_vocab();
-    engine->eval(seq, std::vector<int32_t>{1 % n_vocab, 2 % n_vocab, 3 % n_vocab}, true);
+    fuzz::run_a_few_tokens(Model::load(open_model_file(o.output)));
   } catch (const Error&) {
   } catch (const std::exception& e) {
     fuzz::defect("loading or running the converted file", e.what());

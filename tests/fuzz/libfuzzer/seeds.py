@@ -201,8 +201,8 @@ for m in range(7):
         for k in (5, 9, 13):
             value = {0: struct.pack("<i", k - 8), 1: struct.pack("<f", 0.5 * k), 3: bytes([k, 0, 0, 0])}.get(op, bytes([k, 1, 0, 0]))
             edits.append(bytes([m, op, k, k // 2]) + value + b"\0")
-edits += [bytes([m + 16 * q]) for m in range(7) for q in range(1, 5)]  # quantized with each mix, unedited
-edits += [bytes([m + 16 * (1 + m % 4), 3, k, 0, 96, 0, 0, 0, 0]) for m in range(7) for k in range(0, 40, 7)]  # rows of 96
+edits += [bytes([m + 16 * q]) for m in range(7) for q in range(11, 15)]  # quantized with each mix, unedited
+edits += [bytes([m + 16 * (11 + m % 4), 3, k, 0, 96, 0, 0, 0, 0]) for m in range(7) for k in range(0, 40, 7)]  # rows of 96
 write("fuzz_model_file", edits)
 
 # fuzz_generate: byte 0 picks chat (0), completions (1) or native (2); the request bodies above, run.
@@ -226,3 +226,49 @@ for i, d in enumerate(folders):
     with open(os.path.join(d, "config.json"), "rb") as f:
         configs.append(bytes([i]) + f.read())
 write("fuzz_convert", configs)
+
+
+def gguf_file(kvs, tensors):
+    """A GGUF v3 image: kvs [(key, "u32" | "str" | "strs", value)], tensors [(name, shape, f32 values)]."""
+    def s(text):
+        b = text.encode()
+        return struct.pack("<Q", len(b)) + b
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for key, kind, value in kvs:
+        out += s(key)
+        if kind == "u32":
+            out += struct.pack("<II", 4, value)
+        elif kind == "str":
+            out += struct.pack("<I", 8) + s(value)
+        else:
+            out += struct.pack("<IIQ", 9, 8, len(value)) + b"".join(s(v) for v in value)
+    offset = 0
+    blobs = []
+    for name, shape, values in tensors:
+        out += s(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", n) for n in shape)
+        out += struct.pack("<IQ", 0, offset)
+        blob = struct.pack("<%df" % len(values), *values)
+        blob += b"\0" * (-len(blob) % 32)
+        blobs.append(blob)
+        offset += len(blob)
+    out += b"\0" * (-len(out) % 32)
+    return out + b"".join(blobs)
+
+
+def imatrix_dat(entries, chunks, dataset):
+    out = struct.pack("<i", len(entries))
+    for name, ncall, values in entries:
+        out += struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", ncall, len(values))
+        out += struct.pack("<%df" % len(values), *values)
+    return out + struct.pack("<ii", chunks, len(dataset)) + dataset.encode()
+
+
+write("fuzz_imatrix", [
+    imatrix_dat([("blk.0.attn_q.weight", 4, [0.5, 1.0, 2.0, 0.25]), ("output.weight", 0, [1.0] * 8)], 4, "wiki.txt"),
+    imatrix_dat([("blk.1.ffn_down.weight", 1, [3.0] * 6)], 1, ""),
+    gguf_file([("general.type", "str", "imatrix"), ("imatrix.chunk_count", "u32", 3), ("imatrix.chunk_size", "u32", 512),
+               ("imatrix.datasets", "strs", ["a.txt"])],
+              [("blk.0.attn_k.weight.in_sum2", [4], [1.0, 2.0, 3.0, 4.0]), ("blk.0.attn_k.weight.counts", [1], [1536.0]),
+               ("blk.0.ffn_up_exps.weight.in_sum2", [2, 3], [1.0] * 6),
+               ("blk.0.ffn_up_exps.weight.counts", [1, 3], [512.0, 0.0, 1024.0])]),
+])
