@@ -6,17 +6,23 @@
 // weights: the tokens are arbitrary, which is what a fuzzer wants). A 400 is fine; a request that was
 // accepted must finish without an error event, and the two responses must be JSON. Anything else
 // (another exception, a sanitizer report, a request that never ends) is a defect. Generation is capped
-// at 12 tokens a choice, 4 choices and 4 prompts so that an input stays fast.
+// at 12 tokens a choice, 4 choices and 4 prompts so that an input stays fast. First bytes 3 and 4 are
+// /v1/embeddings and /embeddings instead (run_embeddings, the scheduler stepped by a second thread as
+// the server's loop would; last-token pooling, or none when the byte's next bit says so).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/pooling.h"
 #include "model/model.h"
 #include "model/model_file.h"
 #include "serve/api.h"
+#include "serve/embeddings.h"
 #include "serve/scheduler.h"
 #include "serve/step_runner.h"
 #include "tests/fuzz/libfuzzer/fuzz_common.h"
@@ -55,6 +61,7 @@ World& world() {
     w->mc.model_id = "tiny";
     w->mc.n_vocab = w->mc.tokenizer->n_vocab();
     w->mc.n_ctx = o.n_ctx;
+    w->mc.n_embd = model->hparams().n_embd;
     w->mc.n_slots = 4;
     w->text = std::make_unique<TokenizerText>(w->mc.tokenizer);
     SchedulerOptions so;
@@ -66,13 +73,60 @@ World& world() {
   return *w;
 }
 
+// An embeddings request: parsed, run, answered; a 400 (or a 503 for a full queue) is fine.
+void run_embedding_request(World& w, const std::string& body_text, EmbeddingRoute route) {
+  EmbeddingRequest r;
+  try {
+    r = parse_embedding_request(parse_body(body_text), w.mc, route);
+  } catch (const ApiError& e) {
+    if (e.status >= 500) fuzz::defect("parsing the embeddings request", e.what());
+    return;
+  } catch (const Error&) {
+    return;
+  } catch (const std::exception& e) {
+    fuzz::defect("parsing the embeddings request", e.what());
+  }
+  if (r.inputs.size() > 8) return;
+  std::atomic<bool> done{false};
+  std::thread stepper([&] {
+    while (!done) w.scheduler->step();
+  });
+  try {
+    (void)run_embeddings(r, w.mc, *w.scheduler, "emb", [] { return true; }).dump();
+  } catch (const ApiError& e) {
+    if (e.status >= 500 && e.status != 503) {
+      done = true;
+      stepper.join();
+      fuzz::defect("embeddings", e.what());
+    }
+  } catch (const SubmitError& e) {
+    if (e.status != 400 && e.code != "queue_full") {
+      done = true;
+      stepper.join();
+      fuzz::defect("embeddings submit", e.what());
+    }
+  } catch (const Error&) {
+  } catch (const std::exception& e) {
+    done = true;
+    stepper.join();
+    fuzz::defect("embeddings", e.what());
+  }
+  done = true;
+  stepper.join();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   World& w = world();
   const std::string body_text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const Endpoint endpoint = data[0] % 3 == 0 ? Endpoint::Chat : data[0] % 3 == 1 ? Endpoint::Completions : Endpoint::Native;
+  if (data[0] % 5 >= 3) {
+    w.mc.pooling = (data[0] / 5) % 2 ? Pooling::None : Pooling::Last;
+    run_embedding_request(w, body_text, data[0] % 5 == 3 ? EmbeddingRoute::OpenAI : EmbeddingRoute::Native);
+    return 0;
+  }
+  const Endpoint endpoint = data[0] % 5 == 0 ? Endpoint::Chat : data[0] % 5 == 1 ? Endpoint::Completions : Endpoint::Native;
   ApiRequest ar;
   try {
     const json body = parse_body(body_text);

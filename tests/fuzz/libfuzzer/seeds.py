@@ -214,6 +214,9 @@ generate = [(0, bodies[0]), (0, bodies[1]), (1, bodies[2]), (2, bodies[3]), (0, 
                  "logprobs": 3, "stream": True}),
             (2, {"prompt": [1, 2, 3], "n_predict": 5, "n_probs": 2, "ignore_eos": True, "typical_p": 0.5, "xtc_probability": 0.5,
                  "json_schema": {"type": "array", "items": {"type": "integer"}}})]
+generate += [(3, {"input": ["hello", "world", [1, 2, 3]], "model": "m", "encoding_format": "base64"}),
+             (4, {"content": "hi there", "embd_normalize": -1}),
+             (8, {"input": "pooled nothing"}), (9, {"content": ["a", [5, 6]], "embd_normalize": 0})]
 write("fuzz_generate", [bytes([e]) + json.dumps(b).encode() for e, b in generate])
 
 # fuzz_convert: byte 0 picks a transformers fixture (their folders in path order, as the target lists
