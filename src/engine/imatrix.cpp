@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,12 @@ namespace {
 // The most rows an entry's count may say: 2^53, where float32/float64 files stop holding every integer
 // (a file saying more is corrupt; merged files saying more are refused, so sums stay in int64).
 constexpr int64_t kMaxCount = int64_t{1} << 53;
+
+// Both formats store float32: a value past its range (merged files add up) would be written as inf,
+// which no reader takes, so saving refuses it.
+void check_stored(const std::string& entry, float v) {
+  if (!std::isfinite(v)) fail("importance matrix entry '{}' holds a value past float32's range; it cannot be saved", entry);
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -235,8 +242,10 @@ Imatrix Imatrix::load_dat(const std::string& path, int chunk_size) {
     for (int32_t j = 0; j < nval; ++j) {
       const float v = in.get<float>("values");
       if (!std::isfinite(v) || v < 0) fail("{}: corrupt imatrix: entry '{}' holds {}", path, name, v);
-      // Stored: mean * ncall. Kept as sums over ncall * chunk_size rows, as llama.cpp reloads it.
+      // Stored: mean * ncall. Kept as sums over ncall * chunk_size rows, as llama.cpp reloads it; a sum past
+      // float32's range could not be written again (both formats store float32).
       e.sums[j] = (double)v * chunk_size;
+      if (e.sums[j] > FLT_MAX) fail("{}: corrupt imatrix: entry '{}' holds {}, too large for its {} rows", path, name, v, chunk_size);
     }
   }
   if (!in.at_end()) {
@@ -276,6 +285,7 @@ void Imatrix::save_gguf(const std::string& path) const {
     if (n_mat == 0 || e.sums.empty()) continue;
     specs.push_back({name + ".in_sum2", DType::F32, shape(e.n_cols(), n_mat)});
     data.emplace_back(e.sums.begin(), e.sums.end());
+    for (float v : data.back()) check_stored(name, v);
     specs.push_back({name + ".counts", DType::F32, n_mat > 1 ? std::vector<int64_t>{1, n_mat} : std::vector<int64_t>{1}});
     data.emplace_back(e.counts.begin(), e.counts.end());
   }
@@ -309,6 +319,7 @@ void Imatrix::save_dat(const std::string& path) const {
     for (size_t j = 0; j < e.sums.size(); ++j) {
       const int64_t c = e.counts[j / per_mat];
       const float v = c > 0 ? (float)(e.sums[j] / (double)c * ncall) : 1.0f * ncall;
+      check_stored(kv->first, v);
       put(&v, 4);
     }
   }

@@ -165,6 +165,43 @@ TEST(ImatrixTest, CorruptFilesAreRefused) {
   EXPECT_THROW(a.merge(b), Error);
 }
 
+// fuzz_imatrix: a legacy value of 3e38 loaded (its sums, value x chunk size, past float32), and the GGUF
+// that save wrote held inf, which load refuses. Such a value is corrupt at load; sums that merges push
+// past float32 are refused by save instead of written.
+TEST(ImatrixTest, SumsPastFloat32AreRefusedNotWritten) {
+  const std::string dir = test::temp_dir();
+  auto dat = [](float v) {
+    std::string b;
+    auto put = [&](const void* p, size_t n) { b.append((const char*)p, n); };
+    const int32_t one = 1, len = 6, ncall = 1, nval = 2;
+    put(&one, 4);
+    put(&len, 4);
+    b += "w.0.ab";
+    put(&ncall, 4);
+    put(&nval, 4);
+    put(&v, 4);
+    put(&v, 4);
+    return b;
+  };
+  write_bytes(dir + "/big.dat", dat(3e38f));
+  try {
+    Imatrix::load(dir + "/big.dat");
+    ADD_FAILURE() << "a value of 3e38 a row over 512 rows loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+  }
+  write_bytes(dir + "/large.dat", dat(3e35f));  // sums 1.5e38: fit, and two of them do not
+  Imatrix a = Imatrix::load(dir + "/large.dat");
+  a.merge(Imatrix::load(dir + "/large.dat"));
+  a.merge(Imatrix::load(dir + "/large.dat"));
+  try {
+    a.save(dir + "/merged.gguf", ImatrixFormat::Gguf);
+    ADD_FAILURE() << "sums past float32 were written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos) << e.what();
+  }
+}
+
 // The observer sees every layer matrix of the tiny model with the rows of each window.
 TEST(ImatrixTest, CollectsFromTheEngine) {
   ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
