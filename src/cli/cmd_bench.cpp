@@ -35,13 +35,14 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<int> parse_int_list(const std::string& s, const char* what) {
+// least: the smallest value the flag takes (1 for sizes a loop steps by: a batch of 0 never ended).
+std::vector<int> parse_int_list(const std::string& s, const char* what, int least = 0) {
   std::vector<int> out;
   for (const std::string& item : split_list(s)) {
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end) usage_fail("{} '{}': expected a comma-separated list of numbers", what, s);
-    if (v < 0 || v > (1 << 24)) fail("{} {}: out of range (0..{})", what, item, 1 << 24);
+    if (v < least || v > (1 << 24)) fail("{} {}: out of range ({}..{})", what, item, least, 1 << 24);
     out.push_back((int)v);
   }
   if (out.empty()) usage_fail("{} needs at least one value", what);
@@ -166,9 +167,9 @@ int run(int argc, char** argv) {
     if (f != "1" && f != "0" && f != "on" && f != "off" && f != "auto") fail("-fa '{}': expected on, off, auto, 1 or 0", f);
 
   const auto p_list = parse_int_list(prompts, "-p"), n_list = parse_int_list(gens, "-n"), d_list = parse_int_list(depths, "-d");
-  const auto b_list = parse_int_list(batch_list, "-b");
-  const auto ub_list = ubatch_list.empty() ? std::vector<int>{0} : parse_int_list(ubatch_list, "-ub");
-  const auto npl = npl_list.empty() ? std::vector<int>{} : parse_int_list(npl_list, "-npl");
+  const auto b_list = parse_int_list(batch_list, "-b", 1);
+  const auto ub_list = ubatch_list.empty() ? std::vector<int>{0} : parse_int_list(ubatch_list, "-ub", 1);
+  const auto npl = npl_list.empty() ? std::vector<int>{} : parse_int_list(npl_list, "-npl", 1);
   std::vector<std::pair<int, int>> pg_tests;
   if (!pg.empty()) {
     const auto v = parse_int_list(pg, "-pg");

@@ -119,7 +119,7 @@ int run(int argc, char** argv) {
   settings.draft_max = draft_max;
   if (draft_max < 1) fail("--draft-max {}: expected at least 1", draft_max);
   if (n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's)", n_ctx);
-  if (n_parallel < 1) fail("-np {}: expected at least 1 slot", n_parallel);
+  if (n_parallel < 1 || n_parallel > kMaxSlots) fail("-np {}: expected 1..{} slots", n_parallel, kMaxSlots);
   if (app.count("--vram") && !(vram > 0 && vram < 1e6)) fail("--vram {}: expected a positive size in GiB", vram);
   if (app.count("--vram-limit") && !(vram_limit > 0 && vram_limit < 1e6)) fail("--vram-limit {}: expected a positive size in GiB", vram_limit);
   settings.vram_limit_gib = vram_limit;

@@ -268,11 +268,12 @@ int run(int argc, char** argv) {
     log_warn("--pooling and --embd-normalize only matter with --embeddings");
   if (so.port < 0 || so.port > 65535) fail("--port {}: expected 0..65535 (0: any free port)", so.port);
   if (n_parallel == -1) n_parallel = 4;  // llama-server: -1 means auto (4 slots)
-  if (n_parallel <= 0) fail("-np {}: expected at least 1 slot (or -1: auto, 4)", n_parallel);
+  if (n_parallel <= 0 || n_parallel > kMaxSlots) fail("-np {}: expected 1..{} slots (or -1: auto, 4)", n_parallel, kMaxSlots);
   if (queue_size < 0) queue_size = 4 * n_parallel;
+  if (queue_size > (1 << 20)) fail("--queue-size {}: expected at most {} waiting requests", queue_size, 1 << 20);
   if (so.timeout_s <= 0) fail("--timeout {}: expected at least 1 second", so.timeout_s);
   if (so.threads_http < 0) fail("--threads-http {}: expected 0 (auto) or more", so.threads_http);
-  if (!(body_mib > 0)) fail("--max-body-size {}: expected a positive size in MiB", body_mib);
+  if (!(body_mib > 0 && body_mib <= 1048576)) fail("--max-body-size {}: expected a positive size in MiB, at most 1048576", body_mib);
   if (n_predict < -2) fail("-n {}: expected a count, -1 (until the end of generation) or -2 (until the context is full)", n_predict);
   if (seed != -1) sp.seed = (uint64_t)seed;
   check_sampling(sp);

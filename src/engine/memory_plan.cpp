@@ -133,7 +133,7 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   p.settings = in;
   PlanSettings& s = p.settings;
   if (s.n_ctx < 0) fail("-c {}: the context size cannot be negative (0: the model's, capped at 16384)", s.n_ctx);
-  if (s.n_parallel < 1) fail("-np {}: expected at least 1 slot", s.n_parallel);
+  if (s.n_parallel < 1 || s.n_parallel > kMaxSlots) fail("-np {}: expected 1..{} slots", s.n_parallel, kMaxSlots);
   if (s.n_batch < 1) fail("-b {}: the batch size must be at least 1", s.n_batch);
   if (s.n_gpu_layers < -2) fail("-ngl {}: expected a count, auto or all", s.n_gpu_layers);
   if (!(s.vram_limit_gib >= 0)) fail("--vram-limit {}: expected a positive size in GiB", s.vram_limit_gib);

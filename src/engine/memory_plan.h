@@ -35,6 +35,10 @@ uint64_t window_snapshot_bytes(const Model& model, const KvConfig& kv);
 // limit); 0 for other models.
 int window_snapshot_count(const Model& model, const KvConfig& kv, int n_parallel, double cache_ram_mib);
 
+// The most slots serve and plan take (-np): each costs memory and scheduling work, and counts of state
+// cells and rings are kept in int; llama-server has no bound, but no card serves more.
+constexpr int kMaxSlots = 65536;
+
 struct PlanSettings {
   int n_ctx = 0;           // KV positions shared by the slots (serve's -c; 0: trained context capped at 16384)
   int n_parallel = 4;      // slots (-np)

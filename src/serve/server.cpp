@@ -35,12 +35,14 @@ namespace {
 
 // httplib's own pool has a fixed size and every open stream or keep-alive connection holds a worker,
 // so /health would queue behind streams. This pool keeps `base` workers and adds more (up to `max`)
-// whenever a task arrives with none idle.
+// whenever a task arrives with none idle. Where the system refuses a thread (its limit on threads or
+// memory), the pool stays at the size it has and the task waits for a worker (logged once).
 class ElasticPool : public httplib::TaskQueue {
  public:
   ElasticPool(size_t base, size_t max) : max_(std::max(base, max)) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < base; ++i) spawn();
+    for (size_t i = 0; i < base && spawn(); ++i) {
+    }
   }
   ~ElasticPool() override = default;
 
@@ -64,25 +66,38 @@ class ElasticPool : public httplib::TaskQueue {
   }
 
  private:
-  void spawn() {  // under mutex_
-    threads_.emplace_back([this] {
-      for (;;) {
-        std::function<void()> fn;
-        {
-          std::unique_lock<std::mutex> lock(mutex_);
-          ++idle_;
-          cv_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
-          --idle_;
-          if (jobs_.empty()) return;  // shutting down with nothing left
-          fn = std::move(jobs_.front());
-          jobs_.pop_front();
-        }
-        fn();
+  bool spawn() {  // under mutex_; false (and max_ lowered to the size reached) when no thread can start
+    try {
+      threads_.emplace_back([this] { work(); });
+      return true;
+    } catch (const std::system_error& e) {
+      if (!spawn_failed_)
+        log_warn("HTTP workers: the system refused thread {} ({}); requests wait for the {} there are",
+                 threads_.size() + 1, e.what(), threads_.size());
+      spawn_failed_ = true;
+      max_ = threads_.size();
+      return false;
+    }
+  }
+
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ++idle_;
+        cv_.wait(lock, [&] { return shutdown_ || !jobs_.empty(); });
+        --idle_;
+        if (jobs_.empty()) return;  // shutting down with nothing left
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
       }
-    });
+      fn();
+    }
   }
 
   size_t max_;
+  bool spawn_failed_ = false;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
@@ -237,7 +252,8 @@ HttpFailure http_failure(std::exception_ptr ep) {
 
 int default_http_threads(int n_slots) {
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
-  return std::max(n_slots + 4, cores - 1);
+  // Resident ones: at most 1024 (the pool grows past them while requests need it).
+  return std::min(1024, std::max(n_slots + 4, cores - 1));
 }
 
 struct Server::Impl {
@@ -393,7 +409,8 @@ void Server::Impl::handle_generation(const httplib::Request& req, httplib::Respo
 
 void Server::Impl::setup() {
   const int base = opt.threads_http > 0 ? opt.threads_http : default_http_threads(opt.n_slots);
-  const int max = std::max(base, 2 * (opt.n_slots + opt.queue_size) + 16);
+  const int64_t wanted = 2 * ((int64_t)opt.n_slots + opt.queue_size) + 16;  // every slot and queued request a stream
+  const int max = (int)std::max<int64_t>(base, std::min<int64_t>(wanted, 1 << 20));
   svr.new_task_queue = [base, max] { return new ElasticPool((size_t)base, (size_t)max); };
   // SO_REUSEADDR only (restarts while old connections linger), not httplib's SO_REUSEPORT, which would
   // let a second server bind the same port and take half of its connections.

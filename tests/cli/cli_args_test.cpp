@@ -28,21 +28,38 @@ int lines(const std::string& s) { return (int)std::count(s.begin(), s.end(), '\n
 #define EXPECT_CONTAINS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(CliArgs, ServeRefusesBadPortsAndSlotCountsBeforeListening) {
+  CommandResult r0;
   for (const char* port : {"70000", "-1", "65536"}) {
     auto r = run_cli({"serve", "-m", kTiny, "--port", port});
     EXPECT_EQ(r.exit_code, 1) << port;
     EXPECT_EQ(r.err, fmt::format("error: --port {}: expected 0..65535 (0: any free port)\n", port));
     EXPECT_EQ(r.out, "");  // never said it listens
   }
-  for (const char* np : {"0", "-3"}) {
+  // Past 65536 slots the counts of workers, state cells and queued streams overflowed int (UBSan).
+  for (const char* np : {"0", "-3", "65537", "2147483647"}) {
     auto r = run_cli({"serve", "-m", kTiny, "--port", "0", "-np", np});
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_EQ(r.err, fmt::format("error: -np {}: expected at least 1 slot (or -1: auto, 4)\n", np));
+    EXPECT_EQ(r.err, fmt::format("error: -np {}: expected 1..65536 slots (or -1: auto, 4)\n", np));
   }
+  r0 = run_cli({"serve", "-m", kTiny, "--port", "0", "--queue-size", "2147483647"});
+  EXPECT_EQ(r0.exit_code, 1);
+  EXPECT_EQ(r0.err, "error: --queue-size 2147483647: expected at most 1048576 waiting requests\n");
+  r0 = run_cli({"serve", "-m", kTiny, "--port", "0", "--max-body-size", "1e308"});  // was a float-to-size_t overflow
+  EXPECT_EQ(r0.exit_code, 1);
+  EXPECT_CONTAINS(r0.err, "--max-body-size 1e+308: expected a positive size in MiB, at most 1048576");
   // -np -1 is llama-server's "auto": accepted (this start then fails on the model, not on -np).
   auto r = run_cli({"serve", "-m", "/nonexistent.gguf", "--port", "0", "-np", "-1"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_CONTAINS(r.err, "/nonexistent.gguf: cannot open");
+}
+
+// bench -b 0 stepped through the prompt 0 tokens at a time, forever; -npl 0 printed nan rows.
+TEST(CliArgs, BenchRefusesStepSizesOfZero) {
+  for (const char* flag : {"-b", "-ub", "-npl"}) {
+    auto r = run_cli({"bench", "-m", kTiny, "-p", "4", "-n", "2", "-r", "1", flag, "0"});
+    EXPECT_EQ(r.exit_code, 1) << flag;
+    EXPECT_EQ(r.err, fmt::format("error: {} 0: out of range (1..16777216)\n", flag));
+  }
 }
 
 TEST(CliArgs, RunCapsTheContextAtTheTrainedOne) {

@@ -133,6 +133,7 @@ TEST(PlanCli, BadInputIsOneErrorLine) {
       {{"plan", "-m", tiny, "--gpu", "t4", "--vram-limit", "0"}, 1},
       {{"plan", "-m", tiny, "--gpu", "t4", "-c", "-5"}, 1},
       {{"plan", "-m", tiny, "--gpu", "t4", "-np", "0"}, 1},
+      {{"plan", "-m", tiny, "--gpu", "t4", "-np", "65537"}, 1},  // 2147483647 slots overflowed the state cells
       {{"plan", "-m", tiny, "--gpu", "t4", "-ctk", "q5_k"}, 1},
       {{"plan", "-m", tiny, "--gpu", "t4", "-ngl", "many"}, 2},
       {{"plan", "-m", tiny, "--gpu", "t4", "--vram", "lots"}, 2},
