@@ -222,7 +222,8 @@ DType parse_cache_type(const std::string& name) {
 std::shared_ptr<const Model> load_model(const ModelArgs& a) {
   ModelFileOptions options;
   options.tokenizer_path = a.tokenizer;
-  options.n_threads = a.n_threads;
+  // Threads for building a synthetic model: at most the cores, as the engine's (-t 100000 started that many).
+  options.n_threads = std::min(a.n_threads, (int)std::max(1u, std::thread::hardware_concurrency()));
   return Model::load(open_model_file(a.model, options));
 }
 

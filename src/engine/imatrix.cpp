@@ -289,6 +289,7 @@ void Imatrix::save_gguf(const std::string& path) const {
     specs.push_back({name + ".counts", DType::F32, n_mat > 1 ? std::vector<int64_t>{1, n_mat} : std::vector<int64_t>{1}});
     data.emplace_back(e.counts.begin(), e.counts.end());
   }
+  if (specs.empty()) fail("{}: no entry of the importance matrix holds data; a file of none could not be read", path);
   for (const auto& s : specs)
     if (s.name.size() > gguf::kMaxTensorName) fail("imatrix entry name '{}' is too long for GGUF", s.name);
   gguf::GgufWriter writer(path, md, specs);
@@ -306,6 +307,7 @@ void Imatrix::save_dat(const std::string& path) const {
     for (int64_t c : kv.second.counts) any |= c > 0;
     if (any && !kv.second.sums.empty()) stored.push_back(&kv);  // entries without data are skipped, as llama.cpp does
   }
+  if (stored.empty()) fail("{}: no entry of the importance matrix holds counts; a legacy file of none could not be read", path);
   put_i32((int32_t)stored.size());
   for (const auto* kv : stored) {
     const ImatrixEntry& e = kv->second;

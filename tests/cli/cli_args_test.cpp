@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -147,6 +148,11 @@ TEST(CliArgs, ThreadsBeyondTheCoresAreCapped) {
   auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-t", "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_CONTAINS(r.err, fmt::format("warning: -t 1000 is more than the {} cores of this machine; using {}", cores, cores));
+  // The synthetic model's builder took -t as it stood: 100000 threads, a minute and more before a token.
+  const auto start = std::chrono::steady_clock::now();
+  r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-t", "100000"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
 TEST(CliArgs, ARepeatedFlagTakesItsLastValue) {

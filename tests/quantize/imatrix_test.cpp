@@ -165,6 +165,22 @@ TEST(ImatrixTest, CorruptFilesAreRefused) {
   EXPECT_THROW(a.merge(b), Error);
 }
 
+// fuzz_imatrix: an imatrix whose entries hold no counts saved as a legacy file of no entries, which no
+// reader takes (llama.cpp's neither): save refuses it with one line.
+TEST(ImatrixTest, AnImatrixWithoutCountsIsNotSaved) {
+  const std::string dir = test::temp_dir();
+  Imatrix im = random_imatrix(64);
+  for (auto& [name, e] : im.entries()) std::fill(e.counts.begin(), e.counts.end(), 0);
+  try {
+    im.save(dir + "/none.dat", ImatrixFormat::Dat);
+    ADD_FAILURE() << "a legacy file of no entries was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds counts"), std::string::npos) << e.what();
+  }
+  im.save(dir + "/zero.gguf", ImatrixFormat::Gguf);  // GGUF keeps them, counts 0 (means of one)
+  EXPECT_EQ(Imatrix::load(dir + "/zero.gguf").entries().size(), im.entries().size());
+}
+
 // fuzz_imatrix: a legacy value of 3e38 loaded (its sums, value x chunk size, past float32), and the GGUF
 // that save wrote held inf, which load refuses. Such a value is corrupt at load; sums that merges push
 // past float32 are refused by save instead of written.
