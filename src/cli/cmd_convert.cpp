@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "convert/convert.h"
 #include "core/log.h"
 
@@ -29,6 +30,7 @@ int run(int argc, char** argv) {
   if (int rc = parse_args(app, argc, argv); rc >= 0) return rc;
   opt.progress = !quiet;
   const auto t0 = std::chrono::steady_clock::now();
+  opt.n_threads = cap_threads(opt.n_threads);
   const convert::ConvertResult r = convert::convert_model(opt);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const std::string& note : r.notes) log_warn("{}", note);

@@ -45,7 +45,7 @@ int run(int argc, char** argv) {
   if (format != "gguf" && format != "dat") fail("--output-format {}: use gguf or dat", format);
   const ImatrixFormat fmt_out = format == "dat" ? ImatrixFormat::Dat : ImatrixFormat::Gguf;
   const int n_ctx = margs.n_ctx;
-  if (n_ctx <= 0) fail("-c must be above 0");
+  if (n_ctx <= 0 || n_ctx > (1 << 24)) fail("-c {}: expected windows of 1..{} tokens", n_ctx, 1 << 24);
 
   Imatrix imatrix(n_ctx);
   for (const std::string& f : in_files) {
@@ -76,7 +76,7 @@ int run(int argc, char** argv) {
   o.n_chunks = n_chunks;
   o.process_output = process_output;
   o.compute_ppl = !no_ppl;
-  o.n_threads = margs.n_threads;
+  o.n_threads = cap_threads(margs.n_threads);
   o.on_chunk = [&](int chunk, int n_chunk, double ppl, double s) {
     if (chunk == 1) log_info("{} tokens, {} windows of {}; {:.2f} s per window", tokens.size(), n_chunk, n_ctx, s);
     if (ppl > 0) std::printf("[%d]%.4f,", chunk, ppl);

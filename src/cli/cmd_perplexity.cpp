@@ -23,7 +23,10 @@ std::string read_text(const std::string& path) {
 }
 
 // An engine sized for n_seq windows of n_ctx tokens in one step (n_batch / n_ctx, as llama.cpp).
+// Windows past 2^24 tokens (the most a GGUF's context may say) are refused: rounding one up to whole
+// blocks overflowed int at -c 2147483647.
 std::unique_ptr<Engine> window_engine(std::shared_ptr<const Model> model, ModelArgs args, int n_ctx) {
+  if (n_ctx < 1 || n_ctx > (1 << 24)) fail("-c {}: expected windows of 1..{} tokens", n_ctx, 1 << 24);
   const int n_seq = std::max(1, args.n_batch / n_ctx);
   args.n_batch = std::max(1, std::min(args.n_batch, n_seq * n_ctx));
   args.n_ctx = n_seq * ((n_ctx + 255) / 256 * 256);
@@ -56,7 +59,7 @@ int run(int argc, char** argv) {
     if (margs.n_ctx != base.n_ctx()) log_info("{} was computed with windows of {} tokens; using that", kld_file, base.n_ctx());
     auto engine = window_engine(model, margs, base.n_ctx());
     KlDivergenceOptions o;
-    o.n_threads = margs.n_threads;
+    o.n_threads = cap_threads(margs.n_threads);
     o.n_chunks = n_chunks;
     std::printf("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence              Δp RMS            Same top p\n");
     o.on_chunk = [&](int chunk, int, const KldStats& s) {
@@ -76,7 +79,7 @@ int run(int argc, char** argv) {
   PerplexityOptions o;
   o.n_ctx = n_ctx;
   o.n_chunks = n_chunks;
-  o.n_threads = margs.n_threads;
+  o.n_threads = cap_threads(margs.n_threads);
   o.kld_base_path = kld_file;
   log_info("{} tokens; windows of {}, scoring the last {} of each", tokens.size(), n_ctx, n_ctx - 1 - n_ctx / 2);
   o.on_chunk = [&](int chunk, int, double ppl) {

@@ -102,7 +102,7 @@ int run(int argc, char** argv) {
   o.mix_options.pure = pure;
   if (!output_type.empty()) o.mix_options.output_type = parse_tensor_type(output_type, "--output-tensor-type");
   if (!embd_type.empty()) o.mix_options.token_embedding_type = parse_tensor_type(embd_type, "--token-embedding-type");
-  o.n_threads = threads > 0 ? threads : ThreadPool::default_thread_count();
+  o.n_threads = threads > 0 ? cap_threads(threads) : ThreadPool::default_thread_count();
   o.allow_requantize = allow_requantize;
   o.leave_output_tensor = leave_output;
   ImportanceData importance;

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/model_options.h"
 #include "core/log.h"
 #include "model/synthetic.h"
 
@@ -40,7 +41,7 @@ int run(int argc, char** argv) {
   if (seed) spec.seed = seed;
   spec.tokenizer_path = tokenizer;
   const auto t0 = std::chrono::steady_clock::now();
-  write_synthetic_model(spec, output, threads);
+  write_synthetic_model(spec, output, cap_threads(threads));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log_info("wrote {} (synthetic {} {}, random weights) in {:.1f} s", output, spec.shape.name, spec.mix->name, s);
   return 0;

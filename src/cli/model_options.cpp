@@ -151,14 +151,15 @@ int parse_gpu_layers(const std::string& text) {
   return (int)v;
 }
 
-int resolve_threads(int n_threads) {
+int cap_threads(int n_threads) {
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
-  if (n_threads <= 0) return 0;  // every core
-  if (n_threads > cores) {
-    log_warn("-t {} is more than the {} cores of this machine; using {}", n_threads, cores, cores);
-    return cores;
-  }
-  return n_threads;
+  return n_threads <= 0 ? 0 : std::min(n_threads, cores);  // 0: every core
+}
+
+int resolve_threads(int n_threads) {
+  const int capped = cap_threads(n_threads);
+  if (capped < n_threads) log_warn("-t {} is more than the {} cores of this machine; using {}", n_threads, capped, capped);
+  return capped;
 }
 
 EngineOptions engine_options(const ModelArgs& a) {
@@ -222,8 +223,7 @@ DType parse_cache_type(const std::string& name) {
 std::shared_ptr<const Model> load_model(const ModelArgs& a) {
   ModelFileOptions options;
   options.tokenizer_path = a.tokenizer;
-  // Threads for building a synthetic model: at most the cores, as the engine's (-t 100000 started that many).
-  options.n_threads = std::min(a.n_threads, (int)std::max(1u, std::thread::hardware_concurrency()));
+  options.n_threads = cap_threads(a.n_threads);  // building a synthetic model
   return Model::load(open_model_file(a.model, options));
 }
 

@@ -68,6 +68,9 @@ EngineOptions engine_options(const ModelArgs& args);
 // -t as llama.cpp takes it: 0 or negative means every core; more threads than cores are capped (a
 // warning says so), since the thread pool's workers spin and oversubscription only slows them.
 int resolve_threads(int n_threads);
+// The same without the warning, for the commands' own pools (quantize, convert, synth, perplexity, imatrix,
+// a synthetic model's builder): -t 100000 started that many threads.
+int cap_threads(int n_threads);
 
 // The context for a model (run, chat, serve): 0 takes the trained context capped at `default_cap`;
 // more than the trained context is capped to it with a warning, as llama-server does.

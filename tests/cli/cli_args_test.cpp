@@ -155,6 +155,29 @@ TEST(CliArgs, ThreadsBeyondTheCoresAreCapped) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
+// perplexity and imatrix rounded -c 2147483647 up to whole KV blocks in int (UBSan); quantize, synth,
+// convert, perplexity and imatrix started -t threads for their own pools, uncapped.
+TEST(CliArgs, WindowsAndThreadsPastTheirRanges) {
+  const std::string text = test::temp_dir() + "/text.txt";
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 200; ++i) f << "hello world ";
+  }
+  for (const char* cmd : {"perplexity", "imatrix"}) {
+    std::vector<std::string> args = {cmd, "-m", kTiny, "-f", text, "-c", "2147483647"};
+    if (std::string(cmd) == "imatrix") args.insert(args.end(), {"-o", test::temp_dir() + "/im.gguf"});
+    auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 1) << cmd;
+    EXPECT_EQ(r.err, "error: -c 2147483647: expected windows of 1..16777216 tokens\n") << cmd;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run_cli({"quantize", "-t", "100000", "synthetic:tiny-qwen3:F32", test::temp_dir() + "/q.gguf", "Q4_K_M"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_cli({"perplexity", "-m", kTiny, "-f", text, "-c", "64", "-t", "100000"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
 TEST(CliArgs, ARepeatedFlagTakesItsLastValue) {
   auto greedy = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "12", "--temp", "0"});
   auto repeated = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "3", "-n", "12", "--seed", "7", "--temp", "5", "--temp", "0"});
