@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -177,7 +178,10 @@ Imatrix Imatrix::load_gguf(const std::string& path, int chunk_size) {
   const gguf::Metadata& md = file->metadata();
   if (md.contains("general.architecture") && !md.contains("imatrix.chunk_count"))
     fail("{}: this is a model, not an importance matrix", path);
-  Imatrix im((int)md.get_int_or("imatrix.chunk_size", chunk_size));
+  const int64_t file_chunk_size = md.get_int_or("imatrix.chunk_size", chunk_size);
+  if (file_chunk_size < 1 || file_chunk_size > (1 << 24))
+    fail("{}: corrupt imatrix: imatrix.chunk_size is {} (windows of 1..{} tokens)", path, file_chunk_size, 1 << 24);
+  Imatrix im((int)file_chunk_size);
   if (const gguf::Value* ds = md.find("imatrix.datasets"); ds && ds->is_array() && ds->array_type() == gguf::ValueType::STRING)
     for (const std::string& s : ds->as_string_array("imatrix.datasets")) im.datasets_.push_back(s);
   struct Parts {
@@ -314,7 +318,9 @@ void Imatrix::save_dat(const std::string& path) const {
     put_i32((int32_t)kv->first.size());
     put(kv->first.data(), kv->first.size());
     const int64_t max_count = *std::max_element(e.counts.begin(), e.counts.end());
-    const int32_t ncall = (int32_t)((max_count + chunk_size_ - 1) / chunk_size_);
+    const int64_t calls = (max_count + chunk_size_ - 1) / chunk_size_;
+    if (calls > INT32_MAX) fail("{}: entry '{}' spans {} windows, more than the legacy format counts; save it as GGUF", path, kv->first, calls);
+    const int32_t ncall = (int32_t)calls;
     put_i32(ncall);
     put_i32((int32_t)e.sums.size());
     const size_t per_mat = e.sums.size() / e.counts.size();

@@ -163,6 +163,20 @@ TEST(ImatrixTest, CorruptFilesAreRefused) {
   EXPECT_EQ(a.entries().at("blk.0.attn_q.weight").counts[0], int64_t{1} << 53);
   const Imatrix b = Imatrix::load(dir + "/most.gguf");
   EXPECT_THROW(a.merge(b), Error);
+  // fuzz_imatrix: imatrix.chunk_size 0 divided by zero when saved as a legacy file; a chunk size of 1
+  // with 2^53 rows gave a negative int32 call count there. The first is corrupt, the second GGUF only.
+  md.set("imatrix.chunk_size", gguf::Value::u32(0));
+  gguf::write_gguf(dir + "/chunk0.gguf", md, {t, c});
+  expect_error(dir + "/chunk0.gguf", "chunk_size");
+  md.set("imatrix.chunk_size", gguf::Value::u32(1));
+  gguf::write_gguf(dir + "/chunk1.gguf", md, {t, c});
+  const Imatrix one = Imatrix::load(dir + "/chunk1.gguf");
+  try {
+    one.save(dir + "/chunk1.dat", ImatrixFormat::Dat);
+    ADD_FAILURE() << "2^53 windows were written as a legacy call count";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("save it as GGUF"), std::string::npos) << e.what();
+  }
 }
 
 // fuzz_imatrix: an imatrix whose entries hold no counts saved as a legacy file of no entries, which no
