@@ -243,6 +243,7 @@ Imatrix Imatrix::load_dat(const std::string& path, int chunk_size) {
     e.sums.assign((size_t)nval, 0.0);
     // ncall 0 (a file made by hand): the values are the means themselves, as llama-quantize reads them.
     e.counts.assign(1, (int64_t)std::max(ncall, 1) * chunk_size);
+    if (e.counts[0] > kMaxCount) fail("{}: corrupt imatrix: entry '{}' claims {} calls of {} rows", path, name, ncall, chunk_size);
     for (int32_t j = 0; j < nval; ++j) {
       const float v = in.get<float>("values");
       if (!std::isfinite(v) || v < 0) fail("{}: corrupt imatrix: entry '{}' holds {}", path, name, v);
