@@ -151,7 +151,9 @@ void add_metadata(gguf::Metadata& md, const std::string& tokenizer_json_path, in
   std::map<int64_t, Added> added;
   json added_by_content = json::object();
   for (const auto& a : tj.value("added_tokens", json::array())) {
-    const int64_t id = a.value("id", (int64_t)-1);
+    // Only an integer id counts: nlohmann's value() converts a float such as 1e70 to int64 (undefined).
+    const json id_value = a.is_object() ? a.value("id", json()) : json();
+    const int64_t id = id_value.is_number_integer() ? id_value.get<int64_t>() : -1;
     const std::string content = a.value("content", "");
     if (id < 0 || content.empty()) continue;
     added[id] = Added{content, a.value("special", false)};

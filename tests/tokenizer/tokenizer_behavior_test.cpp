@@ -211,6 +211,17 @@ TEST(TokenizerErrors, BadFilesGiveClearErrors) {
       EXPECT_NE(std::string(e.what()).find("not laid out as a Hugging Face tokenizer"), std::string::npos) << e.what();
     }
   }
+  {
+    // fuzz_tokenizer_files: an added token's id of 1e70 went through nlohmann's float-to-int64 conversion
+    // (undefined); only integer ids count, so that token is left out like one without an id.
+    std::ofstream(dir + "/tokenizer.json")
+        << R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": [], "byte_fallback": true},)"
+           R"( "added_tokens": [{"id": 1e70, "content": "<x>"}, {"id": 2, "content": "<y>"}]})";
+    auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
+    EXPECT_EQ(tok->n_vocab(), 3);
+    EXPECT_EQ(tok->find_token("<x>"), -1);
+    EXPECT_EQ(tok->find_token("<y>"), 2);
+  }
   gguf::Metadata md;
   EXPECT_THROW(Tokenizer::from_metadata(md), Error);
   md.set("tokenizer.ggml.model", gguf::Value::string("bert"));
