@@ -83,7 +83,7 @@ struct MoeSharedDown {
   const float* xn = nullptr;           // the block's normed rows [n_rows x n_embd]
 };
 bool moe_down_combine_fits(const DeviceWeight& down);
-// Q4_K experts of 1-4 super-blocks a row take the eight-row kernel (ROOFLINE_MOE_DOWN_SHORT=1): 1 or 0 here for
+// Q4_K experts of 1-4 super-blocks a row take the eight-row kernel (ROOFLINE_MOE_DOWN_SHORT=0: not): 1 or 0 here for
 // tests (gpu_moe_down_combine_for_test), -1 the environment's.
 extern int moe_down_short_for_test;
 bool moe_down_combine_takes_shared(const DeviceWeight& down, const DeviceWeight& shared_down, int k);
