@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace roofline {
 namespace {
@@ -48,11 +49,6 @@ bool looks_special(const std::string& t) {
     return t.size() >= a.size() + b.size() && t.compare(0, a.size(), a) == 0 && t.compare(t.size() - b.size(), b.size(), b) == 0;
   };
   return wrapped("<|", "|>") || wrapped("<｜", "｜>");
-}
-
-bool is_byte_token(const std::string& t) {
-  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit((unsigned char)t[3]) &&
-         std::isxdigit((unsigned char)t[4]);
 }
 
 // Walks a (possibly Sequence) pre_tokenizer, collecting Split regexes and ByteLevel's implied regex.
@@ -180,7 +176,7 @@ void add_metadata(gguf::Metadata& md, const std::string& tokenizer_json_path, in
     } else if (vi != by_id.end()) {
       tokens[i] = vi->second;
       types[i] = 1;
-      if (!byte_level && is_byte_token(vi->second)) types[i] = 6;
+      if (!byte_level && byte_token_value(vi->second) >= 0) types[i] = 6;
       if (!byte_level && vi->second == unk_text) types[i] = 2;
     } else {
       tokens[i] = "[PAD" + std::to_string(i) + "]";

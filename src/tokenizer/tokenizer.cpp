@@ -79,15 +79,13 @@ int hex_digit(char c) {
   return -1;
 }
 
-// The byte of a byte token's text "<0xHH>", or -1 when the text is not of that form (a file may type
-// any token as a byte token; such a token then stands for its text).
-int byte_token_value(const std::string& text) {
+}  // namespace
+
+int byte_token_value(std::string_view text) {
   if (text.size() != 6 || text.compare(0, 3, "<0x") != 0 || text[5] != '>') return -1;
   const int hi = hex_digit(text[3]), lo = hex_digit(text[4]);
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
-
-}  // namespace
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_file(const std::string& path) {
   gguf::Metadata md;

@@ -26,6 +26,10 @@ enum class VocabKind {
 
 class PreTokenizer;
 
+// The byte of a byte token's text "<0xHH>", or -1 when the text is not of that form (a file may type
+// any token as a byte token; such a token then stands for its text).
+int byte_token_value(std::string_view text);
+
 class Tokenizer {
  public:
   // From GGUF metadata; throws Error on missing/inconsistent keys or an unknown model/pre name.
