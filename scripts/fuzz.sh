@@ -8,13 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-fuzz
 dir="${FUZZ_DIR:-$build/corpus}"
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"  # absolute: fuzz_cli runs the commands in a folder of its own
 seconds="${FUZZ_SECONDS:-120}"  # not SECONDS: bash keeps its own (the shell's age) in that name
 command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ is needed (apt-get install clang)"; exit 2; }
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
       -DROOFLINE_LIBFUZZER=ON -DROOFLINE_TESTS=OFF > /dev/null
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(fuzz_gbnf fuzz_json_schema fuzz_jinja fuzz_tool_calls fuzz_safetensors fuzz_chat_request
-                                    fuzz_tokenize fuzz_vocab fuzz_tokenizer_files fuzz_model_file fuzz_generate fuzz_convert fuzz_imatrix)
+                                    fuzz_tokenize fuzz_vocab fuzz_tokenizer_files fuzz_model_file fuzz_generate fuzz_convert fuzz_imatrix fuzz_cli)
 ninja -C "$build" "${targets[@]}"
 python3 tests/fuzz/libfuzzer/seeds.py "$dir"  # also unpacks ../shared's tokenizers into $dir/tokenizers
 export ROOFLINE_FUZZ_TOKENIZERS="$dir/tokenizers"

@@ -83,6 +83,11 @@ int parse_args(CLI::App& app, const std::vector<std::string>& args) {
 
 int parse_args(CLI::App& app, int argc, char** argv) { return parse_args(app, normalize_llama_flags(argc, argv)); }
 
+std::vector<Command>& command_registry() {
+  static std::vector<Command> commands;
+  return commands;
+}
+
 int run_guarded(int (*body)(int, char**), int argc, char** argv) {
   try {
     return body(argc, argv);

@@ -14,11 +14,6 @@
 
 namespace roofline::cli {
 
-std::vector<Command>& command_registry() {
-  static std::vector<Command> commands;
-  return commands;
-}
-
 namespace {
 
 void print_help(FILE* out) {

@@ -2,6 +2,7 @@
 #include "engine/roofline_model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -69,7 +70,14 @@ double flops_per_token(const Model& model, double depth, bool with_output) {
   return 2.0 * (weights + attention + delta_rule);
 }
 
+namespace {
+std::atomic<size_t> host_probe_bytes_for_test{0};
+}  // namespace
+
+void set_host_read_probe_bytes_for_test(size_t bytes) { host_probe_bytes_for_test = bytes; }
+
 double measure_host_read_bandwidth(int n_threads, size_t bytes) {
+  if (const size_t b = host_probe_bytes_for_test.load(); b > 0) bytes = b;
   ThreadPool pool(n_threads);
   const size_t n = bytes / sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buffer(new uint64_t[n]);

@@ -31,5 +31,8 @@ double flops_per_token(const Model& model, double depth, bool with_output = true
 // Read bandwidth of host memory in GB/s (1e9 bytes/s): n_threads streaming over a buffer much larger
 // than the caches, best of a few passes.
 double measure_host_read_bandwidth(int n_threads, size_t bytes = size_t(1) << 30);
+// Tests and fuzz harnesses that run bench or plan in-process: probe this many bytes instead (0: as asked).
+// The figure is then the caches', not the memory's; it only keeps instrumented builds quick.
+void set_host_read_probe_bytes_for_test(size_t bytes);
 
 }  // namespace roofline

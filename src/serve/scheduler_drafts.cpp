@@ -9,7 +9,6 @@
 namespace roofline::serve {
 
 void Scheduler::draft_choices(int budget) {
-  SequenceMemory& mem = runner_.memory();
   const int server_n_max = options_.drafter->params().n_max;
   std::vector<Drafter::Job> jobs;
   std::vector<Choice*> owners;

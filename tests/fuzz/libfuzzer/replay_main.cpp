@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::filesystem::path> files;
   for (int i = 2; i < argc; ++i) {
-    const std::filesystem::path p(argv[i]);
+    const std::filesystem::path p = std::filesystem::absolute(argv[i]);  // a harness may change the directory (fuzz_cli)
     if (std::filesystem::is_directory(p)) {
       std::vector<std::filesystem::path> in_dir;
       for (const auto& f : std::filesystem::directory_iterator(p))

@@ -275,3 +275,32 @@ write("fuzz_imatrix", [
                ("blk.0.ffn_up_exps.weight.in_sum2", [2, 3], [1.0] * 6),
                ("blk.0.ffn_up_exps.weight.counts", [1, 3], [512.0, 0.0, 1024.0])]),
 ])
+
+
+# fuzz_cli: the first byte picks the command, then one argument a line; @m @o @t @j @i are the harness's files.
+cli_commands = ["plan", "bench", "inspect", "tokenize", "template", "synth", "quantize", "perplexity", "imatrix"]
+
+
+def cli(command, *args):
+    return bytes([cli_commands.index(command)]) + "\n".join(args).encode()
+
+
+write("fuzz_cli", [
+    cli("plan", "-m", "synthetic:qwen3-32b:Q4_K_M", "--gpu", "v100-32gb", "-c", "8192", "-np", "4", "-ctk", "q8_0"),
+    cli("plan", "-m", "synthetic:qwen3.5-27b:Q4_K_M", "--gpu", "t4", "--vram-limit", "12", "--json"),
+    cli("plan", "-m", "@m", "--gpu", "cpu", "--spec-type", "draft-mtp", "-b", "0"),
+    cli("bench", "-m", "@m", "-p", "8", "-n", "4", "-r", "1", "-npl", "1,3", "-o", "json"),
+    cli("bench", "-m", "synthetic:tiny-qwen35:Q4_K_M", "-p", "0", "-n", "2", "-d", "4", "-r", "1", "-b", "3", "-ub", "2"),
+    cli("inspect", "@m", "--json"),
+    cli("inspect", "synthetic:tiny-gemma3:Q8_0", "--max-array", "3"),
+    cli("tokenize", "-m", "@m", "-p", "Hello <|im_start|> world", "--ids"),
+    cli("tokenize", "-m", "@m", "-f", "@t", "--no-parse-special"),
+    cli("template", "-m", "@m", "--messages", "@j", "--add-generation-prompt", "--kwargs", '{"enable_thinking":false}'),
+    cli("synth", "tiny-llama:Q4_0", "-o", "@o", "--seed", "3", "-t", "1"),
+    cli("synth", "--list"),
+    cli("quantize", "@m", "@o", "Q4_K_M", "1"),
+    cli("quantize", "@m", "@o", "Q2_K", "--pure", "--output-tensor-type", "q8_0"),
+    cli("perplexity", "-m", "@m", "-f", "@t", "-c", "16", "-t", "1"),
+    cli("perplexity", "-m", "@m", "-f", "@t", "-c", "16", "--kl-divergence-base", "@o"),
+    cli("imatrix", "-m", "@m", "-f", "@t", "-c", "16", "-o", "@i"),
+])
