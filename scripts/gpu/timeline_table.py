@@ -16,7 +16,9 @@ A second table groups the same kernels by role: each product by the last two ker
 not products (gated_product > rms_norm: q/k/v, and the output matrix; attention_combine > rms_norm:
 gate/up; rope_store > attention_combine: o; rms_norm > gated_product: down), a product right after
 another marked as a second launch (a v of another kind than q and k).
-Usage: timeline_table.py TRACE.csv [GAP_US (default 15)] [SKIP (default 3)]
+REQUIRE (a regular expression) keeps only steps with a kernel whose kind matches it, e.g. mma_rows for the batched
+decode steps of `bench -npl` (whose one-token warm-up steps are otherwise the most frequent).
+Usage: timeline_table.py TRACE.csv [GAP_US (default 15)] [SKIP (default 3)] [REQUIRE]
 """
 import csv
 import re
@@ -62,6 +64,7 @@ def main():
         raise SystemExit(__doc__)
     gap_us = float(sys.argv[2]) if len(sys.argv) > 2 else 15.0
     skip = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    require = re.compile(sys.argv[4]) if len(sys.argv) > 4 else None
     with open(sys.argv[1], newline="") as f:
         rows = list(csv.reader(f))
     header = rows[0]
@@ -92,6 +95,8 @@ def main():
     if cur:
         steps.append(cur)
     # The steps of the common (most frequent) kernel count: decode steps of one token.
+    if require:
+        steps = steps[:skip] + [s for s in steps[skip:] if any(require.search(k[2]) for k in s)]
     counts = {}
     for s in steps[skip:]:
         if len(s) >= 20:  # a step's kernels, not a lone kernel between steps (uploads, probes)
@@ -110,7 +115,7 @@ def main():
             add = max(0.0, end - run_end)
             run_end = max(run_end, end)
             base = kind.split("<")[0].split(" [")[0].replace("_kernel", "")
-            product = base.startswith("matvec") or base.startswith("expert_matvec")
+            product = base.startswith(("matvec", "expert_matvec", "mma_rows", "int8_rows")) or "gemm" in base or "xmma" in base
             role = f"product after {context[0]} > {context[1]}" + (" (2nd launch)" if prev_product else "") if product else base
             if not product:
                 context = [context[1], base]

@@ -80,6 +80,12 @@ class Backend {
     (void)logits, (void)tokens;
     throw std::logic_error("this backend does not pick greedy tokens itself");
   }
+  // Backends whose logits land in host memory of their own (a GPU's pinned staging buffer) can hand that
+  // memory out instead of copying it: output() and output_argmax() then accept logits == nullptr, and
+  // host_logits() is where the rows are (as those calls would have written them), valid until the
+  // backend's next output. At 64 rows of a 152k vocabulary that copy is 39 MB a step.
+  virtual bool keeps_host_logits() const { return false; }
+  virtual const float* host_logits() const { return nullptr; }
 
   // Importance matrices: when set, called with the input rows of every matrix product of the held
   // layers and output (the activations a weight is multiplied with). `expert` is -1 for a plain

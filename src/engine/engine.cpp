@@ -327,12 +327,13 @@ void Engine::launch(const std::vector<BatchRow>& batch, const float* input) {
 
 const Engine::StepOutput& Engine::finish() {
   StepOutput& out = step_out_;
-  const bool packed = end_step(out.buffer, &out.argmax);
+  const float* rows = nullptr;
+  const bool packed = end_step(out.buffer, &out.argmax, &rows);
   const size_t n_vocab = (size_t)model_->hparams().n_vocab;
   out.logits.clear();
   size_t k = 0;
   for (const BatchRow& row : launched_)
-    if (row.want_logits) out.logits.push_back(packed && row.argmax_only ? nullptr : out.buffer.data() + n_vocab * k++);
+    if (row.want_logits) out.logits.push_back(packed && row.argmax_only ? nullptr : rows + n_vocab * k++);
   out.hidden.clear();
   out.hidden_buffer.swap(hidden_out_);
   const size_t n_embd = (size_t)model_->hparams().n_embd;
@@ -429,7 +430,7 @@ void Engine::start_step(const std::vector<BatchRow>& batch, bool allow_argmax, c
   in_step_ = true;
 }
 
-bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) {
+bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax, const float** view) {
   ROOFLINE_CHECK(in_step_, "finish() without a step in flight");
   in_step_ = false;
   const StepDesc& step = step_desc_;
@@ -439,6 +440,7 @@ bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) 
   hidden_out_.clear();
   if (step.tokens.empty()) {
     logits.clear();
+    if (view) *view = logits.data();
     return false;
   }
   Backend* out_backend = placement_.back().backend;
@@ -451,14 +453,17 @@ bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax) 
   size_t n_greedy = 0;
   for (uint8_t g : step.argmax_only) n_greedy += g;
   const bool device_argmax = argmax && n_greedy > 0 && out_backend->supports_output_argmax();
-  logits.resize((device_argmax ? n_logit - n_greedy : n_logit) * (size_t)n_vocab);
-  if (device_argmax) out_backend->output_argmax(logits.data(), argmax->data());
-  else out_backend->output(logits.data());
+  const bool in_place = view && out_backend->keeps_host_logits();
+  logits.resize(in_place ? 0 : (device_argmax ? n_logit - n_greedy : n_logit) * (size_t)n_vocab);
+  float* dst = in_place ? nullptr : logits.data();
+  if (device_argmax) out_backend->output_argmax(dst, argmax->data());
+  else out_backend->output(dst);
+  if (view) *view = in_place ? out_backend->host_logits() : logits.data();
   for (auto& [seq, n_new] : runs_) memory_->commit(seq, n_new);
   if (argmax && n_greedy > 0 && !device_argmax)
     for (size_t i = 0; i < n_logit; ++i)
       if (step.argmax_only[i]) {
-        const float* row = logits.data() + i * (size_t)n_vocab;
+        const float* row = (in_place ? out_backend->host_logits() : logits.data()) + i * (size_t)n_vocab;
         (*argmax)[i] = step.argmax_allowed[i] ? argmax_allowed(row, n_vocab, step.argmax_allowed[i]) : argmax_logits(row, n_vocab);
       }
   return device_argmax;

@@ -96,7 +96,8 @@ class Engine {
   struct StepOutput {
     std::vector<int32_t> argmax;       // per logit row: its greedy token if it asked for argmax_only, else -1
     std::vector<const float*> logits;  // per logit row: its n_vocab logits; nullptr where only the argmax came back
-    std::vector<float> buffer;         // holds the logits (reused from step to step)
+    std::vector<float> buffer;         // holds the logits (reused from step to step), unless the output backend
+                                       // keeps them in host memory of its own (a GPU's pinned buffer)
     std::vector<const float*> hidden;  // per row with want_hidden, in row order: its n_embd final hidden state
     std::vector<float> hidden_buffer;  // holds them
   };
@@ -105,6 +106,8 @@ class Engine {
   // zeroing of [rows x n_vocab] per step). With `input` ([rows x n_embd], host memory kept until the
   // step's output is read) the rows start from those hidden states instead of their tokens' embeddings
   // (the tokens then only say which rows they are): the MTP head's block (engine/mtp_drafter.h).
+  // The output is valid until the engine's next step(), finish(), decode() or eval(): its logits may be
+  // the GPU's pinned staging buffer, which each of them writes.
   const StepOutput& step(const std::vector<BatchRow>& batch, const float* input = nullptr);
   // step() in two halves, so the caller can work while a device computes: launch() checks the batch,
   // reserves its KV blocks and starts the forward pass (a GPU holding the output layer is left running
@@ -176,7 +179,9 @@ class Engine {
   // hidden states of want_hidden rows into hidden_out_. Returns
   // whether the logits are packed (the rows whose argmax the output backend picked are left out).
   void start_step(const std::vector<BatchRow>& batch, bool allow_argmax, const float* input = nullptr);
-  bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax);
+  // With `view`, a backend that keeps the logits in host memory of its own (Backend::keeps_host_logits) is
+  // not copied from: *view points there and `logits` is left empty; otherwise *view is logits.data().
+  bool end_step(std::vector<float>& logits, std::vector<int32_t>* argmax, const float** view = nullptr);
   std::vector<float> hidden_out_;  // the final hidden states of the last step's want_hidden rows
   std::vector<std::string> report_;   // startup lines about devices and placement
   bool f16_copies_kept_ = false;

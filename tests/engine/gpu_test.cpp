@@ -558,6 +558,43 @@ TEST(GpuEngineTest, DeviceArgmaxMatchesTheHostArgmax) {
   }
 }
 
+// step() hands out the logits where the GPU backend staged them (its pinned buffer, no copy into the
+// StepOutput): the same values as decode()'s copy, for steps of one row and of a batch, at every step.
+TEST(GpuEngineTest, StepLogitsAreTheStagedRowsWithoutACopy) {
+  SKIP_WITHOUT_GPU();
+  auto model = tiny("tiny-qwen3:Q4_K_M");
+  const int n_vocab = model->hparams().n_vocab;
+  EngineOptions o = all_on_gpu();
+  auto a = Engine::create(model, o), b = Engine::create(model, o);
+  for (int n_rows : {1, 12}) {
+    std::vector<int> sa, sb;
+    for (int i = 0; i < n_rows; ++i) {
+      sa.push_back(a->memory().create_sequence());
+      sb.push_back(b->memory().create_sequence());
+    }
+    const auto tokens = some_tokens(3 * n_rows, n_vocab);
+    for (int t = 0; t < 3; ++t) {
+      std::vector<Engine::BatchRow> rows_a, rows_b;
+      for (int i = 0; i < n_rows; ++i) {
+        rows_a.push_back({sa[i], tokens[(size_t)(t * n_rows + i)], true});
+        rows_b.push_back({sb[i], tokens[(size_t)(t * n_rows + i)], true});
+      }
+      const auto& out = a->step(rows_a);
+      EXPECT_TRUE(out.buffer.empty()) << "the logits were copied out of the staging buffer";
+      const auto ref = b->decode(rows_b);
+      ASSERT_EQ(out.logits.size(), (size_t)n_rows);
+      for (int i = 0; i < n_rows; ++i)
+        ASSERT_EQ(std::vector<float>(out.logits[i], out.logits[i] + n_vocab),
+                  std::vector<float>(ref.begin() + (ptrdiff_t)i * n_vocab, ref.begin() + (ptrdiff_t)(i + 1) * n_vocab))
+            << n_rows << " rows, step " << t << ", row " << i;
+    }
+    for (int i = 0; i < n_rows; ++i) {
+      a->memory().free_sequence(sa[i]);
+      b->memory().free_sequence(sb[i]);
+    }
+  }
+}
+
 // --vram-limit: -ngl auto fits under it, an explicit -ngl over it is refused with the numbers.
 TEST(GpuEngineTest, VramLimitCapsPlacement) {
   SKIP_WITHOUT_GPU();

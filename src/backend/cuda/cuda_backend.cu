@@ -370,7 +370,7 @@ void CudaBackend::output(float* logits) {
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(logits_host_, logits_, bytes, cudaMemcpyDeviceToHost, stream_));
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profiler_.collect(stream_);
-  std::memcpy(logits, logits_host_, bytes);
+  if (logits) std::memcpy(logits, logits_host_, bytes);
 }
 
 void CudaBackend::output_argmax(float* logits, int32_t* tokens) {
@@ -390,7 +390,7 @@ void CudaBackend::output_argmax(float* logits, int32_t* tokens) {
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profiler_.collect(stream_);
   for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
-  if (packed > 0) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
+  if (packed > 0 && logits) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);
 }
 
 void CudaBackend::output_hidden(float* hidden) {
