@@ -75,7 +75,7 @@ class CudaBackend final : public Backend {
   // copied back packed in row order.
   bool supports_output_argmax() const override { return true; }
   void output_argmax(float* logits, int32_t* tokens) override;
-  bool keeps_host_logits() const override { return logits_host_ != nullptr; }
+  bool keeps_host_logits() const override { return logits_host_ != nullptr && pinned_logits_on(); }
   const float* host_logits() const override { return logits_host_; }
 
   // Embeddings: the output norm of the step's hidden rows (gathered), copied back; no output matrix.

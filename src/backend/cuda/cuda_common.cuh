@@ -114,6 +114,9 @@ bool pdl_enabled();
 // An on/off switch from the environment: `name`=0 turns it off, =1 on, anything else (or unset) leaves
 // `default_on`. Callers read it once (a function-local static) and say its measured reason beside it.
 bool env_switch(const char* name, bool default_on);
+// Whether a step's logits are handed out where they were staged (the pinned buffer) instead of copied
+// (Backend::keeps_host_logits): on unless ROOFLINE_PINNED_LOGITS=0, for A/B measurements.
+bool pinned_logits_on();
 // The architecture the current device's kernels run as, 10 * major + minor: its compute capability, or
 // less where the binary only has code for an older one (a PTX-only build JIT-compiled by the driver).
 // Host code picks kernel forms by this, never by the device's capability alone.

@@ -65,6 +65,11 @@ bool env_switch(const char* name, bool default_on) {
   return default_on;
 }
 
+bool pinned_logits_on() {
+  static const bool on = env_switch("ROOFLINE_PINNED_LOGITS", true);
+  return on;
+}
+
 bool pdl_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("ROOFLINE_PDL");
