@@ -71,9 +71,6 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 // For tests: the batched products of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu) for 9-64 rows (1)
 // or never (0) whatever ROOFLINE_INT8_MMA says, or back to what it says (-1: never unless set).
 void gpu_use_int8_products_for_test(int mode);
-// For tests: the batched f16 products' K splits reduced by the CTAs of a cluster (1), by a reduction kernel (0),
-// or as ROOFLINE_MMA_CLUSTER says (-1; unset: clusters on sm_90 and newer).
-void gpu_use_cluster_reduce_for_test(int mode);
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to
 // max_sb super-blocks (0: never), or as ROOFLINE_MATVEC_PIPE says (-1; unset: launches of at most 4 CTAs a SM).
 void gpu_set_matvec_pipe_for_test(int64_t max_sb);

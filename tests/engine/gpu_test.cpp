@@ -220,42 +220,6 @@ TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
       for (int n : {9, 16, 33, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
 }
 
-// The batched products' K splits reduced by the CTAs of a cluster (sm_90) give the bits of the reduction
-// kernel: the same partial sums added in the same order. Joined launches with short row tiles, 9-64 tokens,
-// rows long enough to split K over 2-16 CTAs.
-TEST(GpuMatmulTest, ClusterReducedBatchedProductsGiveTheReductionKernelsBits) {
-  SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() {
-      gpu_use_int8_products_for_test(-1);
-      gpu_use_cluster_reduce_for_test(-1);
-    }
-  } restore;
-  gpu_use_int8_products_for_test(0);
-  Rng rng(13);
-  const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 300}}, {{DType::Q6_K, 150}}, {{DType::Q4_K, 2000}}};
-  for (const int64_t cols : {2560, 5120, 12288})
-    for (const auto& group : groups) {
-      std::vector<std::unique_ptr<test::RandomWeight>> ws;
-      for (const auto& [type, rows] : group) ws.push_back(std::make_unique<test::RandomWeight>(type, rows, cols, rng));
-      std::vector<Weight> views;
-      for (const auto& w : ws) views.push_back(w->weight());
-      std::vector<const Weight*> wp;
-      for (const Weight& v : views) wp.push_back(&v);
-      for (int n : {9, 16, 40, 64}) {
-        std::vector<float> x((size_t)(n * cols));
-        for (float& v : x) v = (float)rng.normal();
-        gpu_use_cluster_reduce_for_test(0);
-        const auto by_kernel = gpu_joined_products_for_test(wp, x, n);
-        gpu_use_cluster_reduce_for_test(1);
-        const auto by_cluster = gpu_joined_products_for_test(wp, x, n);
-        ASSERT_EQ(by_kernel.size(), by_cluster.size());
-        EXPECT_EQ(std::memcmp(by_kernel.data(), by_cluster.data(), by_kernel.size() * sizeof(float)), 0)
-            << dtype_name(group[0].first) << " x" << group.size() << ", cols " << cols << ", n=" << n;
-      }
-    }
-}
-
 // The int8 tensor-core form of the batched Q4_K products (ROOFLINE_INT8_MMA; forced on for 9-64 rows here): alone on
 // odd sizes and every token tile count, and joined as q/k/v and gate/up are, with K split over CTAs;
 // each product against its double reference. Activations are int8 with one step per 256 values, so

@@ -3,8 +3,6 @@
 // the choice of how many CTAs split each row's K, and the launch of the reduction of their partial sums.
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <climits>
 
@@ -73,54 +71,12 @@ __device__ __forceinline__ void store_mma_tiles(const float (&acc)[MT][NT][4], i
       }
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The same sums as store_mma_tiles' partial sums reduced by split_k_reduce_kernel, with K split over the
-// CTAs of a cluster (grid.y = cluster.y = n_splits) instead: each CTA leaves its warps' accumulators in its
-// own shared memory (`smem`, at least kMmaWarps * MT * NT * 4 * 32 floats, free once the copies have landed),
-// and split 0 adds split 0, 1, .. of each value from zero in that order, as the reduction kernel does, then
-// stores it. No partial sums go through global memory and no reduction kernel is launched.
-template <int MT, int NT>
-__device__ __forceinline__ void cluster_reduce_store(const float (&acc)[MT][NT][4], uint8_t* smem, int64_t row_base, int64_t rows, int n_tok,
-                                                     int g, int t, float* y, int ldy, bool accumulate, int split, int n_splits) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  constexpr int kPerLane = MT * NT * 4;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float* mine = reinterpret_cast<float*>(smem) + warp * kPerLane * 32 + lane;
-  __syncthreads();  // every warp is done with the stages this overwrites
-#pragma unroll
-  for (int m = 0; m < MT; ++m)
-#pragma unroll
-    for (int f = 0; f < NT; ++f)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) mine[((m * NT + f) * 4 + i) * 32] = acc[m][f][i];
-  cluster.sync();
-  if (split == 0) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int f = 0; f < NT; ++f)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t r = row_base + 16 * m + g + 8 * (i / 2);
-          const int tok = 8 * f + 2 * t + i % 2;
-          if (r >= rows || tok >= n_tok) continue;
-          float sum = 0;
-          for (int s = 0; s < n_splits; ++s) sum += cluster.map_shared_rank(mine, s)[((m * NT + f) * 4 + i) * 32];
-          float* dst = y + (int64_t)tok * ldy + r;
-          *dst = accumulate ? *dst + sum : sum;
-        }
-  }
-  cluster.sync();  // the other CTAs' shared memory stays until split 0 has read it
-}
-#endif
-
 struct MmaPlan {
   MmaMembers m{};
   int64_t tiles = 0, splits = 1;
 };
 inline MmaPlan plan_mma_launch(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, int n_tok, int rows_per_cta,
-                               int slots, size_t part_floats, int64_t split_cap = 32) {
+                               int slots, size_t part_floats) {
   MmaPlan p;
   p.m.count = count;
   int64_t rows = 0;
@@ -135,7 +91,7 @@ inline MmaPlan plan_mma_launch(const DeviceWeight* const* ws, float* const* ys, 
     weight_bytes += (double)ws[k]->rows * (double)ws[k]->row_bytes;
   }
   const int64_t n_sb = ws[0]->cols / 256;
-  const int64_t max_splits = std::min<int64_t>({n_sb, split_cap, (int64_t)(part_floats / ((size_t)n_tok * (size_t)rows))});
+  const int64_t max_splits = std::min<int64_t>({n_sb, 32, (int64_t)(part_floats / ((size_t)n_tok * (size_t)rows))});
   int64_t best_cost = INT64_MAX;
   for (int64_t sp = 1; sp <= max_splits; ++sp) {
     if (sp > 1 && 8.0 * n_tok * (double)rows * (double)sp > std::max(weight_bytes, 32e6)) break;

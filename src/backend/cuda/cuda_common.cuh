@@ -69,29 +69,6 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, c
   ROOFLINE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-// launch() with the grid's CTAs in clusters of `cluster` (sm_90: the CTAs of a cluster run at once, on one
-// GPU processing cluster, and read each other's shared memory). Clusters of more than 8 CTAs need the
-// kernel's cudaFuncAttributeNonPortableClusterSizeAllowed (at most 16 on an H100/H200).
-template <typename... KernelArgs, typename... Args>
-void launch_clustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl, dim3 cluster,
-                      Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster.x;
-  attr[0].val.clusterDim.y = cluster.y;
-  attr[0].val.clusterDim.z = cluster.z;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 2 : 1;
-  ROOFLINE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-
 // Called by every CTA of every kernel launched with `pdl_enabled()`, before it reads anything the previous
 // kernel wrote and before it exits: waits until the previous kernel has finished and its writes are
 // visible (PDL lets this kernel's CTAs start while that one drains), then lets the next kernel's CTAs

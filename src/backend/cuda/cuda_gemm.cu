@@ -375,8 +375,7 @@ constexpr bool mma_shared_x_fits() { return mma_min_ctas<T, NT, MT>() * (mma_sme
 // of each super-block are copied into shared memory once per CTA (cp.async, with the weights of the same
 // stage) and every warp reads them there; otherwise each warp reads them through L1 (at 64 tokens the
 // CTA's four warps then pull ~4x the weight bytes in activations from the L2).
-// CL: the K splits are the CTAs of a cluster and reduce through shared memory (cluster_reduce_store).
-template <DType T, int NT, int MT, bool SX, bool CL = false>
+template <DType T, int NT, int MT, bool SX>
 __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                          int64_t row_tile, int split, int n_splits) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
@@ -466,22 +465,14 @@ __device__ __forceinline__ void mma_rows(const DeviceWeight& w, const __half* x,
       }
     }
   }
-  if constexpr (CL) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    static_assert(mma_smem_bytes<T, NT, MT, SX>() >= kMmaWarps * MT * NT * 4 * 32 * 4, "the cluster reduction reuses the stages");
-    copy_async_wait<0>();  // the empty groups past the end: nothing lands in the stages after this
-    cluster_reduce_store<MT, NT>(acc, smem, row_base, w.rows, n_tok, g, t, y, ldy, accumulate, split, n_splits);
-    return;
-#endif
-  }
   store_mma_tiles<MT, NT>(acc, row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part, split, n_splits);
 }
 
-template <DType T, int NT, int MT, bool SX, bool CL = false>
+template <DType T, int NT, int MT, bool SX>
 __global__ void __launch_bounds__(kMmaThreads, (mma_min_ctas<T, NT, MT>())) mma_rows_kernel(MmaMembers m, const __half* x, int n_tok,
                                                                                           bool accumulate, float* part) {
   const MmaMember k = mma_member(m, blockIdx.x);
-  mma_rows<T, NT, MT, SX, CL>(k.w, x, n_tok, k.y, k.ldy, accumulate, part + k.part_off, blockIdx.x - k.tile0, blockIdx.y, gridDim.y);
+  mma_rows<T, NT, MT, SX>(k.w, x, n_tok, k.y, k.ldy, accumulate, part + k.part_off, blockIdx.x - k.tile0, blockIdx.y, gridDim.y);
 }
 
 // Expert products grouped by expert (mma_experts): CTA (x, y) takes row tile x of the expert of token
@@ -559,39 +550,14 @@ bool mma_shared_x_on() {
   return on;
 }
 
-// K splits reduced inside the launch, by the CTAs of a cluster (sm_90; ROOFLINE_MMA_CLUSTER=0 turns it off):
-// a qwen3-32b 16-row step spent 9.9% of its time in split_k_reduce_kernel launches (H200 timeline,
-// docs/performance.md). The sums and their order are the reduction kernel's, so the bits are the same.
-constexpr int kMaxClusterSplits = 16;  // a non-portable cluster size, which sm_90 allows
-int cluster_reduce_mode_for_test = -1;  // -1: the environment decides
-bool mma_cluster_reduce_on() {
-  static const bool env = env_switch("ROOFLINE_MMA_CLUSTER", true);
-  return code_arch() >= 90 && (cluster_reduce_mode_for_test < 0 ? env : cluster_reduce_mode_for_test > 0);
-}
-
 template <DType T, int NT, int MT, bool SX>
 void launch_mma_rows_nt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const __half* x, int n_tok,
                         bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   constexpr int smem = mma_smem_bytes<T, NT, MT, SX>();
   const int slots = smem_set_once<mma_rows_kernel<T, NT, MT, SX>>(smem, kMmaThreads);
-  const bool cluster = mma_cluster_reduce_on();
-  // At most the splits a cluster holds either way, so the switch leaves the sums and their order as they are.
-  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kMmaWarps * 16 * MT, slots, part_floats, kMaxClusterSplits);
-  const dim3 grid((unsigned)plan.tiles, (unsigned)plan.splits);
-  if (cluster && plan.splits > 1) {
-    static bool ready[64] = {};  // the kernel's attributes, set once on each device (as smem_set_once's)
-    int dev = 0;
-    ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
-    if (!ready[dev & 63]) {
-      smem_set_once<mma_rows_kernel<T, NT, MT, SX, true>>(smem, kMmaThreads);
-      ROOFLINE_CUDA_CHECK(cudaFuncSetAttribute(mma_rows_kernel<T, NT, MT, SX, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      ready[dev & 63] = true;
-    }
-    launch_clustered(mma_rows_kernel<T, NT, MT, SX, true>, grid, dim3(kMmaThreads), smem, stream, pdl_enabled(), dim3(1, grid.y, 1), plan.m, x,
-                     n_tok, accumulate, part);
-    return;
-  }
-  launch(mma_rows_kernel<T, NT, MT, SX>, grid, dim3(kMmaThreads), smem, stream, pdl_enabled(), plan.m, x, n_tok, accumulate, part);
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kMmaWarps * 16 * MT, slots, part_floats);
+  launch(mma_rows_kernel<T, NT, MT, SX>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(kMmaThreads), smem, stream, pdl_enabled(),
+         plan.m, x, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
 
@@ -829,6 +795,5 @@ namespace roofline {
 
 int64_t gpu_f16_copy_gemm_calls_for_test() { return cuda::f16_copy_gemm_calls.load(); }
 void gpu_set_f16_copy_min_rows_for_test(int rows) { cuda::f16_copy_min_rows_for_test = rows > 0 ? std::max(9, rows) : 0; }
-void gpu_use_cluster_reduce_for_test(int mode) { cuda::cluster_reduce_mode_for_test = mode; }
 
 }  // namespace roofline
