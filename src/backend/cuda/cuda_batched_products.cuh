@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_kernels.cuh"
 
@@ -91,7 +92,13 @@ inline MmaPlan plan_mma_launch(const DeviceWeight* const* ws, float* const* ys, 
     weight_bytes += (double)ws[k]->rows * (double)ws[k]->row_bytes;
   }
   const int64_t n_sb = ws[0]->cols / 256;
-  const int64_t max_splits = std::min<int64_t>({n_sb, 32, (int64_t)(part_floats / ((size_t)n_tok * (size_t)rows))});
+  // ROOFLINE_MMA_MAX_SPLITS (1-32, default 32) caps the splits: an A/B of the reductions' cost, which the count
+  // below leaves out.
+  static const int64_t cap = [] {
+    const char* e = std::getenv("ROOFLINE_MMA_MAX_SPLITS");
+    return e ? std::clamp<int64_t>(std::atoi(e), 1, 32) : 32;
+  }();
+  const int64_t max_splits = std::min<int64_t>({n_sb, cap, (int64_t)(part_floats / ((size_t)n_tok * (size_t)rows))});
   int64_t best_cost = INT64_MAX;
   for (int64_t sp = 1; sp <= max_splits; ++sp) {
     if (sp > 1 && 8.0 * n_tok * (double)rows * (double)sp > std::max(weight_bytes, 32e6)) break;
