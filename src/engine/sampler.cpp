@@ -103,27 +103,50 @@ Sampler::Sampler(const SamplingParams& params, int n_vocab) : params_(params), n
 
 SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& history) {
   // Greedy without bias or penalties: the argmax of the row as it is (no copy of the vocabulary).
-  if (params_.temperature <= 0 && !penalties_apply(params_, history)) return {argmax_logits(logits, n_vocab_), 1.0f};
-  adjusted_.assign(logits, logits + n_vocab_);
-  apply_penalties(adjusted_, params_, history);
+  const bool penalties = penalties_apply(params_, history);
+  if (params_.temperature <= 0 && !penalties) return {argmax_logits(logits, n_vocab_), 1.0f};
+  const float* row = logits;  // the logits the chain sees: copied only where penalties change them
+  if (penalties) {
+    adjusted_.assign(logits, logits + n_vocab_);
+    apply_penalties(adjusted_, params_, history);
+    row = adjusted_.data();
+  }
 
-  if (params_.temperature <= 0) return {argmax_logits(adjusted_.data(), n_vocab_), 1.0f};
+  if (params_.temperature <= 0) return {argmax_logits(row, n_vocab_), 1.0f};
 
   // Candidates sorted by logit (descending), ties by token id.
-  candidates_.clear();
-  for (int32_t i = 0; i < n_vocab_; ++i)
-    if (adjusted_[i] > -std::numeric_limits<float>::infinity()) candidates_.push_back({adjusted_[i], i});
-  if (candidates_.empty()) return {0, 0.0f};
   auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;
   };
-  size_t n = candidates_.size();
-  if (params_.top_k > 0 && (size_t)params_.top_k < n) {
-    std::partial_sort(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(), better);
-    n = (size_t)params_.top_k;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  candidates_.clear();
+  size_t n = 0;
+  if (params_.top_k > 0 && params_.top_k < n_vocab_) {
+    // The top k in one pass (a server samples 64 rows of a 152k vocabulary a step; building and partially
+    // sorting every candidate took ~0.4 ms a row): a heap whose front is the worst kept. Ids come in
+    // ascending order, so a logit equal to the worst kept one is never better than it.
+    const size_t k = (size_t)params_.top_k;
+    for (int32_t i = 0; i < n_vocab_; ++i) {
+      const float v = row[i];
+      if (!(v > kNegInf)) continue;
+      if (candidates_.size() < k) {
+        candidates_.push_back({v, i});
+        std::push_heap(candidates_.begin(), candidates_.end(), better);
+      } else if (v > candidates_.front().first) {
+        std::pop_heap(candidates_.begin(), candidates_.end(), better);
+        candidates_.back() = {v, i};
+        std::push_heap(candidates_.begin(), candidates_.end(), better);
+      }
+    }
+    std::sort_heap(candidates_.begin(), candidates_.end(), better);
+    n = candidates_.size();
   } else {
+    for (int32_t i = 0; i < n_vocab_; ++i)
+      if (row[i] > kNegInf) candidates_.push_back({row[i], i});
     std::sort(candidates_.begin(), candidates_.end(), better);
+    n = candidates_.size();
   }
+  if (n == 0) return {0, 0.0f};
   // Softmax at temperature 1 for typical, top-p and min-p (llama.cpp applies temperature last).
   std::vector<double> prob(n);
   double mx = candidates_[0].first;

@@ -2,8 +2,10 @@
 // determinism for a seed; the draw's frequencies follow the softmax.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "core/error.h"
 #include "engine/sampler.h"
@@ -12,6 +14,46 @@ using namespace roofline;
 
 namespace {
 std::vector<float> logits_of(std::initializer_list<float> l) { return std::vector<float>(l); }
+
+// The chain written plainly (no penalties, no typical-p): every finite logit a candidate, the whole list
+// sorted (logit descending, then id), cut to top-k, then top-p and min-p on the softmax of what is left,
+// and the draw at the temperature with the sampler's generator and seed.
+SampledToken reference_sample(const std::vector<float>& l, const SamplingParams& p) {
+  std::vector<std::pair<float, int32_t>> c;
+  for (int32_t i = 0; i < (int32_t)l.size(); ++i)
+    if (l[i] > -std::numeric_limits<float>::infinity()) c.push_back({l[i], i});
+  if (c.empty()) return {0, 0.0f};
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  if (p.top_k > 0 && (size_t)p.top_k < c.size()) c.resize((size_t)p.top_k);
+  const double mx = c[0].first;
+  std::vector<double> prob;
+  double sum = 0;
+  for (const auto& x : c) sum += prob.emplace_back(std::exp((double)x.first - mx));
+  for (double& v : prob) v /= sum;
+  size_t n = c.size();
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    for (size_t i = 0; i < n; ++i)
+      if ((cum += prob[i]) >= p.top_p) {
+        n = i + 1;
+        break;
+      }
+  }
+  if (p.min_p > 0.0f) {
+    size_t keep = 1;
+    while (keep < n && prob[keep] >= prob[0] * p.min_p) ++keep;
+    n = keep;
+  }
+  std::vector<double> w(n);
+  double wsum = 0;
+  for (size_t i = 0; i < n; ++i) wsum += w[i] = std::exp(((double)c[i].first - mx) / p.temperature);
+  std::mt19937_64 rng(p.seed);
+  const double u = std::uniform_real_distribution<double>(0.0, wsum)(rng);
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (u < (cum += w[i])) return {c[i].second, (float)(w[i] / wsum)};
+  return {c[n - 1].second, (float)(w[n - 1] / wsum)};
+}
 }  // namespace
 
 TEST(SamplerTest, GreedyAndTies) {
@@ -121,6 +163,30 @@ TEST(SamplerTest, TruncationsLeaveOnlyTheTop) {
     p.min_p = 0.5f;  // keeps tokens with p >= 0.5 * p_max: ids 1 and 2
     const int m = Sampler(p, 5).sample(l.data(), {}).token;
     EXPECT_TRUE(m == 1 || m == 2);
+  }
+}
+
+// The sampler's one-pass top-k gives the plain chain's token and probability: rows with ties, -inf and NaN
+// logits, k below, at and above the finite count, with and without top-p and min-p, many seeds.
+TEST(SamplerTest, TopKInOnePassMatchesTheSortedChain) {
+  std::mt19937 g(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n_vocab = 1 + (int)(g() % 3000);
+    std::vector<float> l((size_t)n_vocab);
+    for (float& v : l) v = (float)(g() % 64) / 8.0f - 4.0f;  // coarse values: many ties
+    for (int i = 0; i < n_vocab / 10; ++i) l[g() % (uint32_t)n_vocab] = -std::numeric_limits<float>::infinity();
+    if (trial % 7 == 0) l[g() % (uint32_t)n_vocab] = std::nanf("");
+    SamplingParams p;
+    const int ks[] = {1, 2, 40, n_vocab - 1, n_vocab, n_vocab + 5};
+    p.top_k = ks[trial % 6];
+    p.top_p = trial % 3 == 0 ? 1.0f : 0.9f;
+    p.min_p = trial % 4 == 0 ? 0.0f : 0.05f;
+    p.temperature = 0.5f + (float)(trial % 5) * 0.3f;
+    p.seed = 1000 + (uint64_t)trial;
+    Sampler s(p, n_vocab);
+    const SampledToken got = s.sample(l.data(), {}), want = reference_sample(l, p);
+    ASSERT_EQ(got.token, want.token) << "trial " << trial << ", vocab " << n_vocab << ", top_k " << p.top_k;
+    ASSERT_EQ(got.probability, want.probability) << "trial " << trial;
   }
 }
 
