@@ -236,7 +236,7 @@ class Scheduler {
   // recurrent target goes back to its state before the verification step (SequenceMemory::roll_back).
   int replay_rows(const Choice& c);
   void complete_step();                    // waits for the step in flight and picks its tokens
-  void presample_constrained_rows(const StepOutput& out);
+  void presample_rows(const StepOutput& out);
   void fail_all(const std::string& message);
   bool step_once();                           // step() without the guard
   void recover(const std::exception& e);      // something in step_once() threw
@@ -293,7 +293,7 @@ class Scheduler {
   // The automata of recent grammars, shared by a request's choices and kept for the next requests.
   std::unique_ptr<AutomatonCache> automata_;
   std::vector<float> masked_logits_;  // constrained decoding's scratch row
-  std::unique_ptr<ThreadPool> sample_pool_;  // the step's constrained rows sampled in parallel
+  std::unique_ptr<ThreadPool> sample_pool_;  // the step's sampled rows drawn in parallel (presample_rows)
 };
 
 }  // namespace roofline::serve

@@ -20,7 +20,7 @@ struct Scheduler::Choice {
   int seq = -1;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
-  int32_t presampled = kNotSampled;  // its next token, when the step's constrained rows were sampled together
+  int32_t presampled = kNotSampled;  // its next token, when the step's sampled rows were drawn together
   std::vector<uint64_t> allowed;  // the grammar's mask for the row in flight (a greedy constrained choice)
   std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
   int32_t pending = -1;

@@ -4,6 +4,8 @@
 // stop strings across tokens, logprobs, step failures.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -139,6 +141,42 @@ TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
     if (want >= 1 && step.size() > (size_t)want + 1) mixed = true;
   }
   EXPECT_TRUE(mixed);
+}
+
+// Seeded sampling (top-k, top-p, min-p, a repeat penalty on some): a request's tokens under load, where the
+// step's sampled rows are drawn together on the sampling pool (presample_rows), are its tokens alone.
+TEST(SchedulerTest, SeededSamplingAloneEqualsSamplingUnderLoad) {
+  auto sampled = [](int i) {
+    GenParams p = greedy(prompt_of(3 + i * 5, i), 12, "s" + std::to_string(i));
+    p.sampling.temperature = 0.7f + 0.1f * (float)(i % 3);
+    p.sampling.top_k = i % 2 ? 40 : 0;
+    p.sampling.top_p = 0.95f;
+    p.sampling.min_p = i % 3 ? 0.05f : 0.0f;
+    if (i % 4 == 1) p.sampling.repeat_penalty = 1.2f;
+    p.sampling.seed = 100 + (uint64_t)i;
+    return p;
+  };
+  std::vector<std::vector<int32_t>> alone;
+  const int n = 9;
+  for (int i = 0; i < n; ++i) {
+    FakeRunner runner;
+    FakeText text;
+    Scheduler s(runner, text, {});
+    auto r = s.submit(sampled(i));
+    alone.push_back(run_all(s, {r}, {1})[0].tokens[0]);
+  }
+  FakeRunner runner(64, 128, 8, 16);
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = 8;
+  o.queue_size = 16;
+  Scheduler s(runner, text, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) reqs.push_back(s.submit(sampled(i)));
+  auto out = run_all(s, reqs, std::vector<int>(n, 1));
+  for (int i = 0; i < n; ++i) EXPECT_EQ(out[i].tokens[0], alone[i]) << "request " << i;
+  std::set<std::vector<int32_t>> distinct(alone.begin(), alone.end());
+  EXPECT_GT(distinct.size(), 1u);
 }
 
 TEST(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
