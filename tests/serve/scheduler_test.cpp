@@ -1,15 +1,14 @@
 // The scheduler on a fake backend (scripted logits, a real KV cache): greedy output alone equals
 // output under load, chunked prefill interleaves with decode rows, decode fairness, admission by KV
 // blocks, queue full -> 503, never fits -> 400, cancel, KV accounting, prefix reuse, n > 1 forks,
-// stop strings across tokens, logprobs, step failures.
+// stop strings across tokens, logprobs, step failures; seeded sampling alone equals sampling under load.
 #include <gtest/gtest.h>
-
-#include <set>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "fake_runner.h"
@@ -92,6 +91,31 @@ std::vector<int32_t> prompt_of(int n, int salt) {
   return t;
 }
 
+// The tokens of request i (params(i)) run alone on a fresh scheduler, for i < n.
+std::vector<std::vector<int32_t>> tokens_alone(const std::function<GenParams(int)>& params, int n) {
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < n; ++i) {
+    FakeRunner runner;
+    FakeText text;
+    Scheduler s(runner, text, {});
+    auto r = s.submit(params(i));
+    alone.push_back(run_all(s, {r}, {1})[0].tokens[0]);
+  }
+  return alone;
+}
+
+// The n requests submitted at once to a scheduler of `slots` slots on `runner`; their outcomes.
+std::vector<Outcome> run_together(FakeRunner& runner, int slots, const std::function<GenParams(int)>& params, int n) {
+  FakeText text;
+  SchedulerOptions o;
+  o.n_slots = slots;
+  o.queue_size = 16;
+  Scheduler s(runner, text, o);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) reqs.push_back(s.submit(params(i)));
+  return run_all(s, reqs, std::vector<int>(n, 1));
+}
+
 }  // namespace
 
 TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
@@ -112,25 +136,12 @@ TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
 }
 
 TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
-  std::vector<std::vector<int32_t>> alone;
   const int n = 9;
-  for (int i = 0; i < n; ++i) {
-    FakeRunner runner;
-    FakeText text;
-    Scheduler s(runner, text, {});
-    auto r = s.submit(greedy(prompt_of(3 + i * 5, i), 12));
-    alone.push_back(run_all(s, {r}, {1})[0].tokens[0]);
-  }
+  auto params = [](int i) { return greedy(prompt_of(3 + i * 5, i), 12); };
+  const auto alone = tokens_alone(params, n);
   // All together: 4 slots, small batch so prompts are chunked and requests queue.
   FakeRunner runner(64, 128, 4, 8);
-  FakeText text;
-  SchedulerOptions o;
-  o.n_slots = 4;
-  o.queue_size = 16;
-  Scheduler s(runner, text, o);
-  std::vector<std::shared_ptr<Request>> reqs;
-  for (int i = 0; i < n; ++i) reqs.push_back(s.submit(greedy(prompt_of(3 + i * 5, i), 12)));
-  auto out = run_all(s, reqs, std::vector<int>(n, 1));
+  const auto out = run_together(runner, 4, params, n);
   for (int i = 0; i < n; ++i) EXPECT_EQ(out[i].tokens[0], alone[i]) << "request " << i;
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   // Steps mixed prefill chunks with decode rows of other sequences.
@@ -156,24 +167,10 @@ TEST(SchedulerTest, SeededSamplingAloneEqualsSamplingUnderLoad) {
     p.sampling.seed = 100 + (uint64_t)i;
     return p;
   };
-  std::vector<std::vector<int32_t>> alone;
   const int n = 9;
-  for (int i = 0; i < n; ++i) {
-    FakeRunner runner;
-    FakeText text;
-    Scheduler s(runner, text, {});
-    auto r = s.submit(sampled(i));
-    alone.push_back(run_all(s, {r}, {1})[0].tokens[0]);
-  }
+  const auto alone = tokens_alone(sampled, n);
   FakeRunner runner(64, 128, 8, 16);
-  FakeText text;
-  SchedulerOptions o;
-  o.n_slots = 8;
-  o.queue_size = 16;
-  Scheduler s(runner, text, o);
-  std::vector<std::shared_ptr<Request>> reqs;
-  for (int i = 0; i < n; ++i) reqs.push_back(s.submit(sampled(i)));
-  auto out = run_all(s, reqs, std::vector<int>(n, 1));
+  const auto out = run_together(runner, 8, sampled, n);
   for (int i = 0; i < n; ++i) EXPECT_EQ(out[i].tokens[0], alone[i]) << "request " << i;
   std::set<std::vector<int32_t>> distinct(alone.begin(), alone.end());
   EXPECT_GT(distinct.size(), 1u);
