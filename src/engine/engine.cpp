@@ -458,12 +458,13 @@ bool Engine::end_step(std::vector<float>& logits, std::vector<int32_t>* argmax, 
   float* dst = in_place ? nullptr : logits.data();
   if (device_argmax) out_backend->output_argmax(dst, argmax->data());
   else out_backend->output(dst);
-  if (view) *view = in_place ? out_backend->host_logits() : logits.data();
+  const float* rows = in_place ? out_backend->host_logits() : logits.data();
+  if (view) *view = rows;
   for (auto& [seq, n_new] : runs_) memory_->commit(seq, n_new);
   if (argmax && n_greedy > 0 && !device_argmax)
     for (size_t i = 0; i < n_logit; ++i)
       if (step.argmax_only[i]) {
-        const float* row = (in_place ? out_backend->host_logits() : logits.data()) + i * (size_t)n_vocab;
+        const float* row = rows + i * (size_t)n_vocab;
         (*argmax)[i] = step.argmax_allowed[i] ? argmax_allowed(row, n_vocab, step.argmax_allowed[i]) : argmax_logits(row, n_vocab);
       }
   return device_argmax;

@@ -120,7 +120,6 @@ SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& hi
   };
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   candidates_.clear();
-  size_t n = 0;
   if (params_.top_k > 0 && params_.top_k < n_vocab_) {
     // The top k in one pass (a server samples 64 rows of a 152k vocabulary a step; building and partially
     // sorting every candidate took ~0.4 ms a row): a heap whose front is the worst kept. Ids come in
@@ -139,13 +138,12 @@ SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& hi
       }
     }
     std::sort_heap(candidates_.begin(), candidates_.end(), better);
-    n = candidates_.size();
   } else {
     for (int32_t i = 0; i < n_vocab_; ++i)
       if (row[i] > kNegInf) candidates_.push_back({row[i], i});
     std::sort(candidates_.begin(), candidates_.end(), better);
-    n = candidates_.size();
   }
+  size_t n = candidates_.size();
   if (n == 0) return {0, 0.0f};
   // Softmax at temperature 1 for typical, top-p and min-p (llama.cpp applies temperature last).
   std::vector<double> prob(n);

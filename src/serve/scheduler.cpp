@@ -638,7 +638,7 @@ void Scheduler::presample_rows(const StepOutput& out) {
       plain_logits.push_back(out.logits[r]);
     }
   }
-  if (rows.size() + plain.size() < 2) return;
+  if (rows.size() < 2 && plain.size() < 2) return;  // one row of a kind is drawn in take_token
   if (!sample_pool_) sample_pool_ = std::make_unique<ThreadPool>(std::min(8, ThreadPool::default_thread_count()));
   if (rows.size() >= 2) {
     sample_rows_with_grammar(rows, vocab(), sample_pool_.get());
