@@ -230,6 +230,7 @@ BENCHMARK_CAPTURE(BM_Matmul, Q4_0, DType::Q4_0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, Q3_K, DType::Q3_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, Q2_K, DType::Q2_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, IQ4_NL, DType::IQ4_NL)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, F32, DType::F32)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, F16, DType::F16)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, BF16, DType::BF16)->Apply(Args);
 BENCHMARK_CAPTURE(BM_MatmulPacked, Q4_K, DType::Q4_K)->Apply(Args);

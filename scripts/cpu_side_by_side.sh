@@ -33,11 +33,11 @@ for shape in $shapes; do
     echo "== $shape $mix"
     for round in $(seq "$r"); do
       # roofline's table: test in column 10, t/s in 11; llama-bench's: test in 7, t/s in 8.
-      "$rl" bench -m "$f" -p "$p" -n "$n" -r 1 -t "$t" -ngl 0 2>/dev/null | grep -E "^\| (qwen|llama)" |
+      "$rl" bench -m "$f" -p "$p" -n "$n" -r 1 -t "$t" -ngl 0 2>/dev/null | grep -E "^\| (qwen|llama|gemma)" |
         tee /dev/stderr | awk -F'|' -v k="$shape $mix" '{gsub(/ /, "", $10); split($11, v, " "); print k "|" $10 "|roofline|" v[1]}' >> "$results"
-      "$lb" -m "$f" -p "$p" -n "$n" -r 1 -t "$t" -ngl 0 2>/dev/null | grep -E "^\| (qwen|llama)" |
+      "$lb" -m "$f" -p "$p" -n "$n" -r 1 -t "$t" -ngl 0 2>/dev/null | grep -E "^\| (qwen|llama|gemma)" |
         tee /dev/stderr | awk -F'|' -v k="$shape $mix" '{gsub(/ /, "", $7); split($8, v, " "); print k "|" $7 "|llama.cpp|" v[1]}' >> "$results"
-    done 2>&1 | sed -E 's/^\| (qwen|llama)/  &/'
+    done 2>&1 | sed -E 's/^\| (qwen|llama|gemma)/  &/'
   done
 done
 echo

@@ -192,6 +192,9 @@ TEST(MoeTest, GroupedExpertProductsMatchAPerRowReference) {
     std::vector<float> alone((size_t)c.n_embd);
     moe.forward(Weight{&tr}, views, hp, x.data() + (size_t)(c.n_rows - 1) * c.n_embd, 1, alone.data(), pool);
     EXPECT_EQ(0, std::memcmp(alone.data(), out.data() + (size_t)(c.n_rows - 1) * c.n_embd, alone.size() * 4));
+    // What the profile counts: the router and the k experts the row chose, each once.
+    const double expert_bytes = (double)(tg.n_bytes + tu.n_bytes + td.n_bytes) / c.n_expert;
+    EXPECT_DOUBLE_EQ(moe.weight_bytes_read(), (double)tr.n_bytes + c.k * expert_bytes);
 
     // The same through packed copies of the experts (the types with packed kernels on this CPU): as close to
     // the reference, and the last row alone gives the same bits.

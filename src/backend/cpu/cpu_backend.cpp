@@ -353,6 +353,7 @@ void CpuBackend::moe_ffn_block(const LayerWeights& L, const LayerData& d) {
   observe(L[LT::FfnGateInp], xn_.data(), n);
   profiler_.mark("moe experts");
   moe_.forward(L[LT::FfnGateInp], d.experts, hp, xn_.data(), n, moe_out_.data(), pool_, &observer_, &packed_);
+  profiler_.add_bytes(moe_.weight_bytes_read());
   if (hp.n_ff_shexp > 0) {
     const Weight &w_gate = L[LT::FfnGateShexp], &w_up = L[LT::FfnUpShexp], &w_down = L[LT::FfnDownShexp];
     observe(w_gate, xn_.data(), n);
@@ -448,7 +449,8 @@ void CpuBackend::delta_net_block(const LayerWeights& L, LayerData& d) {
   products_of_one_input("delta net qkv+z+alpha+beta",
                         {{&w_qkv, dn_qkv_.data()}, {&w_z, dn_z_.data()}, {&w_alpha, dn_alpha_.data()}, {&w_beta, dn_beta_.data()}},
                         xn_.data(), n, hp.n_embd);
-  profiler_.mark("delta net");
+  // Each sequence's delta-rule state is read and written once (counted as the CUDA backend's profile does).
+  profiler_.mark("delta net", 8.0 * (double)dn.ssm_state_floats() * (double)step_.sequences.size());
   std::vector<DeltaNetSeq> seqs;
   seqs.reserve(step_.sequences.size());
   for (const StepSequence& s : step_.sequences)

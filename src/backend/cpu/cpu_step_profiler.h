@@ -32,6 +32,10 @@ class CpuStepProfiler {
   void mark(const char* op, double bytes = 0) {
     if (enabled_) marks_.push_back({op, bytes, Clock::now()});
   }
+  // The op marked last read `bytes` more than its mark said (an op that learns its bytes as it runs).
+  void add_bytes(double bytes) {
+    if (enabled_ && !marks_.empty()) marks_.back().bytes += bytes;
+  }
   // The last op marked ends now: the ops' times join the totals of the step.
   void end_ops() {
     if (enabled_) end_ops_now();

@@ -88,6 +88,9 @@ void MoeExperts::forward(const Weight& router, const ExpertViews& experts, const
     n_gathered += (int)chosen_by[(size_t)e].size();
   }
   const size_t n_used = used.size();
+  weight_bytes_read_ = (double)router.tensor->n_bytes;
+  for (const int e : used)
+    weight_bytes_read_ += (double)(experts.gate[(size_t)e].n_bytes + experts.up[(size_t)e].n_bytes + experts.down[(size_t)e].n_bytes);
   if (in_gate_.size() < n_used) {
     in_gate_.resize(n_used);
     in_up_.resize(n_used);

@@ -44,10 +44,14 @@ class MoeExperts {
   // The routing of the last forward: [n x n_expert_used] expert ids and weights.
   const std::vector<int32_t>& ids() const { return ids_; }
   const std::vector<float>& weights() const { return weights_; }
+  // Bytes of weights the last forward read: the router's, and each expert any row chose (gate, up and
+  // down) once. `bench --profile` reports the experts' bandwidth from it.
+  double weight_bytes_read() const { return weight_bytes_read_; }
 
  private:
   std::vector<float> logits_, weights_, xe_, gate_, up_, ye_;
   std::vector<int32_t> ids_;
+  double weight_bytes_read_ = 0;
   ActRows x_gate_, x_up_;                 // the step's rows for the gate and up products
   std::vector<ActRows> in_gate_, in_up_;  // per used expert: its rows of x_gate_ / x_up_
   std::vector<ActRows> hidden_;           // per used expert: silu(gate) * up, for the down product

@@ -94,6 +94,7 @@ VecDotTileFn avx2_tile(DType t);
 bool avx512_supported();  // compiled in and the CPU has AVX-512 F/BW/VL/DQ/VNNI (and AVX2, FMA, F16C)
 VecDotFn avx512_dot(DType t);
 VecDotTileFn avx512_tile(DType t);
+VecDotTileFn avx512_float_tile(DType t);  // F32 / F16 / BF16 prompt tiles (float_kernels_avx512.cpp)
 void quantize_act_row_scalar(ActFormat format, const float* x, void* dst, int64_t n);
 void quantize_act_row_avx2(ActFormat format, const float* x, void* dst, int64_t n);
 void f16_row_to_f32_avx2(const uint16_t* src, float* dst, int64_t n);

@@ -5,6 +5,8 @@
 // No shared inline helpers (core/fp16.h, <algorithm>) here: an AVX2-compiled copy of an inline
 // function could be the one the linker keeps for the scalar path too.
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -16,6 +18,8 @@
 #include <immintrin.h>
 
 #include <cmath>
+
+#include "backend/cpu/fetch_ahead.h"
 
 namespace roofline::cpu {
 namespace {
@@ -118,9 +122,13 @@ inline void unroll(F&& f) {
 
 // ---- plain float weights, F32 activations: 32 elements a step in four accumulators ----
 // (four independent FMA chains per output hide the FMA latency; the tile uses at most 2 rows here).
+// EB: bytes per weight. Where the CPU's rule says so (fetch_ahead.h), each step asks for the weights a few
+// KiB ahead.
 
-template <int NA, typename Load8, typename Load1>
+template <int NA, int EB, typename Load8, typename Load1>
 void dot_float(const void* w, const void* const* av, int64_t n, float* out, Load8 load8, Load1 load1) {
+  const FetchConfig& fetch = fetch_config();
+  const uint8_t* ahead = fetch.other ? static_cast<const uint8_t*>(w) + fetch.ahead : nullptr;
   const float* a[NA];
   __m256 acc[4][NA];
   for (int j = 0; j < NA; ++j) {
@@ -129,6 +137,7 @@ void dot_float(const void* w, const void* const* av, int64_t n, float* out, Load
   }
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    if (ahead) prefetch_entry<32 * EB>(ahead + i * EB, fetch.to_l2);
     for (int k = 0; k < 4; ++k) {
       const __m256 wk = load8(w, i + 8 * k);
       for (int j = 0; j < NA; ++j) acc[k][j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(a[j] + i + 8 * k), acc[k][j]);
@@ -147,14 +156,14 @@ void dot_float(const void* w, const void* const* av, int64_t n, float* out, Load
 
 template <int NA>
 void k_f32(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_float<NA>(
+  dot_float<NA, 4>(
       w, a, n, out, [](const void* p, int64_t i) { return _mm256_loadu_ps(static_cast<const float*>(p) + i); },
       [](const void* p, int64_t i) { return static_cast<const float*>(p)[i]; });
 }
 
 template <int NA>
 void k_f16(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_float<NA>(
+  dot_float<NA, 2>(
       w, a, n, out,
       [](const void* p, int64_t i) { return _mm256_cvtph_ps(load128(static_cast<const uint16_t*>(p) + i)); },
       [](const void* p, int64_t i) { return f16(static_cast<const uint16_t*>(p)[i]); });
@@ -162,7 +171,7 @@ void k_f16(const void* w, const void* const* a, int64_t n, float* out) {
 
 template <int NA>
 void k_bf16(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_float<NA>(
+  dot_float<NA, 2>(
       w, a, n, out,
       [](const void* p, int64_t i) {
         const __m256i v = _mm256_cvtepu16_epi32(load128(static_cast<const uint16_t*>(p) + i));

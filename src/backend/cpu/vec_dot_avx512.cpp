@@ -443,7 +443,7 @@ VecDotTileFn avx512_tile(DType t) {
   case DType::type: return Signed32<block, decode>::tile;
     ROOFLINE_AVX512_SIGNED32_KERNELS(X)
 #undef X
-    default: return nullptr;
+    default: return avx512_float_tile(t);
   }
 }
 
