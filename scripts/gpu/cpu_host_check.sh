@@ -8,6 +8,7 @@
 #          and carry/pack/llamacpp.tar.gz from scripts/gpu/pack_llamacpp.sh
 #   there: bash scripts/gpu/cpu_host_check.sh small   (carry ["carry/pack"]): qwen3-1.7b
 #          bash scripts/gpu/cpu_host_check.sh large   : qwen3-8b, then -ngl 48
+#          SHAPES and MIXES override the models and mixes (e.g. SHAPES=qwen3-0.6b MIXES="F16 BF16" ... small)
 # Each stage fits one 10-minute call; the second reuses the first's llama.cpp build and files when the
 # machine is still warm (WORK, default /tmp/cpu-host). Results: $OUT/cpu_host.md.
 set -uo pipefail
@@ -26,10 +27,11 @@ if [ ! -x "$lb" ]; then
 fi
 shapes=qwen3-1.7b reps=2
 [ "$stage" = large ] && shapes=qwen3-8b reps=1
+shapes="${SHAPES:-$shapes}" mixes="${MIXES:-Q4_K_M Q8_0 Q4_0}"
 for t in 4 16; do
   stamp "side by side, $t threads, $shapes"
   CUDA_VISIBLE_DEVICES= THREADS=$t WORK="$work" ROOFLINE="$bin/roofline" R=$reps \
-    timeout 280 bash scripts/cpu_side_by_side.sh "$lb" "$shapes" "Q4_K_M Q8_0 Q4_0" 2>&1 | tee -a "$out/cpu_host.md"
+    timeout 280 bash scripts/cpu_side_by_side.sh "$lb" "$shapes" "$mixes" 2>&1 | tee -a "$out/cpu_host.md"
 done
 if [ "$stage" = large ]; then
   stamp "partial offload: qwen3-32b Q4_K_M -ngl 48"
