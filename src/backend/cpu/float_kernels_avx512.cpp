@@ -23,6 +23,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "backend/cpu/avx512_region_begin.h"
+#include "backend/cpu/float_dot_common.h"
 
 namespace roofline::cpu {
 namespace {
@@ -46,7 +47,7 @@ inline __m512 load16(const uint8_t* row, int64_t i) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
   }
 }
-// 8 weights from element i as f32, and one (the AVX2 kernel's load8 and load1).
+// 8 weights from element i as f32, and one (the AVX2 kernel's load8 and load1; the sum: float_dot_common.h).
 template <DType T>
 inline __m256 load8(const uint8_t* row, int64_t i) {
   const uint8_t* p = row + i * kWeightBytes<T>;
@@ -68,20 +69,8 @@ inline float load1(const uint8_t* row, int64_t i) {
   } else {
     uint16_t h;
     std::memcpy(&h, row + 2 * i, 2);
-    if constexpr (T == DType::F16) return _cvtsh_ss(h);
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
+    return T == DType::F16 ? f16(h) : bf16(h);
   }
-}
-
-// The AVX2 kernel's horizontal sum, step for step.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // y[c * ldy + r] = W[r] . A[c] for an R x C block. lo[r][c] holds the dot's accumulators 0 and 1 (elements

@@ -20,6 +20,7 @@
 #include <cmath>
 
 #include "backend/cpu/fetch_ahead.h"
+#include "backend/cpu/float_dot_common.h"
 
 namespace roofline::cpu {
 namespace {
@@ -29,22 +30,9 @@ constexpr int kMaxNA = 4;
 
 // ---- helpers ----
 
-inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+// f16, bf16 and hsum: float_dot_common.h.
 // Round to nearest even, as core/fp16.h's f32_to_fp16 (equal for every finite input).
 inline uint16_t to_f16(float f) { return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
-inline float bf16(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
