@@ -177,6 +177,9 @@ QuantizePlan plan_quantization(const gguf::GgufFile& in, const QuantizeOptions& 
 
   QuantizePlan plan;
   for (const gguf::TensorInfo* t : order) {
+    // A dimension of 0 leaves rows of no bytes to convert (and nothing a model could use).
+    for (int d = 0; d < t->n_dims; ++d)
+      if (t->ne[(size_t)d] == 0) fail("{}: tensor '{}' has a dimension of 0 (shape {})", in.name(), t->name, t->shape_string());
     TensorPlan p;
     p.name = t->name;
     p.from = t->type;

@@ -165,6 +165,34 @@ TEST(QuantizeModelTest, NonFiniteInputFailsCleanly) {
   EXPECT_FALSE(dir_has_other_files(out));
 }
 
+// A tensor with a dimension of 0 (found by fuzz_model_file: its rows had no bytes and the chunking divided
+// by zero) is refused with its name, and nothing is written.
+TEST(QuantizeModelTest, ZeroDimensionFailsCleanly) {
+  auto base = open_model_file("synthetic:tiny-qwen3:F32");
+  std::vector<gguf::TensorInfo> tensors = base->tensors();
+  bool found = false;
+  for (auto& t : tensors) {
+    if (t.name != "blk.1.attn_q.weight") continue;
+    t.ne[0] = 0;
+    t.n_bytes = 0;
+    found = true;
+  }
+  ASSERT_TRUE(found);
+  auto bad = gguf::GgufFile::from_parts("zero-dim", base->metadata(), tensors, nullptr);
+  const std::string out = test::temp_dir();
+  QuantizeOptions o;
+  o.mix = find_mix("Q4_K_M");
+  o.n_threads = 2;
+  try {
+    quantize_model(*bad, out + "/q.gguf", o);
+    FAIL() << "a tensor with a dimension of 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blk.1.attn_q.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dimension of 0"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(dir_has_other_files(out));
+}
+
 TEST(QuantizeModelTest, CommandLine) {
   ROOFLINE_SHARED_PATH_OR_SKIP(dir, "testdata/models/qwen3-tiny512-llamacpp");
   const std::string f16 = dir + "/qwen3-tiny512-F16.gguf";
