@@ -1,8 +1,9 @@
 // Host time the server spends per generated token outside the forward step: the scheduler's step()
 // over a runner whose forward pass costs nothing and returns a real-sized logits row (151936 floats,
-// Qwen3's vocabulary), for one greedy stream (the single-stream decode loop), and how much of it is on
-// the critical path between two steps; plus its parts: the greedy sampler over a full row and a fresh
-// logits buffer per step (what Engine::decode allocates).
+// Qwen3's vocabulary), for one greedy stream (the single-stream decode loop) and for 16 and 64 streams
+// (greedy with the device's argmax, or sampled), and how much of it is on the critical path between two
+// steps; plus its parts: the greedy sampler over a full row and a fresh logits buffer per step.
+// Build: ninja -C build serve_step_bench; run build/serve_step_bench.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -28,25 +29,26 @@ std::vector<float> make_row(int n_vocab, int32_t winner) {
   return row;
 }
 
-// A runner whose step is free: KV bookkeeping as the engine does it, then a fixed row per wanted
-// logit in a reused buffer (as Engine::step returns them), with greedy rows picked on the host, or
-// with `device_argmax` left without logits (as from a backend that picks them). It measures the
-// host time on the critical path, from the end of a step's device work (finish() entered: what comes
-// after is the copy of the logits and the host argmax) to the next step's launch() done.
-class FreeRunner final : public StepRunner {
+// A runner whose step is free: KV bookkeeping as the engine does it (a real SequenceMemory whose device
+// copies cost nothing), then a fixed row per wanted logit in a reused buffer (as Engine::step returns
+// them), with greedy rows picked on the host, or with `device_argmax` left without logits (as from a
+// backend that picks them). It measures the host time on the critical path, from the end of a step's
+// device work (finish() entered: what comes after is the copy of the logits and the host argmax) to the
+// next step's launch() done.
+class FreeRunner final : public StepRunner, private SequenceMemory::Device {
  public:
-  explicit FreeRunner(bool device_argmax) : kv_(8192, 32), row_(make_row(kVocab, 1234)), device_argmax_(device_argmax) {}
+  explicit FreeRunner(bool device_argmax) : memory_(memory_options(), this), row_(make_row(kVocab, 1234)), device_argmax_(device_argmax) {}
   int n_vocab() const override { return kVocab; }
   int n_batch() const override { return 512; }
   int n_ctx() const override { return 8192 * 32; }
-  KvCache& kv() override { return kv_; }
+  SequenceMemory& memory() override { return memory_; }
   std::vector<float> decode(const std::vector<BatchRow>&) override { return {}; }
   void launch(const std::vector<BatchRow>& rows) override {
     for (size_t r = 0; r < rows.size();) {
       size_t e = r;
       while (e < rows.size() && rows[e].seq == rows[r].seq) ++e;
-      kv_.reserve(rows[r].seq, (int)(e - r));
-      kv_.commit(rows[r].seq, (int)(e - r));
+      if (!memory_.reserve(rows[r].seq, (int)(e - r))) fail("the KV cache is full");
+      memory_.commit(rows[r].seq, (int)(e - r));
       r = e;
     }
     rows_ = rows;
@@ -77,11 +79,19 @@ class FreeRunner final : public StepRunner {
     }
     return out_;
   }
-  int fork_sequence(int seq) override { return kv_.fork_sequence(seq).seq; }
   double critical_us() const { return gaps_ ? critical_s_ / gaps_ * 1e6 : 0; }
 
  private:
-  KvCache kv_;
+  static SequenceMemory::Options memory_options() {
+    SequenceMemory::Options o;
+    o.n_blocks = 8192;
+    o.block_size = 32;
+    return o;
+  }
+  void copy_kv_block(int, int) override {}
+  void copy_state(int, int) override {}
+
+  SequenceMemory memory_;
   std::vector<float> row_;
   bool device_argmax_;
   StepOutput out_;
@@ -139,6 +149,53 @@ void BM_SchedulerStepOneStream(benchmark::State& state) {
 }
 BENCHMARK(BM_SchedulerStepOneStream)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"stop_strings", "device_argmax"});
 
+// `streams` streams decoding together, greedy with the argmax picked by the device (the GPU server's rows)
+// or sampled (temperature 0.8 and the default chain: every row's logits on the host): host time per
+// step() (one token for every stream) and, as `critical_us`, the part between a step's end and the next
+// launch, which a device step of 14-23 ms (16-64 streams on an H200) waits for.
+void BM_SchedulerStepStreams(benchmark::State& state) {
+  const int streams = (int)state.range(0);
+  const bool sampled = state.range(1) != 0;
+  FreeRunner runner(true);
+  Text text;
+  Metrics metrics;
+  SchedulerOptions o;
+  o.n_slots = 64;
+  Scheduler s(runner, text, o, &metrics);
+  std::vector<std::shared_ptr<Request>> reqs((size_t)streams);
+  std::vector<Event> events;
+  const auto request = [&](int i) {
+    GenParams p = greedy_request(2048, {});
+    p.id = "bench-" + std::to_string(i);
+    if (sampled) {
+      p.sampling.temperature = 0.8f;
+      p.sampling.seed = 1000 + (uint64_t)i;
+    }
+    return s.submit(std::move(p));
+  };
+  for (auto _ : state) {
+    bool prompts = false;
+    for (int i = 0; i < streams; ++i)
+      if (!reqs[(size_t)i]) {
+        if (!prompts) state.PauseTiming();
+        prompts = true;
+        reqs[(size_t)i] = request(i);
+      }
+    if (prompts) {
+      s.step();  // the new prompts
+      state.ResumeTiming();
+    }
+    s.step();
+    for (auto& r : reqs) {
+      events.clear();
+      if (r->poll(events, std::chrono::milliseconds(0))) r.reset();
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * streams);
+  state.counters["critical_us"] = runner.critical_us();
+}
+BENCHMARK(BM_SchedulerStepStreams)->ArgsProduct({{16, 64}, {0, 1}})->ArgNames({"streams", "sampled"})->UseRealTime();
+
 void BM_GreedySampleFullRow(benchmark::State& state) {
   const std::vector<float> row = make_row(kVocab, 4321);
   SamplingParams p;
@@ -148,6 +205,17 @@ void BM_GreedySampleFullRow(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(s.sample(row.data(), history));
 }
 BENCHMARK(BM_GreedySampleFullRow);
+
+// One sampled row (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05: the defaults) over the full vocabulary.
+void BM_SampleFullRow(benchmark::State& state) {
+  const std::vector<float> row = make_row(kVocab, 4321);
+  SamplingParams p;
+  p.seed = 7;
+  Sampler s(p, kVocab);
+  std::vector<int32_t> history(256, 7);
+  for (auto _ : state) benchmark::DoNotOptimize(s.sample(row.data(), history));
+}
+BENCHMARK(BM_SampleFullRow);
 
 void BM_LogitsBufferPerStep(benchmark::State& state) {
   const std::vector<float> row = make_row(kVocab, 4321);
