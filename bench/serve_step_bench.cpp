@@ -217,6 +217,13 @@ void BM_SampleFullRow(benchmark::State& state) {
 }
 BENCHMARK(BM_SampleFullRow);
 
+// A row's log-probabilities for `logprobs` with `top_logprobs` 5 (the log-softmax over the full vocabulary).
+void BM_LogprobsFullRow(benchmark::State& state) {
+  const std::vector<float> row = make_row(kVocab, 4321);
+  for (auto _ : state) benchmark::DoNotOptimize(compute_logprobs(row.data(), kVocab, 4321, 5));
+}
+BENCHMARK(BM_LogprobsFullRow);
+
 void BM_LogitsBufferPerStep(benchmark::State& state) {
   const std::vector<float> row = make_row(kVocab, 4321);
   for (auto _ : state) {

@@ -16,21 +16,6 @@
 namespace roofline {
 
 namespace {
-// Whether any of the 16 values at p is greater than t (NaN never is): four SSE2 compares where the
-// target has them (every x86-64), else one at a time.
-inline bool any_above(const float* p, float t) {
-#if defined(__SSE2__)
-  const __m128 tv = _mm_set1_ps(t);
-  const __m128 a = _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(p), tv), _mm_cmpgt_ps(_mm_loadu_ps(p + 4), tv));
-  const __m128 b = _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(p + 8), tv), _mm_cmpgt_ps(_mm_loadu_ps(p + 12), tv));
-  return _mm_movemask_ps(_mm_or_ps(a, b)) != 0;
-#else
-  bool any = false;
-  for (int j = 0; j < 16; ++j) any |= p[j] > t;
-  return any;
-#endif
-}
-
 bool history_penalties_apply(const SamplingParams& p, const std::vector<int32_t>& history) {
   const bool any = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   return any && p.repeat_last_n != 0 && !history.empty();
@@ -44,6 +29,20 @@ bool penalties_apply(const SamplingParams& p, const std::vector<int32_t>& histor
 bool greedy_from_raw_logits(const SamplingParams& p) {
   const bool any = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
   return p.temperature <= 0 && p.logit_bias.empty() && (!any || p.repeat_last_n == 0);
+}
+
+// Four SSE2 compares where the target has them (every x86-64), else one at a time.
+bool any_above16(const float* p, float t) {
+#if defined(__SSE2__)
+  const __m128 tv = _mm_set1_ps(t);
+  const __m128 a = _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(p), tv), _mm_cmpgt_ps(_mm_loadu_ps(p + 4), tv));
+  const __m128 b = _mm_or_ps(_mm_cmpgt_ps(_mm_loadu_ps(p + 8), tv), _mm_cmpgt_ps(_mm_loadu_ps(p + 12), tv));
+  return _mm_movemask_ps(_mm_or_ps(a, b)) != 0;
+#else
+  bool any = false;
+  for (int j = 0; j < 16; ++j) any |= p[j] > t;
+  return any;
+#endif
 }
 
 int32_t argmax_logits(const float* x, int n) {
@@ -161,11 +160,11 @@ SampledToken Sampler::sample(const float* logits, const std::vector<int32_t>& hi
       candidates_.back() = {v, id};
       std::push_heap(candidates_.begin(), candidates_.end(), better);
     };
-    constexpr int32_t kBlock = 16;  // any_above's width
+    constexpr int32_t kBlock = 16;  // any_above16's width
     if (candidates_.size() == k) {
       for (; i + kBlock <= n_vocab_; i += kBlock) {
         const float worst = candidates_.front().first;
-        if (any_above(row + i, worst))
+        if (any_above16(row + i, worst))
           for (int32_t j = 0; j < kBlock; ++j) offer(i + j);
       }
       for (; i < n_vocab_; ++i) offer(i);

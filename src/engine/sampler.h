@@ -59,6 +59,9 @@ bool penalties_apply(const SamplingParams& params, const std::vector<int32_t>& h
 // `best = 0; for i: if (x[i] > x[best]) best = i` (NaNs are never picked unless x[0] is one).
 // Vectorizable, no copy: what the sampler and the engine's host-side argmax use.
 int32_t argmax_logits(const float* logits, int n);
+// Whether any of the 16 values at p is greater than t (NaN never is): how the top-k scans (the sampler's,
+// the log-probabilities') pass over blocks of logits that cannot enter.
+bool any_above16(const float* p, float t);
 // The greedy token among the allowed ones (bit t of allowed[t / 64]): the largest finite logit, the
 // lowest id on ties; -1 when no allowed token has a logit above -infinity (NaNs never win).
 int32_t argmax_allowed(const float* logits, int n, const uint64_t* allowed);
