@@ -2,7 +2,8 @@
 // over a runner whose forward pass costs nothing and returns a real-sized logits row (151936 floats,
 // Qwen3's vocabulary), for one greedy stream (the single-stream decode loop) and for 16 and 64 streams
 // (greedy with the device's argmax, or sampled), and how much of it is on the critical path between two
-// steps; plus its parts: the greedy sampler over a full row and a fresh logits buffer per step.
+// steps; plus its parts: the sampler (greedy and sampled) and the log-probabilities over a full row, and a fresh
+// logits buffer per step.
 // Build: ninja -C build serve_step_bench; run build/serve_step_bench.
 #include <benchmark/benchmark.h>
 
@@ -196,26 +197,18 @@ void BM_SchedulerStepStreams(benchmark::State& state) {
 }
 BENCHMARK(BM_SchedulerStepStreams)->ArgsProduct({{16, 64}, {0, 1}})->ArgNames({"streams", "sampled"})->UseRealTime();
 
-void BM_GreedySampleFullRow(benchmark::State& state) {
-  const std::vector<float> row = make_row(kVocab, 4321);
-  SamplingParams p;
-  p.temperature = 0;
-  Sampler s(p, kVocab);
-  std::vector<int32_t> history(256, 7);
-  for (auto _ : state) benchmark::DoNotOptimize(s.sample(row.data(), history));
-}
-BENCHMARK(BM_GreedySampleFullRow);
-
-// One sampled row (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05: the defaults) over the full vocabulary.
+// One row over the full vocabulary, greedy (the argmax) or sampled (temperature 0.8, top-k 40, top-p 0.95,
+// min-p 0.05: the defaults).
 void BM_SampleFullRow(benchmark::State& state) {
   const std::vector<float> row = make_row(kVocab, 4321);
   SamplingParams p;
+  p.temperature = state.range(0) ? 0.8f : 0.0f;
   p.seed = 7;
   Sampler s(p, kVocab);
   std::vector<int32_t> history(256, 7);
   for (auto _ : state) benchmark::DoNotOptimize(s.sample(row.data(), history));
 }
-BENCHMARK(BM_SampleFullRow);
+BENCHMARK(BM_SampleFullRow)->Arg(0)->Arg(1)->ArgName("sampled");
 
 // A row's log-probabilities for `logprobs` with `top_logprobs` 5 (the log-softmax over the full vocabulary).
 void BM_LogprobsFullRow(benchmark::State& state) {
