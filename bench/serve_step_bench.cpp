@@ -151,12 +151,13 @@ void BM_SchedulerStepOneStream(benchmark::State& state) {
 BENCHMARK(BM_SchedulerStepOneStream)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"stop_strings", "device_argmax"});
 
 // `streams` streams decoding together, greedy with the argmax picked by the device (the GPU server's rows)
-// or sampled (temperature 0.8 and the default chain: every row's logits on the host): host time per
+// or sampled (temperature 0.8 and the default chain: every row's logits on the host; sampled:2 also asks
+// for 5 top log-probabilities a token): host time per
 // step() (one token for every stream) and, as `critical_us`, the part between a step's end and the next
 // launch, which a device step of 14-23 ms (16-64 streams on an H200) waits for.
 void BM_SchedulerStepStreams(benchmark::State& state) {
   const int streams = (int)state.range(0);
-  const bool sampled = state.range(1) != 0;
+  const bool sampled = state.range(1) != 0, logprobs = state.range(1) == 2;
   FreeRunner runner(true);
   Text text;
   Metrics metrics;
@@ -172,6 +173,7 @@ void BM_SchedulerStepStreams(benchmark::State& state) {
       p.sampling.temperature = 0.8f;
       p.sampling.seed = 1000 + (uint64_t)i;
     }
+    if (logprobs) p.logprobs = 5;
     return s.submit(std::move(p));
   };
   for (auto _ : state) {
@@ -195,7 +197,7 @@ void BM_SchedulerStepStreams(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * streams);
   state.counters["critical_us"] = runner.critical_us();
 }
-BENCHMARK(BM_SchedulerStepStreams)->ArgsProduct({{16, 64}, {0, 1}})->ArgNames({"streams", "sampled"})->UseRealTime();
+BENCHMARK(BM_SchedulerStepStreams)->ArgsProduct({{16, 64}, {0, 1, 2}})->ArgNames({"streams", "sampled"})->UseRealTime();
 
 // One row over the full vocabulary, greedy (the argmax) or sampled (temperature 0.8, top-k 40, top-p 0.95,
 // min-p 0.05: the defaults).

@@ -407,7 +407,10 @@ void Scheduler::take_token(Active& a, Choice& c, int32_t greedy, const float* lo
   m.a = &a;
   m.choice = c.index;
   m.token = tok;
-  if (p.logprobs >= 0) m.logprobs.push_back(compute_logprobs(logits, runner_.n_vocab(), tok, p.logprobs));
+  if (p.logprobs >= 0) {
+    std::optional<TokenLogprob> pre = std::exchange(c.prelogprobs, std::nullopt);
+    m.logprobs.push_back(pre && pre->token == tok ? std::move(*pre) : compute_logprobs(logits, runner_.n_vocab(), tok, p.logprobs));
+  }
   c.history.push_back(tok);
   c.n_generated++;
   if (c.n_generated > 1 && metrics_) metrics_->on_inter_token(std::chrono::duration<double>(now - c.t_last).count());
@@ -624,7 +627,8 @@ void Scheduler::complete_step() {
 void Scheduler::presample_rows(const StepOutput& out) {
   std::vector<GrammarRow> rows;
   std::vector<Choice*> owners, plain;
-  std::vector<const float*> plain_logits;
+  std::vector<const float*> owner_logits, plain_logits;
+  std::vector<int> owner_k, plain_k;  // the log-probabilities each asks for (-1: none)
   for (size_t r = 0; r < refs_.size(); ++r) {
     if (refs_[r].choice < 0) continue;
     Choice& c = refs_[r].a->choices[refs_[r].choice];
@@ -633,19 +637,32 @@ void Scheduler::presample_rows(const StepOutput& out) {
     if (c.grammar) {
       rows.push_back({c.sampler.get(), c.grammar.get(), out.logits[r], &c.history, -1});
       owners.push_back(&c);
+      owner_logits.push_back(out.logits[r]);
+      owner_k.push_back(refs_[r].a->params.logprobs);
     } else {
       plain.push_back(&c);
       plain_logits.push_back(out.logits[r]);
+      plain_k.push_back(refs_[r].a->params.logprobs);
     }
   }
   if (rows.size() < 2 && plain.size() < 2) return;  // one row of a kind is drawn in take_token
   if (!sample_pool_) sample_pool_ = std::make_unique<ThreadPool>(std::min(8, ThreadPool::default_thread_count()));
+  // A row's log-probabilities (a pass over the vocabulary) are taken with its draw, on the pool too.
+  const int n_vocab = runner_.n_vocab();
+  const auto with_logprobs = [n_vocab](Choice& c, const float* logits, int k) {
+    if (k >= 0 && c.presampled >= 0) c.prelogprobs = compute_logprobs(logits, n_vocab, c.presampled, k);
+  };
   if (rows.size() >= 2) {
     sample_rows_with_grammar(rows, vocab(), sample_pool_.get());
     for (size_t i = 0; i < rows.size(); ++i) owners[i]->presampled = rows[i].token;
+    if (std::any_of(owner_k.begin(), owner_k.end(), [](int k) { return k >= 0; }))
+      sample_pool_->parallel_for(rows.size(), [&](size_t i) { with_logprobs(*owners[i], owner_logits[i], owner_k[i]); });
   }
   if (plain.size() >= 2)
-    sample_pool_->parallel_for(plain.size(), [&](size_t i) { plain[i]->presampled = plain[i]->sampler->sample(plain_logits[i], plain[i]->history).token; });
+    sample_pool_->parallel_for(plain.size(), [&](size_t i) {
+      plain[i]->presampled = plain[i]->sampler->sample(plain_logits[i], plain[i]->history).token;
+      with_logprobs(*plain[i], plain_logits[i], plain_k[i]);
+    });
 }
 
 // A failed internal check (or anything unexpected) while stepping must not end the process: the

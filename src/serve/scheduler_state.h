@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "serve/grammar_matcher.h"
@@ -21,6 +22,7 @@ struct Scheduler::Choice {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<GrammarMatcher> grammar;  // constrained decoding: where the output is in the grammar
   int32_t presampled = kNotSampled;  // its next token, when the step's sampled rows were drawn together
+  std::optional<TokenLogprob> prelogprobs;  // with presampled, its log-probabilities (where the request asks)
   std::vector<uint64_t> allowed;  // the grammar's mask for the row in flight (a greedy constrained choice)
   std::vector<int32_t> history;  // prompt + generated (the last one not yet in the KV cache)
   int32_t pending = -1;

@@ -176,6 +176,41 @@ TEST(SchedulerTest, SeededSamplingAloneEqualsSamplingUnderLoad) {
   EXPECT_GT(distinct.size(), 1u);
 }
 
+// Log-probabilities under load, where a step's sampled rows take them with their draws on the sampling pool
+// (presample_rows), are a request's log-probabilities alone, bit for bit.
+TEST(SchedulerTest, LogprobsAloneEqualLogprobsUnderLoad) {
+  auto params = [](int i) {
+    GenParams p = greedy(prompt_of(3 + i * 5, i), 8, "l" + std::to_string(i));
+    if (i % 2) {
+      p.sampling.temperature = 0.8f;
+      p.sampling.seed = 50 + (uint64_t)i;
+    }
+    p.logprobs = i % 3 == 0 ? 0 : 3;
+    return p;
+  };
+  const int n = 7;
+  FakeRunner runner(64, 128, 8, 16);
+  const auto together = run_together(runner, 8, params, n);
+  for (int i = 0; i < n; ++i) {
+    FakeRunner solo;
+    const auto alone = run_together(solo, 1, [&](int) { return params(i); }, 1);
+    ASSERT_EQ(alone[0].tokens[0], together[(size_t)i].tokens[0]) << "request " << i;
+    const auto &a = alone[0].logprobs[0], &t = together[(size_t)i].logprobs[0];
+    ASSERT_EQ(a.size(), t.size()) << "request " << i;
+    ASSERT_EQ(a.size(), alone[0].tokens[0].size()) << "request " << i;
+    for (size_t j = 0; j < a.size(); ++j) {
+      EXPECT_EQ(a[j].token, t[j].token);
+      EXPECT_EQ(a[j].logprob, t[j].logprob) << "request " << i << ", token " << j;
+      ASSERT_EQ(a[j].top.size(), t[j].top.size());
+      ASSERT_EQ(a[j].top.size(), (size_t)params(i).logprobs);
+      for (size_t k = 0; k < a[j].top.size(); ++k) {
+        EXPECT_EQ(a[j].top[k].token, t[j].top[k].token);
+        EXPECT_EQ(a[j].top[k].logprob, t[j].top[k].logprob);
+      }
+    }
+  }
+}
+
 TEST(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   FakeRunner runner(64, 128, 4, 16);
   FakeText text;
