@@ -627,7 +627,7 @@ void Scheduler::complete_step() {
 void Scheduler::presample_rows(const StepOutput& out) {
   std::vector<GrammarRow> rows;
   std::vector<Choice*> owners, plain;
-  std::vector<const float*> owner_logits, plain_logits;
+  std::vector<const float*> plain_logits;
   std::vector<int> owner_k, plain_k;  // the log-probabilities each asks for (-1: none)
   for (size_t r = 0; r < refs_.size(); ++r) {
     if (refs_[r].choice < 0) continue;
@@ -637,7 +637,6 @@ void Scheduler::presample_rows(const StepOutput& out) {
     if (c.grammar) {
       rows.push_back({c.sampler.get(), c.grammar.get(), out.logits[r], &c.history, -1});
       owners.push_back(&c);
-      owner_logits.push_back(out.logits[r]);
       owner_k.push_back(refs_[r].a->params.logprobs);
     } else {
       plain.push_back(&c);
@@ -656,7 +655,7 @@ void Scheduler::presample_rows(const StepOutput& out) {
     sample_rows_with_grammar(rows, vocab(), sample_pool_.get());
     for (size_t i = 0; i < rows.size(); ++i) owners[i]->presampled = rows[i].token;
     if (std::any_of(owner_k.begin(), owner_k.end(), [](int k) { return k >= 0; }))
-      sample_pool_->parallel_for(rows.size(), [&](size_t i) { with_logprobs(*owners[i], owner_logits[i], owner_k[i]); });
+      sample_pool_->parallel_for(rows.size(), [&](size_t i) { with_logprobs(*owners[i], rows[i].logits, owner_k[i]); });
   }
   if (plain.size() >= 2)
     sample_pool_->parallel_for(plain.size(), [&](size_t i) {
