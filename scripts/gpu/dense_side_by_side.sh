@@ -13,7 +13,10 @@
 #           the same file (pp512 + tg128, tg128 at depth 8192 for 32b), then `-npl 16,64` against
 #           llama-batched-bench (128-token prompts, 128 generated), then tests/load/load.py on
 #           `roofline serve` at 1, 16 and 64 streams (32b; LOAD=0 skips it)
-# MODELS overrides the shapes; LLAMA=0 leaves llama.cpp out (roofline's rows alone, one call: prep then bench);
+# MODELS overrides the shapes (any synthetic shape: the MoE, Gemma 3 and Qwen3.5 ones too); the models of DEEP
+# (default qwen3-32b) also get tg128 at depth 8192 (an MoE model: tg32 with its experts in host memory, --cpu-moe
+# against -ncmoe 99) and the -npl rows; KEEP_FILES=0 deletes each model's file after its rows (a 64 GB disk holds
+# three of the 27-32B files at most); LLAMA=0 leaves llama.cpp out (roofline's rows alone, one call: prep then bench);
 # everything lands in $OUT/summary.md.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +40,7 @@ if [ "$stage" = prep ]; then
   gpu_tests
   for m in $models; do
     f=$(file_of "$m")
-    [ -f "$f" ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }
+    [ -f "$f" ] || [ "${KEEP_FILES:-1}" = 0 ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }
   done
   IFS='|' read -r -a variants <<< "${VARIANTS:-}"
   [ ${#variants[@]} -eq 0 ] && variants=("")
@@ -64,17 +67,23 @@ if [ "$stage" = bench ]; then
     [ -f "$f" ] || { stamp "synth $m"; "$bin/roofline" synth "$m:Q4_K_M" -o "$f" 2>&1 | tail -1; }
     rl "$f" -p 512 -n 128 -r 2
     lb "$f" -p 512 -n 128 -r 2
-    if [ "$m" = qwen3-32b ]; then
-      rl "$f" -p 0 -n 128 -d 8192 -r 1
-      lb "$f" -p 0 -n 128 -d 8192 -r 1
+    if [[ " ${DEEP:-qwen3-32b} " == *" $m "* ]]; then
+      case "$m" in
+        *a3b*) rl "$f" -p 0 -n 32 -r 1 --cpu-moe  # the experts in host memory, against llama.cpp's -ncmoe 99
+               lb "$f" -p 0 -n 32 -r 1 -ncmoe 99 ;;
+        *) rl "$f" -p 0 -n 128 -d 8192 -r 1
+           lb "$f" -p 0 -n 128 -d 8192 -r 1 ;;
+      esac
       rl "$f" -p 128 -n 128 -npl 16,64 -r 1
       [ "${LLAMA:-1}" = 0 ] || stamp "llama-batched-bench $m"
       [ "${LLAMA:-1}" = 0 ] || timeout 200 "$lcpp/build/bin/llama-batched-bench" -m "$f" -ngl 99 -fa 1 -c 20000 -b 2048 -ub 512 -npp 128 -ntg 128 \
           -npl 16,64 2>&1 | grep -E "^\|" | tee -a "$out/summary.md"
     fi
+    [ "${KEEP_FILES:-1}" != 0 ] || rm -f "$f"
   done
   if [ "${LOAD:-1}" != 0 ]; then
     f=$(file_of qwen3-32b)
+    [ -f "$f" ] || { stamp "synth qwen3-32b"; "$bin/roofline" synth "qwen3-32b:Q4_K_M" -o "$f" 2>&1 | tail -1; }
     stamp "load.py on roofline serve, $(basename "$f")"
     timeout 240 python3 tests/load/load.py --bin "$bin/roofline" --model "$f" --server-args "-np 64 -c 32768 -ngl all" \
         --concurrency 1,16,64 --per-stream 2 2>&1 | grep -E "^\||failed|error" | tee -a "$out/summary.md"

@@ -384,7 +384,9 @@ TEST_P(VecDotType, MatchesReferenceOnRandomRows) {
   std::string line = buf;
   for (CpuIsa level : simd_levels()) {
     SCOPED_TRACE(level_name(level));
-    if (level == CpuIsa::Avx2) ASSERT_NE(detail::avx2_dot(t), nullptr) << "no AVX2 kernel";
+    if (level == CpuIsa::Avx2) {
+      ASSERT_NE(detail::avx2_dot(t), nullptr) << "no AVX2 kernel";
+    }
     if (level == CpuIsa::Avx512 && has_own_kernel(level, t)) {
       ASSERT_NE(detail::avx512_dot(t), nullptr) << "no AVX-512 kernel";
       ASSERT_NE(detail::avx512_tile(t), nullptr) << "no AVX-512 tile";

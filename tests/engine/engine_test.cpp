@@ -153,7 +153,9 @@ TEST(EngineTest, StepGivesDecodesLogitsAndGreedyTokens) {
     rows[0].seq = ea;
     rows[1].seq = eb;
     rows[0].argmax_only = true;
-    if (i == 2) EXPECT_THROW(eng->launch({{eb + 100, 1, true}}), Error);  // leaves nothing in flight
+    if (i == 2) {
+      EXPECT_THROW(eng->launch({{eb + 100, 1, true}}), Error);  // leaves nothing in flight
+    }
     const Engine::StepOutput* step_out = nullptr;
     if (i % 2) {
       eng->launch(rows);
