@@ -363,6 +363,8 @@ bool has_own_kernel(CpuIsa l, DType t) {
     case DType::Q5_0:
     case DType::Q8_0:
     case DType::IQ4_NL:
+    case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K: return true;

@@ -1,4 +1,4 @@
-// AVX-512 VNNI dot kernels and their prefill tile (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL).
+// AVX-512 VNNI dot kernels and their prefill tile (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL).
 // Compiled for AVX-512 F/BW/VL/DQ/VNNI through per-function target attributes (a pragma over this
 // file, not global flags), called only after avx512_supported(). Each kernel is one template over NA
 // activation rows (1..8): a weight block is decoded once per tile and multiplied with NA activation
@@ -240,6 +240,108 @@ void k_q6_k(const void* wv, const void* const* av, int64_t n, float* out) {
   A.finish(out);
 }
 
+// Q2_K and Q3_K: 16 sub-blocks of 16 as in Q6_K, steps of 64 elements (step s, 128-bit lane L: sub-block
+// 4s + L). A step's two 256-bit halves are two bit positions of the same 32 level bytes, so one dup256 and
+// per-half shift counts give it; the activations of a step are 64 consecutive bytes.
+// Q2_K: levels 0..3 with 4-bit scales; the mins term, dmin * m_k * bsum_k, is an int16 dot of its own
+// taken in floats after the scaled sums (as the AVX2 kernel does: two FMAs per super-block).
+template <int NA>
+void k_q2_k(const void* wv, const void* const* av, int64_t n, float* out) {
+  const auto* w = static_cast<const BlockQ2_K*>(wv);
+  KActs<NA> A(av);
+  const __m512i shift_lo = halves16(0, 2);  // step 2h: bits 0-1 / 2-3 of qs[32h..32h+31]
+  const __m512i shift_hi = halves16(4, 6);  // step 2h + 1: bits 4-5 / 6-7
+  __m512i scale_idx[2];
+  for (int h = 0; h < 2; ++h)
+    scale_idx[h] = packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const BlockQ2_K& b = w[i];
+    const __m128i sm = load128(b.scales);
+    const __m512i scz = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sm, _mm_set1_epi8(0x0F))));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm_set1_epi8(0x0F)));
+    __m512i u[4], sc[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = dup256(b.qs + 32 * h);
+      u[2 * h] = _mm512_and_si512(_mm512_srlv_epi16(q, shift_lo), bytes(3));
+      u[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi16(q, shift_hi), bytes(3));
+      sc[h] = _mm512_permutexvar_epi16(scale_idx[h], scz);
+    }
+    const float dw = f16(b.d), dm = f16(b.dmin);
+    for (int j = 0; j < NA; ++j) {
+      const BlockQ8_K& ya = A.a[j][i];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {  // |sum of 4| <= 4 * 3 * 127: int16
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(ya.qs + 128 * h));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(ya.qs + 128 * h + 64));
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
+      }
+      const __m512i msum = _mm512_zextsi256_si512(_mm256_madd_epi16(mins16, load256(ya.bsums)));
+      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * ya.d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
+      A.acc[j] = _mm512_fnmadd_ps(_mm512_set1_ps(dm * ya.d), _mm512_cvtepi32_ps(msum), A.acc[j]);
+    }
+  }
+  A.finish(out);
+}
+
+// The 16 signed 6-bit scales of a Q3_K block (-32..31) as bytes, from its 12 scale bytes: scale k < 8 has
+// its low 4 bits in byte k % 8 (low nibble for k < 8, high for k >= 8) and its top 2 bits in byte 8 + k % 4,
+// bits 2 * (k / 4) .. + 1.
+inline __m128i q3k_scales(const uint8_t* s) {
+  uint32_t v[3];
+  std::memcpy(v, s, 12);
+  const uint32_t lo4 = 0x0F0F0F0Fu, lo2 = 0x03030303u;
+  const __m128i sc = _mm_setr_epi32((int)((v[0] & lo4) | ((v[2] & lo2) << 4)), (int)((v[1] & lo4) | (((v[2] >> 2) & lo2) << 4)),
+                                    (int)(((v[0] >> 4) & lo4) | (((v[2] >> 4) & lo2) << 4)),
+                                    (int)(((v[1] >> 4) & lo4) | (((v[2] >> 6) & lo2) << 4)));
+  return _mm_sub_epi8(sc, _mm_set1_epi8(32));
+}
+
+// Q3_K: levels q2 + 4 * hbit (0..7, hbit of element 128h + 32k + l: bit 4h + k of hmask[l]) with signed
+// scales; the "- 4" of every element is taken out through the activation block sums (one vpdpwssd with
+// -4 * scale, as Q6_K's "- 32").
+template <int NA>
+void k_q3_k(const void* wv, const void* const* av, int64_t n, float* out) {
+  const auto* w = static_cast<const BlockQ3_K*>(wv);
+  KActs<NA> A(av);
+  const __m512i shift_lo = halves16(0, 2), shift_hi = halves16(4, 6);
+  __m512i scale_idx[2], hbit_shift[4];
+  for (int h = 0; h < 2; ++h) {
+    scale_idx[h] = packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
+    hbit_shift[2 * h] = halves16(4 * h, 4 * h + 1);  // hmask bit 4h + k, k = 0 / 1, to bit 0
+    hbit_shift[2 * h + 1] = halves16(4 * h + 2, 4 * h + 3);
+  }
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const BlockQ3_K& b = w[i];
+    const __m256i sc16 = _mm256_cvtepi8_epi16(q3k_scales(b.scales));
+    const __m512i scz = _mm512_zextsi256_si512(sc16);
+    const __m512i corr = _mm512_zextsi256_si512(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 2)));
+    const __m512i hm = dup256(b.hmask);
+    const float dw = f16(b.d);
+    __m512i u[4], sc[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i q = dup256(b.qs + 32 * h);
+      for (int v = 0; v < 2; ++v) {
+        const __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(q, v ? shift_hi : shift_lo), bytes(3));
+        const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(hm, hbit_shift[2 * h + v]), bytes(1));
+        u[2 * h + v] = _mm512_or_si512(q2, _mm512_slli_epi16(hb, 2));
+      }
+      sc[h] = _mm512_permutexvar_epi16(scale_idx[h], scz);
+    }
+    for (int j = 0; j < NA; ++j) {
+      const BlockQ8_K& ya = A.a[j][i];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {  // |sum of 4| <= 4 * 7 * 127: int16
+        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(ya.qs + 128 * h));
+        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(ya.qs + 128 * h + 64));
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
+      }
+      sumi = _mm512_dpwssd_epi32(sumi, _mm512_zextsi256_si512(load256(ya.bsums)), corr);
+      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * ya.d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
+    }
+  }
+  A.finish(out);
+}
+
 // ---- 32-element signed blocks, Q8_0 activations, through an activation panel ----
 // Panel row of one activation row of nb blocks: np = ceil(nb / 2) steps, each 64 bytes of a + 128
 // (two blocks; a missing second block as a = 0) and 16 floats [da0 x 8, da1 x 8] (da1 = 0 if missing).
@@ -401,7 +503,10 @@ struct Signed32 {
 
 namespace detail {
 
-#define ROOFLINE_AVX512_K_KERNELS(X) X(Q6_K, k_q6_k)
+#define ROOFLINE_AVX512_K_KERNELS(X) \
+  X(Q2_K, k_q2_k)                    \
+  X(Q3_K, k_q3_k)                    \
+  X(Q6_K, k_q6_k)
 #define ROOFLINE_AVX512_K4_KERNELS(X) \
   X(Q4_K, false, BlockQ4_K)           \
   X(Q5_K, true, BlockQ5_K)
