@@ -363,6 +363,7 @@ bool has_own_kernel(CpuIsa l, DType t) {
     case DType::Q5_0:
     case DType::Q8_0:
     case DType::IQ4_NL:
+    case DType::IQ4_XS:
     case DType::Q2_K:
     case DType::Q3_K:
     case DType::Q4_K:

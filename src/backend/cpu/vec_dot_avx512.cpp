@@ -1,4 +1,5 @@
-// AVX-512 VNNI dot kernels and their prefill tile (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL).
+// AVX-512 VNNI dot kernels and their prefill tile (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL,
+// IQ4_XS).
 // Compiled for AVX-512 F/BW/VL/DQ/VNNI through per-function target attributes (a pragma over this
 // file, not global flags), called only after avx512_supported(). Each kernel is one template over NA
 // activation rows (1..8): a weight block is decoded once per tile and multiplied with NA activation
@@ -431,6 +432,39 @@ struct DecodeIQ4_NL {
   }
 };
 
+// IQ4_XS (Q8_K activations): 8 sub-blocks of 32 with signed 6-bit scales and IQ4_NL's table of levels. Step p
+// (64 elements) is sub-blocks 2p and 2p + 1 as nibbles64 lays them out; as in the AVX2 kernel each product
+// takes |w| (unsigned) times the activation with w's sign (a masked negation: AVX-512 has no vpsignb),
+// maddubs gives exact int16 pairs (|pair| <= 2 * 127 * 128) and one vpdpwssd weights them by the scales.
+template <int NA>
+void k_iq4_xs(const void* wv, const void* const* av, int64_t n, float* out) {
+  const auto* w = static_cast<const BlockIQ4_XS*>(wv);
+  KActs<NA> A(av);
+  const __m512i lut = _mm512_broadcast_i32x4(load128(kIQ4NLValues));
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const BlockIQ4_XS& b = w[i];
+    __m512i sumi[NA];
+    for (int j = 0; j < NA; ++j) sumi[j] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = _mm512_shuffle_epi8(lut, nibbles64(b.qs + 32 * p, b.qs + 32 * p + 16));
+      const __m512i av_abs = _mm512_abs_epi8(v);
+      const __mmask64 neg = _mm512_movepi8_mask(v);
+      const int ls0 = ((b.scales_l[p] & 0xF) | (((b.scales_h >> (4 * p)) & 3) << 4)) - 32;
+      const int ls1 = ((b.scales_l[p] >> 4) | (((b.scales_h >> (4 * p + 2)) & 3) << 4)) - 32;
+      const __m512i sc = _mm512_inserti64x4(_mm512_set1_epi16((short)ls0), _mm256_set1_epi16((short)ls1), 1);
+      for (int j = 0; j < NA; ++j) {
+        const __m512i y = load512(A.a[j][i].qs + 64 * p);
+        const __m512i ys = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+        sumi[j] = _mm512_dpwssd_epi32(sumi[j], _mm512_maddubs_epi16(av_abs, ys), sc);
+      }
+    }
+    const float dw = f16(b.d);
+    for (int j = 0; j < NA; ++j)
+      A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * A.a[j][i].d), _mm512_cvtepi32_ps(sumi[j]), A.acc[j]);
+  }
+  A.finish(out);
+}
+
 // ---- tile drivers ----
 
 using KFn = void (*)(const void* w, const void* const* a, int64_t n, float* out);
@@ -506,7 +540,8 @@ namespace detail {
 #define ROOFLINE_AVX512_K_KERNELS(X) \
   X(Q2_K, k_q2_k)                    \
   X(Q3_K, k_q3_k)                    \
-  X(Q6_K, k_q6_k)
+  X(Q6_K, k_q6_k)                    \
+  X(IQ4_XS, k_iq4_xs)
 #define ROOFLINE_AVX512_K4_KERNELS(X) \
   X(Q4_K, false, BlockQ4_K)           \
   X(Q5_K, true, BlockQ5_K)
