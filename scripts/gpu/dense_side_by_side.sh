@@ -30,7 +30,7 @@ export PYTHONUNBUFFERED=1
 models="${MODELS:-qwen3-32b qwen3-8b}"
 file_of() { echo "$work/$1-Q4_K_M.gguf"; }
 rl() { local f=$1; shift; stamp "roofline bench $(basename "$f") $*"
-       timeout 200 "$bin/roofline" bench -m "$f" "$@" 2>&1 | grep -E "^\| *(model|qwen|---)|error" | tee -a "$out/summary.md"; }
+       timeout 200 "$bin/roofline" bench -m "$f" "$@" 2>&1 | grep -E "^[|] *[a-z-]|error" | tee -a "$out/summary.md"; }
 lb() { local f=$1; shift; [ "${LLAMA:-1}" = 0 ] && return; stamp "llama-bench $(basename "$f") $*"
        timeout 200 "$lcpp/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\||error" | tee -a "$out/summary.md"; }
 
