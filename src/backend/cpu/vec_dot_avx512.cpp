@@ -194,22 +194,36 @@ struct TileK4 {
 };
 
 
+// The K-quants of 16 sub-blocks of 16 (Q2_K, Q3_K, Q6_K) take 64 levels a step: step s's 128-bit lane L is
+// sub-block 4s + L. sub16_scale_index(h) lines the scale words up with the int16-packed sums of steps 2h and
+// 2h + 1 (vpermw); sub16_scaled_sums gives, for one Q8_K activation row, the sum over the super-block of each
+// sub-block's scale times its levels . activations: per step one vpdpbusd (|sum of 4| must fit int16), the two
+// steps of each h packed and weighted by their scales in one vpdpwssd.
+inline __m512i sub16_scale_index(int h) {
+  return packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
+}
+inline __m512i sub16_scaled_sums(const __m512i (&u)[4], const __m512i (&sc)[2], const int8_t* qs) {
+  __m512i sumi = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h) {
+    const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(qs + 128 * h));
+    const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(qs + 128 * h + 64));
+    sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
+  }
+  return sumi;
+}
+
 // Q6_K: 16 sub-blocks of 16 with signed 8-bit scales; levels unsigned 0..63, the "- 32" of every
 // element taken out through the activation block sums (one vpdpwssd with -32 * scale).
 // Step 2h covers elements 128h..128h+63 (low nibbles of ql[64h..64h+63], qh bits 0-1 / 2-3 of
 // qh[32h..32h+31] for the two halves), step 2h+1 elements 128h+64..128h+127 (high nibbles, bits 4-5 /
-// 6-7). Per activation row a step is one vpdpbusd (|sum of 4| <= 4 * 63 * 127 < 32768: fits int16);
-// the two steps of each h are packed to int16 and weighted by their scales in one vpdpwssd.
+// 6-7); |sum of 4| <= 4 * 63 * 127 < 32768.
 template <int NA>
 void k_q6_k(const void* wv, const void* const* av, int64_t n, float* out) {
   const auto* w = static_cast<const BlockQ6_K*>(wv);
   KActs<NA> A(av);
   const __m512i qh_shift_lo = halves16(4, 2);   // bits 0-1 / 2-3 to bits 4-5
   const __m512i qh_shift_hi = halves16(0, 2);   // bits 4-5 / 6-7 to bits 4-5
-  // Step g's 128-bit lane L is sub-block 4g + L.
-  __m512i scale_idx[2];
-  for (int h = 0; h < 2; ++h)
-    scale_idx[h] = packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
+  const __m512i scale_idx[2] = {sub16_scale_index(0), sub16_scale_index(1)};
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const BlockQ6_K& b = w[i];
     const __m256i sc16 = _mm256_cvtepi8_epi16(load128(b.scales));
@@ -228,12 +242,7 @@ void k_q6_k(const void* wv, const void* const* av, int64_t n, float* out) {
     }
     for (int j = 0; j < NA; ++j) {
       const BlockQ8_K& ya = A.a[j][i];
-      __m512i sumi = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {
-        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(ya.qs + 128 * h));
-        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(ya.qs + 128 * h + 64));
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
-      }
+      __m512i sumi = sub16_scaled_sums(u, sc, ya.qs);
       sumi = _mm512_dpwssd_epi32(sumi, _mm512_zextsi256_si512(load256(ya.bsums)), corr);
       A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * ya.d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
     }
@@ -241,20 +250,17 @@ void k_q6_k(const void* wv, const void* const* av, int64_t n, float* out) {
   A.finish(out);
 }
 
-// Q2_K and Q3_K: 16 sub-blocks of 16 as in Q6_K, steps of 64 elements (step s, 128-bit lane L: sub-block
-// 4s + L). A step's two 256-bit halves are two bit positions of the same 32 level bytes, so one dup256 and
-// per-half shift counts give it; the activations of a step are 64 consecutive bytes.
-// Q2_K: levels 0..3 with 4-bit scales; the mins term, dmin * m_k * bsum_k, is an int16 dot of its own
-// taken in floats after the scaled sums (as the AVX2 kernel does: two FMAs per super-block).
+// Q2_K and Q3_K, in Q6_K's steps: a step's two 256-bit halves are two bit positions of the same 32 level
+// bytes, so one dup256 and per-half shift counts give it; the activations of a step are 64 consecutive bytes.
+// Q2_K: levels 0..3 (|sum of 4| <= 4 * 3 * 127) with 4-bit scales; the mins term, dmin * m_k * bsum_k, is an
+// int16 dot of its own taken in floats after the scaled sums (as the AVX2 kernel does: two FMAs a super-block).
 template <int NA>
 void k_q2_k(const void* wv, const void* const* av, int64_t n, float* out) {
   const auto* w = static_cast<const BlockQ2_K*>(wv);
   KActs<NA> A(av);
   const __m512i shift_lo = halves16(0, 2);  // step 2h: bits 0-1 / 2-3 of qs[32h..32h+31]
   const __m512i shift_hi = halves16(4, 6);  // step 2h + 1: bits 4-5 / 6-7
-  __m512i scale_idx[2];
-  for (int h = 0; h < 2; ++h)
-    scale_idx[h] = packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
+  const __m512i scale_idx[2] = {sub16_scale_index(0), sub16_scale_index(1)};
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const BlockQ2_K& b = w[i];
     const __m128i sm = load128(b.scales);
@@ -270,12 +276,7 @@ void k_q2_k(const void* wv, const void* const* av, int64_t n, float* out) {
     const float dw = f16(b.d), dm = f16(b.dmin);
     for (int j = 0; j < NA; ++j) {
       const BlockQ8_K& ya = A.a[j][i];
-      __m512i sumi = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {  // |sum of 4| <= 4 * 3 * 127: int16
-        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(ya.qs + 128 * h));
-        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(ya.qs + 128 * h + 64));
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
-      }
+      __m512i sumi = sub16_scaled_sums(u, sc, ya.qs);
       const __m512i msum = _mm512_zextsi256_si512(_mm256_madd_epi16(mins16, load256(ya.bsums)));
       A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * ya.d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
       A.acc[j] = _mm512_fnmadd_ps(_mm512_set1_ps(dm * ya.d), _mm512_cvtepi32_ps(msum), A.acc[j]);
@@ -297,20 +298,18 @@ inline __m128i q3k_scales(const uint8_t* s) {
   return _mm_sub_epi8(sc, _mm_set1_epi8(32));
 }
 
-// Q3_K: levels q2 + 4 * hbit (0..7, hbit of element 128h + 32k + l: bit 4h + k of hmask[l]) with signed
-// scales; the "- 4" of every element is taken out through the activation block sums (one vpdpwssd with
-// -4 * scale, as Q6_K's "- 32").
+// Q3_K: levels q2 + 4 * hbit (0..7, |sum of 4| <= 4 * 7 * 127; hbit of element 128h + 32k + l: bit 4h + k of
+// hmask[l]) with signed scales; the "- 4" of every element is taken out through the activation block sums
+// (one vpdpwssd with -4 * scale, as Q6_K's "- 32").
 template <int NA>
 void k_q3_k(const void* wv, const void* const* av, int64_t n, float* out) {
   const auto* w = static_cast<const BlockQ3_K*>(wv);
   KActs<NA> A(av);
   const __m512i shift_lo = halves16(0, 2), shift_hi = halves16(4, 6);
-  __m512i scale_idx[2], hbit_shift[4];
-  for (int h = 0; h < 2; ++h) {
-    scale_idx[h] = packed_scale_index([h](int L, bool second) { return 4 * (2 * h + (int)second) + L; });
-    hbit_shift[2 * h] = halves16(4 * h, 4 * h + 1);  // hmask bit 4h + k, k = 0 / 1, to bit 0
-    hbit_shift[2 * h + 1] = halves16(4 * h + 2, 4 * h + 3);
-  }
+  const __m512i scale_idx[2] = {sub16_scale_index(0), sub16_scale_index(1)};
+  __m512i hbit_shift[4];  // step 2h + v: hmask bits 4h + 2v and 4h + 2v + 1 to bit 0
+  for (int h = 0; h < 2; ++h)
+    for (int v = 0; v < 2; ++v) hbit_shift[2 * h + v] = halves16(4 * h + 2 * v, 4 * h + 2 * v + 1);
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const BlockQ3_K& b = w[i];
     const __m256i sc16 = _mm256_cvtepi8_epi16(q3k_scales(b.scales));
@@ -330,12 +329,7 @@ void k_q3_k(const void* wv, const void* const* av, int64_t n, float* out) {
     }
     for (int j = 0; j < NA; ++j) {
       const BlockQ8_K& ya = A.a[j][i];
-      __m512i sumi = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {  // |sum of 4| <= 4 * 7 * 127: int16
-        const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h], load512(ya.qs + 128 * h));
-        const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2 * h + 1], load512(ya.qs + 128 * h + 64));
-        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p0, p1), sc[h]);
-      }
+      __m512i sumi = sub16_scaled_sums(u, sc, ya.qs);
       sumi = _mm512_dpwssd_epi32(sumi, _mm512_zextsi256_si512(load256(ya.bsums)), corr);
       A.acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(dw * ya.d), _mm512_cvtepi32_ps(sumi), A.acc[j]);
     }
