@@ -35,7 +35,9 @@ std::vector<uint8_t> random_matrix(DType t, int64_t rows, int64_t cols, uint64_t
   size_t bb = dtype_block_bytes(t), off = 0, off2 = SIZE_MAX;
   switch (t) {
     case DType::Q4_K:
-    case DType::Q5_K: off2 = 2; break;
+    case DType::Q5_K:
+    case DType::Q4_1:
+    case DType::Q5_1: off2 = 2; break;  // d and dmin / d and m
     case DType::Q6_K: off = offsetof(BlockQ6_K, d); break;
     case DType::Q3_K: off = offsetof(BlockQ3_K, d); break;
     case DType::Q2_K:
@@ -230,6 +232,8 @@ BENCHMARK_CAPTURE(BM_Matmul, Q4_0, DType::Q4_0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, Q3_K, DType::Q3_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, Q2_K, DType::Q2_K)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, IQ4_NL, DType::IQ4_NL)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q4_1, DType::Q4_1)->Apply(Args);
+BENCHMARK_CAPTURE(BM_Matmul, Q5_1, DType::Q5_1)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, F32, DType::F32)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, F16, DType::F16)->Apply(Args);
 BENCHMARK_CAPTURE(BM_Matmul, BF16, DType::BF16)->Apply(Args);

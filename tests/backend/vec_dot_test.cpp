@@ -360,7 +360,9 @@ bool has_own_kernel(CpuIsa l, DType t) {
   if (l == CpuIsa::Avx2) return detail::avx2_dot(t) != nullptr;
   switch (t) {
     case DType::Q4_0:
+    case DType::Q4_1:
     case DType::Q5_0:
+    case DType::Q5_1:
     case DType::Q8_0:
     case DType::IQ4_NL:
     case DType::IQ4_XS:

@@ -1,5 +1,4 @@
-// AVX-512 VNNI dot kernels and their prefill tile (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, IQ4_NL,
-// IQ4_XS).
+// AVX-512 VNNI dot kernels and their prefill tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS).
 // Compiled for AVX-512 F/BW/VL/DQ/VNNI through per-function target attributes (a pragma over this
 // file, not global flags), called only after avx512_supported(). Each kernel is one template over NA
 // activation rows (1..8): a weight block is decoded once per tile and multiplied with NA activation
@@ -10,6 +9,8 @@
 //  - 32-element types: two blocks per 512-bit step; the tile first writes its activation rows once as
 //    a panel of unsigned bytes (a + 128) and per-lane float scales, so each activation row costs one
 //    vpdpbusd per 64 levels, whose accumulator starts at -128 * (sum of the 4 weights of the lane).
+//  - Q4_1 / Q5_1: two blocks per step straight from the Q8_1 activation rows (unsigned levels, signed
+//    activations: vpdpbusd needs no correction); their offsets in a scalar sum.
 // No shared inline helpers from other headers (core/fp16.h, <algorithm>): an AVX-512-compiled copy
 // of an inline function could be the one the linker keeps for the other paths.
 #include <cstddef>
@@ -426,6 +427,59 @@ struct DecodeIQ4_NL {
   }
 };
 
+// Q4_1 and Q5_1 (Q8_1 activations): unsigned levels with a per-block offset, two blocks a 512-bit step. The
+// levels are already unsigned and the activations signed, so one vpdpbusd gives each lane's exact sum with
+// no correction; each half is scaled by its block's d_w * d_a, and the offsets m * d_a * (sum of the block's
+// activations) are added in a scalar sum after the vector one (as the AVX2 kernel does; __builtin_fmaf, not
+// std::fma, for the reason at the top of this file).
+template <int NA, typename Block, typename Decode>
+void dot_offset32(const void* wv, const void* const* av, int64_t n, float* out, Decode decode) {
+  const auto* w = static_cast<const Block*>(wv);
+  const ActBlockQ8_1* a[NA];
+  __m512 acc[NA];
+  float offs[NA];
+  for (int j = 0; j < NA; ++j) {
+    a[j] = static_cast<const ActBlockQ8_1*>(av[j]);
+    acc[j] = _mm512_setzero_ps();
+    offs[j] = 0;
+  }
+  const int64_t nb = n / kQK;
+  for (int64_t ib = 0; ib < nb; ib += 2) {
+    const bool two = ib + 1 < nb;  // a missing second block: zero levels and scales
+    const __m512i u = decode(w[ib], two ? &w[ib + 1] : nullptr);
+    const float dw0 = f16(w[ib].d), m0 = f16(w[ib].m), dw1 = two ? f16(w[ib + 1].d) : 0.0f, m1 = two ? f16(w[ib + 1].m) : 0.0f;
+    for (int j = 0; j < NA; ++j) {
+      const ActBlockQ8_1& a0 = a[j][ib];
+      const ActBlockQ8_1* a1 = two ? &a[j][ib + 1] : nullptr;
+      const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a0.qs)), a1 ? load256(a1->qs) : _mm256_setzero_si256(), 1);
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
+      const float da0 = f16(a0.d), da1 = a1 ? f16(a1->d) : 0.0f;
+      const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(dw0 * da0), _mm256_set1_ps(dw1 * da1), 1);
+      acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(p), acc[j]);
+      offs[j] = __builtin_fmaf(m0, da0 * (float)a0.sum, offs[j]);
+      if (a1) offs[j] = __builtin_fmaf(m1, da1 * (float)a1->sum, offs[j]);
+    }
+  }
+  for (int j = 0; j < NA; ++j) out[j] = _mm512_reduce_add_ps(acc[j]) + offs[j];
+}
+
+template <int NA>
+void k_q4_1(const void* w, const void* const* a, int64_t n, float* out) {
+  dot_offset32<NA, BlockQ4_1>(w, a, n, out, [](const BlockQ4_1& b0, const BlockQ4_1* b1) { return nibbles64(b0.qs, b1 ? b1->qs : nullptr); });
+}
+
+template <int NA>
+void k_q5_1(const void* w, const void* const* a, int64_t n, float* out) {
+  dot_offset32<NA, BlockQ5_1>(w, a, n, out, [](const BlockQ5_1& b0, const BlockQ5_1* b1) {
+    uint32_t h0, h1 = 0;
+    std::memcpy(&h0, b0.qh, 4);
+    if (b1) std::memcpy(&h1, b1->qh, 4);
+    const __m512i u = nibbles64(b0.qs, b1 ? b1->qs : nullptr);
+    // + 16: bit e of qh is element e's fifth bit.
+    return _mm512_mask_add_epi8(u, (__mmask64)((uint64_t)h0 | ((uint64_t)h1 << 32)), u, bytes(16));
+  });
+}
+
 // IQ4_XS (Q8_K activations): 8 sub-blocks of 32 with signed 6-bit scales and IQ4_NL's table of levels. Step p
 // (64 elements) is sub-blocks 2p and 2p + 1 as nibbles64 lays them out; as in the AVX2 kernel each product
 // takes |w| (unsigned) times the activation with w's sign (a masked negation: AVX-512 has no vpsignb),
@@ -531,7 +585,10 @@ struct Signed32 {
 
 namespace detail {
 
+// Kernels driven row by row by tile_k: the K-quants of their own, IQ4_XS, and the offset types Q4_1 and Q5_1.
 #define ROOFLINE_AVX512_K_KERNELS(X) \
+  X(Q4_1, k_q4_1)                    \
+  X(Q5_1, k_q5_1)                    \
   X(Q2_K, k_q2_k)                    \
   X(Q3_K, k_q3_k)                    \
   X(Q6_K, k_q6_k)                    \
