@@ -9,8 +9,8 @@
 //  - 32-element types: two blocks per 512-bit step; the tile first writes its activation rows once as
 //    a panel of unsigned bytes (a + 128) and per-lane float scales, so each activation row costs one
 //    vpdpbusd per 64 levels, whose accumulator starts at -128 * (sum of the 4 weights of the lane).
-//  - Q4_1 / Q5_1: two blocks per step straight from the Q8_1 activation rows (unsigned levels, signed
-//    activations: vpdpbusd needs no correction); their offsets in a scalar sum.
+//  - Q4_1 / Q5_1: two blocks per step through a panel of the Q8_1 rows as they are (unsigned levels,
+//    signed activations: vpdpbusd needs no correction), the offsets summed in the lanes by one more FMA.
 // No shared inline helpers from other headers (core/fp16.h, <algorithm>): an AVX-512-compiled copy
 // of an inline function could be the one the linker keeps for the other paths.
 #include <cstddef>
@@ -388,6 +388,51 @@ void dot_signed32(const void* wv, const uint8_t* const* panel, const PanelLayout
   for (int j = 0; j < NA; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
 }
 
+// Q4_1 and Q5_1 (Q8_1 activations), through a panel of their own: per step of two blocks, 64 activation bytes
+// as they are (the levels are unsigned and the activations signed, so vpdpbusd needs no correction), 16 floats
+// [da0 x 8, da1 x 8] and 16 floats of the offsets' activation term [da0 * sum0 / 8 x 8, da1 * sum1 / 8 x 8]
+// (an eighth on each of a block's 8 lanes: exact, a power of two), so a step and activation row is one
+// vpdpbusd and two FMAs, the offset m * da * sum summed in the lanes with the products.
+struct OffsetPanelLayout {
+  int64_t nb, np;
+  size_t bytes_per_row() const { return (size_t)np * 192; }
+};
+
+void write_offset_panel_row(const ActBlockQ8_1* a, const OffsetPanelLayout& L, uint8_t* dst) {
+  float* s = reinterpret_cast<float*>(dst + L.np * 64);
+  float* o = s + L.np * 16;
+  for (int64_t p = 0; p < L.np; ++p) {
+    const int64_t b0 = 2 * p, b1 = 2 * p + 1;
+    const bool two = b1 < L.nb;  // a missing second block: zero activations and scales
+    _mm512_storeu_si512(dst + 64 * p, _mm512_inserti64x4(_mm512_castsi256_si512(load256(a[b0].qs)), two ? load256(a[b1].qs) : _mm256_setzero_si256(), 1));
+    const float d0 = f16(a[b0].d), d1 = two ? f16(a[b1].d) : 0.0f;
+    _mm512_storeu_ps(s + 16 * p, _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1));
+    const float t0 = d0 * (float)a[b0].sum * 0.125f, t1 = two ? d1 * (float)a[b1].sum * 0.125f : 0.0f;
+    _mm512_storeu_ps(o + 16 * p, _mm512_insertf32x8(_mm512_set1_ps(t0), _mm256_set1_ps(t1), 1));
+  }
+}
+
+template <int NA, typename Block, typename Decode>
+void dot_offset32(const void* wv, const uint8_t* const* panel, const OffsetPanelLayout& L, float* out, Decode decode) {
+  const auto* w = static_cast<const Block*>(wv);
+  __m512 acc[NA];
+  for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < L.np; ++p) {
+    const int64_t b0 = 2 * p, b1 = 2 * p + 1;
+    const bool two = b1 < L.nb;
+    const __m512i u = decode(w[b0], two ? &w[b1] : nullptr);
+    const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(f16(w[b0].d)), _mm256_set1_ps(two ? f16(w[b1].d) : 0.0f), 1);
+    const __m512 m = _mm512_insertf32x8(_mm512_set1_ps(f16(w[b0].m)), _mm256_set1_ps(two ? f16(w[b1].m) : 0.0f), 1);
+    for (int j = 0; j < NA; ++j) {
+      const float* s = reinterpret_cast<const float*>(panel[j] + L.np * 64) + 16 * p;
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, load512(panel[j] + 64 * p));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_loadu_ps(s)), acc[j]);
+      acc[j] = _mm512_fmadd_ps(m, _mm512_loadu_ps(s + L.np * 16), acc[j]);
+    }
+  }
+  for (int j = 0; j < NA; ++j) out[j] = _mm512_reduce_add_ps(acc[j]);
+}
+
 constexpr long long kNib = 0x0004000400040004ll;  // four int16 shift counts of 4
 
 // 16 bytes of nibbles of each of two blocks as 64 levels in element order: [b0 low nibbles (elements
@@ -420,65 +465,25 @@ struct DecodeQ5_0 {
     return _mm512_mask_sub_epi8(u, (__mmask64)~((uint64_t)h0 | ((uint64_t)h1 << 32)), u, bytes(16));
   }
 };
-struct DecodeIQ4_NL {
-  __m512i operator()(const BlockIQ4_NL& b0, const BlockIQ4_NL* b1) const {
-    const __m512i lut = _mm512_broadcast_i32x4(load128(kIQ4NLValues));
-    return _mm512_shuffle_epi8(lut, nibbles64(b0.qs, b1 ? b1->qs : nullptr));
-  }
+struct DecodeQ4_1 {
+  __m512i operator()(const BlockQ4_1& b0, const BlockQ4_1* b1) const { return nibbles64(b0.qs, b1 ? b1->qs : nullptr); }
 };
-
-// Q4_1 and Q5_1 (Q8_1 activations): unsigned levels with a per-block offset, two blocks a 512-bit step. The
-// levels are already unsigned and the activations signed, so one vpdpbusd gives each lane's exact sum with
-// no correction; each half is scaled by its block's d_w * d_a, and the offsets m * d_a * (sum of the block's
-// activations) are added in a scalar sum after the vector one (as the AVX2 kernel does; __builtin_fmaf, not
-// std::fma, for the reason at the top of this file).
-template <int NA, typename Block, typename Decode>
-void dot_offset32(const void* wv, const void* const* av, int64_t n, float* out, Decode decode) {
-  const auto* w = static_cast<const Block*>(wv);
-  const ActBlockQ8_1* a[NA];
-  __m512 acc[NA];
-  float offs[NA];
-  for (int j = 0; j < NA; ++j) {
-    a[j] = static_cast<const ActBlockQ8_1*>(av[j]);
-    acc[j] = _mm512_setzero_ps();
-    offs[j] = 0;
-  }
-  const int64_t nb = n / kQK;
-  for (int64_t ib = 0; ib < nb; ib += 2) {
-    const bool two = ib + 1 < nb;  // a missing second block: zero levels and scales
-    const __m512i u = decode(w[ib], two ? &w[ib + 1] : nullptr);
-    const float dw0 = f16(w[ib].d), m0 = f16(w[ib].m), dw1 = two ? f16(w[ib + 1].d) : 0.0f, m1 = two ? f16(w[ib + 1].m) : 0.0f;
-    for (int j = 0; j < NA; ++j) {
-      const ActBlockQ8_1& a0 = a[j][ib];
-      const ActBlockQ8_1* a1 = two ? &a[j][ib + 1] : nullptr;
-      const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(load256(a0.qs)), a1 ? load256(a1->qs) : _mm256_setzero_si256(), 1);
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
-      const float da0 = f16(a0.d), da1 = a1 ? f16(a1->d) : 0.0f;
-      const __m512 scale = _mm512_insertf32x8(_mm512_set1_ps(dw0 * da0), _mm256_set1_ps(dw1 * da1), 1);
-      acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(p), acc[j]);
-      offs[j] = __builtin_fmaf(m0, da0 * (float)a0.sum, offs[j]);
-      if (a1) offs[j] = __builtin_fmaf(m1, da1 * (float)a1->sum, offs[j]);
-    }
-  }
-  for (int j = 0; j < NA; ++j) out[j] = _mm512_reduce_add_ps(acc[j]) + offs[j];
-}
-
-template <int NA>
-void k_q4_1(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_offset32<NA, BlockQ4_1>(w, a, n, out, [](const BlockQ4_1& b0, const BlockQ4_1* b1) { return nibbles64(b0.qs, b1 ? b1->qs : nullptr); });
-}
-
-template <int NA>
-void k_q5_1(const void* w, const void* const* a, int64_t n, float* out) {
-  dot_offset32<NA, BlockQ5_1>(w, a, n, out, [](const BlockQ5_1& b0, const BlockQ5_1* b1) {
+struct DecodeQ5_1 {
+  __m512i operator()(const BlockQ5_1& b0, const BlockQ5_1* b1) const {
     uint32_t h0, h1 = 0;
     std::memcpy(&h0, b0.qh, 4);
     if (b1) std::memcpy(&h1, b1->qh, 4);
     const __m512i u = nibbles64(b0.qs, b1 ? b1->qs : nullptr);
     // + 16: bit e of qh is element e's fifth bit.
     return _mm512_mask_add_epi8(u, (__mmask64)((uint64_t)h0 | ((uint64_t)h1 << 32)), u, bytes(16));
-  });
-}
+  }
+};
+struct DecodeIQ4_NL {
+  __m512i operator()(const BlockIQ4_NL& b0, const BlockIQ4_NL* b1) const {
+    const __m512i lut = _mm512_broadcast_i32x4(load128(kIQ4NLValues));
+    return _mm512_shuffle_epi8(lut, nibbles64(b0.qs, b1 ? b1->qs : nullptr));
+  }
+};
 
 // IQ4_XS (Q8_K activations): 8 sub-blocks of 32 with signed 6-bit scales and IQ4_NL's table of levels. Step p
 // (64 elements) is sub-blocks 2p and 2p + 1 as nibbles64 lays them out; as in the AVX2 kernel each product
@@ -544,25 +549,25 @@ float single(const void* w, const void* a, int64_t n) {
 }
 
 // 32-element types: the activation rows of this call as a panel (thread-local scratch), then weight
-// row by weight row with activation rows in groups of up to 8.
-template <typename Block, typename Decode>
-struct Signed32 {
-  template <int NA>
-  static void run(const void* w, const uint8_t* const* panel, const PanelLayout& L, float* out) {
-    dot_signed32<NA, Block>(w, panel, L, out, Decode{});
-  }
+// row by weight row with activation rows in groups of up to 8. A family gives the panel's layout and row
+// writer (ActBlock: its activation block type) and the kernel over NA panel rows.
+template <typename Family>
+struct PanelTile {
+  using Layout = typename Family::Layout;
   static void tile(const void* w, size_t w_stride, int n_w, const void* a, size_t a_stride, int n_a, int64_t n,
                    float* y, size_t ldy) {
-    using PFn = void (*)(const void*, const uint8_t* const*, const PanelLayout&, float*);
-    static constexpr PFn kFns[kMaxNA + 1] = {nullptr, run<1>, run<2>, run<3>, run<4>, run<5>, run<6>, run<7>, run<8>};
-    const PanelLayout L{n / kQK, (n / kQK + 1) / 2};
+    using PFn = void (*)(const void*, const uint8_t* const*, const Layout&, float*);
+    static constexpr PFn kFns[kMaxNA + 1] = {nullptr, Family::template run<1>, Family::template run<2>, Family::template run<3>,
+                                             Family::template run<4>, Family::template run<5>, Family::template run<6>,
+                                             Family::template run<7>, Family::template run<8>};
+    const Layout L{n / kQK, (n / kQK + 1) / 2};
     thread_local std::vector<uint8_t> scratch;
     const size_t row_bytes = L.bytes_per_row();
     if (scratch.size() < row_bytes * (size_t)n_a + 64) scratch.resize(row_bytes * (size_t)n_a + 64);
     uint8_t* base = scratch.data() + ((64 - (reinterpret_cast<uintptr_t>(scratch.data()) & 63)) & 63);
     const auto* ab = static_cast<const uint8_t*>(a);
     for (int c = 0; c < n_a; ++c)
-      write_panel_row(reinterpret_cast<const BlockQ8_0*>(ab + (size_t)c * a_stride), L, base + (size_t)c * row_bytes);
+      Family::write_row(reinterpret_cast<const typename Family::ActBlock*>(ab + (size_t)c * a_stride), L, base + (size_t)c * row_bytes);
     for (int c = 0; c < n_a; c += kMaxNA) {
       const int na = n_a - c < kMaxNA ? n_a - c : kMaxNA;
       const uint8_t* p[kMaxNA];
@@ -581,14 +586,35 @@ struct Signed32 {
   }
 };
 
+// Signed levels (Q4_0, Q5_0, Q8_0, IQ4_NL) with Q8_0 activations.
+template <typename Block, typename Decode>
+struct Signed32 {
+  using Layout = PanelLayout;
+  using ActBlock = BlockQ8_0;
+  static void write_row(const BlockQ8_0* a, const PanelLayout& L, uint8_t* dst) { write_panel_row(a, L, dst); }
+  template <int NA>
+  static void run(const void* w, const uint8_t* const* panel, const PanelLayout& L, float* out) {
+    dot_signed32<NA, Block>(w, panel, L, out, Decode{});
+  }
+};
+
+// Unsigned levels with an offset (Q4_1, Q5_1) with Q8_1 activations.
+template <typename Block, typename Decode>
+struct Offset32 {
+  using Layout = OffsetPanelLayout;
+  using ActBlock = ActBlockQ8_1;
+  static void write_row(const ActBlockQ8_1* a, const OffsetPanelLayout& L, uint8_t* dst) { write_offset_panel_row(a, L, dst); }
+  template <int NA>
+  static void run(const void* w, const uint8_t* const* panel, const OffsetPanelLayout& L, float* out) {
+    dot_offset32<NA, Block>(w, panel, L, out, Decode{});
+  }
+};
+
 }  // namespace
 
 namespace detail {
 
-// Kernels driven row by row by tile_k: the K-quants of their own, IQ4_XS, and the offset types Q4_1 and Q5_1.
 #define ROOFLINE_AVX512_K_KERNELS(X) \
-  X(Q4_1, k_q4_1)                    \
-  X(Q5_1, k_q5_1)                    \
   X(Q2_K, k_q2_k)                    \
   X(Q3_K, k_q3_k)                    \
   X(Q6_K, k_q6_k)                    \
@@ -596,11 +622,19 @@ namespace detail {
 #define ROOFLINE_AVX512_K4_KERNELS(X) \
   X(Q4_K, false, BlockQ4_K)           \
   X(Q5_K, true, BlockQ5_K)
-#define ROOFLINE_AVX512_SIGNED32_KERNELS(X) \
-  X(Q4_0, BlockQ4_0, DecodeQ4_0)            \
-  X(Q5_0, BlockQ5_0, DecodeQ5_0)            \
-  X(Q8_0, BlockQ8_0, DecodeQ8_0)            \
-  X(IQ4_NL, BlockIQ4_NL, DecodeIQ4_NL)
+using PanelQ4_0 = PanelTile<Signed32<BlockQ4_0, DecodeQ4_0>>;
+using PanelQ5_0 = PanelTile<Signed32<BlockQ5_0, DecodeQ5_0>>;
+using PanelQ8_0 = PanelTile<Signed32<BlockQ8_0, DecodeQ8_0>>;
+using PanelIQ4_NL = PanelTile<Signed32<BlockIQ4_NL, DecodeIQ4_NL>>;
+using PanelQ4_1 = PanelTile<Offset32<BlockQ4_1, DecodeQ4_1>>;
+using PanelQ5_1 = PanelTile<Offset32<BlockQ5_1, DecodeQ5_1>>;
+#define ROOFLINE_AVX512_PANEL_KERNELS(X) \
+  X(Q4_0, PanelQ4_0)                     \
+  X(Q5_0, PanelQ5_0)                     \
+  X(Q8_0, PanelQ8_0)                     \
+  X(IQ4_NL, PanelIQ4_NL)                 \
+  X(Q4_1, PanelQ4_1)                     \
+  X(Q5_1, PanelQ5_1)
 
 VecDotFn avx512_dot(DType t) {
   switch (t) {
@@ -612,9 +646,9 @@ VecDotFn avx512_dot(DType t) {
   case DType::type: return TileK4<high, block>::single;
     ROOFLINE_AVX512_K4_KERNELS(X)
 #undef X
-#define X(type, block, decode) \
-  case DType::type: return Signed32<block, decode>::single;
-    ROOFLINE_AVX512_SIGNED32_KERNELS(X)
+#define X(type, panel) \
+  case DType::type: return panel::single;
+    ROOFLINE_AVX512_PANEL_KERNELS(X)
 #undef X
     default: return nullptr;
   }
@@ -630,9 +664,9 @@ VecDotTileFn avx512_tile(DType t) {
   case DType::type: return TileK4<high, block>::tile;
     ROOFLINE_AVX512_K4_KERNELS(X)
 #undef X
-#define X(type, block, decode) \
-  case DType::type: return Signed32<block, decode>::tile;
-    ROOFLINE_AVX512_SIGNED32_KERNELS(X)
+#define X(type, panel) \
+  case DType::type: return panel::tile;
+    ROOFLINE_AVX512_PANEL_KERNELS(X)
 #undef X
     default: return avx512_float_tile(t);
   }
@@ -640,7 +674,7 @@ VecDotTileFn avx512_tile(DType t) {
 
 #undef ROOFLINE_AVX512_K_KERNELS
 #undef ROOFLINE_AVX512_K4_KERNELS
-#undef ROOFLINE_AVX512_SIGNED32_KERNELS
+#undef ROOFLINE_AVX512_PANEL_KERNELS
 
 }  // namespace detail
 }  // namespace roofline::cpu
