@@ -404,7 +404,8 @@ void write_offset_panel_row(const ActBlockQ8_1* a, const OffsetPanelLayout& L, u
   for (int64_t p = 0; p < L.np; ++p) {
     const int64_t b0 = 2 * p, b1 = 2 * p + 1;
     const bool two = b1 < L.nb;  // a missing second block: zero activations and scales
-    _mm512_storeu_si512(dst + 64 * p, _mm512_inserti64x4(_mm512_castsi256_si512(load256(a[b0].qs)), two ? load256(a[b1].qs) : _mm256_setzero_si256(), 1));
+    const __m256i hi = two ? load256(a[b1].qs) : _mm256_setzero_si256();
+    _mm512_storeu_si512(dst + 64 * p, _mm512_inserti64x4(_mm512_castsi256_si512(load256(a[b0].qs)), hi, 1));
     const float d0 = f16(a[b0].d), d1 = two ? f16(a[b1].d) : 0.0f;
     _mm512_storeu_ps(s + 16 * p, _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1));
     const float t0 = d0 * (float)a[b0].sum * 0.125f, t1 = two ? d1 * (float)a[b1].sum * 0.125f : 0.0f;
