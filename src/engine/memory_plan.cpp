@@ -346,7 +346,17 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const bool host_compute_measured = s.host_tflops > 0;
   const double host_tflops = host_compute_measured ? s.host_tflops : host->tflops;
   const double host_flops = host_tflops * 1e12 * s.host_prefill_efficiency;
-  const double prefill_seconds = p.prompt_flops_per_token * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops);
+  // The routed experts apart: on the GPU at the expert rate (their bytes, once a 512-token step), on the host by FLOPs.
+  const int gpu_first_layer = gpu.host ? hp.n_layer : std::min(first_gpu_unit, hp.n_layer);
+  const double expert_flops_host = routed_expert_flops_per_token(model, 0, gpu_first_layer);
+  const double expert_flops_gpu = routed_expert_flops_per_token(model, gpu_first_layer, hp.n_layer);
+  const double expert_bytes_gpu = stacked_expert_bytes(model, gpu_first_layer, hp.n_layer);
+  const double expert_rate = gpu.tflops * 1e12 * s.prefill_expert_bytes_per_flop;  // bytes/s
+  const bool experts_by_bytes = expert_bytes_gpu > 0 && expert_rate > 0;
+  const double dense_flops = p.prompt_flops_per_token - expert_flops_host - (experts_by_bytes ? expert_flops_gpu : 0.0);
+  p.prefill_expert_seconds = experts_by_bytes ? expert_bytes_gpu / kPlanPromptRows / expert_rate : 0.0;
+  const double prefill_seconds = dense_flops * (gpu_share / std::max(gpu_flops, 1.0) + (1 - gpu_share) / host_flops) +
+                                 expert_flops_host / host_flops + p.prefill_expert_seconds;
   p.prefill_tok_s = 1.0 / prefill_seconds;
 
   // Every slot generating at once: a step reads the weights once for all of them; each row after the
@@ -412,13 +422,19 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                             p.prefill_tok_s));
   else
     d.push_back(fmt::format("prefill predicted: {:.1f} GFLOP per token; {:.0f} TFLOPS dense FP16 x {:.2f} (our prefill's share, measured "
-                            "on the H200: {:.2f} with f16 copies of the weights, {:.2f} without; {}){} = {:.0f} tok/s",
+                            "on the H200: {:.2f} with f16 copies of the weights, {:.2f} without; {}){}{} = {:.0f} tok/s",
                             p.prompt_flops_per_token / 1e9, gpu.tflops, gpu_efficiency, s.prefill_copies_efficiency, s.prefill_efficiency,
                             !s.f16_copies ? std::string("--f16-copies off")
                             : p.f16_copy_share >= 1 ? fmt::format("the copies, {:.1f} GiB, fit in what the bill leaves", p.f16_copy_bytes / 1073741824.0)
                                                     : fmt::format("{:.0f}% of the copies' {:.1f} GiB fit in what the bill leaves", 100 * p.f16_copy_share,
                                                                   p.f16_copy_bytes / 1073741824.0),
                             gpu_share < 1 ? fmt::format(", {:.0f}% of the weights on the GPU, the rest at {}", 100 * gpu_share, host_rate) : "",
+                            p.prefill_expert_seconds > 0
+                                ? fmt::format("; the routed experts' {:.1f} GFLOP apart: their {:.2f} GB, dequantized once a {}-token step, at "
+                                              "{:.0f} GB/s (their kernel's rate on this card's FP16 compute) = {:.1f} us a token",
+                                              expert_flops_gpu / 1e9, expert_bytes_gpu / 1e9, kPlanPromptRows, expert_rate / 1e9,
+                                              p.prefill_expert_seconds * 1e6)
+                                : std::string(),
                             p.prefill_tok_s));
   return p;
 }

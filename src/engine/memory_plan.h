@@ -89,6 +89,14 @@ struct PlanSettings {
   // products dequantize nothing: qwen3-32b pp512 8024 tok/s, 505 of 989 TFLOPS (docs/performance.md, "f16
   // copies"). A prompt step whose GPU weights have copies for a share of them runs that share at this rate.
   double prefill_copies_efficiency = 0.51;
+  // Stacked MoE experts keep no f16 copies: a 512-token prompt step dequantizes every expert its tokens route to
+  // (at 512 tokens, nearly all of them) in the grouped tensor-core kernel, whose time follows those weight bytes
+  // rather than the FLOPs (16-32 tokens an expert). Their rate, as expert weight bytes a second per dense FP16
+  // FLOP/s of the card (qwen3-30b-a3b's pp512 was the same on an H200 and an H100: compute, not bandwidth):
+  // the geometric mean of the rates pp512 gives on the H100 for qwen3-30b-a3b (18335 tok/s: 0.00069) and
+  // qwen3.5-35b-a3b (11456: 0.00047), so those two are predicted 16% low and 19% high (docs/performance.md,
+  // thirty-third session; FLOPs at the dense share put them 4.9x and 8.8x high).
+  double prefill_expert_bytes_per_flop = 0.00057;
   bool f16_copies = true;         // --f16-copies off: false
   double f16_copies_max_gib = 0;  // --f16-copies GIB: at most this much (0: no cap)
   // The host's prompt products: their measured rate (cpu::measure_cpu_product_tflops; 0: the `cpu` entry's
@@ -108,6 +116,9 @@ struct DeviceBill {
   double total() const { return weights + kv + state + swa + snapshots + draft + work + context + margin; }
   bool fits() const { return capacity <= 0 || total() <= capacity; }
 };
+
+// The prompt step the prefill prediction describes: a 512-token prompt (pp512), one step.
+constexpr int kPlanPromptRows = 512;
 
 struct Plan {
   GpuSpec gpu;
@@ -131,6 +142,7 @@ struct Plan {
   double decode_roofline_tok_s = 0, decode_tok_s = 0, decode_tok_s_full_context = 0;
   double decode_tok_s_all_slots = 0;  // every slot generating at once, all slots together
   double flops_per_token = 0, prefill_tok_s = 0;  // flops_per_token: a decode row's (logits included)
+  double prefill_expert_seconds = 0;               // of a prompt token's time, the GPU's routed experts (0: none)
   // f16 copies of the GPU layers' matrices (CudaBackend::keep_f16_copies): the bytes all of them take, and the
   // share of them that fits in what the GPU bill leaves (0 without a known capacity, or with them off).
   double f16_copy_bytes = 0, f16_copy_share = 0;

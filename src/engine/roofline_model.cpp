@@ -70,6 +70,29 @@ double flops_per_token(const Model& model, double depth, bool with_output) {
   return 2.0 * (weights + attention + delta_rule);
 }
 
+double routed_expert_flops_per_token(const Model& model, int layer_begin, int layer_end) {
+  const HParams& hp = model.hparams();
+  if (!hp.is_moe()) return 0;
+  double flops = 0;
+  for (int il = std::max(0, layer_begin); il < std::min(layer_end, hp.n_layer); ++il) {
+    const LayerWeights& L = model.layer(il);
+    if (L[LayerTensor::FfnGateExps] || L[LayerTensor::FfnUpExps])
+      flops += 2.0 * 3.0 * (double)hp.n_embd * hp.n_expert_used * hp.n_ff_exp;
+  }
+  return flops;
+}
+
+double stacked_expert_bytes(const Model& model, int layer_begin, int layer_end) {
+  const HParams& hp = model.hparams();
+  double bytes = 0;
+  for (int il = std::max(0, layer_begin); il < std::min(layer_end, hp.n_layer); ++il) {
+    const LayerWeights& L = model.layer(il);
+    for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+      if (L[t]) bytes += (double)L[t].bytes();
+  }
+  return bytes;
+}
+
 namespace {
 std::atomic<size_t> host_probe_bytes_for_test{0};
 }  // namespace

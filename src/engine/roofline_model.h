@@ -27,6 +27,10 @@ double state_bytes_per_token(const Model& model, int layer_begin, int layer_end)
 // Matmul and attention FLOPs of one token at KV depth `depth`; with_output: the output matrix's product too
 // (a decode row computes logits; a prompt's rows do not, but its last, which a per-token rate leaves out).
 double flops_per_token(const Model& model, double depth, bool with_output = true);
+// Of those, the routed experts' products in layers [layer_begin, layer_end) (n_expert_used experts a token; 0
+// without a mixture of experts), and the bytes of those layers' stacked expert tensors.
+double routed_expert_flops_per_token(const Model& model, int layer_begin, int layer_end);
+double stacked_expert_bytes(const Model& model, int layer_begin, int layer_end);
 
 // Read bandwidth of host memory in GB/s (1e9 bytes/s): n_threads streaming over a buffer much larger
 // than the caches, best of a few passes.
