@@ -29,15 +29,23 @@ double state_bytes_per_token(const Model& model, int layer_begin, int layer_end)
   return 2.0 * 4.0 * (double)hp.delta_net.state_floats() * hp.count_layers(MixerKind::DeltaNet, layer_begin, layer_end);
 }
 
+namespace {
+// Bytes of layer il's stacked expert tensors (0 without them).
+double layer_expert_bytes(const Model& model, int il) {
+  const LayerWeights& L = model.layer(il);
+  double bytes = 0;
+  for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
+    if (L[t]) bytes += (double)L[t].bytes();
+  return bytes;
+}
+}  // namespace
+
 double layer_decode_bytes(const Model& model, int il) {
   const HParams& hp = model.hparams();
   double bytes = (double)model.layer_bytes(il);
   if (!hp.is_moe()) return bytes;
   // A token reads n_expert_used of the n_expert stacked experts.
-  const LayerWeights& L = model.layer(il);
-  for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
-    if (L[t]) bytes -= (double)L[t].bytes() * (1.0 - (double)hp.n_expert_used / hp.n_expert);
-  return bytes;
+  return bytes - layer_expert_bytes(model, il) * (hp.n_expert - hp.n_expert_used) / hp.n_expert;
 }
 
 double decode_bytes_per_token(const Model& model, double depth, DType type_k, DType type_v) {
@@ -56,8 +64,8 @@ double flops_per_token(const Model& model, double depth, bool with_output) {
   const int n_attn = hp.count_layers(MixerKind::Attention), n_delta = hp.count_layers(MixerKind::DeltaNet);
   const DeltaNetDims& d = hp.delta_net;
   double weights = with_output ? (double)hp.n_embd * hp.n_vocab : 0.0;  // output matrix
-  if (hp.is_moe())  // the router, k experts and the shared expert
-    weights += (double)hp.n_layer * hp.n_embd * (hp.n_expert + 3.0 * ((double)hp.n_expert_used * hp.n_ff_exp + hp.n_ff_shexp));
+  if (hp.is_moe())  // the router and the shared expert (the k routed experts below)
+    weights += (double)hp.n_layer * hp.n_embd * (hp.n_expert + 3.0 * hp.n_ff_shexp);
   else
     weights += (double)hp.n_layer * 3.0 * hp.n_embd * hp.n_ff;
   weights += (double)n_attn * ((double)hp.n_embd * (hp.q_dim() * (hp.attn_output_gate ? 2 : 1) + hp.kv_dim_k() + hp.kv_dim_v()) +
@@ -67,7 +75,7 @@ double flops_per_token(const Model& model, double depth, bool with_output) {
   for (int il = 0; il < hp.n_layer; ++il) attended += kv_positions_read(hp, il, depth + 1);
   const double attention = (double)hp.n_head * (hp.head_dim_k + hp.head_dim_v) * attended;
   const double delta_rule = (double)n_delta * 3.0 * d.ssm_state_floats();  // decay + delta update, output
-  return 2.0 * (weights + attention + delta_rule);
+  return 2.0 * (weights + attention + delta_rule) + routed_expert_flops_per_token(model, 0, hp.n_layer);
 }
 
 double routed_expert_flops_per_token(const Model& model, int layer_begin, int layer_end) {
@@ -83,13 +91,8 @@ double routed_expert_flops_per_token(const Model& model, int layer_begin, int la
 }
 
 double stacked_expert_bytes(const Model& model, int layer_begin, int layer_end) {
-  const HParams& hp = model.hparams();
   double bytes = 0;
-  for (int il = std::max(0, layer_begin); il < std::min(layer_end, hp.n_layer); ++il) {
-    const LayerWeights& L = model.layer(il);
-    for (LayerTensor t : {LayerTensor::FfnGateExps, LayerTensor::FfnUpExps, LayerTensor::FfnDownExps})
-      if (L[t]) bytes += (double)L[t].bytes();
-  }
+  for (int il = std::max(0, layer_begin); il < std::min(layer_end, model.hparams().n_layer); ++il) bytes += layer_expert_bytes(model, il);
   return bytes;
 }
 
