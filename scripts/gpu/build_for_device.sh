@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Builds roofline and its tests with the CUDA backend for the GPU machine (sm_90 by default) and puts
+# Builds roofline and its tests with the CUDA backend for the GPU machine (sm_90a by default: the wgmma kernels need it) and puts
 # the binaries, plus the shared test data the GPU tests read, in carry/ (git-ignored) for the device tool.
 # Usage: build_for_device.sh [ARCH]. Another architecture list builds in build-device-ARCH and puts its
 # binaries in carry/bin-ARCH (e.g. `75-virtual`: PTX only, which the H200's driver JIT-compiles, so the
 # GPU tests run the kernels' sm_75 branches there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-arch="${1:-90}"
+arch="${1:-90a}"
 build=build-device bin=carry/bin
-if [ "$arch" != 90 ]; then
+if [ "$arch" != 90a ]; then
   build="build-device-${arch//;/_}" bin="carry/bin-${arch//;/_}"
 fi
 launcher=()
@@ -29,7 +29,7 @@ for lib in $(ldd "$bin/roofline" | awk '/libcpp-httplib|libbrotli/ {print $3}');
 # The kernel timeline tool (bench/gpu_kernel_trace.cpp, scripts/gpu/timeline.sh) where CUPTI is installed, with the
 # CUPTI library it was built against (the GPU machine's toolkit may not have it).
 cuda_root="$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")"
-if [ "$arch" = 90 ] && [ -f "$cuda_root/include/cupti.h" ]; then
+if [ "$arch" = 90a ] && [ -f "$cuda_root/include/cupti.h" ]; then
   cupti_lib="$(ls "$cuda_root"/lib/libcupti.so.* "$cuda_root"/lib64/libcupti.so.* "$cuda_root"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1 || true)"
   if [ -n "$cupti_lib" ]; then
     g++ -O2 -shared -fPIC -std=c++17 bench/gpu_kernel_trace.cpp -I"$cuda_root/include" -L"$(dirname "$cupti_lib")" -lcupti \

@@ -71,6 +71,12 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 // For tests: the batched products of Q4_K weights on int8 tensor cores (cuda_mma_int8.cu) for 9-64 rows (1)
 // or never (0) whatever ROOFLINE_INT8_MMA says, or back to what it says (-1: never unless set).
 void gpu_use_int8_products_for_test(int mode);
+// For tests: the batched products of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (cuda_wgmma_rows.cu)
+// for steps of min_rows-64 rows (9 or more), never (0), or as ROOFLINE_WGMMA says (-1), with m_tiles m64 tiles a
+// warpgroup (1 or 2; 0: as ROOFLINE_WGMMA_TILES says); and whether this device and build can run them (sm_90 with
+// sm_90a code).
+void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles = 0);
+bool gpu_wgmma_products_available_for_test();
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to
 // max_sb super-blocks (0: never), or as ROOFLINE_MATVEC_PIPE says (-1; unset: launches of at most 4 CTAs a SM).
 void gpu_set_matvec_pipe_for_test(int64_t max_sb);

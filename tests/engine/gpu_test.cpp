@@ -243,6 +243,37 @@ TEST(GpuMatmulTest, Int8BatchedProductsMatchTheReference) {
       for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-4, rng);
 }
 
+// The batched Q4_K and Q6_K products on Hopper's warpgroup tensor cores (ROOFLINE_WGMMA; forced on for 9-64 rows
+// here): every token tile count (16-64 padded tokens), odd row counts that leave a warp's rows and the last
+// row tile short, K split over CTAs on the larger matrix, and joined as q/k/v and gate/up are; each product
+// against its double reference with the f16 kernel's bound (the same f16 weights and activations, f32 sums).
+TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
+  SKIP_WITHOUT_GPU();
+  if (!gpu_wgmma_products_available_for_test()) GTEST_SKIP() << "the warpgroup kernels need an sm_90 GPU and a build with sm_90a code";
+  struct Restore {
+    ~Restore() {
+      gpu_use_wgmma_products_for_test(-1);
+      gpu_use_int8_products_for_test(-1);
+    }
+  } restore;
+  gpu_use_int8_products_for_test(0);
+  Rng rng(23);
+  const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
+                                           {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
+                                           {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
+  for (int m_tiles : {1, 2}) {
+    gpu_use_wgmma_products_for_test(9, m_tiles);
+    for (DType type : {DType::Q4_K, DType::Q6_K})
+      for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
+        EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles;
+        EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles;
+      }
+    for (const int64_t cols : {768, 5120})
+      for (const auto& group : groups)
+        for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
+  }
+}
+
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the
 // double product of each pair's expert slice, for every device layout's kind of kernel, token counts
 // from one decode row to a prompt (experts with several 8-row chunks, split over CTAs; token tiles of

@@ -1,0 +1,305 @@
+// Products of 9-64 rows of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (wgmma, sm_90a; with
+// ROOFLINE_WGMMA, see wgmma_products_take). The same weights in the same A fragments as the mma.sync kernel
+// (cuda_row_blocks.cuh: four warps of 32 rows, each row's super-block staged in shared memory and
+// dequantized by the four lanes that share it), but one warpgroup instruction multiplies a warp's 16 rows
+// by every token at once, reading the activations from shared memory itself: no B fragments in registers,
+// a quarter of the tensor instructions at 64 tokens, and the instruction runs while the warp dequantizes
+// the next weights. The activations of a super-block are staged once per CTA (cp.async) in the layout the
+// instruction's descriptor names.
+#include "backend/cuda/cuda_batched_products.cuh"
+#include "backend/cuda/cuda_row_blocks.cuh"
+
+namespace roofline::cuda {
+
+namespace {
+
+// Activations as wgmma's B operand: per super-block, its 16 k16 steps (h, p, u) of the A fragments
+// (step 8h + 4p + u), each a K-major tile of 16 k x N tokens without swizzle: [k half][token][8 k] halves,
+// so the core matrices (8 tokens x 8 k, 16 bytes a token) are 128 contiguous bytes, the next 8 tokens'
+// 128 bytes on (the stride byte offset) and the other k half 16 N bytes on (the leading byte offset).
+// Slot j of a k16 step holds the activation that A fragment column j multiplies: lane t's columns 2t, 2t + 1
+// are its word's elements 0 and 2, columns 2t + 8, 2t + 9 elements 1 and 3 (RowBlock::group), so column
+// 8 kb + jj is element kb + 2 (jj % 2) of the word at RowBlock::x_offset(h, p, u, jj / 2).
+template <int N>
+constexpr int wg_step_bytes() { return 32 * N; }
+template <int N>
+constexpr int wg_x_stage_bytes() { return 16 * wg_step_bytes<N>(); }
+
+// f32 activations [n_tok x cols] -> the B tiles of every super-block (tokens past n_tok: zeros). One thread
+// per 16-byte run of 8 k of one token, in layout order.
+template <DType T>
+__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, int4* out) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= cols / 256 * 32 * n_pad) return;
+  const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % 16);
+  const int64_t sb = i / (32 * n_pad);
+  union {
+    int4 v;
+    __half h[8];
+  } o;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int64_t k = sb * 256 + RowBlock<T>::x_offset(step / 8, (step / 4) % 2, step % 4, jj / 2) + kb + 2 * (jj % 2);
+    o.h[jj] = n < n_tok ? saturated_half(x[(int64_t)n * cols + k]) : __float2half(0.0f);
+  }
+  out[i] = o.v;
+}
+
+// The shared-memory matrix descriptor of a K-major tile without swizzle (start address, leading and stride
+// byte offsets, each in 16-byte units).
+__device__ __forceinline__ uint64_t wg_descriptor(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return (uint64_t)((smem_addr >> 4) & 0x3FFF) | (uint64_t)((leading_bytes >> 4) & 0x3FFF) << 16 |
+         (uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// d (m64 x N, f32; warp w's rows 16w.., the mma.sync m16n8 accumulator layout per 8 tokens) += A (this
+// warp's 16 rows as one m16n8k16 A fragment) . B (the descriptor's 16 x N tile).
+template <int N>
+__device__ __forceinline__ void wgmma_f16(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_f16<16>(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_f16<32>(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_f16<48>(float (&d)[24], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_f16<64>(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+}
+// Register writes before a warpgroup product that reads them; one batch of products; wait for all but the
+// newest `Pending` batches.
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory"); }
+// This thread's generic-proxy writes to shared memory (its cp.async copies, once landed) made visible to the
+// asynchronous proxy that wgmma reads shared memory through.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif
+
+// A CTA takes 128 weight rows: MT = 2, one warpgroup whose warps own 32 rows each (two m64 tiles a
+// warpgroup: each activation tile read by the tensor cores serves 128 rows); MT = 1, two warpgroups whose
+// warps own 16 rows (one m64 tile each: half the accumulators and fragments, so twice the warps a SM).
+constexpr int kWgRows = 128;
+template <int MT>
+constexpr int wg_threads() { return 256 / MT; }
+// Super-blocks staged at once: as many as fit two CTAs a SM (up to 4, at least 2).
+template <DType T, int N>
+constexpr int wg_stage_bytes() { return wg_x_stage_bytes<N>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
+template <DType T, int N>
+constexpr int wg_stages() {
+  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N>();
+  return fit < 2 ? 2 : fit > 4 ? 4 : fit;
+}
+template <DType T, int N>
+constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>(); }
+
+// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N, 128-row tiles (grid.x over the members of the
+// launch) and K split over grid.y, as mma_rows_kernel<T, N / 8, MT> (the same members, splits and stores).
+template <DType T, int N, int MT>
+__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
+                                                                         float* part) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const MmaMember mem = mma_member(members, blockIdx.x);
+  const DeviceWeight& w = mem.w;
+  const int split = blockIdx.y, n_splits = gridDim.y;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
+  constexpr int kThreads = wg_threads<MT>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
+  const int64_t row_base = (int64_t)(blockIdx.x - mem.tile0) * kWgRows + warp * (16 * MT);
+  const int64_t n_sb = w.cols / 256;
+  const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
+  int64_t rows[R];  // rows g, g + 8 (this warp's first 16: m tile 0), g + 16, g + 24 (m tile 1); past the end, the last
+#pragma unroll
+  for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
+  constexpr int S = wg_stages<T, N>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
+  constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
+  extern __shared__ int4 wg_smem[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
+  // Stage s: [activations of its super-block][warp 0's four row slots][warp 1's] ...
+  auto slots = [&](int stage) { return smem + stage * kStage + kX + warp * kWarpSlots; };
+  auto stage_copy = [&](int64_t sb, int stage) {
+    if (sb < sb_end) {
+#pragma unroll
+      for (int i = 0; i < R; ++i) RowBlock<T>::copy(w, rows[i], sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
+      const int4* src = xb + sb * (kX / 16);
+      int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
+#pragma unroll
+      for (int k = threadIdx.x; k < kX / 16; k += kThreads) copy_async<16>(dst + k, src + k);
+    }
+    copy_async_commit();  // one group per super-block (empty past the end)
+  };
+  wait_for_previous_kernel();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) stage_copy(sb_begin + s, s);
+  float acc[MT][N / 2] = {};
+  const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
+  const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
+  int stage = 0;
+  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+    copy_async_wait<S - 2>();
+    fence_proxy_async_shared();
+    // Every thread's copies of this stage have landed, and every warp's products from the stage the copy
+    // below overwrites are done (each super-block ends with a wait for all of them).
+    __syncthreads();
+    stage_copy(sb + S - 1, stage == 0 ? S - 1 : stage - 1);
+    RowBlock<T> blk[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) blk[i].from_smem(slots(stage) + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
+    const uint32_t x_addr = smem_base + stage * kStage;
+    stage = stage == S - 1 ? 0 : stage + 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        __half2 scale[R], offset[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
+        uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+        wg_fence();
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
+        }
+        wg_commit();
+        wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
+      }
+    }
+    wg_wait<0>();
+  }
+  wg_wait<0>();
+  store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, mem.y, mem.ldy, accumulate,
+                            part + mem.part_off, split, n_splits);
+#else
+  __trap();  // the host takes this path only where the device is sm_90 and the build has sm_90a code (wgmma_products_take)
+#endif
+}
+
+int wgmma_tiles_for_test = 0;  // (gpu_use_wgmma_products_for_test; 0: the environment's)
+
+// m64 tiles a warpgroup (ROOFLINE_WGMMA_TILES, 1 or 2; default 1).
+int wgmma_tiles() {
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA_TILES");
+    return e && std::atoi(e) == 2 ? 2 : 1;
+  }();
+  return wgmma_tiles_for_test > 0 ? wgmma_tiles_for_test : env;
+}
+
+template <DType T, int N, int MT>
+void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
+                          bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  constexpr int smem = wg_smem_bytes<T, N>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT>>(smem, wg_threads<MT>());
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats);
+  launch(wgmma_rows_kernel<T, N, MT>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream, pdl_enabled(),
+         plan.m, xb, n_tok, accumulate, part);
+  reduce_k_splits(plan, n_tok, accumulate, part, stream);
+}
+template <DType T, int N>
+void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
+                       bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else launch_wgmma_rows_mt<T, N, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+}
+
+template <DType T>
+void wgmma_products_of(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
+                       bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream) {
+  const int n_pad = 16 * ((n_tokens + 15) / 16);
+  const int64_t cols = ws[0]->cols, runs = cols / 256 * 32 * n_pad;
+  int4* xb = reinterpret_cast<int4*>(x_scratch);
+  launch(to_wgmma_b_kernel<T>, dim3((unsigned)((runs + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n_tokens, cols, n_pad, xb);
+  switch (n_pad / 16) {
+    case 1: return launch_wgmma_rows<T, 16>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
+    case 2: return launch_wgmma_rows<T, 32>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
+    case 3: return launch_wgmma_rows<T, 48>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
+    default: return launch_wgmma_rows<T, 64>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);  // <= 64
+  }
+}
+
+int wgmma_mode_for_test = -1;  // (gpu_use_wgmma_products_for_test; -1: the environment's)
+
+// The smallest row count that takes the warpgroup kernel (ROOFLINE_WGMMA=N: steps of N-64 rows; =1: 9-64;
+// unset or 0: none), and whether this device can run it: Hopper (sm_90) with sm_90a code in the build.
+int wgmma_min_rows() {
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA");
+    const int v = e ? std::atoi(e) : 0;
+    return v <= 0 ? 0 : std::max(9, v);
+  }();
+  return wgmma_mode_for_test < 0 ? env : wgmma_mode_for_test;
+}
+
+}  // namespace
+
+bool wgmma_products_available() {
+#if defined(ROOFLINE_CUDA_HAS_SM90A)
+  static thread_local int cached_dev = -1;
+  static thread_local bool cached = false;
+  int dev = 0;
+  ROOFLINE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != cached_dev) {
+    int major = 0, minor = 0;
+    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    ROOFLINE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    cached = major == 9 && minor == 0;
+    cached_dev = dev;
+  }
+  return cached;
+#else
+  return false;
+#endif
+}
+
+bool wgmma_products_take(const DeviceWeight& w, int n_tokens) {
+  const int min_rows = wgmma_min_rows();
+  return min_rows > 0 && n_tokens >= min_rows && n_tokens > 8 && n_tokens <= kMaxFusedRows && w.cols % 256 == 0 &&
+         ((w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes)) &&
+         wgmma_products_available();
+}
+
+void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
+                    bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream) {
+  if (ws[0]->type == DType::Q4_K)
+    wgmma_products_of<DType::Q4_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, stream);
+  else
+    wgmma_products_of<DType::Q6_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, stream);
+}
+
+}  // namespace roofline::cuda
+
+namespace roofline {
+
+void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
+  cuda::wgmma_mode_for_test = min_rows;
+  cuda::wgmma_tiles_for_test = m_tiles;
+}
+bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
+
+}  // namespace roofline
