@@ -76,8 +76,10 @@ struct MmaPlan {
   MmaMembers m{};
   int64_t tiles = 0, splits = 1;
 };
+// fill_sb: what a CTA's first super-block costs beyond the others, in super-blocks (its weights' first memory latency
+// before anything overlaps it; 0 for the mma.sync kernel, whose split choice was measured so).
 inline MmaPlan plan_mma_launch(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, int n_tok, int rows_per_cta,
-                               int slots, size_t part_floats) {
+                               int slots, size_t part_floats, int fill_sb = 0) {
   MmaPlan p;
   p.m.count = count;
   int64_t rows = 0;
@@ -102,7 +104,7 @@ inline MmaPlan plan_mma_launch(const DeviceWeight* const* ws, float* const* ys, 
   int64_t best_cost = INT64_MAX;
   for (int64_t sp = 1; sp <= max_splits; ++sp) {
     if (sp > 1 && 8.0 * n_tok * (double)rows * (double)sp > std::max(weight_bytes, 32e6)) break;
-    const int64_t cost = (p.tiles * sp + slots - 1) / slots * ((n_sb + sp - 1) / sp);
+    const int64_t cost = (p.tiles * sp + slots - 1) / slots * ((n_sb + sp - 1) / sp + fill_sb);
     if (cost < best_cost) p.splits = sp, best_cost = cost;
   }
   int64_t off = 0;

@@ -135,28 +135,49 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMemb
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
-  // Stage s: [activations of its super-block][warp 0's four row slots][warp 1's] ...
+  // Stage s: [activations of its super-block][warp 0's R row slots][warp 1's] ...
   auto slots = [&](int stage) { return smem + stage * kStage + kX + warp * kWarpSlots; };
-  auto stage_copy = [&](int64_t sb, int stage) {
+  auto weights_copy = [&](int64_t sb, int stage) {
     if (sb < sb_end) {
 #pragma unroll
       for (int i = 0; i < R; ++i) RowBlock<T>::copy(w, rows[i], sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
+    }
+  };
+  auto x_copy = [&](int64_t sb, int stage) {
+    if (sb < sb_end) {
       const int4* src = xb + sb * (kX / 16);
       int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
 #pragma unroll
       for (int k = threadIdx.x; k < kX / 16; k += kThreads) copy_async<16>(dst + k, src + k);
     }
-    copy_async_commit();  // one group per super-block (empty past the end)
   };
+  // Weights are no kernel's output: the first S - 1 stages' weights are fetched before the wait for the previous
+  // kernel (one copy group each), their activations after it (one group for all). So super-block j of the loop
+  // waits for all but the newest min(j, S - 2) groups: the first ones for that activation group (with only the
+  // loop's own groups after it), the rest for their own stage's group.
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    weights_copy(sb_begin + s, s);
+    copy_async_commit();
+  }
   wait_for_previous_kernel();
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) stage_copy(sb_begin + s, s);
+  for (int s = 0; s < S - 1; ++s) x_copy(sb_begin + s, s);
+  copy_async_commit();
+  auto stage_copy = [&](int64_t sb, int stage) {
+    weights_copy(sb, stage);
+    x_copy(sb, stage);
+    copy_async_commit();  // one group per super-block (empty past the end)
+  };
   float acc[MT][N / 2] = {};
   const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
   const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
   int stage = 0;
   for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-    copy_async_wait<S - 2>();
+    const int64_t j = sb - sb_begin;  // the loop's groups issued so far
+    if (j == 0) copy_async_wait<0>();
+    else if (S > 3 && j == 1) copy_async_wait<(S > 3 ? 1 : 0)>();
+    else copy_async_wait<S - 2>();
     fence_proxy_async_shared();
     // Every thread's copies of this stage have landed, and every warp's products from the stage the copy
     // below overwrites are done (each super-block ends with a wait for all of them).
@@ -200,6 +221,15 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMemb
 #endif
 }
 
+// The pipeline fill a CTA costs, in super-blocks, for the split choice (ROOFLINE_WGMMA_FILL, default 2).
+int wgmma_fill_sb() {
+  static const int fill = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA_FILL");
+    return e ? std::clamp(std::atoi(e), 0, 16) : 2;
+  }();
+  return fill;
+}
+
 int wgmma_tiles_for_test = 0;  // (gpu_use_wgmma_products_for_test; 0: the environment's)
 
 // m64 tiles a warpgroup (ROOFLINE_WGMMA_TILES, 1 or 2; default 1).
@@ -216,7 +246,7 @@ void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const
                           bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   constexpr int smem = wg_smem_bytes<T, N>();
   const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT>>(smem, wg_threads<MT>());
-  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats);
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
   launch(wgmma_rows_kernel<T, N, MT>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream, pdl_enabled(),
          plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
