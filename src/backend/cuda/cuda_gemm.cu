@@ -518,7 +518,21 @@ int f16_copy_min_rows() {
   return f16_copy_min_rows_for_test > 0 ? f16_copy_min_rows_for_test : rows;
 }
 
-bool gemm_uses_f16_copy(const DeviceWeight& w, int n_tokens) { return w.f16 && n_tokens > 8 && n_tokens >= f16_copy_min_rows(); }
+// Steps of up to 64 rows take the fused kernels for weights of fewer output rows than ROOFLINE_F16_COPY_MIN_OUT_ROWS
+// (default 0: every weight with a copy takes it from f16_copy_min_rows on): an A/B of the short products (q/k/v, o)
+// against cuBLAS on their copies.
+int64_t f16_copy_min_out_rows() {
+  static const int64_t rows = [] {
+    const char* env = std::getenv("ROOFLINE_F16_COPY_MIN_OUT_ROWS");
+    return env ? std::max<int64_t>(0, std::atoll(env)) : 0;
+  }();
+  return rows;
+}
+
+bool gemm_uses_f16_copy(const DeviceWeight& w, int n_tokens) {
+  if (!w.f16 || n_tokens <= 8 || n_tokens < f16_copy_min_rows()) return false;
+  return n_tokens > kMaxFusedRows || w.rows >= f16_copy_min_out_rows();
+}
 
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens) {
   if (gemm_uses_f16_copy(w, n_tokens)) return false;
