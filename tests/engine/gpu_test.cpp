@@ -80,9 +80,15 @@ bool int8_decode_type(DType t) {
 TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
   SKIP_WITHOUT_GPU();
   struct Restore {
-    ~Restore() { gpu_use_int8_products_for_test(-1); }
+    ~Restore() {
+      gpu_use_int8_products_for_test(-1);
+      gpu_use_wgmma_products_for_test(-1);
+    }
   } restore;
-  gpu_use_int8_products_for_test(0);  // the f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference)
+  // The mma.sync f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference; Hopper's warpgroup one:
+  // WarpgroupBatchedProductsMatchTheReference).
+  gpu_use_int8_products_for_test(0);
+  gpu_use_wgmma_products_for_test(0);
   const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
                          DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
                          DType::IQ4_XS};
@@ -106,9 +112,15 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
 TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
   SKIP_WITHOUT_GPU();
   struct Restore {
-    ~Restore() { gpu_use_int8_products_for_test(-1); }
+    ~Restore() {
+      gpu_use_int8_products_for_test(-1);
+      gpu_use_wgmma_products_for_test(-1);
+    }
   } restore;
-  gpu_use_int8_products_for_test(0);  // the f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference)
+  // The mma.sync f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference; Hopper's warpgroup one:
+  // WarpgroupBatchedProductsMatchTheReference).
+  gpu_use_int8_products_for_test(0);
+  gpu_use_wgmma_products_for_test(0);
   Rng rng(5);
   for (DType type : {DType::Q4_K, DType::Q6_K})
     for (int n : {9, 24, 40, 64}) {
@@ -208,9 +220,15 @@ TEST(GpuMatmulTest, JoinedProductsOfOneInputMatchEachProduct) {
 TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
   SKIP_WITHOUT_GPU();
   struct Restore {
-    ~Restore() { gpu_use_int8_products_for_test(-1); }
+    ~Restore() {
+      gpu_use_int8_products_for_test(-1);
+      gpu_use_wgmma_products_for_test(-1);
+    }
   } restore;
-  gpu_use_int8_products_for_test(0);  // the f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference)
+  // The mma.sync f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference; Hopper's warpgroup one:
+  // WarpgroupBatchedProductsMatchTheReference).
+  gpu_use_int8_products_for_test(0);
+  gpu_use_wgmma_products_for_test(0);
   Rng rng(11);
   const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},

@@ -144,10 +144,11 @@ bool int8_products_take(const DeviceWeight& w, int n_tokens);
 void int8_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
                    bool accumulate, float* part, size_t part_floats, void* x_scratch, cudaStream_t stream);
 
-// Products of 9-64 rows of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (cuda_wgmma_rows.cu), with
-// ROOFLINE_WGMMA=N for steps of N-64 rows (=1: 9-64): where the device is sm_90 and the build has sm_90a code
-// (wgmma_products_available). x_scratch: the f16 fragment buffer of the f16 kernel (n_tokens rounded up to
-// 16, times cols, halves), which the activation tiles fill exactly.
+// Products of 9-64 rows of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (cuda_wgmma_rows.cu), by default
+// for steps of 9-64 rows (ROOFLINE_WGMMA=N: N-64, =0: never; wgmma_products_min_rows, 0 when off), where the device
+// is sm_90 and the build has sm_90a code (wgmma_products_available). x_scratch: the f16 fragment buffer of the f16
+// kernel (n_tokens rounded up to 16, times cols, halves), which the activation tiles fill exactly.
+int wgmma_products_min_rows();
 bool wgmma_products_available();
 bool wgmma_products_take(const DeviceWeight& w, int n_tokens);
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,

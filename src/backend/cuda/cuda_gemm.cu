@@ -426,10 +426,10 @@ void fused_products(const DeviceWeight* const* ws, float* const* ys, const int* 
                     __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
   float* part = reinterpret_cast<float*>(scratch);
   const size_t part_floats = scratch_elems / 2;
+  if (int8_products_take(*ws[0], n_tokens))  // only where asked for (ROOFLINE_INT8_MMA)
+    return int8_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, stream);
   if (wgmma_products_take(*ws[0], n_tokens))
     return wgmma_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, stream);
-  if (int8_products_take(*ws[0], n_tokens))
-    return int8_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, stream);
   if (ws[0]->type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
   else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
 }
@@ -510,12 +510,18 @@ std::atomic<int64_t> f16_copy_gemm_calls{0};  // (gpu_f16_copy_gemm_calls_for_te
 
 int f16_copy_min_rows_for_test = 0;  // (gpu_set_f16_copy_min_rows_for_test; 0: the environment's or the default)
 
+// Steps of this many rows and more multiply weights that have an f16 copy on the copy (cuBLAS): from 33 rows, where
+// the copies beat the mma.sync kernel, or beyond the fused kernels' 64 where the warpgroup kernel takes 9-64 rows
+// (it beat the copies at 33-64 rows on an H100: docs/performance.md); ROOFLINE_F16_COPY_MIN_ROWS sets it.
 int f16_copy_min_rows() {
-  static const int rows = [] {
-    const char* env = std::getenv("ROOFLINE_F16_COPY_MIN_ROWS");
-    return env ? std::max(9, std::atoi(env)) : 33;
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_F16_COPY_MIN_ROWS");
+    return e ? std::max(9, std::atoi(e)) : 0;
   }();
-  return f16_copy_min_rows_for_test > 0 ? f16_copy_min_rows_for_test : rows;
+  if (f16_copy_min_rows_for_test > 0) return f16_copy_min_rows_for_test;
+  if (env > 0) return env;
+  const int wgmma_from = wgmma_products_min_rows();
+  return wgmma_from > 0 && wgmma_from <= 33 && wgmma_products_available() ? kMaxFusedRows + 1 : 33;
 }
 
 // Steps of up to 64 rows take the fused kernels for weights of fewer output rows than ROOFLINE_F16_COPY_MIN_OUT_ROWS

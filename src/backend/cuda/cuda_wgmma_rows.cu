@@ -1,5 +1,5 @@
-// Products of 9-64 rows of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (wgmma, sm_90a; with
-// ROOFLINE_WGMMA, see wgmma_products_take). The same weights in the same A fragments as the mma.sync kernel
+// Products of 9-64 rows of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (wgmma, sm_90a; the default
+// there, ROOFLINE_WGMMA: see wgmma_products_min_rows). The same weights in the same A fragments as the mma.sync kernel
 // (cuda_row_blocks.cuh: four warps of 32 rows, each row's super-block staged in shared memory and
 // dequantized by the four lanes that share it), but one warpgroup instruction multiplies a warp's 16 rows
 // by every token at once, reading the activations from shared memory itself: no B fragments in registers,
@@ -275,18 +275,18 @@ void wgmma_products_of(const DeviceWeight* const* ws, float* const* ys, const in
 
 int wgmma_mode_for_test = -1;  // (gpu_use_wgmma_products_for_test; -1: the environment's)
 
-// The smallest row count that takes the warpgroup kernel (ROOFLINE_WGMMA=N: steps of N-64 rows; =1: 9-64;
-// unset or 0: none), and whether this device can run it: Hopper (sm_90) with sm_90a code in the build.
-int wgmma_min_rows() {
+}  // namespace
+
+// The smallest row count that takes the warpgroup kernel: 9 by default (measured faster than the mma.sync kernel
+// at 9-32 rows and than the f16 copies at 33-64 on an H100, docs/performance.md); ROOFLINE_WGMMA=N: N-64, =0: none.
+int wgmma_products_min_rows() {
   static const int env = [] {
     const char* e = std::getenv("ROOFLINE_WGMMA");
-    const int v = e ? std::atoi(e) : 0;
+    const int v = e ? std::atoi(e) : 9;
     return v <= 0 ? 0 : std::max(9, v);
   }();
   return wgmma_mode_for_test < 0 ? env : wgmma_mode_for_test;
 }
-
-}  // namespace
 
 bool wgmma_products_available() {
 #if defined(ROOFLINE_CUDA_HAS_SM90A)
@@ -308,7 +308,7 @@ bool wgmma_products_available() {
 }
 
 bool wgmma_products_take(const DeviceWeight& w, int n_tokens) {
-  const int min_rows = wgmma_min_rows();
+  const int min_rows = wgmma_products_min_rows();
   return min_rows > 0 && n_tokens >= min_rows && n_tokens > 8 && n_tokens <= kMaxFusedRows && w.cols % 256 == 0 &&
          ((w.type == DType::Q4_K && w.layout == WeightLayout::Raw) || (w.type == DType::Q6_K && w.layout == WeightLayout::Q6KPlanes)) &&
          wgmma_products_available();
