@@ -1,6 +1,7 @@
 // Products of more than 8 rows. Up to 64 rows (batched decode) with Q4_K or Q6_K weights: one kernel
 // dequantizes the weights in registers straight into f16 tensor-core fragments (mma.sync, f32
-// accumulation), so each weight byte is read once per step and nothing is written back; products of one
+// accumulation), so each weight byte is read once per step and nothing is written back (on Hopper the same
+// fragments go to warpgroup instructions instead: cuda_wgmma_rows.cu); products of one
 // input (q/k/v, gate/up) share one launch and one activation conversion (gemm_multi). Otherwise
 // (prefill, other types) the weight is dequantized to f16 in row chunks that fit the scratch buffer and
 // multiplied with cuBLAS (f16 inputs, f32 accumulation); with a DequantAhead (cuda_dequant_ahead.cuh) the
