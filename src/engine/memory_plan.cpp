@@ -365,8 +365,26 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   const double row_flops_s = gpu_share * p.flops_per_token / std::max(gpu.fp32_tflops * 1e12 * s.batched_row_efficiency, 1.0) +
                              (1 - gpu_share) * p.flops_per_token / host_flops;
   const double row_extra_s = row_flops_s + (t_mid.predicted - t0.predicted);
-  const double step_all = t0.predicted + (s.n_parallel - 1) * row_extra_s;
-  const bool batched_known = !gpu.host && gpu.fp32_tflops > 0;
+  double step_all = t0.predicted + (s.n_parallel - 1) * row_extra_s;
+  bool batched_known = !gpu.host && gpu.fp32_tflops > 0;
+  // More than 8 rows on a card with the tensor-core kernels (batched_hopper / batched_mma): the weights once, then
+  // each row its FLOPs and layer time, its KV at half a slot's depth and its recurrent state.
+  const bool tensor_rows = !gpu.host && s.n_parallel > 8 && gpu.tflops > 0 && gpu.cc_major * 10 + gpu.cc_minor >= 75;
+  const PlanSettings::BatchedDecodeTerms& bt = gpu.cc_major == 9 ? s.batched_hopper : s.batched_mma;
+  double batched_weights_s = 0, batched_row_s = 0;
+  if (tensor_rows) {
+    const double state_gpu = state_bytes_per_token(model, hp.n_layer - gpu_layers, hp.n_layer);
+    const double expert_share = hp.n_expert > 0 ? (double)hp.n_expert_used / hp.n_expert : 0.0;
+    const double experts_touched = 1.0 - std::pow(1.0 - expert_share, s.n_parallel);
+    batched_weights_s = (t0.on_gpu - state_gpu - expert_bytes_gpu * expert_share) / (gpu_gbs * 1e9 * bt.stream_efficiency) +
+                        expert_bytes_gpu * experts_touched / (gpu_gbs * 1e9 * s.batched_expert_stream_efficiency) +
+                        gpu_layers * bt.layer_us * 1e-6 + t0.on_host / (host_gbs * 1e9 * s.host_stream_efficiency);
+    batched_row_s = gpu_share * p.flops_per_token / (gpu.tflops * 1e12 * bt.tensor_efficiency) + gpu_layers * bt.row_layer_us * 1e-6 +
+                    (1 - gpu_share) * p.flops_per_token / host_flops + state_gpu / (gpu_gbs * 1e9 * s.gpu_stream_efficiency) +
+                    (t_mid.predicted - t0.predicted);
+    step_all = batched_weights_s + s.n_parallel * batched_row_s;
+    batched_known = true;
+  }
   p.decode_tok_s_all_slots = batched_known && step_all > 0 ? s.n_parallel / step_all : 0.0;
 
   auto& d = p.derivation;
@@ -408,7 +426,18 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
   d.push_back(fmt::format("decode predicted: 1 / ({}) = {:.1f} tok/s (one sequence, short context; the shares and the per-layer time "
                           "are our kernels' on the H200); at depth {:.0f} (a full slot: +{:.2f} GB of KV per token) {:.1f} tok/s",
                           terms, p.decode_tok_s, slot_depth, slot_kv_read / 1e9, p.decode_tok_s_full_context));
-  if (s.n_parallel > 1 && batched_known)
+  if (tensor_rows)
+    d.push_back(fmt::format("all {} slots generating (tensor-core steps): a step streams the weights once ({:.1f} ms: {:.2f} of the "
+                            "bandwidth and {:.0f} us a layer) and each row adds {:.2f} ms ({:.1f} GFLOP at {:.2f} of {:.0f} TFLOPS dense "
+                            "FP16, {:.2f} us a layer{}) = {:.1f} tok/s in all, {:.1f} per slot (fitted on {})",
+                            s.n_parallel, 1e3 * batched_weights_s, bt.stream_efficiency, bt.layer_us, 1e3 * batched_row_s,
+                            p.flops_per_token / 1e9, bt.tensor_efficiency, gpu.tflops, bt.row_layer_us,
+                            std::string(t_mid.predicted > t0.predicted ? ", its KV" : "") +
+                                (state_bytes_per_token(model, hp.n_layer - gpu_layers, hp.n_layer) > 0 ? ", its recurrent state" : ""),
+                            p.decode_tok_s_all_slots,
+                            p.decode_tok_s_all_slots / s.n_parallel,
+                            gpu.cc_major == 9 ? "the warpgroup kernel on an H100" : "the mma.sync kernel and f16 copies on an H200"));
+  else if (s.n_parallel > 1 && batched_known)
     d.push_back(fmt::format("all {} slots generating: a step reads the weights once ({:.1f} ms) and each further row adds {:.1f} ms "
                             "({:.1f} GFLOP at {:.2f} of {:.1f} FP32 TFLOPS{}) = {:.1f} tok/s in all, {:.1f} per slot",
                             s.n_parallel, 1e3 * t0.predicted, 1e3 * row_extra_s, p.flops_per_token / 1e9, s.batched_row_efficiency,

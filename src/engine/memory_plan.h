@@ -84,6 +84,23 @@ struct PlanSettings {
   // ~28% of the dense FP16 tensor peak (qwen3.5-27b pp512 5657 tok/s x 49.1 GFLOP per prompt token, the output
   // matrix left out: 278 of 989 TFLOPS).
   double batched_row_efficiency = 0.43;
+  // Steps of more than 8 rows (-np 9 and more, every slot generating) run the tensor-core kernels, not the warp kernels
+  // the term above was fitted on: such a step streams the weights once (at a batched stream efficiency, plus a time a
+  // layer), and each row adds its FLOPs at a share of the dense FP16 rate and a time a layer (attention, norms, rope),
+  // besides its own KV and recurrent state. Fitted on qwen3-32b and qwen3-8b `-npl 16` and `-npl 64` (four figures,
+  // four terms): Hopper's warpgroup kernel on an H100 (thirty-fourth session; held out, gemma3-27b and qwen3.5-27b come
+  // out within 11% of theirs), and for the other tensor-core cards (sm_75-89) the mma.sync kernel with f16 copies from
+  // 33 rows on an H200 (thirty-first session). Older cards keep the term above.
+  struct BatchedDecodeTerms {
+    double stream_efficiency, layer_us, tensor_efficiency, row_layer_us;
+  };
+  BatchedDecodeTerms batched_hopper{0.67, 46, 0.75, 0.52};
+  BatchedDecodeTerms batched_mma{0.68, 81, 0.39, 0.13};
+  // The routed experts of such a step: n rows touch 1 - (1 - k / E)^n of each layer's experts (at 16 rows of 8 of 128,
+  // 64%), read by the grouped expert kernels at this share of the bandwidth (their token groups are small): fitted on
+  // qwen3-30b-a3b `-npl 16` / `-npl 64` on an H100 (1263 / 2612 tok/s; predicted 18% low / 4% high; held out,
+  // qwen3.5-35b-a3b 2% / 11% high).
+  double batched_expert_stream_efficiency = 0.30;
   double prefill_efficiency = 0.28;
   // With the layers' f16 copies (serve's --f16-copies auto, made from the memory the bill leaves) the prompt
   // products dequantize nothing: qwen3-32b pp512 8024 tok/s, 505 of 989 TFLOPS (docs/performance.md, "f16

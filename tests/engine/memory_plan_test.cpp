@@ -4,6 +4,7 @@
 // the CUDA backend's and Engine::create's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -286,6 +287,49 @@ TEST(MemoryPlan, DecodeModelAddsTheLaunchesOfEachLayerKind) {
   ASSERT_TRUE(dense.fits);
   EXPECT_NEAR(1.0 / dense.decode_tok_s, dense.gpu_bytes_per_token / (h200.achievable_gbs() * 1e9 * s.gpu_stream_efficiency) + 36 * s.gpu_layer_us * 1e-6,
               1e-9);
+}
+
+// Every slot generating with more than 8 slots: the tensor-core steps' terms (the weights once, then each row: its KV at
+// half a slot's depth), by
+// the card's kernels. The qwen3-32b figures are the fit's own (H100, `-npl 16` / `-npl 64` at short depth: 1127 /
+// 3208 tok/s); gemma3-27b (1173 / 3289) and qwen3.5-27b (1080 / 2463, with its recurrent state per row) were held out;
+// qwen3-30b-a3b (1263 / 2612) takes the routed experts that n rows touch. A card without the tensor-core kernels
+// (a V100) and steps of up to 8 rows keep the warp kernels' term.
+TEST(MemoryPlan, StepsOfMoreThanEightRowsTakeTheTensorCoreTerms) {
+  const GpuSpec h100 = card("h100");
+  auto all_slots = [&](const char* shape, int np, const GpuSpec& gpu) {
+    PlanSettings s;
+    s.n_parallel = np;
+    s.n_ctx = 32 * np;
+    const Plan p = make_plan(*layout(shape), gpu, s);
+    EXPECT_TRUE(p.fits) << shape;
+    return p;
+  };
+  const struct {
+    const char* shape;
+    double x16, x64, tolerance;
+  } measured[] = {{"synthetic:qwen3-32b:Q4_K_M", 1127, 3208, 0.05},
+                  {"synthetic:gemma3-27b:Q4_K_M", 1173, 3289, 0.12},
+                  {"synthetic:qwen3.5-27b:Q4_K_M", 1080, 2463, 0.10},
+                  {"synthetic:qwen3-30b-a3b:Q4_K_M", 1263, 2612, 0.20}};
+  for (const auto& m : measured) {
+    EXPECT_NEAR(all_slots(m.shape, 16, h100).decode_tok_s_all_slots, m.x16, m.tolerance * m.x16) << m.shape;
+    EXPECT_NEAR(all_slots(m.shape, 64, h100).decode_tok_s_all_slots, m.x64, m.tolerance * m.x64) << m.shape;
+  }
+  // The terms spelled out for a dense model at 64 slots (no state, no experts).
+  PlanSettings s;
+  const Plan p = all_slots("synthetic:qwen3-32b:Q4_K_M", 64, h100);
+  const auto& bt = s.batched_hopper;
+  const double kv_row = 1.0 / p.decode_tok_s_full_context - 1.0 / p.decode_tok_s;  // at a full slot's depth
+  const double weights_s = p.gpu_bytes_per_token / (h100.achievable_gbs() * 1e9 * bt.stream_efficiency) + 64 * bt.layer_us * 1e-6;
+  const double row_s = p.flops_per_token / (h100.tflops * 1e12 * bt.tensor_efficiency) + 64 * bt.row_layer_us * 1e-6;
+  EXPECT_NEAR(64.0 / p.decode_tok_s_all_slots, weights_s + 64 * (row_s + kv_row / 2), 1e-3 * weights_s);
+  EXPECT_TRUE(std::any_of(p.derivation.begin(), p.derivation.end(),
+                          [](const std::string& l) { return l.find("tensor-core steps") != std::string::npos; }));
+  // Four slots, or a V100, keep the warp kernels' term.
+  for (const Plan& q : {all_slots("synthetic:qwen3-32b:Q4_K_M", 4, h100), all_slots("synthetic:qwen3-8b:Q4_K_M", 16, card("v100-32gb"))})
+    EXPECT_FALSE(std::any_of(q.derivation.begin(), q.derivation.end(),
+                             [](const std::string& l) { return l.find("tensor-core steps") != std::string::npos; }));
 }
 
 // Prefill of a mixture of experts: the routed experts' products (no f16 copies) take their stacked tensors' bytes
