@@ -298,13 +298,21 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
 // the tensor-core path), row counts that leave the last warp or row tile short; and each pair of the
 // int8 / float kernels bit-identical to the dense product of its expert's slice for that token alone
 // (the grouped path runs the same kernels, whatever rows share a chunk).
+// A second pass takes the tensor-core cases (Q4_K and Q6_K, prompt-sized) through Hopper's warpgroup kernel
+// (ROOFLINE_WGMMA_EXPERTS) where the GPU has it.
 TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
   SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_use_wgmma_experts_for_test(-1); }
+  } restore;
   Rng rng(17);
   const int n_expert = 12, k = 3;
+  for (int wgmma : {0, 1})
   for (int64_t rows : {67, 130})
   for (DType type : {DType::Q4_K, DType::Q6_K, DType::Q8_0, DType::Q5_K, DType::Q4_0, DType::IQ4_XS, DType::Q3_K, DType::Q2_K, DType::Q4_1,
                      DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::F32, DType::BF16}) {
+    if (wgmma && (!gpu_wgmma_products_available_for_test() || rows % 2 != 0 || (type != DType::Q4_K && type != DType::Q6_K))) continue;
+    gpu_use_wgmma_experts_for_test(wgmma);
     const int64_t cols = dtype_block_size(type) == 256 ? 512 : type == DType::F32 || type == DType::BF16 ? 100 : 96;
     std::vector<float> wf((size_t)(n_expert * rows * cols));
     for (float& v : wf) v = (float)rng.normal() * 0.05f;
@@ -321,6 +329,7 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
     info.data = wq.data();
     const Weight w{&info};
     for (int n : {1, 2, 5, 17, 64, 150}) {
+      if (wgmma && n <= 64) continue;
       std::vector<float> x((size_t)(n * cols));
       for (float& v : x) v = (float)rng.normal();
       std::vector<int32_t> ids;
@@ -348,7 +357,7 @@ TEST(GpuMatmulTest, ExpertProductsGroupedByExpertMatchEachExpertsProduct) {
       // (the int8 and float kernels; prompts of Q4_K / Q6_K with even rows go through tensor cores).
       const bool tensor_cores = n > 64 && rows % 2 == 0 && (type == DType::Q4_K || type == DType::Q6_K);
       if (tensor_cores) {
-        EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n << " (tensor cores: f16 inputs)";
+        EXPECT_LT(e, 2e-6) << dtype_name(type) << " n=" << n << (wgmma ? " (warpgroup tensor cores: f16 inputs)" : " (tensor cores: f16 inputs)");
       }
       for (int p : {0, n * k - 1}) {
         if (tensor_cores) break;

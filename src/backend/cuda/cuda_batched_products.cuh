@@ -153,5 +153,9 @@ bool wgmma_products_available();
 bool wgmma_products_take(const DeviceWeight& w, int n_tokens);
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
                     bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream);
+// The grouped expert products (mma_experts' arguments) on the same kernel, with ROOFLINE_WGMMA_EXPERTS=1 (off).
+bool wgmma_experts_take(const DeviceWeight& stacked);
+void wgmma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,
+                   float* y, int ldy, cudaStream_t stream);
 
 }  // namespace roofline::cuda

@@ -635,6 +635,7 @@ void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const Exp
   if (tiles.max_tiles < 1) return;
   if (tiles.max_tiles > 65535) fail("internal error: {} expert token tiles", tiles.max_tiles);
   if (!gemm_fuses_dequant(stacked, 64)) fail("internal error: tensor-core expert products of a {} weight", dtype_name(stacked.type));
+  if (wgmma_experts_take(stacked)) return wgmma_experts(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
   if (stacked.type == DType::Q4_K) launch_mma_experts<DType::Q4_K>(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
   else launch_mma_experts<DType::Q6_K>(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
 }

@@ -1,7 +1,8 @@
 // Products of 9-64 rows of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (wgmma, sm_90a; the default
-// there, ROOFLINE_WGMMA: see wgmma_products_min_rows). The same weights in the same A fragments as the mma.sync kernel
-// (cuda_row_blocks.cuh: four warps of 32 rows, each row's super-block staged in shared memory and
-// dequantized by the four lanes that share it), but one warpgroup instruction multiplies a warp's 16 rows
+// there, ROOFLINE_WGMMA: see wgmma_products_min_rows; and with ROOFLINE_WGMMA_EXPERTS the grouped MoE expert
+// products). The same weights in the same A fragments as the mma.sync kernel (cuda_row_blocks.cuh: each row's
+// super-block staged in shared memory and dequantized by the four lanes that share it; 128 rows a CTA, by default
+// two warpgroups of 16 rows a warp), but one warpgroup instruction multiplies a warp's 16 rows
 // by every token at once, reading the activations from shared memory itself: no B fragments in registers,
 // a quarter of the tensor instructions at 64 tokens, and the instruction runs while the warp dequantizes
 // the next weights. The activations of a super-block are staged once per CTA (cp.async) in the layout the
@@ -25,13 +26,10 @@ constexpr int wg_step_bytes() { return 32 * N; }
 template <int N>
 constexpr int wg_x_stage_bytes() { return 16 * wg_step_bytes<N>(); }
 
-// f32 activations [n_tok x cols] -> the B tiles of every super-block (tokens past n_tok: zeros). One thread
-// per 16-byte run of 8 k of one token, in layout order.
+// f32 activations [n_tok x cols] -> the B tiles of every super-block (tokens past n_tok: zeros): run i (in layout
+// order) is 16 bytes, 8 k of one token.
 template <DType T>
-__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, int4* out) {
-  wait_for_previous_kernel();
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= cols / 256 * 32 * n_pad) return;
+__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, int64_t i) {
   const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % 16);
   const int64_t sb = i / (32 * n_pad);
   union {
@@ -43,7 +41,23 @@ __global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n
     const int64_t k = sb * 256 + RowBlock<T>::x_offset(step / 8, (step / 4) % 2, step % 4, jj / 2) + kb + 2 * (jj % 2);
     o.h[jj] = n < n_tok ? saturated_half(x[(int64_t)n * cols + k]) : __float2half(0.0f);
   }
-  out[i] = o.v;
+  return o.v;
+}
+// One thread per run.
+template <DType T>
+__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, int4* out) {
+  wait_for_previous_kernel();
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < cols / 256 * 32 * n_pad) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, i);
+}
+// The expert products' token tiles (grid.y: tile slots; each tile's grouped rows from its row0), one after the other.
+template <DType T>
+__global__ void to_wgmma_b_tiles_kernel(const float* x, ExpertTiles tiles, int64_t cols, int n_pad, int4* out) {
+  wait_for_previous_kernel();
+  const int tile = blockIdx.y;
+  if (tile >= *tiles.n_tiles) return;
+  const int64_t per_tile = cols / 256 * 32 * n_pad, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < per_tile) out[tile * per_tile + i] = wgmma_b_run<T>(x + (int64_t)tiles.row0[tile] * cols, tiles.rows[tile], cols, n_pad, i);
 }
 
 // The shared-memory matrix descriptor of a K-major tile without swizzle (start address, leading and stride
@@ -114,18 +128,15 @@ constexpr int wg_stages() {
 template <DType T, int N>
 constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>(); }
 
-// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N, 128-row tiles (grid.x over the members of the
-// launch) and K split over grid.y, as mma_rows_kernel<T, N / 8, MT> (the same members, splits and stores).
+// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the 128 rows of `row_tile`, K split `split` of
+// `n_splits` (partial sums to part, as mma_rows: the same splits and stores).
 template <DType T, int N, int MT>
-__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
-                                                                         float* part) {
+__device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
+                                           int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  const MmaMember mem = mma_member(members, blockIdx.x);
-  const DeviceWeight& w = mem.w;
-  const int split = blockIdx.y, n_splits = gridDim.y;
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
   constexpr int kThreads = wg_threads<MT>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
-  const int64_t row_base = (int64_t)(blockIdx.x - mem.tile0) * kWgRows + warp * (16 * MT);
+  const int64_t row_base = row_tile * kWgRows + warp * (16 * MT);
   const int64_t n_sb = w.cols / 256;
   const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
   int64_t rows[R];  // rows g, g + 8 (this warp's first 16: m tile 0), g + 16, g + 24 (m tile 1); past the end, the last
@@ -214,11 +225,33 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMemb
     wg_wait<0>();
   }
   wg_wait<0>();
-  store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, mem.y, mem.ldy, accumulate,
-                            part + mem.part_off, split, n_splits);
+  store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part,
+                            split, n_splits);
 #else
-  __trap();  // the host takes this path only where the device is sm_90 and the build has sm_90a code (wgmma_products_take)
+  __trap();  // the host takes this path only where the device is sm_90 and the build has sm_90a code (wgmma_products_available)
 #endif
+}
+
+// The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
+template <DType T, int N, int MT>
+__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
+                                                                         float* part) {
+  const MmaMember mem = mma_member(members, blockIdx.x);
+  wgmma_rows<T, N, MT>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y, gridDim.y);
+}
+
+// Expert products grouped by expert (as mma_experts_kernel): CTA (x, y) takes row tile x of the expert of token
+// tile y, whose activation tiles start tile_int4s * y into xb. The expert comes from the routing kernels' output, so
+// the wait for the previous kernel comes first here.
+template <DType T, int N, int MT>
+__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_experts_kernel(DeviceWeight w, int64_t rows_per_expert, ExpertTiles tiles,
+                                                                            const int4* xb, int64_t tile_int4s, float* y, int ldy) {
+  wait_for_previous_kernel();
+  const int i = blockIdx.y;
+  if (i >= *tiles.n_tiles) return;
+  const DeviceWeight we = expert_view(w, tiles.expert[i], rows_per_expert);
+  const int64_t row0 = tiles.row0[i];
+  wgmma_rows<T, N, MT>(we, xb + i * tile_int4s, tiles.rows[i], y + row0 * ldy, ldy, false, nullptr, blockIdx.x, 0, 1);
 }
 
 // The pipeline fill a CTA costs, in super-blocks, for the split choice (ROOFLINE_WGMMA_FILL, default 2).
@@ -274,6 +307,31 @@ void wgmma_products_of(const DeviceWeight* const* ws, float* const* ys, const in
 }
 
 int wgmma_mode_for_test = -1;  // (gpu_use_wgmma_products_for_test; -1: the environment's)
+int wgmma_experts_for_test = -1;  // (gpu_use_wgmma_experts_for_test; -1: the environment's)
+
+template <DType T, int N>
+void launch_wgmma_experts(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch, float* y,
+                          int ldy, cudaStream_t stream) {
+  const int64_t per_tile = w.cols / 256 * 32 * N;  // 16-byte runs of one tile's activations
+  int4* xb = reinterpret_cast<int4*>(scratch);
+  launch(to_wgmma_b_tiles_kernel<T>, dim3((unsigned)((per_tile + 255) / 256), (unsigned)tiles.max_tiles), dim3(256), 0, stream, pdl_enabled(),
+         x, tiles, w.cols, N, xb);
+  constexpr int smem = wg_smem_bytes<T, N>();
+  smem_set_once<wgmma_experts_kernel<T, N, 1>>(smem, wg_threads<1>());
+  launch(wgmma_experts_kernel<T, N, 1>, dim3((unsigned)((rows_per_expert + kWgRows - 1) / kWgRows), (unsigned)tiles.max_tiles),
+         dim3(wg_threads<1>()), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const int4*)xb, per_tile, y, ldy);
+}
+template <DType T>
+void wgmma_experts_of(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch, float* y,
+                      int ldy, cudaStream_t stream) {
+  switch (tiles.nt) {
+    case 2: return launch_wgmma_experts<T, 16>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    case 4: return launch_wgmma_experts<T, 32>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    case 6: return launch_wgmma_experts<T, 48>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    case 8: return launch_wgmma_experts<T, 64>(w, rows_per_expert, tiles, x, scratch, y, ldy, stream);
+    default: fail("internal error: expert token tiles of {} n8 tiles", tiles.nt);
+  }
+}
 
 }  // namespace
 
@@ -314,6 +372,22 @@ bool wgmma_products_take(const DeviceWeight& w, int n_tokens) {
          wgmma_products_available();
 }
 
+// The grouped expert products on the warpgroup kernel: with ROOFLINE_WGMMA_EXPERTS=1 (off: written after the
+// session's device time was spent, not yet measured).
+bool wgmma_experts_take(const DeviceWeight& stacked) {
+  static const bool env = env_switch("ROOFLINE_WGMMA_EXPERTS", false);
+  const bool on = wgmma_experts_for_test < 0 ? env : wgmma_experts_for_test > 0;
+  return on && stacked.cols % 256 == 0 &&
+         ((stacked.type == DType::Q4_K && stacked.layout == WeightLayout::Raw) || (stacked.type == DType::Q6_K && stacked.layout == WeightLayout::Q6KPlanes)) &&
+         wgmma_products_available();
+}
+
+void wgmma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,
+                   float* y, int ldy, cudaStream_t stream) {
+  if (stacked.type == DType::Q4_K) wgmma_experts_of<DType::Q4_K>(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
+  else wgmma_experts_of<DType::Q6_K>(stacked, rows_per_expert, tiles, x_grouped, scratch, y, ldy, stream);
+}
+
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
                     bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream) {
   if (ws[0]->type == DType::Q4_K)
@@ -331,5 +405,6 @@ void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
   cuda::wgmma_tiles_for_test = m_tiles;
 }
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
+void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
 
 }  // namespace roofline
