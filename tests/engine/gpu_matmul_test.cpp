@@ -53,20 +53,26 @@ bool int8_decode_type(DType t) {
          t == DType::Q3_K || t == DType::Q2_K || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::IQ4_NL;
 }
 
+// Which batched (9-64 row) kernel the products take for one test, put back to the environment's choice after it:
+// int8 (ROOFLINE_INT8_MMA) and Hopper's warpgroup kernel (ROOFLINE_WGMMA, min rows and m tiles), 0 for off.
+struct BatchedKernels {
+  BatchedKernels(int int8, int wgmma_min_rows, int wgmma_tiles = 0) {
+    gpu_use_int8_products_for_test(int8);
+    gpu_use_wgmma_products_for_test(wgmma_min_rows, wgmma_tiles);
+  }
+  ~BatchedKernels() {
+    gpu_use_int8_products_for_test(-1);
+    gpu_use_wgmma_products_for_test(-1);
+  }
+};
+
 }  // namespace
 
 TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
   SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() {
-      gpu_use_int8_products_for_test(-1);
-      gpu_use_wgmma_products_for_test(-1);
-    }
-  } restore;
   // The mma.sync f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference; Hopper's warpgroup one:
   // WarpgroupBatchedProductsMatchTheReference).
-  gpu_use_int8_products_for_test(0);
-  gpu_use_wgmma_products_for_test(0);
+  const BatchedKernels mma_sync(0, 0);
   const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
                          DType::Q8_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
                          DType::IQ4_XS};
@@ -89,16 +95,9 @@ TEST(GpuMatmulTest, EveryTypeAtDecodeAndPrefillSizes) {
 // counts that leave the last warp short.
 TEST(GpuMatmulTest, BatchedDecodeKernelOnLargerMatrices) {
   SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() {
-      gpu_use_int8_products_for_test(-1);
-      gpu_use_wgmma_products_for_test(-1);
-    }
-  } restore;
   // The mma.sync f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference; Hopper's warpgroup one:
   // WarpgroupBatchedProductsMatchTheReference).
-  gpu_use_int8_products_for_test(0);
-  gpu_use_wgmma_products_for_test(0);
+  const BatchedKernels mma_sync(0, 0);
   Rng rng(5);
   for (DType type : {DType::Q4_K, DType::Q6_K})
     for (int n : {9, 24, 40, 64}) {
@@ -195,16 +194,9 @@ TEST(GpuMatmulTest, JoinedProductsOfOneInputMatchEachProduct) {
 // one member large enough to split K over CTAs; each product against its double reference (f16 inputs).
 TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
   SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() {
-      gpu_use_int8_products_for_test(-1);
-      gpu_use_wgmma_products_for_test(-1);
-    }
-  } restore;
   // The mma.sync f16 batched kernel (the int8 one: Int8BatchedProductsMatchTheReference; Hopper's warpgroup one:
   // WarpgroupBatchedProductsMatchTheReference).
-  gpu_use_int8_products_for_test(0);
-  gpu_use_wgmma_products_for_test(0);
+  const BatchedKernels mma_sync(0, 0);
   Rng rng(11);
   const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
@@ -221,10 +213,7 @@ TEST(GpuMatmulTest, JoinedBatchedProductsMatchEachProduct) {
 // member of 24 tokens), not the f16 kernel's.
 TEST(GpuMatmulTest, Int8BatchedProductsMatchTheReference) {
   SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() { gpu_use_int8_products_for_test(-1); }
-  } restore;
-  gpu_use_int8_products_for_test(1);
+  const BatchedKernels int8(1, 0);
   Rng rng(19);
   for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
     EXPECT_LT(gpu_matmul_nmse(DType::Q4_K, 300, 2560, n, rng), 2e-4) << "300 x 2560, n=" << n;
@@ -244,19 +233,12 @@ TEST(GpuMatmulTest, Int8BatchedProductsMatchTheReference) {
 TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
   SKIP_WITHOUT_GPU();
   if (!gpu_wgmma_products_available_for_test()) GTEST_SKIP() << "the warpgroup kernels need an sm_90 GPU and a build with sm_90a code";
-  struct Restore {
-    ~Restore() {
-      gpu_use_wgmma_products_for_test(-1);
-      gpu_use_int8_products_for_test(-1);
-    }
-  } restore;
-  gpu_use_int8_products_for_test(0);
   Rng rng(23);
   const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
                                            {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
   for (int m_tiles : {1, 2}) {
-    gpu_use_wgmma_products_for_test(9, m_tiles);
+    const BatchedKernels warpgroup(0, 9, m_tiles);
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
         EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles;
