@@ -120,4 +120,27 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   });
 }
 
+void ThreadPool::parallel_ranges(size_t n, size_t min_take, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  if (n_threads_ == 1) {
+    fn(0, n);
+    return;
+  }
+  min_take = std::max<size_t>(1, min_take);
+  const size_t divisor = 2 * (size_t)n_threads_;
+  std::atomic<size_t> next{0};
+  run_on_all([&](int, int) {
+    for (;;) {
+      // The size comes from a possibly stale view of what is left: only the range's start is claimed
+      // atomically, so ranges never overlap and a late take is at worst a little long.
+      size_t seen = next.load(std::memory_order_relaxed);
+      if (seen >= n) return;
+      const size_t take = std::max(min_take, (n - seen) / divisor);
+      const size_t u0 = next.fetch_add(take, std::memory_order_relaxed);
+      if (u0 >= n) return;
+      fn(u0, std::min(n, u0 + take));
+    }
+  });
+}
+
 }  // namespace roofline

@@ -29,6 +29,12 @@ class ThreadPool {
   // The first exception thrown by fn is rethrown here.
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
+  // Calls fn(u0, u1) on ranges that together cover [0, n) once, spread over the threads ("guided"
+  // scheduling): each take is a share of what is left (about 1 / (2 x threads) of it, at least min_take),
+  // so the first ranges are long (a thread streams long runs of memory) and the last short (threads finish
+  // together). Which thread runs a range varies from call to call; the ranges' union does not.
+  void parallel_ranges(size_t n, size_t min_take, const std::function<void(size_t, size_t)>& fn);
+
   // Calls fn(thread_index, n_threads) once on every thread (for kernels that split work themselves).
   void run_on_all(const std::function<void(int, int)>& fn);
 

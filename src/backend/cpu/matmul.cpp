@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -12,6 +13,23 @@
 #include "formats/quant_blocks.h"
 
 namespace roofline::cpu {
+
+namespace {
+
+// Decode ranges are at least this many weight bytes (a few microseconds of one core's stream).
+constexpr size_t kDecodeMinTakeBytes = 64 << 10;
+
+// ROOFLINE_CPU_DECODE_SPLIT=tasks splits decode products into the fixed tasks used before the guided ranges
+// (for A/B measurements); anything else, or unset, takes the guided ranges.
+bool decode_split_guided() {
+  static const bool guided = [] {
+    const char* v = std::getenv("ROOFLINE_CPU_DECODE_SPLIT");
+    return !(v && std::strcmp(v, "tasks") == 0);
+  }();
+  return guided;
+}
+
+}  // namespace
 
 void ActRows::gather(const ActRows& src, std::span<const int> rows) {
   format_ = src.format_;
@@ -93,37 +111,19 @@ void matmul_products(std::span<const Product> products, ThreadPool& pool, const 
     total_rows += p.w->rows();
     max_act = std::max(max_act, p.act->n_rows());
   }
-  // Output rows per task. Decode (a few activation rows): large chunks, so each thread streams long
-  // runs of consecutive weight rows (the hardware prefetchers lose their stream at every jump to the
-  // next chunk; 256 rather than 16 rows gave qwen3-1.7b Q4_K_M tg32 ~10.5 -> ~12.0 tok/s on the 2-core
-  // machine), but at least 8 tasks per thread for balance. Prefill: 16 rows, whose weights stay in
-  // the L2 while every activation tile passes over them; 64 with the AVX-512 tiles, whose 32-element
-  // types first convert the tile's activation rows into a panel (built once per task, so over more rows).
-  const int64_t prefill_rows = cpu_isa() >= CpuIsa::Avx512 ? 64 : 16;
-  const int64_t rows_per_task =
-      max_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : prefill_rows;
-  ROOFLINE_CHECK(rows_per_task % kPackRows == 0);  // packed tasks start on a 16-row group
-  constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
   thread_local std::vector<const PackedMatrix*> packs;
-  thread_local std::vector<size_t> first_task;  // product m owns tasks [first_task[m], first_task[m + 1])
   packs.assign(products.size(), nullptr);
-  first_task.assign(products.size() + 1, 0);
-  for (size_t m = 0; m < products.size(); ++m) {
-    packs[m] = packed ? packed->find(*products[m].w) : nullptr;
-    first_task[m + 1] = first_task[m] + (size_t)((products[m].w->rows() + rows_per_task - 1) / rows_per_task);
-  }
+  for (size_t m = 0; m < products.size(); ++m) packs[m] = packed ? packed->find(*products[m].w) : nullptr;
   const std::vector<const PackedMatrix*>& pk = packs;  // the calling thread's, read by every worker
-  const std::vector<size_t>& ft = first_task;
-  pool.parallel_for(ft.back(), [&](size_t task) {
-    const size_t m = (size_t)(std::upper_bound(ft.begin(), ft.end(), task) - ft.begin()) - 1;
+  constexpr int kActTile = 16;  // activation rows per tile call (kept cache-resident)
+  // Rows [r0, r1) of product m (r0 on a 16-row group) against every activation row.
+  const auto run_rows = [&](size_t m, int64_t r0, int64_t r1) {
     const Product& p = products[m];
     const Weight& w = *p.w;
     const ActRows& act = *p.act;
     const int n_act = act.n_rows();
     const int64_t n_out = w.rows(), n_in = w.cols();
-    const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
-    const int64_t r0 = (int64_t)(task - ft[m]) * rows_per_task, r1 = std::min(n_out, r0 + rows_per_task);
-    if (const PackedMatrix* pm = pk[m]) {  // rows_per_task is a multiple of the 16-row groups
+    if (const PackedMatrix* pm = pk[m]) {
       const PackedActs pa = act.packed();
       const uint8_t* group = pm->data() + (size_t)(r0 / kPackRows) * pm->group_bytes();
       if (n_act >= kPromptKernelRows && pm->prompt_tile() && pa.tiles) {  // AMX: every activation row in one call
@@ -137,12 +137,58 @@ void matmul_products(std::span<const Product> products, ThreadPool& pool, const 
       }
       return;
     }
+    const size_t w_row_bytes = dtype_row_bytes(w.type(), n_in);
     const VecDotTileFn tile = vec_dot_tile_fn(w.type());
     for (int t0 = 0; t0 < n_act; t0 += kActTile) {
       const int n_a = std::min(kActTile, n_act - t0);
       tile(w.data() + (size_t)r0 * w_row_bytes, w_row_bytes, (int)(r1 - r0), act.row(t0), act.row_stride(), n_a, n_in,
            p.y + (size_t)t0 * n_out + r0, (size_t)n_out);
     }
+  };
+  thread_local std::vector<size_t> first;  // product m owns units [first[m], first[m + 1])
+  first.assign(products.size() + 1, 0);
+  if (max_act <= 4 && decode_split_guided()) {
+    // Decode (a few activation rows): memory-bound, every thread streaming weight rows. Units of 16 rows
+    // (a packed group) over all the products, taken in guided ranges (ThreadPool::parallel_ranges): long
+    // runs of consecutive rows first (the hardware prefetchers lose their stream at every jump), short
+    // ones last, so that no thread waits long for the others at the end of the dispatch. Each output is
+    // computed by the same code whatever range holds it, so the split does not change a bit.
+    size_t bytes = 0;
+    for (size_t m = 0; m < products.size(); ++m) {
+      const Weight& w = *products[m].w;
+      first[m + 1] = first[m] + (size_t)((w.rows() + kPackRows - 1) / kPackRows);
+      bytes += dtype_row_bytes(w.type(), w.cols()) * (size_t)w.rows();
+    }
+    const std::vector<size_t>& f = first;
+    const size_t unit_bytes = std::max<size_t>(1, bytes / f.back());
+    const size_t min_take = std::max<size_t>(1, kDecodeMinTakeBytes / unit_bytes);
+    pool.parallel_ranges(f.back(), min_take, [&](size_t u0, size_t u1) {
+      for (size_t m = (size_t)(std::upper_bound(f.begin(), f.end(), u0) - f.begin()) - 1; m < products.size() && f[m] < u1;
+           ++m) {
+        const int64_t n_out = products[m].w->rows();
+        const int64_t r0 = (int64_t)(std::max(u0, f[m]) - f[m]) * kPackRows;
+        const int64_t r1 = std::min(n_out, (int64_t)(std::min(u1, f[m + 1]) - f[m]) * kPackRows);
+        if (r0 < r1) run_rows(m, r0, r1);
+      }
+    });
+    return;
+  }
+  // Fixed tasks of output rows. Prefill: 16 rows, whose weights stay in the L2 while every activation tile
+  // passes over them; 64 with the AVX-512 tiles, whose 32-element types first convert the tile's
+  // activation rows into a panel (built once per task, so over more rows). Decode with
+  // ROOFLINE_CPU_DECODE_SPLIT=tasks (the split before the guided ranges): 16-256 rows, at least 8 tasks a
+  // thread (256 rather than 16 rows gave qwen3-1.7b Q4_K_M tg32 ~10.5 -> ~12.0 tok/s on the 2-core machine).
+  const int64_t prefill_rows = cpu_isa() >= CpuIsa::Avx512 ? 64 : 16;
+  const int64_t rows_per_task =
+      max_act <= 4 ? std::clamp<int64_t>(total_rows / (8 * (int64_t)pool.size()) / 16 * 16, 16, 256) : prefill_rows;
+  ROOFLINE_CHECK(rows_per_task % kPackRows == 0);  // packed tasks start on a 16-row group
+  for (size_t m = 0; m < products.size(); ++m)
+    first[m + 1] = first[m] + (size_t)((products[m].w->rows() + rows_per_task - 1) / rows_per_task);
+  const std::vector<size_t>& ft = first;
+  pool.parallel_for(ft.back(), [&](size_t task) {
+    const size_t m = (size_t)(std::upper_bound(ft.begin(), ft.end(), task) - ft.begin()) - 1;
+    const int64_t r0 = (int64_t)(task - ft[m]) * rows_per_task;
+    run_rows(m, r0, std::min(products[m].w->rows(), r0 + rows_per_task));
   });
 }
 
