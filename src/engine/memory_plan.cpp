@@ -376,7 +376,10 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
     const double state_gpu = state_bytes_per_token(model, hp.n_layer - gpu_layers, hp.n_layer);
     const double expert_share = hp.n_expert > 0 ? (double)hp.n_expert_used / hp.n_expert : 0.0;
     const double experts_touched = 1.0 - std::pow(1.0 - expert_share, s.n_parallel);
-    batched_weights_s = (t0.on_gpu - state_gpu - expert_bytes_gpu * expert_share) / (gpu_gbs * 1e9 * bt.stream_efficiency) +
+    double weights_rate = gpu_gbs * 1e9 * bt.stream_efficiency;
+    if (bt.dequant_bytes_per_fp32_flop > 0 && gpu.fp32_tflops > 0)
+      weights_rate = std::min(weights_rate, gpu.fp32_tflops * 1e12 * bt.dequant_bytes_per_fp32_flop);
+    batched_weights_s = (t0.on_gpu - state_gpu - expert_bytes_gpu * expert_share) / weights_rate +
                         expert_bytes_gpu * experts_touched / (gpu_gbs * 1e9 * s.batched_expert_stream_efficiency) +
                         gpu_layers * bt.layer_us * 1e-6 + t0.on_host / (host_gbs * 1e9 * s.host_stream_efficiency);
     batched_row_s = gpu_share * p.flops_per_token / (gpu.tflops * 1e12 * bt.tensor_efficiency) + gpu_layers * bt.row_layer_us * 1e-6 +
@@ -428,9 +431,15 @@ Plan make_plan(const Model& model, const GpuSpec& gpu, const PlanSettings& in) {
                           terms, p.decode_tok_s, slot_depth, slot_kv_read / 1e9, p.decode_tok_s_full_context));
   if (tensor_rows)
     d.push_back(fmt::format("all {} slots generating (tensor-core steps): a step streams the weights once ({:.1f} ms: {:.2f} of the "
-                            "bandwidth and {:.0f} us a layer) and each row adds {:.2f} ms ({:.1f} GFLOP at {:.2f} of {:.0f} TFLOPS dense "
+                            "bandwidth{} and {:.0f} us a layer) and each row adds {:.2f} ms ({:.1f} GFLOP at {:.2f} of {:.0f} TFLOPS dense "
                             "FP16, {:.2f} us a layer{}) = {:.1f} tok/s in all, {:.1f} per slot (fitted on {})",
-                            s.n_parallel, 1e3 * batched_weights_s, bt.stream_efficiency, bt.layer_us, 1e3 * batched_row_s,
+                            s.n_parallel, 1e3 * batched_weights_s, bt.stream_efficiency,
+                            bt.dequant_bytes_per_fp32_flop > 0 && gpu.fp32_tflops > 0 &&
+                                    gpu.fp32_tflops * 1e12 * bt.dequant_bytes_per_fp32_flop < gpu_gbs * 1e9 * bt.stream_efficiency
+                                ? fmt::format(", capped at {:.0f} GB/s by dequantizing on {:.0f} FP32 TFLOPS",
+                                              gpu.fp32_tflops * 1e3 * bt.dequant_bytes_per_fp32_flop, gpu.fp32_tflops)
+                                : std::string(),
+                            bt.layer_us, 1e3 * batched_row_s,
                             p.flops_per_token / 1e9, bt.tensor_efficiency, gpu.tflops, bt.row_layer_us,
                             std::string(t_mid.predicted > t0.predicted ? ", its KV" : "") +
                                 (state_bytes_per_token(model, hp.n_layer - gpu_layers, hp.n_layer) > 0 ? ", its recurrent state" : ""),

@@ -91,11 +91,16 @@ struct PlanSettings {
   // four terms): Hopper's warpgroup kernel on an H100 (thirty-fourth session; held out, gemma3-27b and qwen3.5-27b come
   // out within 11% of theirs), and for the other tensor-core cards (sm_75-89) the mma.sync kernel with f16 copies from
   // 33 rows on an H200 (thirty-first session). Older cards keep the term above.
+  // The weights' rate is capped where the kernel dequantizes slower than the card reads: Hopper's warpgroup kernel
+  // ran qwen3-32b `-npl 16/64` on an H200 (4.5 TB/s) only 3-6% faster than on an H100 (3.1 TB/s; both 67 FP32
+  // TFLOPS: 1122 / 3087 against 1053 / 2995 tok/s, thirty-fifth session), so its weights stream at most at
+  // dequant_bytes_per_fp32_flop x the CUDA-core rate (0.0309: the H100's fitted 0.67 x 3082 GB/s at 67 TFLOPS, rounded up so the H100 keeps its bandwidth term).
+  // 0: no cap (the mma.sync terms come from one card).
   struct BatchedDecodeTerms {
-    double stream_efficiency, layer_us, tensor_efficiency, row_layer_us;
+    double stream_efficiency, layer_us, tensor_efficiency, row_layer_us, dequant_bytes_per_fp32_flop;
   };
-  BatchedDecodeTerms batched_hopper{0.67, 46, 0.75, 0.52};
-  BatchedDecodeTerms batched_mma{0.68, 81, 0.39, 0.13};
+  BatchedDecodeTerms batched_hopper{0.67, 46, 0.75, 0.52, 0.0309};
+  BatchedDecodeTerms batched_mma{0.68, 81, 0.39, 0.13, 0.0};
   // The routed experts of such a step: n rows touch 1 - (1 - k / E)^n of each layer's experts (at 16 rows of 8 of 128,
   // 64%), read by the grouped expert kernels at this share of the bandwidth (their token groups are small): fitted on
   // qwen3-30b-a3b `-npl 16` / `-npl 64` on an H100 (1263 / 2612 tok/s; predicted 18% low / 4% high; held out,
