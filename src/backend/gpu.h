@@ -77,6 +77,9 @@ void gpu_use_int8_products_for_test(int mode);
 // sm_90a code).
 void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles = 0);
 bool gpu_wgmma_products_available_for_test();
+// For tests: the warpgroup kernel with a super-block's last products left in flight into the next (1), without
+// (0), or as ROOFLINE_WGMMA_OVERLAP says (-1).
+void gpu_use_wgmma_overlap_for_test(int on);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).
 void gpu_use_wgmma_experts_for_test(int on);
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to

@@ -237,17 +237,38 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
   const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
                                            {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
-  for (int m_tiles : {1, 2}) {
+  struct Restore {
+    ~Restore() { gpu_use_wgmma_overlap_for_test(-1); }
+  } restore;
+  // Forms: one m64 tile a warpgroup, two, and one with a super-block's last products in flight into the next.
+  for (auto [m_tiles, overlap] : {std::pair{1, 0}, {2, 0}, {1, 1}}) {
     const BatchedKernels warpgroup(0, 9, m_tiles);
+    gpu_use_wgmma_overlap_for_test(overlap);
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
-        EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles;
-        EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles;
+        EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles
+                                                                   << ", overlap " << overlap;
+        EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles
+                                                                << ", overlap " << overlap;
       }
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)
         for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
   }
+  // The overlapped form does the same arithmetic in the same order: the same bits as the plain one.
+  const BatchedKernels warpgroup(0, 9, 1);
+  for (DType type : {DType::Q4_K, DType::Q6_K})
+    for (int n : {9, 33, 64}) {
+      const test::RandomWeight w(type, 200, 4096, rng);
+      std::vector<float> x((size_t)n * 4096);
+      for (float& v : x) v = (float)rng.normal();
+      gpu_use_wgmma_overlap_for_test(0);
+      const std::vector<float> plain = gpu_matmul_for_test(w.weight(), x, n);
+      gpu_use_wgmma_overlap_for_test(1);
+      const std::vector<float> overlapped = gpu_matmul_for_test(w.weight(), x, n);
+      ASSERT_EQ(plain.size(), overlapped.size());
+      EXPECT_EQ(0, std::memcmp(plain.data(), overlapped.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n;
+    }
 }
 
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the

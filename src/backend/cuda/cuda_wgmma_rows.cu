@@ -129,8 +129,11 @@ template <DType T, int N>
 constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>(); }
 
 // y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the 128 rows of `row_tile`, K split `split` of
-// `n_splits` (partial sums to part, as mma_rows: the same splits and stores).
-template <DType T, int N, int MT>
+// `n_splits` (partial sums to part, as mma_rows: the same splits and stores). OVERLAP: a super-block's last batch of
+// products stays in flight while the warp dequantizes the next one (no wait for all of them at its end); the copies
+// then run S - 2 super-blocks ahead instead of S - 1, so that the stage a copy overwrites is one every warp's products
+// are done with (ROOFLINE_WGMMA_OVERLAP; off by default).
+template <DType T, int N, int MT, bool OVERLAP = false>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -143,6 +146,8 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
   constexpr int S = wg_stages<T, N>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
+  constexpr int L = OVERLAP && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
+  constexpr bool kOverlap = L == S - 2;
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
@@ -162,18 +167,18 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       for (int k = threadIdx.x; k < kX / 16; k += kThreads) copy_async<16>(dst + k, src + k);
     }
   };
-  // Weights are no kernel's output: the first S - 1 stages' weights are fetched before the wait for the previous
+  // Weights are no kernel's output: the first L stages' weights are fetched before the wait for the previous
   // kernel (one copy group each), their activations after it (one group for all). So super-block j of the loop
-  // waits for all but the newest min(j, S - 2) groups: the first ones for that activation group (with only the
+  // waits for all but the newest min(j, L - 1) groups: the first ones for that activation group (with only the
   // loop's own groups after it), the rest for their own stage's group.
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
+  for (int s = 0; s < L; ++s) {
     weights_copy(sb_begin + s, s);
     copy_async_commit();
   }
   wait_for_previous_kernel();
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) x_copy(sb_begin + s, s);
+  for (int s = 0; s < L; ++s) x_copy(sb_begin + s, s);
   copy_async_commit();
   auto stage_copy = [&](int64_t sb, int stage) {
     weights_copy(sb, stage);
@@ -186,14 +191,17 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   int stage = 0;
   for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
     const int64_t j = sb - sb_begin;  // the loop's groups issued so far
+    static_assert(L - 1 <= 2, "the waits below cover up to two pending groups");
     if (j == 0) copy_async_wait<0>();
-    else if (S > 3 && j == 1) copy_async_wait<(S > 3 ? 1 : 0)>();
-    else copy_async_wait<S - 2>();
+    else if (j == 1) copy_async_wait<(L - 1 < 1 ? L - 1 : 1)>();
+    else copy_async_wait<L - 1>();
     fence_proxy_async_shared();
     // Every thread's copies of this stage have landed, and every warp's products from the stage the copy
-    // below overwrites are done (each super-block ends with a wait for all of them).
+    // below overwrites are done: that of the previous super-block (each ends with a wait for all its products),
+    // or with kOverlap that of the one before (the first wait of the previous super-block left only its own
+    // newest batch pending).
     __syncthreads();
-    stage_copy(sb + S - 1, stage == 0 ? S - 1 : stage - 1);
+    stage_copy(sb + L, (stage + L) % S);
     RowBlock<T> blk[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) blk[i].from_smem(slots(stage) + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
@@ -222,7 +230,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
         wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
       }
     }
-    wg_wait<0>();
+    if constexpr (!kOverlap) wg_wait<0>();
   }
   wg_wait<0>();
   store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part,
@@ -233,11 +241,11 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT>
+template <DType T, int N, int MT, bool OVERLAP = false>
 __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
                                                                          float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y, gridDim.y);
+  wgmma_rows<T, N, MT, OVERLAP>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y, gridDim.y);
 }
 
 // Expert products grouped by expert (as mma_experts_kernel): CTA (x, y) takes row tile x of the expert of token
@@ -264,6 +272,7 @@ int wgmma_fill_sb() {
 }
 
 int wgmma_tiles_for_test = 0;  // (gpu_use_wgmma_products_for_test; 0: the environment's)
+int wgmma_overlap_for_test = -1;  // (gpu_use_wgmma_overlap_for_test; -1: the environment's)
 
 // m64 tiles a warpgroup (ROOFLINE_WGMMA_TILES, 1 or 2; default 1).
 int wgmma_tiles() {
@@ -274,13 +283,22 @@ int wgmma_tiles() {
   return wgmma_tiles_for_test > 0 ? wgmma_tiles_for_test : env;
 }
 
-template <DType T, int N, int MT>
+// A super-block's last products left in flight into the next (ROOFLINE_WGMMA_OVERLAP=1; one m64 tile a warpgroup only).
+bool wgmma_overlap() {
+  static const bool on = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA_OVERLAP");
+    return e && std::atoi(e) == 1;
+  }();
+  return on;
+}
+
+template <DType T, int N, int MT, bool OVERLAP = false>
 void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                           bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   constexpr int smem = wg_smem_bytes<T, N>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT>>(smem, wg_threads<MT>());
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP>>(smem, wg_threads<MT>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream, pdl_enabled(),
+  launch(wgmma_rows_kernel<T, N, MT, OVERLAP>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream, pdl_enabled(),
          plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
@@ -288,6 +306,8 @@ template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_overlap_for_test > 0 || (wgmma_overlap_for_test < 0 && wgmma_overlap()))
+    launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else launch_wgmma_rows_mt<T, N, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 
@@ -406,5 +426,6 @@ void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
 }
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
+void gpu_use_wgmma_overlap_for_test(int on) { cuda::wgmma_overlap_for_test = on; }
 
 }  // namespace roofline
