@@ -4,17 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <fstream>
-#include <set>
-#include <string>
-
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
 
 namespace roofline {
 
@@ -23,60 +13,8 @@ int ThreadPool::default_thread_count() {
   return hw ? (int)hw : 1;
 }
 
-namespace {
-
-// The CPUs this process may run on, the first thread of each physical core first, then the others (Linux; elsewhere
-// none, so pools stay unpinned).
-std::vector<int> allowed_cpus_by_core() {
-  std::vector<int> first, rest;
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return {};
-  std::set<std::string> cores;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
-    std::string siblings;
-    if (f) std::getline(f, siblings);
-    if (siblings.empty()) siblings = std::to_string(c);
-    (cores.insert(siblings).second ? first : rest).push_back(c);
-  }
-#endif
-  first.insert(first.end(), rest.begin(), rest.end());
-  return first;
-}
-
-void pin_this_thread(int cpu) {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // a refusal leaves the thread where it was
-#else
-  (void)cpu;
-#endif
-}
-
-}  // namespace
-
-bool ThreadPool::pin_requested() {
-  static const bool pin = [] {
-    const char* v = std::getenv("ROOFLINE_CPU_PIN");
-    return v && std::strcmp(v, "1") == 0;
-  }();
-  return pin;
-}
-
-ThreadPool::ThreadPool(int n_threads, bool pin) : n_threads_(n_threads > 0 ? n_threads : default_thread_count()) {
-  if (pin && n_threads_ > 1) {
-    std::vector<int> cpus = allowed_cpus_by_core();
-    if ((int)cpus.size() >= n_threads_) cpus_.assign(cpus.begin(), cpus.begin() + n_threads_);
-  }
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] {
-      if (!cpus_.empty()) pin_this_thread(cpus_[(size_t)i]);
-      worker_loop(i);
-    });
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : default_thread_count()) {
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
 namespace {
@@ -138,10 +76,6 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
   if (n_threads_ == 1) {
     fn(0, 1);
     return;
-  }
-  if (!cpus_.empty() && pinned_caller_.load(std::memory_order_relaxed) != std::this_thread::get_id()) {
-    pin_this_thread(cpus_[0]);
-    pinned_caller_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   }
   job_.store(&fn, std::memory_order_relaxed);
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);

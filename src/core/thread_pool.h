@@ -17,10 +17,8 @@ namespace roofline {
 
 class ThreadPool {
  public:
-  // n_threads counts the calling thread: ThreadPool(1) runs everything inline. With pin, each thread is bound
-  // to one CPU of the process's allowed set, one a physical core first (worker i to the (i+1)-th, the thread that
-  // calls run_on_all to the first); a pool larger than the set, or a host that refuses, runs unpinned.
-  explicit ThreadPool(int n_threads = 0, bool pin = false);
+  // n_threads counts the calling thread: ThreadPool(1) runs everything inline.
+  explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -41,10 +39,6 @@ class ThreadPool {
   void run_on_all(const std::function<void(int, int)>& fn);
 
   static int default_thread_count();
-  // The CPU thread i is pinned to, or -1 (an unpinned pool).
-  int cpu_of(int thread) const { return cpus_.empty() ? -1 : cpus_[(size_t)thread]; }
-  // ROOFLINE_CPU_PIN=1: the compute pools (the CPU backend's) pin their threads.
-  static bool pin_requested();
 
  private:
   void worker_loop(int index);
@@ -60,8 +54,6 @@ class ThreadPool {
   std::atomic<bool> caller_sleeping_{false};  // the caller waits on done_ (set under mutex_)
   std::atomic<bool> stop_{false};
   std::exception_ptr error_;
-  std::vector<int> cpus_;                 // with pin: the CPU of thread i (empty: unpinned)
-  std::atomic<std::thread::id> pinned_caller_{};  // the last caller pinned to cpus_[0]
 };
 
 }  // namespace roofline

@@ -1,6 +1,6 @@
 // ThreadPool: every index runs exactly once per parallel_for, over many back-to-back jobs (the spinning
 // hand-off) and after the workers have gone to sleep (the condition-variable path); run_on_all gives each
-// thread its index once; a pinned pool runs each thread on its own CPU; parallel_ranges covers [0, n) exactly once in ranges that shrink towards the end
+// thread its index once; parallel_ranges covers [0, n) exactly once in ranges that shrink towards the end
 // and are never shorter than asked (but for the last); the first exception reaches the caller and the pool stays usable.
 #include <gtest/gtest.h>
 
@@ -8,17 +8,12 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
-
-#if defined(__linux__)
-#include <sched.h>
-#endif
 
 using namespace roofline;
 
@@ -98,22 +93,3 @@ TEST(ThreadPoolTest, GuidedRangesCoverEveryIndexOnceAndShrinkTowardsTheEnd) {
     }
   }
 }
-
-#if defined(__linux__)
-TEST(ThreadPoolTest, APinnedPoolRunsEachThreadOnItsCpu) {
-  const int n = (int)std::min(4u, std::max(2u, std::thread::hardware_concurrency()));
-  ThreadPool pool(n, true);
-  if (pool.cpu_of(0) < 0) GTEST_SKIP() << "fewer allowed CPUs than threads: the pool stays unpinned";
-  std::set<int> cpus;
-  for (int t = 0; t < n; ++t) cpus.insert(pool.cpu_of(t));
-  EXPECT_EQ((int)cpus.size(), n) << "each thread its own CPU";
-  for (int round = 0; round < 50; ++round) {
-    std::vector<std::atomic<int>> where(n);
-    pool.run_on_all([&](int t, int) { where[(size_t)t].store(sched_getcpu()); });
-    for (int t = 0; t < n; ++t) ASSERT_EQ(where[(size_t)t].load(), pool.cpu_of(t)) << "thread " << t;
-  }
-  expect_each_index_once(pool, 1000);
-  ThreadPool unpinned(n);
-  EXPECT_EQ(unpinned.cpu_of(0), -1);
-}
-#endif

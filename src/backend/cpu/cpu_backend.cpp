@@ -34,7 +34,7 @@ void add_bias(float* y, const std::vector<float>& b, int n_rows) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads, ThreadPool::pin_requested()) {}
+CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
 CpuBackend::~CpuBackend() = default;
 
 uint64_t CpuBackend::weight_bytes(const Model& model, const LayerSet& layers) const {
