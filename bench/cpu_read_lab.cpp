@@ -2,7 +2,7 @@
 // Q8_0 rows at 4 threads): each form reads one buffer much larger than the L3 once a pass, split in T
 // slices, and prints the best and median GB/s of its passes. Forms differ in how a thread walks its slice
 // (one stream, several interleaved streams, software fetch ahead, streaming loads) and in whether threads
-// are pinned to distinct physical cores. Standalone, no project code:
+// are pinned to distinct physical cores. Standalone, no project code (`ninja cpu_read_lab` in a build folder, or):
 //   g++ -O2 -std=c++20 -mavx512f -mavx512bw -pthread bench/cpu_read_lab.cpp -o cpu_read_lab
 //   ./cpu_read_lab [GiB=4] [threads=4,16] [passes=7]
 #include <immintrin.h>
