@@ -277,6 +277,36 @@ TEST(PackedKernels, Avx2AndAvx512KernelsAgree) {
   EXPECT_EQ(compared, 3) << "Q4_0, Q8_0 and Q4_K have AVX2 packed kernels";
 }
 
+// The one-row Q4_0 / Q8_0 decode loop walking 2, 4 or 8 groups side by side (ROOFLINE_CPU_STREAMS) gives the bits of
+// one group at a time, for ranges whose groups the streams split evenly and not (a remainder, a partial last group).
+TEST(PackedKernels, DecodeStreamsGiveTheBitsOfOneStream) {
+  if (!packed_tile_fn_at(CpuIsa::Avx512, DType::Q8_0)) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  ThreadPool pool(1);
+  for (DType t : {DType::Q8_0, DType::Q4_0})
+    for (int64_t rows : {16 * 16, 16 * 19 + 5, 16 * 37 + 11}) {
+      const int64_t n = 32 * 23;
+      const Matrix m = random_matrix(t, rows, n, 900 + (uint64_t)rows);
+      const std::vector<float> x = random_acts(3, n, 17);
+      ActRows act;
+      act.prepare(act_of(t), x.data(), 3, n, pool);
+      const PackedMatrix pm(m.weight(), pool, packed_tile_fn_at(CpuIsa::Avx512, t));
+      const std::vector<double> ref = reference(m, act);
+      for (int c0 = 0; c0 < 3; ++c0) {
+        detail::decode_streams_for_test = 1;
+        const std::vector<float> one = run_packed(pm, rows, act, c0, 1, n);
+        for (int r = 0; r < rows; ++r)
+          ASSERT_NEAR(one[(size_t)r], ref[(size_t)c0 * rows + r], 1e-3 * (1 + std::fabs(ref[(size_t)c0 * rows + r])));
+        for (int streams : {2, 4, 8}) {
+          detail::decode_streams_for_test = streams;
+          const std::vector<float> y = run_packed(pm, rows, act, c0, 1, n);
+          EXPECT_EQ(std::memcmp(y.data(), one.data(), y.size() * sizeof(float)), 0)
+              << dtype_name(t) << " rows " << rows << " streams " << streams;
+        }
+      }
+      detail::decode_streams_for_test = 0;
+    }
+}
+
 // The AMX prompt kernels give the AVX-512 VNNI kernels' bits for every type, tile shape (partial tiles of
 // activation rows and of weight rows) and start row, on random and on extreme levels and activations.
 TEST(PackedKernels, AmxAndAvx512KernelsAgree) {

@@ -206,6 +206,79 @@ void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512
   }
 }
 
+// S groups of 16 rows walked side by side against one activation row, block b of each in turn (S streams for the
+// prefetchers instead of one): acc[s] is group s's sum, the same arithmetic in the same order as group_dot<1, Q4, F>,
+// so the same bits.
+template <int S, bool Q4, bool F>
+void groups_dot_streams(const uint8_t* const* groups, int64_t nb, const Rows<1>& A, __m512* acc) {
+  constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
+  constexpr int32_t kOffset = Q4 ? 8 : 128;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int s = 0; s < S; ++s) acc[s] = _mm512_setzero_ps();
+  [[maybe_unused]] const FetchConfig& fc = fetch_config();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* q = A.q[0][b].qs;
+    const __m512 da = _mm512_set1_ps(A.d[0][b]);
+    const __m512i start = _mm512_set1_epi32(-kOffset * A.sum[0][b]);
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* e = groups[s] + (size_t)b * kEntry;
+      if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
+      const uint8_t* lv = e + 2 * kPackRows;
+      __m512i w[8];
+      if constexpr (Q4) {
+        for (int k = 0; k < 4; ++k) {
+          const __m512i v = _mm512_loadu_si512(lv + 64 * k);
+          w[k] = _mm512_and_si512(v, low4);
+          w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        }
+      } else {
+        for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(lv + 64 * k);
+      }
+      __m512i s0 = start, s1 = _mm512_setzero_si512();
+      for (int k = 0; k < 8; k += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(load32(q + 4 * k)));
+        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(load32(q + 4 * k + 4)));
+      }
+      acc[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dw, da), acc[s]);
+    }
+  }
+}
+
+// Streams a thread's one-row Q4_0 / Q8_0 decode loop walks side by side (ROOFLINE_CPU_STREAMS: 1, 2, 4 or 8; default 1).
+inline int decode_streams() {
+  static const int streams = [] {
+    const char* v = std::getenv("ROOFLINE_CPU_STREAMS");
+    const int n = v ? std::atoi(v) : 1;
+    return n == 2 || n == 4 || n == 8 ? n : 1;
+  }();
+  return detail::decode_streams_for_test > 0 ? detail::decode_streams_for_test : streams;
+}
+
+// Groups [0, n_groups) of a one-row product cut in S contiguous parts walked side by side; the remainder (fewer
+// than S groups) one at a time.
+template <int S, bool Q4, bool F>
+void packed_rows_streams(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int64_t nb, float* y) {
+  const int n_groups = (n_w + kPackRows - 1) / kPackRows, len = n_groups / S;
+  const Rows<1> A(a, c0);
+  const auto keep_of = [&](int g) {
+    const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
+    return (__mmask16)((1u << rows) - 1);
+  };
+  for (int i = 0; i < len; ++i) {
+    const uint8_t* groups[S];
+    for (int s = 0; s < S; ++s) groups[s] = packed + (size_t)(s * len + i) * group_bytes;
+    __m512 acc[S];
+    groups_dot_streams<S, Q4, F>(groups, nb, A, acc);
+    for (int s = 0; s < S; ++s) _mm512_mask_storeu_ps(y + (size_t)(s * len + i) * kPackRows, keep_of(s * len + i), acc[s]);
+  }
+  for (int g = S * len; g < n_groups; ++g) {
+    __m512 acc[1];
+    group_dot<1, Q4, F>(packed + (size_t)g * group_bytes, nb, A, acc);
+    _mm512_mask_storeu_ps(y + (size_t)g * kPackRows, keep_of(g), acc[0]);
+  }
+}
+
 enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
 
 // F: the loop fetches each entry fetch_config().ahead bytes ahead (one or two activation rows only).
@@ -232,6 +305,18 @@ void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const Packe
   static constexpr Fn kFetchFns[3] = {nullptr, group_rows<1, K, true>, group_rows<2, K, true>};
   const bool fetch = fetches(K == Kind::Q4_K || K == Kind::Q5_K ? FetchKind::KQuant4 : FetchKind::Other);
   const int64_t nb = n / (K == Kind::Q4_0 || K == Kind::Q8_0 ? kQK : kQKK);
+  if constexpr (K == Kind::Q4_0 || K == Kind::Q8_0) {
+    const int streams = decode_streams();
+    if (n_a == 1 && streams > 1 && n_w >= 2 * streams * kPackRows) {
+      constexpr bool Q4 = K == Kind::Q4_0;
+      using Fn = void (*)(const uint8_t*, size_t, int, const PackedActs&, int, int64_t, float*);
+      const Fn fn = streams == 2   ? (fetch ? packed_rows_streams<2, Q4, true> : packed_rows_streams<2, Q4, false>)
+                    : streams == 4 ? (fetch ? packed_rows_streams<4, Q4, true> : packed_rows_streams<4, Q4, false>)
+                                   : (fetch ? packed_rows_streams<8, Q4, true> : packed_rows_streams<8, Q4, false>);
+      fn(packed, group_bytes, n_w, a, c0, nb, y);
+      return;
+    }
+  }
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     const __mmask16 keep = (__mmask16)((1u << rows) - 1);
@@ -246,6 +331,7 @@ void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const Packe
 }  // namespace
 
 namespace detail {
+int decode_streams_for_test = 0;
 PackedTileFn avx512_packed_tile(DType type) {
   if (!avx512_supported()) return nullptr;
   switch (type) {
@@ -265,6 +351,7 @@ PackedTileFn avx512_packed_tile(DType type) {
 #else  // not x86-64 GCC/Clang
 
 namespace roofline::cpu::detail {
+int decode_streams_for_test = 0;
 PackedTileFn avx512_packed_tile(DType) { return nullptr; }
 }  // namespace roofline::cpu::detail
 
