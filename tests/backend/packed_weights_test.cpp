@@ -277,14 +277,15 @@ TEST(PackedKernels, Avx2AndAvx512KernelsAgree) {
   EXPECT_EQ(compared, 3) << "Q4_0, Q8_0 and Q4_K have AVX2 packed kernels";
 }
 
-// The one-row Q4_0 / Q8_0 decode loop walking 2, 4 or 8 groups side by side (ROOFLINE_CPU_STREAMS) gives the bits of
-// one group at a time, for ranges whose groups the streams split evenly and not (a remainder, a partial last group).
+// The one-row decode loop walking 2, 4 or 8 groups side by side (ROOFLINE_CPU_STREAMS) gives the bits of one group at
+// a time, for every packed type, for ranges whose groups the streams split evenly and not (a remainder, a partial
+// last group, fewer groups than streams).
 TEST(PackedKernels, DecodeStreamsGiveTheBitsOfOneStream) {
   if (!packed_tile_fn_at(CpuIsa::Avx512, DType::Q8_0)) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
   ThreadPool pool(1);
-  for (DType t : {DType::Q8_0, DType::Q4_0})
-    for (int64_t rows : {16 * 16, 16 * 19 + 5, 16 * 37 + 11}) {
-      const int64_t n = 32 * 23;
+  for (DType t : kPackedTypes)
+    for (int64_t rows : {16 * 16, 16 * 19 + 5, 16 * 37 + 11, 16 * 3 + 7}) {
+      const int64_t n = dtype_block_size(t) == 256 ? 256 * 5 : 32 * 23;
       const Matrix m = random_matrix(t, rows, n, 900 + (uint64_t)rows);
       const std::vector<float> x = random_acts(3, n, 17);
       ActRows act;

@@ -12,13 +12,14 @@
 // (activation sub-block sum pair) per activation row; Q5_K adds each level's fifth bit from its qh chunk. Q6_K: 6-bit levels assembled from the ql and qh
 // chunks (4 sub-block rows of 4 values per chunk triple), 4 vpdpbusd per sub-block of 16 starting at
 // -32 * (activation sum of the 16), times d * scale as floats. Integer work is exact; the float steps per output are the
-// same for any number of activation rows (batch invariance). Compiled through a target pragma, called
-// only after avx512_supported().
+// same for any number of activation rows (batch invariance). One-row products (decode) walk several groups side
+// by side (groups_dot). Compiled through a target pragma, called only after avx512_supported().
 #include <cpuid.h>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cpu/packed_weights.h"
 #include "formats/quant_blocks.h"
@@ -32,100 +33,100 @@ namespace {
 
 constexpr int kMaxNA = 8;
 
-// One group of 16 weight rows times NA activation rows over nb blocks; acc[j] holds the 16 outputs of
-// activation row j.
-template <int NA, bool Q4, bool F>
-void group_dot(const uint8_t* group, int64_t nb, const Rows<NA>& A, __m512* acc) {
-  constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
+enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
+
+// Bytes of one packed entry (a block of 32 values, or a super-block of 256, of a group's 16 rows; packed_weights.h).
+template <Kind K>
+constexpr size_t entry_bytes() {
+  if constexpr (K == Kind::Q4_0) return 2 * kPackRows + 4 * 64;
+  else if constexpr (K == Kind::Q8_0) return 2 * kPackRows + 8 * 64;
+  else if constexpr (K == Kind::Q6_K) return 2 * kPackRows + 16 * kPackRows + (32 + 16) * 64;
+  else return 4 * kPackRows + kKScaleBytes * kPackRows + (K == Kind::Q5_K ? 8 * 64 : 0) + 32 * 64;
+}
+// The activation rows as each kind's kernel reads them.
+template <Kind K, int NA>
+using ActsOf = std::conditional_t<K == Kind::Q4_0 || K == Kind::Q8_0, Rows<NA>, RowsK<NA>>;
+
+// Q4_0 / Q8_0: block b of a group (its entry e) times NA activation rows, added to acc[j] (the 16 outputs of
+// activation row j).
+template <int NA, bool Q4>
+[[gnu::always_inline]] inline void entry_dot(const uint8_t* e, int64_t b, const Rows<NA>& A, __m512* acc) {
   constexpr int32_t kOffset = Q4 ? 8 : 128;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
-  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
-    const uint8_t* lv = e + 2 * kPackRows;
-    __m512i w[8];  // w[k]: the levels of elements 4k .. 4k + 3 of each row
-    if constexpr (Q4) {
-      for (int k = 0; k < 4; ++k) {
-        const __m512i v = _mm512_loadu_si512(lv + 64 * k);
-        w[k] = _mm512_and_si512(v, low4);
-        w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      }
-    } else {
-      for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(lv + 64 * k);
+  const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
+  const uint8_t* lv = e + 2 * kPackRows;
+  __m512i w[8];  // w[k]: the levels of elements 4k .. 4k + 3 of each row
+  if constexpr (Q4) {
+    for (int k = 0; k < 4; ++k) {
+      const __m512i v = _mm512_loadu_si512(lv + 64 * k);
+      w[k] = _mm512_and_si512(v, low4);
+      w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
-    for (int j = 0; j < NA; ++j) {
-      const int8_t* q = A.q[j][b].qs;
-      __m512i s0 = _mm512_set1_epi32(-kOffset * A.sum[j][b]);
-      __m512i s1 = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(load32(q + 4 * k)));
-        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(load32(q + 4 * k + 4)));
-      }
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(A.d[j][b]));
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[j]);
+  } else {
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(lv + 64 * k);
+  }
+  for (int j = 0; j < NA; ++j) {
+    const int8_t* q = A.q[j][b].qs;
+    __m512i s0 = _mm512_set1_epi32(-kOffset * A.sum[j][b]);
+    __m512i s1 = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k += 2) {
+      s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(load32(q + 4 * k)));
+      s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(load32(q + 4 * k + 4)));
     }
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(A.d[j][b]));
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[j]);
   }
 }
 
-
-// Q4_K, or Q5_K (kFive: 8 qh chunks before the qs chunks; sub-block k's fifth bits are bit k of each qh byte).
-template <int NA, bool kFive, bool F>
-void group_dot_q4_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
+// Q4_K, or Q5_K (kFive: 8 qh chunks before the qs chunks; sub-block k's fifth bits are bit k of each qh byte): one
+// super-block entry.
+template <int NA, bool kFive>
+[[gnu::always_inline]] inline void entry_dot_q4_k(const uint8_t* e, int64_t b, const RowsK<NA>& A, __m512* acc) {
   constexpr size_t kScales = 4 * kPackRows, kHigh = kScales + kKScaleBytes * kPackRows;
   constexpr size_t kLevels = kHigh + (kFive ? 8 * 64 : 0);
-  constexpr size_t kEntry = kLevels + 32 * 64;
   const __m512i bit4 = _mm512_set1_epi8(0x10);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
-  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + 2 * kPackRows)));
-    __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
-    decode_k4_scales(e + kScales, sc, mn);
-    __m512i isum[NA];  // the super-block's sum over sub-blocks of scale x level sum, exact (< 2^26)
-    for (int j = 0; j < NA; ++j) isum[j] = _mm512_setzero_si512();
-    const uint8_t* lv = e + kLevels;
-    for (int k = 0; k < 8; ++k) {  // sub-block k: chunks 8 (k / 2) + t, low nibbles for even k
-      const __m512i sc32 = _mm512_cvtepu8_epi32(sc[k]);
-      __m512i w[8];
-      for (int t = 0; t < 8; ++t) {
-        const __m512i v = _mm512_loadu_si512(lv + 64 * (8 * (k / 2) + t));
-        w[t] = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
-        if constexpr (kFive) {  // bit k of each qh byte to bit 4 (16-bit shifts: the mask keeps each byte's own bit)
-          const __m512i h = _mm512_loadu_si512(e + kHigh + 64 * t);
-          const __m512i moved = k < 4 ? _mm512_slli_epi16(h, 4 - k) : _mm512_srli_epi16(h, k - 4);
-          w[t] = _mm512_or_si512(w[t], _mm512_and_si512(moved, bit4));
-        }
-      }
-      for (int j = 0; j < NA; ++j) {
-        const int8_t* q = A.q[j][b].qs + 32 * k;
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-        for (int t = 0; t < 8; t += 2) {
-          s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(load32(q + 4 * t)));
-          s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(load32(q + 4 * t + 4)));
-        }
-        isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc32));
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + 2 * kPackRows)));
+  __m128i sc[8], mn[8];  // sub-block k's 6-bit scale and min of row i in byte i
+  decode_k4_scales(e + kScales, sc, mn);
+  __m512i isum[NA];  // the super-block's sum over sub-blocks of scale x level sum, exact (< 2^26)
+  for (int j = 0; j < NA; ++j) isum[j] = _mm512_setzero_si512();
+  const uint8_t* lv = e + kLevels;
+  for (int k = 0; k < 8; ++k) {  // sub-block k: chunks 8 (k / 2) + t, low nibbles for even k
+    const __m512i sc32 = _mm512_cvtepu8_epi32(sc[k]);
+    __m512i w[8];
+    for (int t = 0; t < 8; ++t) {
+      const __m512i v = _mm512_loadu_si512(lv + 64 * (8 * (k / 2) + t));
+      w[t] = _mm512_and_si512(k % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
+      if constexpr (kFive) {  // bit k of each qh byte to bit 4 (16-bit shifts: the mask keeps each byte's own bit)
+        const __m512i h = _mm512_loadu_si512(e + kHigh + 64 * t);
+        const __m512i moved = k < 4 ? _mm512_slli_epi16(h, 4 - k) : _mm512_srli_epi16(h, k - 4);
+        w[t] = _mm512_or_si512(w[t], _mm512_and_si512(moved, bit4));
       }
     }
-    // Mins as int16 pairs (m of sub-blocks 2p and 2p + 1 of each row) against the activation's pairs of sums.
-    __m512i mpair[4];
-    for (int p = 0; p < 4; ++p)
-      mpair[p] = _mm512_cvtepu8_epi16(
-          _mm256_set_m128i(_mm_unpackhi_epi8(mn[2 * p], mn[2 * p + 1]), _mm_unpacklo_epi8(mn[2 * p], mn[2 * p + 1])));
     for (int j = 0; j < NA; ++j) {
-      const int16_t* ss = A.sums[j][b].sub;
-      __m512i mins = _mm512_setzero_si512();
-      for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
-      const __m512 da = _mm512_set1_ps(A.q[j][b].d);
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, da), acc[j]);
-      acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc[j]);
+      const int8_t* q = A.q[j][b].qs + 32 * k;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int t = 0; t < 8; t += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[t], _mm512_set1_epi32(load32(q + 4 * t)));
+        s1 = _mm512_dpbusd_epi32(s1, w[t + 1], _mm512_set1_epi32(load32(q + 4 * t + 4)));
+      }
+      isum[j] = _mm512_add_epi32(isum[j], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc32));
     }
+  }
+  // Mins as int16 pairs (m of sub-blocks 2p and 2p + 1 of each row) against the activation's pairs of sums.
+  __m512i mpair[4];
+  for (int p = 0; p < 4; ++p)
+    mpair[p] = _mm512_cvtepu8_epi16(
+        _mm256_set_m128i(_mm_unpackhi_epi8(mn[2 * p], mn[2 * p + 1]), _mm_unpacklo_epi8(mn[2 * p], mn[2 * p + 1])));
+  for (int j = 0; j < NA; ++j) {
+    const int16_t* ss = A.sums[j][b].sub;
+    __m512i mins = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) mins = _mm512_dpwssd_epi32(mins, mpair[p], _mm512_set1_epi32(load32(ss + 2 * p)));
+    const __m512 da = _mm512_set1_ps(A.q[j][b].d);
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j]), _mm512_mul_ps(d, da), acc[j]);
+    acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc[j]);
   }
 }
 
@@ -162,137 +163,108 @@ inline void q6_quarters(const uint8_t* lv, int h, int v, int t, __m512i* w0, __m
   *w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), low4), _mm512_and_si512(_mm512_srli_epi16(c, 2), bits45));
 }
 
-template <int NA, bool F>
-void group_dot_q6_k(const uint8_t* group, int64_t nb, const RowsK<NA>& A, __m512* acc) {
+
+template <int NA>
+[[gnu::always_inline]] inline void entry_dot_q6_k(const uint8_t* e, int64_t b, const RowsK<NA>& A, __m512* acc) {
   constexpr size_t kScales = 2 * kPackRows, kLevels = kScales + 16 * kPackRows;
-  constexpr size_t kEntry = kLevels + (32 + 16) * 64;
-  for (int j = 0; j < NA; ++j) acc[j] = _mm512_setzero_ps();
-  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* e = group + (size_t)b * kEntry;
-    if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
-    const uint8_t* lv = e + kLevels;
-    __m512 sub_acc[NA];
-    for (int j = 0; j < NA; ++j) sub_acc[j] = _mm512_setzero_ps();
-    for (int h = 0; h < 2; ++h) {
-      for (int v = 0; v < 2; ++v) {
-        // [quarter g][chunk t]: sub-block 8h + 2g + v. One or two activation rows (decode): all four
-        // quarters from each triple at once; more rows: a quarter at a time, which keeps the
-        // accumulators of 8 rows in registers. The same operations per output either way.
-        __m512i w[4][4];
-        if constexpr (NA <= 2)
-          for (int t = 0; t < 4; ++t) q6_quarters(lv, h, v, t, &w[0][t], &w[1][t], &w[2][t], &w[3][t]);
-        for (int g = 0; g < 4; ++g) {
-          const int sb = 8 * h + 2 * g + v;
-          if constexpr (NA > 2)
-            for (int t = 0; t < 4; ++t) w[g][t] = q6_levels(lv, h, v, g, t);
-          const __m512 dsc = _mm512_mul_ps(
-              d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * sb)))));
-          for (int j = 0; j < NA; ++j) {
-            const int8_t* q = A.q[j][b].qs + 16 * sb;
-            __m512i s0 = _mm512_set1_epi32(A.sums[j][b].minus32[sb]);
-            __m512i s1 = _mm512_setzero_si512();
-            s0 = _mm512_dpbusd_epi32(s0, w[g][0], _mm512_set1_epi32(load32(q)));
-            s1 = _mm512_dpbusd_epi32(s1, w[g][1], _mm512_set1_epi32(load32(q + 4)));
-            s0 = _mm512_dpbusd_epi32(s0, w[g][2], _mm512_set1_epi32(load32(q + 8)));
-            s1 = _mm512_dpbusd_epi32(s1, w[g][3], _mm512_set1_epi32(load32(q + 12)));
-            sub_acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dsc, sub_acc[j]);
-          }
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
+  const uint8_t* lv = e + kLevels;
+  __m512 sub_acc[NA];
+  for (int j = 0; j < NA; ++j) sub_acc[j] = _mm512_setzero_ps();
+  for (int h = 0; h < 2; ++h) {
+    for (int v = 0; v < 2; ++v) {
+      // [quarter g][chunk t]: sub-block 8h + 2g + v. One or two activation rows (decode): all four
+      // quarters from each triple at once; more rows: a quarter at a time, which keeps the
+      // accumulators of 8 rows in registers. The same operations per output either way.
+      __m512i w[4][4];
+      if constexpr (NA <= 2)
+        for (int t = 0; t < 4; ++t) q6_quarters(lv, h, v, t, &w[0][t], &w[1][t], &w[2][t], &w[3][t]);
+      for (int g = 0; g < 4; ++g) {
+        const int sb = 8 * h + 2 * g + v;
+        if constexpr (NA > 2)
+          for (int t = 0; t < 4; ++t) w[g][t] = q6_levels(lv, h, v, g, t);
+        const __m512 dsc = _mm512_mul_ps(
+            d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(e + kScales + 16 * sb)))));
+        for (int j = 0; j < NA; ++j) {
+          const int8_t* q = A.q[j][b].qs + 16 * sb;
+          __m512i s0 = _mm512_set1_epi32(A.sums[j][b].minus32[sb]);
+          __m512i s1 = _mm512_setzero_si512();
+          s0 = _mm512_dpbusd_epi32(s0, w[g][0], _mm512_set1_epi32(load32(q)));
+          s1 = _mm512_dpbusd_epi32(s1, w[g][1], _mm512_set1_epi32(load32(q + 4)));
+          s0 = _mm512_dpbusd_epi32(s0, w[g][2], _mm512_set1_epi32(load32(q + 8)));
+          s1 = _mm512_dpbusd_epi32(s1, w[g][3], _mm512_set1_epi32(load32(q + 12)));
+          sub_acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dsc, sub_acc[j]);
         }
       }
     }
-    for (int j = 0; j < NA; ++j) acc[j] = _mm512_fmadd_ps(sub_acc[j], _mm512_set1_ps(A.q[j][b].d), acc[j]);
   }
+  for (int j = 0; j < NA; ++j) acc[j] = _mm512_fmadd_ps(sub_acc[j], _mm512_set1_ps(A.q[j][b].d), acc[j]);
 }
 
-// S groups of 16 rows walked side by side against one activation row, block b of each in turn (S streams for the
-// prefetchers instead of one): acc[s] is group s's sum, the same arithmetic in the same order as group_dot<1, Q4, F>,
-// so the same bits.
-template <int S, bool Q4, bool F>
-void groups_dot_streams(const uint8_t* const* groups, int64_t nb, const Rows<1>& A, __m512* acc) {
-  constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
-  constexpr int32_t kOffset = Q4 ? 8 : 128;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int s = 0; s < S; ++s) acc[s] = _mm512_setzero_ps();
-  [[maybe_unused]] const FetchConfig& fc = fetch_config();
+// S groups of 16 rows times NA activation rows over nb entries; acc[NA s + j] holds the 16 outputs of group s and
+// activation row j. With S > 1 (one activation row: decode) the groups are walked side by side, entry b of each in
+// turn: S memory streams a thread instead of one, which the hardware prefetchers follow further ahead (decode_streams
+// says where that pays). Each group's arithmetic is that of
+// S = 1 in the same order: the same bits whatever S. F: each entry is fetched fetch_config().ahead bytes ahead.
+template <Kind K, int NA, int S, bool F>
+void groups_dot(const uint8_t* const* groups, int64_t nb, const ActsOf<K, NA>& A, __m512* acc) {
+  constexpr size_t kEntry = entry_bytes<K>();
+  for (int i = 0; i < S * NA; ++i) acc[i] = _mm512_setzero_ps();
+  [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
   for (int64_t b = 0; b < nb; ++b) {
-    const int8_t* q = A.q[0][b].qs;
-    const __m512 da = _mm512_set1_ps(A.d[0][b]);
-    const __m512i start = _mm512_set1_epi32(-kOffset * A.sum[0][b]);
     for (int s = 0; s < S; ++s) {
       const uint8_t* e = groups[s] + (size_t)b * kEntry;
       if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e)));
-      const uint8_t* lv = e + 2 * kPackRows;
-      __m512i w[8];
-      if constexpr (Q4) {
-        for (int k = 0; k < 4; ++k) {
-          const __m512i v = _mm512_loadu_si512(lv + 64 * k);
-          w[k] = _mm512_and_si512(v, low4);
-          w[k + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        }
-      } else {
-        for (int k = 0; k < 8; ++k) w[k] = _mm512_loadu_si512(lv + 64 * k);
-      }
-      __m512i s0 = start, s1 = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[k], _mm512_set1_epi32(load32(q + 4 * k)));
-        s1 = _mm512_dpbusd_epi32(s1, w[k + 1], _mm512_set1_epi32(load32(q + 4 * k + 4)));
-      }
-      acc[s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dw, da), acc[s]);
+      if constexpr (K == Kind::Q4_K || K == Kind::Q5_K) entry_dot_q4_k<NA, K == Kind::Q5_K>(e, b, A, acc + NA * s);
+      else if constexpr (K == Kind::Q6_K) entry_dot_q6_k<NA>(e, b, A, acc + NA * s);
+      else entry_dot<NA, K == Kind::Q4_0>(e, b, A, acc + NA * s);
     }
   }
 }
 
-// Streams a thread's one-row Q4_0 / Q8_0 decode loop walks side by side (ROOFLINE_CPU_STREAMS: 1, 2, 4 or 8; default 1).
-inline int decode_streams() {
-  static const int streams = [] {
+// Streams a thread's one-row decode loop walks side by side: 2 for Q4_0 and Q8_0 (measured +10-14% on the GPU machine's
+// Intel host at 4 threads and +15-25% on a Zen 5 core pair, docs/performance.md), 1 for the K-quants (2 and 4 streams
+// were 20-55% slower on the Zen 5 pair, whose Q4_K loop already reads at the pair's bandwidth with one).
+// ROOFLINE_CPU_STREAMS=1, 2, 4 or 8 sets it for every type.
+template <Kind K>
+int decode_streams() {
+  static const int env = [] {
     const char* v = std::getenv("ROOFLINE_CPU_STREAMS");
-    const int n = v ? std::atoi(v) : 1;
-    return n == 2 || n == 4 || n == 8 ? n : 1;
+    const int n = v ? std::atoi(v) : 0;
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
   }();
-  return detail::decode_streams_for_test > 0 ? detail::decode_streams_for_test : streams;
+  if (detail::decode_streams_for_test > 0) return detail::decode_streams_for_test;
+  if (env > 0) return env;
+  return K == Kind::Q4_0 || K == Kind::Q8_0 ? 2 : 1;
 }
 
-// Groups [0, n_groups) of a one-row product cut in S contiguous parts walked side by side; the remainder (fewer
-// than S groups) one at a time.
-template <int S, bool Q4, bool F>
+// One group of 16 rows times NA activation rows, stored (the rows `keep` holds) at y, ldy apart.
+template <int NA, Kind K, bool F>
+void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
+  __m512 acc[NA];
+  const uint8_t* const groups[1] = {group};
+  groups_dot<K, NA, 1, F>(groups, nb, ActsOf<K, NA>(a, c0), acc);
+  for (int j = 0; j < NA; ++j) _mm512_mask_storeu_ps(y + (size_t)j * ldy, keep, acc[j]);
+}
+
+// Groups [0, n_groups) against one activation row, cut in S contiguous parts walked side by side; the remainder
+// (fewer than S groups) one at a time.
+template <int S, Kind K, bool F>
 void packed_rows_streams(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int64_t nb, float* y) {
   const int n_groups = (n_w + kPackRows - 1) / kPackRows, len = n_groups / S;
-  const Rows<1> A(a, c0);
   const auto keep_of = [&](int g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     return (__mmask16)((1u << rows) - 1);
   };
+  const ActsOf<K, 1> A(a, c0);
   for (int i = 0; i < len; ++i) {
     const uint8_t* groups[S];
     for (int s = 0; s < S; ++s) groups[s] = packed + (size_t)(s * len + i) * group_bytes;
     __m512 acc[S];
-    groups_dot_streams<S, Q4, F>(groups, nb, A, acc);
+    groups_dot<K, 1, S, F>(groups, nb, A, acc);
     for (int s = 0; s < S; ++s) _mm512_mask_storeu_ps(y + (size_t)(s * len + i) * kPackRows, keep_of(s * len + i), acc[s]);
   }
-  for (int g = S * len; g < n_groups; ++g) {
-    __m512 acc[1];
-    group_dot<1, Q4, F>(packed + (size_t)g * group_bytes, nb, A, acc);
-    _mm512_mask_storeu_ps(y + (size_t)g * kPackRows, keep_of(g), acc[0]);
-  }
-}
-
-enum class Kind { Q4_0, Q8_0, Q4_K, Q5_K, Q6_K };
-
-// F: the loop fetches each entry fetch_config().ahead bytes ahead (one or two activation rows only).
-template <int NA, Kind K, bool F>
-void group_rows(const uint8_t* group, int64_t nb, const PackedActs& a, int c0, float* y, size_t ldy, __mmask16 keep) {
-  __m512 acc[NA];
-  if constexpr (K == Kind::Q4_K || K == Kind::Q5_K) {
-    group_dot_q4_k<NA, K == Kind::Q5_K, F>(group, nb, RowsK<NA>(a, c0), acc);
-  } else if constexpr (K == Kind::Q6_K) {
-    group_dot_q6_k<NA, F>(group, nb, RowsK<NA>(a, c0), acc);
-  } else {
-    group_dot<NA, K == Kind::Q4_0, F>(group, nb, Rows<NA>(a, c0), acc);
-  }
-  for (int j = 0; j < NA; ++j) _mm512_mask_storeu_ps(y + (size_t)j * ldy, keep, acc[j]);
+  for (int g = S * len; g < n_groups; ++g) group_rows<1, K, F>(packed + (size_t)g * group_bytes, nb, a, c0, y + (size_t)g * kPackRows, 0, keep_of(g));
 }
 
 template <Kind K>
@@ -305,17 +277,16 @@ void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const Packe
   static constexpr Fn kFetchFns[3] = {nullptr, group_rows<1, K, true>, group_rows<2, K, true>};
   const bool fetch = fetches(K == Kind::Q4_K || K == Kind::Q5_K ? FetchKind::KQuant4 : FetchKind::Other);
   const int64_t nb = n / (K == Kind::Q4_0 || K == Kind::Q8_0 ? kQK : kQKK);
-  if constexpr (K == Kind::Q4_0 || K == Kind::Q8_0) {
-    const int streams = decode_streams();
-    if (n_a == 1 && streams > 1 && n_w >= 2 * streams * kPackRows) {
-      constexpr bool Q4 = K == Kind::Q4_0;
-      using Fn = void (*)(const uint8_t*, size_t, int, const PackedActs&, int, int64_t, float*);
-      const Fn fn = streams == 2   ? (fetch ? packed_rows_streams<2, Q4, true> : packed_rows_streams<2, Q4, false>)
-                    : streams == 4 ? (fetch ? packed_rows_streams<4, Q4, true> : packed_rows_streams<4, Q4, false>)
-                                   : (fetch ? packed_rows_streams<8, Q4, true> : packed_rows_streams<8, Q4, false>);
-      fn(packed, group_bytes, n_w, a, c0, nb, y);
-      return;
-    }
+  if (n_a == 1) {  // decode: the range's groups in up to decode_streams() streams (fewer where it has fewer groups)
+    int streams = decode_streams<K>();
+    while (streams > 1 && (n_w + kPackRows - 1) / kPackRows < streams) streams /= 2;
+    using StreamsFn = void (*)(const uint8_t*, size_t, int, const PackedActs&, int, int64_t, float*);
+    static constexpr StreamsFn kStreams[2][4] = {
+        {packed_rows_streams<1, K, false>, packed_rows_streams<2, K, false>, packed_rows_streams<4, K, false>, packed_rows_streams<8, K, false>},
+        {packed_rows_streams<1, K, true>, packed_rows_streams<2, K, true>, packed_rows_streams<4, K, true>, packed_rows_streams<8, K, true>}};
+    const int which = streams == 1 ? 0 : streams == 2 ? 1 : streams == 4 ? 2 : 3;
+    kStreams[fetch ? 1 : 0][which](packed, group_bytes, n_w, a, c0, nb, y);
+    return;
   }
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;

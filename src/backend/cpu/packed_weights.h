@@ -147,7 +147,7 @@ PackedTileFn avx2_packed_tile(DType type);    // the same for the AVX2 kernels (
 // compiled in, the CPU has AMX-INT8 and AVX-512 VNNI, Linux grants the tile state, ROOFLINE_CPU_AMX is not 0.
 bool amx_supported();
 PackedTileFn amx_packed_tile(DType type);
-// Streams of the one-row Q4_0 / Q8_0 AVX-512 decode loop for tests (0: ROOFLINE_CPU_STREAMS's; 1, 2, 4, 8).
+// Streams of the AVX-512 one-row decode loops for tests (0: the default, or ROOFLINE_CPU_STREAMS; 1, 2, 4, 8).
 extern int decode_streams_for_test;
 }
 

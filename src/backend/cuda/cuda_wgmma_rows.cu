@@ -281,24 +281,30 @@ __global__ void __launch_bounds__(wg_threads<1>(), 2) wgmma_streamk_kernel(MmaMe
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int MT = 1, R = 2, kThreads = wg_threads<MT>();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
-  const int c = blockIdx.x;
-  const int64_t n_sb = sk.n_sb;
-  // This CTA's units: k < full_waves * n_sb are its whole tiles, the rest its range of the cut tiles.
-  const int64_t dp_units = (int64_t)sk.full_waves * n_sb;
-  const int64_t sk_u0 = c < sk.sk_ctas ? sk.sk_units * c / sk.sk_ctas : 0;
-  const int64_t sk_u1 = c < sk.sk_ctas ? sk.sk_units * (c + 1) / sk.sk_ctas : 0;
-  const int64_t n_units = dp_units + (sk_u1 - sk_u0);
-  auto tile_of = [&](int64_t k, int64_t& sb) -> int64_t {
-    if (k < dp_units) {
-      sb = k % n_sb;
-      return c + (k / n_sb) * sk.ctas;
-    }
-    const int64_t u = sk_u0 + (k - dp_units);
-    sb = u % n_sb;
-    return sk.dp_tiles + u / n_sb;
+  const int c = blockIdx.x, n_sb = (int)sk.n_sb;
+  // This CTA's units: k < full_waves * n_sb are its whole tiles (c, c + ctas, ...), the rest its range of the cut
+  // tiles. Walked by cursors (no division per unit: a 64-bit one costs the loop more than its arithmetic).
+  const int dp_units = sk.full_waves * n_sb;
+  const int sk_u0 = c < sk.sk_ctas ? (int)(sk.sk_units * c / sk.sk_ctas) : 0;
+  const int sk_u1 = c < sk.sk_ctas ? (int)(sk.sk_units * (c + 1) / sk.sk_ctas) : 0;
+  const int n_units = dp_units + (sk_u1 - sk_u0);
+  const int sk_tile0 = (int)sk.dp_tiles + sk_u0 / n_sb, sk_sb0 = sk_u0 % n_sb;
+  struct Cursor {
+    int k, tile, sb;
   };
-  auto rows_of = [&](const MmaMember& mem, int64_t tile, int64_t (&rows)[R]) {
-    const int64_t base = (tile - mem.tile0) * kWgRows + warp * 16;
+  const Cursor first = dp_units > 0 ? Cursor{0, c, 0} : Cursor{0, sk_tile0, sk_sb0};
+  auto advance = [&](Cursor& u) {
+    ++u.k;
+    if (u.k == dp_units) {
+      u.tile = sk_tile0;
+      u.sb = sk_sb0;
+    } else if (++u.sb == n_sb) {
+      u.sb = 0;
+      u.tile += u.k < dp_units ? sk.ctas : 1;
+    }
+  };
+  auto rows_of = [&](const MmaMember& mem, int tile, int64_t (&rows)[R]) {
+    const int64_t base = (int64_t)(tile - mem.tile0) * kWgRows + warp * 16;
 #pragma unroll
     for (int i = 0; i < R; ++i) rows[i] = min(base + g + 8 * i, mem.w.rows - 1);
   };
@@ -307,63 +313,67 @@ __global__ void __launch_bounds__(wg_threads<1>(), 2) wgmma_streamk_kernel(MmaMe
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
   auto slots = [&](int stage) { return smem + stage * kStage + kX + warp * kWarpSlots; };
-  auto weights_copy = [&](int64_t k, int stage) {
-    if (k < n_units) {
-      int64_t sb;
-      const int64_t tile = tile_of(k, sb);
-      const MmaMember mem = mma_member(members, (int)tile);
+  auto weights_copy = [&](const Cursor& u, int stage) {
+    if (u.k < n_units) {
+      const MmaMember mem = mma_member(members, u.tile);
       int64_t rows[R];
-      rows_of(mem, tile, rows);
+      rows_of(mem, u.tile, rows);
 #pragma unroll
-      for (int i = 0; i < R; ++i) RowBlock<T>::copy(mem.w, rows[i], sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
+      for (int i = 0; i < R; ++i) RowBlock<T>::copy(mem.w, rows[i], u.sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
     }
   };
-  auto x_copy = [&](int64_t k, int stage) {
-    if (k < n_units) {
-      int64_t sb;
-      tile_of(k, sb);
-      const int4* src = xb + sb * (kX / 16);
+  auto x_copy = [&](const Cursor& u, int stage) {
+    if (u.k < n_units) {
+      const int4* src = xb + (int64_t)u.sb * (kX / 16);
       int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
 #pragma unroll
       for (int q = threadIdx.x; q < kX / 16; q += kThreads) copy_async<16>(dst + q, src + q);
     }
   };
+  Cursor ahead = first;  // the unit whose copies go out next
 #pragma unroll
   for (int s = 0; s < L; ++s) {
-    weights_copy(s, s);
+    weights_copy(ahead, s);
     copy_async_commit();
+    advance(ahead);
   }
   wait_for_previous_kernel();
+  {
+    Cursor u = first;
 #pragma unroll
-  for (int s = 0; s < L; ++s) x_copy(s, s);
+    for (int s = 0; s < L; ++s) {
+      x_copy(u, s);
+      advance(u);
+    }
+  }
   copy_async_commit();
   const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
   const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
   int stage = 0;
   // Segments: the CTA's units of one tile (a whole tile, or a cut tile's part); the copies run on across them.
-  for (int64_t k = 0; k < n_units;) {
-    int64_t sb0;
-    const int64_t tile = tile_of(k, sb0);
-    const int64_t seg = min(n_sb - sb0, n_units - k);
-    const MmaMember mem = mma_member(members, (int)tile);
+  for (Cursor u = first; u.k < n_units;) {
+    const int tile = u.tile, seg = min(n_sb - u.sb, n_units - u.k);
+    const MmaMember mem = mma_member(members, tile);
     int64_t rows[R];
     rows_of(mem, tile, rows);
     float acc[MT][N / 2] = {};
-    for (int64_t e = 0; e < seg; ++e, ++k) {
+    for (int e = 0; e < seg; ++e) {
       static_assert(L - 1 <= 2, "the waits below cover up to two pending groups");
-      if (k == 0) copy_async_wait<0>();
-      else if (k == 1) copy_async_wait<(L - 1 < 1 ? L - 1 : 1)>();
+      if (u.k == 0) copy_async_wait<0>();
+      else if (u.k == 1) copy_async_wait<(L - 1 < 1 ? L - 1 : 1)>();
       else copy_async_wait<L - 1>();
       fence_proxy_async_shared();
       __syncthreads();
-      weights_copy(k + L, (stage + L) % S);
-      x_copy(k + L, (stage + L) % S);
+      weights_copy(ahead, (stage + L) % S);
+      x_copy(ahead, (stage + L) % S);
       copy_async_commit();
-      wgmma_superblock<T, N, MT>(slots(stage), smem_base + stage * kStage, rows, n_sb, sb0 + e, lane, scale_sel, acc);
+      advance(ahead);
+      wgmma_superblock<T, N, MT>(slots(stage), smem_base + stage * kStage, rows, sk.n_sb, u.sb, lane, scale_sel, acc);
       stage = stage == S - 1 ? 0 : stage + 1;
       wg_wait<0>();
+      advance(u);
     }
-    const int64_t row_base = (tile - mem.tile0) * kWgRows + warp * 16;
+    const int64_t row_base = (int64_t)(tile - mem.tile0) * kWgRows + warp * 16;
     if (seg == n_sb) {  // the whole tile
       store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, mem.w.rows, n_tok, g, t, mem.y, mem.ldy,
                                  accumulate, nullptr, 0, 1);
