@@ -222,9 +222,10 @@ void groups_dot(const uint8_t* const* groups, int64_t nb, const ActsOf<K, NA>& A
   }
 }
 
-// Streams a thread's one-row decode loop walks side by side: 2 for Q4_0 and Q8_0 (measured +10-14% on the GPU machine's
-// Intel host at 4 threads and +15-25% on a Zen 5 core pair, docs/performance.md), 1 for the K-quants (2 and 4 streams
-// were 20-55% slower on the Zen 5 pair, whose Q4_K loop already reads at the pair's bandwidth with one).
+// Streams a thread's one-row decode loop walks side by side: 4 for Q4_0 and Q8_0 (against one, +15-25% on the GPU
+// machine's Intel host at 4 threads, where 2 gave +5-10% and 8 about what 4 does, and +25-30% on a Zen 5 core pair,
+// where 2 and 4 were level and 8 slower; docs/performance.md), 1 for the K-quants (2 and 4 streams were 20-55% slower on
+// the Zen 5 pair, whose Q4_K loop already reads at the pair's bandwidth with one; not measured on Intel).
 // ROOFLINE_CPU_STREAMS=1, 2, 4 or 8 sets it for every type.
 template <Kind K>
 int decode_streams() {
@@ -235,7 +236,7 @@ int decode_streams() {
   }();
   if (detail::decode_streams_for_test > 0) return detail::decode_streams_for_test;
   if (env > 0) return env;
-  return K == Kind::Q4_0 || K == Kind::Q8_0 ? 2 : 1;
+  return K == Kind::Q4_0 || K == Kind::Q8_0 ? 4 : 1;
 }
 
 // One group of 16 rows times NA activation rows, stored (the rows `keep` holds) at y, ldy apart.

@@ -128,43 +128,6 @@ constexpr int wg_stages() {
 template <DType T, int N>
 constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>(); }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// One staged super-block `sb` of the warp's R = 2 MT rows (slots: the warp's row slots of the stage; x_addr: the
-// stage's activations) into acc: four batches of warpgroup products, each waited for once the next is issued (the
-// last one stays in flight: the caller waits).
-template <DType T, int N, int MT>
-__device__ __forceinline__ void wgmma_superblock(const uint8_t* slots, uint32_t x_addr, const int64_t (&rows)[2 * MT], int64_t n_sb,
-                                                 int64_t sb, int lane, const uint32_t (&scale_sel)[2], float (&acc)[MT][N / 2]) {
-  constexpr int R = 2 * MT;
-  RowBlock<T> blk[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      __half2 scale[R], offset[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
-      uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-#pragma unroll
-        for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
-      wg_fence();
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
-      }
-      wg_commit();
-      wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
-    }
-  }
-}
-#endif
-
 // y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the 128 rows of `row_tile`, K split `split` of
 // `n_splits` (partial sums to part, as mma_rows: the same splits and stores). OVERLAP: a super-block's last batch of
 // products stays in flight while the warp dequantizes the next one (no wait for all of them at its end); the copies
@@ -239,9 +202,34 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
     // newest batch pending).
     __syncthreads();
     stage_copy(sb + L, (stage + L) % S);
+    RowBlock<T> blk[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) blk[i].from_smem(slots(stage) + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
     const uint32_t x_addr = smem_base + stage * kStage;
-    wgmma_superblock<T, N, MT>(slots(stage), x_addr, rows, n_sb, sb, lane, scale_sel, acc);
     stage = stage == S - 1 ? 0 : stage + 1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        __half2 scale[R], offset[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
+        uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+        wg_fence();
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
+        }
+        wg_commit();
+        wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
+      }
+    }
     if constexpr (!kOverlap) wg_wait<0>();
   }
   wg_wait<0>();
@@ -258,162 +246,6 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMemb
                                                                          float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
   wgmma_rows<T, N, MT, OVERLAP>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y, gridDim.y);
-}
-
-// --- Stream-K (ROOFLINE_WGMMA_STREAMK): a launch's work as units of (128-row tile, super-block), tile-major, cut
-// evenly over one wave of CTAs, so that no wave runs part empty and every CTA fills its pipeline once. With 1 (the
-// hybrid), `full_waves` x ctas tiles go whole to CTAs (CTA c: tiles c, c + ctas, ...) and only the tiles after them
-// are cut; with 2 every tile is. A tile that one CTA covers whole is stored as the split kernel stores; a tile cut
-// between CTAs leaves each CTA's partial sums in part, [tile][contributor][token][128 rows], which
-// wgmma_streamk_reduce_kernel adds in contributor (that is K) order.
-struct StreamK {
-  int64_t n_sb = 0;        // super-blocks a row
-  int64_t dp_tiles = 0;    // tiles that go whole: full_waves x ctas
-  int64_t sk_units = 0;    // units of the cut tiles
-  int ctas = 0, sk_ctas = 0, full_waves = 0, max_parts = 0;
-  // The CTA whose stream-K range holds unit u of the cut tiles (ranges [sk_units c / sk_ctas, sk_units (c + 1) / sk_ctas)).
-  __host__ __device__ int64_t owner(int64_t u) const { return ((u + 1) * sk_ctas - 1) / sk_units; }
-};
-
-template <DType T, int N>
-__global__ void __launch_bounds__(wg_threads<1>(), 2) wgmma_streamk_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
-                                                                           float* part, StreamK sk) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int MT = 1, R = 2, kThreads = wg_threads<MT>();
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
-  const int c = blockIdx.x, n_sb = (int)sk.n_sb;
-  // This CTA's units: k < full_waves * n_sb are its whole tiles (c, c + ctas, ...), the rest its range of the cut
-  // tiles. Walked by cursors (no division per unit: a 64-bit one costs the loop more than its arithmetic).
-  const int dp_units = sk.full_waves * n_sb;
-  const int sk_u0 = c < sk.sk_ctas ? (int)(sk.sk_units * c / sk.sk_ctas) : 0;
-  const int sk_u1 = c < sk.sk_ctas ? (int)(sk.sk_units * (c + 1) / sk.sk_ctas) : 0;
-  const int n_units = dp_units + (sk_u1 - sk_u0);
-  const int sk_tile0 = (int)sk.dp_tiles + sk_u0 / n_sb, sk_sb0 = sk_u0 % n_sb;
-  struct Cursor {
-    int k, tile, sb;
-  };
-  const Cursor first = dp_units > 0 ? Cursor{0, c, 0} : Cursor{0, sk_tile0, sk_sb0};
-  auto advance = [&](Cursor& u) {
-    ++u.k;
-    if (u.k == dp_units) {
-      u.tile = sk_tile0;
-      u.sb = sk_sb0;
-    } else if (++u.sb == n_sb) {
-      u.sb = 0;
-      u.tile += u.k < dp_units ? sk.ctas : 1;
-    }
-  };
-  auto rows_of = [&](const MmaMember& mem, int tile, int64_t (&rows)[R]) {
-    const int64_t base = (int64_t)(tile - mem.tile0) * kWgRows + warp * 16;
-#pragma unroll
-    for (int i = 0; i < R; ++i) rows[i] = min(base + g + 8 * i, mem.w.rows - 1);
-  };
-  constexpr int S = wg_stages<T, N>(), L = S - 1, kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
-  constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
-  extern __shared__ int4 wg_smem[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
-  auto slots = [&](int stage) { return smem + stage * kStage + kX + warp * kWarpSlots; };
-  auto weights_copy = [&](const Cursor& u, int stage) {
-    if (u.k < n_units) {
-      const MmaMember mem = mma_member(members, u.tile);
-      int64_t rows[R];
-      rows_of(mem, u.tile, rows);
-#pragma unroll
-      for (int i = 0; i < R; ++i) RowBlock<T>::copy(mem.w, rows[i], u.sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
-    }
-  };
-  auto x_copy = [&](const Cursor& u, int stage) {
-    if (u.k < n_units) {
-      const int4* src = xb + (int64_t)u.sb * (kX / 16);
-      int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
-#pragma unroll
-      for (int q = threadIdx.x; q < kX / 16; q += kThreads) copy_async<16>(dst + q, src + q);
-    }
-  };
-  Cursor ahead = first;  // the unit whose copies go out next
-#pragma unroll
-  for (int s = 0; s < L; ++s) {
-    weights_copy(ahead, s);
-    copy_async_commit();
-    advance(ahead);
-  }
-  wait_for_previous_kernel();
-  {
-    Cursor u = first;
-#pragma unroll
-    for (int s = 0; s < L; ++s) {
-      x_copy(u, s);
-      advance(u);
-    }
-  }
-  copy_async_commit();
-  const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
-  const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-  int stage = 0;
-  // Segments: the CTA's units of one tile (a whole tile, or a cut tile's part); the copies run on across them.
-  for (Cursor u = first; u.k < n_units;) {
-    const int tile = u.tile, seg = min(n_sb - u.sb, n_units - u.k);
-    const MmaMember mem = mma_member(members, tile);
-    int64_t rows[R];
-    rows_of(mem, tile, rows);
-    float acc[MT][N / 2] = {};
-    for (int e = 0; e < seg; ++e) {
-      static_assert(L - 1 <= 2, "the waits below cover up to two pending groups");
-      if (u.k == 0) copy_async_wait<0>();
-      else if (u.k == 1) copy_async_wait<(L - 1 < 1 ? L - 1 : 1)>();
-      else copy_async_wait<L - 1>();
-      fence_proxy_async_shared();
-      __syncthreads();
-      weights_copy(ahead, (stage + L) % S);
-      x_copy(ahead, (stage + L) % S);
-      copy_async_commit();
-      advance(ahead);
-      wgmma_superblock<T, N, MT>(slots(stage), smem_base + stage * kStage, rows, sk.n_sb, u.sb, lane, scale_sel, acc);
-      stage = stage == S - 1 ? 0 : stage + 1;
-      wg_wait<0>();
-      advance(u);
-    }
-    const int64_t row_base = (int64_t)(tile - mem.tile0) * kWgRows + warp * 16;
-    if (seg == n_sb) {  // the whole tile
-      store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, mem.w.rows, n_tok, g, t, mem.y, mem.ldy,
-                                 accumulate, nullptr, 0, 1);
-    } else {  // a cut tile: this CTA's partial sums, as its contributor j
-      const int64_t ct = tile - sk.dp_tiles;
-      const int j = (int)(c - sk.owner(ct * n_sb));
-      float* dst = part + (ct * sk.max_parts + j) * (int64_t)n_tok * kWgRows;
-#pragma unroll
-      for (int f = 0; f < N / 8; ++f)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int tok = 8 * f + 2 * t + i % 2;
-          if (tok < n_tok) dst[(int64_t)tok * kWgRows + warp * 16 + g + 8 * (i / 2)] = acc[0][4 * f + i];
-        }
-    }
-  }
-#else
-  __trap();
-#endif
-}
-
-// The cut tiles' outputs: y (+)= the sum of their contributors' partial sums, in contributor order. One thread per
-// (cut tile, token, row of the tile).
-__global__ void wgmma_streamk_reduce_kernel(MmaMembers members, const float* part, StreamK sk, int n_tok, bool accumulate) {
-  wait_for_previous_kernel();
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t per_tile = (int64_t)n_tok * kWgRows, ct = i / per_tile;
-  if (ct * sk.n_sb >= sk.sk_units) return;
-  const int64_t first = sk.owner(ct * sk.n_sb), last = sk.owner((ct + 1) * sk.n_sb - 1);
-  if (first == last) return;  // one CTA's: stored by it
-  const int tok = (int)(i % per_tile / kWgRows), rr = (int)(i % kWgRows);
-  const int64_t tile = sk.dp_tiles + ct;
-  const MmaMember mem = mma_member(members, (int)tile);
-  const int64_t r = (tile - mem.tile0) * kWgRows + rr;
-  if (r >= mem.w.rows) return;
-  const float* src = part + ct * sk.max_parts * per_tile + (int64_t)tok * kWgRows + rr;
-  float sum = src[0];
-  for (int64_t j = 1; j <= last - first; ++j) sum += src[j * per_tile];
-  float* dst = mem.y + (int64_t)tok * mem.ldy + r;
-  *dst = accumulate ? *dst + sum : sum;
 }
 
 // Expert products grouped by expert (as mma_experts_kernel): CTA (x, y) takes row tile x of the expert of token
@@ -470,55 +302,9 @@ void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const
          plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
-int wgmma_streamk_for_test = -1;  // (gpu_use_wgmma_streamk_for_test; -1: the environment's)
-
-// Stream-K launches (ROOFLINE_WGMMA_STREAMK: 0 off, the default; 1 whole waves of whole tiles, then the rest cut; 2 every
-// tile cut).
-int wgmma_streamk() {
-  static const int env = [] {
-    const char* e = std::getenv("ROOFLINE_WGMMA_STREAMK");
-    return e ? std::clamp(std::atoi(e), 0, 2) : 0;
-  }();
-  return wgmma_streamk_for_test >= 0 ? wgmma_streamk_for_test : env;
-}
-
-// The launch's units over one wave of CTAs (StreamK); false, launching nothing, where the partial sums do not fit part.
-template <DType T, int N>
-bool launch_wgmma_streamk(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
-                          bool accumulate, float* part, size_t part_floats, int mode, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes<T, N>();
-  const int slots = smem_set_once<wgmma_streamk_kernel<T, N>>(smem, wg_threads<1>());
-  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats);
-  StreamK sk;
-  sk.n_sb = ws[0]->cols / 256;
-  sk.ctas = slots;
-  sk.full_waves = mode == 1 ? (int)(plan.tiles / slots) : 0;
-  sk.dp_tiles = (int64_t)sk.full_waves * slots;
-  const int64_t cut = plan.tiles - sk.dp_tiles;
-  sk.sk_units = cut * sk.n_sb;
-  sk.sk_ctas = (int)std::min<int64_t>(slots, sk.sk_units);
-  if (sk.sk_units > 0) {
-    const int64_t min_range = sk.sk_units / sk.sk_ctas;
-    sk.max_parts = (int)((sk.n_sb + min_range - 1) / min_range + 1);
-    if ((size_t)cut * (size_t)sk.max_parts * (size_t)n_tok * kWgRows > part_floats) return false;
-  }
-  const int grid = sk.full_waves > 0 ? slots : sk.sk_ctas;
-  launch(wgmma_streamk_kernel<T, N>, dim3((unsigned)grid), dim3(wg_threads<1>()), smem, stream, pdl_enabled(), plan.m, xb, n_tok, accumulate,
-         part, sk);
-  if (sk.sk_units > 0) {
-    const int64_t threads = cut * n_tok * kWgRows;
-    launch(wgmma_streamk_reduce_kernel, dim3((unsigned)((threads + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), plan.m,
-           (const float*)part, sk, n_tok, accumulate);
-  }
-  return true;
-}
-
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if (const int mode = wgmma_streamk(); mode > 0 && wgmma_tiles() == 1 &&
-                                        launch_wgmma_streamk<T, N>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, mode, stream))
-    return;
   if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_overlap_for_test > 0 || (wgmma_overlap_for_test < 0 && wgmma_overlap()))
     launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -641,6 +427,5 @@ void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
 void gpu_use_wgmma_overlap_for_test(int on) { cuda::wgmma_overlap_for_test = on; }
-void gpu_use_wgmma_streamk_for_test(int mode) { cuda::wgmma_streamk_for_test = mode; }
 
 }  // namespace roofline
