@@ -278,19 +278,21 @@ TEST(PackedKernels, Avx2AndAvx512KernelsAgree) {
 }
 
 // The one-row decode loop walking 2, 4 or 8 groups side by side (ROOFLINE_CPU_STREAMS) gives the bits of one group at
-// a time, for every packed type, for ranges whose groups the streams split evenly and not (a remainder, a partial
-// last group, fewer groups than streams).
+// a time, for every packed type of every kernel level this CPU has (AVX-512 VNNI, AVX2), for ranges whose groups the
+// streams split evenly and not (a remainder, a partial last group, fewer groups than streams).
 TEST(PackedKernels, DecodeStreamsGiveTheBitsOfOneStream) {
-  if (!packed_tile_fn_at(CpuIsa::Avx512, DType::Q8_0)) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  if (kernel_levels().empty()) GTEST_SKIP() << "no packed kernels on this CPU";
   ThreadPool pool(1);
+  for (CpuIsa level : kernel_levels())
   for (DType t : kPackedTypes)
     for (int64_t rows : {16 * 16, 16 * 19 + 5, 16 * 37 + 11, 16 * 3 + 7}) {
+      if (!packed_tile_fn_at(level, t)) continue;  // Q5_K and Q6_K have no AVX2 packed kernel
       const int64_t n = dtype_block_size(t) == 256 ? 256 * 5 : 32 * 23;
       const Matrix m = random_matrix(t, rows, n, 900 + (uint64_t)rows);
       const std::vector<float> x = random_acts(3, n, 17);
       ActRows act;
       act.prepare(act_of(t), x.data(), 3, n, pool);
-      const PackedMatrix pm(m.weight(), pool, packed_tile_fn_at(CpuIsa::Avx512, t));
+      const PackedMatrix pm(m.weight(), pool, packed_tile_fn_at(level, t));
       const std::vector<double> ref = reference(m, act);
       for (int c0 = 0; c0 < 3; ++c0) {
         detail::decode_streams_for_test = 1;
@@ -301,7 +303,7 @@ TEST(PackedKernels, DecodeStreamsGiveTheBitsOfOneStream) {
           detail::decode_streams_for_test = streams;
           const std::vector<float> y = run_packed(pm, rows, act, c0, 1, n);
           EXPECT_EQ(std::memcmp(y.data(), one.data(), y.size() * sizeof(float)), 0)
-              << dtype_name(t) << " rows " << rows << " streams " << streams;
+              << dtype_name(t) << " " << level_name(level) << " rows " << rows << " streams " << streams;
         }
       }
       detail::decode_streams_for_test = 0;

@@ -1,6 +1,7 @@
 // AVX2 kernels over packed weights (layout in packed_weights.h) for Q4_0, Q8_0 and Q4_K, on CPUs without
 // AVX-512 VNNI (Q5_K and Q6_K stay in their GGUF layout there: written this way, their one-row products
-// streamed 25-30% slower than the in-place kernels, for 8-15% on prompts). The same
+// streamed 25-30% slower than the in-place kernels, for 8-15% on prompts); one-row Q4_0 / Q8_0 products walk
+// two groups side by side (groups_dot, rows_streams). The same
 // groups of 16 interleaved rows, read as two halves of 8 rows (the 32 bytes of a 64-byte chunk that hold
 // rows 8h .. 8h + 7), so one 256-bit register holds 4 values of each of 8 rows. Without VNNI the 4-value
 // products are vpmaddubsw (unsigned weight levels x the same 4 signed activation values broadcast to every
@@ -35,6 +36,10 @@ namespace roofline::cpu {
 namespace {
 
 constexpr int kMaxNA = 4;  // activation rows per pass (16 ymm registers)
+// Streams of the one-row Q4_0 / Q8_0 decode loop by default (avx2_decode_streams): two. On a Zen 5 core pair with the
+// AVX2 kernels (ROOFLINE_CPU_ISA=avx2), qwen3-1.7b tg32 over five alternated rounds: Q4_0 +20%, Q8_0 +9% (medians) with
+// two; four were 25-35% slower than one and eight 15-25% slower (not explained; docs/performance.md).
+constexpr int kDefaultDecodeStreams = 2;
 
 // 8 rows' f16 values at p as floats.
 inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -45,14 +50,15 @@ inline __m256i half_chunk(const uint8_t* lv, int chunk, int h) {
 inline __m256i bcast(const int8_t* q) { return _mm256_set1_epi32(load32(q)); }
 inline __m256i pairs_to_i32(__m256i p16) { return _mm256_madd_epi16(p16, _mm256_set1_epi16(1)); }
 
-// Q4_0 / Q8_0: rows 8h .. 8h + 7 of a group times NA activation rows over nb blocks.
+// Bytes of one packed Q4_0 / Q8_0 entry (a block of each of the group's 16 rows).
+template <bool Q4>
+constexpr size_t entry_bytes() { return Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64; }
+
+// Q4_0 / Q8_0: entry b (at e) of rows 8h .. 8h + 7 of a group times NA activation rows, added to acc.
 template <int NA, bool Q4>
-void half_dot(const uint8_t* group, int64_t nb, int h, const Rows<NA>& A, __m256* acc) {
-  constexpr size_t kEntry = Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackRows + 8 * 64;
+inline void entry_half(const uint8_t* e, int64_t b, int h, const Rows<NA>& A, __m256* acc) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
-  for (int j = 0; j < NA; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* e = group + (size_t)b * kEntry;
+  {
     const __m256 dw = f16x8(e + 16 * h);
     const uint8_t* lv = e + 2 * kPackRows;
     if constexpr (Q4) {
@@ -84,6 +90,27 @@ void half_dot(const uint8_t* group, int64_t nb, int h, const Rows<NA>& A, __m256
         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, _mm256_set1_ps(A.d[j][b])), acc[j]);
     }
   }
+}
+
+// Q4_0 / Q8_0: rows 8h .. 8h + 7 of a group times NA activation rows over nb blocks.
+template <int NA, bool Q4>
+void half_dot(const uint8_t* group, int64_t nb, int h, const Rows<NA>& A, __m256* acc) {
+  for (int j = 0; j < NA; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) entry_half<NA, Q4>(group + (size_t)b * entry_bytes<Q4>(), b, h, A, acc);
+}
+
+// Decode (one activation row): S whole groups walked side by side, entry b of each (both halves) in turn, so a
+// thread keeps S memory streams going (as the AVX-512 loop does, packed_avx512.cpp). acc[2s + h] gets rows
+// 8h .. 8h + 7 of group s, each by half_dot's arithmetic in its order: the same bits whatever S.
+template <int S, bool Q4>
+void groups_dot(const uint8_t* const* groups, int64_t nb, const Rows<1>& A, __m256* acc) {
+  for (int i = 0; i < 2 * S; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b)
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* e = groups[s] + (size_t)b * entry_bytes<Q4>();
+      entry_half<1, Q4>(e, b, 0, A, acc + 2 * s);
+      entry_half<1, Q4>(e, b, 1, A, acc + 2 * s + 1);
+    }
 }
 
 // Q4_K. One or two activation rows: the first half's pass fetches ahead (kPrefetchAhead,
@@ -159,12 +186,59 @@ void half_rows(const uint8_t* group, int64_t nb, int h, int rows, const PackedAc
   }
 }
 
+// Streams of the one-row Q4_0 / Q8_0 decode loop: decode_streams_for_test, else ROOFLINE_CPU_STREAMS (1, 2, 4, 8), else
+// kDefaultDecodeStreams. Q4_K keeps its two passes of one group (its first half's pass fetches ahead).
+int avx2_decode_streams() {
+  static const int env = [] {
+    const char* v = std::getenv("ROOFLINE_CPU_STREAMS");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
+  }();
+  if (detail::decode_streams_for_test > 0) return detail::decode_streams_for_test;
+  return env > 0 ? env : kDefaultDecodeStreams;
+}
+
+// The range's whole groups against one activation row, cut in S contiguous parts walked side by side; the rest (fewer
+// than S whole groups, a partial last group) a group at a time as the prompt path does.
+template <int S, Kind K>
+void rows_streams(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int64_t nb, float* y) {
+  const int whole = n_w / kPackRows, len = whole / S;
+  const Rows<1> A(a, c0);
+  for (int i = 0; i < len; ++i) {
+    const uint8_t* groups[S];
+    for (int s = 0; s < S; ++s) groups[s] = packed + (size_t)(s * len + i) * group_bytes;
+    __m256 acc[2 * S];
+    groups_dot<S, K == Kind::Q4_0>(groups, nb, A, acc);
+    for (int s = 0; s < S; ++s) {
+      float* out = y + (size_t)(s * len + i) * kPackRows;
+      _mm256_storeu_ps(out, acc[2 * s]);
+      _mm256_storeu_ps(out + 8, acc[2 * s + 1]);
+    }
+  }
+  for (int g = S * len; g * kPackRows < n_w; ++g) {
+    const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
+    for (int h = 0; 8 * h < rows; ++h) half_rows<1, K>(packed + (size_t)g * group_bytes, nb, h, rows, a, c0, y + (size_t)g * kPackRows, 0);
+  }
+}
+
 template <Kind K>
 void packed_tile(const uint8_t* packed, size_t group_bytes, int n_w, const PackedActs& a, int c0, int n_a, int64_t n,
                  float* y, size_t ldy) {
   using Fn = void (*)(const uint8_t*, int64_t, int, int, const PackedActs&, int, float*, size_t);
   static constexpr Fn kFns[kMaxNA + 1] = {nullptr, half_rows<1, K>, half_rows<2, K>, half_rows<3, K>, half_rows<4, K>};
   const int64_t nb = n / (K == Kind::Q4_0 || K == Kind::Q8_0 ? kQK : kQKK);
+  if constexpr (K != Kind::Q4_K) {
+    if (n_a == 1) {
+      int streams = avx2_decode_streams();
+      while (streams > 1 && n_w / kPackRows < streams) streams /= 2;
+      if (streams > 1) {
+        using StreamsFn = void (*)(const uint8_t*, size_t, int, const PackedActs&, int, int64_t, float*);
+        static constexpr StreamsFn kStreams[3] = {rows_streams<2, K>, rows_streams<4, K>, rows_streams<8, K>};
+        kStreams[streams == 2 ? 0 : streams == 4 ? 1 : 2](packed, group_bytes, n_w, a, c0, nb, y);
+        return;
+      }
+    }
+  }
   for (int g = 0; g * kPackRows < n_w; ++g) {
     const int rows = n_w - g * kPackRows < kPackRows ? n_w - g * kPackRows : kPackRows;
     const uint8_t* group = packed + (size_t)g * group_bytes;
