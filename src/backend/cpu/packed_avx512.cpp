@@ -229,13 +229,8 @@ void groups_dot(const uint8_t* const* groups, int64_t nb, const ActsOf<K, NA>& A
 // ROOFLINE_CPU_STREAMS=1, 2, 4 or 8 sets it for every type.
 template <Kind K>
 int decode_streams() {
-  static const int env = [] {
-    const char* v = std::getenv("ROOFLINE_CPU_STREAMS");
-    const int n = v ? std::atoi(v) : 0;
-    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
-  }();
   if (detail::decode_streams_for_test > 0) return detail::decode_streams_for_test;
-  if (env > 0) return env;
+  if (const int env = streams_from_env(); env > 0) return env;
   return K == Kind::Q4_0 || K == Kind::Q8_0 ? 4 : 1;
 }
 

@@ -1,5 +1,5 @@
 // What the packed kernels of every instruction set share (packed_avx512.cpp, packed_kernels_avx2.cpp): the
-// activation rows of a tile as they read them, an unaligned 4-byte load, the fetch-ahead of the few-row
+// activation rows of a tile as they read them, the ROOFLINE_CPU_STREAMS setting, an unaligned 4-byte load, the fetch-ahead of the few-row
 // K-quant loops, and the 6-bit scales and mins of the 16 rows of a packed Q4_K / Q5_K entry. Include it inside a kernel file's target region, after its
 // other headers: everything here has internal linkage, so each file compiles its own copy for its own
 // instruction set (no AVX2 or AVX-512 copy of a shared inline function can be the one the linker keeps).
@@ -10,6 +10,17 @@
 
 namespace roofline::cpu {
 namespace {
+
+// The one-row decode loops' stream count set by ROOFLINE_CPU_STREAMS (1, 2, 4 or 8; 0 when unset or anything else),
+// read once per kernel file.
+inline int streams_from_env() {
+  static const int env = [] {
+    const char* v = std::getenv("ROOFLINE_CPU_STREAMS");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
+  }();
+  return env;
+}
 
 inline int32_t load32(const void* p) {
   int32_t v;

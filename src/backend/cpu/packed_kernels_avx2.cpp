@@ -189,12 +189,8 @@ void half_rows(const uint8_t* group, int64_t nb, int h, int rows, const PackedAc
 // Streams of the one-row Q4_0 / Q8_0 decode loop: decode_streams_for_test, else ROOFLINE_CPU_STREAMS (1, 2, 4, 8), else
 // kDefaultDecodeStreams. Q4_K keeps its two passes of one group (its first half's pass fetches ahead).
 int avx2_decode_streams() {
-  static const int env = [] {
-    const char* v = std::getenv("ROOFLINE_CPU_STREAMS");
-    const int n = v ? std::atoi(v) : 0;
-    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
-  }();
   if (detail::decode_streams_for_test > 0) return detail::decode_streams_for_test;
+  const int env = streams_from_env();
   return env > 0 ? env : kDefaultDecodeStreams;
 }
 
