@@ -38,7 +38,7 @@ namespace {
 constexpr int kMaxNA = 4;  // activation rows per pass (16 ymm registers)
 // Streams of the one-row Q4_0 / Q8_0 decode loop by default (avx2_decode_streams): two. On a Zen 5 core pair with the
 // AVX2 kernels (ROOFLINE_CPU_ISA=avx2), qwen3-1.7b tg32 over five alternated rounds: Q4_0 +20%, Q8_0 +9% (medians) with
-// two; four were 25-35% slower than one and eight 15-25% slower (not explained; docs/performance.md).
+// two; four level with two, eight uneven (docs/performance.md).
 constexpr int kDefaultDecodeStreams = 2;
 
 // 8 rows' f16 values at p as floats.
@@ -58,37 +58,35 @@ constexpr size_t entry_bytes() { return Q4 ? 2 * kPackRows + 4 * 64 : 2 * kPackR
 template <int NA, bool Q4>
 inline void entry_half(const uint8_t* e, int64_t b, int h, const Rows<NA>& A, __m256* acc) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
-  {
-    const __m256 dw = f16x8(e + 16 * h);
-    const uint8_t* lv = e + 2 * kPackRows;
-    if constexpr (Q4) {
-      __m256i w[8];  // w[k]: levels of elements 4k .. 4k + 3 of each row (0..15)
-      for (int k = 0; k < 4; ++k) {
-        const __m256i v = half_chunk(lv, k, h);
-        w[k] = _mm256_and_si256(v, low4);
-        w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-      }
-      for (int j = 0; j < NA; ++j) {
-        const int8_t* q = A.q[j][b].qs;
-        __m256i p = _mm256_maddubs_epi16(w[0], bcast(q));  // 8 pair sums of at most 2 x 15 x 128 each
-        for (int k = 1; k < 8; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[k], bcast(q + 4 * k)));
-        const __m256i s = _mm256_add_epi32(pairs_to_i32(p), _mm256_set1_epi32(-8 * A.sum[j][b]));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(A.d[j][b])), acc[j]);
-      }
-    } else {
-      __m256i s[NA];
-      for (int j = 0; j < NA; ++j) s[j] = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
-        const __m256i w = _mm256_xor_si256(half_chunk(lv, k, h), flip);  // q as int8
-        const __m256i aw = _mm256_abs_epi8(w);                              // |q| as uint8 (128 for -128)
-        for (int j = 0; j < NA; ++j) {
-          const __m256i signed_a = _mm256_sign_epi8(bcast(A.q[j][b].qs + 4 * k), w);  // a with q's sign (|a| <= 127)
-          s[j] = _mm256_add_epi32(s[j], pairs_to_i32(_mm256_maddubs_epi16(aw, signed_a)));
-        }
-      }
-      for (int j = 0; j < NA; ++j)
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, _mm256_set1_ps(A.d[j][b])), acc[j]);
+  const __m256 dw = f16x8(e + 16 * h);
+  const uint8_t* lv = e + 2 * kPackRows;
+  if constexpr (Q4) {
+    __m256i w[8];  // w[k]: levels of elements 4k .. 4k + 3 of each row (0..15)
+    for (int k = 0; k < 4; ++k) {
+      const __m256i v = half_chunk(lv, k, h);
+      w[k] = _mm256_and_si256(v, low4);
+      w[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     }
+    for (int j = 0; j < NA; ++j) {
+      const int8_t* q = A.q[j][b].qs;
+      __m256i p = _mm256_maddubs_epi16(w[0], bcast(q));  // 8 pair sums of at most 2 x 15 x 128 each
+      for (int k = 1; k < 8; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[k], bcast(q + 4 * k)));
+      const __m256i s = _mm256_add_epi32(pairs_to_i32(p), _mm256_set1_epi32(-8 * A.sum[j][b]));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(A.d[j][b])), acc[j]);
+    }
+  } else {
+    __m256i s[NA];
+    for (int j = 0; j < NA; ++j) s[j] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i w = _mm256_xor_si256(half_chunk(lv, k, h), flip);  // q as int8
+      const __m256i aw = _mm256_abs_epi8(w);                              // |q| as uint8 (128 for -128)
+      for (int j = 0; j < NA; ++j) {
+        const __m256i signed_a = _mm256_sign_epi8(bcast(A.q[j][b].qs + 4 * k), w);  // a with q's sign (|a| <= 127)
+        s[j] = _mm256_add_epi32(s[j], pairs_to_i32(_mm256_maddubs_epi16(aw, signed_a)));
+      }
+    }
+    for (int j = 0; j < NA; ++j)
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), _mm256_mul_ps(dw, _mm256_set1_ps(A.d[j][b])), acc[j]);
   }
 }
 
@@ -106,6 +104,7 @@ template <int S, bool Q4>
 void groups_dot(const uint8_t* const* groups, int64_t nb, const Rows<1>& A, __m256* acc) {
   for (int i = 0; i < 2 * S; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b)
+#pragma GCC unroll 8  // unrolled, so that the accumulators stay in registers (a rolled loop kept them on the stack: 25-35% slower at S = 4)
     for (int s = 0; s < S; ++s) {
       const uint8_t* e = groups[s] + (size_t)b * entry_bytes<Q4>();
       entry_half<1, Q4>(e, b, 0, A, acc + 2 * s);
