@@ -212,6 +212,7 @@ void groups_dot(const uint8_t* const* groups, int64_t nb, const ActsOf<K, NA>& A
   for (int i = 0; i < S * NA; ++i) acc[i] = _mm512_setzero_ps();
   [[maybe_unused]] const FetchConfig& fc = fetch_config();  // read once, not per entry
   for (int64_t b = 0; b < nb; ++b) {
+#pragma GCC unroll 8  // unrolled, so that the accumulators stay in registers (rolled, the compiler kept them on the stack)
     for (int s = 0; s < S; ++s) {
       const uint8_t* e = groups[s] + (size_t)b * kEntry;
       if constexpr (F) prefetch_entry<kEntry>(e + fc.ahead, fc.to_l2);
@@ -224,8 +225,9 @@ void groups_dot(const uint8_t* const* groups, int64_t nb, const ActsOf<K, NA>& A
 
 // Streams a thread's one-row decode loop walks side by side: 4 for Q4_0 and Q8_0 (against one, +15-25% on the GPU
 // machine's Intel host at 4 threads, where 2 gave +5-10% and 8 about what 4 does, and +25-30% on a Zen 5 core pair,
-// where 2 and 4 were level and 8 slower; docs/performance.md), 1 for the K-quants (2 and 4 streams were 20-55% slower on
-// the Zen 5 pair, whose Q4_K loop already reads at the pair's bandwidth with one; not measured on Intel).
+// where 2 and 4 were level and 8 slower; docs/performance.md), 1 for the K-quants (on the Zen 5 pair, whose Q4_K loop
+// already reads at the pair's bandwidth with one, 2 streams are level and 4 slower since the loop over the streams is
+// unrolled, and were 20-55% slower before, with the accumulators on the stack; not measured on Intel).
 // ROOFLINE_CPU_STREAMS=1, 2, 4 or 8 sets it for every type.
 template <Kind K>
 int decode_streams() {
