@@ -4,7 +4,8 @@
 # scripts/cpu_side_by_side.sh; then roofline's partial offload, qwen3-32b Q4_K_M -ngl 48 (the host CPU
 # runs 17 of 65 units; llama.cpp's 12.7 tok/s is in ../shared/reference/performance-targets.md).
 #
-#   here:  scripts/gpu/build_for_device.sh && (cd carry && tar cJf pack/bin.tar.xz bin lib shared)
+#   here:  scripts/gpu/build_for_device.sh && (cd carry && XZ_OPT="-9 -T2" tar cJf pack/bin.tar.xz bin/roofline lib shared)
+#          (roofline alone, ~23 MB: with the tests' binary the pack and llama.cpp's tarball no longer fit one call's carry)
 #          and carry/pack/llamacpp.tar.gz from scripts/gpu/pack_llamacpp.sh
 #   there: bash scripts/gpu/cpu_host_check.sh small   (carry ["carry/pack"]): qwen3-1.7b
 #          bash scripts/gpu/cpu_host_check.sh large   : qwen3-8b, then -ngl 48

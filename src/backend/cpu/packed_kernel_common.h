@@ -1,7 +1,7 @@
 // What the packed kernels of every instruction set share (packed_avx512.cpp, packed_kernels_avx2.cpp): the
-// activation rows of a tile as they read them, the ROOFLINE_CPU_STREAMS setting, an unaligned 4-byte load, the fetch-ahead of the few-row
-// K-quant loops, and the 6-bit scales and mins of the 16 rows of a packed Q4_K / Q5_K entry. Include it inside a kernel file's target region, after its
-// other headers: everything here has internal linkage, so each file compiles its own copy for its own
+// activation rows of a tile as they read them, the ROOFLINE_CPU_STREAMS setting, an unaligned 4-byte load, the
+// fetch-ahead of the few-row K-quant loops, and the 6-bit scales and mins of the 16 rows of a packed Q4_K / Q5_K
+// entry. Include it inside a kernel file's target region, after its other headers: everything here has internal linkage, so each file compiles its own copy for its own
 // instruction set (no AVX2 or AVX-512 copy of a shared inline function can be the one the linker keeps).
 // No include guard and no includes but fetch_ahead.h (the fetch-ahead rule): one inclusion per kernel file,
 // which has <immintrin.h>, <cpuid.h>, <cstdint>, <cstdlib>, <cstring>, packed_weights.h and quant_blocks.h
