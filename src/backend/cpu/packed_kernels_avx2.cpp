@@ -1,7 +1,7 @@
 // AVX2 kernels over packed weights (layout in packed_weights.h) for Q4_0, Q8_0 and Q4_K, on CPUs without
 // AVX-512 VNNI (Q5_K and Q6_K stay in their GGUF layout there: written this way, their one-row products
 // streamed 25-30% slower than the in-place kernels, for 8-15% on prompts); one-row Q4_0 / Q8_0 products walk
-// two groups side by side (groups_dot, rows_streams). The same
+// four groups side by side (groups_dot, rows_streams). The same
 // groups of 16 interleaved rows, read as two halves of 8 rows (the 32 bytes of a 64-byte chunk that hold
 // rows 8h .. 8h + 7), so one 256-bit register holds 4 values of each of 8 rows. Without VNNI the 4-value
 // products are vpmaddubsw (unsigned weight levels x the same 4 signed activation values broadcast to every
@@ -36,10 +36,11 @@ namespace roofline::cpu {
 namespace {
 
 constexpr int kMaxNA = 4;  // activation rows per pass (16 ymm registers)
-// Streams of the one-row Q4_0 / Q8_0 decode loop by default (avx2_decode_streams): two. On a Zen 5 core pair with the
-// AVX2 kernels (ROOFLINE_CPU_ISA=avx2), qwen3-1.7b tg32 over five alternated rounds: Q4_0 +20%, Q8_0 +9% (medians) with
-// two; four level with two, eight uneven (docs/performance.md).
-constexpr int kDefaultDecodeStreams = 2;
+// Streams of the one-row Q4_0 / Q8_0 decode loop by default (avx2_decode_streams): four, as the AVX-512 loop. With the
+// AVX2 kernels (ROOFLINE_CPU_ISA=avx2), qwen3-1.7b tg32 against one stream: on the GPU machine's Intel host +30-36% at 4
+// threads and +7% at 16 (two: +28-29% and +5-12%); on a Zen 5 core pair two gave Q4_0 +20% and Q8_0 +9% and four was level
+// with two; eight is uneven (docs/performance.md).
+constexpr int kDefaultDecodeStreams = 4;
 
 // 8 rows' f16 values at p as floats.
 inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
