@@ -155,43 +155,53 @@ void launch(K kernel, int grid, bool pdl, cudaStream_t s, Args... args) {
   CHECK(cudaLaunchKernelEx(&c, kernel, args...));
 }
 
-template <int M>
-double run_mode(const Shape& sh, const uint8_t* pool, int64_t pool_bytes, float* bufs, int replays, int64_t* step_bytes) {
+// One step as a CUDA graph, timed: the step counter `counter` (a __device__ symbol of 8 bytes) zeroed by a memset node, then what
+// `enqueue(stream)` launches; the microseconds of one replay.
+template <typename Counter, typename F>
+double time_step(const Counter& counter, int replays, F enqueue) {
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  void* done_ptr = nullptr;
-  CHECK(cudaGetSymbolAddress(&done_ptr, g_done));
+  void* counter_ptr = nullptr;
+  CHECK(cudaGetSymbolAddress(&counter_ptr, counter));
   cudaGraph_t graph;
   CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  CHECK(cudaMemsetAsync(done_ptr, 0, 8, s));
-  const bool pdl = M != kPlain;
-  int64_t offset = 0, bytes = 0;
-  unsigned long long before = 0;  // CTAs of the step's kernels before this one
-  int cur = 0, prev_ctas = 1;
-  for (int l = 0; l < sh.layers; ++l)
-    for (const Op& op : sh.layer) {
-      const float* in = bufs + (size_t)cur * (1 << 20);
-      float* out = bufs + (size_t)(cur ^ 1) * (1 << 20);
-      const int n_in = std::min(prev_ctas * kThreads, 4096);
-      int ctas;
-      if (op.bytes > 0) {
-        const int64_t chunk = 18432;  // 8 rows of 2304 bytes: the engine's CTA of 4 warps x 2 rows of qwen3-8b
-        ctas = (int)((op.bytes + chunk - 1) / chunk);
-        if (offset + (int64_t)ctas * chunk > pool_bytes) offset = 0;
-        launch(product_kernel<M>, ctas, pdl, s, reinterpret_cast<const int4*>(pool + offset), chunk / 16, in, n_in, out, before);
-        offset += (int64_t)ctas * chunk;
-        bytes += (int64_t)ctas * chunk;
-      } else {
-        ctas = op.ctas;
-        launch(small_kernel<M>, ctas, pdl, s, in, n_in, out, before);
-      }
-      before += ctas;
-      prev_ctas = ctas;
-      cur ^= 1;
-    }
+  CHECK(cudaMemsetAsync(counter_ptr, 0, 8, s));
+  enqueue(s);
   CHECK(cudaStreamEndCapture(s, &graph));
   const double us = replay_graph_us(graph, s, replays);
   CHECK(cudaStreamDestroy(s));
+  return us;
+}
+
+template <int M>
+double run_mode(const Shape& sh, const uint8_t* pool, int64_t pool_bytes, float* bufs, int replays, int64_t* step_bytes) {
+  const bool pdl = M != kPlain;
+  int64_t offset = 0, bytes = 0;
+  const double us = time_step(g_done, replays, [&](cudaStream_t s) {
+    unsigned long long before = 0;  // CTAs of the step's kernels before this one
+    int cur = 0, prev_ctas = 1;
+    for (int l = 0; l < sh.layers; ++l)
+      for (const Op& op : sh.layer) {
+        const float* in = bufs + (size_t)cur * (1 << 20);
+        float* out = bufs + (size_t)(cur ^ 1) * (1 << 20);
+        const int n_in = std::min(prev_ctas * kThreads, 4096);
+        int ctas;
+        if (op.bytes > 0) {
+          const int64_t chunk = 18432;  // 8 rows of 2304 bytes: the engine's CTA of 4 warps x 2 rows of qwen3-8b
+          ctas = (int)((op.bytes + chunk - 1) / chunk);
+          if (offset + (int64_t)ctas * chunk > pool_bytes) offset = 0;
+          launch(product_kernel<M>, ctas, pdl, s, reinterpret_cast<const int4*>(pool + offset), chunk / 16, in, n_in, out, before);
+          offset += (int64_t)ctas * chunk;
+          bytes += (int64_t)ctas * chunk;
+        } else {
+          ctas = op.ctas;
+          launch(small_kernel<M>, ctas, pdl, s, in, n_in, out, before);
+        }
+        before += ctas;
+        prev_ctas = ctas;
+        cur ^= 1;
+      }
+  });
   *step_bytes = bytes;
   return us;
 }
@@ -369,18 +379,10 @@ double run_persist(const Shape& sh, const uint8_t* pool, int64_t pool_bytes, flo
     std::fprintf(stderr, "persist: the kernel does not fit a SM\n");
     std::exit(1);
   }
-  cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  void* arrived = nullptr;
-  CHECK(cudaGetSymbolAddress(&arrived, g_arrived));
-  cudaGraph_t graph;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  CHECK(cudaMemsetAsync(arrived, 0, 8, s));
-  persist_kernel<<<sms, kPersistThreads, smem, s>>>(d_ops, (int)ops.size(), pool, bufs, stages, barrier);
-  CHECK(cudaGetLastError());
-  CHECK(cudaStreamEndCapture(s, &graph));
-  const double us = replay_graph_us(graph, s, replays);
-  CHECK(cudaStreamDestroy(s));
+  const double us = time_step(g_arrived, replays, [&](cudaStream_t s) {
+    persist_kernel<<<sms, kPersistThreads, smem, s>>>(d_ops, (int)ops.size(), pool, bufs, stages, barrier);
+    CHECK(cudaGetLastError());
+  });
   CHECK(cudaFree(d_ops));
   *step_bytes = bytes;
   return us;
