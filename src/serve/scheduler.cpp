@@ -537,8 +537,10 @@ void Scheduler::step_failed(const std::exception& e) {
   log_error("forward step failed: {}", e.what());
   const bool sticky = dynamic_cast<const DeviceFault*>(&e) != nullptr;
   const bool ours = dynamic_cast<const InternalError*>(&e) != nullptr;
-  fail_all(fmt::format("{}: {}", sticky ? "the device failed" : ours ? "generation failed" : "the forward step failed", e.what()));
+  // The fault is marked before the requests in flight are answered, so a client that reads its
+  // error and then asks /health (or submits again) already sees the device as failed.
   if (sticky) mark_device_fault(e.what());
+  fail_all(fmt::format("{}: {}", sticky ? "the device failed" : ours ? "generation failed" : "the forward step failed", e.what()));
 }
 
 // Waiting requests cannot run either: they fail now, and later ones are refused at submit().
@@ -689,6 +691,7 @@ void Scheduler::recover(const std::exception& e) {
   } catch (const std::exception& again) {
     // The requests' own state is broken: end them as they are and take no more (503 from now on).
     log_error("the scheduler cannot recover from '{}': {}", e.what(), again.what());
+    mark_device_fault(fmt::format("the scheduler failed: {}", again.what()));
     for (auto& a : active_) {
       Event ev;
       ev.finish = Finish::Error;
@@ -698,7 +701,6 @@ void Scheduler::recover(const std::exception& e) {
     }
     active_.clear();
     pending_.clear();
-    mark_device_fault(fmt::format("the scheduler failed: {}", again.what()));
   }
   publish_status();
 }
