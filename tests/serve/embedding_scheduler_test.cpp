@@ -8,17 +8,15 @@
 #include "engine/pooling.h"
 #include "model/model_file.h"
 #include "serve/scheduler.h"
+#include "scheduler_runs.h"
 
 using namespace roofline;
 using namespace roofline::serve;
+using roofline::serve::test::NoText;
+using roofline::serve::test::greedy_request;
+using roofline::serve::test::step_until_done;
 
 namespace {
-
-class NoText final : public TokenText {
- public:
-  std::string piece(int32_t) const override { return "x"; }
-  bool is_eog(int32_t) const override { return false; }
-};
 
 std::unique_ptr<Engine> engine_for(std::shared_ptr<const Model> model, int n_ctx = 256) {
   EngineOptions o;
@@ -47,15 +45,6 @@ GenParams embedding(std::vector<int32_t> prompt, Pooling pooling) {
   return p;
 }
 
-GenParams greedy(std::vector<int32_t> prompt, int max_tokens) {
-  GenParams p;
-  p.id = "g";
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  return p;
-}
-
 struct Outcome {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> embedding;
@@ -64,25 +53,12 @@ struct Outcome {
 
 std::vector<Outcome> run(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs) {
   std::vector<Outcome> out(reqs.size());
-  std::vector<bool> done(reqs.size(), false);
-  for (int step = 0; step < 5000; ++step) {
-    bool all = true;
-    for (size_t k = 0; k < reqs.size(); ++k) {
-      if (done[k]) continue;
-      std::vector<Event> events;
-      done[k] = reqs[k]->poll(events, std::chrono::milliseconds(0));
-      for (Event& e : events) {
-        EXPECT_NE(e.finish, Finish::Error) << e.error;
-        out[k].tokens.insert(out[k].tokens.end(), e.tokens.begin(), e.tokens.end());
-        if (!e.embedding.empty()) out[k].embedding = e.embedding;
-        if (e.finish != Finish::None) out[k].finishes.push_back(e.finish);
-      }
-      all = all && done[k];
-    }
-    if (all) return out;
-    s.step();
-  }
-  ADD_FAILURE() << "requests did not finish";
+  step_until_done(s, reqs, [&](size_t k, Event& e) {
+    EXPECT_NE(e.finish, Finish::Error) << e.error;
+    out[k].tokens.insert(out[k].tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (!e.embedding.empty()) out[k].embedding = e.embedding;
+    if (e.finish != Finish::None) out[k].finishes.push_back(e.finish);
+  }, 5000);
   return out;
 }
 
@@ -122,7 +98,7 @@ TEST(EmbeddingSchedulerTest, EmbeddingsBesideGenerationMatchEachAloneAndKeepNoth
       EngineRunner runner(*engine);
       NoText text;
       Scheduler s(runner, text, SchedulerOptions{});
-      want_tokens = run(s, {s.submit(greedy(prompt, 12))})[0].tokens;
+      want_tokens = run(s, {s.submit(greedy_request(prompt, 12))})[0].tokens;
       ASSERT_EQ(want_tokens.size(), 12u);
     }
 
@@ -137,7 +113,7 @@ TEST(EmbeddingSchedulerTest, EmbeddingsBesideGenerationMatchEachAloneAndKeepNoth
     const std::vector<std::pair<std::vector<int32_t>, Pooling>> inputs = {
         {long_input, Pooling::Mean}, {long_input, Pooling::Last}, {tokens(9, n_vocab, 3), Pooling::Cls},
         {tokens(5, n_vocab, 4), Pooling::None}, {long_input, Pooling::Mean}};
-    std::vector<std::shared_ptr<Request>> reqs = {s.submit(greedy(prompt, 12))};
+    std::vector<std::shared_ptr<Request>> reqs = {s.submit(greedy_request(prompt, 12))};
     for (const auto& [in, p] : inputs) reqs.push_back(s.submit(embedding(in, p)));
     const std::vector<Outcome> out = run(s, reqs);
 

@@ -8,17 +8,15 @@
 #include "engine/memory_plan.h"
 #include "model/model_file.h"
 #include "serve/scheduler.h"
+#include "scheduler_runs.h"
 
 using namespace roofline;
 using namespace roofline::serve;
+using roofline::serve::test::NoText;
+using roofline::serve::test::greedy_request;
+using roofline::serve::test::step_until_done;
 
 namespace {
-
-class NoText final : public TokenText {
- public:
-  std::string piece(int32_t) const override { return "x"; }
-  bool is_eog(int32_t) const override { return false; }
-};
 
 std::unique_ptr<Engine> engine_for(std::shared_ptr<const Model> model, int n_slots, bool cache) {
   EngineOptions o;
@@ -32,39 +30,19 @@ std::unique_ptr<Engine> engine_for(std::shared_ptr<const Model> model, int n_slo
 }
 
 GenParams greedy(std::vector<int32_t> prompt, int max_tokens, int n = 1) {
-  GenParams p;
-  p.id = "t";
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
+  GenParams p = greedy_request(std::move(prompt), max_tokens);
   p.n = n;
-  p.sampling.temperature = 0;
-  p.sampling.top_k = 0;
-  p.sampling.top_p = 1;
-  p.sampling.min_p = 0;
   return p;
 }
 
 // Runs the scheduler until every request ends; the tokens of each request's choices.
 std::vector<std::vector<std::vector<int32_t>>> run(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs) {
   std::vector<std::vector<std::vector<int32_t>>> out(reqs.size());
-  std::vector<bool> done(reqs.size(), false);
-  for (int step = 0; step < 20000; ++step) {
-    bool all = true;
-    for (size_t k = 0; k < reqs.size(); ++k) {
-      if (done[k]) continue;
-      std::vector<Event> events;
-      done[k] = reqs[k]->poll(events, std::chrono::milliseconds(0));
-      for (Event& e : events) {
-        if ((int)out[k].size() <= e.choice) out[k].resize(e.choice + 1);
-        out[k][e.choice].insert(out[k][e.choice].end(), e.tokens.begin(), e.tokens.end());
-        EXPECT_NE(e.finish, Finish::Error) << e.error;
-      }
-      all = all && done[k];
-    }
-    if (all) return out;
-    s.step();
-  }
-  ADD_FAILURE() << "requests did not finish";
+  step_until_done(s, reqs, [&](size_t k, Event& e) {
+    if ((int)out[k].size() <= e.choice) out[k].resize(e.choice + 1);
+    out[k][e.choice].insert(out[k][e.choice].end(), e.tokens.begin(), e.tokens.end());
+    EXPECT_NE(e.finish, Finish::Error) << e.error;
+  });
   return out;
 }
 
@@ -174,7 +152,9 @@ TEST(EngineSchedulerTest, Gemma3ConversationResumesFromWindowSnapshots) {
     const auto reply = run(s, {req})[0][0];
     ASSERT_EQ(reply.size(), 10u);
     EXPECT_EQ(reply, alone(history, 10));
-    if (turn > 0) EXPECT_EQ(req->timings().n_cached, previous_fed / 16 * 16) << "resumed at the last boundary of the previous reply";
+    if (turn > 0) {
+      EXPECT_EQ(req->timings().n_cached, previous_fed / 16 * 16) << "resumed at the last boundary of the previous reply";
+    }
     previous_fed = (int)history.size() + 9;  // the prompt and the reply but its last token
     history.insert(history.end(), reply.begin(), reply.end());
     // Another request in between takes the freed state cell and fills its ring (80 positions) with other

@@ -13,17 +13,15 @@
 #include "engine/speculative.h"
 #include "model/model_file.h"
 #include "serve/scheduler.h"
+#include "scheduler_runs.h"
 
 using namespace roofline;
 using namespace roofline::serve;
+using roofline::serve::test::NoText;
+using roofline::serve::test::greedy_request;
+using roofline::serve::test::tokens_of;
 
 namespace {
-
-class NoText final : public TokenText {
- public:
-  std::string piece(int32_t) const override { return "x"; }
-  bool is_eog(int32_t) const override { return false; }
-};
 
 std::unique_ptr<Engine> engine_for(std::shared_ptr<const Model> model, int n_slots, bool rollback) {
   EngineOptions o;
@@ -35,15 +33,6 @@ std::unique_ptr<Engine> engine_for(std::shared_ptr<const Model> model, int n_slo
   o.n_state_snapshots = 2 * n_slots;
   o.draft_rollback = rollback;
   return Engine::create(std::move(model), o);
-}
-
-GenParams greedy(std::vector<int32_t> prompt, int max_tokens) {
-  GenParams p;
-  p.id = "t";
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  return p;
 }
 
 // The engine, counting the most rows of one sequence in a step where it verifies drafts (more than one
@@ -76,29 +65,6 @@ class CountingRunner final : public StepRunner {
  private:
   EngineRunner inner_;
 };
-
-std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs, std::vector<Timings>* t = nullptr) {
-  std::vector<std::vector<int32_t>> out(reqs.size());
-  std::vector<bool> done(reqs.size(), false);
-  for (int step = 0; step < 20000; ++step) {
-    bool all = true;
-    for (size_t k = 0; k < reqs.size(); ++k) {
-      if (done[k]) continue;
-      std::vector<Event> events;
-      done[k] = reqs[k]->poll(events, std::chrono::milliseconds(0));
-      for (const Event& e : events) {
-        out[k].insert(out[k].end(), e.tokens.begin(), e.tokens.end());
-        EXPECT_NE(e.finish, Finish::Error) << e.error;
-      }
-      all = all && done[k];
-    }
-    if (all) break;
-    s.step();
-  }
-  if (t)
-    for (const auto& r : reqs) t->push_back(r->timings());
-  return out;
-}
 
 // Drafts the continuation of whichever known text (prompt + plain output) the history is a prefix of,
 // every third drafted token (counted over all jobs) wrong.
@@ -140,7 +106,7 @@ void concurrent_streams_keep_their_tokens(const std::string& spec, bool mtp = fa
   for (int k = 0; k < 4; ++k) {
     std::vector<int32_t> prompt;
     for (int i = 0; i < 40 + 9 * k; ++i) prompt.push_back((int32_t)((i < 35 ? i * 37 + 5 : i * 53 + k * 11) % n_vocab));  // a shared prefix
-    params.push_back(greedy(prompt, 24 + 3 * k));
+    params.push_back(greedy_request(prompt, 24 + 3 * k));
   }
   NoText text;
   std::vector<std::vector<int32_t>> want, texts;
@@ -148,7 +114,7 @@ void concurrent_streams_keep_their_tokens(const std::string& spec, bool mtp = fa
     auto engine = engine_for(model, 1, false);
     EngineRunner runner(*engine);
     Scheduler s(runner, text, SchedulerOptions{});
-    want.push_back(run(s, {s.submit(p)})[0]);
+    want.push_back(tokens_of(s, {s.submit(p)})[0]);
     std::vector<int32_t> t = p.prompt;
     t.insert(t.end(), want.back().begin(), want.back().end());
     texts.push_back(t);
@@ -170,17 +136,19 @@ void concurrent_streams_keep_their_tokens(const std::string& spec, bool mtp = fa
   std::vector<std::shared_ptr<Request>> reqs;
   for (const GenParams& p : params) reqs.push_back(s.submit(p));
   std::vector<Timings> t;
-  EXPECT_EQ(run(s, reqs, &t), want);
+  EXPECT_EQ(tokens_of(s, reqs, &t), want);
   int drafted = 0, accepted = 0;
   for (const Timings& x : t) {
     drafted += x.draft_n;
     accepted += x.draft_n_accepted;
   }
   EXPECT_GT(drafted, 0);
-  if (!mtp) EXPECT_GT(accepted, 0);
+  if (!mtp) {
+    EXPECT_GT(accepted, 0);
+  }
   EXPECT_LT(accepted, drafted) << "some drafts should have been rejected";
   // A repeated prompt after the others: resumes from a snapshot, drafts, same tokens.
-  EXPECT_EQ(run(s, {s.submit(params[2])})[0], want[2]);
+  EXPECT_EQ(tokens_of(s, {s.submit(params[2])})[0], want[2]);
   EXPECT_LE(runner.most, (mtp ? 3 : 4) + 1) << "a sequence's rows in a step stay within --draft-max + 1";
   EXPECT_GT(runner.with_replay, 0) << "no step fed accepted tokens again beside new drafts";
 }

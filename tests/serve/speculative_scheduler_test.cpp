@@ -10,9 +10,11 @@
 #include "serve/grammar.h"
 #include "serve/metrics.h"
 #include "serve/scheduler.h"
+#include "scheduler_runs.h"
 
 using namespace roofline;
 using namespace roofline::serve;
+using roofline::serve::test::step_until_done;
 
 namespace {
 
@@ -58,37 +60,24 @@ struct Outcome {
 
 std::vector<Outcome> run(Scheduler& s, const std::vector<std::shared_ptr<Request>>& reqs) {
   std::vector<Outcome> out(reqs.size());
-  std::vector<bool> done(reqs.size(), false);
-  for (int step = 0; step < 20000; ++step) {
-    bool all = true;
-    for (size_t k = 0; k < reqs.size(); ++k) {
-      if (done[k]) continue;
-      std::vector<Event> events;
-      done[k] = reqs[k]->poll(events, std::chrono::milliseconds(0));
-      for (Event& e : events) {
-        EXPECT_NE(e.finish, Finish::Error) << e.error;
-        if (e.choice > 0) {
-          auto& o = out[k].other_choices;
-          if ((int)o.size() < e.choice) o.resize(e.choice);
-          o[e.choice - 1].insert(o[e.choice - 1].end(), e.tokens.begin(), e.tokens.end());
-          continue;
-        }
-        out[k].tokens.insert(out[k].tokens.end(), e.tokens.begin(), e.tokens.end());
-        out[k].tokens_per_event.push_back(e.tokens.size());
-        out[k].text += e.text;
-        if (e.finish != Finish::None) {
-          EXPECT_EQ(out[k].finish, Finish::None) << "a second finish event";
-          out[k].finish = e.finish;
-          out[k].stop_word = e.stop_word;
-        }
-      }
-      if (done[k]) out[k].timings = reqs[k]->timings();
-      all = all && done[k];
+  auto on_event = [&](size_t k, Event& e) {
+    EXPECT_NE(e.finish, Finish::Error) << e.error;
+    if (e.choice > 0) {
+      auto& o = out[k].other_choices;
+      if ((int)o.size() < e.choice) o.resize(e.choice);
+      o[e.choice - 1].insert(o[e.choice - 1].end(), e.tokens.begin(), e.tokens.end());
+      return;
     }
-    if (all) return out;
-    s.step();
-  }
-  ADD_FAILURE() << "requests did not finish";
+    out[k].tokens.insert(out[k].tokens.end(), e.tokens.begin(), e.tokens.end());
+    out[k].tokens_per_event.push_back(e.tokens.size());
+    out[k].text += e.text;
+    if (e.finish != Finish::None) {
+      EXPECT_EQ(out[k].finish, Finish::None) << "a second finish event";
+      out[k].finish = e.finish;
+      out[k].stop_word = e.stop_word;
+    }
+  };
+  step_until_done(s, reqs, on_event, 20000, [&](size_t k) { out[k].timings = reqs[k]->timings(); });
   return out;
 }
 
@@ -158,14 +147,18 @@ TEST(SpeculativeSchedulerTest, ConcurrentSlotsWithDraftsMatchEachAlone) {
       accepted += got[k].timings.draft_n_accepted;
     }
     EXPECT_GT(drafted, 0);
-    if (std::string(draft_spec) == "tiny-qwen3:Q4_K_M") EXPECT_EQ(accepted, drafted) << "the target as its own draft";
-    else EXPECT_LT(accepted, drafted);
+    if (std::string(draft_spec) == "tiny-qwen3:Q4_K_M") {
+      EXPECT_EQ(accepted, drafted) << "the target as its own draft";
+    } else {
+      EXPECT_LT(accepted, drafted);
+    }
     const std::string m = metrics.render(LiveGauges{});
     EXPECT_NE(m.find("llamacpp:spec_decode_num_draft_tokens_total " + std::to_string(drafted)), std::string::npos) << m;
     EXPECT_NE(m.find("llamacpp:spec_decode_num_accepted_tokens_total " + std::to_string(accepted)), std::string::npos) << m;
     EXPECT_NE(m.find("llamacpp:spec_decode_num_drafts_total"), std::string::npos);
-    if (accepted > 0)
+    if (accepted > 0) {
       EXPECT_NE(m.find("llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} "), std::string::npos) << m;
+    }
   }
 }
 
