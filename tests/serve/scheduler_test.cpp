@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fake_runner.h"
+#include "scheduler_runs.h"
 #include "serve/grammar.h"
 #include "serve/scheduler.h"
 
@@ -19,6 +20,7 @@ using namespace roofline;
 using namespace roofline::serve;
 using roofline::serve::test::FakeRunner;
 using roofline::serve::test::FakeText;
+using roofline::serve::test::greedy_request;
 
 namespace {
 
@@ -73,18 +75,6 @@ std::vector<Outcome> run_all(Scheduler& s, const std::vector<std::shared_ptr<Req
   return out;
 }
 
-GenParams greedy(std::vector<int32_t> prompt, int max_tokens, std::string id = "r") {
-  GenParams p;
-  p.id = std::move(id);
-  p.prompt = std::move(prompt);
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  p.sampling.top_k = 0;
-  p.sampling.top_p = 1;
-  p.sampling.min_p = 0;
-  return p;
-}
-
 std::vector<int32_t> prompt_of(int n, int salt) {
   std::vector<int32_t> t;
   for (int i = 0; i < n; ++i) t.push_back((int32_t)(1 + (i * 7 + salt * 13) % 60));
@@ -122,7 +112,7 @@ TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
   FakeRunner runner;
   FakeText text;
   Scheduler s(runner, text, {});
-  auto r = s.submit(greedy(prompt_of(10, 1), 6));
+  auto r = s.submit(greedy_request(prompt_of(10, 1), 6));
   auto out = run_all(s, {r}, {1});
   ASSERT_EQ(out[0].tokens[0].size(), 6u);
   EXPECT_EQ(out[0].finish[0], Finish::Length);
@@ -137,7 +127,7 @@ TEST(SchedulerTest, GreedyRequestRunsToMaxTokensAndFreesItsBlocks) {
 
 TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
   const int n = 9;
-  auto params = [](int i) { return greedy(prompt_of(3 + i * 5, i), 12); };
+  auto params = [](int i) { return greedy_request(prompt_of(3 + i * 5, i), 12); };
   const auto alone = tokens_alone(params, n);
   // All together: 4 slots, small batch so prompts are chunked and requests queue.
   FakeRunner runner(64, 128, 4, 8);
@@ -158,7 +148,7 @@ TEST(SchedulerTest, GreedyOutputAloneEqualsOutputUnderLoad) {
 // step's sampled rows are drawn together on the sampling pool (presample_rows), are its tokens alone.
 TEST(SchedulerTest, SeededSamplingAloneEqualsSamplingUnderLoad) {
   auto sampled = [](int i) {
-    GenParams p = greedy(prompt_of(3 + i * 5, i), 12, "s" + std::to_string(i));
+    GenParams p = greedy_request(prompt_of(3 + i * 5, i), 12, "s" + std::to_string(i));
     p.sampling.temperature = 0.7f + 0.1f * (float)(i % 3);
     p.sampling.top_k = i % 2 ? 40 : 0;
     p.sampling.top_p = 0.95f;
@@ -180,7 +170,7 @@ TEST(SchedulerTest, SeededSamplingAloneEqualsSamplingUnderLoad) {
 // (presample_rows), are a request's log-probabilities alone, bit for bit.
 TEST(SchedulerTest, LogprobsAloneEqualLogprobsUnderLoad) {
   auto params = [](int i) {
-    GenParams p = greedy(prompt_of(3 + i * 5, i), 8, "l" + std::to_string(i));
+    GenParams p = greedy_request(prompt_of(3 + i * 5, i), 8, "l" + std::to_string(i));
     if (i % 2) {
       p.sampling.temperature = 0.8f;
       p.sampling.seed = 50 + (uint64_t)i;
@@ -217,10 +207,10 @@ TEST(SchedulerTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   SchedulerOptions o;
   o.max_prefill_per_step = 8;
   Scheduler s(runner, text, o);
-  auto a = s.submit(greedy(prompt_of(4, 1), 40, "a"));
+  auto a = s.submit(greedy_request(prompt_of(4, 1), 40, "a"));
   for (int i = 0; i < 3; ++i) s.step();  // a is decoding
   const size_t before = runner.steps.size();
-  auto b = s.submit(greedy(prompt_of(100, 2), 4, "b"));
+  auto b = s.submit(greedy_request(prompt_of(100, 2), 4, "b"));
   auto out = run_all(s, {a, b}, {1, 1});
   // While b's 100-token prompt was prefilled (8 per step), every step also carried a's decode row.
   int prefill_steps = 0;
@@ -244,7 +234,7 @@ TEST(SchedulerTest, DecodeRowsRotateWhenTheBatchIsSmallerThanTheSlots) {
   o.n_slots = 4;
   Scheduler s(runner, text, o);
   std::vector<std::shared_ptr<Request>> reqs;
-  for (int i = 0; i < 4; ++i) reqs.push_back(s.submit(greedy(prompt_of(2, i), 30)));
+  for (int i = 0; i < 4; ++i) reqs.push_back(s.submit(greedy_request(prompt_of(2, i), 30)));
   std::vector<Outcome> out(4);
   auto counts = [&] {
     std::vector<int> c;
@@ -281,9 +271,9 @@ TEST(SchedulerTest, AdmissionWaitsForKvBlocks) {
   o.prompt_cache = false;
   Scheduler s(runner, text, o);
   // Each needs (8 + 8) / 4 = 4 blocks: two fit, the third waits.
-  auto a = s.submit(greedy(prompt_of(8, 1), 8));
-  auto b = s.submit(greedy(prompt_of(8, 2), 8));
-  auto c = s.submit(greedy(prompt_of(8, 3), 8));
+  auto a = s.submit(greedy_request(prompt_of(8, 1), 8));
+  auto b = s.submit(greedy_request(prompt_of(8, 2), 8));
+  auto c = s.submit(greedy_request(prompt_of(8, 3), 8));
   s.step();
   SchedulerStatus st = s.status();
   EXPECT_EQ(st.requests_processing, 2);
@@ -302,10 +292,10 @@ TEST(SchedulerTest, QueueFullIs503AndNeverFitsIs400) {
   o.n_slots = 1;
   o.queue_size = 1;
   Scheduler s(runner, text, o);
-  auto a = s.submit(greedy(prompt_of(4, 1), 4));
-  auto b = s.submit(greedy(prompt_of(4, 2), 4));
+  auto a = s.submit(greedy_request(prompt_of(4, 1), 4));
+  auto b = s.submit(greedy_request(prompt_of(4, 2), 4));
   try {
-    s.submit(greedy(prompt_of(4, 3), 4));
+    s.submit(greedy_request(prompt_of(4, 3), 4));
     FAIL() << "expected queue full";
   } catch (const SubmitError& e) {
     EXPECT_EQ(e.status, 503);
@@ -319,23 +309,23 @@ TEST(SchedulerTest, QueueFullIs503AndNeverFitsIs400) {
       EXPECT_EQ(e.status, 400) << what;
     }
   };
-  expect_400(greedy(prompt_of(32, 1), 4), "prompt as long as the context");
+  expect_400(greedy_request(prompt_of(32, 1), 4), "prompt as long as the context");
   {
     FakeRunner big_ctx(64, 8, 4, 32, 64);  // a sequence may reach 64 positions, the pool holds 32
     Scheduler s2(big_ctx, text, o);
-    EXPECT_THROW(s2.submit(greedy(prompt_of(20, 1), 100)), SubmitError);
+    EXPECT_THROW(s2.submit(greedy_request(prompt_of(20, 1), 100)), SubmitError);
     try {
-      s2.submit(greedy(prompt_of(20, 1), 100));
+      s2.submit(greedy_request(prompt_of(20, 1), 100));
     } catch (const SubmitError& e) {
       EXPECT_EQ(e.status, 400);
       EXPECT_EQ(e.code, "context_length_exceeded");
     }
   }
-  GenParams many = greedy(prompt_of(4, 1), 4);
+  GenParams many = greedy_request(prompt_of(4, 1), 4);
   many.n = 2;
   expect_400(many, "n beyond the slots");
-  expect_400(greedy({}, 4), "empty prompt");
-  expect_400(greedy({1, 2, 999}, 4), "token out of range");
+  expect_400(greedy_request({}, 4), "empty prompt");
+  expect_400(greedy_request({1, 2, 999}, 4), "token out of range");
   auto out = run_all(s, {a, b}, {1, 1});
   EXPECT_EQ(out[1].tokens[0].size(), 4u);
 }
@@ -346,8 +336,8 @@ TEST(SchedulerTest, CancelFreesTheSlotAtTheNextStep) {
   SchedulerOptions o;
   o.n_slots = 1;
   Scheduler s(runner, text, o);
-  auto a = s.submit(greedy(prompt_of(6, 1), 1000));
-  auto b = s.submit(greedy(prompt_of(6, 2), 3));
+  auto a = s.submit(greedy_request(prompt_of(6, 1), 1000));
+  auto b = s.submit(greedy_request(prompt_of(6, 2), 3));
   for (int i = 0; i < 5; ++i) s.step();
   EXPECT_EQ(s.status().queue_depth, 1);
   EXPECT_GT(runner.memory().used_blocks(), 0);
@@ -358,7 +348,7 @@ TEST(SchedulerTest, CancelFreesTheSlotAtTheNextStep) {
   EXPECT_EQ(out[1].tokens[0].size(), 3u);
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   // A queued request cancelled before admission never runs.
-  auto c = s.submit(greedy(prompt_of(6, 3), 3));
+  auto c = s.submit(greedy_request(prompt_of(6, 3), 3));
   c->cancel();
   auto out2 = run_all(s, {c}, {1});
   EXPECT_EQ(out2[0].finish[0], Finish::Cancelled);
@@ -376,18 +366,18 @@ TEST(SchedulerTest, PrefixReuseGivesTheSameOutputWithFewerPromptTokens) {
     SchedulerOptions o;
     o.prompt_cache = false;
     Scheduler s(runner, text, o);
-    expected = run_all(s, {s.submit(greedy(second, 10))}, {1})[0].tokens[0];
+    expected = run_all(s, {s.submit(greedy_request(second, 10))}, {1})[0].tokens[0];
   }
   FakeRunner runner;
   FakeText text;
   Scheduler s(runner, text, {});
-  run_all(s, {s.submit(greedy(first, 5))}, {1});
+  run_all(s, {s.submit(greedy_request(first, 5))}, {1});
   const size_t rows_before = [&] {
     size_t n = 0;
     for (auto& st : runner.steps) n += st.size();
     return n;
   }();
-  auto out = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  auto out = run_all(s, {s.submit(greedy_request(second, 10))}, {1});
   EXPECT_EQ(out[0].tokens[0], expected);
   EXPECT_EQ(out[0].timings.n_cached, 28);  // 7 full blocks of 4 shared with the first prompt
   size_t rows_after = 0;
@@ -395,7 +385,7 @@ TEST(SchedulerTest, PrefixReuseGivesTheSameOutputWithFewerPromptTokens) {
   EXPECT_EQ(rows_after - rows_before, (size_t)(39 - 28 + 9));  // prompt tail + 9 decode rows
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   // The same prompt again: everything but the last block's worth comes from the cache.
-  auto again = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  auto again = run_all(s, {s.submit(greedy_request(second, 10))}, {1});
   EXPECT_EQ(again[0].tokens[0], expected);
   EXPECT_EQ(again[0].timings.n_cached, 36);
 }
@@ -411,9 +401,9 @@ TEST(SchedulerTest, ConcurrentRequestsShareACommonPrefix) {
     p.push_back((int32_t)(20 + k));
     return p;
   };
-  auto first = s.submit(greedy(with_suffix(0), 30));
+  auto first = s.submit(greedy_request(with_suffix(0), 30));
   s.step();  // the first prompt is prefilled and its blocks indexed
-  auto second = s.submit(greedy(with_suffix(1), 30));
+  auto second = s.submit(greedy_request(with_suffix(1), 30));
   auto out = run_all(s, {first, second}, {1, 1});
   EXPECT_EQ(out[1].timings.n_cached, 24);
   EXPECT_EQ(runner.memory().used_blocks(), 0);
@@ -425,7 +415,7 @@ TEST(SchedulerTest, ForkedChoicesShareThePromptAndFinishIndependently) {
   SchedulerOptions o;
   o.n_slots = 4;
   Scheduler s(runner, text, o);
-  GenParams p = greedy(prompt_of(10, 4), 7);
+  GenParams p = greedy_request(prompt_of(10, 4), 7);
   p.n = 3;
   auto r = s.submit(p);
   auto out = run_all(s, {r}, {3});
@@ -439,7 +429,7 @@ TEST(SchedulerTest, ForkedChoicesShareThePromptAndFinishIndependently) {
   auto sampled = [&] {
     FakeRunner rr;
     Scheduler ss(rr, text, o);
-    GenParams q = greedy(prompt_of(10, 4), 12);
+    GenParams q = greedy_request(prompt_of(10, 4), 12);
     q.n = 3;
     q.sampling.temperature = 5.0f;
     q.sampling.seed = 42;
@@ -458,7 +448,7 @@ TEST(SchedulerTest, StopStringsMatchAcrossTokenBoundaries) {
   int next = 0;
   runner.next_token = [&next](const std::vector<int32_t>&) { return (int32_t)(1 + (next++ % 6)); };
   Scheduler s(runner, text, {});
-  GenParams p = greedy({7, 8}, 20);
+  GenParams p = greedy_request({7, 8}, 20);
   p.stop = {"lo w", "xyz"};
   auto out = run_all(s, {s.submit(p)}, {1});
   EXPECT_EQ(out[0].text[0], "hel");
@@ -468,11 +458,11 @@ TEST(SchedulerTest, StopStringsMatchAcrossTokenBoundaries) {
   // End of generation stops without printing the token; ignore_eos keeps going.
   next = 0;
   text.eog = 3;
-  auto eos = run_all(s, {s.submit(greedy({7, 9}, 20))}, {1});
+  auto eos = run_all(s, {s.submit(greedy_request({7, 9}, 20))}, {1});
   EXPECT_EQ(eos[0].text[0], "hell");
   EXPECT_EQ(eos[0].finish[0], Finish::Eos);
   next = 0;
-  GenParams ig = greedy({7, 10}, 5);
+  GenParams ig = greedy_request({7, 10}, 5);
   ig.ignore_eos = true;
   auto ign = run_all(s, {s.submit(ig)}, {1});
   EXPECT_EQ(ign[0].tokens[0].size(), 5u);
@@ -483,7 +473,7 @@ TEST(SchedulerTest, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
   FakeRunner runner(16);
   FakeText text;
   Scheduler s(runner, text, {});
-  GenParams p = greedy({3, 4, 5}, 3);
+  GenParams p = greedy_request({3, 4, 5}, 3);
   p.logprobs = 4;
   auto out = run_all(s, {s.submit(p)}, {1});
   ASSERT_EQ(out[0].logprobs[0].size(), 3u);
@@ -508,8 +498,8 @@ TEST(SchedulerTest, UnlimitedRequestsStopWithLengthWhenThePoolRunsOut) {
   o.n_slots = 2;
   o.prompt_cache = false;
   Scheduler s(runner, text, o);
-  auto a = s.submit(greedy(prompt_of(4, 1), -1));
-  auto b = s.submit(greedy(prompt_of(4, 2), -1));
+  auto a = s.submit(greedy_request(prompt_of(4, 1), -1));
+  auto b = s.submit(greedy_request(prompt_of(4, 2), -1));
   auto out = run_all(s, {a, b}, {1, 1});
   EXPECT_EQ(out[0].finish[0], Finish::Length);
   EXPECT_EQ(out[1].finish[0], Finish::Length);
@@ -527,12 +517,12 @@ TEST(SchedulerTest, AStepFailureFailsItsRequestsAndTheSchedulerGoesOn) {
   FakeRunner runner;
   FakeText text;
   Scheduler s(runner, text, {});
-  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  auto a = s.submit(greedy_request(prompt_of(5, 1), 5));
   runner.fail_next_step = true;
   auto out = run_all(s, {a}, {1});
   EXPECT_EQ(out[0].finish[0], Finish::Error);
   EXPECT_EQ(runner.memory().used_blocks(), 0);
-  auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
+  auto b = run_all(s, {s.submit(greedy_request(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
   EXPECT_EQ(s.device_fault(), "");  // an ordinary failure is not sticky
 }
@@ -544,14 +534,14 @@ TEST(SchedulerTest, AFailedInternalCheckFailsItsRequestsAndTheSchedulerGoesOn) {
   FakeRunner runner;
   FakeText text;
   Scheduler s(runner, text, {});
-  auto a = s.submit(greedy(prompt_of(5, 1), 5));
+  auto a = s.submit(greedy_request(prompt_of(5, 1), 5));
   runner.bad_output_next_step = true;
   auto out = run_all(s, {a}, {1});
   EXPECT_EQ(out[0].finish[0], Finish::Error);
   EXPECT_NE(out[0].error.find("internal error"), std::string::npos) << out[0].error;
   EXPECT_EQ(runner.memory().used_blocks(), 0);
   EXPECT_EQ(s.device_fault(), "");
-  auto b = run_all(s, {s.submit(greedy(prompt_of(5, 1), 5))}, {1});
+  auto b = run_all(s, {s.submit(greedy_request(prompt_of(5, 1), 5))}, {1});
   EXPECT_EQ(b[0].finish[0], Finish::Length);
   EXPECT_EQ(b[0].tokens[0].size(), 5u);
 }
@@ -564,15 +554,15 @@ TEST(SchedulerTest, AStickyDeviceFaultFailsEverythingAndRefusesNewRequests) {
   SchedulerOptions o;
   o.n_slots = 1;
   Scheduler s(runner, text, o);
-  auto a = s.submit(greedy(prompt_of(5, 1), 5));
-  auto waiting = s.submit(greedy(prompt_of(5, 2), 5));
+  auto a = s.submit(greedy_request(prompt_of(5, 1), 5));
+  auto waiting = s.submit(greedy_request(prompt_of(5, 2), 5));
   runner.device_fault_next_step = true;
   auto out = run_all(s, {a, waiting}, {1, 1});
   EXPECT_EQ(out[0].finish[0], Finish::Error);
   EXPECT_EQ(out[1].finish[0], Finish::Error);
   EXPECT_NE(s.device_fault().find("cudaErrorIllegalAddress"), std::string::npos);
   try {
-    s.submit(greedy(prompt_of(5, 3), 5));
+    s.submit(greedy_request(prompt_of(5, 3), 5));
     ADD_FAILURE() << "submit after a device fault was accepted";
   } catch (const SubmitError& e) {
     EXPECT_EQ(e.status, 503);
@@ -623,18 +613,18 @@ TEST(SchedulerTest, GreedyRowsUseTheStepsArgmaxAndOthersTheirLogits) {
   };
   int argmax_rows = 0, logit_rows = 0;
   // Greedy: every token (the first one after the prompt too) is the step's pick, no logits needed.
-  const Outcome greedy_out = run(true, greedy(prompt_of(9, 2), 8), &argmax_rows, &logit_rows);
-  EXPECT_EQ(greedy_out.tokens[0], run(false, greedy(prompt_of(9, 2), 8)).tokens[0]);
+  const Outcome greedy_out = run(true, greedy_request(prompt_of(9, 2), 8), &argmax_rows, &logit_rows);
+  EXPECT_EQ(greedy_out.tokens[0], run(false, greedy_request(prompt_of(9, 2), 8)).tokens[0]);
   EXPECT_EQ(greedy_out.tokens[0].size(), 8u);
   EXPECT_EQ(argmax_rows, 8);
   EXPECT_EQ(logit_rows, 0);
   // Sampled, penalized or with logprobs: the logits come back and the host picks.
-  GenParams sampled = greedy(prompt_of(9, 2), 6);
+  GenParams sampled = greedy_request(prompt_of(9, 2), 6);
   sampled.sampling.temperature = 0.9f;
   sampled.sampling.seed = 7;
-  GenParams penalized = greedy(prompt_of(9, 2), 6);
+  GenParams penalized = greedy_request(prompt_of(9, 2), 6);
   penalized.sampling.repeat_penalty = 1.3f;
-  GenParams with_logprobs = greedy(prompt_of(9, 2), 6);
+  GenParams with_logprobs = greedy_request(prompt_of(9, 2), 6);
   with_logprobs.logprobs = 2;
   for (const GenParams& p : {sampled, penalized, with_logprobs}) {
     const Outcome o = run(true, p, &argmax_rows, &logit_rows);
@@ -645,7 +635,7 @@ TEST(SchedulerTest, GreedyRowsUseTheStepsArgmaxAndOthersTheirLogits) {
   // Greedy under a grammar (vowels only): after the first token (picked on the host from the prompt's
   // logits), each step picks the best token the grammar's mask allows where the logits are; the same
   // tokens as the host's constrained sampling, all of them allowed.
-  GenParams vowels = greedy(prompt_of(9, 2), 7);
+  GenParams vowels = greedy_request(prompt_of(9, 2), 7);
   vowels.grammar = Grammar::parse("root ::= [aeiou]+");
   const Outcome v_dev = run(true, vowels, &argmax_rows, &logit_rows);
   EXPECT_EQ(v_dev.tokens[0], run(false, vowels).tokens[0]);
@@ -663,7 +653,7 @@ TEST(SchedulerTest, EventsOfAStepAreMadeWhileTheNextRuns) {
     DeviceArgmaxRunner runner;
     FakeText text;
     Scheduler s(runner, text, {});
-    GenParams p = greedy(prompt_of(6, 3), 10);
+    GenParams p = greedy_request(prompt_of(6, 3), 10);
     if (with_stop) p.stop = {"no such text"};
     auto r = s.submit(p);
     Outcome seen;
@@ -689,7 +679,7 @@ TEST(SchedulerTest, EventsOfAStepAreMadeWhileTheNextRuns) {
   int next = 0;
   runner.next_token = [&next](const std::vector<int32_t>&) { return (int32_t)(1 + (next++ % 3)); };
   Scheduler s(runner, text, {});
-  GenParams p = greedy({7, 8}, 20);
+  GenParams p = greedy_request({7, 8}, 20);
   p.stop = {"bc"};
   auto out = run_all(s, {s.submit(p)}, {1});
   EXPECT_EQ(out[0].text[0], "a");
@@ -719,7 +709,7 @@ TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
   std::vector<std::vector<int32_t>> got(16);
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
-      auto r = s.submit(greedy(prompt_of(5 + i, i), 10));
+      auto r = s.submit(greedy_request(prompt_of(5 + i, i), 10));
       std::vector<Event> ev;
       while (!r->poll(ev, std::chrono::milliseconds(50))) {
       }
@@ -738,7 +728,7 @@ TEST(SchedulerTest, ThreadedLoopServesConcurrentSubmitters) {
   s.stop(false);
   s.join();
   EXPECT_EQ(runner.memory().used_blocks(), 0);
-  EXPECT_THROW(s.submit(greedy(prompt_of(5, 1), 5)), SubmitError);
+  EXPECT_THROW(s.submit(greedy_request(prompt_of(5, 1), 5)), SubmitError);
 }
 
 // cancel() from another thread while the loop runs (as the HTTP threads do): the request ends with
@@ -753,8 +743,8 @@ TEST(SchedulerTest, CancelFromAnotherThreadWhileTheLoopRuns) {
   o.queue_size = 4;
   Scheduler s(runner, text, o);
   s.start();
-  auto a = s.submit(greedy(prompt_of(6, 1), 5000));
-  auto b = s.submit(greedy(prompt_of(6, 2), 3));
+  auto a = s.submit(greedy_request(prompt_of(6, 1), 5000));
+  auto b = s.submit(greedy_request(prompt_of(6, 2), 3));
   std::vector<int32_t> a_tokens;
   Finish a_finish = Finish::None;
   std::atomic<uint64_t> steps_at_cancel{0};
@@ -803,7 +793,7 @@ TEST(SchedulerTest, RecurrentStatesUnderLoadWithForks) {
     FakeRunner runner(64, 64, 4, 32, 0, rec);
     FakeText text;
     Scheduler s(runner, text, {});
-    alone.push_back(run_all(s, {s.submit(greedy(prompt_of(3 + i * 7, i), 10))}, {1})[0].tokens[0]);
+    alone.push_back(run_all(s, {s.submit(greedy_request(prompt_of(3 + i * 7, i), 10))}, {1})[0].tokens[0]);
   }
   FakeRunner runner(64, 128, 4, 8, 0, rec);
   FakeText text;
@@ -813,7 +803,7 @@ TEST(SchedulerTest, RecurrentStatesUnderLoadWithForks) {
   std::vector<std::shared_ptr<Request>> reqs;
   std::vector<int> choices;
   for (int i = 0; i < n; ++i) {
-    GenParams p = greedy(prompt_of(3 + i * 7, i), 10);
+    GenParams p = greedy_request(prompt_of(3 + i * 7, i), 10);
     p.n = i == 2 ? 2 : 1;  // one request forks its sequence (and its state)
     choices.push_back(p.n);
     reqs.push_back(s.submit(p));
@@ -837,13 +827,13 @@ TEST(SchedulerTest, RecurrentPrefixReuseResumesOnlyFromKeptStates) {
     SchedulerOptions o;
     o.prompt_cache = false;
     Scheduler s(runner, text, o);
-    expected = run_all(s, {s.submit(greedy(second, 10))}, {1})[0].tokens[0];
+    expected = run_all(s, {s.submit(greedy_request(second, 10))}, {1})[0].tokens[0];
     EXPECT_EQ(runner.state_copies, 0) << "no snapshots without prompt caching";
   }
   FakeRunner runner(64, 64, 4, 32, 0, rec);
   FakeText text;
   Scheduler s(runner, text, {});
-  run_all(s, {s.submit(greedy(first, 5))}, {1});
+  run_all(s, {s.submit(greedy_request(first, 5))}, {1});
   // The 37-token prompt ran as chunks ending at 32 and 36 (block boundaries), then its last token.
   std::vector<size_t> chunk_rows;
   for (const auto& st : runner.steps) chunk_rows.push_back(st.size());
@@ -852,11 +842,11 @@ TEST(SchedulerTest, RecurrentPrefixReuseResumesOnlyFromKeptStates) {
   EXPECT_EQ(chunk_rows[1], 4u);
   EXPECT_EQ(chunk_rows[2], 1u);
   // The second prompt shares 30 tokens (7 full blocks) but no state was kept inside them: no reuse.
-  auto out = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  auto out = run_all(s, {s.submit(greedy_request(second, 10))}, {1});
   EXPECT_EQ(out[0].tokens[0], expected);
   EXPECT_EQ(out[0].timings.n_cached, 0);
   // The same prompt again resumes from the state kept at 36.
-  auto again = run_all(s, {s.submit(greedy(second, 10))}, {1});
+  auto again = run_all(s, {s.submit(greedy_request(second, 10))}, {1});
   EXPECT_EQ(again[0].tokens[0], expected);
   EXPECT_EQ(again[0].timings.n_cached, 36);
   EXPECT_EQ(runner.memory().used_blocks(), 0);

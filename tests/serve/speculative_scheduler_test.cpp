@@ -14,6 +14,7 @@
 
 using namespace roofline;
 using namespace roofline::serve;
+using roofline::serve::test::greedy_request;
 using roofline::serve::test::step_until_done;
 
 namespace {
@@ -37,15 +38,9 @@ std::unique_ptr<Engine> engine_for(std::shared_ptr<const Model> model) {
 std::shared_ptr<const Model> load(const std::string& spec) { return Model::load(open_model_file("synthetic:" + spec)); }
 
 GenParams request(int salt, int max_tokens, int n_vocab) {
-  GenParams p;
-  p.id = "r" + std::to_string(salt);
-  for (int i = 0; i < 20 + 7 * salt; ++i) p.prompt.push_back((i * 53 + 11 * salt + 3) % n_vocab);
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0;
-  p.sampling.top_k = 0;
-  p.sampling.top_p = 1;
-  p.sampling.min_p = 0;
-  return p;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20 + 7 * salt; ++i) prompt.push_back((i * 53 + 11 * salt + 3) % n_vocab);
+  return greedy_request(std::move(prompt), max_tokens, "r" + std::to_string(salt));
 }
 
 struct Outcome {
