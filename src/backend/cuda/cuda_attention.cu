@@ -2,7 +2,7 @@
 // flash-decoding kernel, and prefill attention for runs of prompt rows (one tensor-core launch per run
 // for f16 caches, cuda_flash_prefill.cu; otherwise cuBLAS over tiles of keys). Each decode CTA
 // takes one row, one KV head (the group's query heads share every K/V read; at short depth two of them,
-// attention_head_parts) and one span of keys (32-128, by the row's depth), with an online softmax over
+// attention_head_parts) and one span of keys (32-128 by the row's depth, or up to ROOFLINE_ATTN_MAX_SPAN), with an online softmax over
 // tiles of 128 keys; the spans are merged by a second kernel in a fixed order, so results are
 // deterministic; that kernel can also write the int8 form of the output that the attention output
 // matrix reads.
@@ -632,7 +632,7 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep 
   if (live) {
     const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
     const int split_len = step.header[kStepSplitLen] > 0 ? step.header[kStepSplitLen]
-                                                        : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits]);
+                                                        : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits], step.header[kStepMaxSpan]);
     n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   }
   wait_for_previous_kernel();
@@ -881,7 +881,7 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
   return false;
 }
 
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int prefill_min_keys) {
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int max_span, int prefill_min_keys) {
   // Decode-sized steps (the bucketed ones, up to 8 rows): each row takes the span attention_span gives
   // its depth, so a row's result does not depend on its batch-mates. Larger steps take spans of at
   // least 128 keys from 33 rows on (enough CTAs without the short spans: measured on an H200,
@@ -897,7 +897,7 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span,
   if (n > 8) {
     if (n > 32) plan.min_span = 128;
     int need = 1;
-    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits));
+    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits, max_span));
     if ((int64_t)n * need <= 8 * (int64_t)max_splits) {
       plan.splits = need;
     } else {
@@ -909,7 +909,7 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span,
   plan.grid_splits = plan.splits;
   if (n <= 8) {
     int need = 1;
-    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits));
+    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits, max_span));
     while (plan.grid_splits / 2 >= need) plan.grid_splits /= 2;
   }
   // Runs of at least kMinPrefillRun consecutive rows of one sequence that reach prefill_min_keys keys go

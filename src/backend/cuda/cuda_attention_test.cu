@@ -134,6 +134,7 @@ StepOnDevice upload_step(DeviceArena& arena, const StepDesc& st, int n_pad, cons
   h[kStepSplitLen] = plan.split_len;
   h[kStepMinSpan] = plan.min_span;
   h[kStepSpanSplits] = span_splits;
+  h[kStepMaxSpan] = attention_max_span();
   int* positions = h.data() + kStepHeaderInts;
   int* row_seq = positions + n_pad;
   int* tables = row_seq + n_pad;
@@ -217,9 +218,9 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   rig.n_pad = decode_bucket(n);
   int n_ctx = 1;
   for (int p : st.positions) n_ctx = std::max(n_ctx, p + 1);
-  const int min_span = attention_min_span(), span_splits = attention_span_splits();
+  const int min_span = attention_min_span(), span_splits = attention_span_splits(), max_span = attention_max_span();
   rig.max_splits = attention_max_splits(n_ctx, min_span, span_splits);
-  rig.plan = plan_attention(st, rig.max_splits, min_span, span_splits,
+  rig.plan = plan_attention(st, rig.max_splits, min_span, span_splits, max_span,
                             prefill_min_keys(flash_prefill_fits(c.type_k, c.type_v, s.head_dim_k, s.head_dim_v)));
   const int q_dim = s.n_head * s.head_dim_k, o_dim = s.n_head * s.head_dim_v;
   const int kv_dim = std::max(s.n_head_kv * s.head_dim_k, s.n_head_kv * s.head_dim_v);

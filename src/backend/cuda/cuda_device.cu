@@ -95,6 +95,14 @@ int prefill_min_keys(bool flash) {
   return keys > 0 ? keys : flash ? kMinPrefillRun : kMinPrefillKeys;
 }
 
+int attention_max_span() {
+  const char* env = std::getenv("ROOFLINE_ATTN_MAX_SPAN");
+  const int v = env ? std::atoi(env) : 128;
+  for (int s : {128, 256, 512, 1024})
+    if (v == s) return v;
+  return 128;
+}
+
 int attention_min_span() {
   const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
   const int v = env ? std::atoi(env) : 32;

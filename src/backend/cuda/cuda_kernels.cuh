@@ -264,11 +264,12 @@ void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, i
                 cudaStream_t stream);
 // Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
 // get short spans (min_span, a power of two <= 128) so more CTAs share their keys, doubled while a row
-// would need more than `splits` splits, up to 128. It depends on the row alone, so a row's result does
-// not depend on its batch-mates.
-__host__ __device__ inline int attention_span(int n_keys, int min_span, int splits) {
+// would need more than `splits` splits, up to max_span (a power of two; 128, or ROOFLINE_ATTN_MAX_SPAN;
+// 0 means 128). It depends on the row alone, so a row's result does not depend on its batch-mates.
+__host__ __device__ inline int attention_span(int n_keys, int min_span, int splits, int max_span) {
+  const int cap = max_span > 0 ? max_span : 128;
   int span = min_span;
-  while (span < 128 && n_keys > splits * span) span *= 2;
+  while (span < cap && n_keys > splits * span) span *= 2;
   return span;
 }
 // The most splits a row of a context of n_ctx positions takes (the split kernel's grid and the partial
@@ -279,8 +280,8 @@ __host__ __device__ inline int attention_max_splits(int n_ctx, int min_span, int
   return a > b ? (a > 1 ? a : 1) : (b > 1 ? b : 1);
 }
 // Splits a row of n_keys keys needs (header[kStepSplitLen] == 0).
-__host__ __device__ inline int attention_splits(int n_keys, int min_span, int splits) {
-  const int span = attention_span(n_keys, min_span, splits);
+__host__ __device__ inline int attention_splits(int n_keys, int min_span, int splits, int max_span) {
+  const int span = attention_span(n_keys, min_span, splits, max_span);
   return (n_keys + span - 1) / span;
 }
 // Causal attention over each row's cached positions (the last kv.window of them on sliding layers), split over the KV length (step header[kStepSplitLen] keys per
@@ -368,6 +369,6 @@ struct AttentionPlan {
   std::vector<PrefillRun> runs;
   std::vector<int> split_rows;  // with runs: the rows the split kernel takes
 };
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int prefill_min_keys);
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int max_span, int prefill_min_keys);
 
 }  // namespace roofline::cuda

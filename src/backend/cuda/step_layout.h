@@ -17,6 +17,7 @@ enum StepHeader : int {
   kStepSplitLen = 2,    // decode attention's keys per split (0: each row's own, attention_span)
   kStepMinSpan = 3,     // the shortest span attention_span gives
   kStepSpanSplits = 4,  // splits per row before attention_span's spans double
+  kStepMaxSpan = 5,     // the longest span attention_span gives (0: 128)
   kStepHeaderInts = 8,
 };
 
