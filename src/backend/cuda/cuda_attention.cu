@@ -2,8 +2,8 @@
 // flash-decoding kernel, and prefill attention for runs of prompt rows (one tensor-core launch per run
 // for f16 caches, cuda_flash_prefill.cu; otherwise cuBLAS over tiles of keys). Each decode CTA
 // takes one row, one KV head (the group's query heads share every K/V read; at short depth two of them,
-// attention_head_parts) and one span of keys (32-128 by the row's depth, or up to ROOFLINE_ATTN_MAX_SPAN), with an online softmax over
-// tiles of 128 keys; the spans are merged by a second kernel in a fixed order, so results are
+// attention_head_parts) and one span of keys (32-128 by the row's depth, or up to ROOFLINE_ATTN_MAX_SPAN),
+// with an online softmax over tiles of 128 keys; the spans are merged by a second kernel in a fixed order, so results are
 // deterministic; that kernel can also write the int8 form of the output that the attention output
 // matrix reads.
 #include <algorithm>
