@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
@@ -95,21 +96,18 @@ int prefill_min_keys(bool flash) {
   return keys > 0 ? keys : flash ? kMinPrefillRun : kMinPrefillKeys;
 }
 
-int attention_max_span() {
-  const char* env = std::getenv("ROOFLINE_ATTN_MAX_SPAN");
-  const int v = env ? std::atoi(env) : 128;
-  for (int s : {128, 256, 512, 1024})
+// A span setting: the environment variable's value where it is one of `allowed`, else the default.
+static int span_setting(const char* name, int fallback, std::initializer_list<int> allowed) {
+  const char* env = std::getenv(name);
+  const int v = env ? std::atoi(env) : fallback;
+  for (int s : allowed)
     if (v == s) return v;
-  return 128;
+  return fallback;
 }
 
-int attention_min_span() {
-  const char* env = std::getenv("ROOFLINE_ATTN_MIN_SPAN");
-  const int v = env ? std::atoi(env) : 32;
-  for (int s : {16, 32, 64, 128})
-    if (v == s) return v;
-  return 32;
-}
+int attention_max_span() { return span_setting("ROOFLINE_ATTN_MAX_SPAN", 128, {128, 256, 512, 1024}); }
+
+int attention_min_span() { return span_setting("ROOFLINE_ATTN_MIN_SPAN", 32, {16, 32, 64, 128}); }
 
 }  // namespace cuda
 
