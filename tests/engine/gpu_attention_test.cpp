@@ -180,11 +180,11 @@ TEST(GpuAttention, DecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   const SplitKernelOnly split_kernel;
   // Keys 1, 20 (one split), 701 (22 spans of 32), 2101 (spans of 128 after doubling), then two rows of
-  // one sequence at 4998 and 4999 keys (40 spans of 128); or, all short, 1021 and 1022 keys.
+  // one sequence at 4998 and 4999 keys (40 spans of 128), 9301 keys (37 spans of 256); or, all short, 1021 and 1022 keys.
   // A step of short rows only (at most 1024 keys: the split kernel's CTAs take parts of each KV head's
   // query heads, AttentionPlan::split_heads) and one with deep rows (whole groups).
   for (const std::vector<std::pair<int, int>>& seqs : {std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {1020, 2}},
-                                                       std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}}})
+                                                       std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}, {9300, 1}}})
   for (const GpuAttentionShape& s : Shapes())
     for (auto [tk, tv] : KvTypes())
       for (int window : {0, 300}) {
@@ -233,13 +233,13 @@ TEST(GpuAttention, ShortRowsGiveTheSameBitsWithAndWithoutHeadParts) {
     }
 }
 
-// The tensor-core decode kernel (cuda_flash_decode.cu, f16 caches): rows of 1 to 5000 keys (one split to 40
-// spans of 128, blocks of 64 keys cut by the span's end), groups of 1 to 12 query heads, head dims 64 to 256,
+// The tensor-core decode kernel (cuda_flash_decode.cu, f16 caches): rows of 1 to 16701 keys (one split to 40
+// spans of 128, 37 of 256, 33 of 512; blocks of 64 keys cut by the span's end), groups of 1 to 12 query heads, head dims 64 to 256,
 // full and sliding-window layers, against the float64 reference to f16 rounding; and a row's bits alone as in
 // its step.
 TEST(GpuAttention, FlashDecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
-  const std::vector<std::pair<int, int>> seqs = {{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}};
+  const std::vector<std::pair<int, int>> seqs = {{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}, {9300, 1}, {16700, 1}};
   for (int buffers : {1, 2})  // the staging buffers (heads of 256 always take one)
   for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{4, 2, 256, 256},
                                      GpuAttentionShape{6, 2, 96, 96}, GpuAttentionShape{64, 8, 128, 128}, GpuAttentionShape{2, 2, 128, 128}})

@@ -102,7 +102,8 @@ int code_arch();
 int sm_count();
 // Tunables of attention_span, read when a backend is created: the shortest span of keys per split
 // (32, or ROOFLINE_ATTN_MIN_SPAN: 16-128), the splits per row before spans double (32, or
-// ROOFLINE_ATTN_SPLITS: 8-512) and the longest span (128, or ROOFLINE_ATTN_MAX_SPAN: 128-1024).
+// ROOFLINE_ATTN_SPLITS: 8-512; twice that for spans of 128 and more) and the longest span (512, or
+// ROOFLINE_ATTN_MAX_SPAN: 128-1024).
 int attention_min_span();
 int attention_span_splits();
 int attention_max_span();

@@ -105,7 +105,7 @@ static int span_setting(const char* name, int fallback, std::initializer_list<in
   return fallback;
 }
 
-int attention_max_span() { return span_setting("ROOFLINE_ATTN_MAX_SPAN", 128, {128, 256, 512, 1024}); }
+int attention_max_span() { return span_setting("ROOFLINE_ATTN_MAX_SPAN", 512, {128, 256, 512, 1024}); }
 
 int attention_min_span() { return span_setting("ROOFLINE_ATTN_MIN_SPAN", 32, {16, 32, 64, 128}); }
 
