@@ -29,7 +29,7 @@ TEST(StepLayout, RegionsFollowEachOtherAndFitTheCapacity) {
         EXPECT_EQ(l.capacity, regions.back().first + regions.back().second);
         EXPECT_EQ(l.dn_count % 4, 0) << "DeltaNet count not 16-byte aligned";
         EXPECT_EQ(l.dn_records % 4, 0) << "DeltaNet records not 16-byte aligned";
-        EXPECT_GE(kStepHeaderInts, kStepMaxSpan + 1) << "the header holds every StepHeader int";
+        EXPECT_GE(kStepHeaderInts, kStepLongSplits + 1) << "the header holds every StepHeader int";
       }
 }
 

@@ -631,8 +631,7 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep 
   int n_splits = 0;
   if (live) {
     const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
-    const int split_len = step.header[kStepSplitLen] > 0 ? step.header[kStepSplitLen]
-                                                        : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits], step.header[kStepMaxSpan]);
+    const int split_len = row_split_len(step, n_keys);
     n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
   }
   wait_for_previous_kernel();
@@ -881,7 +880,7 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
   return false;
 }
 
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int max_span, int prefill_min_keys) {
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, const AttentionSpans& spans, int prefill_min_keys) {
   // Decode-sized steps (the bucketed ones, up to 8 rows): each row takes the span attention_span gives
   // its depth, so a row's result does not depend on its batch-mates. Larger steps take spans of at
   // least 128 keys from 33 rows on (enough CTAs without the short spans: measured on an H200,
@@ -891,13 +890,13 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span,
   const int n = step.n_tokens();
   int max_keys = 1;
   for (int p : step.positions) max_keys = std::max(max_keys, p + 1);
-  plan.min_span = min_span;
+  AttentionSpans row_spans = spans;
   plan.splits = max_splits;
   plan.split_heads = max_keys <= kHeadSplitMaxKeys;
   if (n > 8) {
-    if (n > 32) plan.min_span = 128;
+    if (n > 32) row_spans.min_span = kAttnLongSpan;
     int need = 1;
-    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits, max_span));
+    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, row_spans));
     if ((int64_t)n * need <= 8 * (int64_t)max_splits) {
       plan.splits = need;
     } else {
@@ -906,10 +905,11 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span,
       plan.split_len = std::max(128, (per + 127) / 128 * 128);
     }
   }
+  plan.min_span = row_spans.min_span;
   plan.grid_splits = plan.splits;
   if (n <= 8) {
     int need = 1;
-    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, plan.min_span, span_splits, max_span));
+    for (int p : step.positions) need = std::max(need, attention_splits(p + 1, row_spans));
     while (plan.grid_splits / 2 >= need) plan.grid_splits /= 2;
   }
   // Runs of at least kMinPrefillRun consecutive rows of one sequence that reach prefill_min_keys keys go

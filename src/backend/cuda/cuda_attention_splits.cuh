@@ -29,8 +29,7 @@ __device__ __forceinline__ bool split_work(const DeviceStep& step, const int* ro
   const int pos = step.positions[w.r];
   const int first = attention_first_key(pos, window);  // sliding layers: keys (pos - window, pos]
   const int n_keys = pos + 1 - first;
-  const int split_len = step.header[kStepSplitLen] > 0 ? step.header[kStepSplitLen]
-                                                      : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits], step.header[kStepMaxSpan]);
+  const int split_len = row_split_len(step, n_keys);
   w.n_splits = min((int)gridDim.z, (n_keys + split_len - 1) / split_len);
   if (w.split * split_len >= n_keys) return false;
   w.k_begin = first + w.split * split_len;

@@ -113,7 +113,7 @@ struct StepOnDevice {
   DeviceStep step;
   const int* split_rows = nullptr;
 };
-StepOnDevice upload_step(DeviceArena& arena, const StepDesc& st, int n_pad, const AttentionPlan& plan, int span_splits,
+StepOnDevice upload_step(DeviceArena& arena, const StepDesc& st, int n_pad, const AttentionPlan& plan, const AttentionSpans& spans,
                          int n_blocks) {
   const int n = st.n_tokens();
   if ((int)st.positions.size() != n || (int)st.row_seq.size() != n) fail("step of {} rows: positions and row_seq must have as many", n);
@@ -133,8 +133,9 @@ StepOnDevice upload_step(DeviceArena& arena, const StepDesc& st, int n_pad, cons
   h[kStepLogitRows] = 0;
   h[kStepSplitLen] = plan.split_len;
   h[kStepMinSpan] = plan.min_span;
-  h[kStepSpanSplits] = span_splits;
-  h[kStepMaxSpan] = attention_max_span();
+  h[kStepSpanSplits] = spans.splits;
+  h[kStepLongSplits] = spans.long_splits;
+  h[kStepMaxSpan] = spans.max_span;
   int* positions = h.data() + kStepHeaderInts;
   int* row_seq = positions + n_pad;
   int* tables = row_seq + n_pad;
@@ -218,9 +219,9 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   rig.n_pad = decode_bucket(n);
   int n_ctx = 1;
   for (int p : st.positions) n_ctx = std::max(n_ctx, p + 1);
-  const int min_span = attention_min_span(), span_splits = attention_span_splits(), max_span = attention_max_span();
-  rig.max_splits = attention_max_splits(n_ctx, min_span, span_splits);
-  rig.plan = plan_attention(st, rig.max_splits, min_span, span_splits, max_span,
+  const AttentionSpans spans = attention_spans();
+  rig.max_splits = attention_max_splits(n_ctx, spans.min_span, spans.splits);
+  rig.plan = plan_attention(st, rig.max_splits, spans,
                             prefill_min_keys(flash_prefill_fits(c.type_k, c.type_v, s.head_dim_k, s.head_dim_v)));
   const int q_dim = s.n_head * s.head_dim_k, o_dim = s.n_head * s.head_dim_v;
   const int kv_dim = std::max(s.n_head_kv * s.head_dim_k, s.n_head_kv * s.head_dim_v);
@@ -232,7 +233,7 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
                     score_floats * 4 + 2 * rows * s.n_head * 4 + rows * o_dim * 4 + 17 * 256 + step_ints(st, rig.n_pad) * 4 +
                     attention_combine_counters(s.n_head_kv) * 4 + (with_act ? rows * o_dim * 3 + 3 * 256 : 0));
   rig.kv = upload_cache(rig.arena, s, c, window, pattern_fill);
-  rig.dstep = upload_step(rig.arena, st, rig.n_pad, rig.plan, span_splits, c.n_blocks);
+  rig.dstep = upload_step(rig.arena, st, rig.n_pad, rig.plan, spans, c.n_blocks);
   auto take_f = [&](size_t k) { return reinterpret_cast<float*>(rig.arena.take(std::max<size_t>(1, k) * 4)); };
   rig.q = take_f(rows * q_dim);
   rig.out = take_f(rows * o_dim);
@@ -320,7 +321,7 @@ void gpu_rope_store_for_test(const GpuAttentionShape& s, const GpuRopeForTest& r
                 step_ints(st, n_pad) * 4 + (size_t)n_pad * rope.n_rot * 4 + 17 * 256);
   const KvLayer kv = upload_cache(arena, s, cache, 0, false);
   AttentionPlan no_plan;  // the prologue reads the header's row count, positions and tables only
-  const StepOnDevice dstep = upload_step(arena, st, n_pad, no_plan, 0, cache.n_blocks);
+  const StepOnDevice dstep = upload_step(arena, st, n_pad, no_plan, AttentionSpans{}, cache.n_blocks);
   auto upload_rows = [&](const std::vector<float>& src, size_t width) {
     // Padding rows hold large values: a kernel storing them would overwrite sequence 0's position 0.
     std::vector<float> h((size_t)n_pad * width, 1e4f);

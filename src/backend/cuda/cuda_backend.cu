@@ -117,10 +117,8 @@ void CudaBackend::load(std::shared_ptr<const Model> model, const LayerSet& layer
   const int T = std::max(1, options_.max_tokens);
   const DeltaNetDims& dn = hp.delta_net;
   const int64_t max_cols = std::max<int64_t>({hp.n_embd, hp.n_ff, (int64_t)hp.n_head * hp.head_dim_v, has_delta ? dn.value_dim() : 0});
-  min_span_ = attention_min_span();
-  span_splits_ = attention_span_splits();
-  max_span_ = attention_max_span();
-  max_splits_ = attention_max_splits(options_.n_ctx, min_span_, span_splits_);
+  spans_ = attention_spans();
+  max_splits_ = attention_max_splits(options_.n_ctx, spans_.min_span, spans_.splits);
   const size_t partial = attention_partial_floats(8, hp.n_head, hp.head_dim_v, max_splits_);
   const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);
   int64_t max_rows_w = std::max<int64_t>({q_rows, hp.kv_dim_k(), hp.kv_dim_v(), hp.n_ff, hp.n_embd, has_delta ? dn.conv_dim() : 0});
@@ -285,7 +283,7 @@ void CudaBackend::begin_step(const StepDesc& step) {
   StepPackConfig c;
   c.max_tokens = options_.max_tokens;
   c.layout = step_layout();
-  c.max_splits = max_splits_, c.min_span = min_span_, c.span_splits = span_splits_, c.max_span = max_span_;
+  c.max_splits = max_splits_, c.spans = spans_;
   c.prefill_min_keys = prefill_ok_ ? prefill_min_keys(flash_prefill_fits(kv_.type_k, kv_.type_v, hp.head_dim_k, hp.head_dim_v)) : 0;
   c.rings = kv_.swa_ring > 0 && std::any_of(layer_dev_.begin(), layer_dev_.end(), [](const LayerDev& d) { return d.ring; });
   c.swa_ring = kv_.swa_ring, c.kv_block_size = kv_.block_size, c.sliding_window = hp.sliding_window;

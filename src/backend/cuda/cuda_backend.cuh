@@ -241,7 +241,8 @@ class CudaBackend final : public Backend {
   int* hidden_rows_dev_ = nullptr;    // their device copy (allocated on first use)
   DeviceStep dstep_;
   DeviceStep dstep_swa_;  // dstep_ with the swa tables as block tables (ring layers)
-  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, grid_splits_ = 1, min_span_ = 32, span_splits_ = 32, max_span_ = 128;
+  int n_tok_ = 0, n_real_ = 0, n_logit_ = 0, max_splits_ = 1, splits_ = 1, grid_splits_ = 1;
+  AttentionSpans spans_;  // decode attention's span rule (attention_spans)
   // Prefill attention: runs of this step, the other rows (device list) and their count.
   bool prefill_ok_ = false;
   cuda::PrefillScratch prefill_;

@@ -100,13 +100,12 @@ bool pinned_logits_on();
 int code_arch();
 // The current device's SM count (cached per device; 1 if it cannot be read).
 int sm_count();
-// Tunables of attention_span, read when a backend is created: the shortest span of keys per split
-// (32, or ROOFLINE_ATTN_MIN_SPAN: 16-128), the splits per row before spans double (32, or
-// ROOFLINE_ATTN_SPLITS: 8-512; twice that for spans of 128 and more) and the longest span (512, or
-// ROOFLINE_ATTN_MAX_SPAN: 128-1024).
-int attention_min_span();
-int attention_span_splits();
-int attention_max_span();
+// Decode attention's span rule (attention_span), read when a backend is created: the shortest span (32, or
+// ROOFLINE_ATTN_MIN_SPAN: 16-128), the splits per row before short spans double (32, or ROOFLINE_ATTN_SPLITS:
+// 8-512), before spans of 128 keys and more double (twice that, or ROOFLINE_ATTN_LONG_SPLITS: 8-1024) and the
+// longest span (512, or ROOFLINE_ATTN_MAX_SPAN: 128-1024).
+struct AttentionSpans;
+AttentionSpans attention_spans();
 // The keys a run of prompt rows must reach to take prefill_attention (plan_attention): any run where the
 // flash kernel takes the cache (`flash`), kMinPrefillKeys otherwise; ROOFLINE_PREFILL_MIN_KEYS (at least
 // kMinPrefillRun) sets both, read once.

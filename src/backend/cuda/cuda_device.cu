@@ -82,12 +82,6 @@ bool pdl_enabled() {
   return enabled;
 }
 
-int attention_span_splits() {
-  const char* env = std::getenv("ROOFLINE_ATTN_SPLITS");
-  const int v = env ? std::atoi(env) : 32;
-  return std::max(8, std::min(512, v));
-}
-
 int prefill_min_keys(bool flash) {
   static const int keys = [] {
     const char* env = std::getenv("ROOFLINE_PREFILL_MIN_KEYS");
@@ -105,9 +99,20 @@ static int span_setting(const char* name, int fallback, std::initializer_list<in
   return fallback;
 }
 
-int attention_max_span() { return span_setting("ROOFLINE_ATTN_MAX_SPAN", 512, {128, 256, 512, 1024}); }
+// A count setting: the environment variable's value clamped to [lo, hi], else the default.
+static int count_setting(const char* name, int fallback, int lo, int hi) {
+  const char* env = std::getenv(name);
+  return env ? std::max(lo, std::min(hi, std::atoi(env))) : fallback;
+}
 
-int attention_min_span() { return span_setting("ROOFLINE_ATTN_MIN_SPAN", 32, {16, 32, 64, 128}); }
+AttentionSpans attention_spans() {
+  AttentionSpans s;
+  s.min_span = span_setting("ROOFLINE_ATTN_MIN_SPAN", 32, {16, 32, 64, 128});
+  s.splits = count_setting("ROOFLINE_ATTN_SPLITS", 32, 8, 512);
+  s.long_splits = count_setting("ROOFLINE_ATTN_LONG_SPLITS", 2 * s.splits, 8, 1024);
+  s.max_span = span_setting("ROOFLINE_ATTN_MAX_SPAN", 512, {128, 256, 512, 1024});
+  return s;
+}
 
 }  // namespace cuda
 

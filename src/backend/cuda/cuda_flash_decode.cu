@@ -70,8 +70,7 @@ __global__ void __launch_bounds__(32 * kWarps) flash_decode_kernel(DeviceStep st
     const int pos = step.positions[r];
     const int first = attention_first_key(pos, kv.window);
     const int n_keys = pos + 1 - first;
-    const int split_len = step.header[kStepSplitLen] > 0 ? step.header[kStepSplitLen]
-                                                        : attention_span(n_keys, step.header[kStepMinSpan], step.header[kStepSpanSplits], step.header[kStepMaxSpan]);
+    const int split_len = row_split_len(step, n_keys);
     has_work = split * split_len < n_keys;
     k_begin = first + split * split_len;
     k_end = min(pos + 1, k_begin + split_len);

@@ -262,31 +262,44 @@ void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, 
 // after the previous kernel, so that work was on the step's critical path).
 void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, int n_rot, float freq_base, float freq_scale, float* table,
                 cudaStream_t stream);
-// Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
-// get short spans (min_span, a power of two <= 128) so more CTAs share their keys, doubled while a row
-// would need more than `splits` splits; spans of kAttnLongSpan keys and more double only past twice
-// `splits` (the keys of a long row go to fewer, longer CTAs: measured on an H100, qwen3-32b tg32 at depth
-// 8192 +3.5%, 16384 +4%, where 2-4k keys lose with fewer splits), up to max_span (a power of two; 512, or
-// ROOFLINE_ATTN_MAX_SPAN; 0 means 128). It depends on the row alone, so a row's result does not depend on
-// its batch-mates.
+// How decode attention cuts a row's keys into spans (one CTA each), set when a backend is created and carried
+// in the step header (kStepMinSpan, kStepSpanSplits, kStepLongSplits, kStepMaxSpan).
+struct AttentionSpans {
+  int min_span = 32;     // the shortest span (a power of two <= 128; ROOFLINE_ATTN_MIN_SPAN)
+  int splits = 32;       // splits a row may take before spans shorter than kAttnLongSpan double (ROOFLINE_ATTN_SPLITS)
+  int long_splits = 64;  // ... before spans of kAttnLongSpan keys and more double (ROOFLINE_ATTN_LONG_SPLITS)
+  int max_span = 512;    // the longest span (a power of two; ROOFLINE_ATTN_MAX_SPAN)
+};
 constexpr int kAttnLongSpan = 128;
-__host__ __device__ inline int attention_span(int n_keys, int min_span, int splits, int max_span) {
-  const int cap = max_span > 0 ? max_span : 128;
-  int span = min_span;
-  while (span < cap && n_keys > (span < kAttnLongSpan ? splits : 2 * splits) * span) span *= 2;
+// Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
+// get short spans so more CTAs share their keys, doubled while a row would need more than `splits` splits;
+// spans of kAttnLongSpan keys and more double only past `long_splits` (twice `splits` by default: the keys
+// of a long row go to fewer, longer CTAs; measured on an H100, qwen3-32b tg32 at depth 8192 +3.5%, 16384 +4%,
+// where 2-4k keys lose with fewer splits), up to max_span. It depends on the row alone, so a row's result
+// does not depend on its batch-mates.
+__host__ __device__ inline int attention_span(int n_keys, const AttentionSpans& s) {
+  int span = s.min_span;
+  while (span < s.max_span && n_keys > (span < kAttnLongSpan ? s.splits : s.long_splits) * span) span *= 2;
   return span;
 }
 // The most splits a row of a context of n_ctx positions takes (the split kernel's grid and the partial
-// buffer of 8 rows are sized by it).
+// buffer of 8 rows are sized by it): `splits` for spans under kAttnLongSpan, n_ctx / kAttnLongSpan beyond.
 __host__ __device__ inline int attention_max_splits(int n_ctx, int min_span, int splits) {
   const int a = splits < (n_ctx + min_span - 1) / min_span ? splits : (n_ctx + min_span - 1) / min_span;
-  const int b = (n_ctx + 127) / 128;
+  const int b = (n_ctx + kAttnLongSpan - 1) / kAttnLongSpan;
   return a > b ? (a > 1 ? a : 1) : (b > 1 ? b : 1);
 }
 // Splits a row of n_keys keys needs (header[kStepSplitLen] == 0).
-__host__ __device__ inline int attention_splits(int n_keys, int min_span, int splits, int max_span) {
-  const int span = attention_span(n_keys, min_span, splits, max_span);
+__host__ __device__ inline int attention_splits(int n_keys, const AttentionSpans& s) {
+  const int span = attention_span(n_keys, s);
   return (n_keys + span - 1) / span;
+}
+// The keys per split of a row with n_keys keys in a step on the device: the step's fixed length, or the
+// row's own span by the rule the header carries.
+__device__ __forceinline__ int row_split_len(const DeviceStep& step, int n_keys) {
+  if (step.header[kStepSplitLen] > 0) return step.header[kStepSplitLen];
+  const AttentionSpans s{step.header[kStepMinSpan], step.header[kStepSpanSplits], step.header[kStepLongSplits], step.header[kStepMaxSpan]};
+  return attention_span(n_keys, s);
 }
 // Causal attention over each row's cached positions (the last kv.window of them on sliding layers), split over the KV length (step header[kStepSplitLen] keys per
 // split, or attention_span's when 0; at most max_splits), combined in a fixed order. With row_list
@@ -373,6 +386,6 @@ struct AttentionPlan {
   std::vector<PrefillRun> runs;
   std::vector<int> split_rows;  // with runs: the rows the split kernel takes
 };
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, int min_span, int span_splits, int max_span, int prefill_min_keys);
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, const AttentionSpans& spans, int prefill_min_keys);
 
 }  // namespace roofline::cuda

@@ -21,7 +21,7 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
   int stride = 1;
   for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
   // Attention splits and prefill runs (plan_attention; measured choices in its comments).
-  AttentionPlan plan = plan_attention(step, c.max_splits, c.min_span, c.span_splits, c.max_span, c.prefill_min_keys);
+  AttentionPlan plan = plan_attention(step, c.max_splits, c.spans, c.prefill_min_keys);
   p.splits = plan.splits;
   p.grid_splits = plan.grid_splits;
   p.split_heads = plan.split_heads;
@@ -30,8 +30,9 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
   h[kStepLogitRows] = n_logit;
   h[kStepSplitLen] = plan.split_len;
   h[kStepMinSpan] = plan.min_span;
-  h[kStepSpanSplits] = c.span_splits;
-  h[kStepMaxSpan] = c.max_span;
+  h[kStepSpanSplits] = c.spans.splits;
+  h[kStepLongSplits] = c.spans.long_splits;
+  h[kStepMaxSpan] = c.spans.max_span;
   int *tokens = h + lay.tokens, *positions = h + lay.positions, *row_seq = h + lay.row_seq, *logit_rows = h + lay.logit_rows;
   int *attn_rows = h + lay.attn_rows, *tables = h + lay.tables;
   p.prefill_runs = std::move(plan.runs);

@@ -22,7 +22,8 @@ inline int decode_bucket(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 
 struct StepPackConfig {
   int max_tokens = 1;
   StepLayout layout;  // the step buffer's layout (the backend sizes its buffers by the same one)
-  int max_splits = 1, min_span = 32, span_splits = 32, max_span = 128;
+  int max_splits = 1;
+  AttentionSpans spans;
   int prefill_min_keys = 0;  // prompt runs reaching this many keys go through prefill_attention (0: none do)
   bool rings = false;       // some layer on this backend keeps a sliding-window ring
   int swa_ring = 0, kv_block_size = 16, sliding_window = 0;

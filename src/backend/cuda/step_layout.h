@@ -17,7 +17,8 @@ enum StepHeader : int {
   kStepSplitLen = 2,    // decode attention's keys per split (0: each row's own, attention_span)
   kStepMinSpan = 3,     // the shortest span attention_span gives
   kStepSpanSplits = 4,  // splits per row before attention_span's spans double
-  kStepMaxSpan = 5,     // the longest span attention_span gives (0: 128)
+  kStepMaxSpan = 5,     // the longest span attention_span gives
+  kStepLongSplits = 6,  // splits per row before attention_span's long spans (kAttnLongSpan and more) double
   kStepHeaderInts = 8,
 };
 
