@@ -219,7 +219,7 @@ void build_rig(AttentionRig& rig, const GpuAttentionShape& s, const GpuKvCacheFo
   rig.n_pad = decode_bucket(n);
   int n_ctx = 1;
   for (int p : st.positions) n_ctx = std::max(n_ctx, p + 1);
-  const AttentionSpans spans = attention_spans();
+  const AttentionSpans spans = attention_spans(s.n_head_kv);
   rig.max_splits = attention_max_splits(n_ctx, spans.min_span, spans.splits);
   rig.plan = plan_attention(st, rig.max_splits, spans,
                             prefill_min_keys(flash_prefill_fits(c.type_k, c.type_v, s.head_dim_k, s.head_dim_v)));

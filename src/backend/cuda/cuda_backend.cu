@@ -117,7 +117,7 @@ void CudaBackend::load(std::shared_ptr<const Model> model, const LayerSet& layer
   const int T = std::max(1, options_.max_tokens);
   const DeltaNetDims& dn = hp.delta_net;
   const int64_t max_cols = std::max<int64_t>({hp.n_embd, hp.n_ff, (int64_t)hp.n_head * hp.head_dim_v, has_delta ? dn.value_dim() : 0});
-  spans_ = attention_spans();
+  spans_ = attention_spans(hp.n_head_kv);
   max_splits_ = attention_max_splits(options_.n_ctx, spans_.min_span, spans_.splits);
   const size_t partial = attention_partial_floats(8, hp.n_head, hp.head_dim_v, max_splits_);
   const int64_t q_rows = (int64_t)hp.q_dim() * (hp.attn_output_gate ? 2 : 1);

@@ -102,10 +102,10 @@ int code_arch();
 int sm_count();
 // Decode attention's span rule (attention_span), read when a backend is created: the shortest span (32, or
 // ROOFLINE_ATTN_MIN_SPAN: 16-128), the splits per row before short spans double (32, or ROOFLINE_ATTN_SPLITS:
-// 8-512), before spans of 128 keys and more double (twice that, or ROOFLINE_ATTN_LONG_SPLITS: 8-1024) and the
-// longest span (512, or ROOFLINE_ATTN_MAX_SPAN: 128-1024).
+// 8-512), before spans of 128 keys and more double (twice that, and at least 512 / n_head_kv, or
+// ROOFLINE_ATTN_LONG_SPLITS: 8-1024) and the longest span (512, or ROOFLINE_ATTN_MAX_SPAN: 128-1024).
 struct AttentionSpans;
-AttentionSpans attention_spans();
+AttentionSpans attention_spans(int n_head_kv);
 // The keys a run of prompt rows must reach to take prefill_attention (plan_attention): any run where the
 // flash kernel takes the cache (`flash`), kMinPrefillKeys otherwise; ROOFLINE_PREFILL_MIN_KEYS (at least
 // kMinPrefillRun) sets both, read once.

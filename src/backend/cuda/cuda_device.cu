@@ -99,17 +99,23 @@ static int span_setting(const char* name, int fallback, std::initializer_list<in
   return fallback;
 }
 
+constexpr int kLongRowCtas = 512;  // twice the CTAs a long row keeps before its spans double
+
 // A count setting: the environment variable's value clamped to [lo, hi], else the default.
 static int count_setting(const char* name, int fallback, int lo, int hi) {
   const char* env = std::getenv(name);
   return env ? std::max(lo, std::min(hi, std::atoi(env))) : fallback;
 }
 
-AttentionSpans attention_spans() {
+AttentionSpans attention_spans(int n_head_kv) {
   AttentionSpans s;
   s.min_span = span_setting("ROOFLINE_ATTN_MIN_SPAN", 32, {16, 32, 64, 128});
   s.splits = count_setting("ROOFLINE_ATTN_SPLITS", 32, 8, 512);
-  s.long_splits = count_setting("ROOFLINE_ATTN_LONG_SPLITS", 2 * s.splits, 8, 1024);
+  // Long spans double while a long row keeps more than ~256 CTAs a layer (about two a SM of an H100 or H200):
+  // past 64 splits with 8 or 16 KV heads, past 128 with 4 (measured on an H100 at depths 8192 and 16384,
+  // docs/performance.md, thirty-ninth session).
+  const int long_default = std::max(2 * s.splits, kLongRowCtas / std::max(1, n_head_kv));
+  s.long_splits = count_setting("ROOFLINE_ATTN_LONG_SPLITS", long_default, 8, 1024);
   s.max_span = span_setting("ROOFLINE_ATTN_MAX_SPAN", 512, {128, 256, 512, 1024});
   return s;
 }

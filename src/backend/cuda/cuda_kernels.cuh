@@ -267,15 +267,15 @@ void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, i
 struct AttentionSpans {
   int min_span = 32;     // the shortest span (a power of two <= 128; ROOFLINE_ATTN_MIN_SPAN)
   int splits = 32;       // splits a row may take before spans shorter than kAttnLongSpan double (ROOFLINE_ATTN_SPLITS)
-  int long_splits = 64;  // ... before spans of kAttnLongSpan keys and more double (ROOFLINE_ATTN_LONG_SPLITS)
+  int long_splits = 64;  // ... before spans of kAttnLongSpan keys and more double (attention_spans: by the KV heads)
   int max_span = 512;    // the longest span (a power of two; ROOFLINE_ATTN_MAX_SPAN)
 };
 constexpr int kAttnLongSpan = 128;
 // Keys per attention split of a row with n_keys cached keys when the step does not fix one: short rows
 // get short spans so more CTAs share their keys, doubled while a row would need more than `splits` splits;
-// spans of kAttnLongSpan keys and more double only past `long_splits` (twice `splits` by default: the keys
-// of a long row go to fewer, longer CTAs; measured on an H100, qwen3-32b tg32 at depth 8192 +3.5%, 16384 +4%,
-// where 2-4k keys lose with fewer splits), up to max_span. It depends on the row alone, so a row's result
+// spans of kAttnLongSpan keys and more double only past `long_splits` (attention_spans: the keys of a long
+// row go to fewer, longer CTAs while it keeps ~256 a layer; measured on an H100, qwen3-32b tg32 at depth 8192
+// +3.5%, 16384 +4%, qwen3-30b-a3b at 16384 +8%, where 2-4k keys lose with fewer splits), up to max_span. It depends on the row alone, so a row's result
 // does not depend on its batch-mates.
 __host__ __device__ inline int attention_span(int n_keys, const AttentionSpans& s) {
   int span = s.min_span;
