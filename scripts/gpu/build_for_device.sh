@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds roofline and its tests with the CUDA backend for the GPU machine (sm_90a by default: the wgmma kernels need it) and puts
-# the binaries, plus the shared test data the GPU tests read, in carry/ (git-ignored) for the device tool.
+# the binaries, plus the shared test data the GPU tests read, in carry/ (git-ignored) for the device tool, and (sm_90a) one
+# pack for benches and one for tests in carry/packs (below).
 # Usage: build_for_device.sh [ARCH]. Another architecture list builds in build-device-ARCH and puts its
 # binaries in carry/bin-ARCH (e.g. `75-virtual`: PTX only, which the H200's driver JIT-compiles, so the
 # GPU tests run the kernels' sm_75 branches there).
@@ -36,6 +37,16 @@ if [ "$arch" = 90a ] && [ -f "$cuda_root/include/cupti.h" ]; then
         -o "$bin/libkernel_trace.so"
     cp -L "$cupti_lib" carry/lib/
   fi
+fi
+# The device tool carries at most 64 MiB with the tracked tree (33 MiB), so the two binaries travel in packs of their own:
+# carry/packs/bench.tar.xz (roofline, the trace library) and carry/packs/tests.tar.xz (roofline_tests); copy the one a call
+# needs to carry/pack/bin.tar.xz (what device_env.sh unpacks) and carry ["carry/pack/bin.tar.xz"]. PACKS=0 skips them.
+if [ "$arch" = 90a ] && [ "${PACKS:-1}" != 0 ]; then
+  mkdir -p carry/packs
+  extra=()
+  [ -f "$bin/libkernel_trace.so" ] && extra=(bin/libkernel_trace.so)
+  (cd carry && tar cJf packs/bench.tar.xz bin/roofline "${extra[@]}" lib shared && tar cJf packs/tests.tar.xz bin/roofline_tests lib shared)
+  ls -l carry/packs
 fi
 du -sh carry
 ldd "$bin/roofline" | grep -v -E "linux-vdso|libc.so|libm.so|libgcc|libstdc|ld-linux|libpthread|libdl|librt" || true
