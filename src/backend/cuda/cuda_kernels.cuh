@@ -275,8 +275,8 @@ constexpr int kAttnLongSpan = 128;
 // get short spans so more CTAs share their keys, doubled while a row would need more than `splits` splits;
 // spans of kAttnLongSpan keys and more double only past `long_splits` (attention_spans: the keys of a long
 // row go to fewer, longer CTAs while it keeps ~256 a layer; measured on an H100, qwen3-32b tg32 at depth 8192
-// +3.5%, 16384 +4%, qwen3-30b-a3b at 16384 +8%, where 2-4k keys lose with fewer splits), up to max_span. It depends on the row alone, so a row's result
-// does not depend on its batch-mates.
+// +3.5%, 16384 +4%, qwen3-30b-a3b at 16384 +8%, where 2-4k keys lose with fewer splits), up to max_span.
+// It depends on the row alone, so a row's result does not depend on its batch-mates.
 __host__ __device__ inline int attention_span(int n_keys, const AttentionSpans& s) {
   int span = s.min_span;
   while (span < s.max_span && n_keys > (span < kAttnLongSpan ? s.splits : s.long_splits) * span) span *= 2;
