@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -176,13 +177,25 @@ AttentionCase run_against_reference(const GpuAttentionShape& s, DType tk, DType 
   return c;
 }
 
+// ROOFLINE_ATTN_LONG_SPLITS for a scope (read by attention_spans whenever a step is planned); null leaves the default.
+struct LongSplits {
+  explicit LongSplits(const char* v) {
+    if (v) setenv("ROOFLINE_ATTN_LONG_SPLITS", v, 1);
+  }
+  ~LongSplits() { unsetenv("ROOFLINE_ATTN_LONG_SPLITS"); }
+};
+
 TEST(GpuAttention, DecodeMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   const SplitKernelOnly split_kernel;
   // Keys 1, 20 (one split), 701 (22 spans of 32), 2101 (spans of 128 after doubling), then two rows of
-  // one sequence at 4998 and 4999 keys (40 spans of 128), 9301 keys (37 spans of 256); or, all short, 1021 and 1022 keys.
+  // one sequence at 4998 and 4999 keys (40 spans of 128), 9301 keys (73 spans of 128: these shapes' 1-2 KV heads
+  // keep long spans from doubling, attention_spans); or, all short, 1021 and 1022 keys. Then the same with long spans
+  // doubling past 16 splits: 2101 keys in spans of 256, 4998 and 9301 in spans of 512.
   // A step of short rows only (at most 1024 keys: the split kernel's CTAs take parts of each KV head's
   // query heads, AttentionPlan::split_heads) and one with deep rows (whole groups).
+  for (const char* long_splits : {(const char*)nullptr, "16"}) {
+  const LongSplits setting(long_splits);
   for (const std::vector<std::pair<int, int>>& seqs : {std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {1020, 2}},
                                                        std::vector<std::pair<int, int>>{{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}, {9300, 1}}})
   for (const GpuAttentionShape& s : Shapes())
@@ -203,6 +216,7 @@ TEST(GpuAttention, DecodeMatchesTheReference) {
         for (int r = 0; r < st.n_tokens(); ++r)
           EXPECT_LT(test::nmse_vs_reference(out, ref, r * row, (r + 1) * row), 1e-8) << "row " << r << " at " << st.positions[r];
       }
+  }
 }
 
 // Batch invariance across AttentionPlan::split_heads: a short row gives the same bits in a step of short
@@ -234,7 +248,8 @@ TEST(GpuAttention, ShortRowsGiveTheSameBitsWithAndWithoutHeadParts) {
 }
 
 // The tensor-core decode kernel (cuda_flash_decode.cu, f16 caches): rows of 1 to 16701 keys (one split to 40
-// spans of 128, 37 of 256, 33 of 512; blocks of 64 keys cut by the span's end), groups of 1 to 12 query heads, head dims 64 to 256,
+// spans of 128; the shape of 8 KV heads 37 of 256 and 33 of 512, the others spans of 128, attention_spans; blocks
+// of 64 keys cut by the span's end), groups of 1 to 12 query heads, head dims 64 to 256,
 // full and sliding-window layers, against the float64 reference to f16 rounding; and a row's bits alone as in
 // its step.
 TEST(GpuAttention, FlashDecodeMatchesTheReference) {
