@@ -279,6 +279,7 @@ void CudaBackend::init_state(int n_cells) {
 
 void CudaBackend::begin_step(const StepDesc& step) {
   ROOFLINE_CUDA_CHECK(cudaSetDevice(options_.device));
+  gaps_.step_start(stream_, step.n_tokens());
   const HParams& hp = model_->hparams();
   StepPackConfig c;
   c.max_tokens = options_.max_tokens;
@@ -339,9 +340,11 @@ void CudaBackend::forward(int layer_begin, int layer_end) {
     if (ahead_) ahead_->end_step();
     return;
   }
+  gaps_.layers_start(stream_);
   graphs_.run(key, stream_, [&] {
     for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
   });
+  gaps_.launched();
 }
 
 bool CudaBackend::compute_logits() {
@@ -367,7 +370,9 @@ void CudaBackend::output(float* logits) {
   mark("logits to host", 0);
   const size_t bytes = (size_t)n_logit_ * model_->hparams().n_vocab * 4;
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(logits_host_, logits_, bytes, cudaMemcpyDeviceToHost, stream_));
+  gaps_.step_end(stream_);
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  gaps_.collect();
   profiler_.collect(stream_);
   if (logits) std::memcpy(logits, logits_host_, bytes);
 }
@@ -386,7 +391,9 @@ void CudaBackend::output_argmax(float* logits, int32_t* tokens) {
                                         (size_t)n_vocab * 4, cudaMemcpyDeviceToHost, stream_));
     ++packed;
   }
+  gaps_.step_end(stream_);
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  gaps_.collect();
   profiler_.collect(stream_);
   for (int i = 0; i < n_logit_; ++i) tokens[i] = argmax_only_[i] ? argmax_host_[i] : -1;
   if (packed > 0 && logits) std::memcpy(logits, logits_host_, (size_t)packed * n_vocab * 4);

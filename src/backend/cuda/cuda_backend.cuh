@@ -273,6 +273,7 @@ class CudaBackend final : public Backend {
   static constexpr size_t kCublasWorkspaceBytes = (size_t)32 << 20;
   void* cublas_workspace_ = nullptr;
   StepProfiler profiler_;
+  StepGaps gaps_;  // ROOFLINE_STEP_GAPS
   size_t out_bytes_ = 0;
   GraphCache graphs_;  // decode graphs (destroyed after ~CudaBackend's body, which makes this device current)
   std::unique_ptr<MoeFfn> moe_;  // MoE hook: mixture-of-experts models only

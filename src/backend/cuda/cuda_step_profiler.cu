@@ -1,7 +1,9 @@
 // StepProfiler (cuda_step_profiler.cuh): CUDA events around the ops of decode steps, summed per op.
 #include "backend/cuda/cuda_step_profiler.cuh"
 
+#include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -42,6 +44,71 @@ void StepProfiler::collect(cudaStream_t stream) {
 void StepProfiler::print() const {
   const char* bw_env = std::getenv("ROOFLINE_PROFILE_BW");
   profile_.print("GPU (CUDA graphs off)", bw_env ? std::atof(bw_env) : 0.0);
+}
+
+StepGaps::StepGaps() {
+  const char* on = std::getenv("ROOFLINE_STEP_GAPS");
+  enabled_ = on && *on && *on != '0';
+  if (!enabled_) return;
+  for (cudaEvent_t* e : {&prev_end_, &start_, &layers_, &end_}) ROOFLINE_CUDA_CHECK(cudaEventCreate(e));
+}
+
+StepGaps::~StepGaps() {
+  if (!enabled_) return;
+  for (const auto& [rows, s] : sums_) {
+    if (s.steps == 0) continue;
+    std::fprintf(stderr,
+                 "step gaps, %d-row steps (%d): GPU idle before a step %.1f us, start (header, embedding) %.1f us, layers + "
+                 "output %.1f us; the layers' launch call %.1f us on the host\n",
+                 rows, s.steps, s.gap_us / s.steps, s.start_us / s.steps, s.body_us / s.steps, s.launch_us / s.steps);
+  }
+  for (cudaEvent_t e : {prev_end_, start_, layers_, end_}) cudaEventDestroy(e);
+}
+
+void StepGaps::step_start(cudaStream_t stream, int rows) {
+  if (!enabled_) return;
+  if (in_step_) have_prev_ = false;  // the step before was not collected: no gap to measure
+  rows_ = rows;
+  in_step_ = true;
+  have_layers_ = false;
+  launch_us_ = 0;
+  ROOFLINE_CUDA_CHECK(cudaEventRecord(start_, stream));
+}
+
+void StepGaps::layers_start(cudaStream_t stream) {
+  if (!enabled_ || !in_step_) return;
+  if (!have_layers_) ROOFLINE_CUDA_CHECK(cudaEventRecord(layers_, stream));  // a step's first layer range
+  have_layers_ = true;
+  launch_t0_ = std::chrono::steady_clock::now();
+}
+
+void StepGaps::launched() {
+  if (!enabled_ || !in_step_) return;
+  launch_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - launch_t0_).count();
+}
+
+void StepGaps::step_end(cudaStream_t stream) {
+  if (!enabled_ || !in_step_) return;
+  ROOFLINE_CUDA_CHECK(cudaEventRecord(end_, stream));
+}
+
+void StepGaps::collect() {
+  if (!enabled_ || !in_step_) return;
+  in_step_ = false;
+  ROOFLINE_CUDA_CHECK(cudaEventSynchronize(end_));
+  if (have_layers_) {
+    float gap = 0, start = 0, body = 0;
+    if (have_prev_) cudaEventElapsedTime(&gap, prev_end_, start_);
+    cudaEventElapsedTime(&start, start_, layers_);
+    cudaEventElapsedTime(&body, layers_, end_);
+    Sums& s = sums_[rows_];
+    if (have_prev_) {  // the first step of a run has no gap before it; the sums count steps that have one
+      s.gap_us += gap * 1000.0, s.start_us += start * 1000.0, s.body_us += body * 1000.0, s.launch_us += launch_us_;
+      ++s.steps;
+    }
+  }
+  std::swap(prev_end_, end_);
+  have_prev_ = true;
 }
 
 }  // namespace roofline::cuda

@@ -2,7 +2,12 @@
 // before each op; the time between consecutive events is the op's. Printed to stderr as one table per
 // step size (rows in the step) when the backend is destroyed: average time per step of each op and, for
 // weight ops, the bytes read and the bandwidth reached (ROOFLINE_PROFILE_BW: the GB/s to compare with).
+// And StepGaps (ROOFLINE_STEP_GAPS=1, graphs on): where the time between one decode step's output and the next
+// step's layers goes, GPU idle time included.
 #pragma once
+
+#include <chrono>
+#include <map>
 
 #include <cuda_runtime.h>
 
@@ -38,6 +43,38 @@ class StepProfiler {
   bool enabled_ = false;
   std::vector<Mark> marks_;
   OpProfile profile_;
+};
+
+// ROOFLINE_STEP_GAPS=1: three events a step (the step's start, before its layers, after its output's copies) and
+// the host's clock around the launch of the layers, summed per step size (rows) and printed to stderr when the
+// backend is destroyed: the GPU's idle gap since the step before ended, the start (header upload, embedding),
+// the layers with the output, and how long the host took to launch the layers. Timing only; the step is the same.
+class StepGaps {
+ public:
+  StepGaps();
+  ~StepGaps();
+  StepGaps(const StepGaps&) = delete;
+  StepGaps& operator=(const StepGaps&) = delete;
+
+  bool enabled() const { return enabled_; }
+  void step_start(cudaStream_t stream, int rows);
+  void layers_start(cudaStream_t stream);
+  void launched();  // the layers' launch call returned
+  void step_end(cudaStream_t stream);  // after the output's copies, before the wait for them
+  void collect();                      // after that wait
+
+ private:
+  struct Sums {
+    double gap_us = 0, start_us = 0, body_us = 0, launch_us = 0;
+    int steps = 0;
+  };
+  bool enabled_ = false;
+  int rows_ = 0;
+  bool have_prev_ = false, in_step_ = false, have_layers_ = false;
+  cudaEvent_t prev_end_ = nullptr, start_ = nullptr, layers_ = nullptr, end_ = nullptr;
+  std::chrono::steady_clock::time_point launch_t0_;
+  double launch_us_ = 0;
+  std::map<int, Sums> sums_;
 };
 
 }  // namespace roofline::cuda
