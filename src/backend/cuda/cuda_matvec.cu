@@ -180,14 +180,17 @@ __global__ void __launch_bounds__(kWarps * 32, matvec_min_ctas<B>()) matvec_kern
       first = g.first_unit[m];
     }
   const int64_t row = (unit - first) * R;
-  wait_for_previous_kernel();
+  // Early weights (MatvecGroup::early_weights): the row functions wait after their first weight loads.
+  constexpr bool kMayLoadEarly = B == 1 && (K == Kind::Q4K || K == Kind::Q6K || K == Kind::Q4K6K);
+  const bool early = kMayLoadEarly && g.early_weights;
+  if (!early) wait_for_previous_kernel();
   if (!live) return;
-  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane, early);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B, F>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane, early);
   else if constexpr (K == Kind::Q4K6K) {
-    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
-    else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
+    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane, early);
+    else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane, early);
   }
   else if constexpr (block32(K)) matvec_blocks<Blocks<K>, B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
@@ -284,6 +287,15 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
 // launch that small) level. ROOFLINE_MATVEC_PIPE=N instead pipelines every launch of rows of up to N
 // super-blocks (0: never).
 int64_t matvec_pipe_for_test = -1;  // gpu_set_matvec_pipe_for_test: -1 the environment's
+// One-token Q4_K and Q6_K products issue their first weight loads before the wait for the previous kernel
+// (MatvecGroup::early_weights; ROOFLINE_EARLY_WEIGHTS=1, off: an experiment of the fortieth session, docs/performance.md):
+// a product's CTAs are resident while the small kernel before it runs, so its first round's memory latency can pass
+// under that kernel. The same loads and arithmetic, so the same bits.
+int matvec_early_weights_for_test = -1;  // gpu_use_matvec_early_weights_for_test: -1 the environment's
+bool matvec_early_weights() {
+  static const bool env_on = env_switch("ROOFLINE_EARLY_WEIGHTS", false);
+  return matvec_early_weights_for_test >= 0 ? matvec_early_weights_for_test > 0 : env_on;
+}
 // -1: the default rule.
 int64_t matvec_pipe_max_sb() {
   static const int64_t v = [] {
@@ -651,6 +663,7 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
     int64_t rows = 0;
     for (int m = 0; m < count; ++m) rows += ws[m]->rows;
     one_token_rows(kind, rows, shape);
+    g.early_weights = matvec_early_weights();
   }
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
@@ -690,6 +703,7 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 namespace roofline {
 
 void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
+void gpu_use_matvec_early_weights_for_test(int on) { cuda::matvec_early_weights_for_test = on < 0 ? -1 : on; }
 void gpu_set_matvec_q4k_rows_for_test(int rows) { cuda::q4k_rows_for_test = rows == 2 || rows == 4 ? rows : 0; }
 void gpu_set_matvec_one_token_rows_for_test(int q4k_rows, int q6k_rows) {
   cuda::one_token_q4k_rows_for_test = q4k_rows == 2 || q4k_rows == 4 ? q4k_rows : 0;
