@@ -276,6 +276,18 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
   }
 }
 
+// One-token Q4_K and Q6_K products issue their first weight loads before the wait for the previous kernel
+// (MatvecGroup::early_weights; ROOFLINE_EARLY_WEIGHTS=0 turns it off): a product's CTAs become resident while the
+// kernel before it still runs, and their first round's memory latency passes under it. The same loads and
+// arithmetic, so the same bits. Measured on an H100 (docs/performance.md, fortieth session), tg128: qwen3-8b +1.1-1.7%,
+// gemma3-27b +1.5-2.6%, qwen3.5-27b +0.4-1.2%, qwen3-32b -0.3-0.5%; taking it only where the launch before is not a
+// product did no better.
+int matvec_early_weights_for_test = -1;  // gpu_use_matvec_early_weights_for_test: -1 the environment's
+bool matvec_early_weights() {
+  static const bool env_on = env_switch("ROOFLINE_EARLY_WEIGHTS", true);
+  return matvec_early_weights_for_test >= 0 ? matvec_early_weights_for_test > 0 : env_on;
+}
+
 // One-token Q4_K products (and Q4_K/Q6_K groups) pipelined (matvec_pipelined): the next round's loads are
 // issued before this round's arithmetic (S = 2 for these kinds: matvec_q4_k's P, and two Q6_K super-blocks in
 // flight): the same bits, 121 registers instead of 72 (4 CTAs a SM instead of 7 on an H200). Measured there
@@ -287,15 +299,6 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
 // launch that small) level. ROOFLINE_MATVEC_PIPE=N instead pipelines every launch of rows of up to N
 // super-blocks (0: never).
 int64_t matvec_pipe_for_test = -1;  // gpu_set_matvec_pipe_for_test: -1 the environment's
-// One-token Q4_K and Q6_K products issue their first weight loads before the wait for the previous kernel
-// (MatvecGroup::early_weights; ROOFLINE_EARLY_WEIGHTS=1, off: an experiment of the fortieth session, docs/performance.md):
-// a product's CTAs are resident while the small kernel before it runs, so its first round's memory latency can pass
-// under that kernel. The same loads and arithmetic, so the same bits.
-int matvec_early_weights_for_test = -1;  // gpu_use_matvec_early_weights_for_test: -1 the environment's
-bool matvec_early_weights() {
-  static const bool env_on = env_switch("ROOFLINE_EARLY_WEIGHTS", false);
-  return matvec_early_weights_for_test >= 0 ? matvec_early_weights_for_test > 0 : env_on;
-}
 // -1: the default rule.
 int64_t matvec_pipe_max_sb() {
   static const int64_t v = [] {
