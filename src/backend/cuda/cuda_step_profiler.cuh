@@ -6,11 +6,10 @@
 // step's layers goes, GPU idle time included.
 #pragma once
 
-#include <chrono>
-#include <map>
-
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
