@@ -279,9 +279,10 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
 // One-token Q4_K and Q6_K products issue their first weight loads before the wait for the previous kernel
 // (MatvecGroup::early_weights; ROOFLINE_EARLY_WEIGHTS=0 turns it off): a product's CTAs become resident while the
 // kernel before it still runs, and their first round's memory latency passes under it. The same loads and
-// arithmetic, so the same bits. Measured on an H100 (docs/performance.md, fortieth session), tg128: qwen3-8b +1.1-1.7%,
-// gemma3-27b +1.5-2.6%, qwen3.5-27b +0.4-1.2%, qwen3-32b -0.3-0.5%; taking it only where the launch before is not a
-// product did no better.
+// arithmetic, so the same bits. Measured on an H100 against the same kernels waiting first (docs/performance.md, fortieth
+// session), tg128: qwen3-8b +1.1-1.7%, gemma3-27b +1.5-2.6%, qwen3.5-27b +0.4-1.0%, qwen3-32b -0.3-0.5%; taking it only
+// where the launch before is not a product did no better. The early path costs registers (about one CTA a SM on most
+// one-token kernels), whichever order runs.
 int matvec_early_weights_for_test = -1;  // gpu_use_matvec_early_weights_for_test: -1 the environment's
 bool matvec_early_weights() {
   static const bool env_on = env_switch("ROOFLINE_EARLY_WEIGHTS", true);
