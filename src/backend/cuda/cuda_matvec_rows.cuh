@@ -51,7 +51,7 @@ struct MatvecGroup {
   int ldy[kMax];
   int64_t first_unit[kMax + 1];  // member m holds the units [first_unit[m], first_unit[m + 1]) of the grid
   int n = 0;
-  bool early_weights = false;  // one-token Q4_K/Q6_K kernels: first weight loads before the wait (matvec_kernel)
+  bool early_weights = false;  // one-token Q4_K/Q6_K products: the kernels that load weights before the wait (matvec_kernel's E)
 };
 struct MatvecMember {
   DeviceWeight w;
@@ -212,9 +212,14 @@ __device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, cons
     }
   } else {
     Q4KRound<R> cur;
-    if (g < n_sb) cur.load(rowp, g, c);
-    if (early) wait_for_previous_kernel();
-    if (g >= n_sb) return;
+    if (early) {
+      if (g < n_sb) cur.load(rowp, g, c);
+      wait_for_previous_kernel();
+      if (g >= n_sb) return;
+    } else {
+      if (g >= n_sb) return;
+      cur.load(rowp, g, c);
+    }
     for (int64_t i = g; i < n_sb; i += 8) {
       Q4KRound<R> next;
       const bool more = i + 8 < n_sb;
@@ -333,39 +338,43 @@ __device__ __forceinline__ void matvec_q6_k_partials(const DeviceWeight& w, cons
       }
     }
   };
+  // early: the first iteration's loads (past the row's end: zeros), the wait, then its super-blocks.
+  int64_t i0 = lane / 8;
+  if (early) {
+    int4 lo[S][R];
+    int2 hi[S][R];
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool in_row = i0 + 4 * u < n_sb;
+        lo[u][r] = in_row ? ld16(lo_row[r] + (i0 + 4 * u) * 128 + 16 * j) : make_int4(0, 0, 0, 0);
+        hi[u][r] = in_row ? __ldg(reinterpret_cast<const int2*>(hi_row[r] + (i0 + 4 * u) * 64 + 8 * j)) : make_int2(0, 0);
+      }
+    wait_for_previous_kernel();
+#pragma unroll
+    for (int u = 0; u < S; ++u)
+      if (i0 + 4 * u < n_sb) superblock(i0 + 4 * u, lo[u], hi[u]);
+    i0 += 4 * S;
+  }
   // S super-blocks (i, i + 4, ..) per iteration, all loaded before any is used.
-  auto load = [&](int64_t i, int4 (&lo)[S][R], int2 (&hi)[S][R]) {
+  for (int64_t i = i0; i < n_sb; i += 4 * S) {
+    int4 lo[S][R];
+    int2 hi[S][R];
 #pragma unroll
     for (int u = 0; u < S; ++u)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         lo[u][r] = make_int4(0, 0, 0, 0);
         hi[u][r] = make_int2(0, 0);
-        if (i + 4 * u < n_sb) {
+        if (u == 0 || i + 4 * u < n_sb) {
           lo[u][r] = ld16(lo_row[r] + (i + 4 * u) * 128 + 16 * j);
           hi[u][r] = __ldg(reinterpret_cast<const int2*>(hi_row[r] + (i + 4 * u) * 64 + 8 * j));
         }
       }
-  };
-  auto use = [&](int64_t i, const int4 (&lo)[S][R], const int2 (&hi)[S][R]) {
 #pragma unroll
     for (int u = 0; u < S; ++u)
       if (u == 0 || i + 4 * u < n_sb) superblock(i + 4 * u, lo[u], hi[u]);
-  };
-  int64_t i0 = lane / 8;
-  if (early) {
-    int4 lo[S][R];
-    int2 hi[S][R];
-    load(i0, lo, hi);
-    wait_for_previous_kernel();
-    if (i0 < n_sb) use(i0, lo, hi);
-    i0 += 4 * S;
-  }
-  for (int64_t i = i0; i < n_sb; i += 4 * S) {
-    int4 lo[S][R];
-    int2 hi[S][R];
-    load(i, lo, hi);
-    use(i, lo, hi);
   }
 }
 template <int B, int R, int S, bool F = false>
