@@ -338,7 +338,9 @@ __device__ __forceinline__ void matvec_q6_k_partials(const DeviceWeight& w, cons
       }
     }
   };
-  // early: the first iteration's loads (past the row's end: zeros), the wait, then its super-blocks.
+  // early: the first iteration's loads (past the row's end: zeros), the wait, then its super-blocks. Written out
+  // beside the loop's own loads rather than shared with them: a shared load function changed the registers of four
+  // kernels that do not load early (ptxas, sm_90a), and the loop below is kept as it was measured.
   int64_t i0 = lane / 8;
   if (early) {
     int4 lo[S][R];
