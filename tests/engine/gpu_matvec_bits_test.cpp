@@ -1,12 +1,10 @@
 // Decode products of quantized weights give the same bits whatever path takes them: the one-token Q4_K kernel
-// with its rounds of loads pipelined or not, one-token products with any rows a warp and with their first weight loads
-// before the wait for the previous kernel; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor
+// with its rounds of loads pipelined or not, one-token products with any rows a warp; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor
 // cores (cuda_matvec_mma.cu), against the warp kernels and against one token at a time (skipped where no GPU is present, e.g. CI).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "backend/gpu.h"
@@ -44,52 +42,6 @@ TEST(GpuMatmulTest, PipelinedQ4KRowsGiveTheBitsOfThePlainLoop) {
     const std::vector<double> ref = q4.times(x, 0);
     std::vector<float> reff(ref.begin(), ref.end());
     EXPECT_LT(test::nmse(piped.data(), reff.data(), reff.size()), 2e-4) << "cols " << cols;
-  }
-}
-
-// One-token Q4_K and Q6_K products that issue their first weight loads before the wait for the previous kernel
-// (ROOFLINE_EARLY_WEIGHTS) give the bits of those that wait first: Q4_K plain and pipelined, with two and four
-// rows a warp, Q6_K with one and two, alone and joined as q/k/v are (rows of 3, 16, 20 and 33 super-blocks: warps
-// whose lane groups have no first super-block among them); and the reference's values.
-TEST(GpuMatmulTest, EarlyWeightLoadsGiveTheSameBits) {
-  SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() {
-      gpu_use_matvec_early_weights_for_test(-1);
-      gpu_set_matvec_pipe_for_test(-1);
-      gpu_set_matvec_one_token_rows_for_test(0, 0);
-    }
-  } restore;
-  Rng rng(59);
-  for (const int64_t cols : {768, 4096, 5120, 8448}) {
-    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
-    std::vector<float> x((size_t)cols);
-    for (float& v : x) v = (float)rng.normal();
-    const Weight q4w = q4.weight(), q6w = q6.weight();
-    for (const int64_t max_sb : {(int64_t)0, (int64_t)1000}) {
-      for (int form = 0; form < 2; ++form) {
-        gpu_set_matvec_pipe_for_test(max_sb);
-        gpu_set_matvec_one_token_rows_for_test(form ? 4 : 2, form ? 2 : 1);
-        std::vector<float> q4_out[2], q6_out[2], joined[2];
-        for (int early = 0; early < 2; ++early) {
-          gpu_use_matvec_early_weights_for_test(early);
-          q4_out[early] = gpu_matmul_for_test(q4w, x, 1);
-          q6_out[early] = gpu_matmul_for_test(q6w, x, 1);
-          joined[early] = gpu_joined_products_for_test({&q4w, &q6w}, x, 1);
-        }
-        const std::string what = "cols " + std::to_string(cols) + (max_sb ? ", pipelined" : "") + (form ? ", four/two rows" : ", two/one rows");
-        ASSERT_EQ(q4_out[0].size(), 67u);
-        ASSERT_EQ(q6_out[0].size(), 45u);
-        ASSERT_EQ(joined[0].size(), 112u);
-        EXPECT_EQ(0, std::memcmp(q4_out[0].data(), q4_out[1].data(), 67 * sizeof(float))) << "Q4_K, " << what;
-        EXPECT_EQ(0, std::memcmp(q6_out[0].data(), q6_out[1].data(), 45 * sizeof(float))) << "Q6_K, " << what;
-        EXPECT_EQ(0, std::memcmp(joined[0].data(), joined[1].data(), 112 * sizeof(float))) << "Q4_K with Q6_K, " << what;
-        const std::vector<double> ref4 = q4.times(x, 0), ref6 = q6.times(x, 0);
-        const std::vector<float> ref4f(ref4.begin(), ref4.end()), ref6f(ref6.begin(), ref6.end());
-        EXPECT_LT(test::nmse(q4_out[1].data(), ref4f.data(), ref4f.size()), 2e-4) << "Q4_K, " << what;
-        EXPECT_LT(test::nmse(q6_out[1].data(), ref6f.data(), ref6f.size()), 2e-4) << "Q6_K, " << what;
-      }
-    }
   }
 }
 

@@ -159,10 +159,8 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
 template <int B>
 constexpr int matvec_min_ctas() { return B == 1 ? 1 : 0; }
 // F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
-// kernels without them are the products as they were, register for register. E: compiled to issue the first
-// weight loads before the wait for the previous kernel (one-token Q4_K and Q6_K kinds: matvec_early_weights);
-// a kernel of its own, so that the kernels without it keep their registers.
-template <int B, Kind K, int R, int S, bool F, bool E = false>
+// kernels without them are the products as they were, register for register.
+template <int B, Kind K, int R, int S, bool F>
 __global__ void __launch_bounds__(kWarps * 32, matvec_min_ctas<B>()) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
@@ -182,17 +180,14 @@ __global__ void __launch_bounds__(kWarps * 32, matvec_min_ctas<B>()) matvec_kern
       first = g.first_unit[m];
     }
   const int64_t row = (unit - first) * R;
-  // E: the row functions wait after their first weight loads.
-  static_assert(!E || (B == 1 && (K == Kind::Q4K || K == Kind::Q6K || K == Kind::Q4K6K)), "early weights: one-token Q4_K/Q6_K kinds");
-  constexpr bool early = E;
-  if (!early) wait_for_previous_kernel();
+  wait_for_previous_kernel();
   if (!live) return;
-  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane, early);
+  if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q5K) matvec_q5_k<B, F>(w, act, y, ldy, accumulate, row, lane);
-  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane, early);
+  else if constexpr (K == Kind::Q6K) matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::Q4K6K) {
-    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane, early);
-    else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane, early);
+    if (w.type == DType::Q4_K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
+    else matvec_q6_k<B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   }
   else if constexpr (block32(K)) matvec_blocks<Blocks<K>, B, R, S, F>(w, act, y, ldy, accumulate, row, lane);
   else if constexpr (K == Kind::F16) matvec_float<B, DType::F16>(w, x, y, ldy, accumulate, row, lane);
@@ -247,13 +242,6 @@ Kind kind_of(const DeviceWeight& w) {
 template <int B, Kind K, int R, int S>
 void launch_one(const MatvecGroup& g, const ActQ8& act, const float* x, bool accumulate, const MatvecEpilogue& ep, cudaStream_t stream) {
   const dim3 grid((unsigned)((g.first_unit[g.n] + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if constexpr (B == 1 && (K == Kind::Q4K || K == Kind::Q6K || K == Kind::Q4K6K)) {
-    if (g.early_weights) {
-      if (wants_fused(K, act, ep))
-        return launch(matvec_kernel<B, K, R, S, true, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
-      return launch(matvec_kernel<B, K, R, S, false, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
-    }
-  }
   if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || block32(K) || K == Kind::Q4K6K) {
     if (wants_fused(K, act, ep))
       return launch(matvec_kernel<B, K, R, S, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
@@ -283,19 +271,6 @@ void launch_multi_row(const MatvecGroup& g, RowShape shape, const ActQ8& act, co
   } else {
     launch_one<B, K, 4, 2>(g, act, x, accumulate, ep, stream);
   }
-}
-
-// One-token Q4_K and Q6_K products may issue their first weight loads before the wait for the previous kernel
-// (MatvecGroup::early_weights, kernels compiled for it: matvec_kernel's E; ROOFLINE_EARLY_WEIGHTS=1, off): a product's
-// CTAs become resident while the kernel before it still runs, and their first round's memory latency can pass under
-// it. The same loads and arithmetic, so the same bits. Measured on an H100 (docs/performance.md, fortieth session) as a
-// run-time switch inside one set of kernels, against the same kernels waiting first: tg128 qwen3-8b +1.1-1.7%,
-// gemma3-27b +1.5-2.6%, qwen3.5-27b +0.4-1.0%, qwen3-32b -0.3-0.5%. But the early path took about one CTA a SM from
-// most one-token kernels whichever order ran, so against the kernels as they were it is not measured: off until it is.
-int matvec_early_weights_for_test = -1;  // gpu_use_matvec_early_weights_for_test: -1 the environment's
-bool matvec_early_weights() {
-  static const bool env_on = env_switch("ROOFLINE_EARLY_WEIGHTS", false);
-  return matvec_early_weights_for_test >= 0 ? matvec_early_weights_for_test > 0 : env_on;
 }
 
 // One-token Q4_K products (and Q4_K/Q6_K groups) pipelined (matvec_pipelined): the next round's loads are
@@ -676,7 +651,6 @@ void matvec_multi(const DeviceWeight* const* ws, float* const* ys, const int* ld
     int64_t rows = 0;
     for (int m = 0; m < count; ++m) rows += ws[m]->rows;
     one_token_rows(kind, rows, shape);
-    g.early_weights = matvec_early_weights();
   }
   const int rows_per_unit = shape.rows;
   for (int m = 0; m < count; ++m) {
@@ -716,7 +690,6 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 namespace roofline {
 
 void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
-void gpu_use_matvec_early_weights_for_test(int on) { cuda::matvec_early_weights_for_test = on < 0 ? -1 : on; }
 void gpu_set_matvec_q4k_rows_for_test(int rows) { cuda::q4k_rows_for_test = rows == 2 || rows == 4 ? rows : 0; }
 void gpu_set_matvec_one_token_rows_for_test(int q4k_rows, int q6k_rows) {
   cuda::one_token_q4k_rows_for_test = q4k_rows == 2 || q4k_rows == 4 ? q4k_rows : 0;

@@ -51,7 +51,6 @@ struct MatvecGroup {
   int ldy[kMax];
   int64_t first_unit[kMax + 1];  // member m holds the units [first_unit[m], first_unit[m + 1]) of the grid
   int n = 0;
-  bool early_weights = false;  // one-token Q4_K/Q6_K products: the kernels that load weights before the wait (matvec_kernel's E)
 };
 struct MatvecMember {
   DeviceWeight w;
@@ -186,40 +185,23 @@ __device__ __forceinline__ void q4_k_round(const Q4KRound<R>& in, const DeviceWe
     for (int r = 0; r < R; ++r) acc[r][t] = u.term(r, acc[r][t], x0, x1, x2, x3, ad, as);
   }
 }
-// early: the caller has not waited for the previous kernel; the first round's weight loads are issued, then the
-// wait (weights are no kernel's output), then everything that reads the activations (ROOFLINE_EARLY_WEIGHTS).
 template <int B, int R, int P = 1>
-__device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B],
-                                                     bool early = false) {
+__device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
   const int g = lane / 4, c = lane % 4;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* rowp[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rowp[r] = w.data + min(row0 + r, w.rows - 1) * w.row_bytes;  // past the end: a repeat, not stored
   if constexpr (P == 1) {
-    int64_t i0 = g;
-    if (early) {
-      Q4KRound<R> first;
-      if (g < n_sb) first.load(rowp, g, c);
-      wait_for_previous_kernel();
-      if (g < n_sb) q4_k_round<B, R>(first, w, act, g, c, acc);
-      i0 += 8;
-    }
-    for (int64_t i = i0; i < n_sb; i += 8) {
+    for (int64_t i = g; i < n_sb; i += 8) {
       Q4KRound<R> cur;
       cur.load(rowp, i, c);
       q4_k_round<B, R>(cur, w, act, i, c, acc);
     }
   } else {
+    if (g >= n_sb) return;
     Q4KRound<R> cur;
-    if (early) {
-      if (g < n_sb) cur.load(rowp, g, c);
-      wait_for_previous_kernel();
-      if (g >= n_sb) return;
-    } else {
-      if (g >= n_sb) return;
-      cur.load(rowp, g, c);
-    }
+    cur.load(rowp, g, c);
     for (int64_t i = g; i < n_sb; i += 8) {
       Q4KRound<R> next;
       const bool more = i + 8 < n_sb;
@@ -230,10 +212,9 @@ __device__ __forceinline__ void matvec_q4_k_partials(const DeviceWeight& w, cons
   }
 }
 template <int B, int R, bool F = false, int P = 1>
-__device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane,
-                                            bool early = false) {
+__device__ __forceinline__ void matvec_q4_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
   float acc[R][B] = {};
-  matvec_q4_k_partials<B, R, P>(w, act, row0, lane, acc, early);
+  matvec_q4_k_partials<B, R, P>(w, act, row0, lane, acc);
   store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
@@ -277,10 +258,8 @@ __device__ __forceinline__ void matvec_q5_k(const DeviceWeight& w, const ActQ8& 
 // Q6_K planes (backend/device_planes.h): lane j of a super-block reads 16 B of low nibbles and 8 B of 2-bit highs for elements
 // 32j..32j+31 (sub-blocks 2j and 2j+1), 6-bit values q that mean q - 32, for dp4a. The activations
 // of each super-block are loaded once for the R rows.
-// early: as matvec_q4_k_partials's (the first iteration's weight loads before the wait).
 template <int B, int R, int S>
-__device__ __forceinline__ void matvec_q6_k_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B],
-                                                     bool early = false) {
+__device__ __forceinline__ void matvec_q6_k_partials(const DeviceWeight& w, const ActQ8& act, int64_t row0, int lane, float (&acc)[R][B]) {
   const int j = lane % 8;
   const int64_t n_sb = w.cols / 256;
   const uint8_t* lo_row[R];
@@ -338,29 +317,8 @@ __device__ __forceinline__ void matvec_q6_k_partials(const DeviceWeight& w, cons
       }
     }
   };
-  // early: the first iteration's loads (past the row's end: zeros), the wait, then its super-blocks. Written out
-  // beside the loop's own loads rather than shared with them: a shared load function changed the registers of four
-  // kernels that do not load early (ptxas, sm_90a), and the loop below is kept as it was measured.
-  int64_t i0 = lane / 8;
-  if (early) {
-    int4 lo[S][R];
-    int2 hi[S][R];
-#pragma unroll
-    for (int u = 0; u < S; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const bool in_row = i0 + 4 * u < n_sb;
-        lo[u][r] = in_row ? ld16(lo_row[r] + (i0 + 4 * u) * 128 + 16 * j) : make_int4(0, 0, 0, 0);
-        hi[u][r] = in_row ? __ldg(reinterpret_cast<const int2*>(hi_row[r] + (i0 + 4 * u) * 64 + 8 * j)) : make_int2(0, 0);
-      }
-    wait_for_previous_kernel();
-#pragma unroll
-    for (int u = 0; u < S; ++u)
-      if (i0 + 4 * u < n_sb) superblock(i0 + 4 * u, lo[u], hi[u]);
-    i0 += 4 * S;
-  }
   // S super-blocks (i, i + 4, ..) per iteration, all loaded before any is used.
-  for (int64_t i = i0; i < n_sb; i += 4 * S) {
+  for (int64_t i = lane / 8; i < n_sb; i += 4 * S) {
     int4 lo[S][R];
     int2 hi[S][R];
 #pragma unroll
@@ -380,10 +338,9 @@ __device__ __forceinline__ void matvec_q6_k_partials(const DeviceWeight& w, cons
   }
 }
 template <int B, int R, int S, bool F = false>
-__device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane,
-                                            bool early = false) {
+__device__ __forceinline__ void matvec_q6_k(const DeviceWeight& w, const ActQ8& act, float* y, int ldy, bool accumulate, int64_t row0, int lane) {
   float acc[R][B] = {};
-  matvec_q6_k_partials<B, R, S>(w, act, row0, lane, acc, early);
+  matvec_q6_k_partials<B, R, S>(w, act, row0, lane, acc);
   store_row_set<B, R, F>(acc, y, ldy, row0, w.rows, accumulate, lane, act);
 }
 
