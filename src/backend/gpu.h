@@ -140,6 +140,13 @@ std::vector<float> gpu_expert_products_for_test(const Weight& stacked, int n_exp
 std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>& router, int n_expert, int cols, const std::vector<float>& xn, int n_rows,
                                             int k, bool normalize, float scale, std::vector<float>* weights, int device = 0);
 
+// For tests: the MoE block's norm and router for a decode step of n_rows <= 8 rows (residual x [n_rows x cols],
+// norm weight [cols]), with the norm in the router kernel (router_norms: moe_router_norms' path) or as its own
+// kernel before it (rms_norm, then the router on its output). Returns the logits [n_rows x n_expert], then xn
+// [n_rows x cols], then the int8 rows as q, d and s ([n_rows x cols] values, [n_rows x cols / 32] twice) as floats.
+std::vector<float> gpu_moe_router_norm_for_test(const std::vector<float>& router, int n_expert, int cols, const std::vector<float>& x,
+                                                const std::vector<float>& norm_w, float eps, int n_rows, bool router_norms, int device = 0);
+
 // For tests: one row-wise op of the GPU over host rows a [n_rows x n]; b is the norm weight or the
 // bias [n], or up [n_rows x n] for the SwiGLU ops. The Int8 variants return the int8 activations the
 // op writes for the next product, times their block scales (n % 32 == 0); Argmax each row's index.

@@ -3,7 +3,7 @@
 // many rows) and decode steps (buckets replayed as CUDA graphs), full and partial offload; decode
 // batches bit-identical to each sequence alone; the chosen experts the same as the CPU's (logits of f32
 // models within float rounding, which a different expert in some row would break); the decode router
-// kernel's routing against a double reference; the fused down + combine launch's eight-row kernel for short Q4_K
+// kernel's routing against a double reference, and its norm against the norm kernel's bits; the fused down + combine launch's eight-row kernel for short Q4_K
 // expert rows against its four-row one, bit for bit.
 #include <gtest/gtest.h>
 
@@ -238,6 +238,54 @@ TEST(GpuMoeTest, RouterKernelRoutesAsTheReferenceAndTheSameInEveryBatch) {
       const size_t pairs = (size_t)n * c.k;
       EXPECT_TRUE(std::equal(ids.begin(), ids.end(), all_ids.begin())) << c.n_expert << " experts, " << n << " rows";
       EXPECT_EQ(0, std::memcmp(w.data(), all_w.data(), pairs * 4)) << c.n_expert << " experts, " << n << " rows";
+    }
+  }
+}
+
+// The decode router kernel that norms its own input (ROOFLINE_MOE_ROUTER_NORM): the logits, xn and xn's int8 rows
+// bit for bit as the norm kernel followed by the router give them, for 1-8 rows, widths whose last float4s or
+// 32-element group are partial, and fewer CTAs (experts) than the norm's groups of eight; and near a double
+// reference, so that the two cannot agree by both being wrong.
+TEST(GpuMoeTest, RouterKernelNormsItsInputWithTheNormKernelsBits) {
+  SKIP_WITHOUT_GPU();
+  if (const char* v = std::getenv("ROOFLINE_MOE_FUSED_ROUTER"); v && std::strcmp(v, "0") == 0)
+    GTEST_SKIP() << "ROOFLINE_MOE_FUSED_ROUTER=0 turns the router kernel off";
+  Rng rng(71);
+  struct Case {
+    int n_expert, cols;
+  };
+  for (const Case& c : {Case{128, 2048}, Case{37, 132}, Case{2, 516}, Case{60, 4096}, Case{256, 2048}}) {
+    std::vector<float> router((size_t)c.n_expert * c.cols), norm_w(c.cols), x((size_t)8 * c.cols);
+    for (float& v : router) v = (float)rng.normal() * 0.05f;
+    for (float& v : norm_w) v = 1.0f + 0.3f * (float)rng.normal();
+    for (float& v : x) v = 3.0f * (float)rng.normal();
+    const float eps = 1e-6f;
+    for (int n : {1, 2, 5, 8}) {
+      const std::vector<float> rows(x.begin(), x.begin() + (size_t)n * c.cols);
+      const auto fused = gpu_moe_router_norm_for_test(router, c.n_expert, c.cols, rows, norm_w, eps, n, true);
+      const auto apart = gpu_moe_router_norm_for_test(router, c.n_expert, c.cols, rows, norm_w, eps, n, false);
+      const size_t n_logits = (size_t)n * c.n_expert, n_values = (size_t)n * c.cols;
+      ASSERT_EQ(fused.size(), apart.size());
+      ASSERT_EQ(fused.size(), n_logits + n_values + (c.cols % 32 == 0 ? n_values + 2 * (size_t)n * (c.cols / 32) : 0));
+      EXPECT_EQ(0, std::memcmp(fused.data(), apart.data(), fused.size() * 4)) << c.n_expert << " x " << c.cols << ", " << n << " rows";
+      for (int t = 0; t < n; ++t) {
+        double ss = 0;
+        for (int i = 0; i < c.cols; ++i) ss += (double)rows[(size_t)t * c.cols + i] * rows[(size_t)t * c.cols + i];
+        const double inv = 1.0 / std::sqrt(ss / c.cols + eps);
+        std::vector<double> xn(c.cols);
+        for (int i = 0; i < c.cols; ++i) {
+          xn[i] = rows[(size_t)t * c.cols + i] * inv * norm_w[i];
+          ASSERT_NEAR(fused[n_logits + (size_t)t * c.cols + i], xn[i], 1e-5 * std::abs(xn[i]) + 1e-6) << c.cols << " row " << t << " col " << i;
+        }
+        for (int e = 0; e < c.n_expert; ++e) {
+          double l = 0, mag = 0;
+          for (int i = 0; i < c.cols; ++i) {
+            l += (double)router[(size_t)e * c.cols + i] * xn[i];
+            mag += std::abs((double)router[(size_t)e * c.cols + i] * xn[i]);
+          }
+          EXPECT_NEAR(fused[(size_t)t * c.n_expert + e], l, 1e-5 * mag + 1e-6) << c.cols << " row " << t << " expert " << e;
+        }
+      }
     }
   }
 }

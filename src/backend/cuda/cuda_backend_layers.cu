@@ -228,14 +228,17 @@ void CudaBackend::ffn_block(LayerDev& L) {
   const int n = n_tok_;
   if (moe_) {  // MoE hook: norm, then routing, experts and shared expert on the device (cuda_moe.cuh)
     mark("moe ffn", 0);
-    rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, moe_->input_act(), stream_);
     const bool shared = L.m(LT::FfnGateShexp).data != nullptr;
     const MoeLayerDev layer{&L.m(LT::FfnGateInp), &L.m(LT::FfnGateExps), &L.m(LT::FfnUpExps), &L.m(LT::FfnDownExps),
                             shared ? &L.m(LT::FfnGateShexp) : nullptr, shared ? &L.m(LT::FfnUpShexp) : nullptr,
                             shared ? &L.m(LT::FfnDownShexp) : nullptr, L.v(LT::FfnGateInpShexp)};
     const int il = (int)(&L - layer_dev_.data()) + layers_.begin;
-    if (host_experts_ && host_experts_->holds(il)) moe_->forward_on_host(layer, *host_experts_, il, xn_, n, x_, host_rows_, stream_);
-    else moe_->forward(layer, xn_, n, x_, stream_);
+    if (host_experts_ && host_experts_->holds(il)) {
+      rms_norm(x_, L.v(LT::FfnNorm), hp.rms_eps, n, hp.n_embd, nullptr, xn_, moe_->input_act(), stream_);
+      moe_->forward_on_host(layer, *host_experts_, il, xn_, n, x_, host_rows_, stream_);
+    } else {
+      moe_->forward(layer, L.v(LT::FfnNorm), hp.rms_eps, xn_, n, x_, stream_);  // the norm inside (the router kernel's, for decode)
+    }
     return;
   }
   if (n == 1 && persistent_ffn(L)) return;

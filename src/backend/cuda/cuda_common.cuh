@@ -147,6 +147,23 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Sum over the CTA in a fixed order (result valid in every thread; smem: 32 floats).
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int i = 0; i < (int)(blockDim.x / 32); ++i) total += smem[i];
+  __syncthreads();
+  return total;
+}
+
+// A thread's share of a row's sum of squares, float4 i of the row: the order the decode norms take
+// (rms_norm_wide_kernel, and the MoE router that norms its own input): thread j sums i = j, j + blockDim.x, ..
+// in turn, then block_sum; rsqrtf(sum / n + eps) is the row's scale.
+__device__ __forceinline__ float add_squares(float ss, float4 v) { return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w); }
+
 // The warp quantizes the 32 values it holds (lane k holds value k) to int8 with d = amax/127 and writes
 // q, d and s = d * sum(q). Only called for whole groups of 32.
 __device__ __forceinline__ void warp_quantize32(float v, int lane, int8_t* q, float* d_out, float* s_out) {

@@ -305,10 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_ffn_kernel(Params p) {
     float ss = 0;
     const float4* x4 = reinterpret_cast<const float4*>(p.x);
 #pragma unroll 8
-    for (int i = threadIdx.x; i < p.n_embd / 4; i += 256) {
-      const float4 v = x4[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
+    for (int i = threadIdx.x; i < p.n_embd / 4; i += 256) ss = add_squares(ss, x4[i]);
     ss = warp_sum(ss);
     if (lane == 0) s.red[warp] = ss;
   }

@@ -236,11 +236,13 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   ROOFLINE_CUDA_CHECK(cudaMemsetAsync(route_counter_, 0, sizeof(int), stream));
 }
 
-void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cudaStream_t stream) {
+void MoeFfn::forward(const MoeLayerDev& L, const float* norm_w, float eps, float* xn, int n, float* x, cudaStream_t stream) {
   if (n == 0) return;
   ROOFLINE_CHECK(n <= max_rows_, "internal error: {} rows exceed the MoE buffers ({})", n, max_rows_);
   const int H = hp_.n_embd, E = hp_.n_expert, k = hp_.n_expert_used, F = hp_.n_ff_exp;
-  const ActQ8 xn_act = input_act();  // written by the norm before the block
+  const ActQ8 xn_act = input_act();  // written by the norm (or the router kernel) before the products
+  const bool router_norms = moe_router_norms(*L.router, n);
+  if (!router_norms) rms_norm(x, norm_w, eps, n, H, nullptr, xn, xn_act, stream);
   ExpertGroups all{};
   all.single_count = n;
   all.chunk_splits = chunk_splits_for(n);
@@ -250,7 +252,8 @@ void MoeFfn::forward(const MoeLayerDev& L, const float* xn, int n, float* x, cud
   if (moe_router_fits(*L.router, n)) {
     MoeRouteTail tail;
     if (n <= moe_route_tail_rows()) tail = MoeRouteTail{k, hp_.expert_weights_norm, hp_.expert_weights_scale, ids_, weights_, route_counter_};
-    moe_router(*L.router, E, xn, n, logits_, tail, stream);
+    const MoeRouterNorm norm{x, norm_w, eps, xn, xn_act};
+    moe_router(*L.router, E, xn, n, logits_, tail, stream, router_norms ? &norm : nullptr);
     routed = tail.ids != nullptr;
   } else {
     matvec_experts(*L.router, E, all, takes_q8(*L.router) ? xn_act : ActQ8{}, xn, logits_, E, stream);

@@ -66,10 +66,22 @@ struct MoeRouteTail {
   float* weights = nullptr;
   int* counter = nullptr;
 };
+// With `norm`, the router kernel also computes the block's rms norm from the residual x (xn = out, its int8 form in
+// act), with rms_norm's bits for steps of up to kMoeRouterNormRows rows (the decode norm, rms_norm_wide_kernel), so
+// the norm's own launch goes (moe_router_norms says where; ROOFLINE_MOE_ROUTER_NORM=0 keeps it).
+constexpr int kMoeRouterNormRows = 8;
+struct MoeRouterNorm {
+  const float* x = nullptr;  // [n_rows x cols] the residual rows
+  const float* w = nullptr;  // [cols] the norm's weight
+  float eps = 0.0f;
+  float* out = nullptr;  // xn, [n_rows x cols]
+  ActQ8 act{};           // xn's int8 rows, or empty
+};
 bool moe_router_fits(const DeviceWeight& router, int n_rows);
+bool moe_router_norms(const DeviceWeight& router, int n_rows);
 int moe_route_tail_rows();
 void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n_rows, float* logits, const MoeRouteTail& tail,
-                cudaStream_t stream);
+                cudaStream_t stream, const MoeRouterNorm* norm = nullptr);
 // x[t] += sum_s weights[t * k + s] * down_{ids[t * k + s]} h[t * k + s] for t < n_rows: the experts' down
 // products and their weighted sum in one launch (int8 rows h in act; Q4_K, Q6_K or Q8_0 down tensors).
 // ROOFLINE_MOE_DOWN_COMBINE=0 keeps the down product and the combine kernel apart.
@@ -106,8 +118,10 @@ class MoeFfn {
   // (empty when n_embd is not a multiple of 32; the products then take xn's floats).
   ActQ8 input_act() const;
   // x[r] += FFN(xn[r]) for r < n_rows: the routed experts weighted by their routing weights, plus the
-  // shared expert times sigmoid(shexp_gate . xn[r]) where the layer has one.
-  void forward(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);
+  // shared expert times sigmoid(shexp_gate . xn[r]) where the layer has one. xn = rmsnorm(x) * norm_w is
+  // written first (with its int8 rows, input_act): by the router kernel where moe_router_norms allows, else
+  // by the norm kernel.
+  void forward(const MoeLayerDev& layer, const float* norm_w, float eps, float* xn, int n_rows, float* x, cudaStream_t stream);
   // The shared expert alone (x[r] += sigmoid(gate . xn[r]) * shared(xn[r])), for layers whose routed
   // experts run elsewhere; nothing for a layer without one.
   void forward_shared(const MoeLayerDev& layer, const float* xn, int n_rows, float* x, cudaStream_t stream);

@@ -22,40 +22,76 @@ constexpr int kDownRows = 4;       // output rows per CTA of the down + combine 
 constexpr int kDownMaxWarps = 16;  // warps per CTA of it: one per expert, up to this many
 
 // logits[t, e] = router[e] . xn[t] for t < n_rows, one CTA per expert e. The router row is loaded before
-// the dependency wait (weights are no kernel's output), so its read overlaps the norm before it. Each
+// the dependency wait (weights are no kernel's output), so its read overlaps the kernel before it. Each
 // thread sums its float4s in order, each warp its threads (butterfly), then the warps in order: the
 // same bits for a row whatever n_rows is. With a tail (ids), the CTA that finishes last routes every row
 // (a step of one row with the whole CTA, route_row_block; else a warp per row, route_row; n_rows <=
 // kRouterWarps) and resets the counter for the next launch.
+// NORM: the block's rms norm too (n_rows <= kMoeRouterNormRows): xn[t] = x[t] * rsqrt(mean(x[t]^2) + eps) * norm.w,
+// summed and rounded as rms_norm_wide_kernel does (256 threads, float4 i = thread, thread + 256, .., add_squares,
+// block_sum), each CTA for itself; CTAs c < the row's groups / 8 also write eight of its 32-element groups of xn and
+// their int8 form, as that kernel's CTA c does. So the separate norm kernel and its boundary go.
+template <bool NORM>
 __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(const float* router, int cols, const float* xn, int n_rows, float* logits,
-                                                                    int n_expert, MoeRouteTail tail, bool whole_cta) {
+                                                                    int n_expert, MoeRouteTail tail, bool whole_cta, MoeRouterNorm norm) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, e = blockIdx.x;
   const int n4 = cols / 4;
-  float4 w[kRouterVec];
+  float4 w[kRouterVec], nw[kRouterVec];
 #pragma unroll
   for (int v = 0; v < kRouterVec; ++v) {
     const int i = tid + v * kRouterThreads;
     w[v] = i < n4 ? __ldg(reinterpret_cast<const float4*>(router + (int64_t)e * cols) + i) : make_float4(0, 0, 0, 0);
+    if constexpr (NORM) nw[v] = i < n4 ? __ldg(reinterpret_cast<const float4*>(norm.w) + i) : make_float4(0, 0, 0, 0);
   }
   wait_for_previous_kernel();
   __shared__ float part[kRouterWarps][kMoeRouterMaxRows];
+  __shared__ float red[32];
   __shared__ bool last;
   for (int t = 0; t < n_rows; ++t) {
-    const float4* x = reinterpret_cast<const float4*>(xn + (int64_t)t * cols);
+    const float4* x = reinterpret_cast<const float4*>((NORM ? norm.x : xn) + (int64_t)t * cols);
+    float4 xv[kRouterVec];
+    float scale = 1.0f;
+#pragma unroll
+    for (int v = 0; v < kRouterVec; ++v) {
+      const int i = tid + v * kRouterThreads;
+      xv[v] = i < n4 ? x[i] : make_float4(0, 0, 0, 0);
+    }
+    if constexpr (NORM) {
+      float ss = 0;
+#pragma unroll
+      for (int v = 0; v < kRouterVec; ++v)
+        if (tid + v * kRouterThreads < n4) ss = add_squares(ss, xv[v]);
+      scale = rsqrtf(block_sum(ss, red) / (float)cols + norm.eps);
+#pragma unroll
+      for (int v = 0; v < kRouterVec; ++v)
+        xv[v] = make_float4(xv[v].x * scale * nw[v].x, xv[v].y * scale * nw[v].y, xv[v].z * scale * nw[v].z, xv[v].w * scale * nw[v].w);
+    }
     float acc = 0;
 #pragma unroll
     for (int v = 0; v < kRouterVec; ++v) {
       const int i = tid + v * kRouterThreads;
       if (i < n4) {
-        const float4 xv = x[i];
-        acc = fmaf(w[v].x, xv.x, acc);
-        acc = fmaf(w[v].y, xv.y, acc);
-        acc = fmaf(w[v].z, xv.z, acc);
-        acc = fmaf(w[v].w, xv.w, acc);
+        acc = fmaf(w[v].x, xv[v].x, acc);
+        acc = fmaf(w[v].y, xv[v].y, acc);
+        acc = fmaf(w[v].z, xv[v].z, acc);
+        acc = fmaf(w[v].w, xv[v].w, acc);
       }
     }
     acc = warp_sum(acc);
     if (lane == 0) part[warp][t] = acc;
+    if constexpr (NORM) {  // xn's groups g = 8c + warp of CTAs c, one lane an element
+      const float* xr = norm.x + (int64_t)t * cols;
+      for (int g = e * kRouterWarps + warp; g < (cols + 31) / 32; g += n_expert * kRouterWarps) {
+        const int col = g * 32 + lane;
+        const float v = col < cols ? xr[col] * scale * norm.w[col] : 0.0f;
+        if (col < cols) norm.out[(int64_t)t * cols + col] = v;
+        if (norm.act.q && g < cols / 32) {
+          const int64_t gi = (int64_t)t * (cols / 32) + g;
+          warp_quantize32(v, lane, const_cast<int8_t*>(norm.act.q) + gi * 32, const_cast<float*>(norm.act.d) + gi,
+                          const_cast<float*>(norm.act.s) + gi);
+        }
+      }
+    }
   }
   __syncthreads();
   for (int t = tid; t < n_rows; t += kRouterThreads) {
@@ -264,15 +300,26 @@ bool moe_router_fits(const DeviceWeight& router, int n_rows) {
 
 int moe_route_tail_rows() { return kRouterWarps; }
 
+bool moe_router_norms(const DeviceWeight& router, int n_rows) {
+  static const bool on = env_switch("ROOFLINE_MOE_ROUTER_NORM", true);
+  return on && n_rows <= kMoeRouterNormRows && moe_router_fits(router, n_rows);
+}
+
 void moe_router(const DeviceWeight& router, int n_expert, const float* xn, int n_rows, float* logits, const MoeRouteTail& tail,
-                cudaStream_t stream) {
-  if (!moe_router_fits(router, n_rows) || router.rows != n_expert || (tail.ids && (n_rows > kRouterWarps || !tail.counter)))
+                cudaStream_t stream, const MoeRouterNorm* norm) {
+  if (!moe_router_fits(router, n_rows) || router.rows != n_expert || (tail.ids && (n_rows > kRouterWarps || !tail.counter)) ||
+      (norm && (n_rows > kMoeRouterNormRows || !norm->x || !norm->w || !norm->out || norm->out != xn)))
     fail("internal error: the fused MoE router over {} rows of a {} x {} {} router", n_rows, router.rows, router.cols, dtype_name(router.type));
   // A step of one row is routed by the whole last CTA (route_row_block); ROOFLINE_MOE_ROUTE_CTA=0 leaves it
   // to one warp. Measured on the H200 (tg128, qwen3-30b-a3b, two rounds): 387.8 / 388.9 against 385.0 / 384.0.
   static const bool whole_cta = env_switch("ROOFLINE_MOE_ROUTE_CTA", true);
-  launch(moe_router_kernel, dim3((unsigned)n_expert), dim3(kRouterThreads), 0, stream, pdl_enabled(),
-         reinterpret_cast<const float*>(router.data), (int)router.cols, xn, n_rows, logits, n_expert, tail, whole_cta);
+  const float* r = reinterpret_cast<const float*>(router.data);
+  if (norm)
+    launch(moe_router_kernel<true>, dim3((unsigned)n_expert), dim3(kRouterThreads), 0, stream, pdl_enabled(), r, (int)router.cols, xn, n_rows,
+           logits, n_expert, tail, whole_cta, *norm);
+  else
+    launch(moe_router_kernel<false>, dim3((unsigned)n_expert), dim3(kRouterThreads), 0, stream, pdl_enabled(), r, (int)router.cols, xn, n_rows,
+           logits, n_expert, tail, whole_cta, MoeRouterNorm{});
 }
 
 bool moe_down_combine_fits(const DeviceWeight& down) {
@@ -403,6 +450,63 @@ std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>& router, in
   if (weights) {
     weights->resize(pairs);
     ROOFLINE_CUDA_CHECK(cudaMemcpy(weights->data(), wts, pairs * 4, cudaMemcpyDeviceToHost));
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
+  return out;
+}
+
+std::vector<float> gpu_moe_router_norm_for_test(const std::vector<float>& router, int n_expert, int cols, const std::vector<float>& x,
+                                                const std::vector<float>& norm_w, float eps, int n_rows, bool router_norms, int device) {
+  using namespace cuda;
+  if (router.size() != (size_t)n_expert * cols || x.size() != (size_t)n_rows * cols || norm_w.size() != (size_t)cols || n_rows < 1 ||
+      n_rows > kMoeRouterNormRows)
+    fail("gpu_moe_router_norm_for_test: a {} x {} router, {} rows of input", n_expert, cols, n_rows);
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  DeviceArena arena;
+  const size_t values = (size_t)n_rows * cols, groups = (size_t)n_rows * (cols / 32);
+  arena.reserve((router.size() + 2 * values + cols + (size_t)n_rows * n_expert + 2 * groups) * 4 + values + 8 * 256);
+  auto up = [&](const std::vector<float>& v) {
+    float* d = reinterpret_cast<float*>(arena.take(v.size() * 4));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+  };
+  const float *dr = up(router), *dx = up(x), *dw = up(norm_w);
+  float* xn = reinterpret_cast<float*>(arena.take(values * 4));
+  float* logits = reinterpret_cast<float*>(arena.take((size_t)n_rows * n_expert * 4));
+  ActQ8 act;
+  act.q = reinterpret_cast<int8_t*>(arena.take(values));
+  act.d = reinterpret_cast<float*>(arena.take(groups * 4));
+  act.s = reinterpret_cast<float*>(arena.take(groups * 4));
+  DeviceWeight w;
+  w.type = DType::F32;
+  w.rows = n_expert;
+  w.cols = cols;
+  w.row_bytes = (size_t)cols * 4;
+  w.data = reinterpret_cast<const uint8_t*>(dr);
+  if (!moe_router_fits(w, n_rows)) fail("gpu_moe_router_norm_for_test: the fused router does not take {} rows of {}", n_rows, cols);
+  const ActQ8 act_out = cols % 32 == 0 ? act : ActQ8{};
+  if (router_norms) {
+    const MoeRouterNorm norm{dx, dw, eps, xn, act_out};
+    moe_router(w, n_expert, xn, n_rows, logits, MoeRouteTail{}, stream, &norm);
+  } else {
+    rms_norm(dx, dw, eps, n_rows, cols, nullptr, xn, act_out, stream);
+    moe_router(w, n_expert, xn, n_rows, logits, MoeRouteTail{}, stream);
+  }
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> out((size_t)n_rows * n_expert + values);
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), logits, (size_t)n_rows * n_expert * 4, cudaMemcpyDeviceToHost));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data() + (size_t)n_rows * n_expert, xn, values * 4, cudaMemcpyDeviceToHost));
+  if (act_out.q) {
+    std::vector<int8_t> q(values);
+    std::vector<float> d(groups), sums(groups);
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(q.data(), act.q, values, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(d.data(), act.d, groups * 4, cudaMemcpyDeviceToHost));
+    ROOFLINE_CUDA_CHECK(cudaMemcpy(sums.data(), act.s, groups * 4, cudaMemcpyDeviceToHost));
+    for (int8_t v : q) out.push_back((float)v);
+    out.insert(out.end(), d.begin(), d.end());
+    out.insert(out.end(), sums.begin(), sums.end());
   }
   ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
   return out;

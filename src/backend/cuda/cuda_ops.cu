@@ -8,19 +8,6 @@ namespace roofline::cuda {
 
 namespace {
 
-
-// Sum over the CTA in a fixed order (result valid in every thread).
-__device__ float block_sum(float v, float* smem) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int i = 0; i < (int)(blockDim.x / 32); ++i) total += smem[i];
-  __syncthreads();
-  return total;
-}
-
 __global__ void embed_kernel(DeviceWeight table, DeviceStep step, float* x, int n_embd) {
   wait_for_previous_kernel();
   const int r = blockIdx.x;
@@ -121,8 +108,7 @@ __global__ void rms_norm_wide_kernel(const float* x, const float* w, float eps, 
     const float4* x4 = reinterpret_cast<const float4*>(xr);
 #pragma unroll 8
     for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
-      const float4 v = x4[i];
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      ss = add_squares(ss, x4[i]);
     }
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
