@@ -407,6 +407,21 @@ void moe_down_combine(const DeviceWeight& down, int64_t rows_per_expert, const A
 
 namespace roofline {
 
+namespace {
+
+// The test hooks' f32 router of n_expert rows on the device.
+cuda::DeviceWeight f32_router(const float* data, int n_expert, int cols) {
+  cuda::DeviceWeight w;
+  w.type = DType::F32;
+  w.rows = n_expert;
+  w.cols = cols;
+  w.row_bytes = (size_t)cols * 4;
+  w.data = reinterpret_cast<const uint8_t*>(data);
+  return w;
+}
+
+}  // namespace
+
 std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>& router, int n_expert, int cols, const std::vector<float>& xn, int n_rows,
                                             int k, bool normalize, float scale, std::vector<float>* weights, int device) {
   using namespace cuda;
@@ -427,12 +442,7 @@ std::vector<int32_t> gpu_moe_route_for_test(const std::vector<float>& router, in
   ROOFLINE_CUDA_CHECK(cudaMemcpy(dr, router.data(), router.size() * 4, cudaMemcpyHostToDevice));
   ROOFLINE_CUDA_CHECK(cudaMemcpy(dx, xn.data(), xn.size() * 4, cudaMemcpyHostToDevice));
   ROOFLINE_CUDA_CHECK(cudaMemset(counter, 0, 4));
-  DeviceWeight w;
-  w.type = DType::F32;
-  w.rows = n_expert;
-  w.cols = cols;
-  w.row_bytes = (size_t)cols * 4;
-  w.data = reinterpret_cast<const uint8_t*>(dr);
+  const DeviceWeight w = f32_router(dr, n_expert, cols);
   if (!moe_router_fits(w, n_rows)) fail("gpu_moe_route_for_test: the fused router does not take {} rows of {}", n_rows, cols);
   // Twice, the outputs cleared in between: the second launch routes only if the first left the counter at 0.
   std::vector<int32_t> first, out(pairs);
@@ -479,12 +489,7 @@ std::vector<float> gpu_moe_router_norm_for_test(const std::vector<float>& router
   act.q = reinterpret_cast<int8_t*>(arena.take(values));
   act.d = reinterpret_cast<float*>(arena.take(groups * 4));
   act.s = reinterpret_cast<float*>(arena.take(groups * 4));
-  DeviceWeight w;
-  w.type = DType::F32;
-  w.rows = n_expert;
-  w.cols = cols;
-  w.row_bytes = (size_t)cols * 4;
-  w.data = reinterpret_cast<const uint8_t*>(dr);
+  const DeviceWeight w = f32_router(dr, n_expert, cols);
   if (!moe_router_fits(w, n_rows)) fail("gpu_moe_router_norm_for_test: the fused router does not take {} rows of {}", n_rows, cols);
   const ActQ8 act_out = cols % 32 == 0 ? act : ActQ8{};
   if (router_norms) {
