@@ -159,6 +159,17 @@ std::vector<float> gpu_moe_router_norm_for_test(const std::vector<float>& router
 // and b = [w, w2]; PostNormAdd returns the new x, PostNormAddNorm rmsnorm(x) * w2, PostNormAddInt8 its
 // int8 form dequantized (at most 8 rows, n a multiple of 32).
 enum class GpuOpForTest { RmsNorm, RmsNormInt8, RmsNormF16, Swiglu, SwigluInt8, SwigluF16, AddBias, Argmax, ArgmaxAllowed, PostNormAdd, PostNormAddNorm, PostNormAddInt8 };
+// For tests: a 9-64 row step's product input written as the warpgroup kernel's activation tiles by the kernel that
+// computes it (RmsNorm: a = x rows, b = the norm weight; Swiglu: a = gate rows, b = up rows, GeGLU where geglu; n a
+// multiple of 256), against the same op's f32 rows converted by the products' own conversion and by the reference
+// conversion that builds each 16-byte run from the row blocks' offsets; q6: Q6_K's tile layout, else Q4_K's. Returns
+// the three buffers' halves as bits, in that order ([3][n_pad x n], n_pad the rows rounded up to 16).
+std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest op, bool geglu, bool q6, const std::vector<float>& a, const std::vector<float>& b,
+                                                  int n_rows, int n, float eps, int device = 0);
+// Whether engines created after the call have producers write those tiles (ROOFLINE_PRODUCER_TILES; -1: the
+// environment's), and how many products have taken tiles so written, over the process.
+void gpu_use_producer_tiles_for_test(int on);
+int64_t gpu_producer_tiles_taken_for_test();
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps = 1e-6f, int device = 0);
 

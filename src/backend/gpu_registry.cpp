@@ -65,6 +65,12 @@ std::vector<float> gpu_moe_router_norm_for_test(const std::vector<float>&, int, 
 std::vector<float> gpu_op_for_test(GpuOpForTest, const std::vector<float>&, const std::vector<float>&, int, int, float, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
+std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest, bool, bool, const std::vector<float>&, const std::vector<float>&, int, int, float,
+                                                  int) {
+  fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
+}
+void gpu_use_producer_tiles_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+int64_t gpu_producer_tiles_taken_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_chained_products_for_test(GpuChainForTest, bool, const Weight&, const Weight*, const Weight&, const std::vector<float>&,
                                                  const std::vector<float>&, const std::vector<float>&, int, float, int) {
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");

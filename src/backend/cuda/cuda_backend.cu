@@ -327,6 +327,7 @@ void CudaBackend::forward(int layer_begin, int layer_end) {
   if (layer_begin == layer_end) return;
   forward_end_ = layer_end;  // a layer may prepare the next one's input only inside this range
   attn_input_ready_ = ffn_input_ready_ = false;
+  ready_tiles_x_ = nullptr;
   inputs_.reset();  // each forward starts on the first int8 buffer (a captured graph replays the pointers it saw)
   // Decode: one CUDA graph per (bucket, layer range, head split, attention grid), captured on first use and
   // replayed after (grid_splits_ <= 8192: 14 bits; buckets of at most 64 rows: 8 bits).

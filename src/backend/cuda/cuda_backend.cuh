@@ -166,6 +166,15 @@ class CudaBackend final : public Backend {
   // f16_cols: x_f16_ holds x already, as rows of this many values (a prompt norm wrote it).
   void project_group(std::initializer_list<Product> products, const float* x, int n, int64_t f16_cols = -1);
 
+  // Batched steps (9-64 rows) on Hopper: the kernel that computes a product's input (the pre-norm, the gated FFN
+  // step) writes it as the warpgroup kernel's activation tiles in x_f16_ too, so the product converts nothing
+  // (ROOFLINE_PRODUCER_TILES, on by default). producer_tiles: the tiles for the products of `first`, or {} where
+  // off or where that product takes another kernel; tiles_written: they hold x, for the next product of x (of
+  // `first`'s type and width); take_ready_tiles: whether they hold x for w; every product takes or drops them.
+  WgTiles producer_tiles(const DeviceWeight& first) const;
+  void tiles_written(const float* x, const DeviceWeight& first);
+  bool take_ready_tiles(const DeviceWeight& w, const float* x);
+
   // A layer: norm -> mixer (attention or Gated DeltaNet) -> residual, then the FFN block.
   void forward_layer(LayerDev& L);
 
@@ -228,6 +237,9 @@ class CudaBackend final : public Backend {
   // Prompt norms and prompt attention write the next products' f16 inputs themselves (instead of an f32
   // output that gemm converts); ROOFLINE_F16_OUTPUTS=0, read when the backend is created, converts.
   const bool f16_outputs_ = env_switch("ROOFLINE_F16_OUTPUTS", true);
+  const float* ready_tiles_x_ = nullptr;  // x_f16_ holds this input's tiles (tiles_written), for products of:
+  DType ready_tiles_type_ = DType::F32;
+  int64_t ready_tiles_cols_ = 0;
   size_t gemm_scratch_elems_ = 0;
   int* step_dev_ = nullptr;
   int* step_host_ = nullptr;

@@ -3,6 +3,8 @@
 // SwiGLU + quantize -> down (+ residual), or the MoE block (cuda_moe.cuh). Decode-sized steps (<= 8 rows) go
 // through the matvec kernels with int8 inputs, larger steps through the GEMMs; decode epilogues, post-norms
 // (Gemma 3) and the -sm row partial sums are chosen here.
+#include <atomic>
+
 #include "backend/cuda/cuda_backend.cuh"
 
 namespace roofline::cuda {
@@ -42,9 +44,34 @@ void CudaBackend::project(const DeviceWeight& w, const float* x, int n, float* y
     if (ep.kind != MatvecEpilogue::Kind::None) take_input(ep, next_cols);
   } else {
     if (ep.kind != MatvecEpilogue::Kind::None) fail("internal error: a decode epilogue on a product of {} rows", n);
-    gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x16 ? x16 : x_f16_, stream_, x_ready || x16,
+    const bool tiles = take_ready_tiles(w, x);
+    gemm(cublas_, w, x, n, y, ldy, accumulate, gemm_scratch_, gemm_scratch_elems_, x16 ? x16 : x_f16_, stream_, x_ready || x16 || tiles,
          ahead_.get());
   }
+}
+
+int producer_tiles_for_test = -1;                    // (gpu_use_producer_tiles_for_test; -1: the environment's)
+std::atomic<int64_t> producer_tiles_taken{0};  // (gpu_producer_tiles_taken_for_test)
+
+WgTiles CudaBackend::producer_tiles(const DeviceWeight& first) const {
+  static const bool env = env_switch("ROOFLINE_PRODUCER_TILES", true);
+  const bool on = producer_tiles_for_test < 0 ? env : producer_tiles_for_test > 0;
+  if (!on || n_tok_ <= 8 || partial_sum_) return {};
+  return gemm_input_tiles(first, n_tok_, x_f16_);
+}
+
+void CudaBackend::tiles_written(const float* x, const DeviceWeight& first) {
+  ready_tiles_x_ = x;
+  ready_tiles_type_ = first.type;
+  ready_tiles_cols_ = first.cols;
+}
+
+bool CudaBackend::take_ready_tiles(const DeviceWeight& w, const float* x) {
+  const bool ready = x && x == ready_tiles_x_ && w.type == ready_tiles_type_ && w.cols == ready_tiles_cols_ &&
+                     gemm_input_tiles(w, n_tok_, x_f16_).out != nullptr;
+  ready_tiles_x_ = nullptr;
+  if (ready) producer_tiles_taken.fetch_add(1, std::memory_order_relaxed);
+  return ready;
 }
 
 bool CudaBackend::gemm_takes_f16(const DeviceWeight& w, int n) {
@@ -56,7 +83,10 @@ int64_t CudaBackend::pre_norm(const char* what, const float* w, bool q8, const D
   const HParams& hp = model_->hparams();
   mark(what, 0);
   __half* x16 = f16_outputs_ && gemm_takes_f16(first, n_tok_) ? x_f16_ : nullptr;
-  return rms_norm(x_, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, xn_, q8 ? inputs_.writable() : ActQ8{}, stream_, x16) ? hp.n_embd : -1;
+  const WgTiles tiles = x16 || q8 ? WgTiles{} : producer_tiles(first);
+  const bool wrote = rms_norm(x_, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, xn_, q8 ? inputs_.writable() : ActQ8{}, stream_, x16, tiles);
+  if (wrote && tiles.out) tiles_written(xn_, first);
+  return wrote && x16 ? hp.n_embd : -1;
 }
 
 void CudaBackend::project_group(std::initializer_list<Product> products, const float* x, int n, int64_t f16_cols) {
@@ -90,7 +120,8 @@ void CudaBackend::project_group(std::initializer_list<Product> products, const f
       }
       mark(op_name(fmt::format("matvec {}", names).c_str(), *p[i].w).c_str(), bytes);
       if (n > 8) {
-        gemm_multi(ws, ys, lds, (int)(j - i), x, n, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_);
+        const bool tiles = take_ready_tiles(*ws[0], x);
+        gemm_multi(ws, ys, lds, (int)(j - i), x, n, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_, tiles);
       } else {
         quantize_input(*p[i].w, x, n);
         matvec_multi(ws, ys, lds, (int)(j - i), inputs_.current(), x, n, false, stream_);
@@ -268,7 +299,13 @@ void CudaBackend::ffn_block(LayerDev& L) {
     down_f16 = gemm_takes_f16(L.m(LT::FfnDown), n);
     float* h32 = down_f16 ? nullptr : gate_;
     __half* h16 = down_f16 ? x_f16_ : nullptr;
-    if (gelu_ffn) {
+    // Batched steps on the warpgroup kernel: down's activation tiles straight from it (no f32 h, no conversion).
+    const WgTiles down_tiles = down_f16 || q8_down || hp.n_ff % 256 != 0 ? WgTiles{} : producer_tiles(L.m(LT::FfnDown));
+    if (down_tiles.out) {
+      mark(gelu_ffn ? "geglu (down's tiles)" : "swiglu (down's tiles)", 0);
+      gated_wgmma_tiles(gelu_ffn, gate_, up_, n, (int)hp.n_ff, down_tiles, stream_);
+      tiles_written(gate_, L.m(LT::FfnDown));
+    } else if (gelu_ffn) {
       mark("geglu + quantize", 0);
       geglu(gate_, up_, n, hp.n_ff, h32, q8_down ? inputs_.writable() : ActQ8{}, stream_, h16);
     } else {
@@ -345,3 +382,10 @@ void CudaBackend::delta_net_block(LayerDev& L) {
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+void gpu_use_producer_tiles_for_test(int on) { cuda::producer_tiles_for_test = on; }
+int64_t gpu_producer_tiles_taken_for_test() { return cuda::producer_tiles_taken.load(); }
+
+}  // namespace roofline

@@ -148,11 +148,18 @@ void int8_products(const DeviceWeight* const* ws, float* const* ys, const int* l
 // for steps of 9-64 rows (ROOFLINE_WGMMA=N: N-64, =0: never; wgmma_products_min_rows, 0 when off), where the device
 // is sm_90 and the build has sm_90a code (wgmma_products_available). x_scratch: the f16 fragment buffer of the f16
 // kernel (n_tokens rounded up to 16, times cols, halves), which the activation tiles fill exactly.
+// x_ready: x_scratch already holds x's tiles (WgTiles of wgmma_n_pad(n_tokens) tokens in the weights' layout, written
+// by the kernel that computed x), so x is not read.
 int wgmma_products_min_rows();
 bool wgmma_products_available();
 bool wgmma_products_take(const DeviceWeight& w, int n_tokens);
+inline int wgmma_n_pad(int n_tokens) { return 16 * ((n_tokens + 15) / 16); }
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
-                    bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream);
+                    bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream);
+// For tests: f32 rows [n_rows x n] -> tiles, by the products' own conversion (in the values' order, through
+// wg_tile_index), or with run_order by the kernel that builds each 16-byte run from RowBlock<T>::x_offset (the
+// expert products' conversion): the reference for every kernel that writes tiles.
+void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& tiles, bool run_order, cudaStream_t stream);
 // The grouped expert products (mma_experts' arguments) on the same kernel, with ROOFLINE_WGMMA_EXPERTS=1 (off).
 bool wgmma_experts_take(const DeviceWeight& stacked);
 void wgmma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,

@@ -136,6 +136,37 @@ __device__ __forceinline__ uint2 f16x4_saturated(float4 a) {
   return o.v;
 }
 
+// act(gate) * up, the gated FFN's (and gated attention's) elementwise step: silu (SwiGLU), sigmoid (gated
+// attention's output gate) or GELU with the tanh approximation (GeGLU). One definition for every kernel that
+// computes it, so they agree to the bit.
+enum class GateAct { Silu, Sigmoid, GeluTanh };
+template <GateAct kAct>
+__device__ __forceinline__ float gated_value(float a, float u) {
+  if constexpr (kAct == GateAct::GeluTanh) return 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * u;
+  else return (kAct == GateAct::Sigmoid ? 1.0f : a) / (1.0f + __expf(-a)) * u;
+}
+
+// A product input of a 9-64 row step written by the kernel that computes it straight as the activation tiles of
+// Hopper's warpgroup kernel (cuda_wgmma_rows.cu), so that no conversion launch runs between the two: n_pad
+// tokens (the step's rows rounded up to 16; the rows past the step's as zeros, as the conversion writes them)
+// in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles.
+struct WgTiles {
+  __half* out = nullptr;
+  int n_pad = 0;
+  bool q6 = false;
+};
+// Where value k of token n goes in them, in halves. The conversion kernel (wgmma_b_run) writes, for super-block sb,
+// k16 step 8h + 4p + u and k half kb, one 16-byte run per token whose slot 2t + j holds k = 256 sb +
+// RowBlock<T>::x_offset(h, p, u, t) + kb + 2j; the bits of k % 256 are then, high to low, h t1 p t0 u1 u0 j kb
+// for Q4_K and h t1 t0 p u1 u0 j kb for Q6_K. So k and k + 2 (k % 4 < 2) are neighbours in one run.
+__device__ __forceinline__ int64_t wg_tile_index(const WgTiles& tiles, int64_t k, int n) {
+  const int kin = (int)(k & 255), h = kin >> 7, u = (kin >> 2) & 3, j = (kin >> 1) & 1, kb = kin & 1;
+  const int p = tiles.q6 ? (kin >> 4) & 1 : (kin >> 5) & 1;
+  const int t = tiles.q6 ? (kin >> 5) & 3 : 2 * ((kin >> 6) & 1) + ((kin >> 4) & 1);
+  const int64_t run = (((k >> 8) * 16 + 8 * h + 4 * p + u) * 2 + kb) * tiles.n_pad + n;
+  return run * 8 + 2 * t + j;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_product_inputs.cuh"
@@ -247,6 +248,48 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
     out.resize(na);
     ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), op == GpuOpForTest::PostNormAdd ? da + na : dy, na * 4, cudaMemcpyDeviceToHost));
   }
+  ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
+  return out;
+}
+
+std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest op, bool geglu, bool q6, const std::vector<float>& a, const std::vector<float>& b,
+                                                  int n_rows, int n, float eps, int device) {
+  using namespace cuda;
+  const bool norm = op == GpuOpForTest::RmsNorm;
+  if (!norm && op != GpuOpForTest::Swiglu) fail("gpu_producer_tiles_for_test: RmsNorm or Swiglu");
+  const size_t na = (size_t)n_rows * n;
+  if (n % 256 != 0 || n_rows < 9 || n_rows > 64 || a.size() != na || b.size() != (norm ? (size_t)n : na))
+    fail("gpu_producer_tiles_for_test: 9-64 rows of a multiple of 256 values, and b of {}", norm ? "n" : "n_rows x n");
+  ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
+  cudaStream_t stream;
+  ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
+  const int n_pad = wgmma_n_pad(n_rows);
+  const size_t halves = (size_t)n_pad * n;
+  DeviceArena arena;
+  arena.reserve((na + b.size() + na) * 4 + 3 * halves * 2 + 8 * 256);
+  float* da = reinterpret_cast<float*>(arena.take(na * 4));
+  float* db = reinterpret_cast<float*>(arena.take(b.size() * 4));
+  float* dy = reinterpret_cast<float*>(arena.take(na * 4));
+  __half* tiles = reinterpret_cast<__half*>(arena.take(3 * halves * 2));  // produced, converted, the run-order reference
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), na * 4, cudaMemcpyHostToDevice));
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+  // Every half not written by a kernel stays a NaN pattern, so a missed one shows as a difference.
+  ROOFLINE_CUDA_CHECK(cudaMemset(tiles, 0xFF, 3 * halves * 2));
+  auto at = [&](int j) { return WgTiles{tiles + j * halves, n_pad, q6}; };
+  if (norm) {
+    if (!rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream, nullptr, at(0)))
+      fail("gpu_producer_tiles_for_test: the norm wrote no tiles for {} rows of {}", n_rows, n);
+    rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream);
+  } else {
+    gated_wgmma_tiles(geglu, da, db, n_rows, n, at(0), stream);
+    if (geglu) cuda::geglu(da, db, n_rows, n, dy, ActQ8{}, stream);
+    else swiglu(da, db, n_rows, n, dy, ActQ8{}, stream);
+  }
+  wgmma_convert_for_test(dy, n_rows, n, at(1), false, stream);
+  wgmma_convert_for_test(dy, n_rows, n, at(2), true, stream);
+  ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<uint16_t> out(3 * halves);
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(out.data(), tiles, 3 * halves * 2, cudaMemcpyDeviceToHost));
   ROOFLINE_CUDA_CHECK(cudaStreamDestroy(stream));
   return out;
 }

@@ -423,14 +423,16 @@ void launch_mma_rows(const DeviceWeight* const* ws, float* const* ys, const int*
 
 // The fused kernel over `count` weights of one type (Q4_K or Q6_K planes) and row length; the
 // dequantization scratch is free in this path: it holds the split-K partial sums.
+// x_ready: x_f16 holds x's warpgroup tiles (gemm_input_tiles).
 void fused_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, bool accumulate,
-                    __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
+                    __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false) {
   float* part = reinterpret_cast<float*>(scratch);
   const size_t part_floats = scratch_elems / 2;
+  const bool wgmma = !int8_products_take(*ws[0], n_tokens) && wgmma_products_take(*ws[0], n_tokens);
+  if (x_ready && !wgmma) fail("internal error: warpgroup tiles given to another kernel's {}-row product", n_tokens);
   if (int8_products_take(*ws[0], n_tokens))  // only where asked for (ROOFLINE_INT8_MMA)
     return int8_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, stream);
-  if (wgmma_products_take(*ws[0], n_tokens))
-    return wgmma_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, stream);
+  if (wgmma) return wgmma_products(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_f16, x_ready, stream);
   if (ws[0]->type == DType::Q4_K) launch_mma_rows<DType::Q4_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
   else launch_mma_rows<DType::Q6_K>(ws, ys, ldys, count, x, x_f16, n_tokens, accumulate, part, part_floats, stream);
 }
@@ -569,12 +571,11 @@ void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half*
 void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_tokens, float* y, int ldy, bool accumulate,
           __half* scratch, size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready, DequantAhead* ahead) {
   const int64_t n_x = (int64_t)n_tokens * w.cols;
-  if (gemm_fuses_dequant(w, n_tokens)) {
-    if (x_ready) fail("internal error: an f16 input given to the fused {}-row product", n_tokens);
+  if (gemm_fuses_dequant(w, n_tokens)) {  // (x_ready: x_f16 holds its warpgroup tiles)
     const DeviceWeight* ws[1] = {&w};
     float* ys[1] = {y};
     const int ldys[1] = {ldy};
-    return fused_products(ws, ys, ldys, 1, x, n_tokens, accumulate, scratch, scratch_elems, x_f16, stream);
+    return fused_products(ws, ys, ldys, 1, x, n_tokens, accumulate, scratch, scratch_elems, x_f16, stream, x_ready);
   }
   if (!x_ready) launch(to_f16_kernel, dim3((unsigned)((n_x + 8 * 256 - 1) / (8 * 256))), dim3(256), 0, stream, pdl_enabled(), x, n_x, x_f16);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -615,13 +616,18 @@ bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens) {
   return on && gemm_fuses_dequant(a, n_tokens) && gemm_fuses_dequant(b, n_tokens) && a.type == b.type && a.cols == b.cols;
 }
 
+WgTiles gemm_input_tiles(const DeviceWeight& w, int n_tokens, __half* x_f16) {
+  if (!gemm_fuses_dequant(w, n_tokens) || int8_products_take(w, n_tokens) || !wgmma_products_take(w, n_tokens)) return {};
+  return WgTiles{x_f16, wgmma_n_pad(n_tokens), w.type == DType::Q6_K};
+}
+
 void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
-                size_t scratch_elems, __half* x_f16, cudaStream_t stream) {
+                size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready) {
   if (count < 1 || count > kMatvecGroupMax) fail("internal error: {} products in one launch", count);
   for (int k = 1; k < count; ++k)
     if (!gemm_can_join(*ws[0], *ws[k], n_tokens)) fail("internal error: products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
   if (!gemm_fuses_dequant(*ws[0], n_tokens)) fail("internal error: a joined product of {} rows", n_tokens);
-  fused_products(ws, ys, ldys, count, x, n_tokens, false, scratch, scratch_elems, x_f16, stream);
+  fused_products(ws, ys, ldys, count, x, n_tokens, false, scratch, scratch_elems, x_f16, stream, x_ready);
 }
 
 }  // namespace roofline::cuda

@@ -148,7 +148,8 @@ void matvec_experts_pair(const DeviceWeight& stacked, const DeviceWeight& stacke
 // (gemm_fuses_dequant); otherwise weights dequantized to f16 in row chunks (scratch) and cuBLAS. x_f16
 // holds (n_tokens rounded up to 16) x cols halves (the fused kernel's activation layout pads the rows).
 // x_ready: the cuBLAS path's x_f16 already holds x as f16 rows (an earlier product of the same input, or
-// an f16 SwiGLU), so x is not read.
+// an f16 SwiGLU), so x is not read; on the fused path (gemm_fuses_dequant), x_f16 holds x's warpgroup tiles
+// (gemm_input_tiles).
 bool gemm_fuses_dequant(const DeviceWeight& w, int n_tokens);
 // The f16 rows [r0, r0 + n_rows) of w into out ([n_rows x cols]), on `stream`: what the cuBLAS path multiplies.
 void dequant_rows_f16(const DeviceWeight& w, int64_t r0, int64_t n_rows, __half* out, cudaStream_t stream);
@@ -176,7 +177,14 @@ void q4k_tile_gemm(const DeviceWeight& w, const __half* x16, int n_tokens, float
 // ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
 bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens);
 void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
-                size_t scratch_elems, __half* x_f16, cudaStream_t stream);
+                size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false);
+// Where the product of w over n_tokens rows takes Hopper's warpgroup kernel (9-64 rows), the tiles it reads its
+// input from (in x_f16, the scratch gemm is given): a kernel that computes that input may write them itself
+// (rms_norm's tiles, gated_wgmma_tiles), and gemm / gemm_multi then take x_ready and convert nothing. Elsewhere
+// out == nullptr. (ROOFLINE_PRODUCER_TILES=0 keeps the conversion: the backend asks here only when it is on.)
+WgTiles gemm_input_tiles(const DeviceWeight& w, int n_tokens, __half* x_f16);
+// act(gate) * up (SwiGLU, or GeGLU) of rows [n_rows x n] straight into such tiles (n % 256 == 0).
+void gated_wgmma_tiles(bool geglu, const float* gate, const float* up, int n_rows, int n, const WgTiles& tiles, cudaStream_t stream);
 
 // --- the feed-forward block of a one-row decode step in one persistent launch (cuda_decode_ffn.cu) ---
 // x += down(silu(gate(xn)) * up(xn)), xn = rmsnorm(x) * norm_w, with the bits of the separate launches
@@ -205,9 +213,10 @@ void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_ro
 // out = rmsnorm(x[src_row]) * w for rows r < n_rows (src_row = gather ? gather[r] : r); writes f32 (if out)
 // and int8 activations (if act.q). out16 (steps of more than 8 rows, no int8 output): the rows as f16 too,
 // saturated as gemm converts its inputs (a prompt GEMM's x_f16); returns whether it wrote them (it does
-// where its row kernel takes the shape: 16-byte aligned rows of up to 8192 values).
+// where its row kernel takes the shape: 16-byte aligned rows of up to 8192 values). tiles (the same shape, n a
+// multiple of 256): the rows as the warpgroup kernel's activation tiles instead; returns whether it wrote them.
 bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out,
-              ActQ8 act_out, cudaStream_t stream, __half* out16 = nullptr);
+              ActQ8 act_out, cudaStream_t stream, __half* out16 = nullptr, const WgTiles& tiles = {});
 // Activation quantization of rows (int8 blocks of 32); with gather, row r quantizes x's row gather[r].
 void quantize_rows(const float* x, int n_rows, int n, ActQ8 act_out, cudaStream_t stream, const int32_t* gather = nullptr);
 // h = silu(gate) * up, written as f32 (if out), int8 activations (if act.q) and f16 (if out16, saturated

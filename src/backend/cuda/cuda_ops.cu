@@ -56,13 +56,21 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n
 
 // Prompt-sized steps without int8 output: a CTA per row, 16-byte loads, the row held in registers between
 // its sum of squares and the scaled write (the one-element-a-thread kernel above moved ~1.7 TB/s). out16:
-// the same values as f16 (saturated, as the GEMMs' input conversion makes them), for the prompt GEMMs.
+// the same values as f16 (saturated, as the GEMMs' input conversion makes them), for the prompt GEMMs; tiles: the
+// same f16 values as the warpgroup kernel's activation tiles (grid: tiles.n_pad rows, those past n_rows write zeros).
 constexpr int kNormRowThreads = 256, kNormRowVec = 8;  // rows of up to 8192 values
 __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const float* x, const float* w, float eps, int n, const int* gather,
-                                                                       float* out, __half* out16) {
+                                                                       float* out, __half* out16, WgTiles tiles, int n_rows) {
   wait_for_previous_kernel();
   __shared__ float smem[32];
   const int r = blockIdx.x, n4 = n / 4;
+  if (r >= n_rows) {  // a padded token of the tiles
+    for (int i = threadIdx.x; i < n4; i += kNormRowThreads) {
+      *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i, r)) = __float2half2_rn(0.0f);
+      *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i + 1, r)) = __float2half2_rn(0.0f);
+    }
+    return;
+  }
   const float4* x4 = reinterpret_cast<const float4*>(x + (int64_t)(gather ? gather[r] : r) * n);
   float4 v[kNormRowVec];
   float ss = 0;
@@ -84,6 +92,10 @@ __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const fl
       const float4 y = make_float4(v[k].x * scale * wi.x, v[k].y * scale * wi.y, v[k].z * scale * wi.z, v[k].w * scale * wi.w);
       if (o4) o4[i] = y;
       if (h4) h4[i] = f16x4_saturated(y);
+      if (tiles.out) {  // values 4i and 4i + 2 are neighbours in one run, 4i + 1 and 4i + 3 in another (wg_tile_index)
+        *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i, r)) = __halves2half2(saturated_half(y.x), saturated_half(y.z));
+        *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i + 1, r)) = __halves2half2(saturated_half(y.y), saturated_half(y.w));
+      }
     }
   }
 }
@@ -213,14 +225,7 @@ __global__ void quantize_rows_kernel(const float* x, int n, const int32_t* gathe
   warp_quantize32(v, lane, const_cast<int8_t*>(act.q) + gi * 32, const_cast<float*>(act.d) + gi, const_cast<float*>(act.s) + gi);
 }
 
-// act(gate) * up, one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
-// act: silu (SwiGLU), sigmoid (gated attention's output gate) or GELU with the tanh approximation (GeGLU).
-enum class GateAct { Silu, Sigmoid, GeluTanh };
-template <GateAct kAct>
-__device__ __forceinline__ float gated_value(float a, float u) {
-  if constexpr (kAct == GateAct::GeluTanh) return 0.5f * a * (1.0f + tanhf(0.7978845608f * (a + 0.044715f * a * a * a))) * u;
-  else return (kAct == GateAct::Sigmoid ? 1.0f : a) / (1.0f + __expf(-a)) * u;
-}
+// act(gate) * up (gated_value), one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
 
 template <GateAct kAct>
 __global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act, __half* out16) {
@@ -367,7 +372,7 @@ void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_ro
 }
 
 bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
-              cudaStream_t stream, __half* out16) {
+              cudaStream_t stream, __half* out16, const WgTiles& tiles) {
   if (n_rows == 0) return false;
   if (n_rows <= 8) {
     const dim3 grid((unsigned)(((n + 31) / 32 + 7) / 8), (unsigned)n_rows);
@@ -375,10 +380,12 @@ bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, cons
     return false;
   }
   const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(out) |
-                         reinterpret_cast<uintptr_t>(out16)) & 15) == 0;
-  if (!act.q && (out || out16) && aligned && n % 4 == 0 && n <= 4 * kNormRowThreads * kNormRowVec) {
-    launch(rms_norm_rows_kernel, dim3(n_rows), dim3(kNormRowThreads), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, out16);
-    return out16 != nullptr;
+                         reinterpret_cast<uintptr_t>(out16) | reinterpret_cast<uintptr_t>(tiles.out)) & 15) == 0;
+  const bool tiles_fit = !tiles.out || (n % 256 == 0 && tiles.n_pad >= n_rows);
+  if (!act.q && (out || out16 || tiles.out) && aligned && tiles_fit && n % 4 == 0 && n <= 4 * kNormRowThreads * kNormRowVec) {
+    launch(rms_norm_rows_kernel, dim3(tiles.out ? tiles.n_pad : n_rows), dim3(kNormRowThreads), 0, stream, pdl_enabled(), x, w, eps, n, gather,
+           out, out16, tiles, n_rows);
+    return out16 != nullptr || tiles.out != nullptr;
   }
   launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
   return false;

@@ -26,10 +26,10 @@ constexpr int wg_step_bytes() { return 32 * N; }
 template <int N>
 constexpr int wg_x_stage_bytes() { return 16 * wg_step_bytes<N>(); }
 
-// f32 activations [n_tok x cols] -> the B tiles of every super-block (tokens past n_tok: zeros): run i (in layout
-// order) is 16 bytes, 8 k of one token.
-template <DType T>
-__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, int64_t i) {
+// Activations [n_tok x cols] (value(n, k): token n's value k, as f32) -> the B tiles of every super-block (tokens past
+// n_tok: zeros): run i (in layout order) is 16 bytes, 8 k of one token (wg_tile_index is the inverse).
+template <DType T, typename Value>
+__device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n_pad, int64_t i) {
   const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % 16);
   const int64_t sb = i / (32 * n_pad);
   union {
@@ -39,17 +39,54 @@ __device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t c
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     const int64_t k = sb * 256 + RowBlock<T>::x_offset(step / 8, (step / 4) % 2, step % 4, jj / 2) + kb + 2 * (jj % 2);
-    o.h[jj] = n < n_tok ? saturated_half(x[(int64_t)n * cols + k]) : __float2half(0.0f);
+    o.h[jj] = n < n_tok ? saturated_half(value(n, k)) : __float2half(0.0f);
   }
   return o.v;
 }
-// One thread per run.
+template <DType T>
+__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, int64_t i) {
+  return wgmma_b_run<T>([&](int n, int64_t k) { return x[(int64_t)n * cols + k]; }, n_tok, n_pad, i);
+}
+// One thread per run, in the tiles' order (the expert tiles below; and for tests, the reference the value-order
+// kernels are checked against).
 template <DType T>
 __global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, int4* out) {
   wait_for_previous_kernel();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < cols / 256 * 32 * n_pad) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, i);
 }
+// The same tiles in the values' order: one thread per four values of a row (16-byte loads, a warp's coalesced), which
+// land as two half pairs (values 4i, 4i + 2 and 4i + 1, 4i + 3 share a run: wg_tile_index); rows n_tok..n_pad - 1
+// write zeros. value4(n, i) gives values 4i..4i + 3 of token n as f32: the activations themselves (the products'
+// conversion) or act(gate) * up (gated_to_wgmma_tiles_kernel, down's input straight from gate/up).
+template <typename Value4>
+__device__ __forceinline__ void wgmma_tiles_store4(const Value4& value4, int n_tok, int64_t cols, const WgTiles& tiles) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = cols / 4;
+  if (i >= per_row * tiles.n_pad) return;
+  const int n = (int)(i / per_row);
+  const int64_t k = 4 * (i % per_row);
+  const float4 v = n < n_tok ? value4(n, k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(saturated_half(v.x), saturated_half(v.z));
+  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(saturated_half(v.y), saturated_half(v.w));
+}
+__global__ void to_wgmma_tiles_kernel(const float* x, int n_tok, int64_t cols, WgTiles tiles) {
+  wait_for_previous_kernel();
+  wgmma_tiles_store4([&](int n, int64_t k) { return *reinterpret_cast<const float4*>(x + (int64_t)n * cols + k); }, n_tok, cols, tiles);
+}
+// act(gate) * up: the values gated_product_kernel writes, converted as the products convert them.
+template <GateAct kAct>
+__global__ void gated_to_wgmma_tiles_kernel(const float* gate, const float* up, int n_tok, int64_t cols, WgTiles tiles) {
+  wait_for_previous_kernel();
+  wgmma_tiles_store4(
+      [&](int n, int64_t k) {
+        const float4 g = *reinterpret_cast<const float4*>(gate + (int64_t)n * cols + k);
+        const float4 u = *reinterpret_cast<const float4*>(up + (int64_t)n * cols + k);
+        return make_float4(gated_value<kAct>(g.x, u.x), gated_value<kAct>(g.y, u.y), gated_value<kAct>(g.z, u.z), gated_value<kAct>(g.w, u.w));
+      },
+      n_tok, cols, tiles);
+}
+// Threads of the value-order kernels above.
+inline dim3 wgmma_tiles_grid(int64_t cols, int n_pad) { return dim3((unsigned)((cols / 4 * n_pad + 255) / 256)); }
 // The expert products' token tiles (grid.y: tile slots; each tile's grouped rows from its row0), one after the other.
 template <DType T>
 __global__ void to_wgmma_b_tiles_kernel(const float* x, ExpertTiles tiles, int64_t cols, int n_pad, int4* out) {
@@ -313,11 +350,13 @@ void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const in
 
 template <DType T>
 void wgmma_products_of(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
-                       bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream) {
-  const int n_pad = 16 * ((n_tokens + 15) / 16);
-  const int64_t cols = ws[0]->cols, runs = cols / 256 * 32 * n_pad;
+                       bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream) {
+  const int n_pad = wgmma_n_pad(n_tokens);
+  const int64_t cols = ws[0]->cols;
   int4* xb = reinterpret_cast<int4*>(x_scratch);
-  launch(to_wgmma_b_kernel<T>, dim3((unsigned)((runs + 255) / 256)), dim3(256), 0, stream, pdl_enabled(), x, n_tokens, cols, n_pad, xb);
+  if (!x_ready)
+    launch(to_wgmma_tiles_kernel, wgmma_tiles_grid(cols, n_pad), dim3(256), 0, stream, pdl_enabled(), x, n_tokens, cols,
+           WgTiles{x_scratch, n_pad, T == DType::Q6_K});
   switch (n_pad / 16) {
     case 1: return launch_wgmma_rows<T, 16>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
     case 2: return launch_wgmma_rows<T, 32>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
@@ -409,11 +448,31 @@ void wgmma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const E
 }
 
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
-                    bool accumulate, float* part, size_t part_floats, __half* x_scratch, cudaStream_t stream) {
+                    bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream) {
   if (ws[0]->type == DType::Q4_K)
-    wgmma_products_of<DType::Q4_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, stream);
+    wgmma_products_of<DType::Q4_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, x_ready, stream);
   else
-    wgmma_products_of<DType::Q6_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, stream);
+    wgmma_products_of<DType::Q6_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, x_ready, stream);
+}
+
+void gated_wgmma_tiles(bool geglu, const float* gate, const float* up, int n_rows, int n, const WgTiles& tiles, cudaStream_t stream) {
+  if (n % 256 != 0 || tiles.n_pad < n_rows || tiles.n_pad % 16 != 0)
+    fail("internal error: warpgroup tiles of {} rows of {} values for {} tokens", n_rows, n, tiles.n_pad);
+  const dim3 grid = wgmma_tiles_grid(n, tiles.n_pad);
+  if (geglu) launch(gated_to_wgmma_tiles_kernel<GateAct::GeluTanh>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n_rows, (int64_t)n, tiles);
+  else launch(gated_to_wgmma_tiles_kernel<GateAct::Silu>, grid, dim3(256), 0, stream, pdl_enabled(), gate, up, n_rows, (int64_t)n, tiles);
+}
+
+void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& tiles, bool run_order, cudaStream_t stream) {
+  if (!run_order) {
+    launch(to_wgmma_tiles_kernel, wgmma_tiles_grid(n, tiles.n_pad), dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles);
+    return;
+  }
+  const int64_t runs = (int64_t)n / 256 * 32 * tiles.n_pad;
+  const dim3 grid((unsigned)((runs + 255) / 256));
+  int4* out = reinterpret_cast<int4*>(tiles.out);
+  if (tiles.q6) launch(to_wgmma_b_kernel<DType::Q6_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, out);
+  else launch(to_wgmma_b_kernel<DType::Q4_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, out);
 }
 
 }  // namespace roofline::cuda
