@@ -85,9 +85,6 @@ void gpu_use_wgmma_experts_for_test(int on);
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to
 // max_sb super-blocks (0: never), or as ROOFLINE_MATVEC_PIPE says (-1; unset: launches of at most 4 CTAs a SM).
 void gpu_set_matvec_pipe_for_test(int64_t max_sb);
-// For tests: one-token Q4_K / Q6_K products ask the L2 for their first round before the wait (1), not (0), or as
-// ROOFLINE_L2_FIRST_ROUND says (-1).
-void gpu_set_l2_first_round_for_test(int on);
 // For tests: rows per warp (2 or 4) of the 2-8 token Q4_K products, or back to ROOFLINE_MATVEC_Q4K_ROWS's (0; unset: 4).
 void gpu_set_matvec_q4k_rows_for_test(int rows);
 // For tests: x[t] = sum_s weights[t * k + s] * down_{ids[t * k + s]} h[t * k + s] for t < n_rows (1 or 2) through the fused

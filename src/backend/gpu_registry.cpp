@@ -42,7 +42,6 @@ void gpu_use_flash_finalize_for_test(int) { fail("this build has no GPU backend:
 void gpu_use_flash_early_kv_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_mma_matvec_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_matvec_pipe_for_test(int64_t) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
-void gpu_set_l2_first_round_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_matvec_q4k_rows_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_matvec_one_token_rows_for_test(int, int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_moe_down_combine_for_test(const Weight&, int, const std::vector<float>&, const std::vector<int32_t>&, const std::vector<float>&,

@@ -1,8 +1,6 @@
 // Decode products of quantized weights give the same bits whatever path takes them: the one-token Q4_K kernel
-// with its rounds of loads pipelined or not, one-token products with any rows a warp and with their first round
-// asked into the L2 or not; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor cores
-// (cuda_matvec_mma.cu), against the warp kernels and against one token at a time (skipped where no GPU is
-// present, e.g. CI).
+// with its rounds of loads pipelined or not, one-token products with any rows a warp; products of 2-8 tokens with two or four Q4_K rows a warp, and on tensor
+// cores (cuda_matvec_mma.cu), against the warp kernels and against one token at a time (skipped where no GPU is present, e.g. CI).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -78,45 +76,6 @@ TEST(GpuMatmulTest, OneTokenRowsAWarpGiveTheSameBits) {
     const std::vector<float> ref4f(ref4.begin(), ref4.end()), ref6f(ref6.begin(), ref6.end());
     EXPECT_LT(test::nmse(q4_out[1].data(), ref4f.data(), ref4f.size()), 2e-4) << "Q4_K, cols " << cols;
     EXPECT_LT(test::nmse(q6_out[1].data(), ref6f.data(), ref6f.size()), 2e-4) << "Q6_K, cols " << cols;
-  }
-}
-
-// One-token products that ask the L2 for their first round of weights before the wait (ROOFLINE_L2_FIRST_ROUND: kernels of
-// their own) give the bits of those that do not: Q4_K with two and four rows a warp, plain and pipelined; Q6_K with one
-// and two; alone and joined as q/k/v are (rows of 3, 16, 20 and 33 super-blocks, a short last warp, so that the
-// prefetches stop at the rows' and the matrices' ends).
-TEST(GpuMatmulTest, FirstRoundAskedIntoTheL2GivesTheSameBits) {
-  SKIP_WITHOUT_GPU();
-  struct Restore {
-    ~Restore() {
-      gpu_set_l2_first_round_for_test(-1);
-      gpu_set_matvec_one_token_rows_for_test(0, 0);
-      gpu_set_matvec_pipe_for_test(-1);
-    }
-  } restore;
-  Rng rng(61);
-  for (const int64_t cols : {768, 4096, 5120, 8448}) {
-    const test::RandomWeight q4(DType::Q4_K, 67, cols, rng), q6(DType::Q6_K, 45, cols, rng);
-    std::vector<float> x((size_t)cols);
-    for (float& v : x) v = (float)rng.normal();
-    const Weight q4w = q4.weight(), q6w = q6.weight();
-    for (int form = 0; form < 4; ++form) {
-      gpu_set_matvec_one_token_rows_for_test(form % 2 ? 4 : 2, form % 2 ? 2 : 1);
-      gpu_set_matvec_pipe_for_test(form / 2 ? 1000 : 0);
-      std::vector<float> q4_out[2], q6_out[2], joined[2];
-      for (int l2 = 0; l2 < 2; ++l2) {
-        gpu_set_l2_first_round_for_test(l2);
-        q4_out[l2] = gpu_matmul_for_test(q4w, x, 1);
-        q6_out[l2] = gpu_matmul_for_test(q6w, x, 1);
-        joined[l2] = gpu_joined_products_for_test({&q4w, &q6w}, x, 1);
-      }
-      ASSERT_EQ(q4_out[1].size(), 67u);
-      ASSERT_EQ(q6_out[1].size(), 45u);
-      ASSERT_EQ(joined[1].size(), 112u);
-      EXPECT_EQ(0, std::memcmp(q4_out[0].data(), q4_out[1].data(), 67 * sizeof(float))) << "Q4_K, cols " << cols << ", form " << form;
-      EXPECT_EQ(0, std::memcmp(q6_out[0].data(), q6_out[1].data(), 45 * sizeof(float))) << "Q6_K, cols " << cols << ", form " << form;
-      EXPECT_EQ(0, std::memcmp(joined[0].data(), joined[1].data(), 112 * sizeof(float))) << "joined, cols " << cols << ", form " << form;
-    }
   }
 }
 

@@ -151,15 +151,6 @@ __device__ __noinline__ void finish_block_call(MatvecEpilogue::Kind kind, const 
   finish_block(kind, norm_w, q, d, s, ssq, row_factor, eps, counters, grid_counter, y0, ldy0, y1, ldy1, row0, rows, expected, n_tokens, lane);
 }
 
-// One-token Q4_K / Q6_K products ask the L2 for their first round of weights before the wait for the kernel before
-// (matvec_kernel): no registers held for them, unlike the early loads into registers the fortieth session measured and
-// removed (docs/performance.md). ROOFLINE_L2_FIRST_ROUND=1 turns it on (off: not yet measured).
-int l2_first_round_for_test = -1;  // gpu_set_l2_first_round_for_test: -1 the environment's
-bool l2_first_round_on() {
-  static const bool on = env_switch("ROOFLINE_L2_FIRST_ROUND", false);
-  return l2_first_round_for_test >= 0 ? l2_first_round_for_test > 0 : on;
-}
-
 // The register budget of a kernel: a minimum of CTAs a SM for its launch bounds (0: none given). With an
 // explicit minimum of one, ptxas gives the one-token kernels the registers it otherwise holds back (Q4_K two
 // rows a warp: 93 instead of 72) and schedules more of a round's loads at once: measured on an H200 qwen3-32b
@@ -168,10 +159,8 @@ bool l2_first_round_on() {
 template <int B>
 constexpr int matvec_min_ctas() { return B == 1 ? 1 : 0; }
 // F: compiled for the decode epilogues (MatvecEpilogue, and inputs that carry a norm's factor); the
-// kernels without them are the products as they were, register for register. L2 (one-token Q4_K / Q6_K
-// products): the warp's first round of weights asked into the L2 before the wait (l2_first_round_on); compiled
-// apart, since the prefetch's addresses in the other kernels took registers from their loops (ptxas, sm_90a).
-template <int B, Kind K, int R, int S, bool F, bool L2 = false>
+// kernels without them are the products as they were, register for register.
+template <int B, Kind K, int R, int S, bool F>
 __global__ void __launch_bounds__(kWarps * 32, matvec_min_ctas<B>()) matvec_kernel(MatvecGroup g, ActQ8 act, const float* x, bool accumulate, MatvecEpilogue ep) {
   const int lane = threadIdx.x % 32;
   const int64_t unit = (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
@@ -191,23 +180,6 @@ __global__ void __launch_bounds__(kWarps * 32, matvec_min_ctas<B>()) matvec_kern
       first = g.first_unit[m];
     }
   const int64_t row = (unit - first) * R;
-  if constexpr (L2) {
-    // The weights are no kernel's output: the warp's first round (Q4_K: 8 super-blocks of each row a round, S
-    // rounds in flight; Q6_K: the first 4 S super-blocks of its planes) asked into the L2 while the kernel
-    // before still runs, so that the round's loads after the wait find them there (ROOFLINE_L2_FIRST_ROUND).
-    if (live) {
-      const int rows = (int)min((int64_t)R, w.rows - row);
-      const int64_t n_sb = w.cols / 256;
-      if (w.type == DType::Q4_K) {
-        prefetch_rows_l2(w.data, w.row_bytes, row, rows, min(n_sb, (int64_t)(8 * S)) * 144, lane);
-      } else {
-        const int64_t sb = min(n_sb, (int64_t)(4 * S));
-        prefetch_rows_l2(w.data, w.cols / 2, row, rows, sb * 128, lane);
-        prefetch_rows_l2(w.plane1, w.cols / 4, row, rows, sb * 64, lane);
-        prefetch_rows_l2(w.plane2, w.cols / 16, row, rows, sb * 16, lane);
-      }
-    }
-  }
   wait_for_previous_kernel();
   if (!live) return;
   if constexpr (K == Kind::Q4K) matvec_q4_k<B, R, F, S>(w, act, y, ldy, accumulate, row, lane);
@@ -273,10 +245,6 @@ void launch_one(const MatvecGroup& g, const ActQ8& act, const float* x, bool acc
   if constexpr (K == Kind::Q4K || K == Kind::Q5K || K == Kind::Q6K || block32(K) || K == Kind::Q4K6K) {
     if (wants_fused(K, act, ep))
       return launch(matvec_kernel<B, K, R, S, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
-    if constexpr (B == 1 && (K == Kind::Q4K || K == Kind::Q6K || K == Kind::Q4K6K)) {
-      if (l2_first_round_on())
-        return launch(matvec_kernel<B, K, R, S, false, true>, grid, block, 0, stream, pdl_enabled(), g, act, x, accumulate, ep);
-    }
   } else {
     wants_fused(K, act, ep);
   }
@@ -722,7 +690,6 @@ void matvec(const DeviceWeight& w, const ActQ8& act, const float* x, int n_token
 namespace roofline {
 
 void gpu_set_matvec_pipe_for_test(int64_t max_sb) { cuda::matvec_pipe_for_test = max_sb < 0 ? -1 : max_sb; }
-void gpu_set_l2_first_round_for_test(int on) { cuda::l2_first_round_for_test = on < 0 ? -1 : on > 0; }
 void gpu_set_matvec_q4k_rows_for_test(int rows) { cuda::q4k_rows_for_test = rows == 2 || rows == 4 ? rows : 0; }
 void gpu_set_matvec_one_token_rows_for_test(int q4k_rows, int q6k_rows) {
   cuda::one_token_q4k_rows_for_test = q4k_rows == 2 || q4k_rows == 4 ? q4k_rows : 0;

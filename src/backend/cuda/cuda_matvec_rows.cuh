@@ -14,16 +14,6 @@ namespace roofline::cuda {
 namespace {
 __device__ __forceinline__ int4 ld16(const void* p) { return __ldg(reinterpret_cast<const int4*>(p)); }
 
-// Asks the L2 for bytes [0, bytes) of rows row0 .. row0 + rows - 1 of a plane of row_bytes a row (bytes >= 1): the
-// warp's lanes take the lines in turn; every address lies inside its row, the last at its byte bytes - 1.
-__device__ __forceinline__ void prefetch_rows_l2(const uint8_t* plane, int64_t row_bytes, int64_t row0, int rows, int64_t bytes, int lane) {
-  const int lines = (int)((bytes + 127) / 128) + 1;  // a run that does not start on a line touches one more
-  for (int i = lane; i < rows * lines; i += 32) {
-    const int64_t r = i / lines, at = min((int64_t)(i % lines) * 128, bytes - 1);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(plane + (row0 + r) * row_bytes + at));
-  }
-}
-
 __device__ __forceinline__ int dot16(const int4 w, const int4 a, int acc) {
   acc = __dp4a(w.x, a.x, acc);
   acc = __dp4a(w.y, a.y, acc);
