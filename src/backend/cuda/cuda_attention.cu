@@ -618,14 +618,24 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
 
 // Merges the splits of one (row, query head) with split_weights and merged_value (kThreads threads).
 // With act.q (head_dim_v % 32 == 0: each warp holds whole groups of 32), the output rows are also
-// written in the int8 form the next product (the attention output matrix) reads. Steps whose split
-// kernel combines (SplitCombine) do not run it.
+// written in the int8 form the next product (the attention output matrix) reads; with tiles (no row list), as that
+// product's warpgroup tiles (the grid then covers tiles.n_pad rows: those from n_rows on write the tiles' zeros
+// alone). Steps whose split kernel combines (SplitCombine) do not run it.
 __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits,
                                                                     const float* partial, float* out, ActQ8 act, const int* row_list,
-                                                                    int window) {
+                                                                    int window, WgTiles tiles, int n_rows) {
   extern __shared__ float weight_s[];  // [max_splits]
   __shared__ float red[32];
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
+  if ((int)blockIdx.x >= n_rows) {  // a padded token of the tiles
+    wait_for_previous_kernel();
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) tiles.out[wg_tile_index(tiles, (int64_t)h * hd_v + d, r)] = __float2half(0.0f);
+    return;
+  }
+  const auto store = [&](int d, float v) {
+    store_output(out, act, r, h, n_head, hd_v, d, v);
+    if (tiles.out) tiles.out[wg_tile_index(tiles, (int64_t)h * hd_v + d, r)] = saturated_half(v);
+  };
   // The row's splits depend only on the step: counted before waiting for the split kernel.
   const bool live = r < step.header[kStepRealRows];
   int n_splits = 0;
@@ -636,14 +646,13 @@ __global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep 
   }
   wait_for_previous_kernel();
   if (!live) {
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store_output(out, act, r, h, n_head, hd_v, d, 0.0f);
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store(d, 0.0f);
     return;
   }
   const int64_t stride = hd_v + 2;
   const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
   const float inv = split_weights(base, stride, n_splits, weight_s, red);
-  for (int d = threadIdx.x; d < hd_v; d += blockDim.x)
-    store_output(out, act, r, h, n_head, hd_v, d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
+  for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store(d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
 }
 
 using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*, SplitCombine, int);
@@ -959,7 +968,9 @@ void rope_table(const DeviceStep& step, int n_rows, const float* rope_factors, i
 
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
-               const int* row_list, cudaStream_t stream, int* combine_counters, bool split_heads, int grid_splits) {
+               const int* row_list, cudaStream_t stream, int* combine_counters, bool split_heads, int grid_splits, const WgTiles& tiles,
+               bool* tiles_written) {
+  if (tiles_written) *tiles_written = false;
   if (head_dim_v % 32 != 0) out_act = ActQ8{};
   const int gqa = n_head / n_head_kv;
   if (gqa > kMaxGroup || head_dim_v > kMaxDims * kThreads)
@@ -988,8 +999,11 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
            n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
     if (fuse.counters) return out_act.q != nullptr;
   }
-  launch(attention_combine_kernel, dim3(n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v,
-         max_splits, partial, out, out_act, row_list, kv.window);
+  const bool with_tiles = tiles.out && !row_list && tiles.n_pad >= n_rows && tiles_written;
+  launch(attention_combine_kernel, dim3(with_tiles ? tiles.n_pad : n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream,
+         pdl_enabled(), step, n_head, head_dim_v, max_splits, partial, out, out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{},
+         n_rows);
+  if (with_tiles) *tiles_written = true;
   return out_act.q != nullptr;
 }
 

@@ -178,9 +178,16 @@ void CudaBackend::attention_block(LayerDev& L) {
   if (!prefill_attention(cublas_, st, prefill_runs_, q_, n, L.kv, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                          prefill_, attn_, stream_, attn16))
     attn16 = nullptr;
+  // Batched decode steps on the warpgroup kernel: the combine writes o's activation tiles too (not gated attention,
+  // whose output gate comes after).
+  // ROOFLINE_ATTN_OUT_TILES=0 leaves that to o's conversion (an A/B of this one producer).
+  static const bool attn_out_tiles = env_switch("ROOFLINE_ATTN_OUT_TILES", true);
+  const WgTiles o_tiles = gated || !prefill_runs_.empty() || !attn_out_tiles ? WgTiles{} : producer_tiles(L.m(LT::AttnOut));
+  bool o_tiles_written = false;
   bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                              splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
-                             combine_counters_, split_heads_, grid_splits_);
+                             combine_counters_, split_heads_, grid_splits_, o_tiles, &o_tiles_written);
+  if (o_tiles_written) tiles_written(attn_, L.m(LT::AttnOut));
   if (gated) {  // attn *= sigmoid(gate), then its int8 form for the output product
     mark("output gate (+quantize)", 0);
     quantized = q8_attn && hp.q_dim() % 32 == 0;

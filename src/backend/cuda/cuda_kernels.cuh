@@ -318,11 +318,12 @@ __device__ __forceinline__ int row_split_len(const DeviceStep& step, int n_keys)
 // itself, without the combine kernel. split_heads (AttentionPlan::split_heads): the split kernel's CTAs take
 // parts of a KV head's query heads (attention_head_parts), for steps whose rows are all short. grid_splits
 // (AttentionPlan::grid_splits; 0: max_splits): the split kernel's grid of splits, at least any row's splits
-// (max_splits stays the partial buffer's stride).
+// (max_splits stays the partial buffer's stride). tiles (decode rows, no row list): the output as the o product's
+// activation tiles too, where the combine kernel writes it (*tiles_written says whether it did).
 bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_rows, int n_head, int n_head_kv,
                int head_dim_k, int head_dim_v, float scale, int max_splits, float* partial, float* out, ActQ8 out_act,
                const int* row_list, cudaStream_t stream, int* combine_counters = nullptr, bool split_heads = false,
-               int grid_splits = 0);
+               int grid_splits = 0, const WgTiles& tiles = {}, bool* tiles_written = nullptr);
 inline size_t attention_combine_counters(int n_head_kv) { return (size_t)8 * n_head_kv; }
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits);
 
