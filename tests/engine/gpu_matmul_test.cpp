@@ -56,9 +56,9 @@ bool int8_decode_type(DType t) {
 // Which batched (9-64 row) kernel the products take for one test, put back to the environment's choice after it:
 // int8 (ROOFLINE_INT8_MMA) and Hopper's warpgroup kernel (ROOFLINE_WGMMA, min rows and m tiles), 0 for off.
 struct BatchedKernels {
-  BatchedKernels(int int8, int wgmma_min_rows, int wgmma_tiles = 0) {
+  BatchedKernels(int int8, int wgmma_min_rows, int wgmma_tiles = 0, int wgmma_cta_rows = 0) {
     gpu_use_int8_products_for_test(int8);
-    gpu_use_wgmma_products_for_test(wgmma_min_rows, wgmma_tiles);
+    gpu_use_wgmma_products_for_test(wgmma_min_rows, wgmma_tiles, wgmma_cta_rows);
   }
   ~BatchedKernels() {
     gpu_use_int8_products_for_test(-1);
@@ -240,16 +240,20 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
   struct Restore {
     ~Restore() { gpu_use_wgmma_overlap_for_test(-1); }
   } restore;
-  // Forms: one m64 tile a warpgroup, two, and one with a super-block's last products in flight into the next.
-  for (auto [m_tiles, overlap] : {std::pair{1, 0}, {2, 0}, {1, 1}}) {
-    const BatchedKernels warpgroup(0, 9, m_tiles);
+  // Forms: one m64 tile a warpgroup, two, one with a super-block's last products in flight into the next, and one
+  // tile a warpgroup in CTAs of 256 rows (four warpgroups; 300 rows: one whole tile and a short one).
+  struct Form {
+    int m_tiles, overlap, cta_rows;
+  };
+  for (auto [m_tiles, overlap, cta_rows] : {Form{1, 0, 128}, Form{2, 0, 0}, Form{1, 1, 128}, Form{1, 0, 256}}) {
+    const BatchedKernels warpgroup(0, 9, m_tiles, cta_rows);
     gpu_use_wgmma_overlap_for_test(overlap);
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
         EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles
-                                                                   << ", overlap " << overlap;
+                                                                   << ", overlap " << overlap << ", CTA rows " << cta_rows;
         EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles
-                                                                << ", overlap " << overlap;
+                                                                << ", overlap " << overlap << ", CTA rows " << cta_rows;
       }
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)

@@ -148,41 +148,45 @@ __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 #endif
 
-// A CTA takes 128 weight rows: MT = 2, one warpgroup whose warps own 32 rows each (two m64 tiles a
+// A CTA takes CR weight rows, 128 by default: MT = 2, one warpgroup whose warps own 32 rows each (two m64 tiles a
 // warpgroup: each activation tile read by the tensor cores serves 128 rows); MT = 1, two warpgroups whose
-// warps own 16 rows (one m64 tile each: half the accumulators and fragments, so twice the warps a SM).
+// warps own 16 rows (one m64 tile each: half the accumulators and fragments, so twice the warps a SM), two CTAs a
+// SM. CR = 256 (MT = 1, ROOFLINE_WGMMA_CTA_ROWS=256): four such warpgroups, one CTA a SM, so each super-block's
+// activations are staged once for 256 rows (half the shared memory and L2 reads a row) and more stages fit.
 constexpr int kWgRows = 128;
-template <int MT>
-constexpr int wg_threads() { return 256 / MT; }
-// Super-blocks staged at once: as many as fit two CTAs a SM (up to 4, at least 2).
-template <DType T, int N>
-constexpr int wg_stage_bytes() { return wg_x_stage_bytes<N>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
-template <DType T, int N>
+template <int MT, int CR = kWgRows>
+constexpr int wg_threads() { return CR / (16 * MT) * 32; }
+template <int CR>
+constexpr int wg_ctas_per_sm() { return 256 / CR; }
+// Super-blocks staged at once: as many as fit the CTAs a SM (up to 4, at least 2).
+template <DType T, int N, int CR = kWgRows>
+constexpr int wg_stage_bytes() { return wg_x_stage_bytes<N>() + CR * RowBlock<T>::kSlotBytes / 8; }
+template <DType T, int N, int CR = kWgRows>
 constexpr int wg_stages() {
-  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N>();
+  constexpr int fit = (227 * 1024 / wg_ctas_per_sm<CR>() - 1024) / wg_stage_bytes<T, N, CR>();
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
-template <DType T, int N>
-constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>(); }
+template <DType T, int N, int CR = kWgRows>
+constexpr int wg_smem_bytes() { return wg_stages<T, N, CR>() * wg_stage_bytes<T, N, CR>(); }
 
-// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the 128 rows of `row_tile`, K split `split` of
+// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the CR rows of `row_tile`, K split `split` of
 // `n_splits` (partial sums to part, as mma_rows: the same splits and stores). OVERLAP: a super-block's last batch of
 // products stays in flight while the warp dequantizes the next one (no wait for all of them at its end); the copies
 // then run S - 2 super-blocks ahead instead of S - 1, so that the stage a copy overwrites is one every warp's products
 // are done with (ROOFLINE_WGMMA_OVERLAP; off by default).
-template <DType T, int N, int MT, bool OVERLAP = false>
+template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
-  constexpr int kThreads = wg_threads<MT>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
-  const int64_t row_base = row_tile * kWgRows + warp * (16 * MT);
+  constexpr int kThreads = wg_threads<MT, CR>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
+  const int64_t row_base = row_tile * CR + warp * (16 * MT);
   const int64_t n_sb = w.cols / 256;
   const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
   int64_t rows[R];  // rows g, g + 8 (this warp's first 16: m tile 0), g + 16, g + 24 (m tile 1); past the end, the last
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
-  constexpr int S = wg_stages<T, N>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
+  constexpr int S = wg_stages<T, N, CR>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N, CR>();
   constexpr int L = OVERLAP && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
   constexpr bool kOverlap = L == S - 2;
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
@@ -277,12 +281,13 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #endif
 }
 
-// The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool OVERLAP = false>
-__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
-                                                                         float* part) {
+// The products of one input (grid.x over the members' CR-row tiles, K split over grid.y).
+template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows>
+__global__ void __launch_bounds__(wg_threads<MT, CR>(), wg_ctas_per_sm<CR>()) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok,
+                                                                                                bool accumulate, float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, OVERLAP>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y, gridDim.y);
+  wgmma_rows<T, N, MT, OVERLAP, CR>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+                                    gridDim.y);
 }
 
 // Expert products grouped by expert (as mma_experts_kernel): CTA (x, y) takes row tile x of the expert of token
@@ -309,6 +314,7 @@ int wgmma_fill_sb() {
 }
 
 int wgmma_tiles_for_test = 0;  // (gpu_use_wgmma_products_for_test; 0: the environment's)
+int wgmma_cta_rows_for_test = 0;  // (likewise)
 int wgmma_overlap_for_test = -1;  // (gpu_use_wgmma_overlap_for_test; -1: the environment's)
 
 // m64 tiles a warpgroup (ROOFLINE_WGMMA_TILES, 1 or 2; default 1).
@@ -320,6 +326,15 @@ int wgmma_tiles() {
   return wgmma_tiles_for_test > 0 ? wgmma_tiles_for_test : env;
 }
 
+// Rows a CTA of the one-tile form (ROOFLINE_WGMMA_CTA_ROWS, 128 or 256; default 128: 256 written, not yet measured).
+int wgmma_cta_rows() {
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA_CTA_ROWS");
+    return e && std::atoi(e) == 256 ? 256 : kWgRows;
+  }();
+  return wgmma_cta_rows_for_test > 0 ? wgmma_cta_rows_for_test : env;
+}
+
 // A super-block's last products left in flight into the next (ROOFLINE_WGMMA_OVERLAP=1; one m64 tile a warpgroup only).
 bool wgmma_overlap() {
   static const bool on = [] {
@@ -329,20 +344,21 @@ bool wgmma_overlap() {
   return on;
 }
 
-template <DType T, int N, int MT, bool OVERLAP = false>
+template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows>
 void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                           bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes<T, N>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP>>(smem, wg_threads<MT>());
-  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, OVERLAP>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream, pdl_enabled(),
-         plan.m, xb, n_tok, accumulate, part);
+  constexpr int smem = wg_smem_bytes<T, N, CR>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP, CR>>(smem, wg_threads<MT, CR>());
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, CR, slots, part_floats, wgmma_fill_sb());
+  launch(wgmma_rows_kernel<T, N, MT, OVERLAP, CR>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT, CR>()), smem, stream,
+         pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_cta_rows() == 256) launch_wgmma_rows_mt<T, N, 1, false, 256>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_overlap_for_test > 0 || (wgmma_overlap_for_test < 0 && wgmma_overlap()))
     launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else launch_wgmma_rows_mt<T, N, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -479,9 +495,10 @@ void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& ti
 
 namespace roofline {
 
-void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
+void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles, int cta_rows) {
   cuda::wgmma_mode_for_test = min_rows;
   cuda::wgmma_tiles_for_test = m_tiles;
+  cuda::wgmma_cta_rows_for_test = cta_rows;
 }
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
