@@ -179,8 +179,7 @@ void CudaBackend::attention_block(LayerDev& L) {
                          prefill_, attn_, stream_, attn16))
     attn16 = nullptr;
   // Batched decode steps on the warpgroup kernel: the combine writes o's activation tiles too (not gated attention,
-  // whose output gate comes after).
-  // ROOFLINE_ATTN_OUT_TILES=0 leaves that to o's conversion (an A/B of this one producer).
+  // whose output gate comes after); ROOFLINE_ATTN_OUT_TILES=0 leaves that to o's conversion.
   static const bool attn_out_tiles = env_switch("ROOFLINE_ATTN_OUT_TILES", true);
   const WgTiles o_tiles = gated || !prefill_runs_.empty() || !attn_out_tiles ? WgTiles{} : producer_tiles(L.m(LT::AttnOut));
   bool o_tiles_written = false;

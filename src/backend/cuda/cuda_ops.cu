@@ -226,7 +226,6 @@ __global__ void quantize_rows_kernel(const float* x, int n, const int32_t* gathe
 }
 
 // act(gate) * up (gated_value), one warp per 32-element group (grid.y = rows), with the int8 form of whole groups.
-
 template <GateAct kAct>
 __global__ void gated_product_kernel(const float* gate, const float* up, int n, float* out, ActQ8 act, __half* out16) {
   wait_for_previous_kernel();
