@@ -17,19 +17,6 @@
 
 namespace roofline::cuda {
 
-size_t kv_values_bytes(DType type, int64_t n) {
-  switch (type) {
-    case DType::F32: return (size_t)n * 4;
-    case DType::F16: case DType::BF16: return (size_t)n * 2;
-    case DType::Q8_0: return (size_t)n;
-    case DType::Q4_0: return (size_t)n / 2;
-    default: fail("KV cache type {} is not supported on the GPU", dtype_name(type));
-  }
-}
-size_t kv_scales_bytes(DType type, int64_t n) {
-  return (type == DType::Q8_0 || type == DType::Q4_0) ? (size_t)n / 32 * 2 : 0;
-}
-
 namespace {
 
 constexpr int kThreads = 128;

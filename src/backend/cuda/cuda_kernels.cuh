@@ -259,8 +259,17 @@ struct KvLayer {
 };
 // The first key a row at position pos attends to (sliding-window layers start later than 0).
 __host__ __device__ inline int attention_first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
-size_t kv_values_bytes(DType type, int64_t n);  // bytes of n values in the value plane
-size_t kv_scales_bytes(DType type, int64_t n);  // bytes of their scales (0 for float types)
+// Bytes of n values in a KV value plane, and of their scales (0 for float types).
+inline size_t kv_values_bytes(DType type, int64_t n) {
+  switch (type) {
+    case DType::F32: return (size_t)n * 4;
+    case DType::F16: case DType::BF16: return (size_t)n * 2;
+    case DType::Q8_0: return (size_t)n;
+    case DType::Q4_0: return (size_t)n / 2;
+    default: fail("KV cache type {} is not supported on the GPU", dtype_name(type));
+  }
+}
+inline size_t kv_scales_bytes(DType type, int64_t n) { return (type == DType::Q8_0 || type == DType::Q4_0) ? (size_t)n / 32 * 2 : 0; }
 // Q/K RMSNorm (when q_norm), RoPE, and the K/V store into the paged cache, for rows < n_tokens (real).
 void rope_and_store(const DeviceStep& step, float* q, float* k, const float* v, const float* q_norm, const float* k_norm,
                     const float* rope_factors, int n_rows, int n_head, int n_head_kv, int head_dim_k, int head_dim_v,
