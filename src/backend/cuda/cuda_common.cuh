@@ -166,6 +166,11 @@ __device__ __forceinline__ int64_t wg_tile_index(const WgTiles& tiles, int64_t k
   const int64_t run = (((k >> 8) * 16 + 8 * h + 4 * p + u) * 2 + kb) * tiles.n_pad + n;
   return run * 8 + 2 * t + j;
 }
+// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3).
+__device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k, int n, float4 v) {
+  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(saturated_half(v.x), saturated_half(v.z));
+  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(saturated_half(v.y), saturated_half(v.w));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

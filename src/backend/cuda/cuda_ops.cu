@@ -65,10 +65,7 @@ __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const fl
   __shared__ float smem[32];
   const int r = blockIdx.x, n4 = n / 4;
   if (r >= n_rows) {  // a padded token of the tiles
-    for (int i = threadIdx.x; i < n4; i += kNormRowThreads) {
-      *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i, r)) = __float2half2_rn(0.0f);
-      *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i + 1, r)) = __float2half2_rn(0.0f);
-    }
+    for (int i = threadIdx.x; i < n4; i += kNormRowThreads) wg_tiles_store4(tiles, 4 * (int64_t)i, r, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
     return;
   }
   const float4* x4 = reinterpret_cast<const float4*>(x + (int64_t)(gather ? gather[r] : r) * n);
@@ -92,10 +89,7 @@ __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const fl
       const float4 y = make_float4(v[k].x * scale * wi.x, v[k].y * scale * wi.y, v[k].z * scale * wi.z, v[k].w * scale * wi.w);
       if (o4) o4[i] = y;
       if (h4) h4[i] = f16x4_saturated(y);
-      if (tiles.out) {  // values 4i and 4i + 2 are neighbours in one run, 4i + 1 and 4i + 3 in another (wg_tile_index)
-        *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i, r)) = __halves2half2(saturated_half(y.x), saturated_half(y.z));
-        *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, 4 * (int64_t)i + 1, r)) = __halves2half2(saturated_half(y.y), saturated_half(y.w));
-      }
+      if (tiles.out) wg_tiles_store4(tiles, 4 * (int64_t)i, r, y);
     }
   }
 }

@@ -65,9 +65,7 @@ __device__ __forceinline__ void wgmma_tiles_store4(const Value4& value4, int n_t
   if (i >= per_row * tiles.n_pad) return;
   const int n = (int)(i / per_row);
   const int64_t k = 4 * (i % per_row);
-  const float4 v = n < n_tok ? value4(n, k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(saturated_half(v.x), saturated_half(v.z));
-  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(saturated_half(v.y), saturated_half(v.w));
+  wg_tiles_store4(tiles, k, n, n < n_tok ? value4(n, k) : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
 }
 __global__ void to_wgmma_tiles_kernel(const float* x, int n_tok, int64_t cols, WgTiles tiles) {
   wait_for_previous_kernel();
