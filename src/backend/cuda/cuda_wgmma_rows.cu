@@ -144,6 +144,39 @@ __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.
 // This thread's generic-proxy writes to shared memory (its cp.async copies, once landed) made visible to the
 // asynchronous proxy that wgmma reads shared memory through.
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Shared-memory barriers (mbarrier) and bulk copies for the pipeline without CTA-wide barriers (BULK below): a
+// barrier completes a phase when its expected arrivals have arrived and the bytes announced to it have landed.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+}
+// This thread's arrival, and `bytes` more to land before the phase completes.
+__device__ __forceinline__ void mbar_arrive_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+// Returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = (uint32_t)__cvta_generic_to_shared(bar);
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory, landing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(bar))
+               : "memory");
+}
 #endif
 
 // A CTA takes CR weight rows, 128 by default: MT = 2, one warpgroup whose warps own 32 rows each (two m64 tiles a
@@ -166,16 +199,64 @@ constexpr int wg_stages() {
 }
 template <DType T, int N, int CR = kWgRows>
 constexpr int wg_smem_bytes() { return wg_stages<T, N, CR>() * wg_stage_bytes<T, N, CR>(); }
+// With the bulk pipeline's 2 S barriers after the stages.
+template <DType T, int N, int CR, int BULK>
+constexpr int wg_smem_bytes_of() { return wg_smem_bytes<T, N, CR>() + (BULK > 0 ? 16 * wg_stages<T, N, CR>() : 0); }
+
+// One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
+// activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
+// for the batch before; the last batch is left in flight.
+template <DType T, int N, int MT>
+__device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr, int lane,
+                                               const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb, const uint32_t (&scale_sel)[2]) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int R = 2 * MT;
+  RowBlock<T> blk[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      __half2 scale[R], offset[R];
+#pragma unroll
+      for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
+      uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+      wg_fence();
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
+      }
+      wg_commit();
+      wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
+    }
+  }
+#endif
+}
 
 // y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the CR rows of `row_tile`, K split `split` of
 // `n_splits` (partial sums to part, as mma_rows: the same splits and stores). OVERLAP: a super-block's last batch of
 // products stays in flight while the warp dequantizes the next one (no wait for all of them at its end); the copies
 // then run S - 2 super-blocks ahead instead of S - 1, so that the stage a copy overwrites is one every warp's products
 // are done with (ROOFLINE_WGMMA_OVERLAP; off by default).
-template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows>
+// BULK (ROOFLINE_WGMMA_BULK=1 or 2; 0, off by default: written, not yet measured): no barrier of the whole CTA per
+// super-block. Each warp waits only for its own weight copies; a stage's activations come as one bulk copy, issued by
+// thread 0, whose landing a barrier of the stage ("full") tells every warp; each warp, done with a stage's products,
+// arrives at the stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. So a warp
+// runs ahead of the others by up to the stages in flight instead of meeting them every super-block. BULK = 1 copies
+// S - 1 super-blocks ahead (thread 0 waits for every warp's previous super-block); 2 copies S - 2 ahead where S >= 3
+// (it waits for the one before that).
+template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows, int BULK = 0>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!(BULK > 0 && OVERLAP), "the bulk pipeline waits for every product of a super-block");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
   constexpr int kThreads = wg_threads<MT, CR>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
   const int64_t row_base = row_tile * CR + warp * (16 * MT);
@@ -185,12 +266,13 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
   constexpr int S = wg_stages<T, N, CR>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N, CR>();
-  constexpr int L = OVERLAP && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
-  constexpr bool kOverlap = L == S - 2;
+  constexpr int L = (OVERLAP || BULK == 2) && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
+  constexpr bool kOverlap = OVERLAP && L == S - 2;
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
-  // Stage s: [activations of its super-block][warp 0's R row slots][warp 1's] ...
+  // Stage s: [activations of its super-block][warp 0's R row slots][warp 1's] ...; with BULK, after the S stages the
+  // S "full" barriers, then the S "empty" ones.
   auto slots = [&](int stage) { return smem + stage * kStage + kX + warp * kWarpSlots; };
   auto weights_copy = [&](int64_t sb, int stage) {
     if (sb < sb_end) {
@@ -198,78 +280,100 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       for (int i = 0; i < R; ++i) RowBlock<T>::copy(w, rows[i], sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
     }
   };
-  auto x_copy = [&](int64_t sb, int stage) {
-    if (sb < sb_end) {
-      const int4* src = xb + sb * (kX / 16);
-      int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
-#pragma unroll
-      for (int k = threadIdx.x; k < kX / 16; k += kThreads) copy_async<16>(dst + k, src + k);
-    }
-  };
-  // Weights are no kernel's output: the first L stages' weights are fetched before the wait for the previous
-  // kernel (one copy group each), their activations after it (one group for all). So super-block j of the loop
-  // waits for all but the newest min(j, L - 1) groups: the first ones for that activation group (with only the
-  // loop's own groups after it), the rest for their own stage's group.
-#pragma unroll
-  for (int s = 0; s < L; ++s) {
-    weights_copy(sb_begin + s, s);
-    copy_async_commit();
-  }
-  wait_for_previous_kernel();
-#pragma unroll
-  for (int s = 0; s < L; ++s) x_copy(sb_begin + s, s);
-  copy_async_commit();
-  auto stage_copy = [&](int64_t sb, int stage) {
-    weights_copy(sb, stage);
-    x_copy(sb, stage);
-    copy_async_commit();  // one group per super-block (empty past the end)
-  };
   float acc[MT][N / 2] = {};
   const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
   const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-  int stage = 0;
-  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-    const int64_t j = sb - sb_begin;  // the loop's groups issued so far
-    static_assert(L - 1 <= 2, "the waits below cover up to two pending groups");
-    if (j == 0) copy_async_wait<0>();
-    else if (j == 1) copy_async_wait<(L - 1 < 1 ? L - 1 : 1)>();
-    else copy_async_wait<L - 1>();
-    fence_proxy_async_shared();
-    // Every thread's copies of this stage have landed, and every warp's products from the stage the copy
-    // below overwrites are done: that of the previous super-block (each ends with a wait for all its products),
-    // or with kOverlap that of the one before (the first wait of the previous super-block left only its own
-    // newest batch pending).
-    __syncthreads();
-    stage_copy(sb + L, (stage + L) % S);
-    RowBlock<T> blk[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) blk[i].from_smem(slots(stage) + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
-    const uint32_t x_addr = smem_base + stage * kStage;
-    stage = stage == S - 1 ? 0 : stage + 1;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        __half2 scale[R], offset[R];
-#pragma unroll
-        for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
-        uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-          for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
-        wg_fence();
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
-#pragma unroll
-          for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
-        }
-        wg_commit();
-        wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
+  if constexpr (BULK > 0) {
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * kStage);
+    uint64_t* empty = full + S;
+    constexpr int kWarps = kThreads / 32;
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < S; ++s) {
+        mbar_init(full + s, 1);
+        mbar_init(empty + s, kWarps);
       }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if constexpr (!kOverlap) wg_wait<0>();
+    // Weights are no kernel's output: the first L stages' weights are fetched before the wait for the previous kernel
+    // (one copy group each); the loop's super-block j then waits for all but this thread's newest L - 1 groups.
+#pragma unroll
+    for (int s = 0; s < L; ++s) {
+      weights_copy(sb_begin + s, s);
+      copy_async_commit();
+    }
+    __syncthreads();  // the barriers initialized
+    wait_for_previous_kernel();
+    // Thread 0 copies stage `stage`'s activations (super-block sb) once every warp is done with the stage's use before.
+    auto x_bulk = [&](int64_t sb, int stage, int64_t use) {
+      if (threadIdx.x == 0 && sb < sb_end) {
+        if (use > 0) mbar_wait(empty + stage, (uint32_t)((use - 1) & 1));
+        mbar_arrive_expect_bytes(full + stage, kX);
+        bulk_copy(smem + stage * kStage, xb + sb * (kX / 16), kX, full + stage);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < L; ++s) x_bulk(sb_begin + s, s, 0);
+    int stage = 0;
+    for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+      const int64_t j = sb - sb_begin;
+      copy_async_wait<L - 1>();
+      __syncwarp();  // the other lanes' copies (the row headers the four lanes of a row share) landed too
+      weights_copy(sb + L, (int)((j + L) % S));
+      copy_async_commit();
+      x_bulk(sb + L, (int)((j + L) % S), (j + L) / S);
+      mbar_wait(full + stage, (uint32_t)((j / S) & 1));
+      __syncwarp();  // converged for the warpgroup instructions
+      wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_wait<0>();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + stage);
+      stage = stage == S - 1 ? 0 : stage + 1;
+    }
+  } else {
+    auto x_copy = [&](int64_t sb, int stage) {
+      if (sb < sb_end) {
+        const int4* src = xb + sb * (kX / 16);
+        int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
+#pragma unroll
+        for (int k = threadIdx.x; k < kX / 16; k += kThreads) copy_async<16>(dst + k, src + k);
+      }
+    };
+    // Weights are no kernel's output: the first L stages' weights are fetched before the wait for the previous
+    // kernel (one copy group each), their activations after it (one group for all). So super-block j of the loop
+    // waits for all but the newest min(j, L - 1) groups: the first ones for that activation group (with only the
+    // loop's own groups after it), the rest for their own stage's group.
+#pragma unroll
+    for (int s = 0; s < L; ++s) {
+      weights_copy(sb_begin + s, s);
+      copy_async_commit();
+    }
+    wait_for_previous_kernel();
+#pragma unroll
+    for (int s = 0; s < L; ++s) x_copy(sb_begin + s, s);
+    copy_async_commit();
+    auto stage_copy = [&](int64_t sb, int stage) {
+      weights_copy(sb, stage);
+      x_copy(sb, stage);
+      copy_async_commit();  // one group per super-block (empty past the end)
+    };
+    int stage = 0;
+    for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+      const int64_t j = sb - sb_begin;  // the loop's groups issued so far
+      static_assert(L - 1 <= 2, "the waits below cover up to two pending groups");
+      if (j == 0) copy_async_wait<0>();
+      else if (j == 1) copy_async_wait<(L - 1 < 1 ? L - 1 : 1)>();
+      else copy_async_wait<L - 1>();
+      fence_proxy_async_shared();
+      // Every thread's copies of this stage have landed, and every warp's products from the stage the copy
+      // below overwrites are done: that of the previous super-block (each ends with a wait for all its products),
+      // or with kOverlap that of the one before (the first wait of the previous super-block left only its own
+      // newest batch pending).
+      __syncthreads();
+      stage_copy(sb + L, (stage + L) % S);
+      wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      stage = stage == S - 1 ? 0 : stage + 1;
+      if constexpr (!kOverlap) wg_wait<0>();
+    }
   }
   wg_wait<0>();
   store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part,
@@ -280,11 +384,11 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' CR-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows>
+template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows, int BULK = 0>
 __global__ void __launch_bounds__(wg_threads<MT, CR>(), wg_ctas_per_sm<CR>()) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok,
                                                                                                 bool accumulate, float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, OVERLAP, CR>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+  wgmma_rows<T, N, MT, OVERLAP, CR, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
                                     gridDim.y);
 }
 
@@ -342,13 +446,24 @@ bool wgmma_overlap() {
   return on;
 }
 
-template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows>
+// The bulk pipeline without CTA-wide barriers (ROOFLINE_WGMMA_BULK=1 or 2, see wgmma_rows; 0 by default).
+int wgmma_bulk_for_test = -1;  // (gpu_use_wgmma_bulk_for_test; -1: the environment's)
+int wgmma_bulk() {
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA_BULK");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 1 || v == 2 ? v : 0;
+  }();
+  return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test : env;
+}
+
+template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows, int BULK = 0>
 void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                           bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes<T, N, CR>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP, CR>>(smem, wg_threads<MT, CR>());
+  constexpr int smem = wg_smem_bytes_of<T, N, CR, BULK>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP, CR, BULK>>(smem, wg_threads<MT, CR>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, CR, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, OVERLAP, CR>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT, CR>()), smem, stream,
+  launch(wgmma_rows_kernel<T, N, MT, OVERLAP, CR, BULK>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT, CR>()), smem, stream,
          pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
@@ -357,6 +472,8 @@ void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const in
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_cta_rows() == 256) launch_wgmma_rows_mt<T, N, 1, false, 256>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk() == 1) launch_wgmma_rows_mt<T, N, 1, false, kWgRows, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk() == 2) launch_wgmma_rows_mt<T, N, 1, false, kWgRows, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_overlap_for_test > 0 || (wgmma_overlap_for_test < 0 && wgmma_overlap()))
     launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else launch_wgmma_rows_mt<T, N, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -501,5 +618,6 @@ void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles, int cta_rows) {
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
 void gpu_use_wgmma_overlap_for_test(int on) { cuda::wgmma_overlap_for_test = on; }
+void gpu_use_wgmma_bulk_for_test(int mode) { cuda::wgmma_bulk_for_test = mode; }
 
 }  // namespace roofline
