@@ -73,15 +73,15 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
 void gpu_use_int8_products_for_test(int mode);
 // For tests: the batched products of Q4_K and Q6_K weights on Hopper's warpgroup tensor cores (cuda_wgmma_rows.cu)
 // for steps of min_rows-64 rows (9 or more), never (0), or as ROOFLINE_WGMMA says (-1), with m_tiles m64 tiles a
-// warpgroup (1 or 2; 0: as ROOFLINE_WGMMA_TILES says) and, with one, cta_rows rows a CTA (128 or 256; 0: as
-// ROOFLINE_WGMMA_CTA_ROWS says); and whether this device and build can run them (sm_90 with sm_90a code).
-void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles = 0, int cta_rows = 0);
+// warpgroup (1 or 2; 0: as ROOFLINE_WGMMA_TILES says); and whether this device and build can run them (sm_90 with
+// sm_90a code).
+void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles = 0);
 bool gpu_wgmma_products_available_for_test();
 // For tests: the warpgroup kernel with a super-block's last products left in flight into the next (1), without
 // (0), or as ROOFLINE_WGMMA_OVERLAP says (-1).
 void gpu_use_wgmma_overlap_for_test(int on);
 // For tests: the warpgroup kernel's pipeline without CTA-wide barriers, copying S - 1 (1) or S - 2 (2) super-blocks
-// ahead, the plain one (0), or as ROOFLINE_WGMMA_BULK says (-1).
+// ahead, or S - 2 with super-blocks overlapped (3); the plain one (0); or as ROOFLINE_WGMMA_BULK says (-1).
 void gpu_use_wgmma_bulk_for_test(int mode);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).
 void gpu_use_wgmma_experts_for_test(int on);

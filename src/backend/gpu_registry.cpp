@@ -25,7 +25,7 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 void gpu_use_int8_products_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
-void gpu_use_wgmma_products_for_test(int, int, int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_wgmma_products_for_test(int, int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 bool gpu_wgmma_products_available_for_test() { return false; }
 void gpu_use_wgmma_experts_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_overlap_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }

@@ -56,9 +56,9 @@ bool int8_decode_type(DType t) {
 // Which batched (9-64 row) kernel the products take for one test, put back to the environment's choice after it:
 // int8 (ROOFLINE_INT8_MMA) and Hopper's warpgroup kernel (ROOFLINE_WGMMA, min rows and m tiles), 0 for off.
 struct BatchedKernels {
-  BatchedKernels(int int8, int wgmma_min_rows, int wgmma_tiles = 0, int wgmma_cta_rows = 0) {
+  BatchedKernels(int int8, int wgmma_min_rows, int wgmma_tiles = 0) {
     gpu_use_int8_products_for_test(int8);
-    gpu_use_wgmma_products_for_test(wgmma_min_rows, wgmma_tiles, wgmma_cta_rows);
+    gpu_use_wgmma_products_for_test(wgmma_min_rows, wgmma_tiles);
   }
   ~BatchedKernels() {
     gpu_use_int8_products_for_test(-1);
@@ -243,30 +243,29 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
       gpu_use_wgmma_bulk_for_test(-1);
     }
   } restore;
-  // Forms: one m64 tile a warpgroup, two, one with a super-block's last products in flight into the next, one tile a
-  // warpgroup in CTAs of 256 rows (four warpgroups; 300 rows: one whole tile and a short one), and the pipeline
-  // without CTA-wide barriers copying S - 1 and S - 2 super-blocks ahead (5120 columns: more super-blocks than stages).
+  // Forms: one m64 tile a warpgroup (the plain pipeline), two, one with a super-block's last products in flight into
+  // the next, and the pipelines without CTA-wide barriers: copying S - 1 and S - 2 super-blocks ahead, and S - 2 with
+  // super-blocks overlapped (5120 columns: more super-blocks than stages).
   struct Form {
-    int m_tiles, overlap, cta_rows, bulk;
+    int m_tiles, overlap, bulk;
   };
-  for (auto [m_tiles, overlap, cta_rows, bulk] :
-       {Form{1, 0, 128, 0}, Form{2, 0, 0, 0}, Form{1, 1, 128, 0}, Form{1, 0, 256, 0}, Form{1, 0, 128, 1}, Form{1, 0, 128, 2}}) {
-    const BatchedKernels warpgroup(0, 9, m_tiles, cta_rows);
+  for (auto [m_tiles, overlap, bulk] : {Form{1, 0, 0}, Form{2, 0, 0}, Form{1, 1, 0}, Form{1, 0, 1}, Form{1, 0, 2}, Form{1, 0, 3}}) {
+    const BatchedKernels warpgroup(0, 9, m_tiles);
     gpu_use_wgmma_overlap_for_test(overlap);
     gpu_use_wgmma_bulk_for_test(bulk);
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
         EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles
-                                                                   << ", overlap " << overlap << ", CTA rows " << cta_rows << ", bulk " << bulk;
+                                                                   << ", overlap " << overlap << ", bulk " << bulk;
         EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles
-                                                                << ", overlap " << overlap << ", CTA rows " << cta_rows << ", bulk " << bulk;
+                                                                << ", overlap " << overlap << ", bulk " << bulk;
       }
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)
         for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
   }
   // The overlapped form and the bulk pipelines do the same arithmetic in the same order: the same bits as the plain one.
-  const BatchedKernels warpgroup(0, 9, 1, 128);
+  const BatchedKernels warpgroup(0, 9, 1);
   for (DType type : {DType::Q4_K, DType::Q6_K})
     for (int n : {9, 33, 64}) {
       const test::RandomWeight w(type, 200, 4096, rng);
@@ -275,7 +274,7 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
       gpu_use_wgmma_overlap_for_test(0);
       gpu_use_wgmma_bulk_for_test(0);
       const std::vector<float> plain = gpu_matmul_for_test(w.weight(), x, n);
-      for (auto [overlap, bulk] : {std::pair{1, 0}, {0, 1}, {0, 2}}) {
+      for (auto [overlap, bulk] : {std::pair{1, 0}, {0, 1}, {0, 2}, {0, 3}}) {
         gpu_use_wgmma_overlap_for_test(overlap);
         gpu_use_wgmma_bulk_for_test(bulk);
         const std::vector<float> other = gpu_matmul_for_test(w.weight(), x, n);

@@ -179,36 +179,36 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 }
 #endif
 
-// A CTA takes CR weight rows, 128 by default: MT = 2, one warpgroup whose warps own 32 rows each (two m64 tiles a
+// A CTA takes 128 weight rows: MT = 2, one warpgroup whose warps own 32 rows each (two m64 tiles a
 // warpgroup: each activation tile read by the tensor cores serves 128 rows); MT = 1, two warpgroups whose
-// warps own 16 rows (one m64 tile each: half the accumulators and fragments, so twice the warps a SM), two CTAs a
-// SM. CR = 256 (MT = 1, ROOFLINE_WGMMA_CTA_ROWS=256): four such warpgroups, one CTA a SM, so each super-block's
-// activations are staged once for 256 rows (half the shared memory and L2 reads a row) and more stages fit.
+// warps own 16 rows (one m64 tile each: half the accumulators and fragments, so twice the warps a SM); two CTAs a
+// SM. (CTAs of 256 rows, four warpgroups and one CTA a SM, measured 5-8% slower on an H100: docs/performance.md.)
 constexpr int kWgRows = 128;
-template <int MT, int CR = kWgRows>
-constexpr int wg_threads() { return CR / (16 * MT) * 32; }
-template <int CR>
-constexpr int wg_ctas_per_sm() { return 256 / CR; }
+template <int MT>
+constexpr int wg_threads() { return 256 / MT; }
 // Super-blocks staged at once: as many as fit the CTAs a SM (up to 4, at least 2).
-template <DType T, int N, int CR = kWgRows>
-constexpr int wg_stage_bytes() { return wg_x_stage_bytes<N>() + CR * RowBlock<T>::kSlotBytes / 8; }
-template <DType T, int N, int CR = kWgRows>
+template <DType T, int N>
+constexpr int wg_stage_bytes() { return wg_x_stage_bytes<N>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
+template <DType T, int N>
 constexpr int wg_stages() {
-  constexpr int fit = (227 * 1024 / wg_ctas_per_sm<CR>() - 1024) / wg_stage_bytes<T, N, CR>();
+  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N>();
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
-template <DType T, int N, int CR = kWgRows>
-constexpr int wg_smem_bytes() { return wg_stages<T, N, CR>() * wg_stage_bytes<T, N, CR>(); }
-// With the bulk pipeline's 2 S barriers after the stages.
-template <DType T, int N, int CR, int BULK>
-constexpr int wg_smem_bytes_of() { return wg_smem_bytes<T, N, CR>() + (BULK > 0 ? 16 * wg_stages<T, N, CR>() : 0); }
+// With the bulk pipeline, its 2 S barriers after the stages.
+template <DType T, int N, int BULK = 0>
+constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>() + (BULK > 0 ? 16 * wg_stages<T, N>() : 0); }
 
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
-// for the batch before; the last batch is left in flight.
-template <DType T, int N, int MT>
+// for the batch before; the last batch is left in flight. after_first_wait() runs after the first batch's wait, when
+// every product of the super-block before is done.
+struct NoCall {
+  __device__ void operator()() const {}
+};
+template <DType T, int N, int MT, typename AfterFirstWait = NoCall>
 __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr, int lane,
-                                               const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb, const uint32_t (&scale_sel)[2]) {
+                                               const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb, const uint32_t (&scale_sel)[2],
+                                               const AfterFirstWait& after_first_wait = {}) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int R = 2 * MT;
   RowBlock<T> blk[R];
@@ -235,39 +235,41 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
       }
       wg_commit();
       wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
+      if (h == 0 && p == 0) after_first_wait();
     }
   }
 #endif
 }
 
-// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the CR rows of `row_tile`, K split `split` of
+// y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the 128 rows of `row_tile`, K split `split` of
 // `n_splits` (partial sums to part, as mma_rows: the same splits and stores). OVERLAP: a super-block's last batch of
 // products stays in flight while the warp dequantizes the next one (no wait for all of them at its end); the copies
 // then run S - 2 super-blocks ahead instead of S - 1, so that the stage a copy overwrites is one every warp's products
 // are done with (ROOFLINE_WGMMA_OVERLAP; off by default).
-// BULK (ROOFLINE_WGMMA_BULK=1 or 2; 0, off by default: written, not yet measured): no barrier of the whole CTA per
-// super-block. Each warp waits only for its own weight copies; a stage's activations come as one bulk copy, issued by
-// thread 0, whose landing a barrier of the stage ("full") tells every warp; each warp, done with a stage's products,
-// arrives at the stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. So a warp
-// runs ahead of the others by up to the stages in flight instead of meeting them every super-block. BULK = 1 copies
-// S - 1 super-blocks ahead (thread 0 waits for every warp's previous super-block); 2 copies S - 2 ahead where S >= 3
-// (it waits for the one before that).
-template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows, int BULK = 0>
+// BULK (ROOFLINE_WGMMA_BULK=1, 2 or 3; 0 for the plain pipeline): no barrier of the whole CTA per super-block. Each
+// warp waits only for its own weight copies; a stage's activations come as one bulk copy, issued by thread 0, whose
+// landing a barrier of the stage ("full") tells every warp; each warp, done with a stage's products, arrives at the
+// stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. So a warp runs ahead of the
+// others by up to the stages in flight instead of meeting them every super-block. BULK = 1 copies S - 1 super-blocks
+// ahead (thread 0 waits for every warp's previous super-block); 2 copies S - 2 ahead where S >= 3 (it waits for the
+// one before that); 3 as 2, and a super-block's last products stay in flight while the warp dequantizes the next (the
+// warp arrives at a stage's empty barrier after the next super-block's first wait).
+template <DType T, int N, int MT, bool OVERLAP = false, int BULK = 0>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!(BULK > 0 && OVERLAP), "the bulk pipeline waits for every product of a super-block");
+  static_assert(!(BULK > 0 && OVERLAP), "the bulk pipeline overlaps super-blocks with BULK = 3");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
-  constexpr int kThreads = wg_threads<MT, CR>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
-  const int64_t row_base = row_tile * CR + warp * (16 * MT);
+  constexpr int kThreads = wg_threads<MT>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
+  const int64_t row_base = row_tile * kWgRows + warp * (16 * MT);
   const int64_t n_sb = w.cols / 256;
   const int64_t sb_begin = n_sb * split / n_splits, sb_end = n_sb * (split + 1) / n_splits;
   int64_t rows[R];  // rows g, g + 8 (this warp's first 16: m tile 0), g + 16, g + 24 (m tile 1); past the end, the last
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
-  constexpr int S = wg_stages<T, N, CR>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N, CR>();
-  constexpr int L = (OVERLAP || BULK == 2) && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
-  constexpr bool kOverlap = OVERLAP && L == S - 2;
+  constexpr int S = wg_stages<T, N>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
+  constexpr int L = (OVERLAP || BULK >= 2) && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
+  constexpr bool kOverlap = OVERLAP && L == S - 2, kBulkOverlap = BULK == 3 && L == S - 2;
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
@@ -323,10 +325,17 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       x_bulk(sb + L, (int)((j + L) % S), (j + L) / S);
       mbar_wait(full + stage, (uint32_t)((j / S) & 1));
       __syncwarp();  // converged for the warpgroup instructions
-      wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
-      wg_wait<0>();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + stage);
+      if constexpr (kBulkOverlap) {
+        const int before = stage == 0 ? S - 1 : stage - 1;
+        wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel, [&] {
+          if (j > 0 && lane == 0) mbar_arrive(empty + before);
+        });
+      } else {
+        wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+        wg_wait<0>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + stage);
+      }
       stage = stage == S - 1 ? 0 : stage + 1;
     }
   } else {
@@ -383,12 +392,12 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #endif
 }
 
-// The products of one input (grid.x over the members' CR-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows, int BULK = 0>
-__global__ void __launch_bounds__(wg_threads<MT, CR>(), wg_ctas_per_sm<CR>()) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok,
+// The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
+template <DType T, int N, int MT, bool OVERLAP = false, int BULK = 0>
+__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok,
                                                                                                 bool accumulate, float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, OVERLAP, CR, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+  wgmma_rows<T, N, MT, OVERLAP, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
                                     gridDim.y);
 }
 
@@ -416,7 +425,6 @@ int wgmma_fill_sb() {
 }
 
 int wgmma_tiles_for_test = 0;  // (gpu_use_wgmma_products_for_test; 0: the environment's)
-int wgmma_cta_rows_for_test = 0;  // (likewise)
 int wgmma_overlap_for_test = -1;  // (gpu_use_wgmma_overlap_for_test; -1: the environment's)
 
 // m64 tiles a warpgroup (ROOFLINE_WGMMA_TILES, 1 or 2; default 1).
@@ -428,15 +436,6 @@ int wgmma_tiles() {
   return wgmma_tiles_for_test > 0 ? wgmma_tiles_for_test : env;
 }
 
-// Rows a CTA of the one-tile form (ROOFLINE_WGMMA_CTA_ROWS, 128 or 256; default 128: 256 written, not yet measured).
-int wgmma_cta_rows() {
-  static const int env = [] {
-    const char* e = std::getenv("ROOFLINE_WGMMA_CTA_ROWS");
-    return e && std::atoi(e) == 256 ? 256 : kWgRows;
-  }();
-  return wgmma_cta_rows_for_test > 0 ? wgmma_cta_rows_for_test : env;
-}
-
 // A super-block's last products left in flight into the next (ROOFLINE_WGMMA_OVERLAP=1; one m64 tile a warpgroup only).
 bool wgmma_overlap() {
   static const bool on = [] {
@@ -446,24 +445,25 @@ bool wgmma_overlap() {
   return on;
 }
 
-// The bulk pipeline without CTA-wide barriers (ROOFLINE_WGMMA_BULK=1 or 2, see wgmma_rows; 0 by default).
+// The bulk pipeline without CTA-wide barriers (ROOFLINE_WGMMA_BULK=1, 2 or 3, see wgmma_rows; default 2, measured
+// +5-8% on an H100 over the plain one, 0).
 int wgmma_bulk_for_test = -1;  // (gpu_use_wgmma_bulk_for_test; -1: the environment's)
 int wgmma_bulk() {
   static const int env = [] {
     const char* e = std::getenv("ROOFLINE_WGMMA_BULK");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 1 || v == 2 ? v : 0;
+    const int v = e ? std::atoi(e) : 2;
+    return v >= 1 && v <= 3 ? v : 0;
   }();
   return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test : env;
 }
 
-template <DType T, int N, int MT, bool OVERLAP = false, int CR = kWgRows, int BULK = 0>
+template <DType T, int N, int MT, bool OVERLAP = false, int BULK = 0>
 void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                           bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes_of<T, N, CR, BULK>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP, CR, BULK>>(smem, wg_threads<MT, CR>());
-  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, CR, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, OVERLAP, CR, BULK>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT, CR>()), smem, stream,
+  constexpr int smem = wg_smem_bytes<T, N, BULK>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP, BULK>>(smem, wg_threads<MT>());
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
+  launch(wgmma_rows_kernel<T, N, MT, OVERLAP, BULK>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream,
          pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
@@ -471,9 +471,9 @@ template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_cta_rows() == 256) launch_wgmma_rows_mt<T, N, 1, false, 256>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk() == 1) launch_wgmma_rows_mt<T, N, 1, false, kWgRows, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk() == 2) launch_wgmma_rows_mt<T, N, 1, false, kWgRows, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk() == 1) launch_wgmma_rows_mt<T, N, 1, false, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk() == 2) launch_wgmma_rows_mt<T, N, 1, false, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk() == 3) launch_wgmma_rows_mt<T, N, 1, false, 3>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_overlap_for_test > 0 || (wgmma_overlap_for_test < 0 && wgmma_overlap()))
     launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else launch_wgmma_rows_mt<T, N, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -610,10 +610,9 @@ void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& ti
 
 namespace roofline {
 
-void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles, int cta_rows) {
+void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
   cuda::wgmma_mode_for_test = min_rows;
   cuda::wgmma_tiles_for_test = m_tiles;
-  cuda::wgmma_cta_rows_for_test = cta_rows;
 }
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
