@@ -77,11 +77,8 @@ void gpu_use_int8_products_for_test(int mode);
 // sm_90a code).
 void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles = 0);
 bool gpu_wgmma_products_available_for_test();
-// For tests: the warpgroup kernel with a super-block's last products left in flight into the next (1), without
-// (0), or as ROOFLINE_WGMMA_OVERLAP says (-1).
-void gpu_use_wgmma_overlap_for_test(int on);
-// For tests: the warpgroup kernel's pipeline without CTA-wide barriers, copying S - 1 (1) or S - 2 (2) super-blocks
-// ahead, or S - 2 with super-blocks overlapped (3); the plain one (0); or as ROOFLINE_WGMMA_BULK says (-1).
+// For tests: the warpgroup kernel's pipeline without CTA-wide barriers (1), the plain one (0), or as
+// ROOFLINE_WGMMA_BULK says (-1: the bulk one unless it is 0).
 void gpu_use_wgmma_bulk_for_test(int mode);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).
 void gpu_use_wgmma_experts_for_test(int on);

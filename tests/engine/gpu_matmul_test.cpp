@@ -238,50 +238,40 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
                                            {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
   struct Restore {
-    ~Restore() {
-      gpu_use_wgmma_overlap_for_test(-1);
-      gpu_use_wgmma_bulk_for_test(-1);
-    }
+    ~Restore() { gpu_use_wgmma_bulk_for_test(-1); }
   } restore;
-  // Forms: one m64 tile a warpgroup (the plain pipeline), two, one with a super-block's last products in flight into
-  // the next, and the pipelines without CTA-wide barriers: copying S - 1 and S - 2 super-blocks ahead, and S - 2 with
-  // super-blocks overlapped (5120 columns: more super-blocks than stages).
+  // Forms: one m64 tile a warpgroup in the plain pipeline, two, and one in the pipeline without CTA-wide barriers
+  // (5120 columns: more super-blocks than stages).
   struct Form {
-    int m_tiles, overlap, bulk;
+    int m_tiles, bulk;
   };
-  for (auto [m_tiles, overlap, bulk] : {Form{1, 0, 0}, Form{2, 0, 0}, Form{1, 1, 0}, Form{1, 0, 1}, Form{1, 0, 2}, Form{1, 0, 3}}) {
+  for (auto [m_tiles, bulk] : {Form{1, 0}, Form{2, 0}, Form{1, 1}}) {
     const BatchedKernels warpgroup(0, 9, m_tiles);
-    gpu_use_wgmma_overlap_for_test(overlap);
     gpu_use_wgmma_bulk_for_test(bulk);
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
         EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles
-                                                                   << ", overlap " << overlap << ", bulk " << bulk;
+                                                                   << ", bulk " << bulk;
         EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles
-                                                                << ", overlap " << overlap << ", bulk " << bulk;
+                                                                << ", bulk " << bulk;
       }
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)
         for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
   }
-  // The overlapped form and the bulk pipelines do the same arithmetic in the same order: the same bits as the plain one.
+  // The two pipelines do the same arithmetic in the same order: the same bits.
   const BatchedKernels warpgroup(0, 9, 1);
   for (DType type : {DType::Q4_K, DType::Q6_K})
     for (int n : {9, 33, 64}) {
       const test::RandomWeight w(type, 200, 4096, rng);
       std::vector<float> x((size_t)n * 4096);
       for (float& v : x) v = (float)rng.normal();
-      gpu_use_wgmma_overlap_for_test(0);
       gpu_use_wgmma_bulk_for_test(0);
       const std::vector<float> plain = gpu_matmul_for_test(w.weight(), x, n);
-      for (auto [overlap, bulk] : {std::pair{1, 0}, {0, 1}, {0, 2}, {0, 3}}) {
-        gpu_use_wgmma_overlap_for_test(overlap);
-        gpu_use_wgmma_bulk_for_test(bulk);
-        const std::vector<float> other = gpu_matmul_for_test(w.weight(), x, n);
-        ASSERT_EQ(plain.size(), other.size());
-        EXPECT_EQ(0, std::memcmp(plain.data(), other.data(), plain.size() * sizeof(float)))
-            << dtype_name(type) << " n=" << n << ", overlap " << overlap << ", bulk " << bulk;
-      }
+      gpu_use_wgmma_bulk_for_test(1);
+      const std::vector<float> bulk = gpu_matmul_for_test(w.weight(), x, n);
+      ASSERT_EQ(plain.size(), bulk.size());
+      EXPECT_EQ(0, std::memcmp(plain.data(), bulk.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n;
     }
 }
 

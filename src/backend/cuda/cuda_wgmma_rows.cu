@@ -195,20 +195,15 @@ constexpr int wg_stages() {
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
 // With the bulk pipeline, its 2 S barriers after the stages.
-template <DType T, int N, int BULK = 0>
-constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>() + (BULK > 0 ? 16 * wg_stages<T, N>() : 0); }
+template <DType T, int N, bool BULK = false>
+constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>() + (BULK ? 16 * wg_stages<T, N>() : 0); }
 
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
-// for the batch before; the last batch is left in flight. after_first_wait() runs after the first batch's wait, when
-// every product of the super-block before is done.
-struct NoCall {
-  __device__ void operator()() const {}
-};
-template <DType T, int N, int MT, typename AfterFirstWait = NoCall>
+// for the batch before; the last batch is left in flight.
+template <DType T, int N, int MT>
 __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr, int lane,
-                                               const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb, const uint32_t (&scale_sel)[2],
-                                               const AfterFirstWait& after_first_wait = {}) {
+                                               const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb, const uint32_t (&scale_sel)[2]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int R = 2 * MT;
   RowBlock<T> blk[R];
@@ -235,30 +230,25 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
       }
       wg_commit();
       wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
-      if (h == 0 && p == 0) after_first_wait();
     }
   }
 #endif
 }
 
 // y[t * ldy + r] (+)= W[r, :] . x[t, :] for t < n_tok <= N over the 128 rows of `row_tile`, K split `split` of
-// `n_splits` (partial sums to part, as mma_rows: the same splits and stores). OVERLAP: a super-block's last batch of
-// products stays in flight while the warp dequantizes the next one (no wait for all of them at its end); the copies
-// then run S - 2 super-blocks ahead instead of S - 1, so that the stage a copy overwrites is one every warp's products
-// are done with (ROOFLINE_WGMMA_OVERLAP; off by default).
-// BULK (ROOFLINE_WGMMA_BULK=1, 2 or 3; 0 for the plain pipeline): no barrier of the whole CTA per super-block. Each
+// `n_splits` (partial sums to part, as mma_rows: the same splits and stores).
+// BULK (the default; ROOFLINE_WGMMA_BULK=0 for the plain pipeline): no barrier of the whole CTA per super-block. Each
 // warp waits only for its own weight copies; a stage's activations come as one bulk copy, issued by thread 0, whose
 // landing a barrier of the stage ("full") tells every warp; each warp, done with a stage's products, arrives at the
-// stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. So a warp runs ahead of the
-// others by up to the stages in flight instead of meeting them every super-block. BULK = 1 copies S - 1 super-blocks
-// ahead (thread 0 waits for every warp's previous super-block); 2 copies S - 2 ahead where S >= 3 (it waits for the
-// one before that); 3 as 2, and a super-block's last products stay in flight while the warp dequantizes the next (the
-// warp arrives at a stage's empty barrier after the next super-block's first wait).
-template <DType T, int N, int MT, bool OVERLAP = false, int BULK = 0>
+// stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. The copies run S - 2
+// super-blocks ahead where S >= 3 (thread 0 then waits for every warp's super-block before the previous one), S - 1
+// where S = 2. So a warp runs ahead of the others by up to the stages in flight instead of meeting them every
+// super-block. The plain pipeline: every thread copies its share of a stage's activations, copies run S - 1 ahead, and
+// the CTA meets at a barrier each super-block.
+template <DType T, int N, int MT, bool BULK = false>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!(BULK > 0 && OVERLAP), "the bulk pipeline overlaps super-blocks with BULK = 3");
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, warp = threadIdx.x / 32;
   constexpr int kThreads = wg_threads<MT>(), R = 2 * MT;  // R: the lane's rows (g, g + 8, g + 16, g + 24)
   const int64_t row_base = row_tile * kWgRows + warp * (16 * MT);
@@ -268,8 +258,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
   constexpr int S = wg_stages<T, N>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
-  constexpr int L = (OVERLAP || BULK >= 2) && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
-  constexpr bool kOverlap = OVERLAP && L == S - 2, kBulkOverlap = BULK == 3 && L == S - 2;
+  constexpr int L = BULK && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
@@ -285,7 +274,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   float acc[MT][N / 2] = {};
   const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
   const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-  if constexpr (BULK > 0) {
+  if constexpr (BULK) {
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * kStage);
     uint64_t* empty = full + S;
     constexpr int kWarps = kThreads / 32;
@@ -325,17 +314,10 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       x_bulk(sb + L, (int)((j + L) % S), (j + L) / S);
       mbar_wait(full + stage, (uint32_t)((j / S) & 1));
       __syncwarp();  // converged for the warpgroup instructions
-      if constexpr (kBulkOverlap) {
-        const int before = stage == 0 ? S - 1 : stage - 1;
-        wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel, [&] {
-          if (j > 0 && lane == 0) mbar_arrive(empty + before);
-        });
-      } else {
-        wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
-        wg_wait<0>();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + stage);
-      }
+      wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_wait<0>();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + stage);
       stage = stage == S - 1 ? 0 : stage + 1;
     }
   } else {
@@ -374,14 +356,12 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       else copy_async_wait<L - 1>();
       fence_proxy_async_shared();
       // Every thread's copies of this stage have landed, and every warp's products from the stage the copy
-      // below overwrites are done: that of the previous super-block (each ends with a wait for all its products),
-      // or with kOverlap that of the one before (the first wait of the previous super-block left only its own
-      // newest batch pending).
+      // below overwrites (the previous super-block's: each ends with a wait for all its products) are done.
       __syncthreads();
       stage_copy(sb + L, (stage + L) % S);
       wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
       stage = stage == S - 1 ? 0 : stage + 1;
-      if constexpr (!kOverlap) wg_wait<0>();
+      wg_wait<0>();
     }
   }
   wg_wait<0>();
@@ -393,11 +373,11 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool OVERLAP = false, int BULK = 0>
+template <DType T, int N, int MT, bool BULK>
 __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok,
                                                                                                 bool accumulate, float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, OVERLAP, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+  wgmma_rows<T, N, MT, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
                                     gridDim.y);
 }
 
@@ -425,7 +405,6 @@ int wgmma_fill_sb() {
 }
 
 int wgmma_tiles_for_test = 0;  // (gpu_use_wgmma_products_for_test; 0: the environment's)
-int wgmma_overlap_for_test = -1;  // (gpu_use_wgmma_overlap_for_test; -1: the environment's)
 
 // m64 tiles a warpgroup (ROOFLINE_WGMMA_TILES, 1 or 2; default 1).
 int wgmma_tiles() {
@@ -436,47 +415,30 @@ int wgmma_tiles() {
   return wgmma_tiles_for_test > 0 ? wgmma_tiles_for_test : env;
 }
 
-// A super-block's last products left in flight into the next (ROOFLINE_WGMMA_OVERLAP=1; one m64 tile a warpgroup only).
-bool wgmma_overlap() {
-  static const bool on = [] {
-    const char* e = std::getenv("ROOFLINE_WGMMA_OVERLAP");
-    return e && std::atoi(e) == 1;
-  }();
-  return on;
-}
-
-// The bulk pipeline without CTA-wide barriers (ROOFLINE_WGMMA_BULK=1, 2 or 3, see wgmma_rows; default 2, measured
-// +5-8% on an H100 over the plain one, 0).
+// The bulk pipeline without CTA-wide barriers (see wgmma_rows; on by default, measured +3-8% on an H100 over the
+// plain one, ROOFLINE_WGMMA_BULK=0).
 int wgmma_bulk_for_test = -1;  // (gpu_use_wgmma_bulk_for_test; -1: the environment's)
-int wgmma_bulk() {
-  static const int env = [] {
-    const char* e = std::getenv("ROOFLINE_WGMMA_BULK");
-    const int v = e ? std::atoi(e) : 2;
-    return v >= 1 && v <= 3 ? v : 0;
-  }();
-  return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test : env;
+bool wgmma_bulk() {
+  static const bool env = env_switch("ROOFLINE_WGMMA_BULK", true);
+  return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test > 0 : env;
 }
 
-template <DType T, int N, int MT, bool OVERLAP = false, int BULK = 0>
+template <DType T, int N, int MT, bool BULK>
 void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                           bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   constexpr int smem = wg_smem_bytes<T, N, BULK>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, OVERLAP, BULK>>(smem, wg_threads<MT>());
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK>>(smem, wg_threads<MT>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, OVERLAP, BULK>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream,
+  launch(wgmma_rows_kernel<T, N, MT, BULK>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream,
          pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk() == 1) launch_wgmma_rows_mt<T, N, 1, false, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk() == 2) launch_wgmma_rows_mt<T, N, 1, false, 2>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk() == 3) launch_wgmma_rows_mt<T, N, 1, false, 3>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_overlap_for_test > 0 || (wgmma_overlap_for_test < 0 && wgmma_overlap()))
-    launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else launch_wgmma_rows_mt<T, N, 1>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk()) launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else launch_wgmma_rows_mt<T, N, 1, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 
 template <DType T>
@@ -616,7 +578,6 @@ void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
 }
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
-void gpu_use_wgmma_overlap_for_test(int on) { cuda::wgmma_overlap_for_test = on; }
 void gpu_use_wgmma_bulk_for_test(int mode) { cuda::wgmma_bulk_for_test = mode; }
 
 }  // namespace roofline
