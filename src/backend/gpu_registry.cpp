@@ -69,6 +69,7 @@ std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest, bool, bool, cons
   fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON");
 }
 void gpu_use_producer_tiles_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_wide_norm_rows_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_producer_tiles_taken_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_chained_products_for_test(GpuChainForTest, bool, const Weight&, const Weight*, const Weight&, const std::vector<float>&,
                                                  const std::vector<float>&, const std::vector<float>&, int, float, int) {

@@ -66,6 +66,30 @@ TEST(GpuMatmulTest, ProducersWriteTheTilesTheProductsConvert) {
       }
 }
 
+// The norm of 9-64 row steps spread over a CTA per run of 1024 values of each row (ROOFLINE_NORM_WIDE_ROWS): each CTA
+// sums the whole row as the row's one CTA does, so its f32 rows and its tiles (padded tokens' zeros included) are the
+// same bits; rows of one run, of a run and a part (1280), and of five (5120).
+TEST(GpuMatmulTest, WideNormRowsWriteTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  struct Restore {
+    ~Restore() { gpu_use_wide_norm_rows_for_test(-1); }
+  } restore;
+  Rng rng(78);
+  for (int rows : {9, 23, 64})
+    for (int n : {256, 1280, 5120}) {
+      SCOPED_TRACE(testing::Message() << rows << " rows of " << n);
+      std::vector<float> x((size_t)rows * n), w((size_t)n);
+      for (float& v : x) v = (float)rng.normal();
+      for (float& v : w) v = (float)rng.normal() * 3.0f;
+      gpu_use_wide_norm_rows_for_test(0);
+      const auto one = gpu_producer_tiles_for_test(GpuOpForTest::RmsNorm, false, false, x, w, rows, n, 1e-6f);
+      gpu_use_wide_norm_rows_for_test(1);
+      const auto wide = gpu_producer_tiles_for_test(GpuOpForTest::RmsNorm, false, false, x, w, rows, n, 1e-6f);
+      EXPECT_EQ(one, wide);
+      EXPECT_EQ(first_difference(wide, 0), -1) << "the wide norm's tiles against the reference conversion of its rows";
+    }
+}
+
 // Whole models on batched steps of 9-64 rows with the producers writing the tiles and without: the products read the
 // same halves either way, so the logits are the same bits. A dense Qwen3 (mixed Q4_K / Q6_K products), Gemma 3
 // (GeGLU), a hybrid Qwen3.5 (the DeltaNet projections' pre-norm) and an MoE model (its attention's pre-norm). The

@@ -58,14 +58,19 @@ __global__ void rms_norm_kernel(const float* x, const float* w, float eps, int n
 // its sum of squares and the scaled write (the one-element-a-thread kernel above moved ~1.7 TB/s). out16:
 // the same values as f16 (saturated, as the GEMMs' input conversion makes them), for the prompt GEMMs; tiles: the
 // same f16 values as the warpgroup kernel's activation tiles (grid: tiles.n_pad rows, those past n_rows write zeros).
+// Wide launches (grid.y > 1: ROOFLINE_NORM_WIDE_ROWS, decode batches of 9-64 rows): CTA (r, c) sums the whole row as
+// the one CTA of the row does (the same loads, the same order: the same scale) and writes only the row's c-th run of
+// 256 float4, so a row's writes are spread over its runs' CTAs.
 constexpr int kNormRowThreads = 256, kNormRowVec = 8;  // rows of up to 8192 values
 __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const float* x, const float* w, float eps, int n, const int* gather,
                                                                        float* out, __half* out16, WgTiles tiles, int n_rows) {
   wait_for_previous_kernel();
   __shared__ float smem[32];
   const int r = blockIdx.x, n4 = n / 4;
+  const int only = gridDim.y > 1 ? (int)blockIdx.y : -1;  // the one run k this CTA writes, or every run
   if (r >= n_rows) {  // a padded token of the tiles
-    for (int i = threadIdx.x; i < n4; i += kNormRowThreads) wg_tiles_store4(tiles, 4 * (int64_t)i, r, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+    for (int i = threadIdx.x; i < n4; i += kNormRowThreads)
+      if (only < 0 || i / kNormRowThreads == only) wg_tiles_store4(tiles, 4 * (int64_t)i, r, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
     return;
   }
   const float4* x4 = reinterpret_cast<const float4*>(x + (int64_t)(gather ? gather[r] : r) * n);
@@ -84,7 +89,7 @@ __global__ void __launch_bounds__(kNormRowThreads) rms_norm_rows_kernel(const fl
 #pragma unroll
   for (int k = 0; k < kNormRowVec; ++k) {
     const int i = threadIdx.x + k * kNormRowThreads;
-    if (i < n4) {
+    if (i < n4 && (only < 0 || k == only)) {
       const float4 wi = w4[i];
       const float4 y = make_float4(v[k].x * scale * wi.x, v[k].y * scale * wi.y, v[k].z * scale * wi.z, v[k].w * scale * wi.w);
       if (o4) o4[i] = y;
@@ -364,6 +369,15 @@ void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_ro
   launch(embed_kernel, dim3(n_rows), dim3(128), 0, stream, pdl_enabled(), table, step, x, n_embd);
 }
 
+int wide_norm_rows_for_test = -1;  // (gpu_use_wide_norm_rows_for_test; -1: the environment's)
+
+// Decode batches of 9-64 rows normed by a CTA per run of 1024 values of each row instead of one per row
+// (ROOFLINE_NORM_WIDE_ROWS=1; off: written, not yet measured).
+bool wide_norm_rows() {
+  static const bool env = env_switch("ROOFLINE_NORM_WIDE_ROWS", false);
+  return wide_norm_rows_for_test >= 0 ? wide_norm_rows_for_test > 0 : env;
+}
+
 bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, const int* gather, float* out, ActQ8 act,
               cudaStream_t stream, __half* out16, const WgTiles& tiles) {
   if (n_rows == 0) return false;
@@ -376,8 +390,10 @@ bool rms_norm(const float* x, const float* w, float eps, int n_rows, int n, cons
                          reinterpret_cast<uintptr_t>(out16) | reinterpret_cast<uintptr_t>(tiles.out)) & 15) == 0;
   const bool tiles_fit = !tiles.out || (n % 256 == 0 && tiles.n_pad >= n_rows);
   if (!act.q && (out || out16 || tiles.out) && aligned && tiles_fit && n % 4 == 0 && n <= 4 * kNormRowThreads * kNormRowVec) {
-    launch(rms_norm_rows_kernel, dim3(tiles.out ? tiles.n_pad : n_rows), dim3(kNormRowThreads), 0, stream, pdl_enabled(), x, w, eps, n, gather,
-           out, out16, tiles, n_rows);
+    // Decode batches (the batched products' 9-64 rows) may spread each row over its runs' CTAs.
+    const unsigned runs = n_rows <= 64 && wide_norm_rows() ? (unsigned)((n / 4 + kNormRowThreads - 1) / kNormRowThreads) : 1u;
+    launch(rms_norm_rows_kernel, dim3(tiles.out ? tiles.n_pad : n_rows, runs), dim3(kNormRowThreads), 0, stream, pdl_enabled(), x, w, eps, n,
+           gather, out, out16, tiles, n_rows);
     return out16 != nullptr || tiles.out != nullptr;
   }
   launch(rms_norm_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, w, eps, n, gather, out, act);
@@ -455,3 +471,9 @@ void add_bias(float* y, const float* bias, int n_rows, int n, cudaStream_t strea
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+void gpu_use_wide_norm_rows_for_test(int on) { cuda::wide_norm_rows_for_test = on; }
+
+}  // namespace roofline
