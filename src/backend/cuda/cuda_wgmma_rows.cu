@@ -5,8 +5,10 @@
 // two warpgroups of 16 rows a warp), but one warpgroup instruction multiplies a warp's 16 rows
 // by every token at once, reading the activations from shared memory itself: no B fragments in registers,
 // a quarter of the tensor instructions at 64 tokens, and the instruction runs while the warp dequantizes
-// the next weights. The activations of a super-block are staged once per CTA (cp.async) in the layout the
-// instruction's descriptor names.
+// the next weights. The activations of a super-block are staged once per CTA in the layout the instruction's
+// descriptor names: by default as one bulk copy on shared-memory barriers, so that warps do not meet at a CTA barrier
+// each super-block (wgmma_rows' BULK; the plain pipeline, every thread's cp.async copies and a CTA barrier, with
+// ROOFLINE_WGMMA_BULK=0).
 #include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_row_blocks.cuh"
 
