@@ -166,10 +166,10 @@ std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest op, bool geglu, b
 // Whether engines created after the call have producers write those tiles (ROOFLINE_PRODUCER_TILES; -1: the
 // environment's), and how many products have taken tiles so written, over the process.
 void gpu_use_producer_tiles_for_test(int on);
+int64_t gpu_producer_tiles_taken_for_test();
 // For tests: the norm of 9-64 row steps by a CTA per run of 1024 values of each row (1) or one CTA a row (0), or as
 // ROOFLINE_NORM_WIDE_ROWS says (-1).
 void gpu_use_wide_norm_rows_for_test(int on);
-int64_t gpu_producer_tiles_taken_for_test();
 std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a, const std::vector<float>& b, int n_rows, int n,
                                    float eps = 1e-6f, int device = 0);
 

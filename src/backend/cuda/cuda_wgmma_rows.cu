@@ -376,11 +376,11 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
 template <DType T, int N, int MT, bool BULK>
-__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok,
-                                                                                                bool accumulate, float* part) {
+__global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
+                                                                         float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
   wgmma_rows<T, N, MT, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
-                                    gridDim.y);
+                             gridDim.y);
 }
 
 // Expert products grouped by expert (as mma_experts_kernel): CTA (x, y) takes row tile x of the expert of token
