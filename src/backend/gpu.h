@@ -80,6 +80,9 @@ bool gpu_wgmma_products_available_for_test();
 // For tests: the warpgroup kernel's pipeline without CTA-wide barriers (1), the plain one (0), or as
 // ROOFLINE_WGMMA_BULK says (-1: the bulk one unless it is 0).
 void gpu_use_wgmma_bulk_for_test(int mode);
+// For tests: the warpgroup kernel's Q4_K products of 9-32 rows with the mins folded out of the weights (1), with them
+// in the weights (0), or as ROOFLINE_WGMMA_FOLD says (-1: folded unless it is 0).
+void gpu_use_wgmma_fold_for_test(int on);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).
 void gpu_use_wgmma_experts_for_test(int on);
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to
@@ -105,6 +108,9 @@ void gpu_use_flash_decode_for_test(int mode);
 // For tests: steps whose rows all have one split finalize in the flash decode kernel (1), or go through the
 // combine kernel (0), or as ROOFLINE_FLASH_FINALIZE says (-1; off unless it is 1).
 void gpu_use_flash_finalize_for_test(int mode);
+// For tests: attention's splits merged by a warp a query head (1), by a CTA a query head (0), or as
+// ROOFLINE_COMBINE_WARPS says (-1: by warps unless it is 0).
+void gpu_use_combine_warps_for_test(int mode);
 // For tests: flash decode launches so far that finalized their rows themselves.
 int64_t gpu_flash_finalize_launches_for_test();
 // For tests: the one-buffer flash decode kernel stages its first block's older keys before the dependency wait

@@ -29,6 +29,7 @@ void gpu_use_wgmma_products_for_test(int, int) { fail("this build has no GPU bac
 bool gpu_wgmma_products_available_for_test() { return false; }
 void gpu_use_wgmma_experts_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_bulk_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_wgmma_fold_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_q4k_tile_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_f16_copy_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_f16_copy_min_rows_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
@@ -39,6 +40,7 @@ std::vector<float> gpu_decode_ffn_for_test(const Weight&, const Weight&, const W
 void gpu_use_persistent_ffn_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_flash_decode_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_flash_finalize_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_combine_warps_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_flash_early_kv_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_mma_matvec_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_matvec_pipe_for_test(int64_t) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }

@@ -238,40 +238,54 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
                                            {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
   struct Restore {
-    ~Restore() { gpu_use_wgmma_bulk_for_test(-1); }
+    ~Restore() {
+      gpu_use_wgmma_bulk_for_test(-1);
+      gpu_use_wgmma_fold_for_test(-1);
+    }
   } restore;
   // Forms: one m64 tile a warpgroup in the plain pipeline, two, and one in the pipeline without CTA-wide barriers
-  // (5120 columns: more super-blocks than stages).
+  // (5120 columns: more super-blocks than stages); Q4_K's mins folded out of the weights (9-32 rows) in each, and in the
+  // bulk form also not.
   struct Form {
-    int m_tiles, bulk;
+    int m_tiles, bulk, fold;
   };
-  for (auto [m_tiles, bulk] : {Form{1, 0}, Form{2, 0}, Form{1, 1}}) {
+  for (auto [m_tiles, bulk, fold] : {Form{1, 0, 1}, Form{2, 0, 1}, Form{1, 1, 1}, Form{1, 1, 0}}) {
     const BatchedKernels warpgroup(0, 9, m_tiles);
     gpu_use_wgmma_bulk_for_test(bulk);
+    gpu_use_wgmma_fold_for_test(fold);
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
         EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles
-                                                                   << ", bulk " << bulk;
+                                                                   << ", bulk " << bulk << ", fold " << fold;
         EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles
-                                                                << ", bulk " << bulk;
+                                                                << ", bulk " << bulk << ", fold " << fold;
       }
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)
         for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
   }
-  // The two pipelines do the same arithmetic in the same order: the same bits.
+  // The two pipelines do the same arithmetic in the same order: the same bits. With the mins folded (Q4_K, 9-32 rows)
+  // the weights round otherwise: other bits than unfolded.
   const BatchedKernels warpgroup(0, 9, 1);
   for (DType type : {DType::Q4_K, DType::Q6_K})
-    for (int n : {9, 33, 64}) {
+    for (int n : {9, 16, 24, 33, 64}) {
       const test::RandomWeight w(type, 200, 4096, rng);
       std::vector<float> x((size_t)n * 4096);
       for (float& v : x) v = (float)rng.normal();
-      gpu_use_wgmma_bulk_for_test(0);
-      const std::vector<float> plain = gpu_matmul_for_test(w.weight(), x, n);
-      gpu_use_wgmma_bulk_for_test(1);
-      const std::vector<float> bulk = gpu_matmul_for_test(w.weight(), x, n);
-      ASSERT_EQ(plain.size(), bulk.size());
-      EXPECT_EQ(0, std::memcmp(plain.data(), bulk.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n;
+      std::vector<float> by_fold[2];
+      for (int fold : {0, 1}) {
+        gpu_use_wgmma_fold_for_test(fold);
+        gpu_use_wgmma_bulk_for_test(0);
+        const std::vector<float> plain = gpu_matmul_for_test(w.weight(), x, n);
+        gpu_use_wgmma_bulk_for_test(1);
+        const std::vector<float> bulk = gpu_matmul_for_test(w.weight(), x, n);
+        ASSERT_EQ(plain.size(), bulk.size());
+        EXPECT_EQ(0, std::memcmp(plain.data(), bulk.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n << ", fold " << fold;
+        by_fold[fold] = plain;
+      }
+      const bool folds = type == DType::Q4_K && n <= 32;
+      EXPECT_EQ(folds, std::memcmp(by_fold[0].data(), by_fold[1].data(), by_fold[0].size() * sizeof(float)) != 0)
+          << dtype_name(type) << " n=" << n << (folds ? ": folding changed nothing" : ": unfolded forms differ");
     }
 }
 

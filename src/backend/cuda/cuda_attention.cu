@@ -603,45 +603,6 @@ __global__ void __launch_bounds__(kThreads) attention_split_vec_kernel(DeviceSte
   if constexpr (C) combine_if_last(fuse, partial, work, n_head, n_head_kv, gqa, hd_v, max_splits, smem + split_state_floats(gqa));
 }
 
-// Merges the splits of one (row, query head) with split_weights and merged_value (kThreads threads).
-// With act.q (head_dim_v % 32 == 0: each warp holds whole groups of 32), the output rows are also
-// written in the int8 form the next product (the attention output matrix) reads; with tiles (no row list), as that
-// product's warpgroup tiles (the grid then covers tiles.n_pad rows: those from n_rows on write the tiles' zeros
-// alone). Steps whose split kernel combines (SplitCombine) do not run it.
-__global__ void __launch_bounds__(kThreads) attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits,
-                                                                    const float* partial, float* out, ActQ8 act, const int* row_list,
-                                                                    int window, WgTiles tiles, int n_rows) {
-  extern __shared__ float weight_s[];  // [max_splits]
-  __shared__ float red[32];
-  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
-  if ((int)blockIdx.x >= n_rows) {  // a padded token of the tiles
-    wait_for_previous_kernel();
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) tiles.out[wg_tile_index(tiles, (int64_t)h * hd_v + d, r)] = __float2half(0.0f);
-    return;
-  }
-  const auto store = [&](int d, float v) {
-    store_output(out, act, r, h, n_head, hd_v, d, v);
-    if (tiles.out) tiles.out[wg_tile_index(tiles, (int64_t)h * hd_v + d, r)] = saturated_half(v);
-  };
-  // The row's splits depend only on the step: counted before waiting for the split kernel.
-  const bool live = r < step.header[kStepRealRows];
-  int n_splits = 0;
-  if (live) {
-    const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
-    const int split_len = row_split_len(step, n_keys);
-    n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
-  }
-  wait_for_previous_kernel();
-  if (!live) {
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store(d, 0.0f);
-    return;
-  }
-  const int64_t stride = hd_v + 2;
-  const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
-  const float inv = split_weights(base, stride, n_splits, weight_s, red);
-  for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store(d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
-}
-
 using AttentionKernel = void (*)(DeviceStep, const float*, KvLayer, int, int, int, int, float, int, float*, const int*, SplitCombine, int);
 
 // G: the accumulators per value chunk, the group size rounded up to 8 or 16.
@@ -928,6 +889,14 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, const Attenti
   return plan;
 }
 
+// The splits merged by a warp a query head (attention_combine_warps_kernel, the same bits as the combine kernel's CTA a
+// head): ROOFLINE_COMBINE_WARPS, on.
+int combine_warps_for_test = -1;  // (gpu_use_combine_warps_for_test; -1: the environment's)
+bool combine_warps() {
+  static const bool env = env_switch("ROOFLINE_COMBINE_WARPS", true);
+  return combine_warps_for_test >= 0 ? combine_warps_for_test > 0 : env;
+}
+
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits) {
   return (size_t)n_rows * n_head * max_splits * (head_dim_v + 2);
 }
@@ -986,12 +955,23 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
            n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
     if (fuse.counters) return out_act.q != nullptr;
   }
-  const bool with_tiles = tiles.out && !row_list && tiles.n_pad >= n_rows && tiles_written;
-  launch(attention_combine_kernel, dim3(with_tiles ? tiles.n_pad : n_rows, n_head), dim3(kThreads), (size_t)max_splits * sizeof(float), stream,
-         pdl_enabled(), step, n_head, head_dim_v, max_splits, partial, out, out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{},
-         n_rows);
+  const bool with_tiles = tiles.out && !row_list && tiles.n_pad >= n_rows && tiles_written && (tiles.q6 || head_dim_v % 32 == 0);
+  const unsigned grid_rows = (unsigned)(with_tiles ? tiles.n_pad : n_rows);
+  if (combine_warps() && combine_warps_fit(max_splits))
+    launch(attention_combine_warps_kernel, dim3(grid_rows, (unsigned)((n_head + kCombineWarps - 1) / kCombineWarps)), dim3(32 * kCombineWarps),
+           (size_t)kCombineWarps * max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v, max_splits, partial, out,
+           out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{}, n_rows);
+  else
+    launch(attention_combine_kernel, dim3(grid_rows, n_head), dim3(kCombineThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(),
+           step, n_head, head_dim_v, max_splits, partial, out, out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{}, n_rows);
   if (with_tiles) *tiles_written = true;
   return out_act.q != nullptr;
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+void gpu_use_combine_warps_for_test(int mode) { cuda::combine_warps_for_test = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
+
+}  // namespace roofline

@@ -10,6 +10,16 @@
 
 namespace roofline::cuda {
 
+namespace {
+
+// x_f16_'s halves: a product's f16 activations, rows padded to a multiple of 16 (prompt GEMMs), or the warpgroup
+// kernel's tiles of up to 64 rows, whose Q4_K layout has a 17th k16 step a super-block (wg_tiles_halves).
+size_t x_f16_elems(int T, int64_t max_cols) {
+  return std::max<size_t>((size_t)(T + 15) / 16 * 16 * max_cols, (size_t)wg_tiles_halves(max_cols / 256 * 256, 64, false));
+}
+
+}  // namespace
+
 CudaBackend::CudaBackend(const GpuBackendOptions& options) : options_(options) {
   int count = 0;
   ROOFLINE_CUDA_CHECK(cudaGetDeviceCount(&count));
@@ -146,7 +156,7 @@ void CudaBackend::load(std::shared_ptr<const Model> model, const LayerSet& layer
                                            delta_net_scratch_floats(dn, T, dn_chunked_) + 64
                                      : 0;
   const size_t act_bytes = ProductInputs::bytes(T, max_cols) + attention_combine_counters(hp.n_head_kv) * 4 + 256;
-  const size_t half_bytes = (gemm_scratch_elems_ + (size_t)(T + 15) / 16 * 16 * max_cols) * 2;
+  const size_t half_bytes = (gemm_scratch_elems_ + x_f16_elems(T, max_cols)) * 2;
   const size_t step_ints = step_capacity_ints();
   // Prefill attention (runs of one sequence's rows through tensor-core products): K/V tiles as f16 and
   // the online-softmax state; its scores use the GEMM scratch, its queries x_f16_ and its running
@@ -188,8 +198,7 @@ void CudaBackend::load(std::shared_ptr<const Model> model, const LayerSet& layer
     ROOFLINE_CUDA_CHECK(cudaMemsetAsync(combine_counters_, 0, attention_combine_counters(hp.n_head_kv) * 4, stream_));
   }
   gemm_scratch_ = reinterpret_cast<__half*>(work_.take(gemm_scratch_elems_ * 2));
-  // f16 activations of a product; the batched-decode kernel's layout pads the rows to a multiple of 16.
-  x_f16_ = reinterpret_cast<__half*>(work_.take((size_t)(T + 15) / 16 * 16 * max_cols * 2));
+  x_f16_ = reinterpret_cast<__half*>(work_.take(x_f16_elems(T, max_cols) * 2));
   step_dev_ = reinterpret_cast<int*>(work_.take(step_ints * 4));
   ROOFLINE_CUDA_CHECK(cudaMallocHost(&step_host_, step_ints * 4));
   if (layers.output) ROOFLINE_CUDA_CHECK(cudaMallocHost(&logits_host_, (size_t)T * hp.n_vocab * 4));

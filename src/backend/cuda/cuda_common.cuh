@@ -155,6 +155,12 @@ struct WgTiles {
   int n_pad = 0;
   bool q6 = false;
 };
+// k16 steps a super-block of tiles: Q6_K's 16 of values; Q4_K's 16 and a 17th of the sums of its eight sub-blocks of 32
+// values (for the products' mins, which multiply them: RowBlock<Q4_K>::min_fragment): in run kb = 0 of a token, slot j
+// holds sub-block j's sum rounded to f16, in run kb = 1 what that rounding left.
+__host__ __device__ constexpr int wg_sb_steps(bool q6) { return q6 ? 16 : 17; }
+// Halves of the tiles of n_pad tokens of cols values.
+__host__ __device__ constexpr int64_t wg_tiles_halves(int64_t cols, int n_pad, bool q6) { return cols / 256 * wg_sb_steps(q6) * 16 * n_pad; }
 // Where value k of token n goes in them, in halves. The conversion kernel (wgmma_b_run) writes, for super-block sb,
 // k16 step 8h + 4p + u and k half kb, one 16-byte run per token whose slot 2t + j holds k = 256 sb +
 // RowBlock<T>::x_offset(h, p, u, t) + kb + 2j; the bits of k % 256 are then, high to low, h t1 p t0 u1 u0 j kb
@@ -163,13 +169,53 @@ __device__ __forceinline__ int64_t wg_tile_index(const WgTiles& tiles, int64_t k
   const int kin = (int)(k & 255), h = kin >> 7, u = (kin >> 2) & 3, j = (kin >> 1) & 1, kb = kin & 1;
   const int p = tiles.q6 ? (kin >> 4) & 1 : (kin >> 5) & 1;
   const int t = tiles.q6 ? (kin >> 5) & 3 : 2 * ((kin >> 6) & 1) + ((kin >> 4) & 1);
-  const int64_t run = (((k >> 8) * 16 + 8 * h + 4 * p + u) * 2 + kb) * tiles.n_pad + n;
+  const int64_t run = (((k >> 8) * wg_sb_steps(tiles.q6) + 8 * h + 4 * p + u) * 2 + kb) * tiles.n_pad + n;
   return run * 8 + 2 * t + j;
 }
-// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3).
+// A Q4_K sub-block's sum (token n, values k.. k + 31, k % 32 == 0) into the 17th step: f16 and its remainder.
+__device__ __forceinline__ void wg_sum_store(const WgTiles& tiles, int64_t k, int n, float sum) {
+  const int64_t run = ((k >> 8) * 17 + 16) * 2 * (int64_t)tiles.n_pad + n;
+  const int j = (int)((k & 255) >> 5);
+  const __half hi = saturated_half(sum);
+  tiles.out[run * 8 + j] = hi;
+  tiles.out[(run + tiles.n_pad) * 8 + j] = saturated_half(sum - __half2float(hi));
+}
+// The sum of a sub-block's 32 f16 values, in one order for every writer of the tiles (so the sums have one set of bits):
+// each quad of consecutive values ((a + b) + c) + d, then the eight quads pairwise, ((q0 + q1) + (q2 + q3)) + ((q4 + q5) +
+// (q6 + q7)). wg_octet_sum: the quads held by eight aligned consecutive lanes (quad q in lane 8 g + q); the sum lands in
+// lane 8 g.
+__device__ __forceinline__ float wg_quad_sum(float a, float b, float c, float d) { return ((a + b) + c) + d; }
+__device__ __forceinline__ float wg_octet_sum(float q) {
+  q += __shfl_xor_sync(0xffffffffu, q, 1);
+  q += __shfl_xor_sync(0xffffffffu, q, 2);
+  q += __shfl_xor_sync(0xffffffffu, q, 4);
+  return q;
+}
+// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3); for Q4_K
+// also the sub-block sums. Called by whole warps whose lanes hold consecutive quads of a token's values (lane l values
+// k0 + 4 l.., k0 % 128 == 0), so that eight aligned lanes hold a sub-block.
 __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k, int n, float4 v) {
-  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(saturated_half(v.x), saturated_half(v.z));
-  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(saturated_half(v.y), saturated_half(v.w));
+  const __half x = saturated_half(v.x), y = saturated_half(v.y), z = saturated_half(v.z), w = saturated_half(v.w);
+  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(x, z);
+  *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(y, w);
+  if (!tiles.q6) {
+    const float sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
+    if ((k & 31) == 0) wg_sum_store(tiles, k, n, sum);
+  }
+}
+// Value k of token n into the tiles; for Q4_K also the sub-block sums. Called by whole warps whose lane l holds value
+// k0 + l (k0 % 32 == 0): a sub-block a warp.
+__device__ __forceinline__ void wg_tiles_store1(const WgTiles& tiles, int64_t k, int n, float v) {
+  const __half x = saturated_half(v);
+  tiles.out[wg_tile_index(tiles, k, n)] = x;
+  if (!tiles.q6) {
+    const int lane = threadIdx.x % 32;
+    const float f = __half2float(x);
+    const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
+    const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
+    const float sum = wg_octet_sum(quad);
+    if (lane == 0) wg_sum_store(tiles, k, n, sum);
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

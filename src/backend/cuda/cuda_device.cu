@@ -264,7 +264,7 @@ std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest op, bool geglu, b
   cudaStream_t stream;
   ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
   const int n_pad = wgmma_n_pad(n_rows);
-  const size_t halves = (size_t)n_pad * n;
+  const size_t halves = (size_t)wg_tiles_halves(n, n_pad, q6);
   DeviceArena arena;
   arena.reserve((na + b.size() + na) * 4 + 3 * halves * 2 + 8 * 256);
   float* da = reinterpret_cast<float*>(arena.take(na * 4));

@@ -634,7 +634,8 @@ void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys
 
 namespace roofline::cuda {
 
-size_t mma_experts_scratch_halves(int64_t cols, const ExpertTiles& tiles) { return (size_t)tiles.max_tiles * 8 * tiles.nt * (size_t)cols; }
+// (The warpgroup kernel's Q4_K tiles take a 17th k16 step a super-block: wg_tiles_halves.)
+size_t mma_experts_scratch_halves(int64_t cols, const ExpertTiles& tiles) { return ((size_t)tiles.max_tiles * 8 * tiles.nt * (size_t)cols + 15) / 16 * 17; }
 
 void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,
                  float* y, int ldy, cudaStream_t stream) {

@@ -125,6 +125,40 @@ struct RowBlock<DType::Q4_K> {
   }
   // Offset in halves, inside the super-block, of the activations of word u of load h, nibble p.
   static __device__ __forceinline__ int x_offset(int h, int p, int u, int t) { return 64 * (t / 2) + 16 * (t % 2) + 128 * h + 32 * p + 4 * u; }
+
+  // The warpgroup kernel's folded form (cuda_wgmma_rows.cu, ROOFLINE_WGMMA_FOLD): the mins are a product of their own
+  // with the sub-blocks' sums (the tiles' 17th step: min_fragment), so a weight is q * scale alone, one fused
+  // multiply-add from its nibble in place: (1024 + q) * scale - 1024 * scale for the low nibbles, (1024 + 16 q) * scale -
+  // 1024 * scale for the high ones, exactly round(q * scale) and round(16 q * scale) (the high nibbles' products go to
+  // accumulators of their own, scaled by 1/16 at the end). scale2: d * sc in both halves, bias2: -1024 times it.
+  static __device__ __forceinline__ uint32_t lane_scale_selector_folded(int t, int p) {
+    const uint32_t b = 2 * (t / 2) + p;  // the byte of the lane's sub-block in the four unpacked scales; 4: 0x64
+    return b | (4u << 4) | (b << 8) | (4u << 12);
+  }
+  __device__ __forceinline__ void scales_folded(int h, uint32_t sel, __half2& scale2, __half2& bias2) const {
+    const uint32_t s4 = h == 0 ? sc[0] & 0x3F3F3F3Fu : (sc[2] & 0x0F0F0F0Fu) | ((sc[0] >> 2) & 0x30303030u);
+    const uint32_t pair = __byte_perm(s4, 0x64646464u, sel);  // (1024 + sc, 1024 + sc)
+    scale2 = __hmul2(__hsub2(bits_h2(pair), bits_h2(0x64006400u)), __low2half2(bits_h2(dm)));
+    bias2 = __hmul2(scale2, bits_h2(0xE400E400u));  // times -1024: exact
+  }
+  __device__ __forceinline__ void group_folded(int h, int p, int u, __half2 scale2, __half2 bias2, uint32_t& lo, uint32_t& hi) const {
+    const uint32_t w = q[4 * h + u];
+    if (p == 0) {
+      lo = h2_bits(__hfma2(bits_h2(masked_with_exponent<0x000F000Fu>(w)), scale2, bias2));
+      hi = h2_bits(__hfma2(bits_h2(masked_with_exponent<0x000F000Fu>(w >> 8)), scale2, bias2));
+    } else {
+      lo = h2_bits(__hfma2(bits_h2(masked_with_exponent<0x00F000F0u>(w)), scale2, bias2));
+      hi = h2_bits(__hfma2(bits_h2(masked_with_exponent<0x00F000F0u>(w >> 8)), scale2, bias2));
+    }
+  }
+  // The A fragment half pair of the 17th step for lane t: columns 2t and 2t + 1 (and 2t + 8, 2t + 9: the sums' remainders)
+  // are sub-blocks 2t and 2t + 1, whose weights' mins are -dmin * m.
+  __device__ __forceinline__ uint32_t min_fragment(int t) const {
+    const uint32_t m4 = t < 2 ? sc[1] & 0x3F3F3F3Fu : ((sc[2] >> 4) & 0x0F0F0F0Fu) | ((sc[1] >> 2) & 0x30303030u);
+    const uint32_t b = 2 * (t % 2);
+    const uint32_t pair = __byte_perm(m4, 0x64646464u, b | (4u << 4) | ((b + 1) << 8) | (4u << 12));  // (1024 + m, 1024 + m')
+    return h2_bits(__hmul2(__hsub2(bits_h2(pair), bits_h2(0x64006400u)), __hneg2(__high2half2(bits_h2(dm)))));
+  }
 };
 
 template <>

@@ -22,22 +22,43 @@ namespace {
 // 128 bytes on (the stride byte offset) and the other k half 16 N bytes on (the leading byte offset).
 // Slot j of a k16 step holds the activation that A fragment column j multiplies: lane t's columns 2t, 2t + 1
 // are its word's elements 0 and 2, columns 2t + 8, 2t + 9 elements 1 and 3 (RowBlock::group), so column
-// 8 kb + jj is element kb + 2 (jj % 2) of the word at RowBlock::x_offset(h, p, u, jj / 2).
+// 8 kb + jj is element kb + 2 (jj % 2) of the word at RowBlock::x_offset(h, p, u, jj / 2). Q4_K's super-blocks have a
+// 17th step, the sums of their sub-blocks (wg_sb_steps), which the folded kernels multiply by the mins.
 template <int N>
 constexpr int wg_step_bytes() { return 32 * N; }
-template <int N>
-constexpr int wg_x_stage_bytes() { return 16 * wg_step_bytes<N>(); }
+// A super-block's tiles in memory, and what a stage holds of them: every step, or, for a Q4_K kernel that does not fold
+// the mins (FOLD false), the 16 of values.
+template <DType T, int N>
+constexpr int wg_x_sb_bytes() { return wg_sb_steps(T == DType::Q6_K) * wg_step_bytes<N>(); }
+template <DType T, int N, bool FOLD>
+constexpr int wg_x_stage_bytes() { return FOLD ? wg_x_sb_bytes<T, N>() : 16 * wg_step_bytes<N>(); }
 
 // Activations [n_tok x cols] (value(n, k): token n's value k, as f32) -> the B tiles of every super-block (tokens past
 // n_tok: zeros): run i (in layout order) is 16 bytes, 8 k of one token (wg_tile_index is the inverse).
 template <DType T, typename Value>
 __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n_pad, int64_t i) {
-  const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % 16);
-  const int64_t sb = i / (32 * n_pad);
+  constexpr int kSteps = wg_sb_steps(T == DType::Q6_K);
+  const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % kSteps);
+  const int64_t sb = i / (2 * kSteps * n_pad);
   union {
     int4 v;
     __half h[8];
   } o;
+  if (step == 16) {  // Q4_K's sums: slot j sub-block j's, in wg_quad_sum / wg_octet_sum's order (kb 0: f16, 1: the rest)
+#pragma unroll 1
+    for (int j = 0; j < 8; ++j) {
+      float quad[8];
+      for (int qd = 0; qd < 8; ++qd) {
+        float f[4];
+        for (int e = 0; e < 4; ++e) f[e] = n < n_tok ? __half2float(saturated_half(value(n, sb * 256 + 32 * j + 4 * qd + e))) : 0.0f;
+        quad[qd] = wg_quad_sum(f[0], f[1], f[2], f[3]);
+      }
+      const float sum = ((quad[0] + quad[1]) + (quad[2] + quad[3])) + ((quad[4] + quad[5]) + (quad[6] + quad[7]));
+      const __half hi = saturated_half(sum);
+      o.h[j] = kb == 0 ? hi : saturated_half(sum - __half2float(hi));
+    }
+    return o.v;
+  }
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     const int64_t k = sb * 256 + RowBlock<T>::x_offset(step / 8, (step / 4) % 2, step % 4, jj / 2) + kb + 2 * (jj % 2);
@@ -55,7 +76,7 @@ template <DType T>
 __global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, int4* out) {
   wait_for_previous_kernel();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < cols / 256 * 32 * n_pad) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, i);
+  if (i < wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, i);
 }
 // The same tiles in the values' order: one thread per four values of a row (16-byte loads, a warp's coalesced), which
 // land as two half pairs (values 4i, 4i + 2 and 4i + 1, 4i + 3 share a run: wg_tile_index); rows n_tok..n_pad - 1
@@ -93,7 +114,7 @@ __global__ void to_wgmma_b_tiles_kernel(const float* x, ExpertTiles tiles, int64
   wait_for_previous_kernel();
   const int tile = blockIdx.y;
   if (tile >= *tiles.n_tiles) return;
-  const int64_t per_tile = cols / 256 * 32 * n_pad, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t per_tile = wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < per_tile) out[tile * per_tile + i] = wgmma_b_run<T>(x + (int64_t)tiles.row0[tile] * cols, tiles.rows[tile], cols, n_pad, i);
 }
 
@@ -188,24 +209,28 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 constexpr int kWgRows = 128;
 template <int MT>
 constexpr int wg_threads() { return 256 / MT; }
-// Super-blocks staged at once: as many as fit the CTAs a SM (up to 4, at least 2).
-template <DType T, int N>
-constexpr int wg_stage_bytes() { return wg_x_stage_bytes<N>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
-template <DType T, int N>
+// Super-blocks staged at once: as many as fit the two CTAs a SM (up to 4, at least 2). (Three CTAs a SM, at 80
+// registers a thread, have ptxas serialize the warpgroup products for want of registers in every form, sm_90a.)
+template <DType T, int N, bool FOLD>
+constexpr int wg_stage_bytes() { return wg_x_stage_bytes<T, N, FOLD>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
+template <DType T, int N, bool FOLD>
 constexpr int wg_stages() {
-  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N>();
+  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N, FOLD>();
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
 // With the bulk pipeline, its 2 S barriers after the stages.
-template <DType T, int N, bool BULK = false>
-constexpr int wg_smem_bytes() { return wg_stages<T, N>() * wg_stage_bytes<T, N>() + (BULK ? 16 * wg_stages<T, N>() : 0); }
+template <DType T, int N, bool BULK, bool FOLD>
+constexpr int wg_smem_bytes() { return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0); }
 
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
-// for the batch before; the last batch is left in flight.
-template <DType T, int N, int MT>
-__device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr, int lane,
-                                               const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb, const uint32_t (&scale_sel)[2]) {
+// for the batch before; the last batch is left in flight. FOLD (Q4_K): the weights without their mins, the high
+// nibbles' products (16 times the weights) into acc_hi, then a fifth batch, the mins by the sub-blocks' sums (the
+// tiles' 17th step) into acc.
+template <DType T, int N, int MT, bool FOLD>
+__device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], float (&acc_hi)[MT][N / 2], const uint8_t* slots, uint32_t x_addr,
+                                               int lane, const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb,
+                                               const uint32_t (&scale_sel)[2]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int R = 2 * MT;
   RowBlock<T> blk[R];
@@ -215,24 +240,46 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
-      __half2 scale[R], offset[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
       uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
+      if constexpr (FOLD) {
+        __half2 scale[R], bias[R];
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
+        for (int i = 0; i < R; ++i) blk[i].scales_folded(h, scale_sel[p], scale[i], bias[i]);
 #pragma unroll
-        for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int i = 0; i < R; ++i) blk[i].group_folded(h, p, u, scale[i], bias[i], a_lo[u][i], a_hi[u][i]);
+      } else {
+        __half2 scale[R], offset[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+      }
       wg_fence();
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
 #pragma unroll
-        for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
+        for (int m = 0; m < MT; ++m)
+          wgmma_f16<N>(FOLD && p == 1 ? acc_hi[m] : acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
       }
       wg_commit();
       wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
     }
+  }
+  if constexpr (FOLD) {
+    uint32_t a_min[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) a_min[i] = blk[i].min_fragment(lane % 4);
+    wg_fence();
+    const uint64_t desc = wg_descriptor(x_addr + 16 * wg_step_bytes<N>(), 16 * N, 128);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_min[2 * m], a_min[2 * m + 1], a_min[2 * m], a_min[2 * m + 1], desc);
+    wg_commit();
+    wg_wait<1>();
   }
 #endif
 }
@@ -247,7 +294,7 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
 // where S = 2. So a warp runs ahead of the others by up to the stages in flight instead of meeting them every
 // super-block. The plain pipeline: every thread copies its share of a stage's activations, copies run S - 1 ahead, and
 // the CTA meets at a barrier each super-block.
-template <DType T, int N, int MT, bool BULK = false>
+template <DType T, int N, int MT, bool BULK, bool FOLD>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -259,7 +306,9 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   int64_t rows[R];  // rows g, g + 8 (this warp's first 16: m tile 0), g + 16, g + 24 (m tile 1); past the end, the last
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
-  constexpr int S = wg_stages<T, N>(), kX = wg_x_stage_bytes<N>(), kStage = wg_stage_bytes<T, N>();
+  // kX: a stage's activation bytes, kXsb: a super-block's in memory (FOLD false skips Q4_K's 17th step).
+  constexpr int S = wg_stages<T, N, FOLD>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
+  constexpr int kStage = wg_stage_bytes<T, N, FOLD>();
   constexpr int L = BULK && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
@@ -273,8 +322,9 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       for (int i = 0; i < R; ++i) RowBlock<T>::copy(w, rows[i], sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
     }
   };
-  float acc[MT][N / 2] = {};
-  const uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
+  float acc[MT][N / 2] = {}, acc_hi[MT][N / 2] = {};
+  uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
+  if constexpr (FOLD) scale_sel[0] = RowBlock<T>::lane_scale_selector_folded(t, 0), scale_sel[1] = RowBlock<T>::lane_scale_selector_folded(t, 1);
   const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
   if constexpr (BULK) {
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * kStage);
@@ -301,7 +351,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       if (threadIdx.x == 0 && sb < sb_end) {
         if (use > 0) mbar_wait(empty + stage, (uint32_t)((use - 1) & 1));
         mbar_arrive_expect_bytes(full + stage, kX);
-        bulk_copy(smem + stage * kStage, xb + sb * (kX / 16), kX, full + stage);
+        bulk_copy(smem + stage * kStage, xb + sb * (kXsb / 16), kX, full + stage);
       }
     };
 #pragma unroll
@@ -316,7 +366,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       x_bulk(sb + L, (int)((j + L) % S), (j + L) / S);
       mbar_wait(full + stage, (uint32_t)((j / S) & 1));
       __syncwarp();  // converged for the warpgroup instructions
-      wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_super_block<T, N, MT, FOLD>(acc, acc_hi, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
       wg_wait<0>();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + stage);
@@ -325,7 +375,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   } else {
     auto x_copy = [&](int64_t sb, int stage) {
       if (sb < sb_end) {
-        const int4* src = xb + sb * (kX / 16);
+        const int4* src = xb + sb * (kXsb / 16);
         int4* dst = reinterpret_cast<int4*>(smem + stage * kStage);
 #pragma unroll
         for (int k = threadIdx.x; k < kX / 16; k += kThreads) copy_async<16>(dst + k, src + k);
@@ -361,12 +411,18 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       // below overwrites (the previous super-block's: each ends with a wait for all its products) are done.
       __syncthreads();
       stage_copy(sb + L, (stage + L) % S);
-      wg_super_block<T, N, MT>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_super_block<T, N, MT, FOLD>(acc, acc_hi, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
       stage = stage == S - 1 ? 0 : stage + 1;
       wg_wait<0>();
     }
   }
   wg_wait<0>();
+  if constexpr (FOLD) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) acc[m][i] += acc_hi[m][i] * 0.0625f;
+  }
   store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part,
                             split, n_splits);
 #else
@@ -375,11 +431,11 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool BULK>
+template <DType T, int N, int MT, bool BULK, bool FOLD>
 __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
                                                                          float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, BULK>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+  wgmma_rows<T, N, MT, BULK, FOLD>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
                              gridDim.y);
 }
 
@@ -394,7 +450,7 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_experts_kernel(Devi
   if (i >= *tiles.n_tiles) return;
   const DeviceWeight we = expert_view(w, tiles.expert[i], rows_per_expert);
   const int64_t row0 = tiles.row0[i];
-  wgmma_rows<T, N, MT>(we, xb + i * tile_int4s, tiles.rows[i], y + row0 * ldy, ldy, false, nullptr, blockIdx.x, 0, 1);
+  wgmma_rows<T, N, MT, false, false>(we, xb + i * tile_int4s, tiles.rows[i], y + row0 * ldy, ldy, false, nullptr, blockIdx.x, 0, 1);
 }
 
 // The pipeline fill a CTA costs, in super-blocks, for the split choice (ROOFLINE_WGMMA_FILL, default 2).
@@ -425,22 +481,39 @@ bool wgmma_bulk() {
   return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test > 0 : env;
 }
 
-template <DType T, int N, int MT, bool BULK>
-void launch_wgmma_rows_mt(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
-                          bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes<T, N, BULK>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK>>(smem, wg_threads<MT>());
+// Q4_K products of 16 and 32 padded tokens with the mins folded out of the weights (RowBlock<Q4_K>::group_folded: one
+// instruction a weight pair instead of one and a half, and a 17th product of the mins by the sub-blocks' sums;
+// ROOFLINE_WGMMA_FOLD, on). At 48 and 64 tokens the high nibbles' accumulators would not fit the registers.
+int wgmma_fold_for_test = -1;  // (gpu_use_wgmma_fold_for_test; -1: the environment's)
+bool wgmma_fold() {
+  static const bool env = env_switch("ROOFLINE_WGMMA_FOLD", true);
+  return wgmma_fold_for_test >= 0 ? wgmma_fold_for_test > 0 : env;
+}
+
+template <DType T, int N, int MT, bool BULK, bool FOLD>
+void launch_wgmma_rows_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
+                            bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  constexpr int smem = wg_smem_bytes<T, N, BULK, FOLD>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK, FOLD>>(smem, wg_threads<MT>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, BULK>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem, stream,
-         pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
+  launch(wgmma_rows_kernel<T, N, MT, BULK, FOLD>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem,
+         stream, pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
+}
+template <DType T, int N, bool FOLD>
+void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
+                              bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  if (wgmma_tiles() == 2) launch_wgmma_rows_form<T, N, 2, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk()) launch_wgmma_rows_form<T, N, 1, true, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else launch_wgmma_rows_form<T, N, 1, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if (wgmma_tiles() == 2) launch_wgmma_rows_mt<T, N, 2, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk()) launch_wgmma_rows_mt<T, N, 1, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else launch_wgmma_rows_mt<T, N, 1, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  if constexpr (T == DType::Q4_K && N <= 32) {
+    if (wgmma_fold()) return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  }
+  launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 
 template <DType T>
@@ -466,11 +539,11 @@ int wgmma_experts_for_test = -1;  // (gpu_use_wgmma_experts_for_test; -1: the en
 template <DType T, int N>
 void launch_wgmma_experts(const DeviceWeight& w, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x, __half* scratch, float* y,
                           int ldy, cudaStream_t stream) {
-  const int64_t per_tile = w.cols / 256 * 32 * N;  // 16-byte runs of one tile's activations
+  const int64_t per_tile = wg_tiles_halves(w.cols, N, T == DType::Q6_K) / 8;  // 16-byte runs of one tile's activations
   int4* xb = reinterpret_cast<int4*>(scratch);
   launch(to_wgmma_b_tiles_kernel<T>, dim3((unsigned)((per_tile + 255) / 256), (unsigned)tiles.max_tiles), dim3(256), 0, stream, pdl_enabled(),
          x, tiles, w.cols, N, xb);
-  constexpr int smem = wg_smem_bytes<T, N>();
+  constexpr int smem = wg_smem_bytes<T, N, false, false>();
   smem_set_once<wgmma_experts_kernel<T, N, 1>>(smem, wg_threads<1>());
   launch(wgmma_experts_kernel<T, N, 1>, dim3((unsigned)((rows_per_expert + kWgRows - 1) / kWgRows), (unsigned)tiles.max_tiles),
          dim3(wg_threads<1>()), smem, stream, pdl_enabled(), w, rows_per_expert, tiles, (const int4*)xb, per_tile, y, ldy);
@@ -563,7 +636,7 @@ void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& ti
     launch(to_wgmma_tiles_kernel, wgmma_tiles_grid(n, tiles.n_pad), dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles);
     return;
   }
-  const int64_t runs = (int64_t)n / 256 * 32 * tiles.n_pad;
+  const int64_t runs = wg_tiles_halves(n, tiles.n_pad, tiles.q6) / 8;
   const dim3 grid((unsigned)((runs + 255) / 256));
   int4* out = reinterpret_cast<int4*>(tiles.out);
   if (tiles.q6) launch(to_wgmma_b_kernel<DType::Q6_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, out);
@@ -581,5 +654,6 @@ void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles) {
 bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_available(); }
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
 void gpu_use_wgmma_bulk_for_test(int mode) { cuda::wgmma_bulk_for_test = mode; }
+void gpu_use_wgmma_fold_for_test(int on) { cuda::wgmma_fold_for_test = on; }
 
 }  // namespace roofline
