@@ -108,9 +108,6 @@ void gpu_use_flash_decode_for_test(int mode);
 // For tests: steps whose rows all have one split finalize in the flash decode kernel (1), or go through the
 // combine kernel (0), or as ROOFLINE_FLASH_FINALIZE says (-1; off unless it is 1).
 void gpu_use_flash_finalize_for_test(int mode);
-// For tests: attention's splits merged by a warp a query head (1), by a CTA a query head (0), or as
-// ROOFLINE_COMBINE_WARPS says (-1: by warps unless it is 0).
-void gpu_use_combine_warps_for_test(int mode);
 // For tests: flash decode launches so far that finalized their rows themselves.
 int64_t gpu_flash_finalize_launches_for_test();
 // For tests: the one-buffer flash decode kernel stages its first block's older keys before the dependency wait

@@ -333,45 +333,6 @@ TEST(GpuAttention, OneSplitStepsFinalizeInTheFlashKernelWithTheCombinesBits) {
     }
 }
 
-// The splits merged by a warp a query head (attention_combine_warps_kernel, the default) give the combine kernel's
-// bits (a CTA a query head), the output's int8 form included: rows of 1 to 9301 keys (one split to 73), query heads
-// that leave a CTA's last warps idle (6, 12, 2 of 4 a CTA), head dims 64 to 256, full and sliding layers, after the
-// split kernel (every KV type) and after the tensor-core one.
-TEST(GpuAttention, CombineByWarpsGivesTheCombineKernelsBits) {
-  SKIP_WITHOUT_GPU();
-  struct CombineWarps {
-    explicit CombineWarps(int m) { gpu_use_combine_warps_for_test(m); }
-    ~CombineWarps() { gpu_use_combine_warps_for_test(-1); }
-  };
-  const std::vector<std::pair<int, int>> seqs = {{0, 1}, {19, 1}, {700, 1}, {2100, 1}, {4997, 2}, {9300, 1}};
-  for (int flash : {0, 1}) {
-    const FlashDecodeMode mode(flash);
-    for (const GpuAttentionShape& s : {GpuAttentionShape{8, 2, 64, 64}, GpuAttentionShape{12, 1, 128, 128}, GpuAttentionShape{4, 2, 256, 256},
-                                       GpuAttentionShape{6, 2, 96, 96}, GpuAttentionShape{2, 2, 128, 128}})
-      for (auto [tk, tv] : flash ? std::vector<std::pair<DType, DType>>{{DType::F16, DType::F16}} : KvTypes())
-        for (int window : {0, 300}) {
-          SCOPED_TRACE(describe(s, tk, tv, window) + (flash ? ", tensor-core kernel" : ", split kernel"));
-          const AttentionCase c = run_against_reference(s, tk, tv, window, seqs, 431 + (uint64_t)window + (uint64_t)s.head_dim_k, 2);
-          std::vector<uint8_t> act_warps, act_ctas;
-          std::vector<float> warps, ctas;
-          {
-            const CombineWarps on(1);
-            warps = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false, 0, &act_warps);
-          }
-          {
-            const CombineWarps off(0);
-            ctas = gpu_attention_for_test(s, c.h.cache, window, c.scale, c.st, c.q, 0, false, 0, &act_ctas);
-          }
-          ASSERT_EQ(warps.size(), c.ref.size());
-          ASSERT_EQ(ctas.size(), warps.size());
-          EXPECT_EQ(0, std::memcmp(warps.data(), ctas.data(), warps.size() * sizeof(float))) << "the output's bits differ from the combine kernel's";
-          EXPECT_TRUE(act_warps == act_ctas) << "the int8 output differs from the combine kernel's";
-          for (int r = 0; r < c.st.n_tokens(); ++r)
-            EXPECT_LT(test::nmse_vs_reference(warps, c.ref, r * c.row, (r + 1) * c.row), 1e-5) << "row " << r << " at " << c.st.positions[r];
-        }
-  }
-}
-
 TEST(GpuAttention, PrefillMatchesTheReference) {
   SKIP_WITHOUT_GPU();
   const SplitKernelOnly split_kernel;

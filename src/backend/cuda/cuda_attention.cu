@@ -889,14 +889,6 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, const Attenti
   return plan;
 }
 
-// The splits merged by a warp a query head (attention_combine_warps_kernel, the same bits as the combine kernel's CTA a
-// head): ROOFLINE_COMBINE_WARPS, on.
-int combine_warps_for_test = -1;  // (gpu_use_combine_warps_for_test; -1: the environment's)
-bool combine_warps() {
-  static const bool env = env_switch("ROOFLINE_COMBINE_WARPS", true);
-  return combine_warps_for_test >= 0 ? combine_warps_for_test > 0 : env;
-}
-
 size_t attention_partial_floats(int n_rows, int n_head, int head_dim_v, int max_splits) {
   return (size_t)n_rows * n_head * max_splits * (head_dim_v + 2);
 }
@@ -956,22 +948,11 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
     if (fuse.counters) return out_act.q != nullptr;
   }
   const bool with_tiles = tiles.out && !row_list && tiles.n_pad >= n_rows && tiles_written && (tiles.q6 || head_dim_v % 32 == 0);
-  const unsigned grid_rows = (unsigned)(with_tiles ? tiles.n_pad : n_rows);
-  if (combine_warps() && combine_warps_fit(max_splits))
-    launch(attention_combine_warps_kernel, dim3(grid_rows, (unsigned)((n_head + kCombineWarps - 1) / kCombineWarps)), dim3(32 * kCombineWarps),
-           (size_t)kCombineWarps * max_splits * sizeof(float), stream, pdl_enabled(), step, n_head, head_dim_v, max_splits, partial, out,
-           out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{}, n_rows);
-  else
-    launch(attention_combine_kernel, dim3(grid_rows, n_head), dim3(kCombineThreads), (size_t)max_splits * sizeof(float), stream, pdl_enabled(),
-           step, n_head, head_dim_v, max_splits, partial, out, out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{}, n_rows);
+  launch(attention_combine_kernel, dim3(with_tiles ? tiles.n_pad : n_rows, n_head), dim3(kCombineThreads), (size_t)max_splits * sizeof(float), stream,
+         pdl_enabled(), step, n_head, head_dim_v, max_splits, partial, out, out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{},
+         n_rows);
   if (with_tiles) *tiles_written = true;
   return out_act.q != nullptr;
 }
 
 }  // namespace roofline::cuda
-
-namespace roofline {
-
-void gpu_use_combine_warps_for_test(int mode) { cuda::combine_warps_for_test = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
-
-}  // namespace roofline

@@ -1,8 +1,8 @@
 // Split-KV decode attention's bookkeeping and merging, for cuda_attention.cu (its only includer: the
 // definitions are internal to it): what one split CTA works on (SplitWork), the merge of a row's splits
 // with the combine kernel's arithmetic (split_weights, merged_value), the split kernel's own combine
-// by the last split CTA of a (row, KV head) (SplitCombine, combine_if_last), and the combine kernels (a CTA
-// a query head, or a warp a query head: attention_combine_kernel, attention_combine_warps_kernel).
+// by the last split CTA of a (row, KV head) (SplitCombine, combine_if_last), and the combine kernel (a CTA a query
+// head: attention_combine_kernel).
 #pragma once
 
 #include "backend/cuda/cuda_kernels.cuh"
@@ -143,10 +143,11 @@ __device__ __noinline__ void zero_group(SplitCombine c, SplitWork w, int n_head,
 // With act.q (head_dim_v % 32 == 0: each warp holds whole groups of 32), the output rows are also
 // written in the int8 form the next product (the attention output matrix) reads; with tiles (no row list), as that
 // product's warpgroup tiles (the grid then covers tiles.n_pad rows: those from n_rows on write the tiles' zeros
-// alone; Q4_K's tiles need head_dim_v % 32 == 0, a warp's values a sub-block: wg_tiles_store1). Steps whose split kernel combines (SplitCombine) do not run it.
+// alone; Q4_K's tiles need head_dim_v % 32 == 0, a warp's values a sub-block: wg_tiles_store1). Steps whose split
+// kernel combines (SplitCombine) do not run it.
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits,
-                                                                    const float* partial, float* out, ActQ8 act, const int* row_list,
-                                                                    int window, WgTiles tiles, int n_rows) {
+                                                                           const float* partial, float* out, ActQ8 act, const int* row_list,
+                                                                           int window, WgTiles tiles, int n_rows) {
   extern __shared__ float weight_s[];  // [max_splits]
   __shared__ float red[32];
   const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = blockIdx.y;
@@ -176,66 +177,6 @@ __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(Devi
   const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
   const float inv = split_weights(base, stride, n_splits, weight_s, red);
   for (int d = threadIdx.x; d < hd_v; d += blockDim.x) store(d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
-}
-
-// The same merge with a warp for each query head (ROOFLINE_COMBINE_WARPS, on): warp w of CTA (row, y) takes head
-// kCombineWarps * y + w in the combine kernel's arithmetic and order, so with its bits: the maximum (order-free),
-// each split's weight from the lane that owns the split, the sum of weighted sums as the combine kernel's 128 threads
-// form it (thread t's splits t, t + 128, ... in turn, each warp's shuffle sum as its lane 0 has it, then the four in
-// order), and each output dimension by merged_value. No CTA barrier (the combine kernel meets at four a head).
-// Shared memory: kCombineWarps x max_splits weights (combine_warps_fit).
-constexpr int kCombineWarps = 4;
-static_assert(kCombineThreads == 128, "the warps emulate the combine kernel's four warps");
-inline bool combine_warps_fit(int max_splits) { return (size_t)kCombineWarps * max_splits * sizeof(float) <= 48 * 1024; }
-__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_warps_kernel(DeviceStep step, int n_head, int hd_v, int max_splits,
-                                                                                   const float* partial, float* out, ActQ8 act,
-                                                                                   const int* row_list, int window, WgTiles tiles, int n_rows) {
-  extern __shared__ float warp_weights_s[];  // [kCombineWarps][max_splits]
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int r = row_list ? row_list[blockIdx.x] : (int)blockIdx.x, h = (int)blockIdx.y * kCombineWarps + warp;
-  if ((int)blockIdx.x >= n_rows) {  // a padded token of the tiles
-    wait_for_previous_kernel();
-    if (h < n_head)
-      for (int d = lane; d < hd_v; d += 32) wg_tiles_store1(tiles, (int64_t)h * hd_v + d, r, 0.0f);
-    return;
-  }
-  const auto store = [&](int d, float v) {
-    store_output(out, act, r, h, n_head, hd_v, d, v);
-    if (tiles.out) wg_tiles_store1(tiles, (int64_t)h * hd_v + d, r, v);
-  };
-  const bool live = r < step.header[kStepRealRows];
-  int n_splits = 0;
-  if (live) {
-    const int n_keys = step.positions[r] + 1 - attention_first_key(step.positions[r], window);
-    const int split_len = row_split_len(step, n_keys);
-    n_splits = min(max_splits, (n_keys + split_len - 1) / split_len);
-  }
-  wait_for_previous_kernel();
-  if (h >= n_head) return;
-  if (!live) {
-    for (int d = lane; d < hd_v; d += 32) store(d, 0.0f);
-    return;
-  }
-  const int64_t stride = hd_v + 2;
-  const float* base = partial + ((int64_t)r * n_head + h) * max_splits * stride;
-  float* weight_s = warp_weights_s + warp * max_splits;
-  float m = -INFINITY;
-  for (int s = lane; s < n_splits; s += 32) m = fmaxf(m, __ldcg(base + s * stride));
-  m = warp_max(m);
-  float l = 0;
-#pragma unroll
-  for (int w = 0; w < kCombineThreads / 32; ++w) {  // the combine kernel's warp w: its thread 32 w + lane
-    float lt = 0;
-    for (int s = 32 * w + lane; s < n_splits; s += kCombineThreads) {
-      const float ws = __expf(__ldcg(base + s * stride) - m);
-      weight_s[s] = ws;
-      lt += __ldcg(base + s * stride + 1) * ws;
-    }
-    l += __shfl_sync(0xffffffffu, warp_sum(lt), 0);
-  }
-  __syncwarp();  // weight_s written by every lane
-  const float inv = 1.0f / l;
-  for (int d = lane; d < hd_v; d += 32) store(d, merged_value(base + 2 + d, stride, n_splits, weight_s) * inv);
 }
 
 }  // namespace
