@@ -157,10 +157,8 @@ struct WgTiles {
 };
 // k16 steps a super-block of tiles: Q6_K's 16 of values; Q4_K's 16 and a 17th of the sums of its eight sub-blocks of 32
 // values (for the products' mins, which multiply them: RowBlock<Q4_K>::min_fragment): in run kb = 0 of a token, slot j
-// holds sub-block j's sum rounded to f16, in run kb = 1 what that rounding left. Only the products of up to
-// kWgFoldMaxTokens padded tokens fold the mins so; for more the 17th step holds zeros (and is not read).
+// holds sub-block j's sum rounded to f16, in run kb = 1 what that rounding left.
 __host__ __device__ constexpr int wg_sb_steps(bool q6) { return q6 ? 16 : 17; }
-constexpr int kWgFoldMaxTokens = 32;
 // Halves of the tiles of n_pad tokens of cols values.
 __host__ __device__ constexpr int64_t wg_tiles_halves(int64_t cols, int n_pad, bool q6) { return cols / 256 * wg_sb_steps(q6) * 16 * n_pad; }
 // Where value k of token n goes in them, in halves. The conversion kernel (wgmma_b_run) writes, for super-block sb,
@@ -201,8 +199,7 @@ __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k,
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(x, z);
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(y, w);
   if (!tiles.q6) {
-    float sum = 0.0f;
-    if (tiles.n_pad <= kWgFoldMaxTokens) sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
+    const float sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
     if ((k & 31) == 0) wg_sum_store(tiles, k, n, sum);
   }
 }
@@ -213,13 +210,10 @@ __device__ __forceinline__ void wg_tiles_store1(const WgTiles& tiles, int64_t k,
   tiles.out[wg_tile_index(tiles, k, n)] = x;
   if (!tiles.q6) {
     const int lane = threadIdx.x % 32;
-    float sum = 0.0f;
-    if (tiles.n_pad <= kWgFoldMaxTokens) {
-      const float f = __half2float(x);
-      const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
-      const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
-      sum = wg_octet_sum(quad);
-    }
+    const float f = __half2float(x);
+    const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
+    const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
+    const float sum = wg_octet_sum(quad);
     if (lane == 0) wg_sum_store(tiles, k, n, sum);
   }
 }

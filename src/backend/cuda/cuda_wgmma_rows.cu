@@ -47,10 +47,6 @@ __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n
   if (step == 16) {  // Q4_K's sums: slot j sub-block j's, in wg_quad_sum / wg_octet_sum's order (kb 0: f16, 1: the rest)
 #pragma unroll 1
     for (int j = 0; j < 8; ++j) {
-      if (n_pad > kWgFoldMaxTokens) {  // products that do not fold: zeros
-        o.h[j] = __float2half(0.0f);
-        continue;
-      }
       float quad[8];
       for (int qd = 0; qd < 8; ++qd) {
         float f[4];
@@ -226,19 +222,6 @@ constexpr int wg_stages() {
 template <DType T, int N, bool BULK, bool FOLD>
 constexpr int wg_smem_bytes() { return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0); }
 
-// A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded,
-// group_folded).
-template <bool FOLD, DType T>
-__device__ __forceinline__ void wg_scales(const RowBlock<T>& b, int h, uint32_t sel, __half2& scale, __half2& offset) {
-  if constexpr (FOLD) b.scales_folded(h, sel, scale, offset);
-  else b.scales(h, sel, scale, offset);
-}
-template <bool FOLD, DType T>
-__device__ __forceinline__ void wg_group(const RowBlock<T>& b, int h, int p, int u, __half2 scale, __half2 offset, uint32_t& lo, uint32_t& hi) {
-  if constexpr (FOLD) b.group_folded(h, p, u, scale, offset, lo, hi);
-  else b.group(h, p, u, scale, offset, lo, hi);
-}
-
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
 // for the batch before; the last batch is left in flight. FOLD (Q4_K): the weights without their mins, the high
@@ -258,13 +241,23 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], float (&
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
-      __half2 scale[R], offset[R];        // FOLD: the scale and -1024 times it
+      if constexpr (FOLD) {
+        __half2 scale[R], bias[R];
 #pragma unroll
-      for (int i = 0; i < R; ++i) wg_scales<FOLD>(blk[i], h, scale_sel[p], scale[i], offset[i]);
+        for (int i = 0; i < R; ++i) blk[i].scales_folded(h, scale_sel[p], scale[i], bias[i]);
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int i = 0; i < R; ++i) wg_group<FOLD>(blk[i], h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+          for (int i = 0; i < R; ++i) blk[i].group_folded(h, p, u, scale[i], bias[i], a_lo[u][i], a_hi[u][i]);
+      } else {
+        __half2 scale[R], offset[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+          for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
+      }
       wg_fence();
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -517,7 +510,7 @@ void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, c
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if constexpr (T == DType::Q4_K && N <= kWgFoldMaxTokens) {
+  if constexpr (T == DType::Q4_K && N <= 32) {
     if (wgmma_fold()) return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   }
   launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
