@@ -8,7 +8,9 @@
 // the next weights. The activations of a super-block are staged once per CTA in the layout the instruction's
 // descriptor names: by default as one bulk copy on shared-memory barriers, so that warps do not meet at a CTA barrier
 // each super-block (wgmma_rows' BULK; the plain pipeline, every thread's cp.async copies and a CTA barrier, with
-// ROOFLINE_WGMMA_BULK=0).
+// ROOFLINE_WGMMA_BULK=0). Q4_K products of up to 32 tokens fold the mins out of the weights (FOLD, ROOFLINE_WGMMA_FOLD):
+// a 17th k16 step of the tiles holds the sub-blocks' sums, which the mins multiply, so a weight is one fused
+// multiply-add from its nibble.
 #include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_row_blocks.cuh"
 
