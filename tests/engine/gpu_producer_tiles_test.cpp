@@ -34,36 +34,59 @@ int64_t first_difference(const std::vector<uint16_t>& three, int j) {
   return -1;
 }
 
+// Whether the reference tiles (buffer 2) of rows tokens of n values hold a nonzero half in Q4_K's 17th k16 step (the
+// sub-block sums), whose runs are ((sb * 17 + 16) * 2 + kb) * n_pad + token.
+bool sums_written(const std::vector<uint16_t>& three, int rows, int n) {
+  const int64_t n_pad = 16 * ((rows + 15) / 16), len = (int64_t)three.size() / 3;
+  for (int64_t sb = 0; sb < n / 256; ++sb)
+    for (int64_t run = (sb * 17 + 16) * 2 * n_pad; run < (sb * 17 + 17) * 2 * n_pad; ++run)
+      for (int64_t h = 0; h < 8; ++h)
+        if ((three[2 * len + run * 8 + h] & 0x7fff) != 0) return true;
+  return false;
+}
+
+struct WgmmaFold {
+  explicit WgmmaFold(int on) { gpu_use_wgmma_fold_for_test(on); }
+  ~WgmmaFold() { gpu_use_wgmma_fold_for_test(-1); }
+};
+
 }  // namespace
 
 // Both tile layouts (Q4_K's and Q6_K's row blocks), row counts that fill 1-4 token tiles exactly and not, rows of
 // one and of several super-blocks; values large enough that some saturate at the f16 range. Every half of the
 // buffer, the padded tokens' zeros included, must be what the reference conversion (each run built from the row
 // blocks' offsets) writes: from the norm and the gated step writing tiles, and from the products' own conversion.
+// Q4_K's tiles carry the sub-block sums only where the products fold the mins (up to 32 padded tokens, the fold on),
+// zeros elsewhere: both, with the fold on and off.
 TEST(GpuMatmulTest, ProducersWriteTheTilesTheProductsConvert) {
   SKIP_WITHOUT_GPU();
   Rng rng(77);
-  for (bool q6 : {false, true})
-    for (int rows : {9, 16, 23, 48, 64})
-      for (int n : {256, 1280}) {
-        SCOPED_TRACE(testing::Message() << (q6 ? "Q6_K" : "Q4_K") << " layout, " << rows << " rows of " << n);
-        std::vector<float> x((size_t)rows * n), w((size_t)n), up((size_t)rows * n);
-        for (float& v : x) v = (float)rng.normal();
-        for (float& v : w) v = (float)rng.normal() * 3.0f;
-        for (float& v : up) v = (float)rng.normal() * 8.0f;
-        x[5] = 3e5f;  // a row with one huge value: the rest of it near zero, that value saturating after the weight
-        w[5] = 1e5f;
-        const auto norm = gpu_producer_tiles_for_test(GpuOpForTest::RmsNorm, false, q6, x, w, rows, n, 1e-6f);
-        EXPECT_EQ(first_difference(norm, 0), -1) << "rms norm";
-        EXPECT_EQ(first_difference(norm, 1), -1) << "the products' conversion of the norm's output";
-        std::vector<float> gate = x;
-        gate[7] = 2e4f;  // silu(2e4) * up beyond the f16 range
-        const auto swiglu = gpu_producer_tiles_for_test(GpuOpForTest::Swiglu, false, q6, gate, up, rows, n, 0.0f);
-        EXPECT_EQ(first_difference(swiglu, 0), -1) << "swiglu";
-        EXPECT_EQ(first_difference(swiglu, 1), -1) << "the products' conversion of swiglu's output";
-        const auto geglu = gpu_producer_tiles_for_test(GpuOpForTest::Swiglu, true, q6, gate, up, rows, n, 0.0f);
-        EXPECT_EQ(first_difference(geglu, 0), -1) << "geglu";
-      }
+  for (int fold : {1, 0}) {
+    for (bool q6 : {false, true})
+      for (int rows : {9, 16, 23, 48, 64})
+        for (int n : {256, 1280}) {
+          if (q6 && fold == 0) continue;
+          WgmmaFold fold_setting(fold);
+          SCOPED_TRACE(testing::Message() << (q6 ? "Q6_K" : "Q4_K") << " layout, " << rows << " rows of " << n << ", fold " << fold);
+          std::vector<float> x((size_t)rows * n), w((size_t)n), up((size_t)rows * n);
+          for (float& v : x) v = (float)rng.normal();
+          for (float& v : w) v = (float)rng.normal() * 3.0f;
+          for (float& v : up) v = (float)rng.normal() * 8.0f;
+          x[5] = 3e5f;  // a row with one huge value: the rest of it near zero, that value saturating after the weight
+          w[5] = 1e5f;
+          const auto norm = gpu_producer_tiles_for_test(GpuOpForTest::RmsNorm, false, q6, x, w, rows, n, 1e-6f);
+          EXPECT_EQ(first_difference(norm, 0), -1) << "rms norm";
+          EXPECT_EQ(first_difference(norm, 1), -1) << "the products' conversion of the norm's output";
+          if (!q6) EXPECT_EQ(sums_written(norm, rows, n), fold == 1 && rows <= 32) << "the sub-block sums";
+          std::vector<float> gate = x;
+          gate[7] = 2e4f;  // silu(2e4) * up beyond the f16 range
+          const auto swiglu = gpu_producer_tiles_for_test(GpuOpForTest::Swiglu, false, q6, gate, up, rows, n, 0.0f);
+          EXPECT_EQ(first_difference(swiglu, 0), -1) << "swiglu";
+          EXPECT_EQ(first_difference(swiglu, 1), -1) << "the products' conversion of swiglu's output";
+          const auto geglu = gpu_producer_tiles_for_test(GpuOpForTest::Swiglu, true, q6, gate, up, rows, n, 0.0f);
+          EXPECT_EQ(first_difference(geglu, 0), -1) << "geglu";
+        }
+  }
 }
 
 // The norm of 9-64 row steps spread over a CTA per run of 1024 values of each row (ROOFLINE_NORM_WIDE_ROWS): each CTA

@@ -149,11 +149,13 @@ __device__ __forceinline__ float gated_value(float a, float u) {
 // A product input of a 9-64 row step written by the kernel that computes it straight as the activation tiles of
 // Hopper's warpgroup kernel (cuda_wgmma_rows.cu), so that no conversion launch runs between the two: n_pad
 // tokens (the step's rows rounded up to 16; the rows past the step's as zeros, as the conversion writes them)
-// in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles.
+// in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles. sums (Q4_K): the 17th k16 step holds
+// the sub-block sums (below), which only the products that fold the mins read (wg_tiles_need_sums); else zeros.
 struct WgTiles {
   __half* out = nullptr;
   int n_pad = 0;
   bool q6 = false;
+  bool sums = true;
 };
 // k16 steps a super-block of tiles: Q6_K's 16 of values; Q4_K's 16 and a 17th of the sums of its eight sub-blocks of 32
 // values (for the products' mins, which multiply them: RowBlock<Q4_K>::min_fragment): in run kb = 0 of a token, slot j
@@ -199,7 +201,8 @@ __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k,
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(x, z);
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(y, w);
   if (!tiles.q6) {
-    const float sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
+    float sum = 0.0f;
+    if (tiles.sums) sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
     if ((k & 31) == 0) wg_sum_store(tiles, k, n, sum);
   }
 }
@@ -210,10 +213,13 @@ __device__ __forceinline__ void wg_tiles_store1(const WgTiles& tiles, int64_t k,
   tiles.out[wg_tile_index(tiles, k, n)] = x;
   if (!tiles.q6) {
     const int lane = threadIdx.x % 32;
-    const float f = __half2float(x);
-    const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
-    const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
-    const float sum = wg_octet_sum(quad);
+    float sum = 0.0f;
+    if (tiles.sums) {
+      const float f = __half2float(x);
+      const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
+      const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
+      sum = wg_octet_sum(quad);
+    }
     if (lane == 0) wg_sum_store(tiles, k, n, sum);
   }
 }

@@ -38,7 +38,7 @@ constexpr int wg_x_stage_bytes() { return FOLD ? wg_x_sb_bytes<T, N>() : 16 * wg
 // Activations [n_tok x cols] (value(n, k): token n's value k, as f32) -> the B tiles of every super-block (tokens past
 // n_tok: zeros): run i (in layout order) is 16 bytes, 8 k of one token (wg_tile_index is the inverse).
 template <DType T, typename Value>
-__device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n_pad, int64_t i) {
+__device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n_pad, bool sums, int64_t i) {
   constexpr int kSteps = wg_sb_steps(T == DType::Q6_K);
   const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % kSteps);
   const int64_t sb = i / (2 * kSteps * n_pad);
@@ -49,6 +49,10 @@ __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n
   if (step == 16) {  // Q4_K's sums: slot j sub-block j's, in wg_quad_sum / wg_octet_sum's order (kb 0: f16, 1: the rest)
 #pragma unroll 1
     for (int j = 0; j < 8; ++j) {
+      if (!sums) {  // products that do not fold the mins: zeros
+        o.h[j] = __float2half(0.0f);
+        continue;
+      }
       float quad[8];
       for (int qd = 0; qd < 8; ++qd) {
         float f[4];
@@ -69,16 +73,16 @@ __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n
   return o.v;
 }
 template <DType T>
-__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, int64_t i) {
-  return wgmma_b_run<T>([&](int n, int64_t k) { return x[(int64_t)n * cols + k]; }, n_tok, n_pad, i);
+__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, bool sums, int64_t i) {
+  return wgmma_b_run<T>([&](int n, int64_t k) { return x[(int64_t)n * cols + k]; }, n_tok, n_pad, sums, i);
 }
 // One thread per run, in the tiles' order (the expert tiles below; and for tests, the reference the value-order
 // kernels are checked against).
 template <DType T>
-__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, int4* out) {
+__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, bool sums, int4* out) {
   wait_for_previous_kernel();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, i);
+  if (i < wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, sums, i);
 }
 // The same tiles in the values' order: one thread per four values of a row (16-byte loads, a warp's coalesced), which
 // land as two half pairs (values 4i, 4i + 2 and 4i + 1, 4i + 3 share a run: wg_tile_index); rows n_tok..n_pad - 1
@@ -110,14 +114,15 @@ __global__ void gated_to_wgmma_tiles_kernel(const float* gate, const float* up, 
 }
 // Threads of the value-order kernels above.
 inline dim3 wgmma_tiles_grid(int64_t cols, int n_pad) { return dim3((unsigned)((cols / 4 * n_pad + 255) / 256)); }
-// The expert products' token tiles (grid.y: tile slots; each tile's grouped rows from its row0), one after the other.
+// The expert products' token tiles (grid.y: tile slots; each tile's grouped rows from its row0), one after the other;
+// the expert kernel does not fold the mins, so Q4_K's 17th step holds zeros.
 template <DType T>
 __global__ void to_wgmma_b_tiles_kernel(const float* x, ExpertTiles tiles, int64_t cols, int n_pad, int4* out) {
   wait_for_previous_kernel();
   const int tile = blockIdx.y;
   if (tile >= *tiles.n_tiles) return;
   const int64_t per_tile = wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < per_tile) out[tile * per_tile + i] = wgmma_b_run<T>(x + (int64_t)tiles.row0[tile] * cols, tiles.rows[tile], cols, n_pad, i);
+  if (i < per_tile) out[tile * per_tile + i] = wgmma_b_run<T>(x + (int64_t)tiles.row0[tile] * cols, tiles.rows[tile], cols, n_pad, false, i);
 }
 
 // The shared-memory matrix descriptor of a K-major tile without swizzle (start address, leading and stride
@@ -224,6 +229,19 @@ constexpr int wg_stages() {
 template <DType T, int N, bool BULK, bool FOLD>
 constexpr int wg_smem_bytes() { return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0); }
 
+// A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded,
+// group_folded).
+template <bool FOLD, DType T>
+__device__ __forceinline__ void wg_scales(const RowBlock<T>& b, int h, uint32_t sel, __half2& scale, __half2& offset) {
+  if constexpr (FOLD) b.scales_folded(h, sel, scale, offset);
+  else b.scales(h, sel, scale, offset);
+}
+template <bool FOLD, DType T>
+__device__ __forceinline__ void wg_group(const RowBlock<T>& b, int h, int p, int u, __half2 scale, __half2 offset, uint32_t& lo, uint32_t& hi) {
+  if constexpr (FOLD) b.group_folded(h, p, u, scale, offset, lo, hi);
+  else b.group(h, p, u, scale, offset, lo, hi);
+}
+
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
 // for the batch before; the last batch is left in flight. FOLD (Q4_K): the weights without their mins, the high
@@ -243,23 +261,13 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], float (&
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
-      if constexpr (FOLD) {
-        __half2 scale[R], bias[R];
+      __half2 scale[R], offset[R];        // FOLD: the scale and -1024 times it
 #pragma unroll
-        for (int i = 0; i < R; ++i) blk[i].scales_folded(h, scale_sel[p], scale[i], bias[i]);
+      for (int i = 0; i < R; ++i) wg_scales<FOLD>(blk[i], h, scale_sel[p], scale[i], offset[i]);
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+      for (int u = 0; u < 4; ++u)
 #pragma unroll
-          for (int i = 0; i < R; ++i) blk[i].group_folded(h, p, u, scale[i], bias[i], a_lo[u][i], a_hi[u][i]);
-      } else {
-        __half2 scale[R], offset[R];
-#pragma unroll
-        for (int i = 0; i < R; ++i) blk[i].scales(h, scale_sel[p], scale[i], offset[i]);
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-          for (int i = 0; i < R; ++i) blk[i].group(h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
-      }
+        for (int i = 0; i < R; ++i) wg_group<FOLD>(blk[i], h, p, u, scale[i], offset[i], a_lo[u][i], a_hi[u][i]);
       wg_fence();
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -491,6 +499,18 @@ bool wgmma_fold() {
   static const bool env = env_switch("ROOFLINE_WGMMA_FOLD", true);
   return wgmma_fold_for_test >= 0 ? wgmma_fold_for_test > 0 : env;
 }
+constexpr int kWgFoldMaxTokens = 32;
+
+}  // namespace
+
+// Whether the tiles of n_pad tokens carry Q4_K's sub-block sums: only where the products fold the mins (or with
+// ROOFLINE_WGMMA_ALL_SUMS=1, the form before, for A/B: every tile writer computes them, for nobody at 48-64 tokens).
+bool wg_tiles_need_sums(int n_pad) {
+  static const bool all = env_switch("ROOFLINE_WGMMA_ALL_SUMS", false);
+  return all || (n_pad <= kWgFoldMaxTokens && wgmma_fold());
+}
+
+namespace {
 
 template <DType T, int N, int MT, bool BULK, bool FOLD>
 void launch_wgmma_rows_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
@@ -512,7 +532,7 @@ void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, c
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if constexpr (T == DType::Q4_K && N <= 32) {
+  if constexpr (T == DType::Q4_K && N <= kWgFoldMaxTokens) {
     if (wgmma_fold()) return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   }
   launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -526,7 +546,7 @@ void wgmma_products_of(const DeviceWeight* const* ws, float* const* ys, const in
   int4* xb = reinterpret_cast<int4*>(x_scratch);
   if (!x_ready)
     launch(to_wgmma_tiles_kernel, wgmma_tiles_grid(cols, n_pad), dim3(256), 0, stream, pdl_enabled(), x, n_tokens, cols,
-           WgTiles{x_scratch, n_pad, T == DType::Q6_K});
+           WgTiles{x_scratch, n_pad, T == DType::Q6_K, wg_tiles_need_sums(n_pad)});
   switch (n_pad / 16) {
     case 1: return launch_wgmma_rows<T, 16>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
     case 2: return launch_wgmma_rows<T, 32>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
@@ -641,8 +661,8 @@ void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& ti
   const int64_t runs = wg_tiles_halves(n, tiles.n_pad, tiles.q6) / 8;
   const dim3 grid((unsigned)((runs + 255) / 256));
   int4* out = reinterpret_cast<int4*>(tiles.out);
-  if (tiles.q6) launch(to_wgmma_b_kernel<DType::Q6_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, out);
-  else launch(to_wgmma_b_kernel<DType::Q4_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, out);
+  if (tiles.q6) launch(to_wgmma_b_kernel<DType::Q6_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, false, out);
+  else launch(to_wgmma_b_kernel<DType::Q4_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, tiles.sums, out);
 }
 
 }  // namespace roofline::cuda
