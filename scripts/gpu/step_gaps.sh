@@ -3,7 +3,7 @@
 # setting, `bench -p 0 -n 128 -r 1` and the backend's line for one-row steps: the GPU's idle gap before a step, the
 # step's start (header upload, embedding), its layers and output, and the host's time in the layers' launch call.
 #   device: MODELS="qwen3-8b qwen3-32b" ENVS="ROOFLINE_GRAPH_HEAD_LAYERS=2" bash scripts/gpu/step_gaps.sh
-#   (carry ["carry/pack/bin.tar.xz"] with carry/packs/bench.tar.xz); results in $OUT/summary.txt.
+#   (carry ["carry/pack/bin.tar.xz"] with carry/packs/all.tar.xz); results in $OUT/summary.txt.
 # ENVS: settings to run beside the default, space-separated, each a VAR=VALUE list joined by commas.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -154,8 +154,8 @@ int wgmma_products_min_rows();
 bool wgmma_products_available();
 bool wgmma_products_take(const DeviceWeight& w, int n_tokens);
 inline int wgmma_n_pad(int n_tokens) { return 16 * ((n_tokens + 15) / 16); }
-// Whether Q4_K tiles of n_pad tokens carry the sub-block sums (WgTiles::sums): where the products fold the mins.
-bool wg_tiles_need_sums(int n_pad);
+// Whether Q4_K tiles are written for products that fold the mins (WgTiles::folded; ROOFLINE_WGMMA_FOLD, on).
+bool wg_tiles_folded();
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
                     bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream);
 // For tests: f32 rows [n_rows x n] -> tiles, by the products' own conversion (in the values' order, through

@@ -149,14 +149,18 @@ __device__ __forceinline__ float gated_value(float a, float u) {
 // A product input of a 9-64 row step written by the kernel that computes it straight as the activation tiles of
 // Hopper's warpgroup kernel (cuda_wgmma_rows.cu), so that no conversion launch runs between the two: n_pad
 // tokens (the step's rows rounded up to 16; the rows past the step's as zeros, as the conversion writes them)
-// in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles. sums (Q4_K): the 17th k16 step holds
-// the sub-block sums (below), which only the products that fold the mins read (wg_tiles_need_sums); else zeros.
+// in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles. folded (Q4_K): tiles for products that
+// fold the mins out of the weights (wg_tiles_folded): the 17th k16 step holds the sub-block sums (below), and the
+// values the high nibbles multiply (k % 64 >= 32) are stored divided by 16 (wg_sixteenth); else plain values and zeros.
 struct WgTiles {
   __half* out = nullptr;
   int n_pad = 0;
   bool q6 = false;
-  bool sums = true;
+  bool folded = true;
 };
+// A value the folded products' high nibbles multiply: they take 16 q * scale (the nibble in place), so the value is
+// stored / 16, exact unless the quotient is subnormal in f16 (|x| < 2^-10), where it rounds to 2^-24.
+__device__ __forceinline__ __half wg_sixteenth(__half x) { return __hmul(x, __float2half(0.0625f)); }
 // k16 steps a super-block of tiles: Q6_K's 16 of values; Q4_K's 16 and a 17th of the sums of its eight sub-blocks of 32
 // values (for the products' mins, which multiply them: RowBlock<Q4_K>::min_fragment): in run kb = 0 of a token, slot j
 // holds sub-block j's sum rounded to f16, in run kb = 1 what that rounding left.
@@ -193,28 +197,30 @@ __device__ __forceinline__ float wg_octet_sum(float q) {
   q += __shfl_xor_sync(0xffffffffu, q, 4);
   return q;
 }
-// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3); for Q4_K
-// also the sub-block sums. Called by whole warps whose lanes hold consecutive quads of a token's values (lane l values
+// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3); for
+// folded Q4_K tiles also the sub-block sums (of the values before any division by 16). Called by whole warps whose lanes hold consecutive quads of a token's values (lane l values
 // k0 + 4 l.., k0 % 128 == 0), so that eight aligned lanes hold a sub-block.
 __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k, int n, float4 v) {
-  const __half x = saturated_half(v.x), y = saturated_half(v.y), z = saturated_half(v.z), w = saturated_half(v.w);
+  __half x = saturated_half(v.x), y = saturated_half(v.y), z = saturated_half(v.z), w = saturated_half(v.w);
+  float sum = 0.0f;
+  if (!tiles.q6 && tiles.folded) {
+    sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
+    if (k & 32) x = wg_sixteenth(x), y = wg_sixteenth(y), z = wg_sixteenth(z), w = wg_sixteenth(w);
+  }
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(x, z);
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(y, w);
-  if (!tiles.q6) {
-    float sum = 0.0f;
-    if (tiles.sums) sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
-    if ((k & 31) == 0) wg_sum_store(tiles, k, n, sum);
-  }
+  if (!tiles.q6 && (k & 31) == 0) wg_sum_store(tiles, k, n, sum);
 }
-// Value k of token n into the tiles; for Q4_K also the sub-block sums. Called by whole warps whose lane l holds value
+// Value k of token n into the tiles; for folded Q4_K tiles also the sub-block sums. Called by whole warps whose lane l holds value
 // k0 + l (k0 % 32 == 0): a sub-block a warp.
 __device__ __forceinline__ void wg_tiles_store1(const WgTiles& tiles, int64_t k, int n, float v) {
   const __half x = saturated_half(v);
-  tiles.out[wg_tile_index(tiles, k, n)] = x;
+  const bool folded = !tiles.q6 && tiles.folded;
+  tiles.out[wg_tile_index(tiles, k, n)] = folded && (k & 32) ? wg_sixteenth(x) : x;
   if (!tiles.q6) {
     const int lane = threadIdx.x % 32;
     float sum = 0.0f;
-    if (tiles.sums) {
+    if (folded) {
       const float f = __half2float(x);
       const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
       const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7

@@ -275,7 +275,7 @@ std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest op, bool geglu, b
   ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
   // Every half not written by a kernel stays a NaN pattern, so a missed one shows as a difference.
   ROOFLINE_CUDA_CHECK(cudaMemset(tiles, 0xFF, 3 * halves * 2));
-  auto at = [&](int j) { return WgTiles{tiles + j * halves, n_pad, q6, wg_tiles_need_sums(n_pad)}; };
+  auto at = [&](int j) { return WgTiles{tiles + j * halves, n_pad, q6, wg_tiles_folded()}; };
   if (norm) {
     if (!rms_norm(da, db, eps, n_rows, n, nullptr, dy, ActQ8{}, stream, nullptr, at(0)))
       fail("gpu_producer_tiles_for_test: the norm wrote no tiles for {} rows of {}", n_rows, n);

@@ -618,8 +618,7 @@ bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens) {
 
 WgTiles gemm_input_tiles(const DeviceWeight& w, int n_tokens, __half* x_f16) {
   if (!gemm_fuses_dequant(w, n_tokens) || int8_products_take(w, n_tokens) || !wgmma_products_take(w, n_tokens)) return {};
-  const int n_pad = wgmma_n_pad(n_tokens);
-  return WgTiles{x_f16, n_pad, w.type == DType::Q6_K, wg_tiles_need_sums(n_pad)};
+  return WgTiles{x_f16, wgmma_n_pad(n_tokens), w.type == DType::Q6_K, wg_tiles_folded()};
 }
 
 void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,

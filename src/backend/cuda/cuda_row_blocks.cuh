@@ -129,8 +129,8 @@ struct RowBlock<DType::Q4_K> {
   // The warpgroup kernel's folded form (cuda_wgmma_rows.cu, ROOFLINE_WGMMA_FOLD): the mins are a product of their own
   // with the sub-blocks' sums (the tiles' 17th step: min_fragment), so a weight is q * scale alone, one fused
   // multiply-add from its nibble in place: (1024 + q) * scale - 1024 * scale for the low nibbles, (1024 + 16 q) * scale -
-  // 1024 * scale for the high ones, exactly round(q * scale) and round(16 q * scale) (the high nibbles' products go to
-  // accumulators of their own, scaled by 1/16 at the end). scale2: d * sc in both halves, bias2: -1024 times it.
+  // 1024 * scale for the high ones, exactly round(q * scale) and round(16 q * scale) (which multiply activations stored
+  // divided by 16: WgTiles::folded). scale2: d * sc in both halves, bias2: -1024 times it.
   static __device__ __forceinline__ uint32_t lane_scale_selector_folded(int t, int p) {
     const uint32_t b = 2 * (t / 2) + p;  // the byte of the lane's sub-block in the four unpacked scales; 4: 0x64
     return b | (4u << 4) | (b << 8) | (4u << 12);

@@ -8,9 +8,9 @@
 // the next weights. The activations of a super-block are staged once per CTA in the layout the instruction's
 // descriptor names: by default as one bulk copy on shared-memory barriers, so that warps do not meet at a CTA barrier
 // each super-block (wgmma_rows' BULK; the plain pipeline, every thread's cp.async copies and a CTA barrier, with
-// ROOFLINE_WGMMA_BULK=0). Q4_K products of up to 32 tokens fold the mins out of the weights (FOLD, ROOFLINE_WGMMA_FOLD):
-// a 17th k16 step of the tiles holds the sub-blocks' sums, which the mins multiply, so a weight is one fused
-// multiply-add from its nibble.
+// ROOFLINE_WGMMA_BULK=0). Q4_K products fold the mins out of the weights (FOLD, ROOFLINE_WGMMA_FOLD): a 17th k16 step
+// of the tiles holds the sub-blocks' sums, which the mins multiply, so a weight is one fused multiply-add from its
+// nibble in place (16 times the weight for a high nibble, whose activations the tiles hold divided by 16).
 #include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_row_blocks.cuh"
 
@@ -38,7 +38,7 @@ constexpr int wg_x_stage_bytes() { return FOLD ? wg_x_sb_bytes<T, N>() : 16 * wg
 // Activations [n_tok x cols] (value(n, k): token n's value k, as f32) -> the B tiles of every super-block (tokens past
 // n_tok: zeros): run i (in layout order) is 16 bytes, 8 k of one token (wg_tile_index is the inverse).
 template <DType T, typename Value>
-__device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n_pad, bool sums, int64_t i) {
+__device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n_pad, bool folded, int64_t i) {
   constexpr int kSteps = wg_sb_steps(T == DType::Q6_K);
   const int n = (int)(i % n_pad), kb = (int)(i / n_pad % 2), step = (int)(i / (2 * n_pad) % kSteps);
   const int64_t sb = i / (2 * kSteps * n_pad);
@@ -49,7 +49,7 @@ __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n
   if (step == 16) {  // Q4_K's sums: slot j sub-block j's, in wg_quad_sum / wg_octet_sum's order (kb 0: f16, 1: the rest)
 #pragma unroll 1
     for (int j = 0; j < 8; ++j) {
-      if (!sums) {  // products that do not fold the mins: zeros
+      if (!folded) {  // products that do not fold the mins: zeros
         o.h[j] = __float2half(0.0f);
         continue;
       }
@@ -65,24 +65,26 @@ __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n
     }
     return o.v;
   }
+  const bool sixteenths = T == DType::Q4_K && folded && (step / 4) % 2 == 1;  // the high nibbles' steps (k % 64 >= 32)
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) {
     const int64_t k = sb * 256 + RowBlock<T>::x_offset(step / 8, (step / 4) % 2, step % 4, jj / 2) + kb + 2 * (jj % 2);
-    o.h[jj] = n < n_tok ? saturated_half(value(n, k)) : __float2half(0.0f);
+    const __half v = n < n_tok ? saturated_half(value(n, k)) : __float2half(0.0f);
+    o.h[jj] = sixteenths ? wg_sixteenth(v) : v;
   }
   return o.v;
 }
 template <DType T>
-__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, bool sums, int64_t i) {
-  return wgmma_b_run<T>([&](int n, int64_t k) { return x[(int64_t)n * cols + k]; }, n_tok, n_pad, sums, i);
+__device__ __forceinline__ int4 wgmma_b_run(const float* x, int n_tok, int64_t cols, int n_pad, bool folded, int64_t i) {
+  return wgmma_b_run<T>([&](int n, int64_t k) { return x[(int64_t)n * cols + k]; }, n_tok, n_pad, folded, i);
 }
 // One thread per run, in the tiles' order (the expert tiles below; and for tests, the reference the value-order
 // kernels are checked against).
 template <DType T>
-__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, bool sums, int4* out) {
+__global__ void to_wgmma_b_kernel(const float* x, int n_tok, int64_t cols, int n_pad, bool folded, int4* out) {
   wait_for_previous_kernel();
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, sums, i);
+  if (i < wg_tiles_halves(cols, n_pad, T == DType::Q6_K) / 8) out[i] = wgmma_b_run<T>(x, n_tok, cols, n_pad, folded, i);
 }
 // The same tiles in the values' order: one thread per four values of a row (16-byte loads, a warp's coalesced), which
 // land as two half pairs (values 4i, 4i + 2 and 4i + 1, 4i + 3 share a run: wg_tile_index); rows n_tok..n_pad - 1
@@ -115,7 +117,7 @@ __global__ void gated_to_wgmma_tiles_kernel(const float* gate, const float* up, 
 // Threads of the value-order kernels above.
 inline dim3 wgmma_tiles_grid(int64_t cols, int n_pad) { return dim3((unsigned)((cols / 4 * n_pad + 255) / 256)); }
 // The expert products' token tiles (grid.y: tile slots; each tile's grouped rows from its row0), one after the other;
-// the expert kernel does not fold the mins, so Q4_K's 17th step holds zeros.
+// the expert kernel does not fold the mins, so these are plain values (and zeros in Q4_K's 17th step).
 template <DType T>
 __global__ void to_wgmma_b_tiles_kernel(const float* x, ExpertTiles tiles, int64_t cols, int n_pad, int4* out) {
   wait_for_previous_kernel();
@@ -244,11 +246,11 @@ __device__ __forceinline__ void wg_group(const RowBlock<T>& b, int h, int p, int
 
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
-// for the batch before; the last batch is left in flight. FOLD (Q4_K): the weights without their mins, the high
-// nibbles' products (16 times the weights) into acc_hi, then a fifth batch, the mins by the sub-blocks' sums (the
-// tiles' 17th step) into acc.
+// for the batch before; the last batch is left in flight. FOLD (Q4_K): the weights without their mins (the high
+// nibbles' 16 times the weights, against folded tiles' values divided by 16), then a fifth batch, the mins by the
+// sub-blocks' sums (the tiles' 17th step).
 template <DType T, int N, int MT, bool FOLD>
-__device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], float (&acc_hi)[MT][N / 2], const uint8_t* slots, uint32_t x_addr,
+__device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr,
                                                int lane, const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb,
                                                const uint32_t (&scale_sel)[2]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -274,7 +276,7 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], float (&
         const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-          wgmma_f16<N>(FOLD && p == 1 ? acc_hi[m] : acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
+          wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
       }
       wg_commit();
       wg_wait<1>();  // the batch before this one: its fragments' registers are free for the next
@@ -332,7 +334,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       for (int i = 0; i < R; ++i) RowBlock<T>::copy(w, rows[i], sb, lane, t == i, slots(stage) + i * RowBlock<T>::kSlotBytes);
     }
   };
-  float acc[MT][N / 2] = {}, acc_hi[MT][N / 2] = {};
+  float acc[MT][N / 2] = {};
   uint32_t scale_sel[2] = {RowBlock<T>::lane_scale_selector(t, 0), RowBlock<T>::lane_scale_selector(t, 1)};
   if constexpr (FOLD) scale_sel[0] = RowBlock<T>::lane_scale_selector_folded(t, 0), scale_sel[1] = RowBlock<T>::lane_scale_selector_folded(t, 1);
   const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
@@ -376,7 +378,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       x_bulk(sb + L, (int)((j + L) % S), (j + L) / S);
       mbar_wait(full + stage, (uint32_t)((j / S) & 1));
       __syncwarp();  // converged for the warpgroup instructions
-      wg_super_block<T, N, MT, FOLD>(acc, acc_hi, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
       wg_wait<0>();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + stage);
@@ -421,18 +423,12 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       // below overwrites (the previous super-block's: each ends with a wait for all its products) are done.
       __syncthreads();
       stage_copy(sb + L, (stage + L) % S);
-      wg_super_block<T, N, MT, FOLD>(acc, acc_hi, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
       stage = stage == S - 1 ? 0 : stage + 1;
       wg_wait<0>();
     }
   }
   wg_wait<0>();
-  if constexpr (FOLD) {
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int i = 0; i < N / 2; ++i) acc[m][i] += acc_hi[m][i] * 0.0625f;
-  }
   store_mma_tiles<MT, N / 8>(reinterpret_cast<const float(&)[MT][N / 8][4]>(acc), row_base, w.rows, n_tok, g, t, y, ldy, accumulate, part,
                             split, n_splits);
 #else
@@ -491,24 +487,17 @@ bool wgmma_bulk() {
   return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test > 0 : env;
 }
 
-// Q4_K products of 16 and 32 padded tokens with the mins folded out of the weights (RowBlock<Q4_K>::group_folded: one
-// instruction a weight pair instead of one and a half, and a 17th product of the mins by the sub-blocks' sums;
-// ROOFLINE_WGMMA_FOLD, on). At 48 and 64 tokens the high nibbles' accumulators would not fit the registers.
+// Q4_K products with the mins folded out of the weights (RowBlock<Q4_K>::group_folded: one instruction a weight pair
+// instead of one and a half, and a 17th product of the mins by the sub-blocks' sums; ROOFLINE_WGMMA_FOLD, on).
 int wgmma_fold_for_test = -1;  // (gpu_use_wgmma_fold_for_test; -1: the environment's)
 bool wgmma_fold() {
   static const bool env = env_switch("ROOFLINE_WGMMA_FOLD", true);
   return wgmma_fold_for_test >= 0 ? wgmma_fold_for_test > 0 : env;
 }
-constexpr int kWgFoldMaxTokens = 32;
 
 }  // namespace
 
-// Whether the tiles of n_pad tokens carry Q4_K's sub-block sums: only where the products fold the mins (or with
-// ROOFLINE_WGMMA_ALL_SUMS=1, the form before, for A/B: every tile writer computes them, for nobody at 48-64 tokens).
-bool wg_tiles_need_sums(int n_pad) {
-  static const bool all = env_switch("ROOFLINE_WGMMA_ALL_SUMS", false);
-  return all || (n_pad <= kWgFoldMaxTokens && wgmma_fold());
-}
+bool wg_tiles_folded() { return wgmma_fold(); }
 
 namespace {
 
@@ -532,7 +521,7 @@ void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, c
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if constexpr (T == DType::Q4_K && N <= kWgFoldMaxTokens) {
+  if constexpr (T == DType::Q4_K) {
     if (wgmma_fold()) return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   }
   launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -546,7 +535,7 @@ void wgmma_products_of(const DeviceWeight* const* ws, float* const* ys, const in
   int4* xb = reinterpret_cast<int4*>(x_scratch);
   if (!x_ready)
     launch(to_wgmma_tiles_kernel, wgmma_tiles_grid(cols, n_pad), dim3(256), 0, stream, pdl_enabled(), x, n_tokens, cols,
-           WgTiles{x_scratch, n_pad, T == DType::Q6_K, wg_tiles_need_sums(n_pad)});
+           WgTiles{x_scratch, n_pad, T == DType::Q6_K, wg_tiles_folded()});
   switch (n_pad / 16) {
     case 1: return launch_wgmma_rows<T, 16>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
     case 2: return launch_wgmma_rows<T, 32>(ws, ys, ldys, count, xb, n_tokens, accumulate, part, part_floats, stream);
@@ -662,7 +651,7 @@ void wgmma_convert_for_test(const float* x, int n_rows, int n, const WgTiles& ti
   const dim3 grid((unsigned)((runs + 255) / 256));
   int4* out = reinterpret_cast<int4*>(tiles.out);
   if (tiles.q6) launch(to_wgmma_b_kernel<DType::Q6_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, false, out);
-  else launch(to_wgmma_b_kernel<DType::Q4_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, tiles.sums, out);
+  else launch(to_wgmma_b_kernel<DType::Q4_K>, grid, dim3(256), 0, stream, pdl_enabled(), x, n_rows, (int64_t)n, tiles.n_pad, tiles.folded, out);
 }
 
 }  // namespace roofline::cuda
