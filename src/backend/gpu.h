@@ -80,9 +80,12 @@ bool gpu_wgmma_products_available_for_test();
 // For tests: the warpgroup kernel's pipeline without CTA-wide barriers (1), the plain one (0), or as
 // ROOFLINE_WGMMA_BULK says (-1: the bulk one unless it is 0).
 void gpu_use_wgmma_bulk_for_test(int mode);
-// For tests: the warpgroup kernel's Q4_K products of 9-32 rows with the mins folded out of the weights (1), with them
-// in the weights (0), or as ROOFLINE_WGMMA_FOLD says (-1: folded unless it is 0).
+// For tests: the warpgroup kernel's Q4_K products with the mins folded out of the weights (1), with them in the
+// weights (0), or as ROOFLINE_WGMMA_FOLD says (-1: folded unless it is 0).
 void gpu_use_wgmma_fold_for_test(int on);
+// For tests: batched Q4_K and Q6_K products of one input joined in one warpgroup launch (1), in launches of one kind
+// each (0), or as ROOFLINE_WGMMA_MIXED says (-1: joined unless it is 0).
+void gpu_use_wgmma_mixed_for_test(int on);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).
 void gpu_use_wgmma_experts_for_test(int on);
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to

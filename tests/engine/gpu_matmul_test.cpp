@@ -228,8 +228,9 @@ TEST(GpuMatmulTest, Int8BatchedProductsMatchTheReference) {
 
 // The batched Q4_K and Q6_K products on Hopper's warpgroup tensor cores (ROOFLINE_WGMMA; forced on for 9-64 rows
 // here): every token tile count (16-64 padded tokens), odd row counts that leave a warp's rows and the last
-// row tile short, K split over CTAs on the larger matrix, and joined as q/k/v and gate/up are; each product
-// against its double reference with the f16 kernel's bound (the same f16 weights and activations, f32 sums).
+// row tile short, K split over CTAs on the larger matrix, and joined as q/k/v and gate/up are (Q4_K with a Q6_K member
+// too, one launch of both kinds where one m64 tile a warpgroup); each product against its double reference with the f16
+// kernel's bound (the same f16 weights and activations, f32 sums).
 TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
   SKIP_WITHOUT_GPU();
   if (!gpu_wgmma_products_available_for_test()) GTEST_SKIP() << "the warpgroup kernels need an sm_90 GPU and a build with sm_90a code";
@@ -237,12 +238,16 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
   const std::vector<JoinedGroup> groups = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q4_K, 300}},
                                            {{DType::Q6_K, 31}, {DType::Q6_K, 150}},
                                            {{DType::Q4_K, 129}, {DType::Q4_K, 128}, {DType::Q4_K, 1}, {DType::Q4_K, 64}}};
+  const std::vector<JoinedGroup> mixed = {{{DType::Q4_K, 67}, {DType::Q4_K, 33}, {DType::Q6_K, 150}},
+                                          {{DType::Q4_K, 300}, {DType::Q6_K, 31}, {DType::Q4_K, 1}, {DType::Q6_K, 129}}};
   struct Restore {
     ~Restore() {
       gpu_use_wgmma_bulk_for_test(-1);
       gpu_use_wgmma_fold_for_test(-1);
+      gpu_use_wgmma_mixed_for_test(-1);
     }
   } restore;
+  gpu_use_wgmma_mixed_for_test(1);
   // Forms: one m64 tile a warpgroup in the plain pipeline, two, and one in the pipeline without CTA-wide barriers
   // (5120 columns: more super-blocks than stages); Q4_K's mins folded out of the weights in each, and in the bulk form
   // also not.
@@ -263,6 +268,10 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)
         for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
+    if (m_tiles == 1)
+      for (const int64_t cols : {768, 5120})
+        for (const auto& group : mixed)
+          for (int n : {9, 24, 33, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
   }
   // The two pipelines do the same arithmetic in the same order: the same bits. With the mins folded (Q4_K, every row
   // count) the weights round otherwise: other bits than unfolded.

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_argmax_masks.cuh"
 #include "backend/cuda/cuda_backend_sizes.cuh"
+#include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_delta_net.cuh"
 #include "backend/cuda/cuda_dequant_ahead.cuh"
 #include "backend/cuda/cuda_f16_copies.cuh"
@@ -148,13 +149,13 @@ class CudaBackend final : public Backend {
   // products of one input convert it once, and SwiGLU can write down's input as f16 directly).
   // ROOFLINE_F16_INPUT_REUSE=0 converts for every product.
   static bool gemm_takes_f16(const DeviceWeight& w, int n);
-  // A block's pre-norm, xn_ = rmsnorm(x_) * w (and its int8 form when q8) for the products of `first`'s
-  // input; on prompt steps where `first` takes an f16 input, x_f16_ too. Returns the columns x_f16_ then
+  // A block's pre-norm, xn_ = rmsnorm(x_) * w (and its int8 form when q8) for the products of `consumers` (the first
+  // decides the form); on prompt steps where the first takes an f16 input, x_f16_ too. Returns the columns x_f16_ then
   // holds (project_group's f16_cols), or -1.
-  int64_t pre_norm(const char* what, const float* w, bool q8, const DeviceWeight& first);
+  int64_t pre_norm(const char* what, const float* w, bool q8, const Consumers& consumers);
 
   // Products of one input (q/k/v, gate/up): for decode-sized steps, those matvec_can_join joins go out
-  // as one launch; for batched decode (9-64 rows), those of one fused kind (gemm_can_join); otherwise
+  // as one launch; for batched decode (9-64 rows), those gemm_can_join joins; otherwise
   // one project() each. ROOFLINE_GEMM_JOIN=0 keeps the batched products apart.
   struct Product {
     const char* what;
@@ -169,11 +170,12 @@ class CudaBackend final : public Backend {
   // Batched steps (9-64 rows) on Hopper: the kernel that computes a product's input (the pre-norm, the gated FFN
   // step) writes it as the warpgroup kernel's activation tiles in x_f16_ too, so the product converts nothing
   // (ROOFLINE_PRODUCER_TILES, on by default). producer_tiles: the tiles for the products of `first`, or {} where
-  // off or where that product takes another kernel; tiles_written: they hold x, for the next product of x (of
-  // `first`'s type and width); take_ready_tiles: whether they hold x for w; every product takes or drops them.
-  WgTiles producer_tiles(const DeviceWeight& first) const;
-  void tiles_written(const float* x, const DeviceWeight& first);
-  bool take_ready_tiles(const DeviceWeight& w, const float* x);
+  // off or where that product takes another kernel, in Q6_K's layout too where a member of `joined` of that kind
+  // joins `first`'s launch; tiles_written: they hold x, for the next product of x (of `first`'s type and width);
+  // take_ready_tiles: whether they hold x for w (and need_q6: in both layouts); every product takes or drops them.
+  WgTiles producer_tiles(const DeviceWeight& first, const Consumers& joined) const;
+  void tiles_written(const float* x, const DeviceWeight& first, bool with_q6 = false);
+  bool take_ready_tiles(const DeviceWeight& w, const float* x, bool need_q6 = false);
 
   // A layer: norm -> mixer (attention or Gated DeltaNet) -> residual, then the FFN block.
   void forward_layer(LayerDev& L);
@@ -240,6 +242,7 @@ class CudaBackend final : public Backend {
   const float* ready_tiles_x_ = nullptr;  // x_f16_ holds this input's tiles (tiles_written), for products of:
   DType ready_tiles_type_ = DType::F32;
   int64_t ready_tiles_cols_ = 0;
+  bool ready_tiles_q6_ = false;  // ... and in Q6_K's layout after them (wg_q6_tiles), for a joined launch of both kinds
   size_t gemm_scratch_elems_ = 0;
   int* step_dev_ = nullptr;
   int* step_host_ = nullptr;

@@ -53,22 +53,27 @@ void CudaBackend::project(const DeviceWeight& w, const float* x, int n, float* y
 int producer_tiles_for_test = -1;                    // (gpu_use_producer_tiles_for_test; -1: the environment's)
 std::atomic<int64_t> producer_tiles_taken{0};  // (gpu_producer_tiles_taken_for_test)
 
-WgTiles CudaBackend::producer_tiles(const DeviceWeight& first) const {
+WgTiles CudaBackend::producer_tiles(const DeviceWeight& first, const Consumers& joined) const {
   static const bool env = env_switch("ROOFLINE_PRODUCER_TILES", true);
   const bool on = producer_tiles_for_test < 0 ? env : producer_tiles_for_test > 0;
   if (!on || n_tok_ <= 8 || partial_sum_) return {};
-  return gemm_input_tiles(first, n_tok_, x_f16_);
+  WgTiles tiles = gemm_input_tiles(first, n_tok_, x_f16_);
+  // A consumer of the other kind joined with the first in one launch (a Q6_K v beside Q4_K q and k) reads the Q6_K layout.
+  for (const DeviceWeight* w : joined)
+    if (tiles.out && w && w->type != first.type && gemm_can_join(first, *w, n_tok_)) tiles.out_q6 = wg_q6_tiles(x_f16_, first.cols, tiles.n_pad);
+  return tiles;
 }
 
-void CudaBackend::tiles_written(const float* x, const DeviceWeight& first) {
+void CudaBackend::tiles_written(const float* x, const DeviceWeight& first, bool with_q6) {
   ready_tiles_x_ = x;
   ready_tiles_type_ = first.type;
   ready_tiles_cols_ = first.cols;
+  ready_tiles_q6_ = with_q6;
 }
 
-bool CudaBackend::take_ready_tiles(const DeviceWeight& w, const float* x) {
+bool CudaBackend::take_ready_tiles(const DeviceWeight& w, const float* x, bool need_q6) {
   const bool ready = x && x == ready_tiles_x_ && w.type == ready_tiles_type_ && w.cols == ready_tiles_cols_ &&
-                     gemm_input_tiles(w, n_tok_, x_f16_).out != nullptr;
+                     (!need_q6 || ready_tiles_q6_) && gemm_input_tiles(w, n_tok_, x_f16_).out != nullptr;
   ready_tiles_x_ = nullptr;
   if (ready) producer_tiles_taken.fetch_add(1, std::memory_order_relaxed);
   return ready;
@@ -79,13 +84,14 @@ bool CudaBackend::gemm_takes_f16(const DeviceWeight& w, int n) {
   return on && n > 8 && !gemm_fuses_dequant(w, n);
 }
 
-int64_t CudaBackend::pre_norm(const char* what, const float* w, bool q8, const DeviceWeight& first) {
+int64_t CudaBackend::pre_norm(const char* what, const float* w, bool q8, const Consumers& consumers) {
   const HParams& hp = model_->hparams();
+  const DeviceWeight& first = *consumers[0];
   mark(what, 0);
   __half* x16 = f16_outputs_ && gemm_takes_f16(first, n_tok_) ? x_f16_ : nullptr;
-  const WgTiles tiles = x16 || q8 ? WgTiles{} : producer_tiles(first);
+  const WgTiles tiles = x16 || q8 ? WgTiles{} : producer_tiles(first, consumers);
   const bool wrote = rms_norm(x_, w, hp.rms_eps, n_tok_, hp.n_embd, nullptr, xn_, q8 ? inputs_.writable() : ActQ8{}, stream_, x16, tiles);
-  if (wrote && tiles.out) tiles_written(xn_, first);
+  if (wrote && tiles.out) tiles_written(xn_, first, tiles.out_q6 != nullptr);
   return wrote && x16 ? hp.n_embd : -1;
 }
 
@@ -120,7 +126,9 @@ void CudaBackend::project_group(std::initializer_list<Product> products, const f
       }
       mark(op_name(fmt::format("matvec {}", names).c_str(), *p[i].w).c_str(), bytes);
       if (n > 8) {
-        const bool tiles = take_ready_tiles(*ws[0], x);
+        bool mixed = false;
+        for (size_t k = 1; k < j - i; ++k) mixed = mixed || ws[k]->type != ws[0]->type;
+        const bool tiles = take_ready_tiles(*ws[0], x, mixed);
         gemm_multi(ws, ys, lds, (int)(j - i), x, n, gemm_scratch_, gemm_scratch_elems_, x_f16_, stream_, tiles);
       } else {
         quantize_input(*p[i].w, x, n);
@@ -151,7 +159,7 @@ void CudaBackend::attention_block(LayerDev& L) {
   // Attention block.
   const bool q8_in = attn_takes_q8(L);
   // (else the previous layer's post-norm kernel wrote the input)
-  const int64_t f16_cols = attn_input_ready_ ? -1 : pre_norm("attn norm + quantize", L.v(LT::AttnNorm), q8_in, L.m(LT::AttnQ));
+  const int64_t f16_cols = attn_input_ready_ ? -1 : pre_norm("attn norm + quantize", L.v(LT::AttnNorm), q8_in, mixer_inputs(L));
   attn_input_ready_ = false;
   n_quantized_cols_ = q8_in ? hp.n_embd : -1;
   const bool gated = hp.attn_output_gate;
@@ -181,7 +189,7 @@ void CudaBackend::attention_block(LayerDev& L) {
   // Batched decode steps on the warpgroup kernel: the combine writes o's activation tiles too (not gated attention,
   // whose output gate comes after); ROOFLINE_ATTN_OUT_TILES=0 leaves that to o's conversion.
   static const bool attn_out_tiles = env_switch("ROOFLINE_ATTN_OUT_TILES", true);
-  const WgTiles o_tiles = gated || !prefill_runs_.empty() || !attn_out_tiles ? WgTiles{} : producer_tiles(L.m(LT::AttnOut));
+  const WgTiles o_tiles = gated || !prefill_runs_.empty() || !attn_out_tiles ? WgTiles{} : producer_tiles(L.m(LT::AttnOut), {});
   bool o_tiles_written = false;
   bool quantized = attention(st, q_, L.kv, n_attn_rows_, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, scale,
                              splits_, partial_, attn_, q8_attn && !gated ? inputs_.writable() : ActQ8{}, attn_rows_dev_, stream_,
@@ -281,7 +289,7 @@ void CudaBackend::ffn_block(LayerDev& L) {
   if (n == 1 && persistent_ffn(L)) return;
   const bool q8_ffn = ffn_takes_q8(L);
   // (else the attention block's post-norm kernel wrote the input)
-  const int64_t f16_cols = ffn_input_ready_ ? -1 : pre_norm("ffn norm + quantize", L.v(LT::FfnNorm), q8_ffn, L.m(LT::FfnGate));
+  const int64_t f16_cols = ffn_input_ready_ ? -1 : pre_norm("ffn norm + quantize", L.v(LT::FfnNorm), q8_ffn, ffn_inputs(L));
   ffn_input_ready_ = false;
   n_quantized_cols_ = q8_ffn ? hp.n_embd : -1;
   const bool q8_down = needs_q8({&L.m(LT::FfnDown)}) && hp.n_ff % 32 == 0;
@@ -306,7 +314,7 @@ void CudaBackend::ffn_block(LayerDev& L) {
     float* h32 = down_f16 ? nullptr : gate_;
     __half* h16 = down_f16 ? x_f16_ : nullptr;
     // Batched steps on the warpgroup kernel: down's activation tiles straight from it (no f32 h, no conversion).
-    const WgTiles down_tiles = down_f16 || q8_down || hp.n_ff % 256 != 0 ? WgTiles{} : producer_tiles(L.m(LT::FfnDown));
+    const WgTiles down_tiles = down_f16 || q8_down || hp.n_ff % 256 != 0 ? WgTiles{} : producer_tiles(L.m(LT::FfnDown), {});
     if (down_tiles.out) {
       mark(gelu_ffn ? "geglu (down's tiles)" : "swiglu (down's tiles)", 0);
       gated_wgmma_tiles(gelu_ffn, gate_, up_, n, (int)hp.n_ff, down_tiles, stream_);
@@ -355,7 +363,7 @@ void CudaBackend::delta_net_block(LayerDev& L) {
   const int n = n_tok_;
   const bool q8_in = needs_q8({&L.m(LT::SsmQkv), &L.m(LT::SsmGate), &L.m(LT::SsmAlpha), &L.m(LT::SsmBeta)}) && hp.n_embd % 32 == 0;
   // (else the previous layer's down product wrote the input)
-  const int64_t f16_cols = attn_input_ready_ ? -1 : pre_norm("attn norm + quantize", L.v(LT::AttnNorm), q8_in, L.m(LT::SsmQkv));
+  const int64_t f16_cols = attn_input_ready_ ? -1 : pre_norm("attn norm + quantize", L.v(LT::AttnNorm), q8_in, mixer_inputs(L));
   attn_input_ready_ = false;
   n_quantized_cols_ = q8_in ? hp.n_embd : -1;
   project_group({{"qkv", &L.m(LT::SsmQkv), L.bytes(LT::SsmQkv), dn_qkv_, d.conv_dim()},

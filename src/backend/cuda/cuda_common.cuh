@@ -152,11 +152,14 @@ __device__ __forceinline__ float gated_value(float a, float u) {
 // in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles. folded (Q4_K): tiles for products that
 // fold the mins out of the weights (wg_tiles_folded): the 17th k16 step holds the sub-block sums (below), and the
 // values the high nibbles multiply (k % 64 >= 32) are stored divided by 16 (wg_sixteenth); else plain values and zeros.
+// out_q6 (Q4_K tiles only): the same values also in Q6_K's layout there, for a launch whose products are of both kinds
+// (q/k with a Q6_K v: wgmma_mixed_joins).
 struct WgTiles {
   __half* out = nullptr;
   int n_pad = 0;
   bool q6 = false;
   bool folded = true;
+  __half* out_q6 = nullptr;
 };
 // A value the folded products' high nibbles multiply: they take 16 q * scale (the nibble in place), so the value is
 // stored / 16, exact unless the quotient is subnormal in f16 (|x| < 2^-10), where it rounds to 2^-24.
@@ -198,10 +201,16 @@ __device__ __forceinline__ float wg_octet_sum(float q) {
   return q;
 }
 // Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3); for
-// folded Q4_K tiles also the sub-block sums (of the values before any division by 16). Called by whole warps whose lanes hold consecutive quads of a token's values (lane l values
-// k0 + 4 l.., k0 % 128 == 0), so that eight aligned lanes hold a sub-block.
+// folded Q4_K tiles also the sub-block sums (of the values before any division by 16). Called by whole warps whose
+// lanes hold consecutive quads of a token's values (lane l values k0 + 4 l.., k0 % 128 == 0), so that eight aligned
+// lanes hold a sub-block.
 __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k, int n, float4 v) {
   __half x = saturated_half(v.x), y = saturated_half(v.y), z = saturated_half(v.z), w = saturated_half(v.w);
+  if (tiles.out_q6) {
+    const WgTiles q6{tiles.out_q6, tiles.n_pad, true, false};
+    *reinterpret_cast<__half2*>(q6.out + wg_tile_index(q6, k, n)) = __halves2half2(x, z);
+    *reinterpret_cast<__half2*>(q6.out + wg_tile_index(q6, k + 1, n)) = __halves2half2(y, w);
+  }
   float sum = 0.0f;
   if (!tiles.q6 && tiles.folded) {
     sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
@@ -211,10 +220,14 @@ __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k,
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(y, w);
   if (!tiles.q6 && (k & 31) == 0) wg_sum_store(tiles, k, n, sum);
 }
-// Value k of token n into the tiles; for folded Q4_K tiles also the sub-block sums. Called by whole warps whose lane l holds value
-// k0 + l (k0 % 32 == 0): a sub-block a warp.
+// Value k of token n into the tiles; for folded Q4_K tiles also the sub-block sums. Called by whole warps whose lane l
+// holds value k0 + l (k0 % 32 == 0): a sub-block a warp.
 __device__ __forceinline__ void wg_tiles_store1(const WgTiles& tiles, int64_t k, int n, float v) {
   const __half x = saturated_half(v);
+  if (tiles.out_q6) {
+    const WgTiles q6{tiles.out_q6, tiles.n_pad, true, false};
+    q6.out[wg_tile_index(q6, k, n)] = x;
+  }
   const bool folded = !tiles.q6 && tiles.folded;
   tiles.out[wg_tile_index(tiles, k, n)] = folded && (k & 32) ? wg_sixteenth(x) : x;
   if (!tiles.q6) {

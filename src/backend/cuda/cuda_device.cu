@@ -353,8 +353,10 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
     all_rows += (size_t)w->rows();
   }
   // Batched: the split-K partial sums (up to 32 splits of every output) and the padded f16 activations.
+  // (The warpgroup kernel's tiles: Q4_K's 17 k16 steps a super-block, and Q6_K's after them for a launch of both kinds.)
   const size_t scratch = batched ? 2 * 32 * all_rows * (size_t)n_tokens : 0, padded_tokens = (size_t)(n_tokens + 15) / 16 * 16;
-  if (batched) bytes += scratch * 2 + padded_tokens * cols * 2 + 512;
+  const size_t x_halves = std::max<size_t>(padded_tokens * cols, (size_t)wg_tiles_both_halves(cols / 256 * 256, (int)padded_tokens));
+  if (batched) bytes += scratch * 2 + x_halves * 2 + 512;
   if (x.size() != (size_t)(n_tokens * cols)) fail("gpu_joined_products_for_test: {} activations for {} x {}", x.size(), n_tokens, cols);
   ROOFLINE_CUDA_CHECK(cudaSetDevice(device));
   cudaStream_t stream;
@@ -381,7 +383,7 @@ std::vector<float> gpu_joined_products_for_test(const std::vector<const Weight*>
     for (int m = 1; m < count; ++m)
       if (!gemm_can_join(dws[0], dws[(size_t)m], n_tokens)) fail("gpu_joined_products_for_test: weights the batched kernel cannot join");
     __half* sc = reinterpret_cast<__half*>(arena.take(scratch * 2));
-    __half* xh = reinterpret_cast<__half*>(arena.take(padded_tokens * cols * 2));
+    __half* xh = reinterpret_cast<__half*>(arena.take(x_halves * 2));
     gemm_multi(dptr, ys, lds, count, dx, n_tokens, sc, scratch, xh, stream);
   } else {
     quantize_rows(dx, n_tokens, (int)cols, act, stream);

@@ -174,7 +174,8 @@ void gemm(cublasHandle_t cublas, const DeviceWeight& w, const float* x, int n_to
 int q4k_tile_gemm_max_tokens();
 bool q4k_tile_gemm_fits(const DeviceWeight& w, int n_tokens);
 void q4k_tile_gemm(const DeviceWeight& w, const __half* x16, int n_tokens, float* y, int ldy, bool accumulate, cudaStream_t stream);
-// ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
+// Products of one input that a batched step joins in one launch: of one fused kind and row length, or Q4_K first with
+// Q6_K on the warpgroup kernel (wgmma_mixed_joins). ROOFLINE_GEMM_JOIN=0: gemm_can_join is false.
 bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens);
 void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens, __half* scratch,
                 size_t scratch_elems, __half* x_f16, cudaStream_t stream, bool x_ready = false);

@@ -445,6 +445,20 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMemb
                              gridDim.y);
 }
 
+// The products of one input with members of both kinds (Q4_K first, e.g. q and k, then a Q6_K v): each CTA takes its
+// member's kind of kernel, with that kind's activation tiles (xb: Q4_K's, xb6: Q6_K's), one m64 tile a warpgroup.
+template <int N, bool BULK, bool FOLD>
+__global__ void __launch_bounds__(wg_threads<1>(), 2) wgmma_rows_mixed_kernel(MmaMembers members, const int4* xb, const int4* xb6, int n_tok,
+                                                                               bool accumulate, float* part) {
+  const MmaMember mem = mma_member(members, blockIdx.x);
+  if (mem.w.type == DType::Q6_K)
+    wgmma_rows<DType::Q6_K, N, 1, BULK, false>(mem.w, xb6, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0,
+                                               blockIdx.y, gridDim.y);
+  else
+    wgmma_rows<DType::Q4_K, N, 1, BULK, FOLD>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0,
+                                              blockIdx.y, gridDim.y);
+}
+
 // Expert products grouped by expert (as mma_experts_kernel): CTA (x, y) takes row tile x of the expert of token
 // tile y, whose activation tiles start tile_int4s * y into xb. The expert comes from the routing kernels' output, so
 // the wait for the previous kernel comes first here.
@@ -499,6 +513,12 @@ bool wgmma_fold() {
 
 bool wg_tiles_folded() { return wgmma_fold(); }
 
+int wgmma_mixed_for_test = -1;  // (gpu_use_wgmma_mixed_for_test; -1: the environment's)
+bool wgmma_mixed_joins() {
+  static const bool env = env_switch("ROOFLINE_WGMMA_MIXED", true);
+  return (wgmma_mixed_for_test >= 0 ? wgmma_mixed_for_test > 0 : env) && wgmma_tiles() == 1;
+}
+
 namespace {
 
 template <DType T, int N, int MT, bool BULK, bool FOLD>
@@ -525,6 +545,44 @@ void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const in
     if (wgmma_fold()) return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   }
   launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+}
+
+template <int N, bool BULK, bool FOLD>
+void launch_wgmma_mixed_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6,
+                             int n_tok, bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  constexpr int smem = std::max(wg_smem_bytes<DType::Q4_K, N, BULK, FOLD>(), wg_smem_bytes<DType::Q6_K, N, BULK, false>());
+  const int slots = smem_set_once<wgmma_rows_mixed_kernel<N, BULK, FOLD>>(smem, wg_threads<1>());
+  const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
+  launch(wgmma_rows_mixed_kernel<N, BULK, FOLD>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<1>()), smem, stream,
+         pdl_enabled(), plan.m, xb, xb6, n_tok, accumulate, part);
+  reduce_k_splits(plan, n_tok, accumulate, part, stream);
+}
+template <int N>
+void launch_wgmma_mixed(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6, int n_tok,
+                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
+  const bool fold = wgmma_fold(), bulk = wgmma_bulk();
+  if (bulk && fold) launch_wgmma_mixed_form<N, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  else if (bulk) launch_wgmma_mixed_form<N, true, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  else if (fold) launch_wgmma_mixed_form<N, false, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  else launch_wgmma_mixed_form<N, false, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+}
+// Members of both kinds, Q4_K first: both tile layouts of x (x_ready: the producer wrote them, wg_q6_tiles), then one launch.
+void wgmma_products_mixed(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
+                          bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream) {
+  const int n_pad = wgmma_n_pad(n_tokens);
+  const int64_t cols = ws[0]->cols;
+  __half* x6 = wg_q6_tiles(x_scratch, cols, n_pad);
+  if (!x_ready)
+    launch(to_wgmma_tiles_kernel, wgmma_tiles_grid(cols, n_pad), dim3(256), 0, stream, pdl_enabled(), x, n_tokens, cols,
+           WgTiles{x_scratch, n_pad, false, wg_tiles_folded(), x6});
+  const int4* xb = reinterpret_cast<const int4*>(x_scratch);
+  const int4* xb6 = reinterpret_cast<const int4*>(x6);
+  switch (n_pad / 16) {
+    case 1: return launch_wgmma_mixed<16>(ws, ys, ldys, count, xb, xb6, n_tokens, accumulate, part, part_floats, stream);
+    case 2: return launch_wgmma_mixed<32>(ws, ys, ldys, count, xb, xb6, n_tokens, accumulate, part, part_floats, stream);
+    case 3: return launch_wgmma_mixed<48>(ws, ys, ldys, count, xb, xb6, n_tokens, accumulate, part, part_floats, stream);
+    default: return launch_wgmma_mixed<64>(ws, ys, ldys, count, xb, xb6, n_tokens, accumulate, part, part_floats, stream);  // <= 64
+  }
 }
 
 template <DType T>
@@ -628,6 +686,11 @@ void wgmma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const E
 
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
                     bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream) {
+  for (int k = 1; k < count; ++k)
+    if (ws[k]->type != ws[0]->type) {
+      if (ws[0]->type != DType::Q4_K || !wgmma_mixed_joins()) fail("internal error: warpgroup products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
+      return wgmma_products_mixed(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, x_ready, stream);
+    }
   if (ws[0]->type == DType::Q4_K)
     wgmma_products_of<DType::Q4_K>(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, x_ready, stream);
   else
@@ -666,5 +729,6 @@ bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_avail
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
 void gpu_use_wgmma_bulk_for_test(int mode) { cuda::wgmma_bulk_for_test = mode; }
 void gpu_use_wgmma_fold_for_test(int on) { cuda::wgmma_fold_for_test = on; }
+void gpu_use_wgmma_mixed_for_test(int on) { cuda::wgmma_mixed_for_test = on; }
 
 }  // namespace roofline
