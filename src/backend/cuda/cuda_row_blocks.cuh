@@ -130,15 +130,21 @@ struct RowBlock<DType::Q4_K> {
   // with the sub-blocks' sums (the tiles' 17th step: min_fragment), so a weight is q * scale alone, one fused
   // multiply-add from its nibble in place: (1024 + q) * scale - 1024 * scale for the low nibbles, (1024 + 16 q) * scale -
   // 1024 * scale for the high ones, exactly round(q * scale) and round(16 q * scale) (which multiply activations stored
-  // divided by 16: WgTiles::folded). scale2: d * sc in both halves, bias2: -1024 times it.
+  // divided by 16: WgTiles::folded). scale2: d * sc in both halves, as (1024 + sc) * d - 1024 * d in one fused
+  // multiply-add (exact before its one rounding, so round(d * sc) as a product would give; d2 and neg1024d, d and -1024
+  // d in both halves, once a row: folded_d); bias2: -1024 times it.
+  __device__ __forceinline__ void folded_d(__half2& d2, __half2& neg1024d) const {
+    d2 = __low2half2(bits_h2(dm));
+    neg1024d = __hmul2(d2, bits_h2(0xE400E400u));
+  }
   static __device__ __forceinline__ uint32_t lane_scale_selector_folded(int t, int p) {
     const uint32_t b = 2 * (t / 2) + p;  // the byte of the lane's sub-block in the four unpacked scales; 4: 0x64
     return b | (4u << 4) | (b << 8) | (4u << 12);
   }
-  __device__ __forceinline__ void scales_folded(int h, uint32_t sel, __half2& scale2, __half2& bias2) const {
+  __device__ __forceinline__ void scales_folded(int h, uint32_t sel, __half2 d2, __half2 neg1024d, __half2& scale2, __half2& bias2) const {
     const uint32_t s4 = h == 0 ? sc[0] & 0x3F3F3F3Fu : (sc[2] & 0x0F0F0F0Fu) | ((sc[0] >> 2) & 0x30303030u);
     const uint32_t pair = __byte_perm(s4, 0x64646464u, sel);  // (1024 + sc, 1024 + sc)
-    scale2 = __hmul2(__hsub2(bits_h2(pair), bits_h2(0x64006400u)), __low2half2(bits_h2(dm)));
+    scale2 = __hfma2(bits_h2(pair), d2, neg1024d);
     bias2 = __hmul2(scale2, bits_h2(0xE400E400u));  // times -1024: exact
   }
   __device__ __forceinline__ void group_folded(int h, int p, int u, __half2 scale2, __half2 bias2, uint32_t& lo, uint32_t& hi) const {

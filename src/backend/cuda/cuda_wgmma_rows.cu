@@ -231,11 +231,11 @@ constexpr int wg_stages() {
 template <DType T, int N, bool BULK, bool FOLD>
 constexpr int wg_smem_bytes() { return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0); }
 
-// A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded,
-// group_folded).
+// A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded
+// with the row's d pair from folded_d, group_folded).
 template <bool FOLD, DType T>
-__device__ __forceinline__ void wg_scales(const RowBlock<T>& b, int h, uint32_t sel, __half2& scale, __half2& offset) {
-  if constexpr (FOLD) b.scales_folded(h, sel, scale, offset);
+__device__ __forceinline__ void wg_scales(const RowBlock<T>& b, const __half2 (&d)[2], int h, uint32_t sel, __half2& scale, __half2& offset) {
+  if constexpr (FOLD) b.scales_folded(h, sel, d[0], d[1], scale, offset);
   else b.scales(h, sel, scale, offset);
 }
 template <bool FOLD, DType T>
@@ -258,6 +258,11 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
   RowBlock<T> blk[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
+  __half2 d[R][2];  // FOLD: each row's d and -1024 d
+  if constexpr (FOLD) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) blk[i].folded_d(d[i][0], d[i][1]);
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -265,7 +270,7 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
       uint32_t a_lo[4][R], a_hi[4][R];  // [u][row slot]
       __half2 scale[R], offset[R];        // FOLD: the scale and -1024 times it
 #pragma unroll
-      for (int i = 0; i < R; ++i) wg_scales<FOLD>(blk[i], h, scale_sel[p], scale[i], offset[i]);
+      for (int i = 0; i < R; ++i) wg_scales<FOLD>(blk[i], d[i], h, scale_sel[p], scale[i], offset[i]);
 #pragma unroll
       for (int u = 0; u < 4; ++u)
 #pragma unroll
