@@ -165,7 +165,8 @@ enum class GpuOpForTest { RmsNorm, RmsNormInt8, RmsNormF16, Swiglu, SwigluInt8, 
 // For tests: a 9-64 row step's product input written as the warpgroup kernel's activation tiles by the kernel that
 // computes it (RmsNorm: a = x rows, b = the norm weight; Swiglu: a = gate rows, b = up rows, GeGLU where geglu; n a
 // multiple of 256), against the same op's f32 rows converted by the products' own conversion and by the reference
-// conversion that builds each 16-byte run from the row blocks' offsets; q6: Q6_K's tile layout, else Q4_K's. Returns
+// conversion that builds each 16-byte run from the row blocks' offsets; q6: Q6_K's tile layout, else Q4_K's (folded
+// or not as the products are: gpu_use_wgmma_fold_for_test). Returns
 // the three buffers' halves as bits, in that order ([3][n_pad x n], n_pad the rows rounded up to 16).
 std::vector<uint16_t> gpu_producer_tiles_for_test(GpuOpForTest op, bool geglu, bool q6, const std::vector<float>& a, const std::vector<float>& b,
                                                   int n_rows, int n, float eps, int device = 0);
