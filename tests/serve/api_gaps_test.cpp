@@ -15,28 +15,15 @@
 #include "serve/api.h"
 #include "serve/server.h"
 #include "serve/tool_calls.h"
+#include "tiny_model_context.h"
 
 using namespace roofline;
 using namespace roofline::serve;
 
 namespace {
 
-std::unique_ptr<ModelContext> make_context() {
-  auto m = std::make_unique<ModelContext>();
-  ModelFileOptions o;
-  o.layout_only = true;
-  auto file = open_model_file("synthetic:tiny-qwen3:F32", o);
-  m->tokenizer = Tokenizer::from_metadata(file->metadata());
-  m->chat_template_source = chat_template_from_metadata(file->metadata());
-  m->chat_template = std::make_unique<ChatTemplate>(m->chat_template_source);
-  m->model_id = "tiny";
-  m->n_ctx = 2048;
-  m->n_vocab = m->tokenizer->n_vocab();
-  return m;
-}
-
 const ModelContext& context() {
-  static std::unique_ptr<ModelContext> mc = make_context();
+  static std::unique_ptr<ModelContext> mc = tiny_qwen3_context();
   return *mc;
 }
 
@@ -128,7 +115,7 @@ TEST(ApiGaps, PromptArraysAndTypicalPParse) {
 class ApiGapsServer : public ::testing::Test {
  protected:
   void SetUp() override {
-    mc = make_context();
+    mc = tiny_qwen3_context();
     runner = std::make_unique<roofline::serve::test::FakeRunner>(mc->n_vocab, 512, 4, 64);
     mc->n_ctx = runner->n_ctx();
     runner->next_token = [](const std::vector<int32_t>& content) { return (int32_t)('a' + content.size() % 26); };

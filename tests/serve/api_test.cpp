@@ -12,6 +12,7 @@
 #include "serve/api.h"
 #include "serve/metrics.h"
 #include "serve/text_stream.h"
+#include "tiny_model_context.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -20,17 +21,8 @@ namespace {
 
 // A byte-level tokenizer (each byte one token, plus <|endoftext|> <|im_start|> <|im_end|>) and ChatML.
 const ModelContext& context() {
-  static ModelContext* mc = [] {
-    auto* m = new ModelContext();
-    ModelFileOptions o;
-    o.layout_only = true;
-    auto file = open_model_file("synthetic:tiny-qwen3:F32", o);
-    m->tokenizer = Tokenizer::from_metadata(file->metadata());
-    m->chat_template_source = chat_template_from_metadata(file->metadata());
-    m->chat_template = std::make_unique<ChatTemplate>(m->chat_template_source);
-    m->model_id = "tiny";
-    m->n_ctx = 2048;
-    m->n_vocab = m->tokenizer->n_vocab();
+  static const std::unique_ptr<ModelContext> mc = [] {
+    auto m = tiny_qwen3_context();
     m->default_sampling.temperature = 0.8f;
     return m;
   }();

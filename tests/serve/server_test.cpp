@@ -22,6 +22,7 @@
 #include "model/model_file.h"
 #include "serve/server.h"
 #include "serve/web_assets.h"
+#include "tiny_model_context.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -45,14 +46,7 @@ std::vector<std::string> payloads(const std::string& stream) {
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ModelFileOptions o;
-    o.layout_only = true;
-    auto file = open_model_file("synthetic:tiny-qwen3:F32", o);
-    mc.tokenizer = Tokenizer::from_metadata(file->metadata());
-    mc.chat_template_source = chat_template_from_metadata(file->metadata());
-    mc.chat_template = std::make_unique<ChatTemplate>(mc.chat_template_source);
-    mc.model_id = "tiny";
-    mc.n_vocab = mc.tokenizer->n_vocab();
+    describe_tiny_qwen3(mc);
     runner = std::make_unique<FakeRunner>(mc.n_vocab, 512, 4, 64);
     mc.n_ctx = runner->n_ctx();
     // Generated text: letters a, b, c, ... by position.

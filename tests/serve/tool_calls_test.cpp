@@ -16,6 +16,7 @@
 #include "serve/server.h"
 #include "serve/tool_calls.h"
 #include "tokenizer/tokenizer_test_util.h"
+#include "tiny_model_context.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -31,22 +32,8 @@ const char* kTools = R"([{"type":"function","function":{"name":"get_weather","de
 const char* kWeatherCall = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 const char* kTimeCall = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
 
-std::unique_ptr<ModelContext> tiny_context() {
-  auto m = std::make_unique<ModelContext>();
-  ModelFileOptions o;
-  o.layout_only = true;
-  auto file = open_model_file("synthetic:tiny-qwen3:F32", o);
-  m->tokenizer = Tokenizer::from_metadata(file->metadata());
-  m->chat_template_source = chat_template_from_metadata(file->metadata());
-  m->chat_template = std::make_unique<ChatTemplate>(m->chat_template_source);
-  m->model_id = "tiny";
-  m->n_ctx = 2048;
-  m->n_vocab = m->tokenizer->n_vocab();
-  return m;
-}
-
 const ModelContext& tiny() {
-  static std::unique_ptr<ModelContext> mc = tiny_context();
+  static std::unique_ptr<ModelContext> mc = tiny_qwen3_context();
   return *mc;
 }
 
@@ -321,7 +308,7 @@ TEST(ToolResponses, StreamedAsOpenAIStreamsCalls) {
 
 // Through HTTP: a fake model that writes a tool call, token by token, then ends.
 TEST(ToolServer, FakeModelCallIsAnsweredAsToolCalls) {
-  std::unique_ptr<ModelContext> mc = tiny_context();
+  std::unique_ptr<ModelContext> mc = tiny_qwen3_context();
   const std::string body = chat_body(R"(,"temperature":0,"max_tokens":200)");
   const size_t n_prompt = parse_chat_request(parse_body(body), *mc).gen.prompt.size();
   std::vector<int32_t> script = mc->tokenizer->encode(std::string("On it.\n") + kWeatherCall, false, false);

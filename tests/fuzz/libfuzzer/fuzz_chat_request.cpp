@@ -7,11 +7,9 @@
 #include <memory>
 #include <string>
 
-#include "model/model_file.h"
 #include "serve/api.h"
 #include "tests/fuzz/libfuzzer/fuzz_common.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "tests/serve/tiny_model_context.h"
 
 using namespace roofline;
 using namespace roofline::serve;
@@ -21,14 +19,7 @@ namespace {
 const ModelContext& context() {
   static const std::unique_ptr<ModelContext> mc = [] {
     auto c = std::make_unique<ModelContext>();
-    ModelFileOptions o;
-    o.layout_only = true;
-    auto file = open_model_file("synthetic:tiny-qwen3:F32", o);
-    c->tokenizer = Tokenizer::from_metadata(file->metadata());
-    c->chat_template_source = chat_template_from_metadata(file->metadata());
-    c->chat_template = std::make_unique<ChatTemplate>(c->chat_template_source);
-    c->model_id = "tiny";
-    c->n_vocab = c->tokenizer->n_vocab();
+    describe_tiny_qwen3(*c);
     c->n_ctx = 512;
     c->n_slots = 2;
     c->thinking_template = true;
