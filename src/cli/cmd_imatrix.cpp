@@ -2,8 +2,6 @@
 // calibration text, as llama-imatrix computes it, written in llama.cpp's GGUF imatrix format (or the
 // legacy .dat with --output-format dat); --in-file merges earlier files.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/model_options.h"
@@ -15,13 +13,6 @@
 namespace roofline::cli {
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot read the text file", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"Compute an importance matrix (llama.cpp's imatrix) over a calibration text"};
@@ -59,7 +50,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (margs.model.empty()) usage_fail("-m MODEL is required with -f");
-  const std::string text = read_text(text_file);
+  const std::string text = read_file_or_fail(text_file, "-f");
 
   auto model = load_model(margs);
   auto tokenizer = load_tokenizer(*model);

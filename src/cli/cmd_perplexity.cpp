@@ -2,8 +2,6 @@
 // window scored; "Final estimate: PPL = X +/- E"); --kl-divergence-base FILE saves the log-probabilities
 // in llama.cpp's .kld format, adding --kl-divergence compares a model against such a file.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/model_options.h"
@@ -14,13 +12,6 @@
 namespace roofline::cli {
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot read the text file", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // An engine sized for n_seq windows of n_ctx tokens in one step (n_batch / n_ctx, as llama.cpp).
 // Windows past 2^24 tokens (the most a GGUF's context may say) are refused: rounding one up to whole
@@ -72,7 +63,7 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  const std::string text = read_text(text_file);
+  const std::string text = read_file_or_fail(text_file, "-f");
   std::vector<int32_t> tokens = perplexity_tokens(*tokenizer, text);
   const int n_ctx = margs.n_ctx;
   auto engine = window_engine(model, margs, n_ctx);

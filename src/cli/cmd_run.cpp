@@ -9,8 +9,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -37,9 +35,7 @@ std::string read_all(std::istream& in) {
 
 std::string read_prompt_file(const std::string& path) {
   if (path == "-") return read_all(std::cin);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("-f {}: cannot open ({})", path, std::strerror(errno));
-  return read_all(f);
+  return read_file_or_fail(path, "-f");
 }
 
 void print_speed(int n_prompt, double prompt_s, int n_gen, double gen_s) {
@@ -166,9 +162,7 @@ int chat_loop(Engine& engine, std::shared_ptr<const Tokenizer> tokenizer, const 
               const RunArgs& ra) {
   std::string source;
   if (!ra.template_file.empty()) {
-    std::ifstream f(ra.template_file, std::ios::binary);
-    if (!f) fail("--chat-template-file {}: cannot open ({})", ra.template_file, std::strerror(errno));
-    source = read_all(f);
+    source = read_file_or_fail(ra.template_file, "--chat-template-file");
   } else {
     source = chat_template_from_metadata(model.metadata());
     if (source.empty()) {

@@ -130,14 +130,6 @@ int wait_signal_or_loaded() {
   }
 }
 
-std::string read_text_file(const std::string& path, const char* flag) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{} {}: cannot open ({})", flag, path, std::strerror(errno));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 std::vector<std::string> split_keys(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -298,7 +290,7 @@ int run(int argc, char** argv) {
   so.max_body_bytes = (size_t)(std::max(0.001, body_mib) * 1048576.0);
   so.api_keys = split_keys(api_key);
   if (!api_key_file.empty()) {
-    std::stringstream ss(read_text_file(api_key_file, "--api-key-file"));
+    std::stringstream ss(read_file_or_fail(api_key_file, "--api-key-file"));
     std::string line;
     while (std::getline(ss, line))
       for (auto& k : split_keys(line)) so.api_keys.push_back(k);
@@ -316,7 +308,7 @@ int run(int argc, char** argv) {
   }
   // A template given on the command line is read and parsed now; the model's own once it is loaded.
   std::string template_override;
-  if (!template_file.empty()) template_override = read_text_file(template_file, "--chat-template-file");
+  if (!template_file.empty()) template_override = read_file_or_fail(template_file, "--chat-template-file");
   else if (!template_text.empty()) template_override = template_text;
   if (!template_override.empty()) {
     try {

@@ -3,9 +3,7 @@
 // prints the prompt the model's chat template renders, byte for byte (no newline added).
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/model_options.h"
@@ -19,17 +17,9 @@ namespace {
 
 using nlohmann::ordered_json;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-ordered_json read_json_file(const std::string& path) {
+ordered_json read_json_file(const std::string& path, const char* flag) {
   try {
-    return ordered_json::parse(read_file(path));
+    return ordered_json::parse(read_file_or_fail(path, flag));
   } catch (const ordered_json::exception& e) {
     fail("{}: not valid JSON: {}", path, e.what());
   }
@@ -56,7 +46,7 @@ int run(int argc, char** argv) {
   ChatTemplateInputs in;
   std::string source;
   if (model.size() >= 5 && model.compare(model.size() - 5, 5, ".json") == 0) {
-    const ordered_json cfg = read_json_file(model);
+    const ordered_json cfg = read_json_file(model, "-m");
     if (cfg.contains("chat_template")) {
       const auto& ct = cfg["chat_template"];
       if (ct.is_string()) source = ct.get<std::string>();
@@ -79,14 +69,14 @@ int run(int argc, char** argv) {
       in.unk_token = tok->special_text(tok->unk());
     }
   }
-  if (!template_file.empty()) source = read_file(template_file);
+  if (!template_file.empty()) source = read_file_or_fail(template_file, "--chat-template-file");
   if (source.empty()) fail("{}: has no chat template (pass one with --chat-template-file)", model);
 
-  ordered_json messages = read_json_file(messages_path);
+  ordered_json messages = read_json_file(messages_path, "--messages");
   if (messages.is_object() && messages.contains("messages")) messages = messages["messages"];
   in.messages = messages;
   if (!tools_path.empty()) {
-    ordered_json tools = read_json_file(tools_path);
+    ordered_json tools = read_json_file(tools_path, "--tools");
     if (tools.is_object() && tools.contains("tools")) tools = tools["tools"];
     in.tools = tools;
   }

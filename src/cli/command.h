@@ -59,6 +59,10 @@ int parse_args(CLI::App& app, int argc, char** argv);
 // The same for an argv already normalized (program name first), e.g. after a command's own rewriting.
 int parse_args(CLI::App& app, const std::vector<std::string>& args);
 
+// The whole of a file a flag names (binary, as it is); a file that cannot be opened fails with
+// "FLAG PATH: cannot open (reason)".
+std::string read_file_or_fail(const std::string& path, const std::string& flag);
+
 // Runs `body` and turns an Error into "error: message" on stderr and exit code 1 (2 for UsageError).
 int run_guarded(int (*body)(int, char**), int argc, char** argv);
 

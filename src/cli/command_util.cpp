@@ -3,8 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
+#include <cerrno>
 #include <exception>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "cli/command.h"
@@ -107,6 +110,14 @@ int run_guarded(int (*body)(int, char**), int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
+}
+
+std::string read_file_or_fail(const std::string& path, const std::string& flag) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{} {}: cannot open ({})", flag, path, std::strerror(errno));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace roofline::cli
