@@ -57,6 +57,38 @@ bool HfConfig::boolean_or(const char* key, bool fallback) const {
   return j[key].get<bool>();
 }
 
+bool is_multimodal_tensor(const std::string& n) {
+  for (const char* p : {"mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
+                        "sound_projection.", "speech_embeddings."})
+    if (n.rfind(p, 0) == 0) return true;
+  for (const char* p : {"visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.",
+                        "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
+                        "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector."})
+    if (n.find(p) != std::string::npos) return true;
+  return false;
+}
+
+std::vector<HfTensor> text_model_tensors(const safetensors::SafetensorsModel& st, size_t* n_multimodal) {
+  std::vector<HfTensor> items;
+  *n_multimodal = 0;
+  for (const auto& file : st.files()) {
+    std::vector<const safetensors::Tensor*> ts;
+    for (const auto& t : file->tensors()) ts.push_back(&t);
+    std::sort(ts.begin(), ts.end(), [](auto* a, auto* b) { return a->name < b->name; });
+    for (const safetensors::Tensor* t : ts) {
+      if (is_multimodal_tensor(t->name)) {
+        ++*n_multimodal;
+        continue;
+      }
+      std::string n = t->name;
+      for (size_t pos; (pos = n.find("language_model.")) != std::string::npos;) n.erase(pos, 15);
+      if (n.size() >= 20 && n.compare(n.size() - 20, 20, ".rotary_emb.inv_freq") == 0) continue;
+      items.push_back({t, std::move(n)});
+    }
+  }
+  return items;
+}
+
 std::string shape_string(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);

@@ -225,29 +225,10 @@ ConvertResult convert_gemma3(const ConvertOptions& options, const json& config, 
   ConvertResult result;
   result.arch = kArch;
 
-  // llama.cpp's order: shards sorted, each shard's tensors sorted by name; multimodal tensors left out,
-  // "language_model." dropped from names.
-  struct Item {
-    const safetensors::Tensor* t;
-    std::string name;
-  };
-  std::vector<Item> items;
+  // llama.cpp's order and names (text_model_tensors).
+  using Item = HfTensor;
   size_t n_multimodal = 0;
-  for (const auto& file : st.files()) {
-    std::vector<const safetensors::Tensor*> ts;
-    for (const auto& t : file->tensors()) ts.push_back(&t);
-    std::sort(ts.begin(), ts.end(), [](auto* a, auto* b) { return a->name < b->name; });
-    for (const safetensors::Tensor* t : ts) {
-      if (is_multimodal_tensor(t->name)) {
-        ++n_multimodal;
-        continue;
-      }
-      std::string n = t->name;
-      for (size_t pos; (pos = n.find("language_model.")) != std::string::npos;) n.erase(pos, 15);
-      if (n.size() > 20 && n.compare(n.size() - 20, 20, ".rotary_emb.inv_freq") == 0) continue;
-      items.push_back({t, n});
-    }
-  }
+  const std::vector<Item> items = text_model_tensors(st, &n_multimodal);
   if (n_multimodal)
     result.notes.push_back(fmt::format("skipped {} vision tensors: the GGUF holds the text model only", n_multimodal));
 

@@ -12,6 +12,7 @@
 
 #include "formats/dtype.h"
 #include "formats/gguf_metadata.h"
+#include "formats/safetensors.h"
 
 namespace roofline::convert {
 
@@ -35,6 +36,15 @@ std::string shape_string(const std::vector<int64_t>& s);
 // conversion/base.py TextModel.filter_tensors: the multimodal tensors (vision tower, projector, audio)
 // a text conversion leaves out.
 bool is_multimodal_tensor(const std::string& name);
+
+// A checkpoint's text-model tensors in llama.cpp's order: shards in sorted order, each shard's tensors
+// sorted by name; multimodal tensors left out (counted in *n_multimodal), "language_model." dropped
+// from names, rotary_emb.inv_freq buffers left out.
+struct HfTensor {
+  const safetensors::Tensor* t;
+  std::string name;  // after the renames
+};
+std::vector<HfTensor> text_model_tensors(const safetensors::SafetensorsModel& st, size_t* n_multimodal);
 
 // "PREFIX: a; b; ...; and N more" (at most `shown` items listed), thrown as one Error line.
 [[noreturn]] void fail_with_problems(const std::string& prefix, const std::vector<std::string>& problems, size_t shown = 8);

@@ -27,18 +27,6 @@ namespace roofline::convert {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-// conversion/base.py TextModel.filter_tensors: multimodal tensors a text conversion leaves out.
-bool is_multimodal_tensor(const std::string& n) {
-  for (const char* p : {"mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
-                        "sound_projection.", "speech_embeddings."})
-    if (n.rfind(p, 0) == 0) return true;
-  for (const char* p : {"visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.",
-                        "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
-                        "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector."})
-    if (n.find(p) != std::string::npos) return true;
-  return false;
-}
-
 namespace {
 
 
@@ -382,30 +370,15 @@ ConvertResult convert_qwen35(const ConvertOptions& options, const json& config, 
   result.arch = kArch;
   const std::map<std::string, Expected> main = expected_main(hp);
 
-  // llama.cpp's order: shards in sorted order, each shard's tensors sorted by name; the vision tower
-  // and other multimodal tensors left out, "language_model." dropped from names, model.mtp.* -> mtp.*.
-  struct Item {
-    const safetensors::Tensor* t;
-    std::string name;  // after the renames
-  };
-  std::vector<Item> items;
+  // llama.cpp's order and names (text_model_tensors), then model.mtp.* -> mtp.* and attention bias
+  // buffers left out.
+  using Item = HfTensor;
   size_t n_multimodal = 0;
-  for (const auto& file : st.files()) {
-    std::vector<const safetensors::Tensor*> ts;
-    for (const auto& t : file->tensors()) ts.push_back(&t);
-    std::sort(ts.begin(), ts.end(), [](auto* a, auto* b) { return a->name < b->name; });
-    for (const safetensors::Tensor* t : ts) {
-      if (is_multimodal_tensor(t->name)) {
-        ++n_multimodal;
-        continue;
-      }
-      std::string n = t->name;
-      for (size_t pos; (pos = n.find("language_model.")) != std::string::npos;) n.erase(pos, 15);
-      if (starts_with(n, "model.mtp.")) n.erase(0, 6);
-      if (ends_with(n, ".attention.masked_bias") || ends_with(n, ".attention.bias") || ends_with(n, ".rotary_emb.inv_freq"))
-        continue;
-      items.push_back({t, n});
-    }
+  std::vector<Item> items;
+  for (Item& it : text_model_tensors(st, &n_multimodal)) {
+    if (starts_with(it.name, "model.mtp.")) it.name.erase(0, 6);
+    if (ends_with(it.name, ".attention.masked_bias") || ends_with(it.name, ".attention.bias")) continue;
+    items.push_back(std::move(it));
   }
   if (n_multimodal)
     result.notes.push_back(fmt::format("skipped {} vision tensors (model.visual.*): the GGUF holds the text model only", n_multimodal));

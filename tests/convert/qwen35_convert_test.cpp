@@ -542,7 +542,9 @@ TEST(Qwen35ConvertTest, AFileWithAnMtpBlockLoadsAndRuns) {
     sp.temperature = 0;
     Sampler sampler(sp, target->n_vocab());
     while (out.size() < 12) decoder.round(seq, history, 12 - (int)out.size(), sampler, true, out);
-    if (mtp) EXPECT_GT(decoder.stats().drafted, 0);
+    if (mtp) {
+      EXPECT_GT(decoder.stats().drafted, 0);
+    }
     return out;
   };
   EXPECT_EQ(generate(true), generate(false));
