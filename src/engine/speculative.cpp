@@ -183,8 +183,7 @@ void DraftModel::draft(std::vector<Job>& jobs) {
     for (Job& j : jobs) j.draft.clear();
     return;
   }
-  for (Work& w : work)
-    if ((int)w.job->draft.size() < (w.job->n_min >= 0 ? w.job->n_min : params_.n_min)) w.job->draft.clear();
+  drop_short_drafts(jobs);
 }
 
 // ---- one sequence ----

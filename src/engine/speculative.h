@@ -77,6 +77,13 @@ class Drafter {
   // of the key's sequence, whose tokens are history[first + 1 ...] of the next job. `first` may skip
   // positions (a prefix adopted from the prompt cache was never computed).
   virtual void add_hidden(int key, int first, const float* hidden, int n) { (void)key, (void)first, (void)hidden, (void)n; }
+
+ protected:
+  // llama.cpp's --draft-min: a draft shorter than its job's n_min (or params().n_min) is not used.
+  void drop_short_drafts(std::vector<Job>& jobs) const {
+    for (Job& j : jobs)
+      if ((int)j.draft.size() < (j.n_min >= 0 ? j.n_min : params().n_min)) j.draft.clear();
+  }
 };
 
 // A draft model on an Engine of its own: per key a draft sequence holding the accepted text (and the
