@@ -13,7 +13,6 @@
 namespace roofline::cli {
 namespace {
 
-
 int run(int argc, char** argv) {
   CLI::App app{"Compute an importance matrix (llama.cpp's imatrix) over a calibration text"};
   ModelArgs margs;

@@ -12,7 +12,6 @@
 namespace roofline::cli {
 namespace {
 
-
 // An engine sized for n_seq windows of n_ctx tokens in one step (n_batch / n_ctx, as llama.cpp).
 // Windows past 2^24 tokens (the most a GGUF's context may say) are refused: rounding one up to whole
 // blocks overflowed int at -c 2147483647.

@@ -1,5 +1,6 @@
 // The converters' shared half: output-type rules (llama.cpp's), the Q/K permutation, value conversion
-// with f16 saturation counting, and the streaming writer loop with its progress line.
+// with f16 saturation counting, a checkpoint's text tensors in llama.cpp's order, and the streaming
+// writer loop with its progress line.
 #include <unistd.h>
 
 #include <algorithm>

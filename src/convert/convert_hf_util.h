@@ -1,5 +1,6 @@
 // Pieces the Hugging Face converters share (internal to src/convert): typed config.json access with
-// one-line errors naming the key, JSON file reading, problem lists, and the general.* metadata that
+// one-line errors naming the key, JSON file reading, problem lists, the text tensors of a checkpoint
+// in llama.cpp's order (multimodal ones left out), and the general.* metadata that
 // llama.cpp's converter derives from the folder (gguf-py's Metadata heuristics).
 #pragma once
 
