@@ -30,6 +30,8 @@ bool gpu_wgmma_products_available_for_test() { return false; }
 void gpu_use_wgmma_experts_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_bulk_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_fold_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_wgmma_fold_q6_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+void gpu_use_wgmma_alone_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_mixed_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_q4k_tile_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_f16_copy_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }

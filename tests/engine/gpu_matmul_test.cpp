@@ -244,37 +244,45 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
     ~Restore() {
       gpu_use_wgmma_bulk_for_test(-1);
       gpu_use_wgmma_fold_for_test(-1);
+      gpu_use_wgmma_fold_q6_for_test(-1);
       gpu_use_wgmma_mixed_for_test(-1);
+      gpu_use_wgmma_alone_for_test(-1);
     }
   } restore;
-  gpu_use_wgmma_mixed_for_test(1);
+  gpu_use_wgmma_mixed_for_test(2);  // (64 rows too)
   // Forms: one m64 tile a warpgroup in the plain pipeline, two, and one in the pipeline without CTA-wide barriers
-  // (5120 columns: more super-blocks than stages); Q4_K's mins folded out of the weights in each, and in the bulk form
-  // also not.
+  // (5120 columns: more super-blocks than stages); Q4_K's mins and Q6_K's -32 folded out of the weights in each, and in
+  // the bulk form also neither, and each alone (the mixed launches' four kernels).
   struct Form {
-    int m_tiles, bulk, fold;
+    int m_tiles, bulk, fold, fold6;
   };
-  for (auto [m_tiles, bulk, fold] : {Form{1, 0, 1}, Form{2, 0, 1}, Form{1, 1, 1}, Form{1, 1, 0}}) {
+  for (auto [m_tiles, bulk, fold, fold6] :
+       {Form{1, 0, 1, 1}, Form{2, 0, 1, 1}, Form{1, 1, 1, 1}, Form{1, 1, 0, 0}, Form{1, 1, 1, 0}, Form{1, 1, 0, 1}}) {
     const BatchedKernels warpgroup(0, 9, m_tiles);
     gpu_use_wgmma_bulk_for_test(bulk);
     gpu_use_wgmma_fold_for_test(fold);
+    gpu_use_wgmma_fold_q6_for_test(fold6);
+    const bool one_kind_each = fold != fold6;  // (forms that only the mixed launches need apart)
     for (DType type : {DType::Q4_K, DType::Q6_K})
       for (int n : {9, 16, 17, 31, 40, 48, 57, 64}) {
+        if (one_kind_each && n % 2 == 0) continue;
         EXPECT_LT(gpu_matmul_nmse(type, 300, 2560, n, rng), 2e-6) << dtype_name(type) << " 300 x 2560, n=" << n << ", m tiles " << m_tiles
-                                                                   << ", bulk " << bulk << ", fold " << fold;
+                                                                   << ", bulk " << bulk << ", fold " << fold << ", fold6 " << fold6;
         EXPECT_LT(gpu_matmul_nmse(type, 67, 768, n, rng), 2e-6) << dtype_name(type) << " 67 x 768, n=" << n << ", m tiles " << m_tiles
-                                                                << ", bulk " << bulk << ", fold " << fold;
+                                                                << ", bulk " << bulk << ", fold " << fold << ", fold6 " << fold6;
       }
     for (const int64_t cols : {768, 5120})
       for (const auto& group : groups)
-        for (int n : {9, 24, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
+        for (int n : {9, 24, 64})
+          if (!one_kind_each) expect_joined_products_match(group, cols, n, 2e-6, rng);
     if (m_tiles == 1)
       for (const int64_t cols : {768, 5120})
         for (const auto& group : mixed)
           for (int n : {9, 24, 33, 64}) expect_joined_products_match(group, cols, n, 2e-6, rng);
   }
-  // The two pipelines do the same arithmetic in the same order: the same bits. With the mins folded (Q4_K, every row
-  // count) the weights round otherwise: other bits than unfolded.
+  // The two pipelines do the same arithmetic in the same order: the same bits (and so do Q6_K's CTAs alone on their SM
+  // with more stages). With the mins (Q4_K) or the -32 (Q6_K) folded, at every row count, the weights round otherwise:
+  // other bits than unfolded.
   const BatchedKernels warpgroup(0, 9, 1);
   for (DType type : {DType::Q4_K, DType::Q6_K})
     for (int n : {9, 16, 24, 33, 64}) {
@@ -284,17 +292,24 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
       std::vector<float> by_fold[2];
       for (int fold : {0, 1}) {
         gpu_use_wgmma_fold_for_test(fold);
+        gpu_use_wgmma_fold_q6_for_test(fold);
         gpu_use_wgmma_bulk_for_test(0);
         const std::vector<float> plain = gpu_matmul_for_test(w.weight(), x, n);
         gpu_use_wgmma_bulk_for_test(1);
         const std::vector<float> bulk = gpu_matmul_for_test(w.weight(), x, n);
         ASSERT_EQ(plain.size(), bulk.size());
         EXPECT_EQ(0, std::memcmp(plain.data(), bulk.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n << ", fold " << fold;
+        if (type == DType::Q6_K && n > 48) {  // CTAs alone on their SM with the stages of one CTA a SM: the same bits
+          gpu_use_wgmma_alone_for_test(1);
+          const std::vector<float> alone = gpu_matmul_for_test(w.weight(), x, n);
+          gpu_use_wgmma_alone_for_test(0);
+          ASSERT_EQ(alone.size(), bulk.size());
+          EXPECT_EQ(0, std::memcmp(alone.data(), bulk.data(), bulk.size() * sizeof(float))) << "Q6_K n=" << n << ", fold " << fold << ", alone";
+        }
         by_fold[fold] = plain;
       }
-      const bool folds = type == DType::Q4_K;
-      EXPECT_EQ(folds, std::memcmp(by_fold[0].data(), by_fold[1].data(), by_fold[0].size() * sizeof(float)) != 0)
-          << dtype_name(type) << " n=" << n << (folds ? ": folding changed nothing" : ": unfolded forms differ");
+      EXPECT_NE(0, std::memcmp(by_fold[0].data(), by_fold[1].data(), by_fold[0].size() * sizeof(float)))
+          << dtype_name(type) << " n=" << n << ": folding changed nothing";
     }
 }
 

@@ -34,12 +34,12 @@ int64_t first_difference(const std::vector<uint16_t>& three, int j) {
   return -1;
 }
 
-// Whether the reference tiles (buffer 2) of rows tokens of n values hold a nonzero half in Q4_K's 17th k16 step (the
-// sub-block sums), whose runs are ((sb * 17 + 16) * 2 + kb) * n_pad + token.
-bool sums_written(const std::vector<uint16_t>& three, int rows, int n) {
-  const int64_t n_pad = 16 * ((rows + 15) / 16), len = (int64_t)three.size() / 3;
+// Whether the reference tiles (buffer 2) of rows tokens of n values hold a nonzero half in the sub-block sums' steps
+// (Q4_K's 17th k16 step, Q6_K's 17th and 18th), whose runs are ((sb * steps + 16 + s) * 2 + kb) * n_pad + token.
+bool sums_written(const std::vector<uint16_t>& three, bool q6, int rows, int n) {
+  const int64_t n_pad = 16 * ((rows + 15) / 16), len = (int64_t)three.size() / 3, steps = q6 ? 18 : 17;
   for (int64_t sb = 0; sb < n / 256; ++sb)
-    for (int64_t run = (sb * 17 + 16) * 2 * n_pad; run < (sb * 17 + 17) * 2 * n_pad; ++run)
+    for (int64_t run = (sb * steps + 16) * 2 * n_pad; run < (sb + 1) * steps * 2 * n_pad; ++run)
       for (int64_t h = 0; h < 8; ++h)
         if ((three[2 * len + run * 8 + h] & 0x7fff) != 0) return true;
   return false;
@@ -57,7 +57,7 @@ struct WgmmaFold {
 // buffer, the padded tokens' zeros included, must be what the reference conversion (each run built from the row
 // blocks' offsets) writes: from the norm and the gated step writing tiles, and from the products' own conversion.
 // Q4_K's tiles for products that fold the mins (the fold on) carry the sub-block sums and the high nibbles' values
-// divided by 16; with the fold off, plain values and zeros for the sums: both.
+// divided by 16; with the fold off, plain values and zeros for the sums: both. Q6_K's always carry their sums.
 TEST(GpuMatmulTest, ProducersWriteTheTilesTheProductsConvert) {
   SKIP_WITHOUT_GPU();
   Rng rng(77);
@@ -77,12 +77,13 @@ TEST(GpuMatmulTest, ProducersWriteTheTilesTheProductsConvert) {
           const auto norm = gpu_producer_tiles_for_test(GpuOpForTest::RmsNorm, false, q6, x, w, rows, n, 1e-6f);
           EXPECT_EQ(first_difference(norm, 0), -1) << "rms norm";
           EXPECT_EQ(first_difference(norm, 1), -1) << "the products' conversion of the norm's output";
-          if (!q6) EXPECT_EQ(sums_written(norm, rows, n), fold == 1) << "the sub-block sums";
+          EXPECT_EQ(sums_written(norm, q6, rows, n), q6 || fold == 1) << "the sub-block sums";
           std::vector<float> gate = x;
           gate[7] = 2e4f;  // silu(2e4) * up beyond the f16 range
           const auto swiglu = gpu_producer_tiles_for_test(GpuOpForTest::Swiglu, false, q6, gate, up, rows, n, 0.0f);
           EXPECT_EQ(first_difference(swiglu, 0), -1) << "swiglu";
           EXPECT_EQ(first_difference(swiglu, 1), -1) << "the products' conversion of swiglu's output";
+          EXPECT_EQ(sums_written(swiglu, q6, rows, n), q6 || fold == 1) << "swiglu's sub-block sums";
           const auto geglu = gpu_producer_tiles_for_test(GpuOpForTest::Swiglu, true, q6, gate, up, rows, n, 0.0f);
           EXPECT_EQ(first_difference(geglu, 0), -1) << "geglu";
         }
@@ -114,12 +115,13 @@ TEST(GpuMatmulTest, WideNormRowsWriteTheSameBits) {
 }
 
 // Whole models on batched steps of 9-64 rows with the producers writing the tiles and without: the products read the
-// same halves either way, so the logits are the same bits. A dense Qwen3 (mixed Q4_K / Q6_K products), Gemma 3
+// same halves either way, so the logits are the same bits. A dense Qwen3 (mixed Q4_K / Q6_K products; and all Q6_K, whose
+// attention writes o's tiles with their sums), Gemma 3
 // (GeGLU), a hybrid Qwen3.5 (the DeltaNet projections' pre-norm) and an MoE model (its attention's pre-norm). The
 // count of products that took producer tiles must grow where the warpgroup kernel runs (Hopper), and stay where not.
 TEST(GpuEngineTest, ProducerTilesGiveTheSameLogits) {
   SKIP_WITHOUT_GPU();
-  for (const char* name : {"tiny-qwen3:Q4_K_M", "tiny-gemma3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-qwen3moe:Q4_K_M"}) {
+  for (const char* name : {"tiny-qwen3:Q4_K_M", "tiny-qwen3:Q6_K", "tiny-gemma3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-qwen3moe:Q4_K_M"}) {
     SCOPED_TRACE(name);
     auto model = tiny(name);
     const auto tokens = some_tokens(400, model->hparams().n_vocab, 23);

@@ -947,7 +947,7 @@ bool attention(const DeviceStep& step, const float* q, const KvLayer& kv, int n_
            n_head_kv, head_dim_k, head_dim_v, scale, max_splits, partial, row_list, fuse, parts);
     if (fuse.counters) return out_act.q != nullptr;
   }
-  const bool with_tiles = tiles.out && !row_list && tiles.n_pad >= n_rows && tiles_written && (tiles.q6 || head_dim_v % 32 == 0);
+  const bool with_tiles = tiles.out && !row_list && tiles.n_pad >= n_rows && tiles_written && head_dim_v % 32 == 0;
   launch(attention_combine_kernel, dim3(with_tiles ? tiles.n_pad : n_rows, n_head), dim3(kCombineThreads), (size_t)max_splits * sizeof(float), stream,
          pdl_enabled(), step, n_head, head_dim_v, max_splits, partial, out, out_act, row_list, kv.window, with_tiles ? tiles : WgTiles{},
          n_rows);

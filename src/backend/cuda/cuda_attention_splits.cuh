@@ -143,7 +143,7 @@ __device__ __noinline__ void zero_group(SplitCombine c, SplitWork w, int n_head,
 // With act.q (head_dim_v % 32 == 0: each warp holds whole groups of 32), the output rows are also
 // written in the int8 form the next product (the attention output matrix) reads; with tiles (no row list), as that
 // product's warpgroup tiles (the grid then covers tiles.n_pad rows: those from n_rows on write the tiles' zeros
-// alone; Q4_K's tiles need head_dim_v % 32 == 0, a warp's values a sub-block: wg_tiles_store1). Steps whose split
+// alone; tiles need head_dim_v % 32 == 0, a warp's values a Q4_K sub-block or two Q6_K ones: wg_tiles_store1). Steps whose split
 // kernel combines (SplitCombine) do not run it.
 __global__ void __launch_bounds__(kCombineThreads) attention_combine_kernel(DeviceStep step, int n_head, int hd_v, int max_splits,
                                                                            const float* partial, float* out, ActQ8 act, const int* row_list,

@@ -13,7 +13,7 @@ namespace roofline::cuda {
 namespace {
 
 // x_f16_'s halves: a product's f16 activations, rows padded to a multiple of 16 (prompt GEMMs), or the warpgroup
-// kernel's tiles of up to 64 rows, whose Q4_K layout has a 17th k16 step a super-block (wg_tiles_halves).
+// kernel's tiles of up to 64 rows, in both layouts (Q4_K: 17 k16 steps a super-block, Q6_K: 18; wg_tiles_halves).
 size_t x_f16_elems(int T, int64_t max_cols) {
   return std::max<size_t>((size_t)(T + 15) / 16 * 16 * max_cols, (size_t)wg_tiles_both_halves(max_cols / 256 * 256, 64));
 }

@@ -152,6 +152,7 @@ __device__ __forceinline__ float gated_value(float a, float u) {
 // in the layout of Q6_K's row blocks (q6) or Q4_K's. out == nullptr: no tiles. folded (Q4_K): tiles for products that
 // fold the mins out of the weights (wg_tiles_folded): the 17th k16 step holds the sub-block sums (below), and the
 // values the high nibbles multiply (k % 64 >= 32) are stored divided by 16 (wg_sixteenth); else plain values and zeros.
+// Q6_K tiles always hold their sub-block sums (steps 17 and 18), which products that fold Q6_K's -32 read.
 // out_q6 (Q4_K tiles only): the same values also in Q6_K's layout there, for a launch whose products are of both kinds
 // (q/k with a Q6_K v: wgmma_mixed_joins).
 struct WgTiles {
@@ -164,10 +165,13 @@ struct WgTiles {
 // A value the folded products' high nibbles multiply: they take 16 q * scale (the nibble in place), so the value is
 // stored / 16, exact unless the quotient is subnormal in f16 (|x| < 2^-10), where it rounds to 2^-24.
 __device__ __forceinline__ __half wg_sixteenth(__half x) { return __hmul(x, __float2half(0.0625f)); }
-// k16 steps a super-block of tiles: Q6_K's 16 of values; Q4_K's 16 and a 17th of the sums of its eight sub-blocks of 32
-// values (for the products' mins, which multiply them: RowBlock<Q4_K>::min_fragment): in run kb = 0 of a token, slot j
-// holds sub-block j's sum rounded to f16, in run kb = 1 what that rounding left.
-__host__ __device__ constexpr int wg_sb_steps(bool q6) { return q6 ? 16 : 17; }
+// k16 steps a super-block of tiles: 16 of values, then the sums of its sub-blocks, which the products' mins multiply
+// (RowBlock<T>::min_fragment): Q4_K's eight sub-blocks of 32 values in a 17th step, Q6_K's sixteen of 16 in a 17th
+// (sub-blocks 0-7) and an 18th (8-15). In run kb = 0 of a token, slot j holds sub-block j's (8 s + j's) sum rounded to
+// f16, in run kb = 1 what that rounding left.
+__host__ __device__ constexpr int wg_sb_steps(bool q6) { return q6 ? 18 : 17; }
+// The most steps a super-block of either kind (scratch sized for both).
+constexpr int kWgMaxSbSteps = 18;
 // Halves of the tiles of n_pad tokens of cols values.
 __host__ __device__ constexpr int64_t wg_tiles_halves(int64_t cols, int n_pad, bool q6) { return cols / 256 * wg_sb_steps(q6) * 16 * n_pad; }
 // Where value k of token n goes in them, in halves. The conversion kernel (wgmma_b_run) writes, for super-block sb,
@@ -181,66 +185,77 @@ __device__ __forceinline__ int64_t wg_tile_index(const WgTiles& tiles, int64_t k
   const int64_t run = (((k >> 8) * wg_sb_steps(tiles.q6) + 8 * h + 4 * p + u) * 2 + kb) * tiles.n_pad + n;
   return run * 8 + 2 * t + j;
 }
-// A Q4_K sub-block's sum (token n, values k.. k + 31, k % 32 == 0) into the 17th step: f16 and its remainder.
+// A sub-block's sum (token n, values k.. k + 31 for Q4_K, k.. k + 15 for Q6_K; k the sub-block's first) into the sums'
+// step: f16 and its remainder.
 __device__ __forceinline__ void wg_sum_store(const WgTiles& tiles, int64_t k, int n, float sum) {
-  const int64_t run = ((k >> 8) * 17 + 16) * 2 * (int64_t)tiles.n_pad + n;
-  const int j = (int)((k & 255) >> 5);
+  const int j = tiles.q6 ? (int)((k & 255) >> 4) : (int)((k & 255) >> 5);
+  const int64_t run = ((k >> 8) * wg_sb_steps(tiles.q6) + 16 + j / 8) * 2 * (int64_t)tiles.n_pad + n;
   const __half hi = saturated_half(sum);
-  tiles.out[run * 8 + j] = hi;
-  tiles.out[(run + tiles.n_pad) * 8 + j] = saturated_half(sum - __half2float(hi));
+  tiles.out[run * 8 + j % 8] = hi;
+  tiles.out[(run + tiles.n_pad) * 8 + j % 8] = saturated_half(sum - __half2float(hi));
 }
-// The sum of a sub-block's 32 f16 values, in one order for every writer of the tiles (so the sums have one set of bits):
-// each quad of consecutive values ((a + b) + c) + d, then the eight quads pairwise, ((q0 + q1) + (q2 + q3)) + ((q4 + q5) +
-// (q6 + q7)). wg_octet_sum: the quads held by eight aligned consecutive lanes (quad q in lane 8 g + q); the sum lands in
-// lane 8 g.
+// The sum of a sub-block's f16 values, in one order for every writer of the tiles (so the sums have one set of bits):
+// each quad of consecutive values ((a + b) + c) + d, then the quads pairwise: Q6_K's four (q0 + q1) + (q2 + q3), Q4_K's
+// eight ((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7)), the sum of two Q6_K sums. wg_quartet_sum / wg_octet_sum: the
+// quads held by four (eight) aligned consecutive lanes (quad q in lane 4 g + q, 8 g + q); the sum lands in all of them.
 __device__ __forceinline__ float wg_quad_sum(float a, float b, float c, float d) { return ((a + b) + c) + d; }
-__device__ __forceinline__ float wg_octet_sum(float q) {
+__device__ __forceinline__ float wg_quartet_sum(float q) {
   q += __shfl_xor_sync(0xffffffffu, q, 1);
   q += __shfl_xor_sync(0xffffffffu, q, 2);
+  return q;
+}
+__device__ __forceinline__ float wg_octet_sum(float q) {
+  q = wg_quartet_sum(q);
   q += __shfl_xor_sync(0xffffffffu, q, 4);
   return q;
 }
-// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3); for
-// folded Q4_K tiles also the sub-block sums (of the values before any division by 16). Called by whole warps whose
-// lanes hold consecutive quads of a token's values (lane l values k0 + 4 l.., k0 % 128 == 0), so that eight aligned
-// lanes hold a sub-block.
+// Values k..k + 3 of token n (k % 4 == 0) into the tiles, saturated: two half pairs (k, k + 2 and k + 1, k + 3); the
+// sub-block sums (of the values before any division by 16) for Q6_K tiles and folded Q4_K tiles. Called by whole warps
+// whose lanes hold consecutive quads of a token's values (lane l values k0 + 4 l.., k0 % 128 == 0), so that four (eight)
+// aligned lanes hold a Q6_K (Q4_K) sub-block.
 __device__ __forceinline__ void wg_tiles_store4(const WgTiles& tiles, int64_t k, int n, float4 v) {
   __half x = saturated_half(v.x), y = saturated_half(v.y), z = saturated_half(v.z), w = saturated_half(v.w);
+  const bool q4_sums = !tiles.q6 && tiles.folded, q6_sums = tiles.q6 || tiles.out_q6;
+  float sum16 = 0.0f, sum32 = 0.0f;
+  if (q4_sums || q6_sums) {
+    sum16 = wg_quartet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
+    sum32 = sum16 + __shfl_xor_sync(0xffffffffu, sum16, 4);
+  }
   if (tiles.out_q6) {
     const WgTiles q6{tiles.out_q6, tiles.n_pad, true, false};
     *reinterpret_cast<__half2*>(q6.out + wg_tile_index(q6, k, n)) = __halves2half2(x, z);
     *reinterpret_cast<__half2*>(q6.out + wg_tile_index(q6, k + 1, n)) = __halves2half2(y, w);
+    if ((k & 15) == 0) wg_sum_store(q6, k, n, sum16);
   }
-  float sum = 0.0f;
-  if (!tiles.q6 && tiles.folded) {
-    sum = wg_octet_sum(wg_quad_sum(__half2float(x), __half2float(y), __half2float(z), __half2float(w)));
-    if (k & 32) x = wg_sixteenth(x), y = wg_sixteenth(y), z = wg_sixteenth(z), w = wg_sixteenth(w);
-  }
+  if (q4_sums && (k & 32)) x = wg_sixteenth(x), y = wg_sixteenth(y), z = wg_sixteenth(z), w = wg_sixteenth(w);
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k, n)) = __halves2half2(x, z);
   *reinterpret_cast<__half2*>(tiles.out + wg_tile_index(tiles, k + 1, n)) = __halves2half2(y, w);
-  if (!tiles.q6 && (k & 31) == 0) wg_sum_store(tiles, k, n, sum);
+  if (tiles.q6 ? (k & 15) == 0 : (k & 31) == 0) wg_sum_store(tiles, k, n, tiles.q6 ? sum16 : sum32);
 }
-// Value k of token n into the tiles; for folded Q4_K tiles also the sub-block sums. Called by whole warps whose lane l
-// holds value k0 + l (k0 % 32 == 0): a sub-block a warp.
+// Value k of token n into the tiles; the sub-block sums for Q6_K tiles and folded Q4_K tiles. Called by whole warps
+// whose lane l holds value k0 + l (k0 % 32 == 0): a Q4_K sub-block (two Q6_K ones) a warp.
 __device__ __forceinline__ void wg_tiles_store1(const WgTiles& tiles, int64_t k, int n, float v) {
   const __half x = saturated_half(v);
+  const int lane = threadIdx.x % 32;
+  const bool q4_sums = !tiles.q6 && tiles.folded, q6_sums = tiles.q6 || tiles.out_q6;
+  float sum16 = 0.0f, sum32 = 0.0f;  // lane 0: values k0.., lane 4 (sum16): k0 + 16..
+  if (q4_sums || q6_sums) {
+    const float f = __half2float(x);
+    const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
+    const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
+    sum16 = wg_quartet_sum(quad);
+    sum32 = sum16 + __shfl_xor_sync(0xffffffffu, sum16, 4);
+  }
+  // Lanes 0 and 4 store the Q6_K sums of values k0.. and k0 + 16.. (lane 4 holds k0 + 4: its sub-block starts 12 on).
+  const bool q6_lane = lane == 0 || lane == 4;
+  const int64_t k16 = lane == 4 ? k + 12 : k;
   if (tiles.out_q6) {
     const WgTiles q6{tiles.out_q6, tiles.n_pad, true, false};
     q6.out[wg_tile_index(q6, k, n)] = x;
+    if (q6_lane) wg_sum_store(q6, k16, n, sum16);
   }
-  const bool folded = !tiles.q6 && tiles.folded;
-  tiles.out[wg_tile_index(tiles, k, n)] = folded && (k & 32) ? wg_sixteenth(x) : x;
-  if (!tiles.q6) {
-    const int lane = threadIdx.x % 32;
-    float sum = 0.0f;
-    if (folded) {
-      const float f = __half2float(x);
-      const float b = __shfl_down_sync(0xffffffffu, f, 1), c = __shfl_down_sync(0xffffffffu, f, 2), d = __shfl_down_sync(0xffffffffu, f, 3);
-      const float quad = __shfl_sync(0xffffffffu, wg_quad_sum(f, b, c, d), 4 * (lane % 8));  // lanes 0-7: quads 0-7
-      sum = wg_octet_sum(quad);
-    }
-    if (lane == 0) wg_sum_store(tiles, k, n, sum);
-  }
+  tiles.out[wg_tile_index(tiles, k, n)] = q4_sums && (k & 32) ? wg_sixteenth(x) : x;
+  if (tiles.q6 ? q6_lane : lane == 0) wg_sum_store(tiles, tiles.q6 ? k16 : k, n, tiles.q6 ? sum16 : sum32);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

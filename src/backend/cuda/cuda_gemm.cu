@@ -616,7 +616,7 @@ bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens) {
   if (!on || !gemm_fuses_dequant(a, n_tokens) || !gemm_fuses_dequant(b, n_tokens) || a.cols != b.cols) return false;
   if (a.type == b.type) return true;
   // Q4_K first with a Q6_K member (q and k with a Q6_K v), both on the warpgroup kernel: one launch of both kinds.
-  return a.type == DType::Q4_K && b.type == DType::Q6_K && wgmma_mixed_joins() && !int8_products_take(a, n_tokens) &&
+  return a.type == DType::Q4_K && b.type == DType::Q6_K && wgmma_mixed_joins(n_tokens) && !int8_products_take(a, n_tokens) &&
          wgmma_products_take(a, n_tokens) && wgmma_products_take(b, n_tokens);
 }
 
@@ -638,8 +638,10 @@ void gemm_multi(const DeviceWeight* const* ws, float* const* ys, const int* ldys
 
 namespace roofline::cuda {
 
-// (The warpgroup kernel's Q4_K tiles take a 17th k16 step a super-block: wg_tiles_halves.)
-size_t mma_experts_scratch_halves(int64_t cols, const ExpertTiles& tiles) { return ((size_t)tiles.max_tiles * 8 * tiles.nt * (size_t)cols + 15) / 16 * 17; }
+// (The warpgroup kernel's tiles take up to 18 k16 steps a super-block, the 16 of values and their sums: wg_tiles_halves.)
+size_t mma_experts_scratch_halves(int64_t cols, const ExpertTiles& tiles) {
+  return ((size_t)tiles.max_tiles * 8 * tiles.nt * (size_t)cols + 15) / 16 * kWgMaxSbSteps;
+}
 
 void mma_experts(const DeviceWeight& stacked, int64_t rows_per_expert, const ExpertTiles& tiles, const float* x_grouped, __half* scratch,
                  float* y, int ldy, cudaStream_t stream) {

@@ -191,7 +191,7 @@ MoeFfn::MoeFfn(const HParams& hp, int max_rows, cudaStream_t stream) : hp_(hp), 
   const size_t P = T * K;
   const int nt = expert_tile_nt((int)P, (int)E);
   max_tiles_ = max_rows_ > 64 ? expert_max_tiles((int)P, (int)E, nt) : 0;  // tensor cores for prompts only
-  frag_halves_ = ((size_t)max_tiles_ * 8 * nt * std::max(H, F) + 15) / 16 * 17;  // (Q4_K's warpgroup tiles: 17 k16 steps a super-block)
+  frag_halves_ = ((size_t)max_tiles_ * 8 * nt * std::max(H, F) + 15) / 16 * kWgMaxSbSteps;  // (the warpgroup tiles: up to 18 k16 steps a super-block)
   arena_.reserve(bytes(T * E) + 2 * bytes(P) + 2 * bytes(P * F) + 2 * bytes(P * H) + 3 * bytes(P) + 2 * bytes(E + 1) +
                  3 * bytes(max_tiles_) + bytes(1) + (frag_halves_ * 2 + 255) / 256 * 256 +
                  act_bytes(P, H) + act_bytes(P, F) + act_bytes(T, H) +

@@ -159,7 +159,8 @@ struct RowBlock<DType::Q4_K> {
   }
   // The A fragment half pair of the 17th step for lane t: columns 2t and 2t + 1 (and 2t + 8, 2t + 9: the sums' remainders)
   // are sub-blocks 2t and 2t + 1, whose weights' mins are -dmin * m.
-  __device__ __forceinline__ uint32_t min_fragment(int t) const {
+  static constexpr int kSumSteps = 1;
+  __device__ __forceinline__ uint32_t min_fragment(int t, int) const {
     const uint32_t m4 = t < 2 ? sc[1] & 0x3F3F3F3Fu : ((sc[2] >> 4) & 0x0F0F0F0Fu) | ((sc[1] >> 2) & 0x30303030u);
     const uint32_t b = 2 * (t % 2);
     const uint32_t pair = __byte_perm(m4, 0x64646464u, b | (4u << 4) | ((b + 1) << 8) | (4u << 12));  // (1024 + m, 1024 + m')
@@ -224,6 +225,34 @@ struct RowBlock<DType::Q6_K> {
     hi_out = h2_bits(__hmul2(__hsub2(bits_h2(masked_with_exponent<0x00FF00FFu>(q >> 8)), bias), scale));
   }
   static __device__ __forceinline__ int x_offset(int h, int p, int u, int t) { return 32 * t + 128 * h + 16 * p + 4 * u; }
+
+  // The warpgroup kernel's folded form (ROOFLINE_WGMMA_FOLD_Q6): w = scale * (q - 32) as round(q * scale), one fused
+  // multiply-add from the 6-bit value, (1024 + q) * scale - 1024 * scale, and the -32 * scale of each sub-block of 16 a
+  // product of its own with the sub-blocks' sums (the tiles' 17th and 18th steps: min_fragment). scale2 is scales()'s
+  // round(d * sc); bias2 -1024 times it (exact).
+  __device__ __forceinline__ void folded_d(__half2& d2, __half2& unused) const { d2 = unused = __half2half2(d); }
+  static __device__ __forceinline__ uint32_t lane_scale_selector_folded(int t, int p) { return lane_scale_selector(t, p); }
+  __device__ __forceinline__ void scales_folded(int h, uint32_t sel, __half2, __half2, __half2& scale2, __half2& bias2) const {
+    __half2 zero;
+    scales(h, sel, scale2, zero);
+    bias2 = __hmul2(scale2, bits_h2(0xE400E400u));
+  }
+  __device__ __forceinline__ void group_folded(int h, int p, int u, __half2 scale2, __half2 bias2, uint32_t& lo_out, uint32_t& hi_out) const {
+    const uint32_t q = ((lo[4 * h + u] >> (4 * p)) & 0x0F0F0F0Fu) | (((hi[2 * h + p] >> (2 * u)) & 0x03030303u) << 4);
+    lo_out = h2_bits(__hfma2(bits_h2(__byte_perm(q, 0x64646464u, 0x4240)), scale2, bias2));  // (1024 + q0, 1024 + q2)
+    hi_out = h2_bits(__hfma2(bits_h2(__byte_perm(q, 0x64646464u, 0x4341)), scale2, bias2));  // (1024 + q1, 1024 + q3)
+  }
+  // The A fragment half pair of sums step s (17th: s = 0, 18th: 1) for lane t: columns 2t and 2t + 1 (and 2t + 8, 2t + 9:
+  // the sums' remainders) are sub-blocks 8 s + 2t and 8 s + 2t + 1, whose weights' share of -32 is -32 round(d * sc),
+  // d * sc rounded as scales() rounds it.
+  static constexpr int kSumSteps = 2;
+  __device__ __forceinline__ uint32_t min_fragment(int t, int s) const {
+    const uint32_t word = (s == 0 ? (t < 2 ? sc[0] : sc[1]) : (t < 2 ? sc[2] : sc[3])) ^ 0x80808080u;  // biased by 128
+    const uint32_t b = 2 * (t % 2);
+    const uint32_t pair = __byte_perm(word, 0x64646464u, b | (4u << 4) | ((b + 1) << 8) | (4u << 12));  // 1024 + 128 + sc
+    const __half2 sv = __hsub2(bits_h2(pair), bits_h2(0x64806480u));
+    return h2_bits(__hmul2(__hmul2(sv, __half2half2(d)), bits_h2(0xD000D000u)));  // times -32: exact
+  }
 };
 
 

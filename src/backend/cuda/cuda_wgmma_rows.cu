@@ -46,20 +46,23 @@ __device__ __forceinline__ int4 wgmma_b_run(const Value& value, int n_tok, int n
     int4 v;
     __half h[8];
   } o;
-  if (step == 16) {  // Q4_K's sums: slot j sub-block j's, in wg_quad_sum / wg_octet_sum's order (kb 0: f16, 1: the rest)
+  if (step >= 16) {  // the sums: slot j sub-block 8 (step - 16) + j's, in wg_quad_sum / wg_quartet_sum / wg_octet_sum's order
+    constexpr int kQuads = T == DType::Q6_K ? 4 : 8;  // quads of four values a sub-block (kb 0: the f16 sum, 1: the rest)
 #pragma unroll 1
     for (int j = 0; j < 8; ++j) {
-      if (!folded) {  // products that do not fold the mins: zeros
+      if (T == DType::Q4_K && !folded) {  // Q4_K products that do not fold the mins: zeros
         o.h[j] = __float2half(0.0f);
         continue;
       }
-      float quad[8];
-      for (int qd = 0; qd < 8; ++qd) {
+      const int64_t k0 = sb * 256 + kQuads * 4 * (8 * (step - 16) + j);
+      float quad[kQuads];
+      for (int qd = 0; qd < kQuads; ++qd) {
         float f[4];
-        for (int e = 0; e < 4; ++e) f[e] = n < n_tok ? __half2float(saturated_half(value(n, sb * 256 + 32 * j + 4 * qd + e))) : 0.0f;
+        for (int e = 0; e < 4; ++e) f[e] = n < n_tok ? __half2float(saturated_half(value(n, k0 + 4 * qd + e))) : 0.0f;
         quad[qd] = wg_quad_sum(f[0], f[1], f[2], f[3]);
       }
-      const float sum = ((quad[0] + quad[1]) + (quad[2] + quad[3])) + ((quad[4] + quad[5]) + (quad[6] + quad[7]));
+      float sum = (quad[0] + quad[1]) + (quad[2] + quad[3]);
+      if constexpr (kQuads == 8) sum += (quad[4] + quad[5]) + (quad[6] + quad[7]);
       const __half hi = saturated_half(sum);
       o.h[j] = kb == 0 ? hi : saturated_half(sum - __half2float(hi));
     }
@@ -117,7 +120,7 @@ __global__ void gated_to_wgmma_tiles_kernel(const float* gate, const float* up, 
 // Threads of the value-order kernels above.
 inline dim3 wgmma_tiles_grid(int64_t cols, int n_pad) { return dim3((unsigned)((cols / 4 * n_pad + 255) / 256)); }
 // The expert products' token tiles (grid.y: tile slots; each tile's grouped rows from its row0), one after the other;
-// the expert kernel does not fold the mins, so these are plain values (and zeros in Q4_K's 17th step).
+// the expert kernel does not fold the mins, so these are plain values (and zeros in Q4_K's 17th step; Q6_K's sums).
 template <DType T>
 __global__ void to_wgmma_b_tiles_kernel(const float* x, ExpertTiles tiles, int64_t cols, int n_pad, int4* out) {
   wait_for_previous_kernel();
@@ -220,16 +223,20 @@ template <int MT>
 constexpr int wg_threads() { return 256 / MT; }
 // Super-blocks staged at once: as many as fit the two CTAs a SM (up to 4, at least 2). (Three CTAs a SM, at 80
 // registers a thread, have ptxas serialize the warpgroup products for want of registers in every form, sm_90a.)
+// Where two stages do not fit two CTAs (Q6_K at 64 tokens: its CTA runs alone on its SM), ALONE stages as many as fit
+// one CTA (ROOFLINE_WGMMA_ALONE; the copies then run S - 1 ahead: wgmma_rows).
 template <DType T, int N, bool FOLD>
 constexpr int wg_stage_bytes() { return wg_x_stage_bytes<T, N, FOLD>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
-template <DType T, int N, bool FOLD>
+template <DType T, int N, bool FOLD, bool ALONE = false>
 constexpr int wg_stages() {
-  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N, FOLD>();
+  constexpr int fit = ((ALONE ? 227 * 1024 : 227 * 1024 / 2) - 1024) / wg_stage_bytes<T, N, FOLD>();
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
 // With the bulk pipeline, its 2 S barriers after the stages.
-template <DType T, int N, bool BULK, bool FOLD>
-constexpr int wg_smem_bytes() { return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0); }
+template <DType T, int N, bool BULK, bool FOLD, bool ALONE = false>
+constexpr int wg_smem_bytes() {
+  return wg_stages<T, N, FOLD, ALONE>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD, ALONE>() : 0);
+}
 
 // A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded
 // with the row's d pair from folded_d, group_folded).
@@ -246,9 +253,9 @@ __device__ __forceinline__ void wg_group(const RowBlock<T>& b, int h, int p, int
 
 // One super-block of a warp's rows: its R staged row slots dequantized into A fragments and multiplied by the
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
-// for the batch before; the last batch is left in flight. FOLD (Q4_K): the weights without their mins (the high
-// nibbles' 16 times the weights, against folded tiles' values divided by 16), then a fifth batch, the mins by the
-// sub-blocks' sums (the tiles' 17th step).
+// for the batch before; the last batch is left in flight. FOLD: the weights without their mins (Q4_K: the high
+// nibbles' 16 times the weights, against folded tiles' values divided by 16; Q6_K: q * scale without the -32), then a
+// fifth batch, the mins by the sub-blocks' sums (the tiles' 17th step, and Q6_K's 18th).
 template <DType T, int N, int MT, bool FOLD>
 __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr,
                                                int lane, const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb,
@@ -288,13 +295,19 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
     }
   }
   if constexpr (FOLD) {
-    uint32_t a_min[R];
+    uint32_t a_min[RowBlock<T>::kSumSteps][R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) a_min[i] = blk[i].min_fragment(lane % 4);
+    for (int s = 0; s < RowBlock<T>::kSumSteps; ++s)
+#pragma unroll
+      for (int i = 0; i < R; ++i) a_min[s][i] = blk[i].min_fragment(lane % 4, s);
     wg_fence();
-    const uint64_t desc = wg_descriptor(x_addr + 16 * wg_step_bytes<N>(), 16 * N, 128);
 #pragma unroll
-    for (int m = 0; m < MT; ++m) wgmma_f16<N>(acc[m], a_min[2 * m], a_min[2 * m + 1], a_min[2 * m], a_min[2 * m + 1], desc);
+    for (int s = 0; s < RowBlock<T>::kSumSteps; ++s) {
+      const uint64_t desc = wg_descriptor(x_addr + (16 + s) * wg_step_bytes<N>(), 16 * N, 128);
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+        wgmma_f16<N>(acc[m], a_min[s][2 * m], a_min[s][2 * m + 1], a_min[s][2 * m], a_min[s][2 * m + 1], desc);
+    }
     wg_commit();
     wg_wait<1>();
   }
@@ -308,10 +321,11 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
 // landing a barrier of the stage ("full") tells every warp; each warp, done with a stage's products, arrives at the
 // stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. The copies run S - 2
 // super-blocks ahead where S >= 3 (thread 0 then waits for every warp's super-block before the previous one), S - 1
-// where S = 2. So a warp runs ahead of the others by up to the stages in flight instead of meeting them every
-// super-block. The plain pipeline: every thread copies its share of a stage's activations, copies run S - 1 ahead, and
-// the CTA meets at a barrier each super-block.
-template <DType T, int N, int MT, bool BULK, bool FOLD>
+// where S = 2 or the CTA is alone on its SM (ALONE, whose stages are those of one CTA a SM: more bytes in flight at the
+// cost of thread 0 waiting for every warp's previous super-block). So a warp runs ahead of the others by up to the
+// stages in flight instead of meeting them every super-block. The plain pipeline: every thread copies its share of a
+// stage's activations, copies run S - 1 ahead, and the CTA meets at a barrier each super-block.
+template <DType T, int N, int MT, bool BULK, bool FOLD, bool ALONE = false>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -324,9 +338,9 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
   // kX: a stage's activation bytes, kXsb: a super-block's in memory (FOLD false skips Q4_K's 17th step).
-  constexpr int S = wg_stages<T, N, FOLD>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
+  constexpr int S = wg_stages<T, N, FOLD, ALONE>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
   constexpr int kStage = wg_stage_bytes<T, N, FOLD>();
-  constexpr int L = BULK && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
+  constexpr int L = BULK && S >= 3 && !ALONE ? S - 2 : S - 1;  // super-blocks the copies run ahead
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
@@ -442,22 +456,23 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool BULK, bool FOLD>
+template <DType T, int N, int MT, bool BULK, bool FOLD, bool ALONE = false>
 __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
                                                                          float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, BULK, FOLD>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+  wgmma_rows<T, N, MT, BULK, FOLD, ALONE>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
                              gridDim.y);
 }
 
 // The products of one input with members of both kinds (Q4_K first, e.g. q and k, then a Q6_K v): each CTA takes its
-// member's kind of kernel, with that kind's activation tiles (xb: Q4_K's, xb6: Q6_K's), one m64 tile a warpgroup.
-template <int N, bool BULK, bool FOLD>
+// member's kind of kernel, with that kind's activation tiles (xb: Q4_K's, xb6: Q6_K's), one m64 tile a warpgroup; FOLD
+// and FOLD6 say whether the Q4_K and the Q6_K products fold.
+template <int N, bool BULK, bool FOLD, bool FOLD6>
 __global__ void __launch_bounds__(wg_threads<1>(), 2) wgmma_rows_mixed_kernel(MmaMembers members, const int4* xb, const int4* xb6, int n_tok,
                                                                                bool accumulate, float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
   if (mem.w.type == DType::Q6_K)
-    wgmma_rows<DType::Q6_K, N, 1, BULK, false>(mem.w, xb6, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0,
+    wgmma_rows<DType::Q6_K, N, 1, BULK, FOLD6>(mem.w, xb6, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0,
                                                blockIdx.y, gridDim.y);
   else
     wgmma_rows<DType::Q4_K, N, 1, BULK, FOLD>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0,
@@ -513,26 +528,67 @@ bool wgmma_fold() {
   static const bool env = env_switch("ROOFLINE_WGMMA_FOLD", true);
   return wgmma_fold_for_test >= 0 ? wgmma_fold_for_test > 0 : env;
 }
+// Q6_K products with the -32 folded out the same way (RowBlock<Q6_K>::group_folded: one instruction a weight pair
+// instead of two, and two more k16 steps a super-block, the -32 scales by the sums of the sub-blocks of 16;
+// ROOFLINE_WGMMA_FOLD_Q6). Q6_K tiles hold the sums either way.
+int wgmma_fold_q6_for_test = -1;  // (gpu_use_wgmma_fold_q6_for_test; -1: the environment's)
+bool wgmma_fold_q6() {
+  static const bool env = env_switch("ROOFLINE_WGMMA_FOLD_Q6", true);
+  return wgmma_fold_q6_for_test >= 0 ? wgmma_fold_q6_for_test > 0 : env;
+}
 
 }  // namespace
 
 bool wg_tiles_folded() { return wgmma_fold(); }
 
+namespace {
+// Whether the Q6_K kernel's stages at N tokens leave room for two CTAs a SM (228 KB of shared memory, 1 KB a CTA
+// reserved), as the Q4_K kernel's always do. At 64 tokens they do not: the Q6_K kernel runs one CTA a SM there, and so
+// would a joined launch's Q4_K CTAs, which take the larger of the two kinds' shared memory.
+template <int N, bool FOLD6>
+constexpr bool wg_q6_two_ctas() { return 2 * (wg_smem_bytes<DType::Q6_K, N, true, FOLD6>() + 1024) <= 228 * 1024; }
+template <bool FOLD6>
+bool wg_q6_two_ctas_at(int n_pad) {
+  switch (n_pad / 16) {
+    case 1: return wg_q6_two_ctas<16, FOLD6>();
+    case 2: return wg_q6_two_ctas<32, FOLD6>();
+    case 3: return wg_q6_two_ctas<48, FOLD6>();
+    default: return wg_q6_two_ctas<64, FOLD6>();
+  }
+}
+}  // namespace
+
 int wgmma_mixed_for_test = -1;  // (gpu_use_wgmma_mixed_for_test; -1: the environment's)
-bool wgmma_mixed_joins() {
-  static const bool env = env_switch("ROOFLINE_WGMMA_MIXED", true);
-  return (wgmma_mixed_for_test >= 0 ? wgmma_mixed_for_test > 0 : env) && wgmma_tiles() == 1;
+bool wgmma_mixed_joins(int n_tokens) {
+  static const int env = [] {
+    const char* e = std::getenv("ROOFLINE_WGMMA_MIXED");
+    return e ? std::clamp(std::atoi(e), 0, 2) : 1;
+  }();
+  const int mode = wgmma_mixed_for_test >= 0 ? wgmma_mixed_for_test : env;
+  // (The plain pipeline's mixed kernels are built with both folds or neither.)
+  if (mode == 0 || wgmma_tiles() != 1 || !(wgmma_bulk() || wgmma_fold() == wgmma_fold_q6())) return false;
+  if (mode == 2) return true;
+  const int n_pad = wgmma_n_pad(n_tokens);
+  return wgmma_fold_q6() ? wg_q6_two_ctas_at<true>(n_pad) : wg_q6_two_ctas_at<false>(n_pad);
 }
 
 namespace {
 
-template <DType T, int N, int MT, bool BULK, bool FOLD>
+// Q6_K products whose CTA runs alone on its SM (64 tokens) with the stages of one CTA a SM (wg_stages' ALONE;
+// ROOFLINE_WGMMA_ALONE, off).
+int wgmma_alone_for_test = -1;  // (gpu_use_wgmma_alone_for_test; -1: the environment's)
+bool wgmma_alone() {
+  static const bool env = env_switch("ROOFLINE_WGMMA_ALONE", false);
+  return wgmma_alone_for_test >= 0 ? wgmma_alone_for_test > 0 : env;
+}
+
+template <DType T, int N, int MT, bool BULK, bool FOLD, bool ALONE = false>
 void launch_wgmma_rows_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                             bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes<T, N, BULK, FOLD>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK, FOLD>>(smem, wg_threads<MT>());
+  constexpr int smem = wg_smem_bytes<T, N, BULK, FOLD, ALONE>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK, FOLD, ALONE>>(smem, wg_threads<MT>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, BULK, FOLD>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem,
+  launch(wgmma_rows_kernel<T, N, MT, BULK, FOLD, ALONE>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem,
          stream, pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
@@ -540,36 +596,45 @@ template <DType T, int N, bool FOLD>
 void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                               bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_form<T, N, 2, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk()) launch_wgmma_rows_form<T, N, 1, true, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else launch_wgmma_rows_form<T, N, 1, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk()) {
+    if constexpr (T == DType::Q6_K && !wg_q6_two_ctas<N, FOLD>()) {
+      if (wgmma_alone()) return launch_wgmma_rows_form<T, N, 1, true, FOLD, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+    }
+    launch_wgmma_rows_form<T, N, 1, true, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  } else launch_wgmma_rows_form<T, N, 1, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                        bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  if constexpr (T == DType::Q4_K) {
-    if (wgmma_fold()) return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  }
+  if (T == DType::Q4_K ? wgmma_fold() : wgmma_fold_q6())
+    return launch_wgmma_rows_folded<T, N, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 
-template <int N, bool BULK, bool FOLD>
+template <int N, bool BULK, bool FOLD, bool FOLD6>
 void launch_wgmma_mixed_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6,
                              int n_tok, bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = std::max(wg_smem_bytes<DType::Q4_K, N, BULK, FOLD>(), wg_smem_bytes<DType::Q6_K, N, BULK, false>());
-  const int slots = smem_set_once<wgmma_rows_mixed_kernel<N, BULK, FOLD>>(smem, wg_threads<1>());
+  constexpr int smem = std::max(wg_smem_bytes<DType::Q4_K, N, BULK, FOLD>(), wg_smem_bytes<DType::Q6_K, N, BULK, FOLD6>());
+  const int slots = smem_set_once<wgmma_rows_mixed_kernel<N, BULK, FOLD, FOLD6>>(smem, wg_threads<1>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_mixed_kernel<N, BULK, FOLD>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<1>()), smem, stream,
+  launch(wgmma_rows_mixed_kernel<N, BULK, FOLD, FOLD6>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<1>()), smem, stream,
          pdl_enabled(), plan.m, xb, xb6, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
+// The bulk pipeline in each pair of folds; the plain one (ROOFLINE_WGMMA_BULK=0) with both or neither (wgmma_mixed_joins).
 template <int N>
 void launch_wgmma_mixed(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6, int n_tok,
                         bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  const bool fold = wgmma_fold(), bulk = wgmma_bulk();
-  if (bulk && fold) launch_wgmma_mixed_form<N, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
-  else if (bulk) launch_wgmma_mixed_form<N, true, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
-  else if (fold) launch_wgmma_mixed_form<N, false, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
-  else launch_wgmma_mixed_form<N, false, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  const bool fold = wgmma_fold(), fold6 = wgmma_fold_q6();
+  if (wgmma_bulk()) {
+    if (fold && fold6) launch_wgmma_mixed_form<N, true, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+    else if (fold) launch_wgmma_mixed_form<N, true, true, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+    else if (fold6) launch_wgmma_mixed_form<N, true, false, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+    else launch_wgmma_mixed_form<N, true, false, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  } else {
+    if (fold) launch_wgmma_mixed_form<N, false, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+    else launch_wgmma_mixed_form<N, false, false, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  }
 }
 // Members of both kinds, Q4_K first: both tile layouts of x (x_ready: the producer wrote them, wg_q6_tiles), then one launch.
 void wgmma_products_mixed(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,
@@ -693,7 +758,7 @@ void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* 
                     bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream) {
   for (int k = 1; k < count; ++k)
     if (ws[k]->type != ws[0]->type) {
-      if (ws[0]->type != DType::Q4_K || !wgmma_mixed_joins()) fail("internal error: warpgroup products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
+      if (ws[0]->type != DType::Q4_K || !wgmma_mixed_joins(n_tokens)) fail("internal error: warpgroup products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
       return wgmma_products_mixed(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, x_ready, stream);
     }
   if (ws[0]->type == DType::Q4_K)
@@ -734,6 +799,8 @@ bool gpu_wgmma_products_available_for_test() { return cuda::wgmma_products_avail
 void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on; }
 void gpu_use_wgmma_bulk_for_test(int mode) { cuda::wgmma_bulk_for_test = mode; }
 void gpu_use_wgmma_fold_for_test(int on) { cuda::wgmma_fold_for_test = on; }
+void gpu_use_wgmma_fold_q6_for_test(int on) { cuda::wgmma_fold_q6_for_test = on; }
+void gpu_use_wgmma_alone_for_test(int on) { cuda::wgmma_alone_for_test = on; }
 void gpu_use_wgmma_mixed_for_test(int on) { cuda::wgmma_mixed_for_test = on; }
 
 }  // namespace roofline
