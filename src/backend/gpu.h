@@ -89,7 +89,7 @@ void gpu_use_wgmma_fold_q6_for_test(int on);
 // ROOFLINE_WGMMA_ALONE says (-1).
 void gpu_use_wgmma_alone_for_test(int on);
 // For tests: batched Q4_K and Q6_K products of one input joined in one warpgroup launch at every row count (2), where
-// the Q6_K kernel leaves two CTAs a SM (1), in launches of one kind each (0), or as ROOFLINE_WGMMA_MIXED says (-1: 1
+// the Q6_K kernel leaves two CTAs a SM (1), in launches of one kind each (0), or as ROOFLINE_WGMMA_MIXED says (-1: 2
 // unless it is set).
 void gpu_use_wgmma_mixed_for_test(int mode);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).

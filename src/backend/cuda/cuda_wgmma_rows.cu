@@ -562,7 +562,7 @@ int wgmma_mixed_for_test = -1;  // (gpu_use_wgmma_mixed_for_test; -1: the enviro
 bool wgmma_mixed_joins(int n_tokens) {
   static const int env = [] {
     const char* e = std::getenv("ROOFLINE_WGMMA_MIXED");
-    return e ? std::clamp(std::atoi(e), 0, 2) : 1;
+    return e ? std::clamp(std::atoi(e), 0, 2) : 2;
   }();
   const int mode = wgmma_mixed_for_test >= 0 ? wgmma_mixed_for_test : env;
   // (The plain pipeline's mixed kernels are built with both folds or neither.)
