@@ -204,14 +204,11 @@ void MtpDrafter::draft(std::vector<Job>& jobs) {
   } catch (const InternalError&) {
     throw;
   } catch (const Error& e) {
-    if (!warned_) log_warn("MTP drafter: {}; no drafts this step, its sequences start over (said once)", e.what());
-    else log_debug("MTP drafter: {}; no drafts this step", e.what());
-    warned_ = true;
     rows_.clear();
     tokens_in_.clear();
     hidden_in_.clear();
     release_all();
-    for (Job& j : jobs) j.draft.clear();
+    drop_all_drafts(jobs, "MTP drafter", e);
     return;
   }
   drop_short_drafts(jobs);

@@ -69,7 +69,6 @@ class MtpDrafter final : public Drafter {
   std::vector<Engine::BatchRow> rows_;
   std::vector<float> input_, hidden_in_;
   std::vector<int32_t> tokens_in_;
-  bool warned_ = false;
 };
 
 }  // namespace roofline

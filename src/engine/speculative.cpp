@@ -175,12 +175,9 @@ void DraftModel::draft(std::vector<Job>& jobs) {
     throw;
   } catch (const Error& e) {
     // The draft's KV pool is full (or a step cannot run): no drafts this round, and the draft starts over.
-    if (!warned_) log_warn("draft model: {}; no drafts this step, the draft sequences start over (said once)", e.what());
-    else log_debug("draft model: {}; no drafts this step", e.what());
-    warned_ = true;
     rows_.clear();
     release_all();
-    for (Job& j : jobs) j.draft.clear();
+    drop_all_drafts(jobs, "draft model", e);
     return;
   }
   drop_short_drafts(jobs);

@@ -25,6 +25,8 @@
 #include <span>
 #include <vector>
 
+#include "core/error.h"
+#include "core/log.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
 
@@ -84,6 +86,18 @@ class Drafter {
     for (Job& j : jobs)
       if ((int)j.draft.size() < (j.n_min >= 0 ? j.n_min : params().n_min)) j.draft.clear();
   }
+  // A draft step failed (the drafter's memory is full, or a step cannot run): no job gets a draft this round.
+  // Said once at warning level as "WHO: reason", later failures at debug level. The caller releases its
+  // sequences, which start over at the next round.
+  void drop_all_drafts(std::vector<Job>& jobs, const char* who, const Error& e) {
+    if (!warned_) log_warn("{}: {}; no drafts this step, its sequences start over (said once)", who, e.what());
+    else log_debug("{}: {}; no drafts this step", who, e.what());
+    warned_ = true;
+    for (Job& j : jobs) j.draft.clear();
+  }
+
+ private:
+  bool warned_ = false;  // a draft step failed once
 };
 
 // A draft model on an Engine of its own: per key a draft sequence holding the accepted text (and the
@@ -113,7 +127,6 @@ class DraftModel final : public Drafter {
   DraftParams params_;
   std::map<int, Sequence> seqs_;
   std::vector<Engine::BatchRow> rows_;
-  bool warned_ = false;  // a draft step failed once (said once; later failures at debug level)
 };
 
 // A draft's probability of its top token (--draft-p-min compares it).
