@@ -3,8 +3,6 @@
 // (goldens from scripts/goldens/gen_template_goldens.py), errors included.
 #include <gtest/gtest.h>
 
-#include <ctime>
-
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer_test_util.h"
@@ -23,18 +21,6 @@ std::string token_content(const ordered_json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("content")) return v["content"].get<std::string>();
   return "";
-}
-
-std::time_t golden_now() {
-  std::tm tm{};
-  tm.tm_year = 2025 - 1900;
-  tm.tm_mon = 2;
-  tm.tm_mday = 14;
-  tm.tm_hour = 15;
-  tm.tm_min = 9;
-  tm.tm_sec = 26;
-  tm.tm_isdst = -1;
-  return std::mktime(&tm);
 }
 
 TEST(TemplateChat, MatchesJinja2Goldens) {
@@ -80,7 +66,7 @@ TEST(TemplateChat, MatchesJinja2Goldens) {
     in.eos_token = token_content(cfg.value("eos_token", ordered_json()));
     in.pad_token = token_content(cfg.value("pad_token", ordered_json()));
     in.unk_token = token_content(cfg.value("unk_token", ordered_json()));
-    in.now = golden_now();
+    in.now = test::golden_now();
     const std::string label = tname + " / " + cname + (agp ? " (+generation prompt)" : "");
     if (c.contains("error")) {
       try {

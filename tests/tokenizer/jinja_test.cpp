@@ -3,8 +3,6 @@
 // with the line, never a crash.
 #include <gtest/gtest.h>
 
-#include <ctime>
-
 #include "core/error.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/jinja/template.h"
@@ -13,23 +11,11 @@
 namespace roofline {
 namespace {
 
-std::time_t golden_now() {
-  std::tm tm{};
-  tm.tm_year = 2025 - 1900;
-  tm.tm_mon = 2;
-  tm.tm_mday = 14;
-  tm.tm_hour = 15;
-  tm.tm_min = 9;
-  tm.tm_sec = 26;
-  tm.tm_isdst = -1;
-  return std::mktime(&tm);
-}
-
 TEST(Jinja, MatchesJinja2OnSmallTemplates) {
   const auto golden = nlohmann::ordered_json::parse(test::read_text_file(test::source_dir() + "/tests/tokenizer/goldens/jinja_cases.json"));
   const jinja::Value ctx = jinja::Value::from_json(golden["context"]);
   jinja::RenderOptions opt;
-  opt.now = golden_now();
+  opt.now = test::golden_now();
   for (const auto& c : golden["cases"]) {
     const std::string src = c["template"];
     if (c.contains("error")) {

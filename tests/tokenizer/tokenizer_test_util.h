@@ -2,6 +2,7 @@
 // (tokenizer_config.json beside tokenizer.json), loaded once per process, and the golden files.
 #pragma once
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -56,6 +57,20 @@ inline std::shared_ptr<const Tokenizer> load_test_tokenizer(const std::string& n
 
 inline nlohmann::json load_golden(const std::string& file) {
   return nlohmann::json::parse(read_text_file(source_dir() + "/tests/tokenizer/goldens/" + file));
+}
+
+// The clock strftime_now reads in the template goldens: scripts/goldens/gen_template_goldens.py's NOW,
+// 2025-03-14 15:09:26 local time.
+inline std::time_t golden_now() {
+  std::tm tm{};
+  tm.tm_year = 2025 - 1900;
+  tm.tm_mon = 2;
+  tm.tm_mday = 14;
+  tm.tm_hour = 15;
+  tm.tm_min = 9;
+  tm.tm_sec = 26;
+  tm.tm_isdst = -1;
+  return std::mktime(&tm);
 }
 
 }  // namespace roofline::test
