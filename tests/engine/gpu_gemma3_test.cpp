@@ -23,10 +23,6 @@ using test::tiny;
 using test::some_tokens;
 using test::prompt_then_decode;
 
-namespace {
-
-}  // namespace
-
 TEST(GpuGemma3Test, MatchesTheCpuAndTheReference) {
   SKIP_WITHOUT_GPU();
   for (const char* spec : {"tiny-gemma3:F32", "tiny-gemma3:Q8_0", "tiny-gemma3:Q4_K_M"}) {
@@ -41,13 +37,8 @@ TEST(GpuGemma3Test, MatchesTheCpuAndTheReference) {
     // Units: 8 layers + output. 9 = all; 4 = the output and layers 5 (global) to 7 on the GPU.
     for (int units : {9, 4}) {
       for (int n_batch : {512, 13}) {  // the prompt in one step, or in chunks that start mid-window
-        o.n_gpu_layers = units;
         o.n_batch = n_batch;
-        auto gpu = Engine::create(model, o);
-        ASSERT_EQ(gpu->gpu_units(), units);
-        const auto got = prompt_then_decode(*gpu, tokens, 78);
-        ASSERT_EQ(got.size(), want.size());
-        const double e = test::nmse(got.data(), want.data(), got.size());
+        const double e = test::offload_nmse(model, o, units, tokens, 78, want);
         std::printf("%-20s %d units on the GPU, n_batch %d: NMSE vs CPU %.3g\n", spec, units, n_batch, e);
         EXPECT_LT(e, std::string(spec).find("F32") != std::string::npos ? 1e-4 : 5e-3) << spec << " units " << units;
       }

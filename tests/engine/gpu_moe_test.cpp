@@ -26,10 +26,6 @@ using test::tiny;
 using test::some_tokens;
 using test::prompt_then_decode;
 
-namespace {
-
-}  // namespace
-
 TEST(GpuMoeTest, MatchesTheCpuFullAndPartialOffload) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -51,12 +47,7 @@ TEST(GpuMoeTest, MatchesTheCpuFullAndPartialOffload) {
     auto cpu = Engine::create(model, o);
     const auto want = prompt_then_decode(*cpu, tokens, 48);
     for (int units : {c.units_all, c.units_part}) {
-      o.n_gpu_layers = units;
-      auto gpu = Engine::create(model, o);
-      ASSERT_EQ(gpu->gpu_units(), units);
-      const auto got = prompt_then_decode(*gpu, tokens, 48);
-      ASSERT_EQ(got.size(), want.size());
-      const double e = test::nmse(got.data(), want.data(), got.size());
+      const double e = test::offload_nmse(model, o, units, tokens, 48, want);
       std::printf("%-22s %d units on the GPU: NMSE vs CPU %.3g (bound %.0e)\n", c.spec, units, e, c.bound);
       EXPECT_LT(e, c.bound) << c.spec << " units " << units;
     }
@@ -65,46 +56,12 @@ TEST(GpuMoeTest, MatchesTheCpuFullAndPartialOffload) {
 
 TEST(GpuMoeTest, DecodeBatchesAreBitIdenticalToEachSequenceAlone) {
   SKIP_WITHOUT_GPU();
-  for (const char* spec : {"tiny-qwen3moe:Q4_K_M", "tiny-qwen35moe:Q4_K_M"}) {
-    auto model = tiny(spec);
-    const int n_vocab = model->hparams().n_vocab;
-    EngineOptions o;
-    o.n_gpu_layers = EngineOptions::kGpuLayersAll;
-    o.n_ctx = 512;
-    o.n_seq_max = 6;
-    std::vector<std::vector<float>> alone;
-    std::vector<std::vector<int32_t>> prompts, gens;
-    for (int k = 0; k < 5; ++k) {
-      prompts.push_back(some_tokens(9 + 7 * k, n_vocab, k));
-      gens.push_back(some_tokens(8, n_vocab, 40 + k));
-    }
-    for (int k = 0; k < 5; ++k) {
-      auto e = Engine::create(model, o);
-      const int s = e->memory().create_sequence();
-      e->eval(s, prompts[k], false);
-      std::vector<float> l;
-      for (int32_t t : gens[k]) {
-        const int32_t one[1] = {t};
-        auto r = e->eval(s, one, false);
-        l.insert(l.end(), r.begin(), r.end());
-      }
-      alone.push_back(l);
-    }
-    auto e = Engine::create(model, o);
-    std::vector<int> seqs;
-    for (int k = 0; k < 5; ++k) {
-      seqs.push_back(e->memory().create_sequence());
-      e->eval(seqs[k], prompts[k], false);
-    }
-    for (size_t i = 0; i < gens[0].size(); ++i) {
-      std::vector<Engine::BatchRow> rows;
-      for (int k = 0; k < 5; ++k) rows.push_back({seqs[k], gens[k][i], true});
-      const auto l = e->decode(rows);
-      for (int k = 0; k < 5; ++k)
-        EXPECT_EQ(0, std::memcmp(l.data() + (size_t)k * n_vocab, alone[k].data() + i * n_vocab, n_vocab * sizeof(float)))
-            << spec << " sequence " << k << " step " << i;
-    }
-  }
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.n_ctx = 512;
+  o.n_seq_max = 6;
+  for (const char* spec : {"tiny-qwen3moe:Q4_K_M", "tiny-qwen35moe:Q4_K_M"})
+    test::expect_decode_batches_match_each_alone(tiny(spec), o, 8, spec);
 }
 
 // --cpu-moe / --n-cpu-moe / -ot: the experts of some layers stay in host memory and run on the CPU while

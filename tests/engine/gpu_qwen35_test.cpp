@@ -18,10 +18,6 @@ using test::tiny;
 using test::some_tokens;
 using test::prompt_then_decode;
 
-namespace {
-
-}  // namespace
-
 TEST(GpuQwen35Test, MatchesTheCpuFullAndPartialOffload) {
   SKIP_WITHOUT_GPU();
   for (const char* spec : {"tiny-qwen35:F32", "tiny-qwen35:Q8_0", "tiny-qwen35:Q4_K_M"}) {
@@ -34,12 +30,7 @@ TEST(GpuQwen35Test, MatchesTheCpuFullAndPartialOffload) {
     const auto want = prompt_then_decode(*cpu, tokens, 100);
     // Units: 4 layers + output. 5 = all, 3 = the output and the last two layers (one of each kind).
     for (int units : {5, 3}) {
-      o.n_gpu_layers = units;
-      auto gpu = Engine::create(model, o);
-      ASSERT_EQ(gpu->gpu_units(), units);
-      const auto got = prompt_then_decode(*gpu, tokens, 100);
-      ASSERT_EQ(got.size(), want.size());
-      const double e = test::nmse(got.data(), want.data(), got.size());
+      const double e = test::offload_nmse(model, o, units, tokens, 100, want);
       std::printf("%-20s %d units on the GPU: NMSE vs CPU %.3g\n", spec, units, e);
       // Measured on the H200: see docs/performance.md (prefill rows go through f16 GEMMs and the
       // tf32 delta rule; quantized files add the CPU's int8 activation rounding).
@@ -50,46 +41,12 @@ TEST(GpuQwen35Test, MatchesTheCpuFullAndPartialOffload) {
 
 TEST(GpuQwen35Test, DecodeBatchesAreBitIdenticalToEachSequenceAlone) {
   SKIP_WITHOUT_GPU();
-  auto model = tiny("tiny-qwen35:Q4_K_M");
-  const int n_vocab = model->hparams().n_vocab;
   EngineOptions o;
   o.n_gpu_layers = EngineOptions::kGpuLayersAll;
   o.n_ctx = 1024;
   o.n_seq_max = 6;
-  // Alone: each sequence's prompt, then decode steps of its own.
-  std::vector<std::vector<float>> alone;
-  std::vector<std::vector<int32_t>> prompts, gens;
-  for (int k = 0; k < 5; ++k) {
-    prompts.push_back(some_tokens(9 + 7 * k, n_vocab, k));
-    gens.push_back(some_tokens(10, n_vocab, 40 + k));
-  }
-  for (int k = 0; k < 5; ++k) {
-    auto e = Engine::create(model, o);
-    const int s = e->memory().create_sequence();
-    e->eval(s, prompts[k], false);
-    std::vector<float> l;
-    for (int32_t t : gens[k]) {
-      const int32_t one[1] = {t};
-      auto r = e->eval(s, one, false);
-      l.insert(l.end(), r.begin(), r.end());
-    }
-    alone.push_back(l);
-  }
   // Together: one decode row of each of the 5 sequences per step (bucket of 8, one graph replayed).
-  auto e = Engine::create(model, o);
-  std::vector<int> seqs;
-  for (int k = 0; k < 5; ++k) {
-    seqs.push_back(e->memory().create_sequence());
-    e->eval(seqs[k], prompts[k], false);
-  }
-  for (size_t i = 0; i < gens[0].size(); ++i) {
-    std::vector<Engine::BatchRow> rows;
-    for (int k = 0; k < 5; ++k) rows.push_back({seqs[k], gens[k][i], true});
-    const auto l = e->decode(rows);
-    for (int k = 0; k < 5; ++k)
-      EXPECT_EQ(0, std::memcmp(l.data() + (size_t)k * n_vocab, alone[k].data() + i * n_vocab, n_vocab * sizeof(float)))
-          << "sequence " << k << " step " << i;
-  }
+  test::expect_decode_batches_match_each_alone(tiny("tiny-qwen35:Q4_K_M"), o, 10, "tiny-qwen35:Q4_K_M");
 }
 
 TEST(GpuQwen35Test, ForksAndPrefixReuseCopyStatesOnTheGpu) {
