@@ -85,13 +85,9 @@ void gpu_use_wgmma_bulk_for_test(int mode);
 void gpu_use_wgmma_fold_for_test(int on);
 // Q6_K's -32 folded out the same way (ROOFLINE_WGMMA_FOLD_Q6): 1 on, 0 off, -1 the environment's.
 void gpu_use_wgmma_fold_q6_for_test(int on);
-// For tests: Q6_K products of 64 tokens (whose CTAs run one a SM) with the stages of one CTA a SM (1), of two (0), or as
-// ROOFLINE_WGMMA_ALONE says (-1).
-void gpu_use_wgmma_alone_for_test(int on);
-// For tests: batched Q4_K and Q6_K products of one input joined in one warpgroup launch at every row count (2), where
-// the Q6_K kernel leaves two CTAs a SM (1), in launches of one kind each (0), or as ROOFLINE_WGMMA_MIXED says (-1: 2
-// unless it is set).
-void gpu_use_wgmma_mixed_for_test(int mode);
+// For tests: batched Q4_K and Q6_K products of one input joined in one warpgroup launch (1), in launches of one kind
+// each (0), or as ROOFLINE_WGMMA_MIXED says (-1: joined unless it is 0).
+void gpu_use_wgmma_mixed_for_test(int on);
 // For tests: the grouped expert products on the warpgroup kernel (1), not (0), or as ROOFLINE_WGMMA_EXPERTS says (-1).
 void gpu_use_wgmma_experts_for_test(int on);
 // For tests: one-token Q4_K products (and Q4_K/Q6_K groups) pipeline a warp's rounds of loads for rows of up to

@@ -31,7 +31,6 @@ void gpu_use_wgmma_experts_for_test(int) { fail("this build has no GPU backend: 
 void gpu_use_wgmma_bulk_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_fold_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_fold_q6_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
-void gpu_use_wgmma_alone_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_mixed_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_q4k_tile_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_f16_copy_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }

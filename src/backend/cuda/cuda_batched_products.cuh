@@ -156,11 +156,10 @@ bool wgmma_products_take(const DeviceWeight& w, int n_tokens);
 inline int wgmma_n_pad(int n_tokens) { return 16 * ((n_tokens + 15) / 16); }
 // Whether Q4_K tiles are written for products that fold the mins (WgTiles::folded; ROOFLINE_WGMMA_FOLD, on).
 bool wg_tiles_folded();
-// Whether products of Q4_K and Q6_K weights of one input join in one warpgroup launch of n_tokens rows (Q4_K first: q
-// and k with a Q6_K v; with one m64 tile a warpgroup). ROOFLINE_WGMMA_MIXED: 2 (the default) at every row count, 1 where
-// the Q6_K kernel's shared memory leaves two CTAs a SM (up to 48 rows), 0 never. Their Q6_K tiles follow the Q4_K
-// ones (wg_q6_tiles), so x_f16 holds wg_tiles_both_halves.
-bool wgmma_mixed_joins(int n_tokens);
+// Whether products of Q4_K and Q6_K weights of one input join in one warpgroup launch (Q4_K first: q and k with a Q6_K
+// v; ROOFLINE_WGMMA_MIXED, on, with one m64 tile a warpgroup). Their Q6_K tiles follow the Q4_K ones (wg_q6_tiles), so
+// x_f16 holds wg_tiles_both_halves.
+bool wgmma_mixed_joins();
 inline __half* wg_q6_tiles(__half* x_f16, int64_t cols, int n_pad) { return x_f16 + wg_tiles_halves(cols, n_pad, false); }
 inline int64_t wg_tiles_both_halves(int64_t cols, int n_pad) { return wg_tiles_halves(cols, n_pad, false) + wg_tiles_halves(cols, n_pad, true); }
 void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const float* x, int n_tokens,

@@ -616,7 +616,7 @@ bool gemm_can_join(const DeviceWeight& a, const DeviceWeight& b, int n_tokens) {
   if (!on || !gemm_fuses_dequant(a, n_tokens) || !gemm_fuses_dequant(b, n_tokens) || a.cols != b.cols) return false;
   if (a.type == b.type) return true;
   // Q4_K first with a Q6_K member (q and k with a Q6_K v), both on the warpgroup kernel: one launch of both kinds.
-  return a.type == DType::Q4_K && b.type == DType::Q6_K && wgmma_mixed_joins(n_tokens) && !int8_products_take(a, n_tokens) &&
+  return a.type == DType::Q4_K && b.type == DType::Q6_K && wgmma_mixed_joins() && !int8_products_take(a, n_tokens) &&
          wgmma_products_take(a, n_tokens) && wgmma_products_take(b, n_tokens);
 }
 

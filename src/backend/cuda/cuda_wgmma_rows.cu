@@ -223,19 +223,19 @@ template <int MT>
 constexpr int wg_threads() { return 256 / MT; }
 // Super-blocks staged at once: as many as fit the two CTAs a SM (up to 4, at least 2). (Three CTAs a SM, at 80
 // registers a thread, have ptxas serialize the warpgroup products for want of registers in every form, sm_90a.)
-// Where two stages do not fit two CTAs (Q6_K at 64 tokens: its CTA runs alone on its SM), ALONE stages as many as fit
-// one CTA (ROOFLINE_WGMMA_ALONE; the copies then run S - 1 ahead: wgmma_rows).
+// (Where two stages do not fit two CTAs, Q6_K at 64 tokens, the CTA runs alone on its SM; staging as many as fit one
+// CTA there, three, measured 1.7% slower on an all-Q6_K qwen3-8b at `-npl 64`: docs/performance.md.)
 template <DType T, int N, bool FOLD>
 constexpr int wg_stage_bytes() { return wg_x_stage_bytes<T, N, FOLD>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
-template <DType T, int N, bool FOLD, bool ALONE = false>
+template <DType T, int N, bool FOLD>
 constexpr int wg_stages() {
-  constexpr int fit = ((ALONE ? 227 * 1024 : 227 * 1024 / 2) - 1024) / wg_stage_bytes<T, N, FOLD>();
+  constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N, FOLD>();
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
 // With the bulk pipeline, its 2 S barriers after the stages.
-template <DType T, int N, bool BULK, bool FOLD, bool ALONE = false>
+template <DType T, int N, bool BULK, bool FOLD>
 constexpr int wg_smem_bytes() {
-  return wg_stages<T, N, FOLD, ALONE>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD, ALONE>() : 0);
+  return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0);
 }
 
 // A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded
@@ -321,11 +321,10 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
 // landing a barrier of the stage ("full") tells every warp; each warp, done with a stage's products, arrives at the
 // stage's "empty" barrier, which thread 0 waits on before it copies into the stage again. The copies run S - 2
 // super-blocks ahead where S >= 3 (thread 0 then waits for every warp's super-block before the previous one), S - 1
-// where S = 2 or the CTA is alone on its SM (ALONE, whose stages are those of one CTA a SM: more bytes in flight at the
-// cost of thread 0 waiting for every warp's previous super-block). So a warp runs ahead of the others by up to the
-// stages in flight instead of meeting them every super-block. The plain pipeline: every thread copies its share of a
-// stage's activations, copies run S - 1 ahead, and the CTA meets at a barrier each super-block.
-template <DType T, int N, int MT, bool BULK, bool FOLD, bool ALONE = false>
+// where S = 2. So a warp runs ahead of the others by up to the stages in flight instead of meeting them every
+// super-block. The plain pipeline: every thread copies its share of a stage's activations, copies run S - 1 ahead, and
+// the CTA meets at a barrier each super-block.
+template <DType T, int N, int MT, bool BULK, bool FOLD>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -338,9 +337,9 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
   // kX: a stage's activation bytes, kXsb: a super-block's in memory (FOLD false skips Q4_K's 17th step).
-  constexpr int S = wg_stages<T, N, FOLD, ALONE>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
+  constexpr int S = wg_stages<T, N, FOLD>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
   constexpr int kStage = wg_stage_bytes<T, N, FOLD>();
-  constexpr int L = BULK && S >= 3 && !ALONE ? S - 2 : S - 1;  // super-blocks the copies run ahead
+  constexpr int L = BULK && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
   extern __shared__ int4 wg_smem[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
@@ -456,11 +455,11 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool BULK, bool FOLD, bool ALONE = false>
+template <DType T, int N, int MT, bool BULK, bool FOLD>
 __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
                                                                          float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
-  wgmma_rows<T, N, MT, BULK, FOLD, ALONE>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
+  wgmma_rows<T, N, MT, BULK, FOLD>(mem.w, xb, n_tok, mem.y, mem.ldy, accumulate, part + mem.part_off, blockIdx.x - mem.tile0, blockIdx.y,
                              gridDim.y);
 }
 
@@ -541,54 +540,23 @@ bool wgmma_fold_q6() {
 
 bool wg_tiles_folded() { return wgmma_fold(); }
 
-namespace {
-// Whether the Q6_K kernel's stages at N tokens leave room for two CTAs a SM (228 KB of shared memory, 1 KB a CTA
-// reserved), as the Q4_K kernel's always do. At 64 tokens they do not: the Q6_K kernel runs one CTA a SM there, and so
-// would a joined launch's Q4_K CTAs, which take the larger of the two kinds' shared memory.
-template <int N, bool FOLD6>
-constexpr bool wg_q6_two_ctas() { return 2 * (wg_smem_bytes<DType::Q6_K, N, true, FOLD6>() + 1024) <= 228 * 1024; }
-template <bool FOLD6>
-bool wg_q6_two_ctas_at(int n_pad) {
-  switch (n_pad / 16) {
-    case 1: return wg_q6_two_ctas<16, FOLD6>();
-    case 2: return wg_q6_two_ctas<32, FOLD6>();
-    case 3: return wg_q6_two_ctas<48, FOLD6>();
-    default: return wg_q6_two_ctas<64, FOLD6>();
-  }
-}
-}  // namespace
-
 int wgmma_mixed_for_test = -1;  // (gpu_use_wgmma_mixed_for_test; -1: the environment's)
-bool wgmma_mixed_joins(int n_tokens) {
-  static const int env = [] {
-    const char* e = std::getenv("ROOFLINE_WGMMA_MIXED");
-    return e ? std::clamp(std::atoi(e), 0, 2) : 2;
-  }();
-  const int mode = wgmma_mixed_for_test >= 0 ? wgmma_mixed_for_test : env;
+bool wgmma_mixed_joins() {
+  static const bool env = env_switch("ROOFLINE_WGMMA_MIXED", true);
   // (The plain pipeline's mixed kernels are built with both folds or neither.)
-  if (mode == 0 || wgmma_tiles() != 1 || !(wgmma_bulk() || wgmma_fold() == wgmma_fold_q6())) return false;
-  if (mode == 2) return true;
-  const int n_pad = wgmma_n_pad(n_tokens);
-  return wgmma_fold_q6() ? wg_q6_two_ctas_at<true>(n_pad) : wg_q6_two_ctas_at<false>(n_pad);
+  return (wgmma_mixed_for_test >= 0 ? wgmma_mixed_for_test > 0 : env) && wgmma_tiles() == 1 &&
+         (wgmma_bulk() || wgmma_fold() == wgmma_fold_q6());
 }
 
 namespace {
 
-// Q6_K products whose CTA runs alone on its SM (64 tokens) with the stages of one CTA a SM (wg_stages' ALONE;
-// ROOFLINE_WGMMA_ALONE, off).
-int wgmma_alone_for_test = -1;  // (gpu_use_wgmma_alone_for_test; -1: the environment's)
-bool wgmma_alone() {
-  static const bool env = env_switch("ROOFLINE_WGMMA_ALONE", false);
-  return wgmma_alone_for_test >= 0 ? wgmma_alone_for_test > 0 : env;
-}
-
-template <DType T, int N, int MT, bool BULK, bool FOLD, bool ALONE = false>
+template <DType T, int N, int MT, bool BULK, bool FOLD>
 void launch_wgmma_rows_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                             bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
-  constexpr int smem = wg_smem_bytes<T, N, BULK, FOLD, ALONE>();
-  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK, FOLD, ALONE>>(smem, wg_threads<MT>());
+  constexpr int smem = wg_smem_bytes<T, N, BULK, FOLD>();
+  const int slots = smem_set_once<wgmma_rows_kernel<T, N, MT, BULK, FOLD>>(smem, wg_threads<MT>());
   const MmaPlan plan = plan_mma_launch(ws, ys, ldys, count, n_tok, kWgRows, slots, part_floats, wgmma_fill_sb());
-  launch(wgmma_rows_kernel<T, N, MT, BULK, FOLD, ALONE>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem,
+  launch(wgmma_rows_kernel<T, N, MT, BULK, FOLD>, dim3((unsigned)plan.tiles, (unsigned)plan.splits), dim3(wg_threads<MT>()), smem,
          stream, pdl_enabled(), plan.m, xb, n_tok, accumulate, part);
   reduce_k_splits(plan, n_tok, accumulate, part, stream);
 }
@@ -596,12 +564,8 @@ template <DType T, int N, bool FOLD>
 void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                               bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_form<T, N, 2, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk()) {
-    if constexpr (T == DType::Q6_K && !wg_q6_two_ctas<N, FOLD>()) {
-      if (wgmma_alone()) return launch_wgmma_rows_form<T, N, 1, true, FOLD, true>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-    }
-    launch_wgmma_rows_form<T, N, 1, true, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  } else launch_wgmma_rows_form<T, N, 1, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk()) launch_wgmma_rows_form<T, N, 1, true, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else launch_wgmma_rows_form<T, N, 1, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
@@ -758,7 +722,7 @@ void wgmma_products(const DeviceWeight* const* ws, float* const* ys, const int* 
                     bool accumulate, float* part, size_t part_floats, __half* x_scratch, bool x_ready, cudaStream_t stream) {
   for (int k = 1; k < count; ++k)
     if (ws[k]->type != ws[0]->type) {
-      if (ws[0]->type != DType::Q4_K || !wgmma_mixed_joins(n_tokens)) fail("internal error: warpgroup products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
+      if (ws[0]->type != DType::Q4_K || !wgmma_mixed_joins()) fail("internal error: warpgroup products of {} and {} weights joined", dtype_name(ws[0]->type), dtype_name(ws[k]->type));
       return wgmma_products_mixed(ws, ys, ldys, count, x, n_tokens, accumulate, part, part_floats, x_scratch, x_ready, stream);
     }
   if (ws[0]->type == DType::Q4_K)
@@ -800,7 +764,6 @@ void gpu_use_wgmma_experts_for_test(int on) { cuda::wgmma_experts_for_test = on;
 void gpu_use_wgmma_bulk_for_test(int mode) { cuda::wgmma_bulk_for_test = mode; }
 void gpu_use_wgmma_fold_for_test(int on) { cuda::wgmma_fold_for_test = on; }
 void gpu_use_wgmma_fold_q6_for_test(int on) { cuda::wgmma_fold_q6_for_test = on; }
-void gpu_use_wgmma_alone_for_test(int on) { cuda::wgmma_alone_for_test = on; }
 void gpu_use_wgmma_mixed_for_test(int on) { cuda::wgmma_mixed_for_test = on; }
 
 }  // namespace roofline
