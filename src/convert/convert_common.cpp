@@ -58,6 +58,15 @@ bool HfConfig::boolean_or(const char* key, bool fallback) const {
   return j[key].get<bool>();
 }
 
+HfConfig text_model_config(const nlohmann::json& config, const std::string& where_file) {
+  HfConfig c{config, where_file};
+  if (config.contains("text_config") && config["text_config"].is_object()) {
+    for (auto it = config["text_config"].begin(); it != config["text_config"].end(); ++it) c.j[it.key()] = it.value();
+    c.where += " (text_config)";
+  }
+  return c;
+}
+
 bool is_multimodal_tensor(const std::string& n) {
   for (const char* p : {"mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
                         "sound_projection.", "speech_embeddings."})

@@ -32,6 +32,10 @@ struct HfConfig {
   bool boolean_or(const char* key, bool fallback) const;
 };
 
+// conversion/base.py TextModel.__init__: a multimodal config's text_config keys override the top level's;
+// `where` then says "(text_config)".
+HfConfig text_model_config(const nlohmann::json& config, const std::string& where_file);
+
 std::string shape_string(const std::vector<int64_t>& s);
 
 // conversion/base.py TextModel.filter_tensors: the multimodal tensors (vision tower, projector, audio)

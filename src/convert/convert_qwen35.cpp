@@ -55,14 +55,9 @@ struct Hparams {
 };
 
 Hparams read_hparams(const json& config, const std::string& where_file, bool moe) {
-  // TextModel.__init__: text_config's keys override the top level.
-  json merged = config;
-  std::string where = where_file;
-  if (config.contains("text_config") && config["text_config"].is_object()) {
-    for (auto it = config["text_config"].begin(); it != config["text_config"].end(); ++it) merged[it.key()] = it.value();
-    where += " (text_config)";
-  }
-  const HfConfig c{merged, where};
+  const HfConfig c = text_model_config(config, where_file);  // text_config's keys over the top level's
+  const std::string& where = c.where;
+  const json& merged = c.j;
   Hparams hp;
   hp.n_embd = c.integer("hidden_size");
   hp.n_layer = c.integer("num_hidden_layers");
