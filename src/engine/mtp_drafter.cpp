@@ -74,17 +74,9 @@ void MtpDrafter::restart(Sequence& s, int first) {
   s.pending.clear();
 }
 
-void MtpDrafter::release(int key) {
-  auto it = seqs_.find(key);
-  if (it == seqs_.end()) return;
-  engine_->memory().free_sequence(it->second.seq);
-  seqs_.erase(it);
-}
+void MtpDrafter::release(int key) { free_sequence(engine_->memory(), seqs_, key); }
 
-void MtpDrafter::release_all() {
-  for (auto& [key, s] : seqs_) engine_->memory().free_sequence(s.seq);
-  seqs_.clear();
-}
+void MtpDrafter::release_all() { free_sequences(engine_->memory(), seqs_); }
 
 void MtpDrafter::add_hidden(int key, int first, const float* hidden, int n) {
   if (n <= 0) return;

@@ -77,17 +77,9 @@ DraftModel::Sequence& DraftModel::sequence_for(int key) {
   return seqs_.emplace(key, std::move(s)).first->second;
 }
 
-void DraftModel::release(int key) {
-  auto it = seqs_.find(key);
-  if (it == seqs_.end()) return;
-  engine_->memory().free_sequence(it->second.seq);
-  seqs_.erase(it);
-}
+void DraftModel::release(int key) { free_sequence(engine_->memory(), seqs_, key); }
 
-void DraftModel::release_all() {
-  for (auto& [key, s] : seqs_) engine_->memory().free_sequence(s.seq);
-  seqs_.clear();
-}
+void DraftModel::release_all() { free_sequences(engine_->memory(), seqs_); }
 
 void DraftModel::draft(std::vector<Job>& jobs) {
   SequenceMemory& mem = engine_->memory();

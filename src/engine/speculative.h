@@ -96,6 +96,21 @@ class Drafter {
     for (Job& j : jobs) j.draft.clear();
   }
 
+  // The drafters keep, per key, a record whose `seq` is a sequence of their engine's memory: free one key's
+  // (when it has one) or every key's, and forget them.
+  template <typename Sequences>
+  static void free_sequence(SequenceMemory& mem, Sequences& seqs, int key) {
+    auto it = seqs.find(key);
+    if (it == seqs.end()) return;
+    mem.free_sequence(it->second.seq);
+    seqs.erase(it);
+  }
+  template <typename Sequences>
+  static void free_sequences(SequenceMemory& mem, Sequences& seqs) {
+    for (auto& [key, s] : seqs) mem.free_sequence(s.seq);
+    seqs.clear();
+  }
+
  private:
   bool warned_ = false;  // a draft step failed once
 };
