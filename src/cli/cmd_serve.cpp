@@ -42,8 +42,8 @@ void on_signal(int sig) {
   (void)n;
 }
 
-// A warm-up before the server listens, as llama-server's: prompt steps of up to a batch of rows and of a quarter,
-// a sixteenth, ... of it (down to 16 rows; each size of product picks its own kernels), then decode steps of 1, 2,
+// A warm-up before the server listens, as llama-server's: prompt steps of up to a batch of rows and, with layers on a
+// GPU, of a quarter, a sixteenth, ... of it (down to 16 rows; each size of product picks its own kernels), then decode steps of 1, 2,
 // 4, ... rows up to the slots (64 at most), on sequences freed after. The first steps of each kind load their kernels
 // (lazily, by default), let cuBLAS pick its algorithms and capture the decode buckets' CUDA graphs: tens of
 // milliseconds that would otherwise land on the first requests' time to the first token.
@@ -56,7 +56,8 @@ void warm_up(Engine& engine, int n_parallel) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t)((7 + 131 * i) % (size_t)n_vocab);
   std::vector<int> seqs;
   try {
-    for (int rows = n_prompt / 4; rows >= 16; rows /= 4) {  // the shorter prompts' sequences: 1/3 of the longest's positions
+    const bool gpu = engine.options().n_gpu_layers != 0;  // the CPU has no kernels to load: one prompt step there
+    for (int rows = n_prompt / 4; gpu && rows >= 16; rows /= 4) {  // the shorter prompts' sequences: 1/3 of the longest's positions
       seqs.push_back(mem.create_sequence(false));
       engine.eval(seqs.back(), std::span<const int32_t>(tokens.data(), (size_t)rows), false);
     }
