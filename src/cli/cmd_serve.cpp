@@ -25,6 +25,7 @@
 #include "engine/gpu_table.h"
 #include "engine/memory_plan.h"
 #include "engine/pooling.h"
+#include "engine/warm_up.h"
 #include "serve/malloc_arenas.h"
 #include "serve/server.h"
 
@@ -40,42 +41,6 @@ void on_signal(int sig) {
   const char c = (char)sig;
   const ssize_t n = write(g_signal_pipe[1], &c, 1);
   (void)n;
-}
-
-// A warm-up before the server listens, as llama-server's: prompt steps of up to a batch of rows and, with layers on a
-// GPU, of a quarter, a sixteenth, ... of it (down to 16 rows; each size of product picks its own kernels), then decode steps of 1, 2,
-// 4, ... rows up to the slots (64 at most), on sequences freed after. The first steps of each kind load their kernels
-// (lazily, by default), let cuBLAS pick its algorithms and capture the decode buckets' CUDA graphs: tens of
-// milliseconds that would otherwise land on the first requests' time to the first token.
-// A context too small for it stops it early: warming up is never a reason not to serve.
-void warm_up(Engine& engine, int n_parallel) {
-  SequenceMemory& mem = engine.memory();
-  const int n_prompt = std::max(1, std::min(engine.options().n_batch, engine.options().n_ctx / 4));
-  const int n_vocab = engine.n_vocab();
-  std::vector<int32_t> tokens((size_t)n_prompt + 1);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t)((7 + 131 * i) % (size_t)n_vocab);
-  std::vector<int> seqs;
-  try {
-    const bool gpu = engine.options().n_gpu_layers != 0;  // the CPU has no kernels to load: one prompt step there
-    for (int rows = n_prompt / 4; gpu && rows >= 16; rows /= 4) {  // the shorter prompts' sequences: 1/3 of the longest's positions
-      seqs.push_back(mem.create_sequence(false));
-      engine.eval(seqs.back(), std::span<const int32_t>(tokens.data(), (size_t)rows), false);
-    }
-    seqs.push_back(mem.create_sequence(false));
-    engine.eval(seqs.back(), std::span<const int32_t>(tokens.data(), (size_t)n_prompt), false);
-    for (int rows = 1; rows <= std::min(64, std::max(1, n_parallel)); rows *= 2) {
-      while ((int)seqs.size() < rows) {
-        seqs.push_back(mem.create_sequence(false));
-        engine.eval(seqs.back(), std::span<const int32_t>(tokens.data(), 1), false);
-      }
-      std::vector<Engine::BatchRow> batch;
-      for (int i = 0; i < rows; ++i) batch.push_back({seqs[(size_t)i], tokens[(size_t)(i + 1) % tokens.size()], true, true});
-      engine.step(batch);
-    }
-  } catch (const Error& e) {
-    log_debug("warm-up stopped early: {}", e.what());
-  }
-  for (int s : seqs) mem.free_sequence(s);
 }
 
 // -b not given: steps of kLargeServeBatch rows where the whole model fits the GPU with their buffers
@@ -374,7 +339,8 @@ int run(int argc, char** argv) {
       for (const std::string& line : engine->report()) log_info("{}", line);
       if (dargs.given()) draft = load_draft(dargs, margs, *engine);
       for (const std::string& line : engine->keep_f16_copies()) log_info("{}", line);
-      if (!no_warmup) warm_up(*engine, n_parallel);
+      // The shorter prompt steps only where layers are on a GPU: the CPU has no kernels to load.
+      if (!no_warmup) warm_up(*engine, {.n_parallel = n_parallel, .shorter_prompts = engine->gpu_units() > 0});
       mc->tokenizer = load_tokenizer(*model);
       std::string source = template_override.empty() ? chat_template_from_metadata(model->metadata()) : template_override;
       if (source.empty()) {

@@ -1,0 +1,62 @@
+// The serve warm-up (engine/warm_up.h): it runs to the end where the slots allow, never leaves a
+// sequence, block or recurrent state behind, and says so where a step could not run.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/warm_up.h"
+#include "engine_test_util.h"
+
+namespace roofline {
+namespace {
+
+EngineOptions cpu_options(int n_seq_max) {
+  EngineOptions o;
+  o.n_ctx = 1024;
+  o.n_batch = 512;  // the longest prompt step: 256 rows (a quarter of the context); shorter ones: 64 and 16
+  o.n_threads = 2;
+  o.n_seq_max = n_seq_max;
+  return o;
+}
+
+// Every sequence state is free again: n_seq_max sequences can be made at once, and no block is held.
+void expect_memory_free(Engine& engine, int n_seq_max) {
+  SequenceMemory& mem = engine.memory();
+  EXPECT_EQ(mem.used_blocks(), 0);
+  std::vector<int> seqs;
+  for (int i = 0; i < n_seq_max; ++i) EXPECT_NO_THROW(seqs.push_back(mem.create_sequence(false))) << i;
+  for (int s : seqs) mem.free_sequence(s);
+}
+
+TEST(WarmUpTest, RunsEveryStepWithOneRecurrentStatePerSlot) {
+  // A hybrid model keeps a recurrent state per live sequence; one slot gives it one state, so the
+  // shorter prompts' sequences must be gone before the next one is made.
+  auto engine = Engine::create(test::tiny("tiny-qwen35:Q4_K_M"), cpu_options(1));
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 1, .shorter_prompts = true}));
+  expect_memory_free(*engine, 1);
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 1, .shorter_prompts = false}));
+  expect_memory_free(*engine, 1);
+}
+
+TEST(WarmUpTest, DecodesAtEveryPowerOfTwoUpToTheSlots) {
+  auto engine = Engine::create(test::tiny("tiny-qwen3:Q4_K_M"), cpu_options(4));
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 6, .shorter_prompts = true}));  // steps of 1, 2 and 4 rows
+  expect_memory_free(*engine, 4);
+  // The engine serves as before: the same logits as a fresh engine's for the same tokens.
+  auto fresh = Engine::create(test::tiny("tiny-qwen3:Q4_K_M"), cpu_options(4));
+  const auto tokens = test::some_tokens(40, engine->n_vocab());
+  const auto got = test::prompt_then_decode(*engine, tokens, 24);
+  const auto want = test::prompt_then_decode(*fresh, tokens, 24);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got, want);
+}
+
+TEST(WarmUpTest, StopsEarlyAndFreesEverythingWhereTheSlotsExceedTheStates) {
+  // Decode steps of 4 rows need 4 live sequences; 2 recurrent states cannot hold them.
+  auto engine = Engine::create(test::tiny("tiny-qwen35:Q4_K_M"), cpu_options(2));
+  EXPECT_FALSE(warm_up(*engine, {.n_parallel = 4, .shorter_prompts = true}));
+  expect_memory_free(*engine, 2);
+}
+
+}  // namespace
+}  // namespace roofline
