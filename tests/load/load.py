@@ -4,7 +4,9 @@
 Streaming POST /v1/completions with a prompt of random token ids (unique per request, so no prompt
 cache helps), greedy, ignore_eos, max_tokens N, at several concurrencies. For each concurrency it
 reports TTFT and inter-token latency (p50/p99), the generated tok/s of all streams together
-(comparable with `roofline bench -npl`) and the requests that failed, as a markdown table and
+(comparable with `roofline bench -npl`), the requests that failed and, where the server reports its
+`timings` (roofline serve, llama-server), its own prompt_ms (admission to the first token: TTFT less
+that is the HTTP and the queue's share), as a markdown table and
 optionally JSON; exits 1 when a request failed. Python 3 standard library only (threads + http.client,
 one connection a request).
 
@@ -97,7 +99,7 @@ class Client:
         body = json.dumps(fields)
         t0 = time.perf_counter()
         conn = self.connect()
-        arrivals, usage = [], None
+        arrivals, usage, timings = [], None, None
         try:
             conn.request('POST', self.prefix + '/v1/completions', body=body,
                          headers={**self.headers, 'Content-Type': 'application/json'})
@@ -120,6 +122,8 @@ class Client:
                     raise RuntimeError(e.get('message', str(e)) if isinstance(e, dict) else str(e))
                 if j.get('usage'):
                     usage = j['usage']
+                if isinstance(j.get('timings'), dict):
+                    timings = j['timings']
                 ch = j.get('choices') or []
                 if ch and ch[0].get('text'):
                     arrivals.append((time.perf_counter() - t0) * 1000)
@@ -130,6 +134,7 @@ class Client:
                 'itl': [b - a for a, b in zip(arrivals, arrivals[1:])],
                 'total': total,
                 'generated': (usage or {}).get('completion_tokens', len(arrivals)),
+                'server_prompt_ms': (timings or {}).get('prompt_ms'),
                 'prompt': (usage or {}).get('prompt_tokens', len(prompt))}
 
 
@@ -167,10 +172,12 @@ def run_level(client, level, args, vocab):
     gen = sum(r['generated'] for r in results)
     ttft = [r['ttft'] for r in results]
     itl = [x for r in results for x in r['itl']]
+    server_prompt = [r['server_prompt_ms'] for r in results if isinstance(r.get('server_prompt_ms'), (int, float))]
     for e in sorted(set(errors))[:3]:
         print(f'  concurrency {level}: {errors.count(e)} x {e}', file=sys.stderr)
     return {'concurrency': level, 'requests': len(results) + len(errors), 'failed': len(errors),
             'ttft_p50_ms': pct(ttft, 50), 'ttft_p99_ms': pct(ttft, 99),
+            'server_prompt_p50_ms': pct(server_prompt, 50), 'server_prompt_p99_ms': pct(server_prompt, 99),
             'itl_p50_ms': pct(itl, 50), 'itl_p99_ms': pct(itl, 99),
             'itl_mean_ms': sum(itl) / len(itl) if itl else math.nan,
             'tokens_per_request': gen / len(results) if results else math.nan,
@@ -256,8 +263,8 @@ def main():
         print(f'prompt {args.prompt_tokens} tokens (random ids), {args.max_tokens} generated (ignore_eos, greedy), '
               f'{args.per_stream} requests per stream')
         print('| concurrency | requests | failed | TTFT p50 / p99 ms | inter-token p50 / p99 / mean ms '
-              '| tokens per request | generated tok/s, all streams |')
-        print('|---|---|---|---|---|---|---|', flush=True)
+              '| tokens per request | generated tok/s, all streams | server prompt_ms p50 / p99 |')
+        print('|---|---|---|---|---|---|---|---|', flush=True)
         rows = []
 
         def f(x):
@@ -268,7 +275,8 @@ def main():
             rows.append(r)
             print(f"| {level} | {r['requests']} | {r['failed']} | {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} "
                   f"| {f(r['itl_p50_ms'])} / {f(r['itl_p99_ms'])} / {f(r['itl_mean_ms'])} | {f(r['tokens_per_request'])} "
-                  f"| {f(r['generated_tok_s'])} |", flush=True)
+                  f"| {f(r['generated_tok_s'])} | {f(r['server_prompt_p50_ms'])} / {f(r['server_prompt_p99_ms'])} |",
+                  flush=True)
         if args.json:
             with open(args.json, 'w') as out:  # NaN (no samples) is written as null
                 json.dump([{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
