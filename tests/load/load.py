@@ -180,6 +180,9 @@ def run_level(client, level, args, vocab):
             'server_prompt_p50_ms': pct(server_prompt, 50), 'server_prompt_p99_ms': pct(server_prompt, 99),
             'itl_p50_ms': pct(itl, 50), 'itl_p99_ms': pct(itl, 99),
             'itl_mean_ms': sum(itl) / len(itl) if itl else math.nan,
+            # The gap after the first token (the first decode step after the prompt's), p50 and the largest.
+            'itl_first_p50_ms': pct([r['itl'][0] for r in results if r['itl']], 50),
+            'itl_first_max_ms': max((r['itl'][0] for r in results if r['itl']), default=math.nan),
             'tokens_per_request': gen / len(results) if results else math.nan,
             'generated_tok_s': gen / wall, 'prompt_tokens': sum(r['prompt'] for r in results),
             'generated_tokens': gen, 'wall_s': wall}
