@@ -135,6 +135,10 @@ class Client:
                 'total': total,
                 'generated': (usage or {}).get('completion_tokens', len(arrivals)),
                 'server_prompt_ms': (timings or {}).get('prompt_ms'),
+                # The server's own time between its first and last token, over the gaps between them.
+                'server_itl_ms': (timings['predicted_ms'] / (timings['predicted_n'] - 1)
+                                  if timings and isinstance(timings.get('predicted_ms'), (int, float))
+                                  and isinstance(timings.get('predicted_n'), int) and timings['predicted_n'] > 1 else None),
                 'prompt': (usage or {}).get('prompt_tokens', len(prompt))}
 
 
@@ -178,6 +182,7 @@ def run_level(client, level, args, vocab):
     return {'concurrency': level, 'requests': len(results) + len(errors), 'failed': len(errors),
             'ttft_p50_ms': pct(ttft, 50), 'ttft_p99_ms': pct(ttft, 99),
             'server_prompt_p50_ms': pct(server_prompt, 50), 'server_prompt_p99_ms': pct(server_prompt, 99),
+            'server_itl_p50_ms': pct([r['server_itl_ms'] for r in results if r.get('server_itl_ms') is not None], 50),
             'itl_p50_ms': pct(itl, 50), 'itl_p99_ms': pct(itl, 99),
             'itl_mean_ms': sum(itl) / len(itl) if itl else math.nan,
             # The gap after the first token (the first decode step after the prompt's), p50 and the largest.
