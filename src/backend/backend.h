@@ -128,6 +128,16 @@ class Backend {
   // (F16Copies) for its prompt steps, which then multiply them instead of dequantizing every matrix in
   // every step. Returns a line for the startup report, or "" where it keeps none.
   virtual std::string keep_f16_copies() { return {}; }
+
+  // The key counts (a decode row's position + 1), ascending, from 1 up to max_keys, at which this backend's
+  // steps of up to 8 rows start to take a new captured form (the CUDA backend's graphs are keyed by the
+  // attention's grid, which grows with the deepest row's keys): a warm-up that steps a row at each of them has
+  // every such form captured before the first request. Empty: a backend that captures nothing.
+  virtual std::vector<int> decode_graph_depths(int max_keys) const {
+    (void)max_keys;
+    return {};
+  }
+  virtual size_t captured_graphs() const { return 0; }  // the captured forms it holds now
 };
 
 }  // namespace roofline

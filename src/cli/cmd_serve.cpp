@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,13 @@
 
 namespace roofline::cli {
 namespace {
+
+// The warm-up's walk through the decode graphs' depths; ROOFLINE_WARMUP_WALK=0 leaves it out (to measure what it
+// saves: the captures then land on the first requests).
+bool walk_graph_depths() {
+  const char* e = std::getenv("ROOFLINE_WARMUP_WALK");
+  return !(e && std::strcmp(e, "0") == 0);
+}
 
 using serve::json;
 
@@ -339,8 +347,18 @@ int run(int argc, char** argv) {
       for (const std::string& line : engine->report()) log_info("{}", line);
       if (dargs.given()) draft = load_draft(dargs, margs, *engine);
       for (const std::string& line : engine->keep_f16_copies()) log_info("{}", line);
-      // The shorter prompt steps only where layers are on a GPU: the CPU has no kernels to load.
-      if (!no_warmup) warm_up(*engine, {.n_parallel = n_parallel, .shorter_prompts = engine->gpu_units() > 0});
+      // The shorter prompt steps only where layers are on a GPU: the CPU has no kernels to load. The walk through
+      // the depths where decode steps take new CUDA graphs, so that no request waits for a capture.
+      if (!no_warmup) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const bool complete = warm_up(*engine, {.n_parallel = n_parallel,
+                                                .shorter_prompts = engine->gpu_units() > 0,
+                                                .graph_depths = walk_graph_depths() ? engine->decode_graph_depths() : std::vector<int>{}});
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const size_t graphs = engine->captured_graphs();
+        log_info("warm-up: {:.2f} s{}{}", seconds, complete ? "" : " (stopped early)",
+                 graphs > 0 ? fmt::format(", {} decode graphs captured", graphs) : "");
+      }
       mc->tokenizer = load_tokenizer(*model);
       std::string source = template_override.empty() ? chat_template_from_metadata(model->metadata()) : template_override;
       if (source.empty()) {

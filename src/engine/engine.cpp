@@ -503,6 +503,23 @@ void Engine::set_matmul_observer(Backend::MatmulObserver observer) {
   for (auto& b : backends_) b->set_matmul_observer(observer);
 }
 
+std::vector<int> Engine::decode_graph_depths() const {
+  std::vector<int> depths;
+  for (const auto& b : backends_) {
+    const std::vector<int> d = b->decode_graph_depths(options_.n_ctx);
+    depths.insert(depths.end(), d.begin(), d.end());
+  }
+  std::sort(depths.begin(), depths.end());
+  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
+  return depths;
+}
+
+size_t Engine::captured_graphs() const {
+  size_t n = 0;
+  for (const auto& b : backends_) n += b->captured_graphs();
+  return n;
+}
+
 std::vector<Engine::PlacedRange> Engine::placements() const {
   std::vector<PlacedRange> out;
   for (const Placement& p : placement_)

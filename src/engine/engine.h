@@ -132,6 +132,13 @@ class Engine {
   // Observes the input rows of every matrix product (importance matrices); nullptr to stop.
   void set_matmul_observer(Backend::MatmulObserver observer);
 
+  // The key counts (a decode row's position + 1), ascending, up to options().n_ctx, at which some backend's
+  // steps of up to 8 rows start to take a new captured form (Backend::decode_graph_depths: a CUDA graph keyed
+  // by the attention's grid): the serve warm-up steps a row at each, so that requests find them captured.
+  // Empty where nothing is captured (the CPU).
+  std::vector<int> decode_graph_depths() const;
+  size_t captured_graphs() const;  // the backends' captured forms now (CUDA graphs)
+
   // Units (of n_layer + 1) placed on the GPU: 0 = CPU only.
   int gpu_units() const { return gpu_units_; }
 

@@ -2,7 +2,9 @@
 // (on by default, ROOFLINE_BATCHED_GRAPHS=0 turns it off; cuda_backend.cuh batched_graph): the same kernels with the same arguments as the
 // launches they replace, so every step's logits have the same bits with the switch on and off. Steps of 12, 20
 // and 24 rows over sequences of different depths, each size more than once (a captured graph replayed), between
-// prompt steps (not captured) and one-row steps (their own graphs). Skipped without a GPU.
+// prompt steps (not captured) and one-row steps (their own graphs). And the serve warm-up's walk through the depths
+// where steps of up to 8 rows take new graphs (Engine::decode_graph_depths): after it, requests capture none.
+// Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include "backend/gpu.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "engine/warm_up.h"
 #include "test_util.h"
 
 using namespace roofline;
@@ -64,5 +67,50 @@ TEST(GpuBatchedGraphs, StepsGiveTheSameLogitsAsLaunchedOneByOne) {
     const auto launched = batched_steps(spec, false), graphs = batched_steps(spec, true);
     ASSERT_EQ(launched.size(), graphs.size()) << spec;
     EXPECT_EQ(launched, graphs) << spec;
+  }
+}
+
+// A request after the warm-up: a prompt longer than any batched graph's rows, its decode through every depth the
+// context holds at one row, then with two more sequences (steps of 3 rows: the bucket of 4). The warm-up's walk must
+// have captured every graph these steps take: none is captured after it. Without the walk the first one-row step
+// past 128 keys takes a new grid of splits, and so a new graph.
+TEST(GpuDecodeGraphs, TheWarmUpWalkCapturesEveryGraphOfUpToEightRows) {
+  SKIP_WITHOUT_GPU();
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
+    auto model = test::tiny(spec);
+    EngineOptions o;
+    o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+    o.n_ctx = 2048;
+    o.n_seq_max = 4;
+    auto engine = Engine::create(model, o);
+    const std::vector<int> depths = engine->decode_graph_depths();
+    ASSERT_GE(depths.size(), 4u) << spec;
+    EXPECT_EQ(depths[0], 1) << spec;
+    for (size_t i = 1; i < depths.size(); ++i) EXPECT_LT(depths[i - 1], depths[i]) << spec;
+    EXPECT_LE(depths.back(), o.n_ctx) << spec;
+    int one_row_steps = 0;
+    ASSERT_TRUE(warm_up(*engine, {.n_parallel = 4,
+                                  .shorter_prompts = true,
+                                  .graph_depths = depths,
+                                  .on_decode_step = [&](int rows, int) { one_row_steps += rows == 1; }}))
+        << spec;
+    EXPECT_GE(one_row_steps, 3) << spec;
+    const size_t graphs = engine->captured_graphs();
+    EXPECT_GT(graphs, 0u) << spec;
+
+    const int n_vocab = model->hparams().n_vocab;
+    const auto tokens = test::some_tokens(2048, n_vocab, 5);
+    SequenceMemory& mem = engine->memory();
+    const int seq = mem.create_sequence();
+    engine->eval(seq, std::span<const int32_t>(tokens.data(), 100), false);
+    int n = 100;
+    for (; n < 1400; ++n) engine->step({{seq, tokens[(size_t)n], true, true}});
+    EXPECT_EQ(engine->captured_graphs(), graphs) << spec << ": one-row steps to 1400 keys";
+    const int a = mem.create_sequence(), b = mem.create_sequence();
+    engine->eval(a, std::span<const int32_t>(tokens.data(), 1), false);
+    engine->eval(b, std::span<const int32_t>(tokens.data() + 1, 1), false);
+    for (int i = 0; i < 8; ++i, ++n) engine->step({{seq, tokens[(size_t)n], true, true}, {a, tokens[(size_t)i], true, true}, {b, tokens[(size_t)i + 1], true, true}});
+    EXPECT_EQ(engine->captured_graphs(), graphs) << spec << ": three-row steps";
+    for (int s : {seq, a, b}) mem.free_sequence(s);
   }
 }

@@ -2,6 +2,7 @@
 // sequence, block or recurrent state behind, and says so where a step could not run.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "engine/warm_up.h"
@@ -32,10 +33,25 @@ TEST(WarmUpTest, RunsEveryStepWithOneRecurrentStatePerSlot) {
   // A hybrid model keeps a recurrent state per live sequence; one slot gives it one state, so the
   // shorter prompts' sequences must be gone before the next one is made.
   auto engine = Engine::create(test::tiny("tiny-qwen35:Q4_K_M"), cpu_options(1));
-  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 1, .shorter_prompts = true}));
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 1, .shorter_prompts = true, .graph_depths = {1, 40}}));
   expect_memory_free(*engine, 1);
   EXPECT_TRUE(warm_up(*engine, {.n_parallel = 1, .shorter_prompts = false}));
   expect_memory_free(*engine, 1);
+}
+
+TEST(WarmUpTest, WalksTheGraphDepthsWithEachRowCountUpToTheSlots) {
+  auto engine = Engine::create(test::tiny("tiny-qwen3:Q4_K_M"), cpu_options(4));
+  using Steps = std::vector<std::pair<int, int>>;  // (rows, the deepest row's keys)
+  Steps steps;
+  // Three slots: steps of 1, 2 and 3 rows at each depth; 2000 keys do not fit a context of 1024.
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 3,
+                                .graph_depths = {1, 33, 65, 2000},
+                                .on_decode_step = [&](int rows, int keys) { steps.push_back({rows, keys}); }}));
+  // First the decode steps of 1 and 2 rows on the longest prompt (256 tokens), then the walk: the deepest row
+  // sees each depth's keys in the one-row step, and one key more in each step after it.
+  const Steps want{{1, 257}, {2, 258}, {1, 1}, {2, 2}, {3, 3}, {1, 33}, {2, 34}, {3, 35}, {1, 65}, {2, 66}, {3, 67}};
+  EXPECT_EQ(steps, want);
+  expect_memory_free(*engine, 4);
 }
 
 TEST(WarmUpTest, DecodesAtEveryPowerOfTwoUpToTheSlots) {

@@ -45,6 +45,8 @@ def parse_args():
     p.add_argument('--per-stream', type=int, default=2, help='requests each stream sends in turn (default 2)')
     p.add_argument('--api-key', default='', help='sent as Authorization: Bearer KEY')
     p.add_argument('--json', default='', help='also write the rows to this JSON file')
+    p.add_argument('--server-log', default='',
+                   help='with --bin: write the server\'s last 2000 log lines here once it has stopped')
     p.add_argument('--body-extra', default='', help='a JSON object merged into every request body, e.g. '
                    '\'{"response_format": {"type": "json_object"}}\' to measure constrained decoding')
     p.add_argument('--warmup', type=int, default=1, help='short requests sent once before the first level (default 1)')
@@ -201,8 +203,10 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.log, self.port = [], None
         self.port_seen = threading.Event()
-        threading.Thread(target=self._drain, args=(self.proc.stderr, False), daemon=True).start()
-        threading.Thread(target=self._drain, args=(self.proc.stdout, True), daemon=True).start()
+        self.drains = [threading.Thread(target=self._drain, args=(self.proc.stderr, False), daemon=True),
+                       threading.Thread(target=self._drain, args=(self.proc.stdout, True), daemon=True)]
+        for t in self.drains:
+            t.start()
         deadline = time.monotonic() + timeout
         while not self.port_seen.wait(0.05):
             if self.proc.poll() is not None:
@@ -244,6 +248,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for t in self.drains:  # the last lines (those printed at exit) read to the end
+            t.join(5)
         return self.proc.returncode
 
 
@@ -293,6 +299,9 @@ def main():
     finally:
         if server:
             server.stop()
+            if args.server_log:
+                with open(args.server_log, 'w') as log:
+                    log.write(''.join(server.log))
 
 
 if __name__ == '__main__':

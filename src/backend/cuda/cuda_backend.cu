@@ -351,10 +351,29 @@ void CudaBackend::forward(int layer_begin, int layer_end) {
     return;
   }
   gaps_.layers_start(stream_);
+  const bool capture = !graphs_.has(key);
   graphs_.run(key, stream_, [&] {
     for (int il = layer_begin; il < layer_end; ++il) forward_layer(layer_dev_[il - layers_.begin]);
   });
-  gaps_.launched();
+  gaps_.launched(capture);
+}
+
+// A one-row step's plan at every key count, as begin_step packs it (plan_attention): the counts where its grid of
+// splits or its head split changes start a new graph key; more rows take the grid of their deepest.
+std::vector<int> CudaBackend::decode_graph_depths(int max_keys) const {
+  std::vector<int> depths;
+  if (!graphs_enabled_) return depths;
+  StepDesc one;
+  one.tokens = {0}, one.positions = {0}, one.row_seq = {0};
+  int grid = -1;
+  bool heads = false;
+  for (int keys = 1; keys <= max_keys; ++keys) {
+    one.positions[0] = keys - 1;
+    const AttentionPlan plan = plan_attention(one, max_splits_, spans_, 0);
+    if (plan.grid_splits != grid || plan.split_heads != heads) depths.push_back(keys);
+    grid = plan.grid_splits, heads = plan.split_heads;
+  }
+  return depths;
 }
 
 bool CudaBackend::compute_logits() {

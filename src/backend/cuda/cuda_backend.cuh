@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
   void set_partial_sum(PartialSum hook) override;
   void finish_step() override;
   void set_matmul_observer(MatmulObserver observer) override;
+  std::vector<int> decode_graph_depths(int max_keys) const override;
+  size_t captured_graphs() const override { return graphs_.size(); }
 
  private:
   // A layer on the device: its matrices (uploaded in the kernels' layout) and f32 vectors by role.

@@ -56,6 +56,8 @@ StepGaps::StepGaps() {
 StepGaps::~StepGaps() {
   if (!enabled_) return;
   for (const auto& [rows, s] : sums_) {
+    if (s.captures > 0)
+      std::fprintf(stderr, "graph captures, %d-row steps: %d, %.1f us each on the host\n", rows, s.captures, s.capture_us / s.captures);
     if (s.steps == 0) continue;
     std::fprintf(stderr,
                  "step gaps, %d-row steps (%d): GPU idle before a step %.1f us, start (header, embedding) %.1f us, layers + "
@@ -82,9 +84,17 @@ void StepGaps::layers_start(cudaStream_t stream) {
   launch_t0_ = std::chrono::steady_clock::now();
 }
 
-void StepGaps::launched() {
+void StepGaps::launched(bool captured) {
   if (!enabled_ || !in_step_) return;
-  launch_us_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - launch_t0_).count();
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - launch_t0_).count();
+  if (!captured) {
+    launch_us_ += us;
+    return;
+  }
+  Sums& s = sums_[rows_];
+  s.capture_us += us;
+  ++s.captures;
+  have_prev_ = false;  // a capture's host time is not a step gap: the step after it is left out of the gaps
 }
 
 void StepGaps::step_end(cudaStream_t stream) {

@@ -47,7 +47,8 @@ class StepProfiler {
 // ROOFLINE_STEP_GAPS=1: three events a step (the step's start, before its layers, after its output's copies) and
 // the host's clock around the launch of the layers, summed per step size (rows) and printed to stderr when the
 // backend is destroyed: the GPU's idle gap since the step before ended, the start (header upload, embedding),
-// the layers with the output, and how long the host took to launch the layers. Timing only; the step is the same.
+// the layers with the output, and how long the host took to launch the layers; launch calls that captured a new
+// graph are counted apart (how many, the host's time in them). Timing only; the step is the same.
 class StepGaps {
  public:
   StepGaps();
@@ -58,7 +59,7 @@ class StepGaps {
   bool enabled() const { return enabled_; }
   void step_start(cudaStream_t stream, int rows);
   void layers_start(cudaStream_t stream);
-  void launched();  // the layers' launch call returned
+  void launched(bool captured = false);  // the layers' launch call returned (captured: it captured a new graph)
   void step_end(cudaStream_t stream);  // after the output's copies, before the wait for them
   void collect();                      // after that wait
 
@@ -66,6 +67,8 @@ class StepGaps {
   struct Sums {
     double gap_us = 0, start_us = 0, body_us = 0, launch_us = 0;
     int steps = 0;
+    double capture_us = 0;  // launch calls that captured a graph, every step (the first has no gap)
+    int captures = 0;
   };
   bool enabled_ = false;
   int rows_ = 0;
