@@ -94,7 +94,7 @@ void StepGaps::launched(bool captured) {
   Sums& s = sums_[rows_];
   s.capture_us += us;
   ++s.captures;
-  have_prev_ = false;  // a capture's host time is not a step gap: the step after it is left out of the gaps
+  have_prev_ = false;  // the GPU waits for the capture inside this step: it is left out of the gaps
 }
 
 void StepGaps::step_end(cudaStream_t stream) {
