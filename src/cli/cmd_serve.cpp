@@ -351,9 +351,11 @@ int run(int argc, char** argv) {
       // the depths where decode steps take new CUDA graphs, so that no request waits for a capture.
       if (!no_warmup) {
         const auto t0 = std::chrono::steady_clock::now();
-        const bool complete = warm_up(*engine, {.n_parallel = n_parallel,
-                                                .shorter_prompts = engine->gpu_units() > 0,
-                                                .graph_depths = walk_graph_depths() ? engine->decode_graph_depths() : std::vector<int>{}});
+        WarmUpOptions wo;
+        wo.n_parallel = n_parallel;
+        wo.shorter_prompts = engine->gpu_units() > 0;
+        if (walk_graph_depths()) wo.graph_depths = engine->decode_graph_depths();
+        const bool complete = warm_up(*engine, wo);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const size_t graphs = engine->captured_graphs();
         log_info("warm-up: {:.2f} s{}{}", seconds, complete ? "" : " (stopped early)",

@@ -145,6 +145,58 @@ TEST(GpuOpsTest, RowOpsMatchTheCpuOnOddSizes) {
     }
 }
 
+// The argmax over rows as long as vocabularies (a row's chunks on CTAs of their own, merged by the last to finish):
+// the first maximum wins across chunks (a tie placed in an earlier and in a later chunk), NaNs are skipped (at a
+// chunk's first value too), a NaN first value gives 0, a row of -inf gives 0 (-1 masked), and masks whose only
+// allowed tokens sit in the last chunk. Each shape twice: the per-row counters must be left at zero.
+TEST(GpuOpsTest, ArgmaxOfVocabularyRowsMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Rng rng(23);
+  for (int n : {2049, 151936, 262151})
+    for (int n_rows : {1, 7}) {
+      SCOPED_TRACE(std::to_string(n_rows) + " rows of " + std::to_string(n));
+      std::vector<float> x((size_t)n_rows * n), allowed(x.size(), 0.0f);
+      for (float& v : x) v = (float)rng.normal();
+      const int n_chunks = std::min(64, (n + 2047) / 2048), chunk = (n + n_chunks - 1) / n_chunks;  // the kernel's chunks
+      for (int r = 0; r < n_rows; ++r) {
+        float* row = x.data() + (size_t)r * n;
+        switch (r % 7) {
+          case 0: row[n - 3] = 9.0f, row[n / 3] = 9.0f; break;                   // a tie: the earlier one wins
+          case 1: row[0] = std::nanf(""); break;                                   // NaN first: 0
+          case 2: std::fill(row, row + n, -INFINITY); row[n / 2] = std::nanf(""); break;  // nothing above -inf: 0
+          case 3: for (int i = chunk; i < n; i += chunk) row[i] = std::nanf(""); row[n - 1] = 7.0f; break;  // NaN chunk starts
+          case 4: row[n - 1] = INFINITY, row[5] = INFINITY; break;
+          default: row[rng.next_u64() % (uint64_t)n] = 5.0f; break;
+        }
+        float* mask = allowed.data() + (size_t)r * n;
+        if (r % 7 == 5) std::fill(mask, mask + n, -1.0f);  // no mask: the plain argmax
+        else if (r % 7 == 6) for (int i = n - 50; i < n; i += 7) mask[i] = 1.0f;  // allowed only in the last chunk
+        else if (r % 7 == 2) mask[n / 4] = 1.0f;  // allowed, but -inf: none
+        else for (int i = 0; i < n; i += 3) mask[i] = 1.0f;
+      }
+      for (int again = 0; again < 2; ++again) {
+        const auto plain = gpu_op_for_test(GpuOpForTest::Argmax, x, {}, n_rows, n);
+        const auto masked = gpu_op_for_test(GpuOpForTest::ArgmaxAllowed, x, allowed, n_rows, n);
+        for (int r = 0; r < n_rows; ++r) {
+          const float* row = x.data() + (size_t)r * n;
+          EXPECT_EQ((int)plain[(size_t)r], argmax_logits(row, n)) << "row " << r;
+          std::vector<uint64_t> words(((size_t)n + 63) / 64, 0);
+          for (int t = 0; t < n; ++t)
+            if (allowed[(size_t)r * n + t] > 0) words[(size_t)t / 64] |= 1ull << (t % 64);
+          const int want = r % 7 == 5 ? argmax_logits(row, n) : argmax_allowed(row, n, words.data());
+          EXPECT_EQ((int)masked[(size_t)r], want) << "masked row " << r;
+        }
+      }
+    }
+  // The cases' own answers, so the test cannot pass by agreeing with a wrong reference.
+  std::vector<float> row(151936, 0.5f);
+  row[100000] = 2.0f, row[20000] = 2.0f, row[0] = std::nanf("");
+  EXPECT_EQ(argmax_logits(row.data(), (int)row.size()), 0);
+  EXPECT_EQ((int)gpu_op_for_test(GpuOpForTest::Argmax, row, {}, 1, (int)row.size())[0], 0);
+  row[0] = 0.0f;
+  EXPECT_EQ((int)gpu_op_for_test(GpuOpForTest::Argmax, row, {}, 1, (int)row.size())[0], 20000);
+}
+
 // Gemma 3's fused post-norm kernel (decode steps): x += rmsnorm(y) * w, then rmsnorm(x) * w2 and its int8
 // form, against the CPU's norm and adds, at 1-8 rows and widths from one 32-block to the largest it takes.
 TEST(GpuOpsTest, FusedPostNormMatchesTheCpu) {

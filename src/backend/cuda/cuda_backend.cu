@@ -167,7 +167,7 @@ void CudaBackend::load(std::shared_ptr<const Model> model, const LayerSet& layer
   const size_t prefill_bytes = prefill_ok_ ? (size_t)2 * prefill_.key_tile * kv_dim * 2 + (size_t)2 * T * hp.n_head * 4 : 0;
   const size_t rope_floats = RopeTables::floats(T, hp.n_rot);
   work_.reserve(floats * 4 + dn_floats * 4 + act_bytes + half_bytes + step_ints * 4 + (size_t)T * 4 + prefill_bytes + rope_floats * 4 +
-                38 * 256);
+                argmax_scratch_bytes(T) + 39 * 256);
   auto take_f = [&](size_t n) { return reinterpret_cast<float*>(work_.take(n * 4)); };
   x_ = take_f((size_t)T * hp.n_embd);
   xn_ = take_f((size_t)T * hp.n_embd);
@@ -203,6 +203,7 @@ void CudaBackend::load(std::shared_ptr<const Model> model, const LayerSet& layer
   ROOFLINE_CUDA_CHECK(cudaMallocHost(&step_host_, step_ints * 4));
   if (layers.output) ROOFLINE_CUDA_CHECK(cudaMallocHost(&logits_host_, (size_t)T * hp.n_vocab * 4));
   argmax_dev_ = reinterpret_cast<int32_t*>(work_.take((size_t)T * 4));
+  argmax_scratch_ = argmax_scratch_at(work_.take(argmax_scratch_bytes(T)), T, stream_);
   ffn_sync_ = reinterpret_cast<unsigned long long*>(work_.take(8));  // the persistent FFN's grid barrier
   ROOFLINE_CUDA_CHECK(cudaMemsetAsync(ffn_sync_, 0, 8, stream_));
   rope_tables_.init(rope_floats > 0 ? take_f(rope_floats) : nullptr, T, hp.n_rot);
@@ -410,8 +411,10 @@ void CudaBackend::output_argmax(float* logits, int32_t* tokens) {
   if (!compute_logits()) return;
   const int n_vocab = model_->hparams().n_vocab;
   mark("argmax + logits to host", 0);
-  if (!argmax_masks_.upload(argmax_only_, argmax_allowed_, n_logit_, n_vocab, stream_)) argmax_rows(logits_, n_logit_, n_vocab, argmax_dev_, stream_);
-  else argmax_rows_allowed(logits_, n_logit_, n_vocab, argmax_masks_.masks(), argmax_masks_.has_mask(), argmax_dev_, stream_);
+  if (!argmax_masks_.upload(argmax_only_, argmax_allowed_, n_logit_, n_vocab, stream_))
+    argmax_rows(logits_, n_logit_, n_vocab, argmax_scratch_, argmax_dev_, stream_);
+  else
+    argmax_rows_allowed(logits_, n_logit_, n_vocab, argmax_masks_.masks(), argmax_masks_.has_mask(), argmax_scratch_, argmax_dev_, stream_);
   ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(argmax_host_, argmax_dev_, (size_t)n_logit_ * 4, cudaMemcpyDeviceToHost, stream_));
   int packed = 0;
   for (int i = 0; i < n_logit_; ++i) {

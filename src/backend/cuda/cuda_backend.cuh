@@ -251,6 +251,7 @@ class CudaBackend final : public Backend {
   float* logits_host_ = nullptr;
   int32_t* argmax_dev_ = nullptr;   // per logit row: its greedy token (output_argmax)
   int32_t* argmax_host_ = nullptr;
+  ArgmaxScratch argmax_scratch_;  // the argmax kernel's chunk results and counters
   std::vector<uint8_t> argmax_only_;  // the step's per-logit-row flags
   std::vector<const uint64_t*> argmax_allowed_;  // and masks (constrained greedy rows; host memory)
   ArgmaxMasks argmax_masks_;                     // their device copy

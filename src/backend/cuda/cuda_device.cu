@@ -178,7 +178,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
   ROOFLINE_CUDA_CHECK(cudaStreamCreate(&stream));
   DeviceArena arena;
   const size_t blocks = na / 32 + (size_t)n_rows;
-  arena.reserve(na * 4 * 3 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + 16 * 256);
+  arena.reserve(na * 4 * 3 + b.size() * 4 + na + 2 * blocks * 4 + (size_t)n_rows * 4 + argmax_scratch_bytes(n_rows) + 16 * 256);
   float* da = reinterpret_cast<float*>(arena.take(a.size() * 4));
   float* db = reinterpret_cast<float*>(arena.take(std::max<size_t>(1, b.size()) * 4));
   float* dy = reinterpret_cast<float*>(arena.take(na * 4));
@@ -187,6 +187,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
   act.d = reinterpret_cast<float*>(arena.take(blocks * 4));
   act.s = reinterpret_cast<float*>(arena.take(blocks * 4));
   int32_t* di = reinterpret_cast<int32_t*>(arena.take((size_t)n_rows * 4));
+  const ArgmaxScratch argmax_scratch = argmax_scratch_at(arena.take(argmax_scratch_bytes(n_rows)), n_rows, stream);
   ROOFLINE_CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
   if (!b.empty()) ROOFLINE_CUDA_CHECK(cudaMemcpy(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
   switch (op) {
@@ -206,7 +207,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
     case GpuOpForTest::PostNormAdd: post_norm_add(da, db, eps, n_rows, n, da + na, nullptr, nullptr, ActQ8{}, stream); break;
     case GpuOpForTest::PostNormAddNorm: post_norm_add(da, db, eps, n_rows, n, da + na, db + n, dy, ActQ8{}, stream); break;
     case GpuOpForTest::PostNormAddInt8: post_norm_add(da, db, eps, n_rows, n, da + na, db + n, nullptr, act, stream); break;
-    case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, di, stream); break;
+    case GpuOpForTest::Argmax: argmax_rows(da, n_rows, n, argmax_scratch, di, stream); break;
     case GpuOpForTest::ArgmaxAllowed: {
       if (b.size() != na) fail("gpu_op_for_test: the argmax masks need one value per logit");
       const size_t words = ((size_t)n + 63) / 64;
@@ -220,7 +221,7 @@ std::vector<float> gpu_op_for_test(GpuOpForTest op, const std::vector<float>& a,
       uint64_t* dm = nullptr;
       ROOFLINE_CUDA_CHECK(cudaMalloc(&dm, masks.size() * 8));
       ROOFLINE_CUDA_CHECK(cudaMemcpy(dm, masks.data(), masks.size() * 8, cudaMemcpyHostToDevice));
-      argmax_rows_allowed(da, n_rows, n, dm, reinterpret_cast<const uint8_t*>(dm + (size_t)n_rows * words), di, stream);
+      argmax_rows_allowed(da, n_rows, n, dm, reinterpret_cast<const uint8_t*>(dm + (size_t)n_rows * words), argmax_scratch, di, stream);
       ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
       ROOFLINE_CUDA_CHECK(cudaFree(dm));
       break;

@@ -240,13 +240,24 @@ void softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 // each), and x = x * sigmoid(gate) after attention (x in place, and its int8 form when act.q).
 void split_q_gate(const float* q_full, int n_rows, int n_head, int hd, float* q, float* gate, cudaStream_t stream);
 void output_gate(const float* gate, float* x, int n_rows, int n, ActQ8 act, cudaStream_t stream);
+// The argmax kernels' chunk results ([rows x kArgmaxMaxChunks] values and indices) and a counter per row (zero
+// between launches), for at most the rows it was made for: argmax_scratch_bytes of device memory, laid out (and
+// its counters zeroed, on stream) by argmax_scratch_at.
+constexpr int kArgmaxThreads = 256, kArgmaxMinChunk = 2048, kArgmaxMaxChunks = 64;
+struct ArgmaxScratch {
+  float* v = nullptr;
+  int* i = nullptr;
+  int* counters = nullptr;
+};
+size_t argmax_scratch_bytes(int max_rows);
+ArgmaxScratch argmax_scratch_at(void* base, int max_rows, cudaStream_t stream);
 // Per row of x [n_rows x n]: the index of its largest value, the lowest on ties, NaNs skipped (0 if the
-// first value is NaN), as the CPU's argmax_logits picks it.
-void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream);
+// first value is NaN), as the CPU's argmax_logits picks it. A row's chunks go to CTAs of their own.
+void argmax_rows(const float* x, int n_rows, int n, ArgmaxScratch scratch, int32_t* out, cudaStream_t stream);
 // The same with masks: rows with has_mask[r] pick among the tokens whose bit is set in allowed[r * words ..]
 // (words = (n + 63) / 64), -1 when none has a finite logit.
-void argmax_rows_allowed(const float* x, int n_rows, int n, const uint64_t* allowed, const uint8_t* has_mask, int32_t* out,
-                         cudaStream_t stream);
+void argmax_rows_allowed(const float* x, int n_rows, int n, const uint64_t* allowed, const uint8_t* has_mask, ArgmaxScratch scratch,
+                         int32_t* out, cudaStream_t stream);
 
 // --- attention (cuda_attention.cu) ---
 struct KvLayer {

@@ -1,6 +1,9 @@
 // Elementwise kernels of the CUDA backend: embedding lookup, RMSNorm fused with the int8 activation
 // quantization of the next matrix product, SwiGLU (same fusion), gated attention's Q/gate split and
 // output gate (same fusion), bias add, and the greedy argmax of logit rows. Reductions go thread -> warp -> CTA in a fixed order.
+#include <algorithm>
+#include <cstdlib>
+
 #include "backend/cuda/cuda_dequant.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
 
@@ -297,72 +300,112 @@ __global__ void add_bias_kernel(float* y, const float* b, int n) {
   if (i < n) y[(int64_t)r * n + i] += b[i];
 }
 
-// One CTA per row: each thread the best (value, index) of its strided elements, then a fixed-order
-// tree over the CTA. A larger value wins, an equal one the lower index. Rows with a mask (allowed !=
-// nullptr and has_mask[row]: bits allowed[row * words ..]) consider only the allowed tokens and give
-// -1 when none has a finite logit (argmax_allowed on the host); the others are argmax_logits.
-__global__ void argmax_rows_kernel(const float* x, int n, const uint64_t* allowed, const uint8_t* has_mask, int words,
-                                   int32_t* out) {
-  wait_for_previous_kernel();
-  __shared__ float best_v[32];
-  __shared__ int best_i[32];
-  const float* row = x + (int64_t)blockIdx.x * n;
-  const bool masked = allowed && has_mask[blockIdx.x] != 0;
-  const uint64_t* m = masked ? allowed + (int64_t)blockIdx.x * words : nullptr;
-  const float x0 = row[0];
-  if (!masked && x0 != x0) {  // a NaN first: the CPU's scan never moves off it
-    if (threadIdx.x == 0) out[blockIdx.x] = 0;
-    return;
-  }
-  float v = masked ? -INFINITY : x0;
-  int idx = masked ? -1 : 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (masked && !((m[i >> 6] >> (i & 63)) & 1)) continue;
-    const float e = row[i];
-    if (e > v) {  // false for NaN; strided ascending, so the first of equals is kept
-      v = e;
-      idx = i;
-    }
-  }
-  // -1 (nothing allowed found) loses to any index.
-  auto better = [](float av, int ai, float bv, int bi) { return bi >= 0 && (ai < 0 || bv > av || (bv == av && bi < ai)); };
+// A row's argmax in chunks (argmax_rows): CTA (c, r) takes chunk c of row r, each thread the best (value,
+// index) of its strided elements, then the CTA's best through `argmax_better`; the last CTA of a row to arrive
+// (a counter per row, left at zero again) takes the chunks' bests. A larger value wins, an equal one the lower
+// index; NaNs are never picked (e > v is false for them), so the order of the merges does not change the result.
+// Rows with a mask (allowed != nullptr and has_mask[row]: bits allowed[row * words ..]) consider only the allowed
+// tokens and give -1 when none has a value above -inf (argmax_allowed on the host); the others are
+// argmax_logits: 0 where the first value is NaN (the CPU's scan never moves off it) or where every value is -inf.
+__device__ __forceinline__ bool argmax_better(float av, int ai, float bv, int bi) {
+  return bi >= 0 && (ai < 0 || bv > av || (bv == av && bi < ai));
+}
+
+__device__ __forceinline__ void argmax_warp(float& v, int& idx) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
     const int oi = __shfl_xor_sync(0xffffffffu, idx, offset);
-    if (better(v, idx, ov, oi)) {
-      v = ov;
-      idx = oi;
-    }
+    if (argmax_better(v, idx, ov, oi)) v = ov, idx = oi;
   }
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* x, int n, int chunk, const uint64_t* allowed,
+                                                                     const uint8_t* has_mask, int words, ArgmaxScratch scratch,
+                                                                     int32_t* out) {
+  wait_for_previous_kernel();
+  __shared__ float best_v[kArgmaxThreads / 32];
+  __shared__ int best_i[kArgmaxThreads / 32];
+  const int r = blockIdx.y, c = blockIdx.x, n_chunks = gridDim.x;
+  const float* row = x + (int64_t)r * n;
+  const bool masked = allowed && has_mask[r] != 0;
+  const uint64_t* m = masked ? allowed + (int64_t)r * words : nullptr;
+  float v = -INFINITY;
+  int idx = -1;
+  const int end = min(n, (c + 1) * chunk);
+#pragma unroll 4
+  for (int i = c * chunk + (int)threadIdx.x; i < end; i += kArgmaxThreads) {
+    const float e = row[i];
+    if (e > v && (!masked || ((m[i >> 6] >> (i & 63)) & 1))) v = e, idx = i;  // strided ascending: the first of equals
+  }
+  argmax_warp(v, idx);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    best_v[warp] = v;
-    best_i[warp] = idx;
-  }
+  if (lane == 0) best_v[warp] = v, best_i[warp] = idx;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < (int)(blockDim.x / 32); ++w)
-      if (better(v, idx, best_v[w], best_i[w])) {
-        v = best_v[w];
-        idx = best_i[w];
-      }
-    out[blockIdx.x] = idx;
+  if (warp != 0) return;
+  v = lane < kArgmaxThreads / 32 ? best_v[lane] : -INFINITY;
+  idx = lane < kArgmaxThreads / 32 ? best_i[lane] : -1;
+  argmax_warp(v, idx);
+  if (n_chunks > 1) {
+    int last = 0;
+    if (lane == 0) {
+      scratch.v[(int64_t)r * kArgmaxMaxChunks + c] = v;
+      scratch.i[(int64_t)r * kArgmaxMaxChunks + c] = idx;
+      __threadfence();
+      last = atomicAdd(scratch.counters + r, 1) == n_chunks - 1;
+    }
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();
+    v = -INFINITY, idx = -1;
+    for (int k = lane; k < n_chunks; k += 32) {
+      const float kv = __ldcg(scratch.v + (int64_t)r * kArgmaxMaxChunks + k);
+      const int ki = __ldcg(scratch.i + (int64_t)r * kArgmaxMaxChunks + k);
+      if (argmax_better(v, idx, kv, ki)) v = kv, idx = ki;
+    }
+    argmax_warp(v, idx);
+  }
+  if (lane == 0) {
+    if (!masked && (idx < 0 || row[0] != row[0])) idx = 0;
+    out[r] = idx;
+    if (n_chunks > 1) scratch.counters[r] = 0;
   }
 }
 
 }  // namespace
 
-void argmax_rows(const float* x, int n_rows, int n, int32_t* out, cudaStream_t stream) {
-  if (n_rows == 0) return;
-  launch(argmax_rows_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, (const uint64_t*)nullptr,
-         (const uint8_t*)nullptr, 0, out);
+// Chunks of at least kArgmaxMinChunk values, at most kArgmaxMaxChunks a row: a row of 152k logits is read by 64
+// CTAs at once instead of one CTA's 1024 threads walking it (~35 us a step on an H100 from the L2).
+// ROOFLINE_ARGMAX_CHUNKS=N caps the chunks a row at N (1: one CTA a row), to measure them.
+int argmax_max_chunks() {
+  static const int v = [] {
+    const char* e = std::getenv("ROOFLINE_ARGMAX_CHUNKS");
+    return e ? std::max(1, std::min(kArgmaxMaxChunks, std::atoi(e))) : kArgmaxMaxChunks;
+  }();
+  return v;
 }
 
-void argmax_rows_allowed(const float* x, int n_rows, int n, const uint64_t* allowed, const uint8_t* has_mask, int32_t* out,
-                         cudaStream_t stream) {
+void argmax_rows(const float* x, int n_rows, int n, ArgmaxScratch scratch, int32_t* out, cudaStream_t stream) {
+  argmax_rows_allowed(x, n_rows, n, nullptr, nullptr, scratch, out, stream);
+}
+
+void argmax_rows_allowed(const float* x, int n_rows, int n, const uint64_t* allowed, const uint8_t* has_mask, ArgmaxScratch scratch,
+                         int32_t* out, cudaStream_t stream) {
   if (n_rows == 0) return;
-  launch(argmax_rows_kernel, dim3(n_rows), dim3(1024), 0, stream, pdl_enabled(), x, n, allowed, has_mask, (n + 63) / 64, out);
+  const int n_chunks = std::max(1, std::min(argmax_max_chunks(), (n + kArgmaxMinChunk - 1) / kArgmaxMinChunk));
+  const int chunk = (n + n_chunks - 1) / n_chunks;
+  launch(argmax_rows_kernel, dim3(n_chunks, n_rows), dim3(kArgmaxThreads), 0, stream, pdl_enabled(), x, n, chunk, allowed, has_mask,
+         (n + 63) / 64, scratch, out);
+}
+
+size_t argmax_scratch_bytes(int max_rows) { return (size_t)max_rows * (kArgmaxMaxChunks * 8 + 4); }
+
+ArgmaxScratch argmax_scratch_at(void* base, int max_rows, cudaStream_t stream) {
+  ArgmaxScratch s;
+  s.v = static_cast<float*>(base);
+  s.i = reinterpret_cast<int*>(s.v + (size_t)max_rows * kArgmaxMaxChunks);
+  s.counters = s.i + (size_t)max_rows * kArgmaxMaxChunks;
+  ROOFLINE_CUDA_CHECK(cudaMemsetAsync(s.counters, 0, (size_t)max_rows * 4, stream));
+  return s;
 }
 
 void embed(const DeviceWeight& table, const DeviceStep& step, float* x, int n_rows, int n_embd, cudaStream_t stream) {
