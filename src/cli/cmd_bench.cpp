@@ -255,6 +255,9 @@ int run(int argc, char** argv) {
                 if (dargs.given()) draft = load_draft(dargs, margs, *engine);
                 for (const std::string& line : engine->keep_f16_copies()) log_info("{}", line);
                 const int units = engine->gpu_units();
+                // Steps that capture CUDA graphs as their depth grows, every layer on a GPU: their warm-up is the measured
+                // run itself (below); elsewhere a capture is small beside a step's CPU time.
+                const bool graph_warm_up = units == hp.n_layer + 1 && !engine->decode_graph_depths().empty();
                 const auto placed = engine->placements();
                 int n_gpu_ranges = 0;
                 for (const auto& pr : placed) n_gpu_ranges += pr.gpu ? 1 : 0;
@@ -408,10 +411,10 @@ int run(int argc, char** argv) {
                       finish(r, P + n / 2.0, !r.speculative, P + n / 2.0);
                       continue;
                     }
-                    // With layers on a GPU the warm-up is the measured run itself: its steps capture the CUDA graphs
+                    // With every layer on a GPU the warm-up is the measured run itself: its steps capture the CUDA graphs
                     // each depth's attention grid takes (~5 ms each), which would otherwise land in the first
                     // repetition; a server's warm-up takes them before it serves (engine/warm_up.h).
-                    if (!no_warmup) run_once(d, 0, units > 0 ? n : std::min(n, 4));
+                    if (!no_warmup) run_once(d, 0, graph_warm_up ? n : std::min(n, 4));
                     TestResult r = base_result(0, n, d, 1);
                     r.test = fmt::format("tg{}", n) + (d > 0 ? fmt::format(" @ d{}", d) : "");
                     for (int rep = 0; rep < reps; ++rep) r.samples_ts.push_back(n / run_once(d, 0, n));
@@ -427,7 +430,7 @@ int run(int argc, char** argv) {
                 for (int np : npl)
                   for (int p : p_list)
                     for (int n : n_list) {
-                      if (!no_warmup) run_parallel(np, units > 0 ? p : std::min(p, 8), units > 0 ? n : 2);
+                      if (!no_warmup) run_parallel(np, graph_warm_up ? p : std::min(p, 8), graph_warm_up ? n : 2);
                       TestResult rp = base_result(p, 0, 0, np), rg = base_result(0, n, 0, np);
                       rp.test = fmt::format("pp{} x{}", p, np);
                       rg.test = fmt::format("tg{} x{}", n, np);

@@ -354,7 +354,9 @@ int run(int argc, char** argv) {
         WarmUpOptions wo;
         wo.n_parallel = n_parallel;
         wo.shorter_prompts = engine->gpu_units() > 0;
-        if (walk_graph_depths()) wo.graph_depths = engine->decode_graph_depths();
+        // Only with every layer on a GPU: where some run on the CPU, a step's CPU time dwarfs a capture, and the walk's
+        // prompts (up to a few thousand tokens) would run there too.
+        if (walk_graph_depths() && engine->gpu_units() == model->hparams().n_layer + 1) wo.graph_depths = engine->decode_graph_depths();
         const bool complete = warm_up(*engine, wo);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const size_t graphs = engine->captured_graphs();
