@@ -38,7 +38,7 @@ void walk_graph_depths(Engine& engine, const WarmUpOptions& options, std::vector
   std::vector<int32_t> tokens;
   for (int keys : options.graph_depths) {
     if (keys - 1 < len) continue;  // the row steps at an earlier depth reached past it
-    if (keys - 1 > room) break;
+    if (keys - 1 > room || keys > options.max_walk_keys) break;
     tokens.resize((size_t)(keys - 1 - len));
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = warm_up_token((size_t)len + i, n_vocab);
     if (!tokens.empty()) engine.eval(deep, tokens, false);

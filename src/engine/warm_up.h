@@ -17,6 +17,9 @@ struct WarmUpOptions {
   // slots, and the slots' own count below 8), one sequence grown through them as the deepest row: every
   // captured form a step of up to 8 rows meets at those depths.
   std::vector<int> graph_depths;
+  // The walk stops before depths past this many keys: a request that reaches them has spent seconds on its prompt,
+  // beside which one capture (~5 ms) is small, while the walk would evaluate that many tokens at every start.
+  int max_walk_keys = 8192;
   // Told of every decode step the warm-up runs (not its prompts): its rows and its deepest row's key count.
   std::function<void(int rows, int keys)> on_decode_step;
 };

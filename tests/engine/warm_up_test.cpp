@@ -52,6 +52,14 @@ TEST(WarmUpTest, WalksTheGraphDepthsWithEachRowCountUpToTheSlots) {
   const Steps want{{1, 257}, {2, 258}, {1, 1}, {2, 2}, {3, 3}, {1, 33}, {2, 34}, {3, 35}, {1, 65}, {2, 66}, {3, 67}};
   EXPECT_EQ(steps, want);
   expect_memory_free(*engine, 4);
+  // Depths past max_walk_keys are left to the requests that reach them.
+  steps.clear();
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 1,
+                                .graph_depths = {1, 33, 65},
+                                .max_walk_keys = 40,
+                                .on_decode_step = [&](int rows, int keys) { steps.push_back({rows, keys}); }}));
+  EXPECT_EQ(steps, (Steps{{1, 257}, {1, 1}, {1, 33}}));
+  expect_memory_free(*engine, 4);
 }
 
 TEST(WarmUpTest, DecodesAtEveryPowerOfTwoUpToTheSlots) {
