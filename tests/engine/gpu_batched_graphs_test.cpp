@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -76,6 +77,8 @@ TEST(GpuBatchedGraphs, StepsGiveTheSameLogitsAsLaunchedOneByOne) {
 // past 128 keys takes a new grid of splits, and so a new graph.
 TEST(GpuDecodeGraphs, TheWarmUpWalkCapturesEveryGraphOfUpToEightRows) {
   SKIP_WITHOUT_GPU();
+  if (const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS"); v && *v && std::strcmp(v, "0") != 0)
+    GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs off";
   for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
     auto model = test::tiny(spec);
     EngineOptions o;
