@@ -35,7 +35,7 @@ namespace {
 
 // The warm-up's walk through the decode graphs' depths; ROOFLINE_WARMUP_WALK=0 leaves it out (to measure what it
 // saves: the captures then land on the first requests).
-bool walk_graph_depths() {
+bool warm_up_walk_enabled() {
   const char* e = std::getenv("ROOFLINE_WARMUP_WALK");
   return !(e && std::strcmp(e, "0") == 0);
 }
@@ -356,7 +356,7 @@ int run(int argc, char** argv) {
         wo.shorter_prompts = engine->gpu_units() > 0;
         // Only with every layer on a GPU: where some run on the CPU, a step's CPU time dwarfs a capture, and the walk's
         // prompts (up to a few thousand tokens) would run there too.
-        if (walk_graph_depths() && engine->gpu_units() == model->hparams().n_layer + 1) wo.graph_depths = engine->decode_graph_depths();
+        if (warm_up_walk_enabled() && engine->gpu_units() == model->hparams().n_layer + 1) wo.graph_depths = engine->decode_graph_depths();
         const bool complete = warm_up(*engine, wo);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const size_t graphs = engine->captured_graphs();
