@@ -6,7 +6,8 @@
 # at exit) under each of SETTINGS ('|'-separated environment settings, an empty one the default; by default
 # "ROOFLINE_WARMUP_WALK=0|": the serve warm-up without and with its walk through the decode graphs' depths); then
 # (LOAD, default "1,16,64"; none skips) the usual load.py rows under each setting, ROUNDS (default 1) times in turn.
-# MODEL (default qwen3-32b) is a synthetic Q4_K_M shape.
+# MODEL (default qwen3-32b) is a synthetic Q4_K_M shape. LOAD_GAPS=1 runs those rows with the step gaps too and prints the
+# graphs each row count captured while requests were served (the server's log, printed at exit).
 #   device: bash scripts/gpu/server_gap.sh   (carry ["carry/pack/bin.tar.xz"]; results in $OUT/summary.txt)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,10 +38,14 @@ if [ "${LOAD:-1,16,64}" != none ]; then
     for k in "${!settings[@]}"; do
       s="${settings[$k]}"
       # shellcheck disable=SC2086
-      env $s timeout 200 python3 tests/load/load.py "${args[@]}" --concurrency "${LOAD:-1,16,64}" --per-stream 2 \
-          --json "$out/serve_load_${k}_$round.json" > "$out/serve_${k}_$round.md" 2>&1
+      gaps=""
+      [ "${LOAD_GAPS:-0}" = 1 ] && gaps="ROOFLINE_STEP_GAPS=1"
+      # shellcheck disable=SC2086
+      env $s $gaps timeout 200 python3 tests/load/load.py "${args[@]}" --concurrency "${LOAD:-1,16,64}" --per-stream 2 \
+          --json "$out/serve_load_${k}_$round.json" --server-log "$out/serve_load_${k}_$round.log" > "$out/serve_${k}_$round.md" 2>&1
       stamp "[${s:-default}] round $round: load.py at ${LOAD:-1,16,64} streams: exit $?"
       grep -E "^[|] [0-9]|failed|error" "$out/serve_${k}_$round.md" | tail -4 | tee -a "$out/summary.txt"
+      [ -n "$gaps" ] && grep -E '^graph captures|warm-up' "$out/serve_load_${k}_$round.log" | tee -a "$out/summary.txt"
     done
   done
 fi

@@ -130,13 +130,17 @@ class Backend {
   virtual std::string keep_f16_copies() { return {}; }
 
   // The key counts (a decode row's position + 1), ascending, from 1 up to max_keys, at which this backend's
-  // steps of up to 8 rows start to take a new captured form (the CUDA backend's graphs are keyed by the
-  // attention's grid, which grows with the deepest row's keys): a warm-up that steps a row at each of them has
-  // every such form captured before the first request. Empty: a backend that captures nothing.
+  // decode steps of some count of decode_graph_rows start to take a new captured form (the CUDA backend's graphs
+  // are keyed by the attention's grid, which grows with the deepest row's keys): a warm-up that steps each of those
+  // counts at each of them has every such form captured before the first request. Empty: a backend that captures
+  // nothing.
   virtual std::vector<int> decode_graph_depths(int max_keys) const {
     (void)max_keys;
     return {};
   }
+  // The row counts of decode steps (one row per sequence) that take captured forms of their own: a step of any other
+  // count up to the largest runs padded to the next of them (CUDA: 1, 2, 4, 8, then 16, 32, 48, 64). Empty: none.
+  virtual std::vector<int> decode_graph_rows() const { return {}; }
   virtual size_t captured_graphs() const { return 0; }  // the captured forms it holds now
 };
 

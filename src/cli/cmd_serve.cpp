@@ -356,7 +356,10 @@ int run(int argc, char** argv) {
         wo.shorter_prompts = engine->gpu_units() > 0;
         // Only with every layer on a GPU: where some run on the CPU, a step's CPU time dwarfs a capture, and the walk's
         // prompts (up to a few thousand tokens) would run there too.
-        if (warm_up_walk_enabled() && engine->gpu_units() == model->hparams().n_layer + 1) wo.graph_depths = engine->decode_graph_depths();
+        if (warm_up_walk_enabled() && engine->gpu_units() == model->hparams().n_layer + 1) {
+          wo.graph_depths = engine->decode_graph_depths();
+          wo.graph_rows = engine->decode_graph_rows();
+        }
         const bool complete = warm_up(*engine, wo);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const size_t graphs = engine->captured_graphs();

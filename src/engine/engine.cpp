@@ -514,6 +514,17 @@ std::vector<int> Engine::decode_graph_depths() const {
   return depths;
 }
 
+std::vector<int> Engine::decode_graph_rows() const {
+  std::vector<int> rows;
+  for (const auto& b : backends_) {
+    const std::vector<int> r = b->decode_graph_rows();
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
 size_t Engine::captured_graphs() const {
   size_t n = 0;
   for (const auto& b : backends_) n += b->captured_graphs();

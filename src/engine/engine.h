@@ -133,10 +133,13 @@ class Engine {
   void set_matmul_observer(Backend::MatmulObserver observer);
 
   // The key counts (a decode row's position + 1), ascending, up to options().n_ctx, at which some backend's
-  // steps of up to 8 rows start to take a new captured form (Backend::decode_graph_depths: a CUDA graph keyed
+  // decode steps start to take a new captured form (Backend::decode_graph_depths: a CUDA graph keyed
   // by the attention's grid): the serve warm-up steps a row at each, so that requests find them captured.
   // Empty where nothing is captured (the CPU).
   std::vector<int> decode_graph_depths() const;
+  // The row counts, ascending, whose decode steps (one row per sequence) take captured forms of their own; a step
+  // of another count runs padded to the next (Backend::decode_graph_rows). Empty where nothing is captured.
+  std::vector<int> decode_graph_rows() const;
   size_t captured_graphs() const;  // the backends' captured forms now (CUDA graphs)
 
   // Units (of n_layer + 1) placed on the GPU: 0 = CPU only.

@@ -19,21 +19,33 @@ int32_t warm_up_token(size_t i, int n_vocab) { return (int32_t)((7 + 131 * i) % 
 void walk_graph_depths(Engine& engine, const WarmUpOptions& options, std::vector<int>& seqs) {
   SequenceMemory& mem = engine.memory();
   const int n_vocab = engine.n_vocab();
-  const int max_rows = std::min(8, std::max(1, options.n_parallel));
-  std::vector<int> row_counts;  // 1, 2, 4 below max_rows, then max_rows (the bucket of any count up to it)
-  for (int r = 1; r < max_rows; r *= 2) row_counts.push_back(r);
-  row_counts.push_back(max_rows);
+  const int slots = std::max(1, options.n_parallel);
+  // Each count of graph_rows, those above the slots as the slots' count (the bucket of every count up to it).
+  std::vector<int> row_counts;
+  for (int r : options.graph_rows.empty() ? std::vector<int>{1, 2, 4, 8} : options.graph_rows)
+    if (r >= 1) row_counts.push_back(std::min(r, slots));
+  std::sort(row_counts.begin(), row_counts.end());
+  row_counts.erase(std::unique(row_counts.begin(), row_counts.end()), row_counts.end());
+  if (row_counts.empty()) return;
+  const int max_rows = row_counts.back();
   seqs.push_back(mem.create_sequence(false));
   const int deep = seqs.back();
-  std::vector<int32_t> one(1);
-  for (int r = 1; r < max_rows; ++r) {
-    seqs.push_back(mem.create_sequence(false));
-    one[0] = warm_up_token((size_t)r, n_vocab);
-    engine.eval(seqs.back(), one, false);
+  // The other rows: sequences of one token each, fed in steps of up to n_batch rows.
+  const int n_batch = std::max(1, engine.options().n_batch);
+  for (int r = 1; r < max_rows;) {
+    std::vector<Engine::BatchRow> batch;
+    for (; r < max_rows && (int)batch.size() < n_batch; ++r) {
+      seqs.push_back(mem.create_sequence(false));
+      batch.push_back({seqs.back(), warm_up_token((size_t)r, n_vocab), false});
+    }
+    batch.back().want_logits = true;  // as eval() asks for a prompt's last row
+    engine.step(batch);
   }
-  // The deep sequence's blocks: what the context leaves beside the short ones' (one block each, a few more
-  // after the steps) and the row steps' tokens at each depth.
-  const int room = mem.n_blocks() * mem.block_size() - 2 * max_rows * mem.block_size() - (int)row_counts.size();
+  // The deep sequence's blocks: what the context leaves beside the short ones' (a token, then one more in each
+  // step at each depth, and a block for the rounding) and the row steps' tokens at each depth.
+  const int steps = (int)(row_counts.size() * options.graph_depths.size());
+  const int short_blocks = (1 + steps + mem.block_size() - 1) / mem.block_size() + 1;
+  const int room = (mem.n_blocks() - (max_rows - 1) * short_blocks) * mem.block_size() - (int)row_counts.size();
   int len = 0;  // the deep sequence's tokens
   std::vector<int32_t> tokens;
   for (int keys : options.graph_depths) {

@@ -13,10 +13,12 @@ namespace roofline {
 struct WarmUpOptions {
   int n_parallel = 1;            // the server's slots: decode steps of 1, 2, 4, ... rows up to these (64 at most)
   bool shorter_prompts = false;  // also prompt steps of a quarter, a sixteenth, ... of the longest (down to 16 rows)
-  // Key counts (Engine::decode_graph_depths) at which to run decode steps of 1, 2, 4 and 8 rows (up to the
-  // slots, and the slots' own count below 8), one sequence grown through them as the deepest row: every
-  // captured form a step of up to 8 rows meets at those depths.
+  // Key counts (Engine::decode_graph_depths) at which to run decode steps of each of graph_rows' counts (those
+  // above the slots as the slots' own count), one sequence grown through them as the deepest row: every captured
+  // form a decode step meets at those depths.
   std::vector<int> graph_depths;
+  // The row counts whose decode steps take forms of their own (Engine::decode_graph_rows); empty: 1, 2, 4 and 8.
+  std::vector<int> graph_rows;
   // The walk stops before depths past this many keys: a request that reaches them has spent seconds on its prompt,
   // beside which one capture (~5 ms) is small, while the walk would evaluate that many tokens at every start.
   int max_walk_keys = 8192;

@@ -7,7 +7,9 @@
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -115,5 +117,100 @@ TEST(GpuDecodeGraphs, TheWarmUpWalkCapturesEveryGraphOfUpToEightRows) {
     for (int i = 0; i < 8; ++i, ++n) engine->step({{seq, tokens[(size_t)n], true, true}, {a, tokens[(size_t)i], true, true}, {b, tokens[(size_t)i + 1], true, true}});
     EXPECT_EQ(engine->captured_graphs(), graphs) << spec << ": three-row steps";
     for (int s : {seq, a, b}) mem.free_sequence(s);
+  }
+}
+
+namespace {
+
+std::unique_ptr<Engine> gpu_engine(const std::shared_ptr<const Model>& model, int n_ctx, int n_seq_max) {
+  EngineOptions o;
+  o.n_gpu_layers = EngineOptions::kGpuLayersAll;
+  o.n_ctx = n_ctx;
+  o.n_seq_max = n_seq_max;
+  return Engine::create(model, o);
+}
+
+}  // namespace
+
+// Batched decode steps run padded to 16, 32, 48 or 64 rows (ROOFLINE_BATCHED_BUCKETS, on): the rows of a step of 12 get
+// the bits they get in a step of 16 that holds them and four more sequences, and the two steps replay one graph.
+TEST(GpuBatchedGraphs, RowsKeepTheirBitsWithinTheirBucket) {
+  SKIP_WITHOUT_GPU();
+  if (const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS"); v && *v && std::strcmp(v, "0") != 0)
+    GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs (and so the buckets) off";
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q8_0", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
+    auto model = test::tiny(spec);
+    const int n_vocab = model->hparams().n_vocab;
+    const auto tokens = test::some_tokens(400, n_vocab, 3);
+    std::vector<std::vector<float>> logits;  // [engine][rows x n_vocab]: the 12-row step's, the 16-row step's
+    size_t graphs_after_12 = 0, graphs_after_16 = 0;
+    for (int rows : {12, 16}) {
+      auto engine = gpu_engine(model, 2048, 20);
+      std::vector<int> seqs;
+      size_t next = 0;
+      for (int i = 0; i < 16; ++i) {  // prompts of 3 to 18 tokens: rows of different depths, under 32 keys
+        seqs.push_back(engine->memory().create_sequence());
+        engine->eval(seqs.back(), std::span<const int32_t>(tokens.data() + next, (size_t)(3 + i)), false);
+        next += 3 + i;
+      }
+      std::vector<Engine::BatchRow> batch;
+      for (int i = 0; i < rows; ++i) batch.push_back({seqs[(size_t)i], tokens[next + (size_t)i], true});
+      logits.push_back(engine->decode(batch));
+      if (rows == 16) {  // then the 12 rows again, one token on: the same bucket and grid, no new graph
+        graphs_after_16 = engine->captured_graphs();
+        batch.resize(12);
+        for (int i = 0; i < 12; ++i) batch[(size_t)i].token = tokens[next + 16 + (size_t)i];
+        engine->decode(batch);
+        graphs_after_12 = engine->captured_graphs();
+      }
+    }
+    ASSERT_EQ(logits[0].size(), (size_t)12 * n_vocab) << spec;
+    ASSERT_EQ(logits[1].size(), (size_t)16 * n_vocab) << spec;
+    EXPECT_TRUE(std::equal(logits[0].begin(), logits[0].end(), logits[1].begin())) << spec << ": the 12 rows' logits";
+    EXPECT_EQ(graphs_after_12, graphs_after_16) << spec << ": a step of 12 rows replays the graph of 16";
+  }
+}
+
+// The serve warm-up's walk with more slots than 8 steps each bucket (16, 32 and the slots' 40, run as 48) at every
+// depth where a batched step's grid changes: steps of 11, 20 and 40 rows through those depths capture nothing.
+TEST(GpuDecodeGraphs, TheWarmUpWalkCapturesTheBatchedBuckets) {
+  SKIP_WITHOUT_GPU();
+  if (const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS"); v && *v && std::strcmp(v, "0") != 0)
+    GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs off";
+  for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
+    auto model = test::tiny(spec);
+    auto engine = gpu_engine(model, 16384, 44);
+    const std::vector<int> rows = engine->decode_graph_rows();
+    EXPECT_EQ(rows, (std::vector<int>{1, 2, 4, 8, 16, 32, 48, 64})) << spec;
+    std::vector<int> walked;
+    ASSERT_TRUE(warm_up(*engine, {.n_parallel = 40,
+                                  .graph_depths = engine->decode_graph_depths(),
+                                  .graph_rows = rows,
+                                  .on_decode_step = [&](int r, int) { walked.push_back(r); }}))
+        << spec;
+    for (int r : {16, 32, 40}) EXPECT_NE(std::find(walked.begin(), walked.end(), r), walked.end()) << spec << ": " << r << " rows";
+
+    const int n_vocab = model->hparams().n_vocab;
+    const auto tokens = test::some_tokens(4096, n_vocab, 9);
+    SequenceMemory& mem = engine->memory();
+    std::vector<int> seqs;
+    for (int i = 0; i < 40; ++i) {
+      seqs.push_back(mem.create_sequence());
+      engine->eval(seqs.back(), std::span<const int32_t>(tokens.data() + i, 1), false);
+    }
+    engine->eval(seqs[0], std::span<const int32_t>(tokens.data(), 100), false);  // the deep row: a prompt step (no graph)
+    const size_t graphs = engine->captured_graphs();
+    // The deep row through 600 keys (the grids of 16-64-row steps up to there: 1 to 32 splits), in steps of 11, 20
+    // and 40 rows by turns, the other rows taken from the rest in turn.
+    const int counts[3] = {11, 20, 40};
+    size_t other = 0;
+    for (int k = 0; mem.length(seqs[0]) < 600; ++k) {
+      const int n = counts[k % 3];
+      std::vector<Engine::BatchRow> batch{{seqs[0], tokens[(size_t)k % tokens.size()], true, true}};
+      for (int i = 1; i < n; ++i, ++other) batch.push_back({seqs[1 + other % 39], tokens[(size_t)(k + i) % tokens.size()], true, true});
+      engine->step(batch);
+    }
+    EXPECT_EQ(engine->captured_graphs(), graphs) << spec << ": batched steps to 600 keys";
+    for (int s : seqs) mem.free_sequence(s);
   }
 }

@@ -62,6 +62,24 @@ TEST(WarmUpTest, WalksTheGraphDepthsWithEachRowCountUpToTheSlots) {
   expect_memory_free(*engine, 4);
 }
 
+TEST(WarmUpTest, WalksEveryRowCountItIsGivenWithThoseAboveTheSlotsAsTheSlots) {
+  EngineOptions o = cpu_options(24);
+  o.n_ctx = 4096;  // room for 20 sequences beside the deep one (blocks of 32 positions)
+  auto engine = Engine::create(test::tiny("tiny-qwen3:Q4_K_M"), o);
+  using Steps = std::vector<std::pair<int, int>>;  // (rows, the deepest row's keys)
+  Steps steps;
+  // 20 slots and the CUDA backend's counts: 1, 2, 4, 8, 16, then 20 for 32, 48 and 64 (the bucket 20 runs in).
+  EXPECT_TRUE(warm_up(*engine, {.n_parallel = 20,
+                                .graph_depths = {1, 129},
+                                .graph_rows = {1, 2, 4, 8, 16, 32, 48, 64},
+                                .on_decode_step = [&](int rows, int keys) { steps.push_back({rows, keys}); }}));
+  // (Before the walk, the decode steps on the longest prompt: powers of two up to the slots.)
+  const Steps want{{1, 513}, {2, 514}, {4, 515},  {8, 516},  {16, 517}, {1, 1},    {2, 2},   {4, 3},   {8, 4},
+                   {16, 5},  {20, 6},  {1, 129},  {2, 130},  {4, 131},  {8, 132},  {16, 133}, {20, 134}};
+  EXPECT_EQ(steps, want);
+  expect_memory_free(*engine, 24);
+}
+
 TEST(WarmUpTest, DecodesAtEveryPowerOfTwoUpToTheSlots) {
   auto engine = Engine::create(test::tiny("tiny-qwen3:Q4_K_M"), cpu_options(4));
   EXPECT_TRUE(warm_up(*engine, {.n_parallel = 6, .shorter_prompts = true}));  // steps of 1, 2 and 4 rows

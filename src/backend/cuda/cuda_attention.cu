@@ -837,14 +837,16 @@ bool prefill_attention(cublasHandle_t cublas, const DeviceStep& step, const std:
   return false;
 }
 
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, const AttentionSpans& spans, int prefill_min_keys) {
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, const AttentionSpans& spans, int prefill_min_keys, int bucket_rows) {
   // Decode-sized steps (the bucketed ones, up to 8 rows): each row takes the span attention_span gives
   // its depth, so a row's result does not depend on its batch-mates. Larger steps take spans of at
   // least 128 keys from 33 rows on (enough CTAs without the short spans: measured on an H200,
   // qwen3-32b -npl 64 1636 -> 1666 tok/s, while -npl 16 needs the short ones, 844 vs 755), and widen
-  // them when the partial buffer (8 rows x max_splits) cannot hold every row's splits.
+  // them when the partial buffer (8 rows x max_splits) cannot hold every row's splits. A batched step run
+  // as its bucket (bucket_rows > 8) is planned for the bucket's rows, with a power of two splits where they fit,
+  // so that the grid changes at a few depths (one captured graph each) instead of every 32 or 128 keys.
   AttentionPlan plan;
-  const int n = step.n_tokens();
+  const int n = bucket_rows > 8 ? bucket_rows : step.n_tokens();
   int max_keys = 1;
   for (int p : step.positions) max_keys = std::max(max_keys, p + 1);
   AttentionSpans row_spans = spans;
@@ -854,8 +856,11 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, const Attenti
     if (n > 32) row_spans.min_span = kAttnLongSpan;
     int need = 1;
     for (int p : step.positions) need = std::max(need, attention_splits(p + 1, row_spans));
-    if ((int64_t)n * need <= 8 * (int64_t)max_splits) {
-      plan.splits = need;
+    int grid = need;  // a bucket's: the power of two at or above need (else the fixed length below, not need)
+    if (bucket_rows > 8)
+      for (grid = 1; grid < need;) grid *= 2;
+    if ((int64_t)n * grid <= 8 * (int64_t)max_splits) {
+      plan.splits = grid;
     } else {
       plan.splits = std::max(1, std::min(max_splits, 8 * max_splits / n));
       const int per = (max_keys + plan.splits - 1) / plan.splits;
@@ -874,10 +879,11 @@ AttentionPlan plan_attention(const StepDesc& step, int max_splits, const Attenti
   // the split kernel's single pass (on an H200, 16 prompts of 128 tokens in one step took 480 ms against
   // 400); the flash kernel takes every run (qwen3-32b: four 128-token prompts in a step of 512 rows 6587
   // -> 8021 tok/s, pp128 4719 -> 5712).
+  const int n_real = step.n_tokens();
   if (n > 8 && prefill_min_keys > 0) {
-    for (int i = 0; i < n;) {
+    for (int i = 0; i < n_real;) {
       int j = i + 1;
-      while (j < n && step.row_seq[j] == step.row_seq[i] && step.positions[j] == step.positions[j - 1] + 1) ++j;
+      while (j < n_real && step.row_seq[j] == step.row_seq[i] && step.positions[j] == step.positions[j - 1] + 1) ++j;
       if (j - i >= kMinPrefillRun && step.positions[j - 1] + 1 >= prefill_min_keys) {
         plan.runs.push_back({i, j - i, step.row_seq[i], step.positions[i]});
       } else {

@@ -43,6 +43,7 @@ CudaBackend::CudaBackend(const GpuBackendOptions& options) : options_(options) {
   if (profiler_.enabled()) graphs_enabled_ = false;
   // Read per backend (the tests switch it between engines). Off: written, not yet measured (docs/performance.md).
   batched_graphs_ = env_switch("ROOFLINE_BATCHED_GRAPHS", true);
+  batched_buckets_ = env_switch("ROOFLINE_BATCHED_BUCKETS", true);
   const char* split_combine = std::getenv("ROOFLINE_SPLIT_COMBINE");
   split_combine_ = split_combine && std::strcmp(split_combine, "1") == 0;  // off: slower on the H200 (docs/performance.md)
 }
@@ -300,6 +301,7 @@ void CudaBackend::begin_step(const StepDesc& step) {
   c.swa_ring = kv_.swa_ring, c.kv_block_size = kv_.block_size, c.sliding_window = hp.sliding_window;
   c.n_state_cells = n_state_cells_;
   c.delta_net = dn_qkv_ != nullptr, c.delta_net_chunked = dn_chunked_, c.delta_net_chunked_min_rows = kDeltaNetChunkedMinRows;
+  c.batched_buckets = buckets_batched_steps();
   PackedStep p = pack_step(step, c, step_host_, step_dev_, stream_);
   n_real_ = p.n_real, n_tok_ = p.n_tok, splits_ = p.splits, grid_splits_ = p.grid_splits, split_heads_ = p.split_heads, n_attn_rows_ = p.n_attn_rows;
   prefill_runs_ = std::move(p.prefill_runs);
@@ -359,22 +361,36 @@ void CudaBackend::forward(int layer_begin, int layer_end) {
   gaps_.launched(capture);
 }
 
-// A one-row step's plan at every key count, as begin_step packs it (plan_attention): the counts where its grid of
-// splits or its head split changes start a new graph key; more rows take the grid of their deepest.
+// A step's plan at every key count of its deepest row, as begin_step packs it (plan_attention), for one row (the
+// plan of every step of up to 8 rows) and for each batched bucket: the counts where its grid of splits or its head
+// split changes start a new graph key.
 std::vector<int> CudaBackend::decode_graph_depths(int max_keys) const {
   std::vector<int> depths;
   if (!graphs_enabled_) return depths;
   StepDesc one;
   one.tokens = {0}, one.positions = {0}, one.row_seq = {0};
-  int grid = -1;
-  bool heads = false;
-  for (int keys = 1; keys <= max_keys; ++keys) {
-    one.positions[0] = keys - 1;
-    const AttentionPlan plan = plan_attention(one, max_splits_, spans_, 0);
-    if (plan.grid_splits != grid || plan.split_heads != heads) depths.push_back(keys);
-    grid = plan.grid_splits, heads = plan.split_heads;
+  for (int rows : decode_graph_rows()) {
+    if (rows > 1 && rows <= 8) continue;  // up to 8 rows: the one-row plan's grid (the deepest row's splits)
+    int grid = -1;
+    bool heads = false;
+    for (int keys = 1; keys <= max_keys; ++keys) {
+      one.positions[0] = keys - 1;  // the bucket's other rows: shallower
+      const AttentionPlan plan = plan_attention(one, max_splits_, spans_, 0, rows > 8 ? rows : 0);
+      if (plan.grid_splits != grid || plan.split_heads != heads) depths.push_back(keys);
+      grid = plan.grid_splits, heads = plan.split_heads;
+    }
   }
+  std::sort(depths.begin(), depths.end());
+  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
   return depths;
+}
+
+std::vector<int> CudaBackend::decode_graph_rows() const {
+  std::vector<int> rows;
+  if (!graphs_enabled_) return rows;
+  for (int r : {1, 2, 4, 8, 16, 32, 48, 64})
+    if (r <= options_.max_tokens && (r <= 8 || (buckets_batched_steps() && batched_graphs_))) rows.push_back(r);
+  return rows;
 }
 
 bool CudaBackend::compute_logits() {

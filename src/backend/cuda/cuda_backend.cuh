@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   void finish_step() override;
   void set_matmul_observer(MatmulObserver observer) override;
   std::vector<int> decode_graph_depths(int max_keys) const override;
+  std::vector<int> decode_graph_rows() const override;
   size_t captured_graphs() const override { return graphs_.size(); }
 
  private:
@@ -281,6 +282,12 @@ class CudaBackend final : public Backend {
   // DeltaNet layers, whose kernel form follows a sequence's rows). On since measured (-npl 16 / 64 +1-9%,
   // docs/performance.md); ROOFLINE_BATCHED_GRAPHS=0 launches them kernel by kernel.
   bool batched_graphs_ = true;
+  // Batched decode steps run padded to 16, 32, 48 or 64 rows with a power-of-two attention grid (StepPackConfig::
+  // batched_buckets), so that a few graphs a depth serve them and the serve warm-up can capture them all;
+  // ROOFLINE_BATCHED_BUCKETS=0 runs them at their own row counts. Not with MoE (padded rows would route to experts)
+  // or -sm row (not captured).
+  bool batched_buckets_ = true;
+  bool buckets_batched_steps() const { return batched_buckets_ && graphs_enabled_ && !moe_ && !partial_sum_; }
   static constexpr size_t kMaxGraphs = 256;  // graphs a backend keeps before batched steps stop capturing new ones
   bool batched_graph() const {
     return batched_graphs_ && n_tok_ <= 64 && prefill_runs_.empty() && !moe_ && !partial_sum_ && dn_max_seq_rows_ <= 1;

@@ -417,6 +417,7 @@ struct AttentionPlan {
   std::vector<PrefillRun> runs;
   std::vector<int> split_rows;  // with runs: the rows the split kernel takes
 };
-AttentionPlan plan_attention(const StepDesc& step, int max_splits, const AttentionSpans& spans, int prefill_min_keys);
+// bucket_rows (> 8): a batched decode step padded to that many rows (StepPackConfig::batched_buckets).
+AttentionPlan plan_attention(const StepDesc& step, int max_splits, const AttentionSpans& spans, int prefill_min_keys, int bucket_rows = 0);
 
 }  // namespace roofline::cuda

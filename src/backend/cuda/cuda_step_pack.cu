@@ -13,15 +13,21 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
   if (n > c.max_tokens) fail("internal error: step of {} rows exceeds the GPU buffers ({})", n, c.max_tokens);
   PackedStep p;
   // Decode-sized steps run padded to a bucket (1, 2, 4, 8) so one captured graph per bucket replays
-  // every step; kernels read the real row count from the descriptor and skip the padding.
+  // every step, and so do batched decode steps where the backend buckets them (batched_bucket); kernels read
+  // the real row count from the descriptor and skip the padding.
   p.n_real = n;
   p.n_tok = decode_bucket(n);
+  bool one_row_each = (int)step.sequences.size() == n;
+  for (const StepSequence& sq : step.sequences) one_row_each = one_row_each && sq.n_new == 1;
+  const bool batched = c.batched_buckets && n > 8 && n <= 64 && one_row_each;
+  if (batched) p.n_tok = batched_bucket(n);
   if (p.n_tok > c.max_tokens) p.n_tok = n;
+  const bool bucketed = p.n_tok <= 8 || (batched && p.n_tok == batched_bucket(n));  // one graph replays all its steps
   const int n_logit = (int)step.logit_rows.size();
   int stride = 1;
   for (const auto& s : step.sequences) stride = std::max(stride, (int)s.block_table.size());
   // Attention splits and prefill runs (plan_attention; measured choices in its comments).
-  AttentionPlan plan = plan_attention(step, c.max_splits, c.spans, c.prefill_min_keys);
+  AttentionPlan plan = plan_attention(step, c.max_splits, c.spans, c.prefill_min_keys, p.n_tok > 8 && bucketed ? p.n_tok : 0);
   p.splits = plan.splits;
   p.grid_splits = plan.grid_splits;
   p.split_heads = plan.split_heads;
@@ -87,7 +93,7 @@ PackedStep pack_step(const StepDesc& step, const StepPackConfig& c, int* h, int*
     p.dn_seqs.count = dev + lay.dn_count;
     p.dn_seqs.seqs = reinterpret_cast<const DeltaNetSeqDev*>(dev + lay.dn_records);
     // A decode bucket's grid covers as many sequences as the bucket has rows (graphs replay it).
-    p.dn_seqs.max_seqs = p.n_tok <= 8 ? std::max(n_seqs, p.n_tok) : n_seqs;
+    p.dn_seqs.max_seqs = bucketed ? std::max(n_seqs, p.n_tok) : n_seqs;
     p.dn_max_seq_rows = max_rows;
     p.dn_form = c.delta_net_chunked && max_rows >= c.delta_net_chunked_min_rows ? DeltaNetForm::Chunked : DeltaNetForm::Recurrent;
   }

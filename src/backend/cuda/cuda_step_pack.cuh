@@ -15,8 +15,12 @@
 namespace roofline::cuda {
 
 // The rows a step runs as: a decode-sized step (up to 8 rows) padded to its bucket (1, 2, 4, 8), so that
-// one captured graph per bucket replays every such step; larger steps as they are.
+// one captured graph per bucket replays every such step; larger steps as they are (but see batched_bucket).
 inline int decode_bucket(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : n <= 8 ? 8 : n; }
+// A batched decode step (9-64 rows, one row per sequence) where the backend buckets them (StepPackConfig::
+// batched_buckets): padded to a multiple of 16, the token tiles its products already compute (the warpgroup
+// kernel's N, the mma.sync kernel's n8 pairs), so steps of 9-64 rows take 4 captured graphs a depth, not 56.
+inline int batched_bucket(int n) { return (n + 15) / 16 * 16; }
 
 // What packing needs of the backend: its capacities, attention tunables and memory shape.
 struct StepPackConfig {
@@ -31,11 +35,14 @@ struct StepPackConfig {
   bool delta_net = false;     // DeltaNet layers on this backend: their sequence records are packed
   bool delta_net_chunked = false;  // the chunked DeltaNet form is available
   int delta_net_chunked_min_rows = 64;  // a sequence's rows from which the chunked form runs
+  // Batched decode steps (9-64 rows, one row per sequence, no MoE or -sm row) run padded to batched_bucket, with
+  // an attention grid of a power of two splits (plan_attention's bucket_rows), as decode-sized steps do.
+  bool batched_buckets = false;
 };
 
 struct PackedStep {
   int n_real = 0;  // the step's rows
-  int n_tok = 0;   // rows the kernels run: a decode step padded to its bucket (1, 2, 4, 8)
+  int n_tok = 0;   // rows the kernels run: a decode step padded to its bucket (1, 2, 4, 8; batched: 16, 32, 48, 64)
   // Attention: the split kernel's splits per row and rows, whether its CTAs split query-head groups,
   // the prompt runs that go through prefill_attention and, with runs, the rows the split kernel takes.
   int splits = 1, grid_splits = 1, n_attn_rows = 0;
