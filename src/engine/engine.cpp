@@ -503,26 +503,27 @@ void Engine::set_matmul_observer(Backend::MatmulObserver observer) {
   for (auto& b : backends_) b->set_matmul_observer(observer);
 }
 
-std::vector<int> Engine::decode_graph_depths() const {
-  std::vector<int> depths;
-  for (const auto& b : backends_) {
-    const std::vector<int> d = b->decode_graph_depths(options_.n_ctx);
-    depths.insert(depths.end(), d.begin(), d.end());
+namespace {
+// What any backend lists (ascending, once each).
+template <typename List>
+std::vector<int> backends_union(const std::vector<std::unique_ptr<Backend>>& backends, List list) {
+  std::vector<int> all;
+  for (const auto& b : backends) {
+    const std::vector<int> v = list(*b);
+    all.insert(all.end(), v.begin(), v.end());
   }
-  std::sort(depths.begin(), depths.end());
-  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
-  return depths;
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+}  // namespace
+
+std::vector<int> Engine::decode_graph_depths() const {
+  return backends_union(backends_, [&](const Backend& b) { return b.decode_graph_depths(options_.n_ctx); });
 }
 
 std::vector<int> Engine::decode_graph_rows() const {
-  std::vector<int> rows;
-  for (const auto& b : backends_) {
-    const std::vector<int> r = b->decode_graph_rows();
-    rows.insert(rows.end(), r.begin(), r.end());
-  }
-  std::sort(rows.begin(), rows.end());
-  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
-  return rows;
+  return backends_union(backends_, [](const Backend& b) { return b.decode_graph_rows(); });
 }
 
 size_t Engine::captured_graphs() const {
