@@ -24,6 +24,12 @@ using namespace roofline;
 
 namespace {
 
+// ROOFLINE_NO_CUDA_GRAPHS set (the GPU suite runs under it too): nothing is captured, and batched steps are not bucketed.
+bool graphs_turned_off() {
+  const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
 std::vector<float> batched_steps(const char* spec, bool graphs) {
   setenv("ROOFLINE_BATCHED_GRAPHS", graphs ? "1" : "0", 1);
   auto model = test::tiny(spec);
@@ -79,8 +85,7 @@ TEST(GpuBatchedGraphs, StepsGiveTheSameLogitsAsLaunchedOneByOne) {
 // past 128 keys takes a new grid of splits, and so a new graph.
 TEST(GpuDecodeGraphs, TheWarmUpWalkCapturesEveryGraphOfUpToEightRows) {
   SKIP_WITHOUT_GPU();
-  if (const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS"); v && *v && std::strcmp(v, "0") != 0)
-    GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs off";
+  if (graphs_turned_off()) GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs (and the buckets) off";
   for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
     auto model = test::tiny(spec);
     EngineOptions o;
@@ -136,8 +141,7 @@ std::unique_ptr<Engine> gpu_engine(const std::shared_ptr<const Model>& model, in
 // the bits they get in a step of 16 that holds them and four more sequences, and the two steps replay one graph.
 TEST(GpuBatchedGraphs, RowsKeepTheirBitsWithinTheirBucket) {
   SKIP_WITHOUT_GPU();
-  if (const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS"); v && *v && std::strcmp(v, "0") != 0)
-    GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs (and so the buckets) off";
+  if (graphs_turned_off()) GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs (and the buckets) off";
   for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-llama:Q8_0", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
     auto model = test::tiny(spec);
     const int n_vocab = model->hparams().n_vocab;
@@ -175,8 +179,7 @@ TEST(GpuBatchedGraphs, RowsKeepTheirBitsWithinTheirBucket) {
 // depth where a batched step's grid changes: steps of 11, 20 and 40 rows through those depths capture nothing.
 TEST(GpuDecodeGraphs, TheWarmUpWalkCapturesTheBatchedBuckets) {
   SKIP_WITHOUT_GPU();
-  if (const char* v = std::getenv("ROOFLINE_NO_CUDA_GRAPHS"); v && *v && std::strcmp(v, "0") != 0)
-    GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs off";
+  if (graphs_turned_off()) GTEST_SKIP() << "ROOFLINE_NO_CUDA_GRAPHS turns the graphs (and the buckets) off";
   for (const char* spec : {"tiny-qwen3:Q4_K_M", "tiny-qwen35:Q4_K_M", "tiny-gemma3:Q8_0"}) {
     auto model = test::tiny(spec);
     auto engine = gpu_engine(model, 16384, 44);
