@@ -69,6 +69,23 @@ struct RowBlock<DType::Q4_K> {
     copy_async<16>(slot + 512 + 16 * lane, blk + 80 + 16 * t);
     if (shared_part) copy_async<16>(slot + 1024 + 16 * (lane / 4), blk);
   }
+  // copy() of one row's super-blocks in turn from a pointer that steps 144 bytes a super-block, so that a loop's copies
+  // cost no 64-bit multiply of the row and super-block (the warpgroup kernel's bulk pipeline). The pointer is this
+  // lane's first quant piece, so that its other piece and the header (copied by lane t = T_SHARED of each row) are
+  // constant offsets from it.
+  struct Cursor {
+    const uint8_t* p;  // the row's current super-block + 16 + 16 t
+    Cursor() = default;
+    __device__ __forceinline__ Cursor(const DeviceWeight& w, int64_t row, int64_t sb, int lane)
+        : p(w.data + row * w.row_bytes + sb * 144 + 16 + 16 * (lane % 4)) {}
+    template <int T_SHARED>
+    __device__ __forceinline__ void copy(int lane, bool shared_part, uint8_t* slot) const {
+      copy_async<16>(slot + 16 * lane, p);
+      copy_async<16>(slot + 512 + 16 * lane, p + 64);
+      if (shared_part) copy_async<16>(slot + 1024 + 16 * (lane / 4), p - 16 - 16 * T_SHARED);  // lane t = T_SHARED: the header
+    }
+    __device__ __forceinline__ void next() { p += 144; }
+  };
   __device__ __forceinline__ void from_smem(const uint8_t* slot, int lane, bool) {
     const int4 hdr = *reinterpret_cast<const int4*>(slot + 1024 + 16 * (lane / 4));
     const int4 q0 = *reinterpret_cast<const int4*>(slot + 16 * lane);
@@ -191,6 +208,29 @@ struct RowBlock<DType::Q6_K> {
       copy_async<4>(slot + 1664 + 4 * g, w.plane3 + 2 * (di & ~(int64_t)1));
     }
   }
+  // copy() of one row's super-blocks in turn from pointers that step a super-block at a time (see RowBlock<Q4_K>::Cursor):
+  // this lane's low nibbles and high bits, the row's scales, and d_at, d's byte in plane 3, whose 4-byte word the copy
+  // takes (plane 3 is 4-byte aligned, as copy() assumes).
+  struct Cursor {
+    const uint8_t *lo_p, *hi_p, *sc_p, *d_at;
+    Cursor() = default;
+    __device__ __forceinline__ Cursor(const DeviceWeight& w, int64_t row, int64_t sb, int lane)
+        : lo_p(w.data + row * (w.cols / 2) + sb * 128 + 16 * (lane % 4)), hi_p(w.plane1 + row * (w.cols / 4) + sb * 64 + 8 * (lane % 4)),
+          sc_p(w.plane2 + row * (w.cols / 16) + sb * 16), d_at(w.plane3 + 2 * (row * (w.cols / 256) + sb)) {}
+    template <int>
+    __device__ __forceinline__ void copy(int lane, bool shared_part, uint8_t* slot) const {
+      const int g = lane / 4;
+      copy_async<16>(slot + 16 * lane, lo_p);
+      copy_async<16>(slot + 512 + 16 * lane, lo_p + 64);
+      copy_async<8>(slot + 1024 + 8 * lane, hi_p);
+      copy_async<8>(slot + 1280 + 8 * lane, hi_p + 32);
+      if (shared_part) {
+        copy_async<16>(slot + 1536 + 16 * g, sc_p);
+        copy_async<4>(slot + 1664 + 4 * g, reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(d_at) & ~(uintptr_t)3));
+      }
+    }
+    __device__ __forceinline__ void next() { lo_p += 128, hi_p += 64, sc_p += 16, d_at += 2; }
+  };
   // `odd`: d is the high half of its word (row * n_sb + sb odd).
   __device__ __forceinline__ void from_smem(const uint8_t* slot, int lane, bool odd) {
     const int g = lane / 4;

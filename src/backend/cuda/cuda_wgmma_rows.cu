@@ -136,6 +136,16 @@ __device__ __forceinline__ uint64_t wg_descriptor(uint32_t smem_addr, uint32_t l
   return (uint64_t)((smem_addr >> 4) & 0x3FFF) | (uint64_t)((leading_bytes >> 4) & 0x3FFF) << 16 |
          (uint64_t)((stride_bytes >> 4) & 0x3FFF) << 32;
 }
+// The descriptors of a super-block's k16 steps, built once a super-block: step s's tile starts s * step_bytes after the
+// first, which adds s * step_bytes / 16 to the low word's start field (shared memory stays below 2^18 bytes, so the
+// 14-bit field never carries into the leading byte offset). One integer addition a product instead of the four
+// instructions of a descriptor built from its address.
+struct WgDescriptors {
+  uint64_t d0;  // step 0's
+  __device__ __forceinline__ WgDescriptors(uint32_t smem_addr, uint32_t leading_bytes, uint32_t stride_bytes)
+      : d0(wg_descriptor(smem_addr, leading_bytes, stride_bytes)) {}
+  __device__ __forceinline__ uint64_t at(uint32_t offset_bytes) const { return d0 + (offset_bytes >> 4); }
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // d (m64 x N, f32; warp w's rows 16w.., the mma.sync m16n8 accumulator layout per 8 tokens) += A (this
@@ -258,13 +268,13 @@ __device__ __forceinline__ void wg_group(const RowBlock<T>& b, int h, int p, int
 // fifth batch, the mins by the sub-blocks' sums (the tiles' 17th step, and Q6_K's 18th).
 template <DType T, int N, int MT, bool FOLD>
 __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr,
-                                               int lane, const int64_t (&rows)[2 * MT], int64_t n_sb, int64_t sb,
-                                               const uint32_t (&scale_sel)[2]) {
+                                               int lane, const bool (&row_odd)[2 * MT], int64_t sb, const uint32_t (&scale_sel)[2]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int R = 2 * MT;
+  const WgDescriptors desc0(x_addr, 16 * N, 128);
   RowBlock<T> blk[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, ((rows[i] * n_sb + sb) & 1) != 0);
+  for (int i = 0; i < R; ++i) blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, row_odd[i] != ((sb & 1) != 0));
   __half2 d[R][2];  // FOLD: each row's d and -1024 d
   if constexpr (FOLD) {
 #pragma unroll
@@ -285,7 +295,7 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
       wg_fence();
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
-        const uint64_t desc = wg_descriptor(x_addr + (8 * h + 4 * p + u) * wg_step_bytes<N>(), 16 * N, 128);
+        const uint64_t desc = desc0.at((8 * h + 4 * p + u) * wg_step_bytes<N>());
 #pragma unroll
         for (int m = 0; m < MT; ++m)
           wgmma_f16<N>(acc[m], a_lo[u][2 * m], a_lo[u][2 * m + 1], a_hi[u][2 * m], a_hi[u][2 * m + 1], desc);
@@ -303,7 +313,7 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
     wg_fence();
 #pragma unroll
     for (int s = 0; s < RowBlock<T>::kSumSteps; ++s) {
-      const uint64_t desc = wg_descriptor(x_addr + (16 + s) * wg_step_bytes<N>(), 16 * N, 128);
+      const uint64_t desc = desc0.at((16 + s) * wg_step_bytes<N>());
 #pragma unroll
       for (int m = 0; m < MT; ++m)
         wgmma_f16<N>(acc[m], a_min[s][2 * m], a_min[s][2 * m + 1], a_min[s][2 * m], a_min[s][2 * m + 1], desc);
@@ -336,6 +346,9 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   int64_t rows[R];  // rows g, g + 8 (this warp's first 16: m tile 0), g + 16, g + 24 (m tile 1); past the end, the last
 #pragma unroll
   for (int i = 0; i < R; ++i) rows[i] = min(row_base + g + 8 * i, w.rows - 1);
+  bool row_odd[R];  // rows[i] * n_sb odd: super-block sb's index in the row-major blocks is odd where this differs from sb's
+#pragma unroll
+  for (int i = 0; i < R; ++i) row_odd[i] = ((rows[i] * n_sb) & 1) != 0;
   // kX: a stage's activation bytes, kXsb: a super-block's in memory (FOLD false skips Q4_K's 17th step).
   constexpr int S = wg_stages<T, N, FOLD>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
   constexpr int kStage = wg_stage_bytes<T, N, FOLD>();
@@ -368,39 +381,61 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     // Weights are no kernel's output: the first L stages' weights are fetched before the wait for the previous kernel
-    // (one copy group each); the loop's super-block j then waits for all but this thread's newest L - 1 groups.
+    // (one copy group each); the loop's super-block j then waits for all but this thread's newest L - 1 groups. Each row's
+    // copies step along it from a cursor, and the loop's stages, phases and activation addresses are counters, so that
+    // an iteration spends no 64-bit multiply or division on them.
+    const int n = (int)(sb_end - sb_begin);
+    typename RowBlock<T>::Cursor cursor[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) cursor[i] = typename RowBlock<T>::Cursor(w, rows[i], sb_begin, lane);
+    auto weights_copy_next = [&](int stage) {
+      uint8_t* slot = slots(stage);
+      cursor[0].template copy<0>(lane, t == 0, slot);
+      cursor[1].template copy<1>(lane, t == 1, slot + RowBlock<T>::kSlotBytes);
+      if constexpr (R == 4) {
+        cursor[2].template copy<2>(lane, t == 2, slot + 2 * RowBlock<T>::kSlotBytes);
+        cursor[3].template copy<3>(lane, t == 3, slot + 3 * RowBlock<T>::kSlotBytes);
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) cursor[i].next();
+    };
 #pragma unroll
     for (int s = 0; s < L; ++s) {
-      weights_copy(sb_begin + s, s);
+      if (s < n) weights_copy_next(s);
       copy_async_commit();
     }
     __syncthreads();  // the barriers initialized
     wait_for_previous_kernel();
-    // Thread 0 copies stage `stage`'s activations (super-block sb) once every warp is done with the stage's use before.
-    auto x_bulk = [&](int64_t sb, int stage, int64_t use) {
-      if (threadIdx.x == 0 && sb < sb_end) {
-        if (use > 0) mbar_wait(empty + stage, (uint32_t)((use - 1) & 1));
+    // Thread 0 copies stage `stage`'s activations (the super-block at x_next) once every warp is done with the stage's
+    // use before (`use` > 0).
+    const int4* x_next = xb + sb_begin * (kXsb / 16);
+    auto x_bulk = [&](int stage, uint32_t use) {
+      if (threadIdx.x == 0) {
+        if (use > 0) mbar_wait(empty + stage, (use - 1) & 1);
         mbar_arrive_expect_bytes(full + stage, kX);
-        bulk_copy(smem + stage * kStage, xb + sb * (kXsb / 16), kX, full + stage);
+        bulk_copy(smem + stage * kStage, x_next, kX, full + stage);
+        x_next += kXsb / 16;
       }
     };
 #pragma unroll
-    for (int s = 0; s < L; ++s) x_bulk(sb_begin + s, s, 0);
-    int stage = 0;
-    for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-      const int64_t j = sb - sb_begin;
+    for (int s = 0; s < L; ++s)
+      if (s < n) x_bulk(s, 0);
+    int stage = 0, copy_stage = L % S;  // copy_stage: stage (j + L) % S, its use (j + L) / S
+    uint32_t phase = 0, copy_use = L / S;
+    for (int j = 0; j < n; ++j) {
       copy_async_wait<L - 1>();
       __syncwarp();  // the other lanes' copies (the row headers the four lanes of a row share) landed too
-      weights_copy(sb + L, (int)((j + L) % S));
+      if (j + L < n) weights_copy_next(copy_stage);
       copy_async_commit();
-      x_bulk(sb + L, (int)((j + L) % S), (j + L) / S);
-      mbar_wait(full + stage, (uint32_t)((j / S) & 1));
+      if (j + L < n) x_bulk(copy_stage, copy_use);
+      mbar_wait(full + stage, phase);
       __syncwarp();  // converged for the warpgroup instructions
-      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, row_odd, sb_begin + j, scale_sel);
       wg_wait<0>();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + stage);
-      stage = stage == S - 1 ? 0 : stage + 1;
+      if (++stage == S) stage = 0, phase ^= 1;
+      if (++copy_stage == S) copy_stage = 0, ++copy_use;
     }
   } else {
     auto x_copy = [&](int64_t sb, int stage) {
@@ -441,7 +476,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       // below overwrites (the previous super-block's: each ends with a wait for all its products) are done.
       __syncthreads();
       stage_copy(sb + L, (stage + L) % S);
-      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, rows, n_sb, sb, scale_sel);
+      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, row_odd, sb, scale_sel);
       stage = stage == S - 1 ? 0 : stage + 1;
       wg_wait<0>();
     }
