@@ -1,0 +1,190 @@
+// A standalone lab for the memory side of the batched-decode products (cuda_wgmma_rows.cu): how fast the
+// warpgroup kernel's pattern of weight reads can stream by itself, with no dequantization and no tensor
+// instruction, beside a plain contiguous read of the same bytes. The pattern: CTAs of 128 Q4_K rows (8 warps
+// of 16 rows, two CTAs a SM), K split over grid.y; per super-block every warp copies its rows' 144-byte
+// blocks with 16-byte cp.async pieces (RowBlock<Q4_K>::copy's pieces) into a ring of S stages, L ahead, waits
+// for them, then reads them back from shared memory (what from_smem loads). Variants:
+// - SBS: super-blocks of each row per stage (1: the engine's; 2: 288 contiguous bytes a row);
+// - x: each stage also copies the activation tiles of its super-blocks (8704 bytes each, L2-resident);
+// - work: a dependent chain of `work` half2 fused multiply-adds per lane and super-block on the loaded words,
+//   in four independent chains, standing in for the dequantization's instructions (~90 a lane and 8-row block
+//   in the engine's loop: 8 words of 8 nibbles at ~9.5 instructions, and the scales).
+// So the lab says whether the access pattern, or the chain of work a warp runs between its copies, keeps the
+// products at 50-70% of the bandwidth (docs/performance.md, fifty-third session).
+// Build: nvcc -O3 -arch=sm_90a -std=c++17 bench/gpu_batched_read_lab.cu -o gpu_batched_read_lab
+// Run: gpu_batched_read_lab (one line per shape and variant: us a launch, GB/s, % of the plain read).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "gpu_lab_common.cuh"
+
+template <int BYTES>
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void wait_groups() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Every thread streams its share of [begin, end) with 16-byte loads, four in flight.
+__global__ void plain_read(const int4* data, int64_t n16, unsigned* sink) {
+  const int64_t per = (n16 + gridDim.x - 1) / gridDim.x, begin = per * blockIdx.x, end = min(begin + per, n16);
+  unsigned acc = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += 4 * blockDim.x) {
+    int4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = i + j * blockDim.x < end ? __ldcs(data + i + j * blockDim.x) : make_int4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+constexpr int kRows = 128, kThreads = 256, kSlot = 1152, kXsb = 8704;
+
+// The warpgroup kernel's weight reads (see the header). Stage: [SBS x activation tiles][8 warps x SBS x 2 x slot].
+template <int S, int L, int SBS>
+__global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64_t rows, int64_t cols, const int4* x, bool with_x, int work,
+                                                        unsigned* sink) {
+  extern __shared__ int4 smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
+  const int lane = threadIdx.x % 32, t = lane % 4, g = lane / 4, warp = threadIdx.x / 32;
+  const int64_t n_sb = cols / 256, row_bytes = n_sb * 144;
+  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
+  const int64_t row_base = blockIdx.x * kRows + warp * 16;
+  constexpr int kXStage = SBS * kXsb, kWarp = SBS * 2 * kSlot, kStage = kXStage + 8 * kWarp;
+  int64_t row[2];
+  for (int i = 0; i < 2; ++i) row[i] = min(row_base + g + 8 * i, rows - 1);
+  auto copy = [&](int64_t sb0, int stage) {
+    uint8_t* st = smem + stage * kStage;
+    for (int k = 0; k < SBS; ++k) {
+      const int64_t sb = sb0 + k;
+      if (sb >= sb_end) break;
+      for (int i = 0; i < 2; ++i) {
+        uint8_t* slot = st + kXStage + warp * kWarp + (2 * k + i) * kSlot;
+        const uint8_t* blk = w + row[i] * row_bytes + sb * 144;
+        cp16<16>(slot + 16 * lane, blk + 16 + 16 * t);
+        cp16<16>(slot + 512 + 16 * lane, blk + 80 + 16 * t);
+        if (t == i) cp16<16>(slot + 1024 + 16 * g, blk);
+      }
+      if (with_x) {  // this warp's eighth of the super-block's activation tiles
+        const int4* src = x + sb * (kXsb / 16);
+        int4* dst = reinterpret_cast<int4*>(st + k * kXsb);
+        for (int j = warp * 32 + lane; j < kXsb / 16; j += kThreads) cp16<16>(dst + j, src + j);
+      }
+    }
+  };
+  for (int s = 0; s < L; ++s) {
+    copy(sb_begin + s * SBS, s);
+    commit();
+  }
+  __half2 acc = __float2half2_rn(0.0f);
+  unsigned bits = 0;
+  int stage = 0;
+  for (int64_t sb = sb_begin; sb < sb_end; sb += SBS) {
+    wait_groups<L - 1>();
+    __syncthreads();  // (the engine's warps wait only for their own copies and the activations' barrier)
+    copy(sb + L * SBS, (stage + L) % S);
+    commit();
+    const uint8_t* st = smem + stage * kStage;
+    for (int k = 0; k < SBS; ++k) {
+      for (int i = 0; i < 2; ++i) {
+        const uint8_t* slot = st + kXStage + warp * kWarp + (2 * k + i) * kSlot;
+        const int4 h = *reinterpret_cast<const int4*>(slot + 1024 + 16 * g);
+        const int4 q0 = *reinterpret_cast<const int4*>(slot + 16 * lane);
+        const int4 q1 = *reinterpret_cast<const int4*>(slot + 512 + 16 * lane);
+        bits ^= h.x ^ q0.x ^ q0.y ^ q0.z ^ q0.w ^ q1.x ^ q1.y ^ q1.z ^ q1.w;
+        __half2 v = *reinterpret_cast<const __half2*>(&q0.x), m = *reinterpret_cast<const __half2*>(&q1.y);
+        __half2 a1 = acc, a2 = m, a3 = v;
+        for (int j = 0; j < work; j += 4) {  // four independent chains, as a dequantization's words are
+          acc = __hfma2(acc, m, v);
+          a1 = __hfma2(a1, v, m);
+          a2 = __hfma2(a2, m, v);
+          a3 = __hfma2(a3, v, m);
+        }
+        acc = __hadd2(__hadd2(acc, a1), __hadd2(a2, a3));
+      }
+      if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + k * kXsb + 16 * lane);
+    }
+    stage = stage == S - 1 ? 0 : stage + 1;
+  }
+  wait_groups<0>();
+  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+}
+
+struct Shape {
+  const char* name;
+  int64_t rows, cols;
+  int splits;
+};
+
+int main() {
+  int dev = 0, sms = 0;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device: %s, %d SMs\n", prop.name, sms);
+  const int64_t pool_bytes = 4LL << 30;
+  uint8_t* pool = nullptr;
+  CHECK(cudaMalloc(&pool, pool_bytes));
+  CHECK(cudaMemset(pool, 0x5A, pool_bytes));
+  int4* x = nullptr;
+  CHECK(cudaMalloc(&x, 64 << 20));
+  CHECK(cudaMemset(x, 0x3C, 64 << 20));
+  unsigned* sink = nullptr;
+  CHECK(cudaMalloc(&sink, 64));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // qwen3-32b's batched products as the engine launches them (K splits as its split choice gives at 16 rows).
+  const Shape shapes[] = {{"gate+up 51200x5120", 51200, 5120, 1},
+                          {"down 5120x25600", 5120, 25600, 6},
+                          {"o 5120x8192", 5120, 8192, 6},
+                          {"q/k/v 10240x5120", 10240, 5120, 3}};
+  struct Variant {
+    const char* name;
+    int sbs, stages, ahead;
+    bool with_x;
+    int work;
+  };
+  const Variant variants[] = {{"S4 L2 (engine)", 1, 4, 2, false, 0}, {"S4 L3", 1, 4, 3, false, 0},      {"S4 L2 +x", 1, 4, 2, true, 0},
+                              {"S4 L2 +x work 48", 1, 4, 2, true, 48}, {"S4 L2 +x work 96", 1, 4, 2, true, 96}, {"S4 L2 +x work 192", 1, 4, 2, true, 192},
+                              {"2 sb/stage S2 L1 +x", 2, 2, 1, true, 0}, {"2 sb/stage S2 L1 +x work 96", 2, 2, 1, true, 96}};
+  for (const Shape& sh : shapes) {
+    const int64_t bytes = sh.rows * (sh.cols / 256) * 144;
+    const int copies = (int)(pool_bytes / bytes);
+    const int launches = copies < 24 ? copies : 24;
+    auto time_graph = [&](auto launch) {
+      cudaGraph_t graph;
+      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int i = 0; i < launches; ++i) launch(pool + (int64_t)(i % copies) * bytes);
+      CHECK(cudaStreamEndCapture(stream, &graph));
+      return replay_graph_us(graph, stream, 5) / launches;
+    };
+    const double plain = time_graph([&](const uint8_t* w) {
+      plain_read<<<4 * sms, 512, 0, stream>>>(reinterpret_cast<const int4*>(w), bytes / 16, sink);
+    });
+    std::printf("%-20s plain read            %8.2f us %7.1f GB/s\n", sh.name, plain, bytes / plain / 1e3);
+    for (const Variant& v : variants) {
+      const dim3 grid((unsigned)((sh.rows + kRows - 1) / kRows), (unsigned)sh.splits);
+      const int stage_bytes = v.sbs * kXsb + 8 * v.sbs * 2 * kSlot, smem = v.stages * stage_bytes;
+      auto run = [&](auto kernel) {
+        CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        return time_graph([&](const uint8_t* w) { kernel<<<grid, kThreads, smem, stream>>>(w, sh.rows, sh.cols, x, v.with_x, v.work, sink); });
+      };
+      double us = 0;
+      if (v.sbs == 1 && v.ahead == 2) us = run(tile_read<4, 2, 1>);
+      else if (v.sbs == 1 && v.ahead == 3) us = run(tile_read<4, 3, 1>);
+      else us = run(tile_read<2, 1, 2>);
+      std::printf("%-20s %-28s %8.2f us %7.1f GB/s %5.1f%% of plain (smem %d B, %u CTAs)\n", sh.name, v.name, us, bytes / us / 1e3,
+                  100.0 * plain / us, smem, grid.x * grid.y);
+    }
+  }
+  CHECK(cudaGetLastError());
+  return 0;
+}
