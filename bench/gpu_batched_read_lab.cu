@@ -6,9 +6,9 @@
 // for them, then reads them back from shared memory (what from_smem loads). Variants:
 // - SBS: super-blocks of each row per stage (1: the engine's; 2: 288 contiguous bytes a row);
 // - x: each stage also copies the activation tiles of its super-blocks (8704 bytes each, L2-resident);
-// - work: a dependent chain of `work` half2 fused multiply-adds per lane and super-block on the loaded words,
-//   in four independent chains, standing in for the dequantization's instructions (~90 a lane and 8-row block
-//   in the engine's loop: 8 words of 8 nibbles at ~9.5 instructions, and the scales).
+// - work: `work` half2 fused multiply-adds a lane and 8-row block on the loaded words, in four independent chains,
+//   standing in for the dequantization's instructions (~76 a lane and 8-row block in the engine's loop: 8 words of
+//   8 nibbles at ~9.5 instructions; ~190 with the scales, copies and products).
 // So the lab says whether the access pattern, or the chain of work a warp runs between its copies, keeps the
 // products at 50-70% of the bandwidth (docs/performance.md, fifty-third session).
 // Build: nvcc -O3 -arch=sm_90a -std=c++17 bench/gpu_batched_read_lab.cu -o gpu_batched_read_lab
