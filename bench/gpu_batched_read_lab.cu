@@ -6,6 +6,8 @@
 // for them, then reads them back from shared memory (what from_smem loads). Variants:
 // - SBS: super-blocks of each row per stage (1: the engine's; 2: 288 contiguous bytes a row);
 // - x: each stage also copies the activation tiles of its super-blocks (8704 bytes each, L2-resident);
+// - layout: the weights' placement (row-major as GGUF has them, or row groups whose blocks of a super-block are
+//   adjacent), whether the 144-byte pieces of 128 rows a super-block cost the DRAM more than adjacent ones;
 // - work: `work` half2 fused multiply-adds a lane and 8-row block on the loaded words, in four independent chains,
 //   standing in for the dequantization's instructions (~76 a lane and 8-row block in the engine's loop: 8 words of
 //   8 nibbles at ~9.5 instructions; ~190 with the scales, copies and products).
@@ -49,7 +51,7 @@ constexpr int kRows = 128, kThreads = 256, kSlot = 1152, kXsb = 8704;
 
 // The warpgroup kernel's weight reads (see the header). Stage: [SBS x activation tiles][8 warps x SBS x 2 x slot].
 template <int S, int L, int SBS>
-__global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64_t rows, int64_t cols, const int4* x, bool with_x, int work,
+__global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64_t rows, int64_t cols, const int4* x, bool with_x, int work, int layout,
                                                         unsigned* sink) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
@@ -67,7 +69,12 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64
       if (sb >= sb_end) break;
       for (int i = 0; i < 2; ++i) {
         uint8_t* slot = st + kXStage + warp * kWarp + (2 * k + i) * kSlot;
-        const uint8_t* blk = w + row[i] * row_bytes + sb * 144;
+        // layout 0: row-major (GGUF's); 1: groups of 8 rows, their 8 blocks of a super-block adjacent (1152 bytes);
+        // 2: the CTA's 128 rows' blocks of a super-block adjacent (18 KB): the same bytes, placed for this pattern.
+        const int64_t r = row[i];
+        const uint8_t* blk = layout == 0   ? w + r * row_bytes + sb * 144
+                             : layout == 1 ? w + ((r / 8) * n_sb + sb) * 1152 + (r % 8) * 144
+                                           : w + ((r / kRows) * n_sb + sb) * (kRows * 144) + (r % kRows) * 144;
         cp16<16>(slot + 16 * lane, blk + 16 + 16 * t);
         cp16<16>(slot + 512 + 16 * lane, blk + 80 + 16 * t);
         if (t == i) cp16<16>(slot + 1024 + 16 * g, blk);
@@ -150,11 +157,20 @@ int main() {
     const char* name;
     int sbs, stages, ahead;
     bool with_x;
-    int work;
+    int work, layout;
   };
-  const Variant variants[] = {{"S4 L2 (engine)", 1, 4, 2, false, 0}, {"S4 L3", 1, 4, 3, false, 0},      {"S4 L2 +x", 1, 4, 2, true, 0},
-                              {"S4 L2 +x work 48", 1, 4, 2, true, 48}, {"S4 L2 +x work 96", 1, 4, 2, true, 96}, {"S4 L2 +x work 192", 1, 4, 2, true, 192},
-                              {"2 sb/stage S2 L1 +x", 2, 2, 1, true, 0}, {"2 sb/stage S2 L1 +x work 96", 2, 2, 1, true, 96}};
+  const Variant variants[] = {{"S4 L2 (engine)", 1, 4, 2, false, 0, 0},
+                              {"S4 L3", 1, 4, 3, false, 0, 0},
+                              {"S4 L2 +x", 1, 4, 2, true, 0, 0},
+                              {"S4 L2 +x work 48", 1, 4, 2, true, 48, 0},
+                              {"S4 L2 +x work 96", 1, 4, 2, true, 96, 0},
+                              {"S4 L2 +x work 192", 1, 4, 2, true, 192, 0},
+                              {"2 sb/stage S2 L1 +x", 2, 2, 1, true, 0, 0},
+                              {"2 sb/stage S2 L1 +x work 96", 2, 2, 1, true, 96, 0},
+                              {"8-row groups +x", 1, 4, 2, true, 0, 1},
+                              {"8-row groups +x work 96", 1, 4, 2, true, 96, 1},
+                              {"128-row tiles +x", 1, 4, 2, true, 0, 2},
+                              {"128-row tiles +x work 96", 1, 4, 2, true, 96, 2}};
   for (const Shape& sh : shapes) {
     const int64_t bytes = sh.rows * (sh.cols / 256) * 144;
     const int copies = (int)(pool_bytes / bytes);
@@ -175,7 +191,7 @@ int main() {
       const int stage_bytes = v.sbs * kXsb + 8 * v.sbs * 2 * kSlot, smem = v.stages * stage_bytes;
       auto run = [&](auto kernel) {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        return time_graph([&](const uint8_t* w) { kernel<<<grid, kThreads, smem, stream>>>(w, sh.rows, sh.cols, x, v.with_x, v.work, sink); });
+        return time_graph([&](const uint8_t* w) { kernel<<<grid, kThreads, smem, stream>>>(w, sh.rows, sh.cols, x, v.with_x, v.work, v.layout, sink); });
       };
       double us = 0;
       if (v.sbs == 1 && v.ahead == 2) us = run(tile_read<4, 2, 1>);
