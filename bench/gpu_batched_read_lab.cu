@@ -15,6 +15,7 @@
 // products at 50-70% of the bandwidth (docs/performance.md, fifty-third session).
 // Build: nvcc -O3 -arch=sm_90a -std=c++17 bench/gpu_batched_read_lab.cu -o gpu_batched_read_lab
 // Run: gpu_batched_read_lab (one line per shape and variant: us a launch, GB/s, % of the plain read).
+#include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -124,6 +125,188 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64
   if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
 }
 
+// The same reads through the tensor memory accelerator: each warp's rows' super-block blocks arrive by bulk copies
+// (cp.async.bulk) on a barrier of the warp's own (mbarrier, one a stage), row after row in its slots (144 bytes
+// each), instead of 16-byte cp.async pieces; row-major (layout 0: one 144-byte copy a row, lanes 0-15) or 128-row
+// tiles (layout 2: the warp's 16 blocks adjacent, one 2304-byte copy). With x, each warp also bulk-copies its eighth of
+// the stage's activation tiles on its barrier (timing only: no warp waits for the others' eighths, so no CTA barrier).
+__device__ __forceinline__ void bar_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
+          (uint32_t)__cvta_generic_to_shared(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(bar))
+               : "memory");
+}
+
+template <int S, int L>
+__global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, int64_t rows, int64_t cols, const int4* x, bool with_x, int work,
+                                                             int layout, unsigned* sink) {
+  extern __shared__ int4 smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
+  const int lane = threadIdx.x % 32, g = lane / 4, warp = threadIdx.x / 32;
+  const int64_t n_sb = cols / 256, row_bytes = n_sb * 144;
+  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
+  const int64_t row_base = blockIdx.x * kRows + warp * 16;
+  constexpr int kXStage = kXsb, kWarp = 16 * 144, kStage = kXStage + 8 * kWarp, kXPart = kXsb / 8;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * kStage) + warp * S;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncwarp();
+  const uint32_t bytes = kWarp + (with_x ? kXPart : 0);
+  auto copy = [&](int64_t sb, int stage) {
+    if (sb >= sb_end) return;
+    uint8_t* st = smem + stage * kStage;
+    uint8_t* slots = st + kXStage + warp * kWarp;
+    if (lane == 0) bar_expect(bars + stage, bytes);
+    __syncwarp();
+    if (layout == 0) {
+      if (lane < 16) {
+        const int64_t r = min(row_base + lane, rows - 1);
+        bulk(slots + lane * 144, w + r * row_bytes + sb * 144, 144, bars + stage);
+      }
+    } else if (lane == 0) {
+      const int64_t r = min(row_base, rows - 16);
+      bulk(slots, w + ((r / kRows) * n_sb + sb) * (kRows * 144) + (r % kRows) * 144, kWarp, bars + stage);
+    }
+    if (with_x && lane == 16) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
+  };
+  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
+  __half2 acc = __float2half2_rn(0.0f);
+  unsigned bits = 0;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+    copy(sb + L, (stage + L) % S);
+    bar_wait(bars + stage, phase);
+    const uint8_t* st = smem + stage * kStage;
+    const uint8_t* slots = st + kXStage + warp * kWarp;
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = slots + (g + 8 * i) * 144;
+      const int4 h = *reinterpret_cast<const int4*>(blk);
+      const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * (lane % 4));
+      const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * (lane % 4));
+      bits ^= h.x ^ q0.x ^ q0.y ^ q0.z ^ q0.w ^ q1.x ^ q1.y ^ q1.z ^ q1.w;
+      __half2 v = *reinterpret_cast<const __half2*>(&q0.x), m = *reinterpret_cast<const __half2*>(&q1.y);
+      __half2 a1 = acc, a2 = m, a3 = v;
+      for (int j = 0; j < work; j += 4) {
+        acc = __hfma2(acc, m, v);
+        a1 = __hfma2(a1, v, m);
+        a2 = __hfma2(a2, m, v);
+        a3 = __hfma2(a3, v, m);
+      }
+      acc = __hadd2(__hadd2(acc, a1), __hadd2(a2, a3));
+    }
+    if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
+    __syncwarp();
+    if (++stage == S) stage = 0, phase ^= 1;
+  }
+  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+}
+
+// tile_read_bulk's reads through a tensor map (cp.async.bulk.tensor.2d): the weights seen as rows of row_bytes bytes, one
+// box of 16 rows x 144 bytes (a warp's rows' blocks of a super-block, row-major as GGUF has them) a copy, issued by one
+// lane, landing rows 144 bytes apart.
+template <int S, int L>
+__global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_constant__ CUtensorMap tmap, int64_t cols, const int4* x, bool with_x,
+                                                             int work, unsigned* sink) {
+  extern __shared__ int4 smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
+  const int lane = threadIdx.x % 32, g = lane / 4, warp = threadIdx.x / 32;
+  const int64_t n_sb = cols / 256;
+  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
+  const int row_base = blockIdx.x * kRows + warp * 16;
+  constexpr int kXStage = kXsb, kWarp = 16 * 144, kStage = kXStage + 8 * kWarp, kXPart = kXsb / 8;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * kStage) + warp * S;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncwarp();
+  const uint32_t bytes = kWarp + (with_x ? kXPart : 0);
+  auto copy = [&](int64_t sb, int stage) {
+    if (sb >= sb_end) return;
+    uint8_t* st = smem + stage * kStage;
+    if (lane == 0) {
+      bar_expect(bars + stage, bytes);
+      asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                       (uint32_t)__cvta_generic_to_shared(st + kXStage + warp * kWarp)),
+                   "l"(reinterpret_cast<uint64_t>(&tmap)), "r"((int)(sb * 144)), "r"(row_base), "r"((uint32_t)__cvta_generic_to_shared(bars + stage))
+                   : "memory");
+      if (with_x) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
+    }
+  };
+  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
+  __half2 acc = __float2half2_rn(0.0f);
+  unsigned bits = 0;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+    copy(sb + L, (stage + L) % S);
+    bar_wait(bars + stage, phase);
+    const uint8_t* st = smem + stage * kStage;
+    const uint8_t* slots = st + kXStage + warp * kWarp;
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* blk = slots + (g + 8 * i) * 144;
+      const int4 h = *reinterpret_cast<const int4*>(blk);
+      const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * (lane % 4));
+      const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * (lane % 4));
+      bits ^= h.x ^ q0.x ^ q0.y ^ q0.z ^ q0.w ^ q1.x ^ q1.y ^ q1.z ^ q1.w;
+      __half2 v = *reinterpret_cast<const __half2*>(&q0.x), m = *reinterpret_cast<const __half2*>(&q1.y);
+      __half2 a1 = acc, a2 = m, a3 = v;
+      for (int j = 0; j < work; j += 4) {
+        acc = __hfma2(acc, m, v);
+        a1 = __hfma2(a1, v, m);
+        a2 = __hfma2(a2, m, v);
+        a3 = __hfma2(a3, v, m);
+      }
+      acc = __hadd2(__hadd2(acc, a1), __hadd2(a2, a3));
+    }
+    if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
+    __syncwarp();
+    if (++stage == S) stage = 0, phase ^= 1;
+  }
+  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+}
+
+// A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x 144 bytes (the driver's encoder, found
+// through the runtime so that the lab links no driver library).
+CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                              const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (!fn) {
+      std::fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+      std::exit(1);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+  const cuuint32_t box[2] = {144, 16}, elem[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r);
+    std::exit(1);
+  }
+  return map;
+}
+
 struct Shape {
   const char* name;
   int64_t rows, cols;
@@ -158,6 +341,8 @@ int main() {
     int sbs, stages, ahead;
     bool with_x;
     int work, layout;
+    bool bulk = false;  // tile_read_bulk
+    bool tmap = false;  // tile_read_tmap
   };
   const Variant variants[] = {{"S4 L2 (engine)", 1, 4, 2, false, 0, 0},
                               {"S4 L3", 1, 4, 3, false, 0, 0},
@@ -170,7 +355,17 @@ int main() {
                               {"8-row groups +x", 1, 4, 2, true, 0, 1},
                               {"8-row groups +x work 96", 1, 4, 2, true, 96, 1},
                               {"128-row tiles +x", 1, 4, 2, true, 0, 2},
-                              {"128-row tiles +x work 96", 1, 4, 2, true, 96, 2}};
+                              {"128-row tiles +x work 96", 1, 4, 2, true, 96, 2},
+                              {"bulk rows", 1, 4, 2, false, 0, 0, true},
+                              {"bulk rows +x", 1, 4, 2, true, 0, 0, true},
+                              {"bulk rows +x work 96", 1, 4, 2, true, 96, 0, true},
+                              {"bulk rows S4 L3 +x work 96", 1, 4, 3, true, 96, 0, true},
+                              {"bulk tiles +x", 1, 4, 2, true, 0, 2, true},
+                              {"bulk tiles +x work 96", 1, 4, 2, true, 96, 2, true},
+                              {"tensor map", 1, 4, 2, false, 0, 0, true, true},
+                              {"tensor map +x", 1, 4, 2, true, 0, 0, true, true},
+                              {"tensor map +x work 96", 1, 4, 2, true, 96, 0, true, true},
+                              {"tensor map S4 L3 +x work 96", 1, 4, 3, true, 96, 0, true, true}};
   for (const Shape& sh : shapes) {
     const int64_t bytes = sh.rows * (sh.cols / 256) * 144;
     const int copies = (int)(pool_bytes / bytes);
@@ -188,13 +383,23 @@ int main() {
     std::printf("%-20s plain read            %8.2f us %7.1f GB/s\n", sh.name, plain, bytes / plain / 1e3);
     for (const Variant& v : variants) {
       const dim3 grid((unsigned)((sh.rows + kRows - 1) / kRows), (unsigned)sh.splits);
-      const int stage_bytes = v.sbs * kXsb + 8 * v.sbs * 2 * kSlot, smem = v.stages * stage_bytes;
+      const int stage_bytes = v.bulk ? kXsb + 8 * 16 * 144 : v.sbs * kXsb + 8 * v.sbs * 2 * kSlot;
+      const int smem = v.stages * stage_bytes + (v.bulk ? 8 * v.stages * 8 : 0);
       auto run = [&](auto kernel) {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return time_graph([&](const uint8_t* w) { kernel<<<grid, kThreads, smem, stream>>>(w, sh.rows, sh.cols, x, v.with_x, v.work, v.layout, sink); });
       };
       double us = 0;
-      if (v.sbs == 1 && v.ahead == 2) us = run(tile_read<4, 2, 1>);
+      if (v.tmap) {
+        auto kernel = v.ahead == 2 ? tile_read_tmap<4, 2> : tile_read_tmap<4, 3>;
+        CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        us = time_graph([&](const uint8_t* w) {
+          const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows);
+          kernel<<<grid, kThreads, smem, stream>>>(map, sh.cols, x, v.with_x, v.work, sink);
+        });
+      } else if (v.bulk && v.ahead == 2) us = run(tile_read_bulk<4, 2>);
+      else if (v.bulk) us = run(tile_read_bulk<4, 3>);
+      else if (v.sbs == 1 && v.ahead == 2) us = run(tile_read<4, 2, 1>);
       else if (v.sbs == 1 && v.ahead == 3) us = run(tile_read<4, 3, 1>);
       else us = run(tile_read<2, 1, 2>);
       std::printf("%-20s %-28s %8.2f us %7.1f GB/s %5.1f%% of plain (smem %d B, %u CTAs)\n", sh.name, v.name, us, bytes / us / 1e3,
