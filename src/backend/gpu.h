@@ -77,8 +77,8 @@ void gpu_use_int8_products_for_test(int mode);
 // sm_90a code).
 void gpu_use_wgmma_products_for_test(int min_rows, int m_tiles = 0);
 bool gpu_wgmma_products_available_for_test();
-// For tests: the warpgroup kernel's pipeline without CTA-wide barriers (1), the plain one (0), or as
-// ROOFLINE_WGMMA_BULK says (-1: the bulk one unless it is 0).
+// For tests: the warpgroup kernel's pipeline without CTA-wide barriers (1; 2: with Q4_K weights as tensor-map boxes), the
+// plain one (0), or as ROOFLINE_WGMMA_BULK and ROOFLINE_WGMMA_TMA say (-1: 2 unless either is 0).
 void gpu_use_wgmma_bulk_for_test(int mode);
 // For tests: the warpgroup kernel's Q4_K products with the mins folded out of the weights (1), with them in the
 // weights (0), or as ROOFLINE_WGMMA_FOLD says (-1: folded unless it is 0).
@@ -133,6 +133,8 @@ std::vector<float> gpu_decode_ffn_for_test(const Weight& gate, const Weight& up,
 void gpu_use_persistent_ffn_for_test(int mode);
 // For tests: how many products the tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) has run in this process.
 int64_t gpu_q4k_tile_gemm_calls_for_test();
+// For tests: how many tensor maps of Q4_K weights (the warpgroup kernel's TMA weights) uploads have made in this process.
+int64_t gpu_q4k_tensor_maps_for_test();
 
 // For tests: the MoE expert products, grouped by expert on the device as the MoE block runs them (tensor
 // cores for more than 64 tokens of Q4_K / Q6_K weights with even rows per expert, else the int8 / float kernels).

@@ -251,12 +251,12 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
   gpu_use_wgmma_mixed_for_test(1);
   // Forms: one m64 tile a warpgroup in the plain pipeline, two, and one in the pipeline without CTA-wide barriers
   // (5120 columns: more super-blocks than stages); Q4_K's mins and Q6_K's -32 folded out of the weights in each, and in
-  // the bulk form also neither, and each alone (the mixed launches' four kernels).
+  // the bulk form also neither, and each alone (the mixed launches' four kernels); bulk 2: Q4_K weights as tensor-map boxes too.
   struct Form {
     int m_tiles, bulk, fold, fold6;
   };
-  for (auto [m_tiles, bulk, fold, fold6] :
-       {Form{1, 0, 1, 1}, Form{2, 0, 1, 1}, Form{1, 1, 1, 1}, Form{1, 1, 0, 0}, Form{1, 1, 1, 0}, Form{1, 1, 0, 1}}) {
+  for (auto [m_tiles, bulk, fold, fold6] : {Form{1, 0, 1, 1}, Form{2, 0, 1, 1}, Form{1, 1, 1, 1}, Form{1, 1, 0, 0}, Form{1, 1, 1, 0},
+                                            Form{1, 1, 0, 1}, Form{1, 2, 1, 1}, Form{1, 2, 0, 0}}) {
     const BatchedKernels warpgroup(0, 9, m_tiles);
     gpu_use_wgmma_bulk_for_test(bulk);
     gpu_use_wgmma_fold_for_test(fold);
@@ -297,11 +297,18 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
         const std::vector<float> bulk = gpu_matmul_for_test(w.weight(), x, n);
         ASSERT_EQ(plain.size(), bulk.size());
         EXPECT_EQ(0, std::memcmp(plain.data(), bulk.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n << ", fold " << fold;
+        gpu_use_wgmma_bulk_for_test(2);  // the same blocks as a tensor map's boxes, read from other places: the same bits
+        const std::vector<float> tma = gpu_matmul_for_test(w.weight(), x, n);
+        ASSERT_EQ(plain.size(), tma.size());
+        EXPECT_EQ(0, std::memcmp(plain.data(), tma.data(), plain.size() * sizeof(float))) << dtype_name(type) << " n=" << n << ", fold " << fold
+                                                                                        << ", TMA weights";
         by_fold[fold] = plain;
       }
       EXPECT_NE(0, std::memcmp(by_fold[0].data(), by_fold[1].data(), by_fold[0].size() * sizeof(float)))
           << dtype_name(type) << " n=" << n << ": folding changed nothing";
     }
+  // The TMA forms above ran on tensor maps (without one a launch falls back to the bulk form, which would prove nothing).
+  EXPECT_GT(gpu_q4k_tensor_maps_for_test(), 0);
 }
 
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the

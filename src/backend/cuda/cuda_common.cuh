@@ -329,6 +329,9 @@ struct DeviceWeight {
   // An f16 copy of the whole matrix ([rows x cols], the values the prompt path's dequantization gives), kept
   // where memory allows (CudaBackend::keep_f16_copies): prompt products multiply it instead of dequantizing.
   const __half* f16 = nullptr;
+  // Raw Q4_K: a 2-D tensor map of the rows (q4k_rows_map, cuda_weights.cuh) in device memory, boxes of 16 rows x one
+  // super-block, through which the warpgroup kernel's TMA weights copy a warp's rows (null: none; a row slice has none).
+  const void* tmap = nullptr;
 };
 
 // Activations of a matrix product in int8 form: per 32 elements a float scale d and s = d * sum(q).

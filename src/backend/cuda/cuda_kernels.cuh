@@ -41,6 +41,7 @@ __device__ __forceinline__ DeviceWeight expert_view(const DeviceWeight& w, int64
   DeviceWeight v = w;
   const int64_t r0 = e * rows;
   v.rows = rows;
+  v.tmap = nullptr;  // (the map spans the whole tensor)
   switch (w.layout) {
     case WeightLayout::Raw: v.data = w.data + r0 * (int64_t)w.row_bytes; break;
     case WeightLayout::Q8_0Planes: skip_plane_rows<DType::Q8_0>(v, r0); break;

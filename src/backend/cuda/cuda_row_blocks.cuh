@@ -86,6 +86,19 @@ struct RowBlock<DType::Q4_K> {
     }
     __device__ __forceinline__ void next() { p += 144; }
   };
+  // The slot as a tensor map's box leaves it (the warpgroup kernel's TMA weights): row g's whole 144-byte block at 144 g.
+  // (The two rows of a quarter-warp's 16-byte loads start 16 bytes apart modulo 128, so three of four pieces meet another
+  // row's in a bank: two passes for those loads.)
+  __device__ __forceinline__ void from_smem_rows(const uint8_t* slot, int lane) {
+    const uint8_t* blk = slot + 144 * (lane / 4);
+    const int t = lane % 4;
+    const int4 hdr = *reinterpret_cast<const int4*>(blk);
+    const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * t);
+    const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * t);
+    dm = hdr.x; sc[0] = hdr.y; sc[1] = hdr.z; sc[2] = hdr.w;
+    q[0] = q0.x; q[1] = q0.y; q[2] = q0.z; q[3] = q0.w;
+    q[4] = q1.x; q[5] = q1.y; q[6] = q1.z; q[7] = q1.w;
+  }
   __device__ __forceinline__ void from_smem(const uint8_t* slot, int lane, bool) {
     const int4 hdr = *reinterpret_cast<const int4*>(slot + 1024 + 16 * (lane / 4));
     const int4 q0 = *reinterpret_cast<const int4*>(slot + 16 * lane);

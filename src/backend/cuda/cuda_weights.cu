@@ -4,7 +4,12 @@
 // them: cuda_matvec_blocks.cuh, and cuda_matvec_rows.cuh for Q6_K).
 #include "backend/cuda/cuda_weights.cuh"
 
+#include <cuda.h>
+
+#include <atomic>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "backend/device_planes.h"
 #include "formats/quant_blocks.h"
@@ -203,6 +208,7 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
     ROOFLINE_CUDA_CHECK(cudaMemcpyAsync(p, w.data(), w.bytes(), cudaMemcpyHostToDevice, stream));
     ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
     d.data = p;
+    if (d.type == DType::Q4_K) d.tmap = q4k_rows_map(p, rows, d.row_bytes);
     return d;
   }
   uint8_t* raw = nullptr;
@@ -236,6 +242,61 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
   return d;
 }
 
+namespace {
+
+std::atomic<int64_t> q4k_maps_made{0};  // (gpu_q4k_tensor_maps_for_test)
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's encoder, found through the runtime (no driver library linked); null where the driver has none.
+EncodeTiled tensor_map_encoder() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return EncodeTiled{};
+    }
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes) {
+  const EncodeTiled encode = tensor_map_encoder();
+  if (!encode || rows <= 0 || row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0) return nullptr;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+  const cuuint32_t box[2] = {144, 16}, element_strides[2] = {1, 1};
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return nullptr;
+  // Maps go to chunks of device memory, one list a device, kept until the process ends.
+  constexpr int kChunkMaps = 512;
+  struct Pool {
+    uint8_t* chunk = nullptr;
+    int used = kChunkMaps;
+  };
+  static std::mutex mutex;
+  static std::map<int, Pool> pools;
+  int device = 0;
+  ROOFLINE_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  Pool& pool = pools[device];
+  if (pool.used == kChunkMaps) {
+    ROOFLINE_CUDA_CHECK(cudaMalloc(&pool.chunk, kChunkMaps * sizeof(CUtensorMap)));  // (cudaMalloc aligns to 256 bytes)
+    pool.used = 0;
+  }
+  uint8_t* at = pool.chunk + pool.used++ * sizeof(CUtensorMap);
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(at, &map, sizeof(map), cudaMemcpyHostToDevice));
+  q4k_maps_made++;
+  return at;
+}
+
 float* upload_floats(const std::vector<float>& v, DeviceArena& arena, cudaStream_t stream) {
   if (v.empty()) return nullptr;
   float* p = reinterpret_cast<float*>(arena.take(v.size() * sizeof(float)));
@@ -245,3 +306,9 @@ float* upload_floats(const std::vector<float>& v, DeviceArena& arena, cudaStream
 }
 
 }  // namespace roofline::cuda
+
+namespace roofline {
+
+int64_t gpu_q4k_tensor_maps_for_test() { return cuda::q4k_maps_made.load(); }
+
+}  // namespace roofline

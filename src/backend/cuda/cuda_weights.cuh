@@ -1,6 +1,7 @@
 // Weights on the device: one allocation per backend, sub-allocated with 256-byte alignment; each
 // tensor uploaded in the layout its kernels read (cuda_common.cuh WeightLayout): Q8_0 and Q6_K are
-// split into 16-byte-aligned planes at load, the other types keep their GGUF blocks.
+// split into 16-byte-aligned planes at load, the other types keep their GGUF blocks (Q4_K's with a tensor map for the
+// warpgroup kernel's bulk copies).
 #pragma once
 
 #include <vector>
@@ -33,6 +34,10 @@ class DeviceArena {
 
 // Uploads (repacking on the host where the layout needs it) and returns the device view.
 DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t stream);
+// A 2-D tensor map (TMA descriptor) of `rows` Q4_K rows of row_bytes bytes at `data` on the current device: boxes of 16
+// rows x 144 bytes (one super-block), in device memory where kernels read it (chunks of maps kept for the process,
+// 128 bytes a map); null where the driver cannot make one (the kernels then copy the weights themselves).
+const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes);
 // Small vectors (norms, biases) as device floats.
 float* upload_floats(const std::vector<float>& v, DeviceArena& arena, cudaStream_t stream);
 

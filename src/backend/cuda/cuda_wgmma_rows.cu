@@ -8,9 +8,11 @@
 // the next weights. The activations of a super-block are staged once per CTA in the layout the instruction's
 // descriptor names: by default as one bulk copy on shared-memory barriers, so that warps do not meet at a CTA barrier
 // each super-block (wgmma_rows' BULK; the plain pipeline, every thread's cp.async copies and a CTA barrier, with
-// ROOFLINE_WGMMA_BULK=0). Q4_K products fold the mins out of the weights (FOLD, ROOFLINE_WGMMA_FOLD): a 17th k16 step
-// of the tiles holds the sub-blocks' sums, which the mins multiply, so a weight is one fused multiply-add from its
-// nibble in place (16 times the weight for a high nibble, whose activations the tiles hold divided by 16).
+// ROOFLINE_WGMMA_BULK=0), and Q4_K weights as one box of a tensor map a warp and super-block (TMA weights, BULK 2;
+// ROOFLINE_WGMMA_TMA=0 for each lane's cp.async pieces). Q4_K products fold the mins out of the weights (FOLD,
+// ROOFLINE_WGMMA_FOLD): a 17th k16 step of the tiles holds the sub-blocks' sums, which the mins multiply, so a weight
+// is one fused multiply-add from its nibble in place (16 times the weight for a high nibble, whose activations the
+// tiles hold divided by 16).
 #include "backend/cuda/cuda_batched_products.cuh"
 #include "backend/cuda/cuda_row_blocks.cuh"
 
@@ -215,6 +217,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// The box at (x, y) of the 2-D tensor map `map` (in global memory) to shared memory (128-byte aligned), landing on `bar`.
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                   (uint32_t)__cvta_generic_to_shared(dst)),
+               "l"(map), "r"(x), "r"(y), "r"((uint32_t)__cvta_generic_to_shared(bar))
+               : "memory");
+}
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory, landing on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
@@ -243,9 +252,11 @@ constexpr int wg_stages() {
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
 // With the bulk pipeline, its 2 S barriers after the stages.
-template <DType T, int N, bool BULK, bool FOLD>
+// BULK 2 adds each warp's S weight barriers (Q4_K; see wgmma_rows).
+template <DType T, int N, int BULK, bool FOLD>
 constexpr int wg_smem_bytes() {
-  return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0);
+  return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0) +
+         (BULK == 2 && T == DType::Q4_K ? 8 * 8 * wg_stages<T, N, FOLD>() : 0);
 }
 
 // A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded
@@ -265,8 +276,9 @@ __device__ __forceinline__ void wg_group(const RowBlock<T>& b, int h, int p, int
 // activation tiles at x_addr (shared memory), in four batches of products, each batch's registers freed by a wait
 // for the batch before; the last batch is left in flight. FOLD: the weights without their mins (Q4_K: the high
 // nibbles' 16 times the weights, against folded tiles' values divided by 16; Q6_K: q * scale without the -32), then a
-// fifth batch, the mins by the sub-blocks' sums (the tiles' 17th step, and Q6_K's 18th).
-template <DType T, int N, int MT, bool FOLD>
+// fifth batch, the mins by the sub-blocks' sums (the tiles' 17th step, and Q6_K's 18th). PACKED: the slots hold whole
+// row blocks as a tensor map's box leaves them (RowBlock<Q4_K>::from_smem_rows).
+template <DType T, int N, int MT, bool FOLD, bool PACKED = false>
 __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const uint8_t* slots, uint32_t x_addr,
                                                int lane, const bool (&row_odd)[2 * MT], int64_t sb, const uint32_t (&scale_sel)[2]) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -274,7 +286,10 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
   const WgDescriptors desc0(x_addr, 16 * N, 128);
   RowBlock<T> blk[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, row_odd[i] != ((sb & 1) != 0));
+  for (int i = 0; i < R; ++i) {
+    if constexpr (PACKED) blk[i].from_smem_rows(slots + i * RowBlock<T>::kSlotBytes, lane);
+    else blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, row_odd[i] != ((sb & 1) != 0));
+  }
   __half2 d[R][2];  // FOLD: each row's d and -1024 d
   if constexpr (FOLD) {
 #pragma unroll
@@ -333,8 +348,8 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
 // super-blocks ahead where S >= 3 (thread 0 then waits for every warp's super-block before the previous one), S - 1
 // where S = 2. So a warp runs ahead of the others by up to the stages in flight instead of meeting them every
 // super-block. The plain pipeline: every thread copies its share of a stage's activations, copies run S - 1 ahead, and
-// the CTA meets at a barrier each super-block.
-template <DType T, int N, int MT, bool BULK, bool FOLD>
+// the CTA meets at a barrier each super-block. BULK 2 (the default for Q4_K): the weights as tensor-map boxes (below).
+template <DType T, int N, int MT, int BULK, bool FOLD>
 __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb, int n_tok, float* y, int ldy, bool accumulate, float* part,
                                            int64_t row_tile, int split, int n_splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -354,7 +369,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   constexpr int kStage = wg_stage_bytes<T, N, FOLD>();
   constexpr int L = BULK && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
   constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
-  extern __shared__ int4 wg_smem[];
+  extern __shared__ __align__(128) int4 wg_smem[];  // (128: the TMA weights' boxes land at multiples of it)
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
   // Stage s: [activations of its super-block][warp 0's R row slots][warp 1's] ...; with BULK, after the S stages the
   // S "full" barriers, then the S "empty" ones.
@@ -380,6 +395,20 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+    // TMA weights (BULK 2, Q4_K, every member with a tensor map): the warp's 16 rows' blocks of a super-block arrive as one
+    // box of the weight's tensor map (16 rows x 144 bytes, rows past the matrix zero), copied by lane 0 on the warp's own
+    // barrier of the stage, instead of 16-byte cp.async pieces that each lane waits for; the slots then hold whole blocks
+    // in row order (RowBlock<Q4_K>::from_smem_rows).
+    constexpr bool kTmaWeights = BULK == 2 && T == DType::Q4_K && MT == 1;
+    uint64_t* weights_full = empty + S + warp * S;  // (kTmaWeights) this warp's S barriers
+    int box_x = (int)(sb_begin * 144);              // (kTmaWeights) the next super-block's byte column in the map
+    if constexpr (kTmaWeights) {
+      if (lane == 0) {
+        for (int s = 0; s < S; ++s) mbar_init(weights_full + s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      }
+      __syncwarp();
+    }
     // Weights are no kernel's output: the first L stages' weights are fetched before the wait for the previous kernel
     // (one copy group each); the loop's super-block j then waits for all but this thread's newest L - 1 groups. Each row's
     // copies step along it from a cursor, and the loop's stages, phases and activation addresses are counters, so that
@@ -390,6 +419,14 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
     for (int i = 0; i < R; ++i) cursor[i] = typename RowBlock<T>::Cursor(w, rows[i], sb_begin, lane);
     auto weights_copy_next = [&](int stage) {
       uint8_t* slot = slots(stage);
+      if constexpr (kTmaWeights) {
+        if (lane == 0) {
+          mbar_arrive_expect_bytes(weights_full + stage, 16 * 144);
+          tensor_copy_2d(slot, w.tmap, box_x, (int)row_base, weights_full + stage);
+        }
+        box_x += 144;
+        return;
+      }
       cursor[0].template copy<0>(lane, t == 0, slot);
       cursor[1].template copy<1>(lane, t == 1, slot + RowBlock<T>::kSlotBytes);
       if constexpr (R == 4) {
@@ -423,14 +460,17 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
     int stage = 0, copy_stage = L % S;  // copy_stage: stage (j + L) % S, its use (j + L) / S
     uint32_t phase = 0, copy_use = L / S;
     for (int j = 0; j < n; ++j) {
-      copy_async_wait<L - 1>();
-      __syncwarp();  // the other lanes' copies (the row headers the four lanes of a row share) landed too
+      if constexpr (!kTmaWeights) {
+        copy_async_wait<L - 1>();
+        __syncwarp();  // the other lanes' copies (the row headers the four lanes of a row share) landed too
+      }
       if (j + L < n) weights_copy_next(copy_stage);
-      copy_async_commit();
+      if constexpr (!kTmaWeights) copy_async_commit();
       if (j + L < n) x_bulk(copy_stage, copy_use);
+      if constexpr (kTmaWeights) mbar_wait(weights_full + stage, phase);
       mbar_wait(full + stage, phase);
       __syncwarp();  // converged for the warpgroup instructions
-      wg_super_block<T, N, MT, FOLD>(acc, slots(stage), smem_base + stage * kStage, lane, row_odd, sb_begin + j, scale_sel);
+      wg_super_block<T, N, MT, FOLD, kTmaWeights>(acc, slots(stage), smem_base + stage * kStage, lane, row_odd, sb_begin + j, scale_sel);
       wg_wait<0>();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + stage);
@@ -490,7 +530,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
 }
 
 // The products of one input (grid.x over the members' 128-row tiles, K split over grid.y).
-template <DType T, int N, int MT, bool BULK, bool FOLD>
+template <DType T, int N, int MT, int BULK, bool FOLD>
 __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMembers members, const int4* xb, int n_tok, bool accumulate,
                                                                          float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
@@ -501,7 +541,7 @@ __global__ void __launch_bounds__(wg_threads<MT>(), 2) wgmma_rows_kernel(MmaMemb
 // The products of one input with members of both kinds (Q4_K first, e.g. q and k, then a Q6_K v): each CTA takes its
 // member's kind of kernel, with that kind's activation tiles (xb: Q4_K's, xb6: Q6_K's), one m64 tile a warpgroup; FOLD
 // and FOLD6 say whether the Q4_K and the Q6_K products fold.
-template <int N, bool BULK, bool FOLD, bool FOLD6>
+template <int N, int BULK, bool FOLD, bool FOLD6>
 __global__ void __launch_bounds__(wg_threads<1>(), 2) wgmma_rows_mixed_kernel(MmaMembers members, const int4* xb, const int4* xb6, int n_tok,
                                                                                bool accumulate, float* part) {
   const MmaMember mem = mma_member(members, blockIdx.x);
@@ -548,11 +588,19 @@ int wgmma_tiles() {
 }
 
 // The bulk pipeline without CTA-wide barriers (see wgmma_rows; on by default, measured +3-8% on an H100 over the
-// plain one, ROOFLINE_WGMMA_BULK=0).
+// plain one, ROOFLINE_WGMMA_BULK=0), and in it the Q4_K weights as tensor-map boxes (TMA weights, on by default: `-npl 16`
+// +3.9-4.7%, `-npl 64` +3.3-7.0% on an H100; ROOFLINE_WGMMA_TMA=0 for the lanes' cp.async pieces): mode 0, 1 or 2.
 int wgmma_bulk_for_test = -1;  // (gpu_use_wgmma_bulk_for_test; -1: the environment's)
-bool wgmma_bulk() {
-  static const bool env = env_switch("ROOFLINE_WGMMA_BULK", true);
-  return wgmma_bulk_for_test >= 0 ? wgmma_bulk_for_test > 0 : env;
+int wgmma_bulk_mode() {
+  static const int env = !env_switch("ROOFLINE_WGMMA_BULK", true) ? 0 : env_switch("ROOFLINE_WGMMA_TMA", true) ? 2 : 1;
+  return wgmma_bulk_for_test >= 0 ? std::min(wgmma_bulk_for_test, 2) : env;
+}
+bool wgmma_bulk() { return wgmma_bulk_mode() > 0; }
+// Every Q4_K member has its tensor map (TMA weights).
+bool q4k_maps_for(const DeviceWeight* const* ws, int count) {
+  for (int m = 0; m < count; ++m)
+    if (ws[m]->type == DType::Q4_K && !ws[m]->tmap) return false;
+  return true;
 }
 
 // Q4_K products with the mins folded out of the weights (RowBlock<Q4_K>::group_folded: one instruction a weight pair
@@ -585,7 +633,7 @@ bool wgmma_mixed_joins() {
 
 namespace {
 
-template <DType T, int N, int MT, bool BULK, bool FOLD>
+template <DType T, int N, int MT, int BULK, bool FOLD>
 void launch_wgmma_rows_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                             bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   constexpr int smem = wg_smem_bytes<T, N, BULK, FOLD>();
@@ -599,8 +647,15 @@ template <DType T, int N, bool FOLD>
 void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
                               bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_form<T, N, 2, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else if (wgmma_bulk()) launch_wgmma_rows_form<T, N, 1, true, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-  else launch_wgmma_rows_form<T, N, 1, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk()) {
+    if constexpr (T == DType::Q4_K) {
+      if (wgmma_bulk_mode() == 2 && q4k_maps_for(ws, count))
+        return launch_wgmma_rows_form<T, N, 1, 2, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+    }
+    launch_wgmma_rows_form<T, N, 1, 1, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  } else {
+    launch_wgmma_rows_form<T, N, 1, 0, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
+  }
 }
 template <DType T, int N>
 void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, int n_tok,
@@ -610,7 +665,7 @@ void launch_wgmma_rows(const DeviceWeight* const* ws, float* const* ys, const in
   launch_wgmma_rows_folded<T, N, false>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
 }
 
-template <int N, bool BULK, bool FOLD, bool FOLD6>
+template <int N, int BULK, bool FOLD, bool FOLD6>
 void launch_wgmma_mixed_form(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6,
                              int n_tok, bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   constexpr int smem = std::max(wg_smem_bytes<DType::Q4_K, N, BULK, FOLD>(), wg_smem_bytes<DType::Q6_K, N, BULK, FOLD6>());
@@ -625,7 +680,9 @@ template <int N>
 void launch_wgmma_mixed(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6, int n_tok,
                         bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   const bool fold = wgmma_fold(), fold6 = wgmma_fold_q6();
-  if (wgmma_bulk()) {
+  if (wgmma_bulk_mode() == 2 && fold && fold6 && q4k_maps_for(ws, count))  // (TMA weights with the default folds only)
+    launch_wgmma_mixed_form<N, 2, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
+  else if (wgmma_bulk()) {
     if (fold && fold6) launch_wgmma_mixed_form<N, true, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
     else if (fold) launch_wgmma_mixed_form<N, true, true, false>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
     else if (fold6) launch_wgmma_mixed_form<N, true, false, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
