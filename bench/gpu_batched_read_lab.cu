@@ -150,21 +150,74 @@ __device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes,
                : "memory");
 }
 
+// What the bulk forms do with a warp's 16 whole row blocks of a stage (row r at 144 r): the same loads and stand-in work as
+// tile_read's, for lane 4g + t of rows g and g + 8.
+__device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int work, __half2& acc, unsigned& bits) {
+  const int g = lane / 4;
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* blk = slots + (g + 8 * i) * 144;
+    const int4 h = *reinterpret_cast<const int4*>(blk);
+    const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * (lane % 4));
+    const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * (lane % 4));
+    bits ^= h.x ^ q0.x ^ q0.y ^ q0.z ^ q0.w ^ q1.x ^ q1.y ^ q1.z ^ q1.w;
+    __half2 v = *reinterpret_cast<const __half2*>(&q0.x), m = *reinterpret_cast<const __half2*>(&q1.y);
+    __half2 a1 = acc, a2 = m, a3 = v;
+    for (int j = 0; j < work; j += 4) {
+      acc = __hfma2(acc, m, v);
+      a1 = __hfma2(a1, v, m);
+      a2 = __hfma2(a2, m, v);
+      a3 = __hfma2(a3, v, m);
+    }
+    acc = __hadd2(__hadd2(acc, a1), __hadd2(a2, a3));
+  }
+}
+
+// The bulk forms' loop: `copy(sb, stage)` issues super-block sb's copies into a stage on the warp's barrier of it, L
+// ahead of the stage the warp waits for and uses. Stage: [activation tiles][8 warps x 16 row blocks].
+constexpr int kBulkWarp = 16 * 144, kBulkStage = kXsb + 8 * kBulkWarp, kXPart = kXsb / 8;
+template <int S, int L, typename Copy>
+__device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, const uint8_t* smem, int64_t sb_begin, int64_t sb_end, int lane,
+                                           int warp, int work, bool with_x, unsigned* sink) {
+  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
+  __half2 acc = __float2half2_rn(0.0f);
+  unsigned bits = 0;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+    copy(sb + L, (stage + L) % S);
+    bar_wait(bars + stage, phase);
+    const uint8_t* st = smem + stage * kBulkStage;
+    const uint8_t* slots = st + kXsb + warp * kBulkWarp;
+    use_blocks(slots, lane, work, acc, bits);
+    if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
+    __syncwarp();
+    if (++stage == S) stage = 0, phase ^= 1;
+  }
+  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+}
+
+// The warp's S barriers, after the S stages (one arrival each: lane 0's, with the bytes it expects).
+template <int S>
+__device__ __forceinline__ uint64_t* warp_bars(uint8_t* smem, int warp, int lane) {
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * kBulkStage) + warp * S;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncwarp();
+  return bars;
+}
+
 template <int S, int L>
 __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, int64_t rows, int64_t cols, const int4* x, bool with_x, int work,
                                                              int layout, unsigned* sink) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
-  const int lane = threadIdx.x % 32, g = lane / 4, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t n_sb = cols / 256, row_bytes = n_sb * 144;
   const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
   const int64_t row_base = blockIdx.x * kRows + warp * 16;
-  constexpr int kXStage = kXsb, kWarp = 16 * 144, kStage = kXStage + 8 * kWarp, kXPart = kXsb / 8;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * kStage) + warp * S;
-  if (lane == 0)
-    for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  __syncwarp();
+  constexpr int kXStage = kXsb, kWarp = kBulkWarp, kStage = kBulkStage;
+  uint64_t* bars = warp_bars<S>(smem, warp, lane);
   const uint32_t bytes = kWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
@@ -183,37 +236,7 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
     }
     if (with_x && lane == 16) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
   };
-  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
-  __half2 acc = __float2half2_rn(0.0f);
-  unsigned bits = 0;
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-    copy(sb + L, (stage + L) % S);
-    bar_wait(bars + stage, phase);
-    const uint8_t* st = smem + stage * kStage;
-    const uint8_t* slots = st + kXStage + warp * kWarp;
-    for (int i = 0; i < 2; ++i) {
-      const uint8_t* blk = slots + (g + 8 * i) * 144;
-      const int4 h = *reinterpret_cast<const int4*>(blk);
-      const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * (lane % 4));
-      const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * (lane % 4));
-      bits ^= h.x ^ q0.x ^ q0.y ^ q0.z ^ q0.w ^ q1.x ^ q1.y ^ q1.z ^ q1.w;
-      __half2 v = *reinterpret_cast<const __half2*>(&q0.x), m = *reinterpret_cast<const __half2*>(&q1.y);
-      __half2 a1 = acc, a2 = m, a3 = v;
-      for (int j = 0; j < work; j += 4) {
-        acc = __hfma2(acc, m, v);
-        a1 = __hfma2(a1, v, m);
-        a2 = __hfma2(a2, m, v);
-        a3 = __hfma2(a3, v, m);
-      }
-      acc = __hadd2(__hadd2(acc, a1), __hadd2(a2, a3));
-    }
-    if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
-    __syncwarp();
-    if (++stage == S) stage = 0, phase ^= 1;
-  }
-  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+  run_stages<S, L>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
 }
 
 // tile_read_bulk's reads through a tensor map (cp.async.bulk.tensor.2d): the weights seen as rows of row_bytes bytes, one
@@ -224,16 +247,12 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_const
                                                              int work, unsigned* sink) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
-  const int lane = threadIdx.x % 32, g = lane / 4, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t n_sb = cols / 256;
   const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
   const int row_base = blockIdx.x * kRows + warp * 16;
-  constexpr int kXStage = kXsb, kWarp = 16 * 144, kStage = kXStage + 8 * kWarp, kXPart = kXsb / 8;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * kStage) + warp * S;
-  if (lane == 0)
-    for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  __syncwarp();
+  constexpr int kXStage = kXsb, kWarp = kBulkWarp, kStage = kBulkStage;
+  uint64_t* bars = warp_bars<S>(smem, warp, lane);
   const uint32_t bytes = kWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
@@ -247,37 +266,7 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_const
       if (with_x) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
     }
   };
-  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
-  __half2 acc = __float2half2_rn(0.0f);
-  unsigned bits = 0;
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-    copy(sb + L, (stage + L) % S);
-    bar_wait(bars + stage, phase);
-    const uint8_t* st = smem + stage * kStage;
-    const uint8_t* slots = st + kXStage + warp * kWarp;
-    for (int i = 0; i < 2; ++i) {
-      const uint8_t* blk = slots + (g + 8 * i) * 144;
-      const int4 h = *reinterpret_cast<const int4*>(blk);
-      const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * (lane % 4));
-      const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * (lane % 4));
-      bits ^= h.x ^ q0.x ^ q0.y ^ q0.z ^ q0.w ^ q1.x ^ q1.y ^ q1.z ^ q1.w;
-      __half2 v = *reinterpret_cast<const __half2*>(&q0.x), m = *reinterpret_cast<const __half2*>(&q1.y);
-      __half2 a1 = acc, a2 = m, a3 = v;
-      for (int j = 0; j < work; j += 4) {
-        acc = __hfma2(acc, m, v);
-        a1 = __hfma2(a1, v, m);
-        a2 = __hfma2(a2, m, v);
-        a3 = __hfma2(a3, v, m);
-      }
-      acc = __hadd2(__hadd2(acc, a1), __hadd2(a2, a3));
-    }
-    if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
-    __syncwarp();
-    if (++stage == S) stage = 0, phase ^= 1;
-  }
-  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+  run_stages<S, L>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
 }
 
 // A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x 144 bytes (the driver's encoder, found
