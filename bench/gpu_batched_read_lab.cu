@@ -125,31 +125,6 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64
   if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
 }
 
-// The same reads through the tensor memory accelerator: each warp's rows' super-block blocks arrive by bulk copies
-// (cp.async.bulk) on a barrier of the warp's own (mbarrier, one a stage), row after row in its slots (144 bytes
-// each), instead of 16-byte cp.async pieces; row-major (layout 0: one 144-byte copy a row, lanes 0-15) or 128-row
-// tiles (layout 2: the warp's 16 blocks adjacent, one 2304-byte copy). With x, each warp also bulk-copies its eighth of
-// the stage's activation tiles on its barrier (timing only: no warp waits for the others' eighths, so no CTA barrier).
-__device__ __forceinline__ void bar_init(uint64_t* bar, int arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(arrivals) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
-          (uint32_t)__cvta_generic_to_shared(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(bar))
-               : "memory");
-}
-
 // What the bulk forms do with a warp's 16 whole row blocks of a stage (row r at 144 r): the same loads and stand-in work as
 // tile_read's, for lane 4g + t of rows g and g + 8.
 __device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int work, __half2& acc, unsigned& bits) {
@@ -207,6 +182,11 @@ __device__ __forceinline__ uint64_t* warp_bars(uint8_t* smem, int warp, int lane
   return bars;
 }
 
+// The same reads through the tensor memory accelerator: each warp's rows' super-block blocks arrive by bulk copies
+// (cp.async.bulk) on a barrier of the warp's own (mbarrier, one a stage), row after row in its slots (144 bytes
+// each), instead of 16-byte cp.async pieces; row-major (layout 0: one 144-byte copy a row, lanes 0-15) or 128-row
+// tiles (layout 2: the warp's 16 blocks adjacent, one 2304-byte copy). With x, each warp also bulk-copies its eighth of
+// the stage's activation tiles on its barrier (timing only: no warp waits for the others' eighths, so no CTA barrier).
 template <int S, int L>
 __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, int64_t rows, int64_t cols, const int4* x, bool with_x, int work,
                                                              int layout, unsigned* sink) {

@@ -43,6 +43,9 @@
 //              turn (no CTA starts after the first wave)
 //   streamS    ringS in one wave of CTAs: each warp streams the rounds of all its row pairs through its ring,
 //              the next pair's first rounds in flight while it finishes a pair
+//   tmaS       ringS with the copy engine (sm_90): a round is two bulk copies (each row's 8 super-blocks, 1152
+//              contiguous bytes) issued by lane 0 on the warp's barrier of the stage, so the copies cost the warp
+//              two instructions instead of every lane's 16-byte pieces, and its wait is the barrier's
 // The small kernels write their outputs with the engine's sizes; one step is one CUDA graph, replayed.
 // Prints per model and form: us per step, us per layer, and the weight bytes over the step's time, for the
 // whole layer chain and for a chain of the products alone (each product's input written by a one-CTA kernel).
@@ -65,12 +68,13 @@
 using namespace roofline;
 using namespace roofline::cuda;
 
-enum Form { kRead, kEngine, kPipe, kPipePre, kSmem, kSmemP1, kSmemNoCopy, kRing2, kRing3, kRing4, kLean, kLeanPipe, kPattern, kTiled, kPatternTiled, kSmemAsync, kNoCopyP1, kPermAct, kPlanes, kPlanesPermAct, kPersist, kStream2, kStream3, kStream4, kForms };
-const char* kFormNames[kForms] = {"read", "engine", "pipe", "pipe-pre", "smem", "smem-p1", "no-copy", "ring2", "ring3", "ring4", "lean", "lean-pipe", "pattern", "tiled", "pat-tiled", "smem-async", "no-copy-p1", "perm-act", "planes", "planes-perm", "persist", "stream2", "stream3", "stream4"};
+enum Form { kRead, kEngine, kPipe, kPipePre, kSmem, kSmemP1, kSmemNoCopy, kRing2, kRing3, kRing4, kLean, kLeanPipe, kPattern, kTiled, kPatternTiled, kSmemAsync, kNoCopyP1, kPermAct, kPlanes, kPlanesPermAct, kPersist, kStream2, kStream3, kStream4, kTma2, kTma3, kTma4, kForms };
+const char* kFormNames[kForms] = {"read", "engine", "pipe", "pipe-pre", "smem", "smem-p1", "no-copy", "ring2", "ring3", "ring4", "lean", "lean-pipe", "pattern", "tiled", "pat-tiled", "smem-async", "no-copy-p1", "perm-act", "planes", "planes-perm", "persist", "stream2", "stream3", "stream4", "tma2", "tma3", "tma4"};
 constexpr int ring_stages(int f) {
-  return f == kRing2 || f == kStream2 ? 2 : f == kRing3 || f == kStream3 ? 3 : f == kRing4 || f == kStream4 ? 4 : 0;
+  return f == kRing2 || f == kStream2 || f == kTma2 ? 2 : f == kRing3 || f == kStream3 || f == kTma3 ? 3 : f == kRing4 || f == kStream4 || f == kTma4 ? 4 : 0;
 }
-constexpr bool persistent(int f) { return f >= kPersist; }
+constexpr bool persistent(int f) { return f >= kPersist && f <= kStream4; }
+constexpr bool tma_ring(int f) { return f >= kTma2 && f <= kTma4; }
 
 constexpr int kThreads = 128;  // four warps
 constexpr int kRowsPerCta = 8;
@@ -205,6 +209,8 @@ __device__ __forceinline__ void q4k_layout(const DeviceWeight& w, const ActQ8& a
 }
 
 constexpr int kRoundBytes = 2 * 8 * 144;  // one round of a warp: 8 super-blocks of each of two rows
+// Shared memory of the ring forms: four warps' rings, and after them the tma forms' barriers (one a warp and stage).
+constexpr int ring_smem(int f) { return (kThreads / 32) * ring_stages(f) * (kRoundBytes + (tma_ring(f) ? 8 : 0)); }
 
 // Lane (g, c)'s share of a round staged in a ring slot (two rows of 8 super-blocks, 1152 bytes apart).
 __device__ __forceinline__ Q4KRound<2> ring_round(const uint8_t* slot, int g, int c) {
@@ -272,6 +278,45 @@ __device__ __forceinline__ void q4k_ring(const DeviceWeight& w, const ActQ8& act
       q4_k_round<1, 2>(ring_round(ring + stage * kRoundBytes, g, c), w, act, i, c, acc);
     }
     stage = stage == S - 1 ? 0 : stage + 1;
+  }
+  store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);
+}
+
+// tmaS: q4k_ring's rounds by bulk copies. Round k of row r (min(8, n_sb - 8k) super-blocks, contiguous) is one copy issued
+// by lane 0 on `bars[stage]`; a round's stage is refilled only after the whole warp has used it (the __syncwarp).
+template <int S>
+__device__ __forceinline__ void q4k_tma_ring(const DeviceWeight& w, const ActQ8& act, float* y, int64_t row0, int lane, uint8_t* ring,
+                                             uint64_t* bars) {
+  const WarpRows wr(w, row0, lane);
+  const int g = wr.g, c = wr.c;
+  const int64_t n_sb = wr.n_sb, n_rounds = (n_sb + 7) / 8;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncwarp();
+  auto copy_round = [&](int64_t k, int stage) {
+    if (k < n_rounds && lane == 0) {
+      const uint32_t bytes = (uint32_t)min((int64_t)8, n_sb - 8 * k) * 144;
+      bar_expect(bars + stage, 2 * bytes);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) bulk(ring + stage * kRoundBytes + r * 1152, wr.rowp[r] + 8 * k * 144, bytes, bars + stage);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) copy_round(s, s);  // weights are no kernel's output
+  wait_for_previous_kernel();
+  float acc[2][1] = {};
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t k = 0; k < n_rounds; ++k) {
+    copy_round(k + S - 1, stage == 0 ? S - 1 : stage - 1);  // (that stage's round k - 1 was used by every lane: the __syncwarp below)
+    bar_wait(bars + stage, phase);
+    const int64_t i = 8 * k + g;
+    if (i < n_sb) {
+      q4_k_round<1, 2>(ring_round(ring + stage * kRoundBytes, g, c), w, act, i, c, acc);
+    }
+    __syncwarp();
+    if (++stage == S) stage = 0, phase ^= 1;
   }
   store_row_set<1, 2, false>(acc, y, 0, row0, w.rows, false, lane, act);
 }
@@ -434,6 +479,11 @@ __global__ void __launch_bounds__(kThreads, (F == kSmemAsync || F == kNoCopyP1) 
   } else if constexpr (persistent(F)) {
     q4k_stream<ring_stages(F)>(w, act, y, (int64_t)blockIdx.x * (kThreads / 32) + threadIdx.x / 32, (int64_t)gridDim.x * (kThreads / 32), lane,
                                reinterpret_cast<uint8_t*>(act_smem) + (threadIdx.x / 32) * ring_stages(F) * kRoundBytes);
+  } else if constexpr (tma_ring(F)) {
+    constexpr int S = ring_stages(F);
+    uint8_t* rings = reinterpret_cast<uint8_t*>(act_smem);
+    uint64_t* bars = reinterpret_cast<uint64_t*>(rings + (kThreads / 32) * S * kRoundBytes) + (threadIdx.x / 32) * S;
+    q4k_tma_ring<S>(w, act, y, row0, lane, rings + (threadIdx.x / 32) * S * kRoundBytes, bars);
   } else if constexpr (ring_stages(F) > 0) {
     q4k_ring<ring_stages(F)>(w, act, y, row0, lane, reinterpret_cast<uint8_t*>(act_smem) + (threadIdx.x / 32) * ring_stages(F) * kRoundBytes);
   } else if constexpr (F == kEngine || F == kPipe) {
@@ -520,7 +570,7 @@ double run(const Shape& sh, bool products_only, uint8_t* pool, int64_t pool_byte
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const int smem = F == kSmem || F == kSmemP1 || F == kSmemNoCopy || F == kSmemAsync || F == kNoCopyP1 ? (int)(sh.ffn * 5 / 4)  // values + d + s for the widest input
-                   : (kThreads / 32) * ring_stages(F) * kRoundBytes;
+                   : ring_smem(F);
   if (smem > 48 * 1024) CHECK(cudaFuncSetAttribute(product_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int wave = 0;  // persistent forms: CTAs the GPU holds at once
   if constexpr (persistent(F)) {
@@ -603,7 +653,7 @@ __global__ void fill_kernel(uint32_t* p, int64_t n) {
 // One product of each form that computes (not read) against the engine's, bit for bit: 1 if all agree.
 template <int F>
 bool same_as_engine(const DeviceWeight& w, const ActQ8& act, float* y, const std::vector<float>& want) {
-  int smem = ring_stages(F) * (kThreads / 32) * kRoundBytes;
+  int smem = ring_smem(F);
   if (F == kSmem || F == kSmemP1 || F == kSmemAsync) smem = (int)(w.cols * 5 / 4);
   if (smem > 48 * 1024) CHECK(cudaFuncSetAttribute(product_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int64_t ctas = (w.rows + kRowsPerCta - 1) / kRowsPerCta;
@@ -656,6 +706,7 @@ int main(int argc, char** argv) {
     same_as_engine<kSmemAsync>(w, act, out, want);
     same_as_engine<kLeanPipe>(w, act, out, want);
     same_as_engine<kStream3>(w, act, out, want);
+    same_as_engine<kTma3>(w, act, out, want);
   }
   const Shape shapes[] = {
       {"qwen3-8b", 36, 4096, 4096, 12288, {6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}, 5, 16, 32, 48},
@@ -690,6 +741,9 @@ int main(int argc, char** argv) {
           case kStream2: us = run<kStream2>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kStream3: us = run<kStream3>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kStream4: us = run<kStream4>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
+          case kTma2: us = run<kTma2>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
+          case kTma3: us = run<kTma3>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
+          case kTma4: us = run<kTma4>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           case kSmemNoCopy: us = run<kSmemNoCopy>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
           default: us = run<kSmemP1>(sh, po, pool, pool_bytes, y, aq, ad, as, replays, &bytes); break;
         }
