@@ -292,7 +292,13 @@ const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes) {
   std::lock_guard<std::mutex> lock(mutex);
   Pool& pool = pools[device];
   if (pool.used == kChunkMaps) {
-    ROOFLINE_CUDA_CHECK(cudaMalloc(&pool.chunk, kChunkMaps * sizeof(CUtensorMap)));  // (cudaMalloc aligns to 256 bytes)
+    // (cudaMalloc aligns to 256 bytes.) A card filled to the last bytes gets no map: its kernels copy as before.
+    uint8_t* chunk = nullptr;
+    if (cudaMalloc(&chunk, kChunkMaps * sizeof(CUtensorMap)) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    pool.chunk = chunk;
     pool.used = 0;
   }
   uint8_t* at = pool.chunk + pool.used++ * sizeof(CUtensorMap);
