@@ -196,13 +196,12 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
   const int64_t n_sb = cols / 256, row_bytes = n_sb * 144;
   const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
   const int64_t row_base = blockIdx.x * kRows + warp * 16;
-  constexpr int kXStage = kXsb, kWarp = kBulkWarp, kStage = kBulkStage;
   uint64_t* bars = warp_bars<S>(smem, warp, lane);
-  const uint32_t bytes = kWarp + (with_x ? kXPart : 0);
+  const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
-    uint8_t* st = smem + stage * kStage;
-    uint8_t* slots = st + kXStage + warp * kWarp;
+    uint8_t* st = smem + stage * kBulkStage;
+    uint8_t* slots = st + kXsb + warp * kBulkWarp;
     if (lane == 0) bar_expect(bars + stage, bytes);
     __syncwarp();
     if (layout == 0) {
@@ -212,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
       }
     } else if (lane == 0) {
       const int64_t r = min(row_base, rows - 16);
-      bulk(slots, w + ((r / kRows) * n_sb + sb) * (kRows * 144) + (r % kRows) * 144, kWarp, bars + stage);
+      bulk(slots, w + ((r / kRows) * n_sb + sb) * (kRows * 144) + (r % kRows) * 144, kBulkWarp, bars + stage);
     }
     if (with_x && lane == 16) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
   };
@@ -231,16 +230,15 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_const
   const int64_t n_sb = cols / 256;
   const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
   const int row_base = blockIdx.x * kRows + warp * 16;
-  constexpr int kXStage = kXsb, kWarp = kBulkWarp, kStage = kBulkStage;
   uint64_t* bars = warp_bars<S>(smem, warp, lane);
-  const uint32_t bytes = kWarp + (with_x ? kXPart : 0);
+  const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
-    uint8_t* st = smem + stage * kStage;
+    uint8_t* st = smem + stage * kBulkStage;
     if (lane == 0) {
       bar_expect(bars + stage, bytes);
       asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-                       (uint32_t)__cvta_generic_to_shared(st + kXStage + warp * kWarp)),
+                       (uint32_t)__cvta_generic_to_shared(st + kXsb + warp * kBulkWarp)),
                    "l"(reinterpret_cast<uint64_t>(&tmap)), "r"((int)(sb * 144)), "r"(row_base), "r"((uint32_t)__cvta_generic_to_shared(bars + stage))
                    : "memory");
       if (with_x) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
