@@ -148,9 +148,12 @@ __device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int w
 }
 
 // The bulk forms' loop: `copy(sb, stage)` issues super-block sb's copies into a stage on the warp's barrier of it, L
-// ahead of the stage the warp waits for and uses. Stage: [activation tiles][8 warps x 16 row blocks].
-constexpr int kBulkWarp = 16 * 144, kBulkStage = kXsb + 8 * kBulkWarp, kXPart = kXsb / 8;
-template <int S, int L, typename Copy>
+// ahead of the stage the warp waits for and uses. Stage: [activation tiles (XSB bytes: kXsb for 16 tokens, 4 kXsb for 64)]
+// [8 warps x 16 row blocks].
+constexpr int kBulkWarp = 16 * 144;
+template <int XSB = kXsb>
+__host__ __device__ constexpr int bulk_stage() { return XSB + 8 * kBulkWarp; }
+template <int S, int L, int XSB = kXsb, typename Copy>
 __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, const uint8_t* smem, int64_t sb_begin, int64_t sb_end, int lane,
                                            int warp, int work, bool with_x, unsigned* sink) {
   for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
@@ -161,8 +164,8 @@ __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, con
   for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
     copy(sb + L, (stage + L) % S);
     bar_wait(bars + stage, phase);
-    const uint8_t* st = smem + stage * kBulkStage;
-    const uint8_t* slots = st + kXsb + warp * kBulkWarp;
+    const uint8_t* st = smem + stage * bulk_stage<XSB>();
+    const uint8_t* slots = st + XSB + warp * kBulkWarp;
     use_blocks(slots, lane, work, acc, bits);
     if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
     __syncwarp();
@@ -172,9 +175,9 @@ __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, con
 }
 
 // The warp's S barriers, after the S stages (one arrival each: lane 0's, with the bytes it expects).
-template <int S>
+template <int S, int XSB = kXsb>
 __device__ __forceinline__ uint64_t* warp_bars(uint8_t* smem, int warp, int lane) {
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * kBulkStage) + warp * S;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * bulk_stage<XSB>()) + warp * S;
   if (lane == 0)
     for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -197,10 +200,11 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
   const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
   const int64_t row_base = blockIdx.x * kRows + warp * 16;
   uint64_t* bars = warp_bars<S>(smem, warp, lane);
+  constexpr int kXPart = kXsb / 8;
   const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
-    uint8_t* st = smem + stage * kBulkStage;
+    uint8_t* st = smem + stage * bulk_stage();
     uint8_t* slots = st + kXsb + warp * kBulkWarp;
     if (lane == 0) bar_expect(bars + stage, bytes);
     __syncwarp();
@@ -220,8 +224,9 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
 
 // tile_read_bulk's reads through a tensor map (cp.async.bulk.tensor.2d): the weights seen as rows of row_bytes bytes, one
 // box of 16 rows x 144 bytes (a warp's rows' blocks of a super-block, row-major as GGUF has them) a copy, issued by one
-// lane, landing rows 144 bytes apart.
-template <int S, int L>
+// lane, landing rows 144 bytes apart. XSB: the activation tiles' bytes a stage (kXsb: 16 tokens; 4 kXsb: 64 tokens,
+// where the engine's stages are two, one ahead).
+template <int S, int L, int XSB = kXsb>
 __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_constant__ CUtensorMap tmap, int64_t cols, const int4* x, bool with_x,
                                                              int work, unsigned* sink) {
   extern __shared__ int4 smem4[];
@@ -230,21 +235,22 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_const
   const int64_t n_sb = cols / 256;
   const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
   const int row_base = blockIdx.x * kRows + warp * 16;
-  uint64_t* bars = warp_bars<S>(smem, warp, lane);
+  uint64_t* bars = warp_bars<S, XSB>(smem, warp, lane);
+  constexpr int kXPart = XSB / 8;
   const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
-    uint8_t* st = smem + stage * kBulkStage;
+    uint8_t* st = smem + stage * bulk_stage<XSB>();
     if (lane == 0) {
       bar_expect(bars + stage, bytes);
       asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-                       (uint32_t)__cvta_generic_to_shared(st + kXsb + warp * kBulkWarp)),
+                       (uint32_t)__cvta_generic_to_shared(st + XSB + warp * kBulkWarp)),
                    "l"(reinterpret_cast<uint64_t>(&tmap)), "r"((int)(sb * 144)), "r"(row_base), "r"((uint32_t)__cvta_generic_to_shared(bars + stage))
                    : "memory");
-      if (with_x) bulk(st + warp * kXPart, x + sb * (kXsb / 16) + warp * (kXPart / 16), kXPart, bars + stage);
+      if (with_x) bulk(st + warp * kXPart, x + sb * (XSB / 16) + warp * (kXPart / 16), kXPart, bars + stage);
     }
   };
-  run_stages<S, L>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
+  run_stages<S, L, XSB>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
 }
 
 // A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x 144 bytes (the driver's encoder, found
@@ -310,6 +316,7 @@ int main() {
     int work, layout;
     bool bulk = false;  // tile_read_bulk
     bool tmap = false;  // tile_read_tmap
+    int tokens = 16;    // (tmap) activation tiles of 16 or 64 tokens a stage
   };
   const Variant variants[] = {{"S4 L2 (engine)", 1, 4, 2, false, 0, 0},
                               {"S4 L3", 1, 4, 3, false, 0, 0},
@@ -332,7 +339,13 @@ int main() {
                               {"tensor map", 1, 4, 2, false, 0, 0, true, true},
                               {"tensor map +x", 1, 4, 2, true, 0, 0, true, true},
                               {"tensor map +x work 96", 1, 4, 2, true, 96, 0, true, true},
-                              {"tensor map S4 L3 +x work 96", 1, 4, 3, true, 96, 0, true, true}};
+                              {"tensor map S4 L3 +x work 96", 1, 4, 3, true, 96, 0, true, true},
+                              // 64 tokens: the engine's two stages, one ahead; with and without the activation tiles' copies
+                              // (what the 4x larger tiles, read from the L2 by every CTA, cost the weights' stream)
+                              {"tensor map 64 tok S2 L1", 1, 2, 1, false, 0, 0, true, true, 64},
+                              {"tensor map 64 tok S2 L1 +x", 1, 2, 1, true, 0, 0, true, true, 64},
+                              {"tensor map 64 tok S2 L1 work 96", 1, 2, 1, false, 96, 0, true, true, 64},
+                              {"tensor map 64 tok S2 L1 +x work 96", 1, 2, 1, true, 96, 0, true, true, 64}};
   for (const Shape& sh : shapes) {
     const int64_t bytes = sh.rows * (sh.cols / 256) * 144;
     const int copies = (int)(pool_bytes / bytes);
@@ -350,7 +363,7 @@ int main() {
     std::printf("%-20s plain read            %8.2f us %7.1f GB/s\n", sh.name, plain, bytes / plain / 1e3);
     for (const Variant& v : variants) {
       const dim3 grid((unsigned)((sh.rows + kRows - 1) / kRows), (unsigned)sh.splits);
-      const int stage_bytes = v.bulk ? kXsb + 8 * 16 * 144 : v.sbs * kXsb + 8 * v.sbs * 2 * kSlot;
+      const int stage_bytes = v.bulk ? (v.tokens / 16) * kXsb + 8 * 16 * 144 : v.sbs * kXsb + 8 * v.sbs * 2 * kSlot;
       const int smem = v.stages * stage_bytes + (v.bulk ? 8 * v.stages * 8 : 0);
       auto run = [&](auto kernel) {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -358,7 +371,7 @@ int main() {
       };
       double us = 0;
       if (v.tmap) {
-        auto kernel = v.ahead == 2 ? tile_read_tmap<4, 2> : tile_read_tmap<4, 3>;
+        auto kernel = v.tokens == 64 ? tile_read_tmap<2, 1, 4 * kXsb> : v.ahead == 2 ? tile_read_tmap<4, 2> : tile_read_tmap<4, 3>;
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         us = time_graph([&](const uint8_t* w) {
           const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows);
