@@ -11,9 +11,11 @@
 // - work: `work` half2 fused multiply-adds a lane and 8-row block on the loaded words, in four independent chains,
 //   standing in for the dequantization's instructions (~76 a lane and 8-row block in the engine's loop: 8 words of
 //   8 nibbles at ~9.5 instructions; ~190 with the scales, copies and products).
+// - 64 tokens (tensor-map forms): the activation tiles 4x larger, two stages one ahead as the engine has them there, with
+//   and without the tiles' copies, and with them multicast to clusters of two CTAs (each tile read from the L2 once a pair).
 // So the lab says whether the access pattern, or the chain of work a warp runs between its copies, keeps the
 // products at 50-70% of the bandwidth (docs/performance.md, fifty-third session).
-// Build: nvcc -O3 -arch=sm_90a -std=c++17 bench/gpu_batched_read_lab.cu -o gpu_batched_read_lab
+// Build: nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 bench/gpu_batched_read_lab.cu -o gpu_batched_read_lab
 // Run: gpu_batched_read_lab (one line per shape and variant: us a launch, GB/s, % of the plain read).
 #include <cuda.h>
 #include <cuda_fp16.h>
@@ -253,6 +255,78 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_const
   run_stages<S, L, XSB>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
 }
 
+// tile_read_tmap at 64 tokens with the activation tiles multicast: CTAs in clusters of two (adjacent row tiles, the same
+// super-blocks); each copies half of every warp's eighth of a stage's tiles into both CTAs (.multicast::cluster), so the
+// L2 serves a tile once a pair instead of once a CTA. A stage is refilled only when both CTAs' warp has used it: an empty
+// barrier a warp and stage, one arrival from each CTA's warp, waited for by the lane that copies.
+template <int S, int L, int XSB>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 2)
+    tile_read_tmap_mc(const __grid_constant__ CUtensorMap tmap, int64_t cols, const int4* x, int work, unsigned* sink) {
+  extern __shared__ int4 smem4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t n_sb = cols / 256;
+  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
+  const int row_base = blockIdx.x * kRows + warp * 16;
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * bulk_stage<XSB>()) + warp * 2 * S;
+  uint64_t* empty = full + S;
+  if (lane == 0)
+    for (int s = 0; s < S; ++s) bar_init(full + s, 1), bar_init(empty + s, 2);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  constexpr uint32_t kXPart = XSB / 8, kHalf = kXPart / 2;
+  auto copy = [&](int64_t sb, int stage) {
+    if (sb >= sb_end || lane != 0) return;
+    const int64_t use = (sb - sb_begin) / S;
+    if (use > 0) {  // both CTAs' warp done with this stage's last use
+      asm volatile(
+          "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n@!done bra wait_%=;\n}\n" ::"r"(
+              (uint32_t)__cvta_generic_to_shared(empty + stage)),
+          "r"((uint32_t)((use - 1) & 1))
+          : "memory");
+    }
+    uint8_t* st = smem + stage * bulk_stage<XSB>();
+    bar_expect(full + stage, kBulkWarp + kXPart);  // its own weights, and both CTAs' halves of the tiles
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(st + XSB + warp * kBulkWarp)),
+                 "l"(reinterpret_cast<uint64_t>(&tmap)), "r"((int)(sb * 144)), "r"(row_base), "r"((uint32_t)__cvta_generic_to_shared(full + stage))
+                 : "memory");
+    const uint32_t off = warp * kXPart + rank * kHalf;
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(st + off)),
+                 "l"(reinterpret_cast<const uint8_t*>(x + sb * (XSB / 16)) + off), "r"(kHalf), "r"((uint32_t)__cvta_generic_to_shared(full + stage)),
+                 "h"((uint16_t)3)
+                 : "memory");
+  };
+  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
+  __half2 acc = __float2half2_rn(0.0f);
+  unsigned bits = 0;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
+    copy(sb + L, (stage + L) % S);
+    bar_wait(full + stage, phase);
+    const uint8_t* st = smem + stage * bulk_stage<XSB>();
+    use_blocks(st + XSB + warp * kBulkWarp, lane, work, acc, bits);
+    bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
+    __syncwarp();
+    if (lane == 0) {  // this warp is done with the stage, in both CTAs' count
+      const uint32_t a = (uint32_t)__cvta_generic_to_shared(empty + stage);
+      for (uint32_t r = 0; r < 2; ++r) {
+        uint32_t ra;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(r));
+        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ra) : "memory");
+      }
+    }
+    if (++stage == S) stage = 0, phase ^= 1;
+  }
+  // No CTA leaves while its peer may still arrive on its barriers or copy into it.
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
+}
+
 // A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x 144 bytes (the driver's encoder, found
 // through the runtime so that the lab links no driver library).
 CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes) {
@@ -317,6 +391,7 @@ int main() {
     bool bulk = false;  // tile_read_bulk
     bool tmap = false;  // tile_read_tmap
     int tokens = 16;    // (tmap) activation tiles of 16 or 64 tokens a stage
+    bool multicast = false;  // (tmap, 64 tokens, with x) tile_read_tmap_mc
   };
   const Variant variants[] = {{"S4 L2 (engine)", 1, 4, 2, false, 0, 0},
                               {"S4 L3", 1, 4, 3, false, 0, 0},
@@ -345,7 +420,9 @@ int main() {
                               {"tensor map 64 tok S2 L1", 1, 2, 1, false, 0, 0, true, true, 64},
                               {"tensor map 64 tok S2 L1 +x", 1, 2, 1, true, 0, 0, true, true, 64},
                               {"tensor map 64 tok S2 L1 work 96", 1, 2, 1, false, 96, 0, true, true, 64},
-                              {"tensor map 64 tok S2 L1 +x work 96", 1, 2, 1, true, 96, 0, true, true, 64}};
+                              {"tensor map 64 tok S2 L1 +x work 96", 1, 2, 1, true, 96, 0, true, true, 64},
+                              {"tensor map 64 tok S2 L1 +x multicast", 1, 2, 1, true, 0, 0, true, true, 64, true},
+                              {"tensor map 64 tok S2 L1 +x multicast work 96", 1, 2, 1, true, 96, 0, true, true, 64, true}};
   for (const Shape& sh : shapes) {
     const int64_t bytes = sh.rows * (sh.cols / 256) * 144;
     const int copies = (int)(pool_bytes / bytes);
@@ -364,13 +441,20 @@ int main() {
     for (const Variant& v : variants) {
       const dim3 grid((unsigned)((sh.rows + kRows - 1) / kRows), (unsigned)sh.splits);
       const int stage_bytes = v.bulk ? (v.tokens / 16) * kXsb + 8 * 16 * 144 : v.sbs * kXsb + 8 * v.sbs * 2 * kSlot;
-      const int smem = v.stages * stage_bytes + (v.bulk ? 8 * v.stages * 8 : 0);
+      const int smem = v.stages * stage_bytes + (v.bulk ? (v.multicast ? 2 : 1) * 8 * v.stages * 8 : 0);
       auto run = [&](auto kernel) {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         return time_graph([&](const uint8_t* w) { kernel<<<grid, kThreads, smem, stream>>>(w, sh.rows, sh.cols, x, v.with_x, v.work, v.layout, sink); });
       };
       double us = 0;
-      if (v.tmap) {
+      if (v.multicast) {
+        auto kernel = tile_read_tmap_mc<2, 1, 4 * kXsb>;
+        CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        us = time_graph([&](const uint8_t* w) {
+          const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows);
+          kernel<<<grid, kThreads, smem, stream>>>(map, sh.cols, x, v.work, sink);
+        });
+      } else if (v.tmap) {
         auto kernel = v.tokens == 64 ? tile_read_tmap<2, 1, 4 * kXsb> : v.ahead == 2 ? tile_read_tmap<4, 2> : tile_read_tmap<4, 3>;
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         us = time_graph([&](const uint8_t* w) {
