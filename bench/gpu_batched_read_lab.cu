@@ -155,9 +155,13 @@ __device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int w
 constexpr int kBulkWarp = 16 * 144;
 template <int XSB = kXsb>
 __host__ __device__ constexpr int bulk_stage() { return XSB + 8 * kBulkWarp; }
-template <int S, int L, int XSB = kXsb, typename Copy>
+// `release(stage)` after the warp is done with a stage (the multicast form's empty barriers; a no-op elsewhere).
+struct NoRelease {
+  __device__ void operator()(int) const {}
+};
+template <int S, int L, int XSB = kXsb, typename Copy, typename Release = NoRelease>
 __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, const uint8_t* smem, int64_t sb_begin, int64_t sb_end, int lane,
-                                           int warp, int work, bool with_x, unsigned* sink) {
+                                           int warp, int work, bool with_x, unsigned* sink, const Release& release = Release()) {
   for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
   __half2 acc = __float2half2_rn(0.0f);
   unsigned bits = 0;
@@ -171,6 +175,7 @@ __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, con
     use_blocks(slots, lane, work, acc, bits);
     if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
     __syncwarp();
+    release(stage);
     if (++stage == S) stage = 0, phase ^= 1;
   }
   if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
@@ -300,31 +305,18 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 2)
                  "h"((uint16_t)3)
                  : "memory");
   };
-  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
-  __half2 acc = __float2half2_rn(0.0f);
-  unsigned bits = 0;
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-    copy(sb + L, (stage + L) % S);
-    bar_wait(full + stage, phase);
-    const uint8_t* st = smem + stage * bulk_stage<XSB>();
-    use_blocks(st + XSB + warp * kBulkWarp, lane, work, acc, bits);
-    bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
-    __syncwarp();
-    if (lane == 0) {  // this warp is done with the stage, in both CTAs' count
-      const uint32_t a = (uint32_t)__cvta_generic_to_shared(empty + stage);
-      for (uint32_t r = 0; r < 2; ++r) {
-        uint32_t ra;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(r));
-        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ra) : "memory");
-      }
+  auto release = [&](int stage) {  // this warp is done with the stage, in both CTAs' count
+    if (lane != 0) return;
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(empty + stage);
+    for (uint32_t r = 0; r < 2; ++r) {
+      uint32_t ra;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(a), "r"(r));
+      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(ra) : "memory");
     }
-    if (++stage == S) stage = 0, phase ^= 1;
-  }
+  };
+  run_stages<S, L, XSB>(copy, full, smem, sb_begin, sb_end, lane, warp, work, true, sink, release);
   // No CTA leaves while its peer may still arrive on its barriers or copy into it.
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-  if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
 }
 
 // A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x 144 bytes (the driver's encoder, found
