@@ -181,6 +181,16 @@ __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, con
   if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
 }
 
+// A bulk form's thread in its CTA: lane, warp, the CTA's super-blocks [sb_begin, sb_end) (K split over grid.y) and the warp's
+// first row (16 rows a warp, kRows a CTA).
+struct BulkThread {
+  int lane, warp, row_base;
+  int64_t sb_begin, sb_end;
+  __device__ explicit BulkThread(int64_t cols)
+      : lane(threadIdx.x % 32), warp(threadIdx.x / 32), row_base(blockIdx.x * kRows + warp * 16),
+        sb_begin(cols / 256 * blockIdx.y / gridDim.y), sb_end(cols / 256 * (blockIdx.y + 1) / gridDim.y) {}
+};
+
 // The warp's S barriers, after the S stages (one arrival each: lane 0's, with the bytes it expects).
 template <int S, int XSB = kXsb>
 __device__ __forceinline__ uint64_t* warp_bars(uint8_t* smem, int warp, int lane) {
@@ -202,10 +212,9 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
                                                              int layout, unsigned* sink) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n_sb = cols / 256, row_bytes = n_sb * 144;
-  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
-  const int64_t row_base = blockIdx.x * kRows + warp * 16;
+  const BulkThread th(cols);
+  const int lane = th.lane, warp = th.warp;
+  const int64_t n_sb = cols / 256, row_bytes = n_sb * 144, sb_begin = th.sb_begin, sb_end = th.sb_end, row_base = th.row_base;
   uint64_t* bars = warp_bars<S>(smem, warp, lane);
   constexpr int kXPart = kXsb / 8;
   const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
@@ -238,10 +247,9 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_const
                                                              int work, unsigned* sink) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n_sb = cols / 256;
-  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
-  const int row_base = blockIdx.x * kRows + warp * 16;
+  const BulkThread th(cols);
+  const int lane = th.lane, warp = th.warp, row_base = th.row_base;
+  const int64_t sb_begin = th.sb_begin, sb_end = th.sb_end;
   uint64_t* bars = warp_bars<S, XSB>(smem, warp, lane);
   constexpr int kXPart = XSB / 8;
   const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
@@ -269,10 +277,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 2)
     tile_read_tmap_mc(const __grid_constant__ CUtensorMap tmap, int64_t cols, const int4* x, int work, unsigned* sink) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n_sb = cols / 256;
-  const int64_t sb_begin = n_sb * blockIdx.y / gridDim.y, sb_end = n_sb * (blockIdx.y + 1) / gridDim.y;
-  const int row_base = blockIdx.x * kRows + warp * 16;
+  const BulkThread th(cols);
+  const int lane = th.lane, warp = th.warp, row_base = th.row_base;
+  const int64_t sb_begin = th.sb_begin, sb_end = th.sb_end;
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * bulk_stage<XSB>()) + warp * 2 * S;
