@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "gpu_lab_common.cuh"
@@ -127,12 +128,12 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read(const uint8_t* w, int64
   if (bits == 0x12345678u || __half2float(__low2half(acc)) == 1234.5f) sink[0] = bits;
 }
 
-// What the bulk forms do with a warp's 16 whole row blocks of a stage (row r at 144 r): the same loads and stand-in work as
-// tile_read's, for lane 4g + t of rows g and g + 8.
-__device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int work, __half2& acc, unsigned& bits) {
+// What the bulk forms do with a warp's 16 whole row blocks of a super-block (row r's at row_stride r): the same loads and
+// stand-in work as tile_read's, for lane 4g + t of rows g and g + 8.
+__device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int work, __half2& acc, unsigned& bits, int row_stride = 144) {
   const int g = lane / 4;
   for (int i = 0; i < 2; ++i) {
-    const uint8_t* blk = slots + (g + 8 * i) * 144;
+    const uint8_t* blk = slots + (g + 8 * i) * row_stride;
     const int4 h = *reinterpret_cast<const int4*>(blk);
     const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * (lane % 4));
     const int4 q1 = *reinterpret_cast<const int4*>(blk + 80 + 16 * (lane % 4));
@@ -149,30 +150,30 @@ __device__ __forceinline__ void use_blocks(const uint8_t* slots, int lane, int w
   }
 }
 
-// The bulk forms' loop: `copy(sb, stage)` issues super-block sb's copies into a stage on the warp's barrier of it, L
-// ahead of the stage the warp waits for and uses. Stage: [activation tiles (XSB bytes: kXsb for 16 tokens, 4 kXsb for 64)]
-// [8 warps x 16 row blocks].
+// The bulk forms' loop: `copy(sb, stage)` issues the copies of SBS super-blocks from sb into a stage on the warp's barrier
+// of it, L stages ahead of the stage the warp waits for and uses. Stage: [activation tiles (XSB bytes: kXsb a super-block
+// of 16 tokens, 4 kXsb of 64)][8 warps x 16 rows x SBS blocks (a row's SBS blocks adjacent)].
 constexpr int kBulkWarp = 16 * 144;
-template <int XSB = kXsb>
-__host__ __device__ constexpr int bulk_stage() { return XSB + 8 * kBulkWarp; }
+template <int XSB = kXsb, int SBS = 1>
+__host__ __device__ constexpr int bulk_stage() { return XSB + 8 * SBS * kBulkWarp; }
 // `release(stage)` after the warp is done with a stage (the multicast form's empty barriers; a no-op elsewhere).
 struct NoRelease {
   __device__ void operator()(int) const {}
 };
-template <int S, int L, int XSB = kXsb, typename Copy, typename Release = NoRelease>
+template <int S, int L, int XSB = kXsb, int SBS = 1, typename Copy, typename Release = NoRelease>
 __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, const uint8_t* smem, int64_t sb_begin, int64_t sb_end, int lane,
                                            int warp, int work, bool with_x, unsigned* sink, const Release& release = Release()) {
-  for (int s = 0; s < L; ++s) copy(sb_begin + s, s);
+  for (int s = 0; s < L; ++s) copy(sb_begin + s * SBS, s);
   __half2 acc = __float2half2_rn(0.0f);
   unsigned bits = 0;
   int stage = 0;
   uint32_t phase = 0;
-  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
-    copy(sb + L, (stage + L) % S);
+  for (int64_t sb = sb_begin; sb < sb_end; sb += SBS) {
+    copy(sb + L * SBS, (stage + L) % S);
     bar_wait(bars + stage, phase);
-    const uint8_t* st = smem + stage * bulk_stage<XSB>();
-    const uint8_t* slots = st + XSB + warp * kBulkWarp;
-    use_blocks(slots, lane, work, acc, bits);
+    const uint8_t* st = smem + stage * bulk_stage<XSB, SBS>();
+    const uint8_t* slots = st + XSB + warp * SBS * kBulkWarp;
+    for (int j = 0; j < SBS; ++j) use_blocks(slots + j * 144, lane, work, acc, bits, SBS * 144);
     if (with_x) bits ^= *reinterpret_cast<const unsigned*>(st + 16 * lane);
     __syncwarp();
     release(stage);
@@ -183,18 +184,19 @@ __device__ __forceinline__ void run_stages(const Copy& copy, uint64_t* bars, con
 
 // A bulk form's thread in its CTA: lane, warp, the CTA's super-blocks [sb_begin, sb_end) (K split over grid.y) and the warp's
 // first row (16 rows a warp, kRows a CTA).
+// With `sbs` super-blocks a stage, the split's ends fall on multiples of sbs (every shape's count of super-blocks is one).
 struct BulkThread {
   int lane, warp, row_base;
   int64_t sb_begin, sb_end;
-  __device__ explicit BulkThread(int64_t cols)
+  __device__ explicit BulkThread(int64_t cols, int sbs = 1)
       : lane(threadIdx.x % 32), warp(threadIdx.x / 32), row_base(blockIdx.x * kRows + warp * 16),
-        sb_begin(cols / 256 * blockIdx.y / gridDim.y), sb_end(cols / 256 * (blockIdx.y + 1) / gridDim.y) {}
+        sb_begin(cols / 256 / sbs * blockIdx.y / gridDim.y * sbs), sb_end(cols / 256 / sbs * (blockIdx.y + 1) / gridDim.y * sbs) {}
 };
 
 // The warp's S barriers, after the S stages (one arrival each: lane 0's, with the bytes it expects).
-template <int S, int XSB = kXsb>
+template <int S, int XSB = kXsb, int SBS = 1>
 __device__ __forceinline__ uint64_t* warp_bars(uint8_t* smem, int warp, int lane) {
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * bulk_stage<XSB>()) + warp * S;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S * bulk_stage<XSB, SBS>()) + warp * S;
   if (lane == 0)
     for (int s = 0; s < S; ++s) bar_init(bars + s, 1);
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -239,33 +241,35 @@ __global__ void __launch_bounds__(kThreads, 2) tile_read_bulk(const uint8_t* w, 
 }
 
 // tile_read_bulk's reads through a tensor map (cp.async.bulk.tensor.2d): the weights seen as rows of row_bytes bytes, one
-// box of 16 rows x 144 bytes (a warp's rows' blocks of a super-block, row-major as GGUF has them) a copy, issued by one
-// lane, landing rows 144 bytes apart. XSB: the activation tiles' bytes a stage (kXsb: 16 tokens; 4 kXsb: 64 tokens,
-// where the engine's stages are two, one ahead).
-template <int S, int L, int XSB = kXsb>
+// box of 16 rows x SBS 144 bytes (a warp's rows' blocks of SBS super-blocks, row-major as GGUF has them) a copy, issued by
+// one lane, landing rows SBS 144 bytes apart. XSB: the activation tiles' bytes a stage (kXsb a super-block of 16 tokens;
+// 4 kXsb for 64 tokens, where the engine's stages are two, one ahead). SBS 2: a box row is 288 bytes, whole 32-byte
+// sectors (a 144-byte row starts mid-sector every other super-block), and half the box rows a byte. The map's elements are
+// elem bytes (a box row is at most 256 elements: 4-byte elements for 288 bytes).
+template <int S, int L, int XSB = kXsb, int SBS = 1>
 __global__ void __launch_bounds__(kThreads, 2) tile_read_tmap(const __grid_constant__ CUtensorMap tmap, int64_t cols, const int4* x, bool with_x,
-                                                             int work, unsigned* sink) {
+                                                             int work, unsigned* sink, int elem = 1) {
   extern __shared__ int4 smem4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem4);
-  const BulkThread th(cols);
+  const BulkThread th(cols, SBS);
   const int lane = th.lane, warp = th.warp, row_base = th.row_base;
   const int64_t sb_begin = th.sb_begin, sb_end = th.sb_end;
-  uint64_t* bars = warp_bars<S, XSB>(smem, warp, lane);
+  uint64_t* bars = warp_bars<S, XSB, SBS>(smem, warp, lane);
   constexpr int kXPart = XSB / 8;
-  const uint32_t bytes = kBulkWarp + (with_x ? kXPart : 0);
+  const uint32_t bytes = SBS * kBulkWarp + (with_x ? kXPart : 0);
   auto copy = [&](int64_t sb, int stage) {
     if (sb >= sb_end) return;
-    uint8_t* st = smem + stage * bulk_stage<XSB>();
+    uint8_t* st = smem + stage * bulk_stage<XSB, SBS>();
     if (lane == 0) {
       bar_expect(bars + stage, bytes);
       asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-                       (uint32_t)__cvta_generic_to_shared(st + XSB + warp * kBulkWarp)),
-                   "l"(reinterpret_cast<uint64_t>(&tmap)), "r"((int)(sb * 144)), "r"(row_base), "r"((uint32_t)__cvta_generic_to_shared(bars + stage))
+                       (uint32_t)__cvta_generic_to_shared(st + XSB + warp * SBS * kBulkWarp)),
+                   "l"(reinterpret_cast<uint64_t>(&tmap)), "r"((int)(sb * 144) / elem), "r"(row_base), "r"((uint32_t)__cvta_generic_to_shared(bars + stage))
                    : "memory");
-      if (with_x) bulk(st + warp * kXPart, x + sb * (XSB / 16) + warp * (kXPart / 16), kXPart, bars + stage);
+      if (with_x) bulk(st + warp * kXPart, x + sb * (XSB / SBS / 16) + warp * (kXPart / 16), kXPart, bars + stage);
     }
   };
-  run_stages<S, L, XSB>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
+  run_stages<S, L, XSB, SBS>(copy, bars, smem, sb_begin, sb_end, lane, warp, work, with_x, sink);
 }
 
 // tile_read_tmap at 64 tokens with the activation tiles multicast: CTAs in clusters of two (adjacent row tiles, the same
@@ -326,9 +330,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 2)
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x 144 bytes (the driver's encoder, found
-// through the runtime so that the lab links no driver library).
-CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes) {
+// A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x sbs 144 bytes, elements of elem bytes (1
+// or 4) (the driver's encoder, found through the runtime so that the lab links no driver library).
+CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes, int sbs = 1, int elem = 1) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                               const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   static Encode encode = [] {
@@ -342,9 +346,9 @@ CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes) {
     return reinterpret_cast<Encode>(fn);
   }();
   CUtensorMap map;
-  const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-  const cuuint32_t box[2] = {144, 16}, elem[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  const cuuint64_t dims[2] = {(cuuint64_t)(row_bytes / elem), (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
+  const cuuint32_t box[2] = {(cuuint32_t)(144 * sbs / elem), 16}, steps[2] = {1, 1};
+  const CUresult r = encode(&map, elem == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r);
@@ -414,6 +418,13 @@ int main() {
                               {"tensor map +x", 1, 4, 2, true, 0, 0, true, true},
                               {"tensor map +x work 96", 1, 4, 2, true, 96, 0, true, true},
                               {"tensor map S4 L3 +x work 96", 1, 4, 3, true, 96, 0, true, true},
+                              // boxes of two super-blocks (288-byte rows: whole sectors; 4-byte elements), at the same bytes
+                              // in flight as S4 L2 (one stage of two ahead); and, with 4-byte elements too, one super-block a
+                              // box at S4 L2 and at the same depth in stages, S2 L1
+                              {"tensor map u32 +x work 96", 1, 4, 2, true, 96, 0, true, true},
+                              {"tensor map u32 S2 L1 +x work 96", 1, 2, 1, true, 96, 0, true, true},
+                              {"tensor map 2 sb S2 L1 +x", 2, 2, 1, true, 0, 0, true, true},
+                              {"tensor map 2 sb S2 L1 +x work 96", 2, 2, 1, true, 96, 0, true, true},
                               // 64 tokens: the engine's two stages, one ahead; with and without the activation tiles' copies
                               // (what the 4x larger tiles, read from the L2 by every CTA, cost the weights' stream)
                               {"tensor map 64 tok S2 L1", 1, 2, 1, false, 0, 0, true, true, 64},
@@ -439,7 +450,7 @@ int main() {
     std::printf("%-20s plain read            %8.2f us %7.1f GB/s\n", sh.name, plain, bytes / plain / 1e3);
     for (const Variant& v : variants) {
       const dim3 grid((unsigned)((sh.rows + kRows - 1) / kRows), (unsigned)sh.splits);
-      const int stage_bytes = v.bulk ? (v.tokens / 16) * kXsb + 8 * 16 * 144 : v.sbs * kXsb + 8 * v.sbs * 2 * kSlot;
+      const int stage_bytes = v.bulk ? v.sbs * ((v.tokens / 16) * kXsb + 8 * 16 * 144) : v.sbs * kXsb + 8 * v.sbs * 2 * kSlot;
       const int smem = v.stages * stage_bytes + (v.bulk ? (v.multicast ? 2 : 1) * 8 * v.stages * 8 : 0);
       auto run = [&](auto kernel) {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -454,11 +465,16 @@ int main() {
           kernel<<<grid, kThreads, smem, stream>>>(map, sh.cols, x, v.work, sink);
         });
       } else if (v.tmap) {
-        auto kernel = v.tokens == 64 ? tile_read_tmap<2, 1, 4 * kXsb> : v.ahead == 2 ? tile_read_tmap<4, 2> : tile_read_tmap<4, 3>;
+        auto kernel = v.tokens == 64                 ? tile_read_tmap<2, 1, 4 * kXsb>
+                      : v.sbs == 2                   ? tile_read_tmap<2, 1, 2 * kXsb, 2>
+                      : v.stages == 2                ? tile_read_tmap<2, 1>
+                      : v.ahead == 2                 ? tile_read_tmap<4, 2>
+                                                     : tile_read_tmap<4, 3>;
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         us = time_graph([&](const uint8_t* w) {
-          const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows);
-          kernel<<<grid, kThreads, smem, stream>>>(map, sh.cols, x, v.with_x, v.work, sink);
+          const int elem = v.sbs == 2 || std::strstr(v.name, "u32") ? 4 : 1;
+          const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows, v.sbs, elem);
+          kernel<<<grid, kThreads, smem, stream>>>(map, sh.cols, x, v.with_x, v.work, sink, elem);
         });
       } else if (v.bulk && v.ahead == 2) us = run(tile_read_bulk<4, 2>);
       else if (v.bulk) us = run(tile_read_bulk<4, 3>);
