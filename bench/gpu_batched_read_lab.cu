@@ -331,8 +331,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 2)
 }
 
 // A 2-D tensor map of `rows` rows of `row_bytes` bytes at w, boxes of 16 rows x sbs 144 bytes, elements of elem bytes (1
-// or 4) (the driver's encoder, found through the runtime so that the lab links no driver library).
-CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes, int sbs = 1, int elem = 1) {
+// or 4), the L2 filled from the DRAM in `promotion` (CUtensorMapL2promotion: 256-byte pieces as the engine's maps, or 128,
+// 64, none) (the driver's encoder, found through the runtime so that the lab links no driver library).
+CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes, int sbs = 1, int elem = 1,
+                       CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                               const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   static Encode encode = [] {
@@ -349,7 +351,7 @@ CUtensorMap weight_map(const uint8_t* w, int64_t rows, int64_t row_bytes, int sb
   const cuuint64_t dims[2] = {(cuuint64_t)(row_bytes / elem), (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
   const cuuint32_t box[2] = {(cuuint32_t)(144 * sbs / elem), 16}, steps[2] = {1, 1};
   const CUresult r = encode(&map, elem == 4 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(w), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            CU_TENSOR_MAP_SWIZZLE_NONE, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r);
     std::exit(1);
@@ -418,6 +420,9 @@ int main() {
                               {"tensor map +x", 1, 4, 2, true, 0, 0, true, true},
                               {"tensor map +x work 96", 1, 4, 2, true, 96, 0, true, true},
                               {"tensor map S4 L3 +x work 96", 1, 4, 3, true, 96, 0, true, true},
+                              // the L2's fills from the DRAM in 128-byte pieces or none promoted, against the engine's 256
+                              {"tensor map +x work 96 L2 128", 1, 4, 2, true, 96, 0, true, true},
+                              {"tensor map +x work 96 L2 none", 1, 4, 2, true, 96, 0, true, true},
                               // boxes of two super-blocks (288-byte rows: whole sectors; 4-byte elements), at the same bytes
                               // in flight as S4 L2 (one stage of two ahead); and, with 4-byte elements too, one super-block a
                               // box at S4 L2 and at the same depth in stages, S2 L1
@@ -473,7 +478,10 @@ int main() {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         us = time_graph([&](const uint8_t* w) {
           const int elem = v.sbs == 2 || std::strstr(v.name, "u32") ? 4 : 1;
-          const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows, v.sbs, elem);
+          const CUtensorMapL2promotion promotion = std::strstr(v.name, "L2 none")  ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                                   : std::strstr(v.name, "L2 128") ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                                   : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+          const CUtensorMap map = weight_map(w, sh.rows, bytes / sh.rows, v.sbs, elem, promotion);
           kernel<<<grid, kThreads, smem, stream>>>(map, sh.cols, x, v.with_x, v.work, sink, elem);
         });
       } else if (v.bulk && v.ahead == 2) us = run(tile_read_bulk<4, 2>);
