@@ -80,7 +80,8 @@ size_t GrammarAutomaton::bytes() const {
   size_t b = transitions_.capacity() * sizeof(int32_t) + states_.capacity() * sizeof(State) + state_heap_bytes_ +
              state_ids_.bucket_count() * sizeof(void*) + nodes_.capacity() * sizeof(StackNode) +
              node_ids_.size() * (sizeof(uint64_t) + sizeof(uint32_t) + kMapNode) + node_ids_.bucket_count() * sizeof(void*) +
-             masks_.bucket_count() * sizeof(void*) + walk_.capacity() * sizeof(int32_t);
+             masks_.bucket_count() * sizeof(void*) + walk_.capacity() * sizeof(int32_t) + advances_.bucket_count() * sizeof(void*) +
+             advancing_.capacity() * sizeof(uint32_t);
   for (const auto& [state, m] : masks_) b += m.capacity() * sizeof(uint64_t) + sizeof(state) + sizeof(m) + kMapNode;
   return b;
 }
@@ -201,16 +202,16 @@ int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
     // Every code point this character may still become is legal and matched by every stack kept:
     // any continuation byte goes on, and the last one advances them all.
     if ((byte & 0xC0) != 0x80) return kDead;
-    State to;
-    to.need = (uint8_t)(from.need - 1);
-    if (to.need > 0) {
+    if (from.need > 1) {
+      State to;
+      to.need = (uint8_t)(from.need - 1);
       to.stacks = from.stacks;
       to.partial = kAnyTail;
       to.length = from.length;
-    } else {
-      for (uint32_t s : from.stacks) expand(nodes_[s].pos + 1, nodes_[s].parent, to.stacks);
+      return intern(std::move(to));
     }
-    return intern(std::move(to));
+    advancing_ = from.stacks;
+    return advance(advancing_);
   }
   uint32_t cp;
   State to;
@@ -261,13 +262,27 @@ int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
     return intern(std::move(to));
   }
   if (from.need > 0 && (cp < kMinForLength[from.length] || is_surrogate(cp))) return kDead;  // overlong or a surrogate
-  // expand() adds stack nodes, never states: `from` stays where it is until intern() below.
-  for (uint32_t s : from.stacks) {
-    if (s == 0) continue;
-    const StackNode n = nodes_[s];
-    if (classes[el[n.pos].index].matches(cp)) expand(n.pos + 1, n.parent, to.stacks);
+  advancing_.clear();
+  for (uint32_t s : from.stacks)
+    if (s != 0 && classes[el[nodes_[s].pos].index].matches(cp)) advancing_.push_back(s);
+  return advance(advancing_);
+}
+
+int32_t GrammarAutomaton::advance(const std::vector<uint32_t>& stacks) {
+  if (stacks.empty()) return kDead;
+  std::string key(stacks.size() * 4, '\0');
+  std::memcpy(key.data(), stacks.data(), key.size());
+  if (auto it = advances_.find(key); it != advances_.end()) return it->second;
+  // expand() adds stack nodes, never states: the state stepped from stays where it is until intern() below.
+  State to;
+  ++expansions_;
+  for (uint32_t s : stacks) expand(nodes_[s].pos + 1, nodes_[s].parent, to.stacks);
+  const int32_t id = intern(std::move(to));
+  if (state_heap_bytes_ <= kMaxStateBytes) {
+    state_heap_bytes_ += (key.capacity() > 15 ? key.capacity() + 1 : 0) + sizeof(std::string) + sizeof(int32_t) + 2 * sizeof(void*);
+    advances_.emplace(std::move(key), id);
   }
-  return intern(std::move(to));
+  return id;
 }
 
 bool GrammarMatcher::allows_bytes(std::string_view bytes) {

@@ -72,6 +72,8 @@ class GrammarAutomaton {
   bool can_continue(int32_t state) const;
   const std::vector<uint64_t>& mask(int32_t state, const TokenVocab& vocab);
   size_t n_states() const { return states_.size(); }
+  // Characters' steps whose stacks were expanded rather than found already advanced (advance()).
+  size_t expansions() const { return expansions_; }
   // Past this many states a matcher moves to a fresh automaton (bounding the transition tables).
   bool full() const;
   void forget_masks() { masks_.clear(); }
@@ -110,6 +112,10 @@ class GrammarAutomaton {
   void expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>& out);
   int32_t intern(State s);
   int32_t compute_step(int32_t state, uint8_t byte);
+  // The state after a complete character that these stacks (in their state's order) match: each one's
+  // next element expanded. Memoized by the list, since it is all the result depends on: a class such as
+  // `.` takes the same stacks on for every byte, so a state expands once instead of once a byte.
+  int32_t advance(const std::vector<uint32_t>& stacks);
 
   std::shared_ptr<const Grammar> g_;
   std::vector<StackNode> nodes_;
@@ -121,7 +127,10 @@ class GrammarAutomaton {
   const TokenVocab* masks_vocab_ = nullptr;  // the vocabulary the cached masks are of
   std::vector<int32_t> walk_;  // per trie depth, the state after that many bytes
   std::vector<std::pair<uint32_t, uint32_t>> expand_todo_;  // expand()'s work list (position, parent)
-  size_t state_heap_bytes_ = 0;  // the states' stack lists and their map entries
+  std::vector<uint32_t> advancing_;                          // compute_step()'s stacks that the character advances
+  std::unordered_map<std::string, int32_t> advances_;        // advance()'s results by their stack lists
+  size_t state_heap_bytes_ = 0;  // the states' stack lists and their map entries, and advance()'s memo
+  size_t expansions_ = 0;
   int32_t start_ = 0;
   bool limited_ = false;
 };
