@@ -679,6 +679,26 @@ TEST(TokenMask, Qwen3VocabularyMatchesReferenceAndPrintsCost) {
   std::printf("[ mask cost ] %d states of a JSON document: full mask cold %.3f ms, warm %.3f ms, sampled-token check %.2f us (means)\n",
               n, cold_ms / n, warm_ms / n, check_us / n);
   std::printf("[ mask cost ] inside a JSON string (cached state): %.2f us per mask\n", string_us);
+  // An ambiguous grammar (one open parse per depth: Grammar.AWildcardStepIsExpandedOnceAStateNotOnceAByte), a mask and
+  // the token "a" a step until its bound cuts it: every mask is at new states.
+  const auto a_token = std::find(pieces.begin(), pieces.end(), std::string("a"));
+  ASSERT_NE(a_token, pieces.end());
+  GrammarMatcher deep(Grammar::parse("root ::= . root*"));
+  double deep_ms = 0, deep_worst_ms = 0;
+  int deep_steps = 0;
+  for (; deep_steps < 1000; ++deep_steps) {
+    auto d0 = Clock::now();
+    const std::vector<uint64_t>& mask = deep.mask(v);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - d0).count();
+    deep_ms += ms;
+    deep_worst_ms = std::max(deep_worst_ms, ms);
+    const int32_t t = (int32_t)(a_token - pieces.begin());
+    if (!(mask[(size_t)t / 64] >> (t % 64) & 1)) break;
+    deep.accept_token(v, t);
+  }
+  EXPECT_TRUE(deep.limited());  // cut by the bound, not run to the loop's end
+  std::printf("[ mask cost ] `root ::= . root*`, %d masks until its bound: %.0f ms in all, the slowest %.1f ms\n", deep_steps,
+              deep_ms, deep_worst_ms);
 }
 
 // sample_with_grammar: greedy picks the best allowed token; sampling draws exactly the distribution
