@@ -19,6 +19,11 @@ constexpr uint32_t kMaxForLength[5] = {0, 0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
 bool is_surrogate(uint32_t cp) { return cp >= 0xD800 && cp <= 0xDFFF; }
 constexpr size_t kMaxStates = 1 << 14;  // past this (16 MiB of transitions) matchers move to a fresh automaton
 constexpr size_t kMaxMasks = 256;        // 19 KiB each at a 151k vocabulary
+// The heap bytes of an entry of a map from such a string key to a state id (the key beyond its inline buffer, the
+// node's pair, link and cached hash).
+size_t key_entry_bytes(const std::string& key) {
+  return (key.capacity() > 15 ? key.capacity() + 1 : 0) + sizeof(std::string) + sizeof(int32_t) + 2 * sizeof(void*);
+}
 }  // namespace
 
 TokenVocab::TokenVocab(const std::vector<std::string>& pieces, const std::vector<bool>& is_eog) : pieces_(pieces), eog_(is_eog) {
@@ -175,10 +180,10 @@ int32_t GrammarAutomaton::intern(State s) {
     limited_ = true;
     return kDead;
   }
-  const size_t key_heap = key.capacity() > 15 ? key.capacity() + 1 : 0;  // beyond the string's inline buffer
+  const size_t entry_bytes = key_entry_bytes(key);
   auto [it, inserted] = state_ids_.try_emplace(std::move(key), (int32_t)states_.size());
   if (inserted) {
-    state_heap_bytes_ += s.stacks.capacity() * sizeof(uint32_t) + key_heap + sizeof(std::string) + sizeof(int32_t) + 2 * sizeof(void*);
+    state_heap_bytes_ += s.stacks.capacity() * sizeof(uint32_t) + entry_bytes;
     states_.push_back(std::move(s));
     transitions_.resize(states_.size() * 256, kUnknown);
   }
@@ -210,8 +215,7 @@ int32_t GrammarAutomaton::compute_step(int32_t state, uint8_t byte) {
       to.length = from.length;
       return intern(std::move(to));
     }
-    advancing_ = from.stacks;
-    return advance(advancing_);
+    return advance(from.stacks);  // (read only before intern() can move the states)
   }
   uint32_t cp;
   State to;
@@ -279,7 +283,7 @@ int32_t GrammarAutomaton::advance(const std::vector<uint32_t>& stacks) {
   for (uint32_t s : stacks) expand(nodes_[s].pos + 1, nodes_[s].parent, to.stacks);
   const int32_t id = intern(std::move(to));
   if (state_heap_bytes_ <= kMaxStateBytes) {
-    state_heap_bytes_ += (key.capacity() > 15 ? key.capacity() + 1 : 0) + sizeof(std::string) + sizeof(int32_t) + 2 * sizeof(void*);
+    state_heap_bytes_ += key_entry_bytes(key);
     advances_.emplace(std::move(key), id);
   }
   return id;
