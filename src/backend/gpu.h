@@ -133,8 +133,8 @@ std::vector<float> gpu_decode_ffn_for_test(const Weight& gate, const Weight& up,
 void gpu_use_persistent_ffn_for_test(int mode);
 // For tests: how many products the tiled Q4_K prompt GEMM (cuda_gemm_q4k_tiles.cu) has run in this process.
 int64_t gpu_q4k_tile_gemm_calls_for_test();
-// For tests: how many tensor maps of Q4_K weights (the warpgroup kernel's TMA weights) uploads have made in this process.
-int64_t gpu_q4k_tensor_maps_for_test();
+// For tests: how many tensor maps of weights (the warpgroup kernel's TMA weights) uploads have made in this process.
+int64_t gpu_weight_tensor_maps_for_test();
 
 // For tests: the MoE expert products, grouped by expert on the device as the MoE block runs them (tensor
 // cores for more than 64 tokens of Q4_K / Q6_K weights with even rows per expert, else the int8 / float kernels).

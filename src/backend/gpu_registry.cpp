@@ -33,7 +33,7 @@ void gpu_use_wgmma_fold_for_test(int) { fail("this build has no GPU backend: reb
 void gpu_use_wgmma_fold_q6_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_use_wgmma_mixed_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_q4k_tile_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
-int64_t gpu_q4k_tensor_maps_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
+int64_t gpu_weight_tensor_maps_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 int64_t gpu_f16_copy_gemm_calls_for_test() { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 void gpu_set_f16_copy_min_rows_for_test(int) { fail("this build has no GPU backend: rebuild with -DROOFLINE_CUDA=ON"); }
 std::vector<float> gpu_decode_ffn_for_test(const Weight&, const Weight&, const Weight&, const std::vector<float>&, const std::vector<float>&,

@@ -308,7 +308,7 @@ TEST(GpuMatmulTest, WarpgroupBatchedProductsMatchTheReference) {
           << dtype_name(type) << " n=" << n << ": folding changed nothing";
     }
   // The TMA forms above ran on tensor maps (without one a launch falls back to the bulk form, which would prove nothing).
-  EXPECT_GT(gpu_q4k_tensor_maps_for_test(), 0);
+  EXPECT_GT(gpu_weight_tensor_maps_for_test(), 0);
 }
 
 // The MoE expert products grouped by expert on the device (sort, gather, grouped kernels) against the

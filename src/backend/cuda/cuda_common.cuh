@@ -330,7 +330,8 @@ struct DeviceWeight {
   // where memory allows (CudaBackend::keep_f16_copies): prompt products multiply it instead of dequantizing.
   const __half* f16 = nullptr;
   // Raw Q4_K: a 2-D tensor map of the rows (q4k_rows_map, cuda_weights.cuh) in device memory, boxes of 16 rows x one
-  // super-block, through which the warpgroup kernel's TMA weights copy a warp's rows (null: none; a row slice has none).
+  // super-block; Q6_K planes: three, of its planes (q6k_plane_maps). The warpgroup kernel's TMA weights copy a warp's
+  // rows through them (null: none; a row slice has none).
   const void* tmap = nullptr;
 };
 

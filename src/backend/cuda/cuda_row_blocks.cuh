@@ -86,11 +86,11 @@ struct RowBlock<DType::Q4_K> {
     }
     __device__ __forceinline__ void next() { p += 144; }
   };
-  // The slot as a tensor map's box leaves it (the warpgroup kernel's TMA weights): row g's whole 144-byte block at 144 g.
-  // (The two rows of a quarter-warp's 16-byte loads start 16 bytes apart modulo 128, so three of four pieces meet another
-  // row's in a bank: two passes for those loads.)
-  __device__ __forceinline__ void from_smem_rows(const uint8_t* slot, int lane) {
-    const uint8_t* blk = slot + 144 * (lane / 4);
+  // Slot i of a warp's row slots as a tensor map's box leaves them (the warpgroup kernel's TMA weights): row r's whole
+  // 144-byte block at 144 r, r = 8 i + g. (The two rows of a quarter-warp's 16-byte loads start 16 bytes apart modulo
+  // 128, so three of four pieces meet another row's in a bank: two passes for those loads.)
+  __device__ __forceinline__ void from_smem_rows(const uint8_t* warp_slots, int i, int lane, bool) {
+    const uint8_t* blk = warp_slots + 144 * (8 * i + lane / 4);
     const int t = lane % 4;
     const int4 hdr = *reinterpret_cast<const int4*>(blk);
     const int4 q0 = *reinterpret_cast<const int4*>(blk + 16 + 16 * t);
@@ -244,6 +244,23 @@ struct RowBlock<DType::Q6_K> {
     }
     __device__ __forceinline__ void next() { lo_p += 128, hi_p += 64, sc_p += 16, d_at += 2; }
   };
+  // A warp's row slots as the warpgroup kernel's TMA weights leave them: the tensor maps' boxes of 16 rows' low nibbles
+  // (128 bytes a row), high bits (64) and scales (16), then d's 4-byte words (copy_d_word); row r = 8 i + g of slot i.
+  static constexpr int kRowsLo = 0, kRowsHi = 16 * 128, kRowsSc = kRowsHi + 16 * 64, kRowsD = kRowsSc + 16 * 16;
+  static_assert(kRowsD + 16 * 4 <= 2 * kSlotBytes, "a warp's TMA rows fit its two slots");
+  static __device__ __forceinline__ void copy_d_word(uint8_t* warp_slots, int i, int lane, const uint8_t* d_at) {
+    copy_async<4>(warp_slots + kRowsD + 4 * (8 * i + lane / 4), reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(d_at) & ~(uintptr_t)3));
+  }
+  __device__ __forceinline__ void from_smem_rows(const uint8_t* warp_slots, int i, int lane, bool odd) {
+    const int r = 8 * i + lane / 4, t = lane % 4;
+    const int4 l0 = *reinterpret_cast<const int4*>(warp_slots + kRowsLo + 128 * r + 16 * t);
+    const int4 l1 = *reinterpret_cast<const int4*>(warp_slots + kRowsLo + 128 * r + 64 + 16 * t);
+    const int2 h0 = *reinterpret_cast<const int2*>(warp_slots + kRowsHi + 64 * r + 8 * t);
+    const int2 h1 = *reinterpret_cast<const int2*>(warp_slots + kRowsHi + 64 * r + 32 + 8 * t);
+    const int4 s = *reinterpret_cast<const int4*>(warp_slots + kRowsSc + 16 * r);
+    const uint32_t dw = *reinterpret_cast<const uint32_t*>(warp_slots + kRowsD + 4 * r);
+    set(l0, l1, h0, h1, s, dw, odd);
+  }
   // `odd`: d is the high half of its word (row * n_sb + sb odd).
   __device__ __forceinline__ void from_smem(const uint8_t* slot, int lane, bool odd) {
     const int g = lane / 4;
@@ -253,6 +270,9 @@ struct RowBlock<DType::Q6_K> {
     const int2 h1 = *reinterpret_cast<const int2*>(slot + 1280 + 8 * lane);
     const int4 s = *reinterpret_cast<const int4*>(slot + 1536 + 16 * g);
     const uint32_t dw = *reinterpret_cast<const uint32_t*>(slot + 1664 + 4 * g);
+    set(l0, l1, h0, h1, s, dw, odd);
+  }
+  __device__ __forceinline__ void set(int4 l0, int4 l1, int2 h0, int2 h1, int4 s, uint32_t dw, bool odd) {
     d = __ushort_as_half((unsigned short)(odd ? dw >> 16 : dw & 0xFFFF));
     lo[0] = l0.x; lo[1] = l0.y; lo[2] = l0.z; lo[3] = l0.w;
     lo[4] = l1.x; lo[5] = l1.y; lo[6] = l1.z; lo[7] = l1.w;

@@ -236,6 +236,8 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
   d.plane1 = p[1];
   d.plane2 = p[2];
   d.plane3 = p[3];
+  // (ROOFLINE_Q6K_TMAP=0: Q6_K weights without maps, their launches copy as before; the A/B of the maps.)
+  if (d.layout == WeightLayout::Q6KPlanes && env_switch("ROOFLINE_Q6K_TMAP", true)) d.tmap = q6k_plane_maps(d);
   ROOFLINE_CUDA_CHECK(cudaGetLastError());
   ROOFLINE_CUDA_CHECK(cudaStreamSynchronize(stream));
   ROOFLINE_CUDA_CHECK(cudaFree(raw));
@@ -244,7 +246,7 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
 
 namespace {
 
-std::atomic<int64_t> q4k_maps_made{0};  // (gpu_q4k_tensor_maps_for_test)
+std::atomic<int64_t> weight_maps_made{0};  // (gpu_weight_tensor_maps_for_test)
 
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                                  const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -268,17 +270,18 @@ EncodeTiled tensor_map_encoder() {
   return fn;
 }
 
-}  // namespace
-
-const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes) {
+// A 2-D map of `rows` rows of row_bytes bytes at data, boxes of 16 rows x box_bytes; false where the driver declines.
+bool encode_rows_map(CUtensorMap& map, const uint8_t* data, int64_t rows, size_t row_bytes, uint32_t box_bytes) {
   const EncodeTiled encode = tensor_map_encoder();
-  if (!encode || rows <= 0 || row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0) return nullptr;
-  CUtensorMap map;
+  if (!encode || rows <= 0 || row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
   const cuuint64_t dims[2] = {(cuuint64_t)row_bytes, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)row_bytes};
-  const cuuint32_t box[2] = {144, 16}, element_strides[2] = {1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return nullptr;
+  const cuuint32_t box[2] = {box_bytes, 16}, element_strides[2] = {1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(data), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// `n` maps side by side in device memory on the current device (null where no memory is left for them).
+const void* store_maps(const CUtensorMap* maps, int n) {
   // Maps go to chunks of device memory, one list a device, kept until the process ends.
   constexpr int kChunkMaps = 512;
   struct Pool {
@@ -291,7 +294,7 @@ const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes) {
   ROOFLINE_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
   Pool& pool = pools[device];
-  if (pool.used == kChunkMaps) {
+  if (pool.used + n > kChunkMaps) {
     // (cudaMalloc aligns to 256 bytes.) A card filled to the last bytes gets no map: its kernels copy as before.
     uint8_t* chunk = nullptr;
     if (cudaMalloc(&chunk, kChunkMaps * sizeof(CUtensorMap)) != cudaSuccess) {
@@ -301,10 +304,27 @@ const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes) {
     pool.chunk = chunk;
     pool.used = 0;
   }
-  uint8_t* at = pool.chunk + pool.used++ * sizeof(CUtensorMap);
-  ROOFLINE_CUDA_CHECK(cudaMemcpy(at, &map, sizeof(map), cudaMemcpyHostToDevice));
-  q4k_maps_made++;
+  uint8_t* at = pool.chunk + pool.used * sizeof(CUtensorMap);
+  pool.used += n;
+  ROOFLINE_CUDA_CHECK(cudaMemcpy(at, maps, n * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
+  weight_maps_made += n;
   return at;
+}
+
+}  // namespace
+
+const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes) {
+  CUtensorMap map;
+  return encode_rows_map(map, data, rows, row_bytes, 144) ? store_maps(&map, 1) : nullptr;
+}
+
+const void* q6k_plane_maps(const DeviceWeight& w) {
+  CUtensorMap maps[3];
+  const size_t cols = (size_t)w.cols;
+  if (!encode_rows_map(maps[0], w.data, w.rows, cols / 2, 128) || !encode_rows_map(maps[1], w.plane1, w.rows, cols / 4, 64) ||
+      !encode_rows_map(maps[2], w.plane2, w.rows, cols / 16, 16))
+    return nullptr;
+  return store_maps(maps, 3);
 }
 
 float* upload_floats(const std::vector<float>& v, DeviceArena& arena, cudaStream_t stream) {
@@ -319,6 +339,6 @@ float* upload_floats(const std::vector<float>& v, DeviceArena& arena, cudaStream
 
 namespace roofline {
 
-int64_t gpu_q4k_tensor_maps_for_test() { return cuda::q4k_maps_made.load(); }
+int64_t gpu_weight_tensor_maps_for_test() { return cuda::weight_maps_made.load(); }
 
 }  // namespace roofline

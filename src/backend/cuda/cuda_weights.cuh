@@ -38,6 +38,8 @@ DeviceWeight upload_weight(const Weight& w, DeviceArena& arena, cudaStream_t str
 // rows x 144 bytes (one super-block), in device memory where kernels read it (chunks of maps kept for the process,
 // 128 bytes a map); null where the driver cannot make one (the kernels then copy the weights themselves).
 const void* q4k_rows_map(const uint8_t* data, int64_t rows, size_t row_bytes);
+// Q6_K's three maps (low nibbles, high bits, scales: boxes of 16 rows x 128, 64, 16 bytes), side by side; null as above.
+const void* q6k_plane_maps(const DeviceWeight& w);
 // Small vectors (norms, biases) as device floats.
 float* upload_floats(const std::vector<float>& v, DeviceArena& arena, cudaStream_t stream);
 

@@ -224,6 +224,22 @@ __device__ __forceinline__ void tensor_copy_2d(void* dst, const void* map, int x
                "l"(map), "r"(x), "r"(y), "r"((uint32_t)__cvta_generic_to_shared(bar))
                : "memory");
 }
+// The TMA weights' boxes of a warp's 16 rows at super-block sb (row_base the first row) into its row slots, and the bytes
+// they bring: Q4_K one box of whole blocks; Q6_K three, of its low nibbles, high bits and scales, from its three maps
+// (consecutive, 128 bytes each) to where RowBlock<Q6_K>::from_smem_rows reads them.
+template <DType T>
+constexpr uint32_t wg_box_bytes() { return T == DType::Q4_K ? 16 * 144 : 16 * (128 + 64 + 16); }
+template <DType T>
+__device__ __forceinline__ void wg_tensor_copies(uint8_t* slots, const void* maps, int sb, int row_base, uint64_t* bar) {
+  if constexpr (T == DType::Q4_K) {
+    tensor_copy_2d(slots, maps, 144 * sb, row_base, bar);
+  } else {
+    const uint8_t* m = static_cast<const uint8_t*>(maps);
+    tensor_copy_2d(slots + RowBlock<T>::kRowsLo, m, 128 * sb, row_base, bar);
+    tensor_copy_2d(slots + RowBlock<T>::kRowsHi, m + 128, 64 * sb, row_base, bar);
+    tensor_copy_2d(slots + RowBlock<T>::kRowsSc, m + 256, 16 * sb, row_base, bar);
+  }
+}
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory, landing on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
@@ -238,6 +254,11 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 // warps own 16 rows (one m64 tile each: half the accumulators and fragments, so twice the warps a SM); two CTAs a
 // SM. (CTAs of 256 rows, four warpgroups and one CTA a SM, measured 5-8% slower on an H100: docs/performance.md.)
 constexpr int kWgRows = 128;
+// A warp's row slots (16 rows: two of RowBlock's 8-row slots) in a stage, padded to 128 bytes, where the TMA weights'
+// boxes land (Q6_K: 3392 -> 3456; no stage count changes). (Warps of 32 rows, MT = 2, keep their 4 x kSlotBytes, which
+// the 8 x this of a stage holds.)
+template <DType T>
+constexpr int wg_warp_slot_bytes() { return (2 * RowBlock<T>::kSlotBytes + 127) / 128 * 128; }
 template <int MT>
 constexpr int wg_threads() { return 256 / MT; }
 // Super-blocks staged at once: as many as fit the two CTAs a SM (up to 4, at least 2). (Three CTAs a SM, at 80
@@ -245,18 +266,18 @@ constexpr int wg_threads() { return 256 / MT; }
 // (Where two stages do not fit two CTAs, Q6_K at 64 tokens, the CTA runs alone on its SM; staging as many as fit one
 // CTA there, three, measured 1.7% slower on an all-Q6_K qwen3-8b at `-npl 64`: docs/performance.md.)
 template <DType T, int N, bool FOLD>
-constexpr int wg_stage_bytes() { return wg_x_stage_bytes<T, N, FOLD>() + kWgRows * RowBlock<T>::kSlotBytes / 8; }
+constexpr int wg_stage_bytes() { return wg_x_stage_bytes<T, N, FOLD>() + 8 * wg_warp_slot_bytes<T>(); }
 template <DType T, int N, bool FOLD>
 constexpr int wg_stages() {
   constexpr int fit = (227 * 1024 / 2 - 1024) / wg_stage_bytes<T, N, FOLD>();
   return fit < 2 ? 2 : fit > 4 ? 4 : fit;
 }
 // With the bulk pipeline, its 2 S barriers after the stages.
-// BULK 2 adds each warp's S weight barriers (Q4_K; see wgmma_rows).
+// BULK 2 adds each warp's S weight barriers (see wgmma_rows).
 template <DType T, int N, int BULK, bool FOLD>
 constexpr int wg_smem_bytes() {
   return wg_stages<T, N, FOLD>() * wg_stage_bytes<T, N, FOLD>() + (BULK ? 16 * wg_stages<T, N, FOLD>() : 0) +
-         (BULK == 2 && T == DType::Q4_K ? 8 * 8 * wg_stages<T, N, FOLD>() : 0);
+         (BULK == 2 ? 8 * 8 * wg_stages<T, N, FOLD>() : 0);
 }
 
 // A row block's scales and A-fragment halves, with the mins (RowBlock::scales, group) or folded out (Q4_K: scales_folded
@@ -287,7 +308,7 @@ __device__ __forceinline__ void wg_super_block(float (&acc)[MT][N / 2], const ui
   RowBlock<T> blk[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) {
-    if constexpr (PACKED) blk[i].from_smem_rows(slots + i * RowBlock<T>::kSlotBytes, lane);
+    if constexpr (PACKED) blk[i].from_smem_rows(slots, i, lane, row_odd[i] != ((sb & 1) != 0));
     else blk[i].from_smem(slots + i * RowBlock<T>::kSlotBytes, lane, row_odd[i] != ((sb & 1) != 0));
   }
   __half2 d[R][2];  // FOLD: each row's d and -1024 d
@@ -368,7 +389,7 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
   constexpr int S = wg_stages<T, N, FOLD>(), kX = wg_x_stage_bytes<T, N, FOLD>(), kXsb = wg_x_sb_bytes<T, N>();
   constexpr int kStage = wg_stage_bytes<T, N, FOLD>();
   constexpr int L = BULK && S >= 3 ? S - 2 : S - 1;  // super-blocks the copies run ahead
-  constexpr int kWarpSlots = R * RowBlock<T>::kSlotBytes;
+  constexpr int kWarpSlots = MT == 1 ? wg_warp_slot_bytes<T>() : R * RowBlock<T>::kSlotBytes;
   extern __shared__ __align__(128) int4 wg_smem[];  // (128: the TMA weights' boxes land at multiples of it)
   uint8_t* smem = reinterpret_cast<uint8_t*>(wg_smem);
   // Stage s: [activations of its super-block][warp 0's R row slots][warp 1's] ...; with BULK, after the S stages the
@@ -395,13 +416,15 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    // TMA weights (BULK 2, Q4_K, every member with a tensor map): the warp's 16 rows' blocks of a super-block arrive as one
-    // box of the weight's tensor map (16 rows x 144 bytes, rows past the matrix zero), copied by lane 0 on the warp's own
-    // barrier of the stage, instead of 16-byte cp.async pieces that each lane waits for; the slots then hold whole blocks
-    // in row order (RowBlock<Q4_K>::from_smem_rows).
-    constexpr bool kTmaWeights = BULK == 2 && T == DType::Q4_K && MT == 1;
+    // TMA weights (BULK 2, every member with its tensor maps): the warp's 16 rows' blocks of a super-block arrive as
+    // boxes of the weight's tensor maps (rows past the matrix zero), copied by lane 0 on the warp's own barrier of the
+    // stage, instead of 16-byte cp.async pieces that each lane waits for; the slots then hold the rows in order
+    // (RowBlock::from_smem_rows). Q4_K: one box of 16 rows x 144 bytes. Q6_K: three, of its low nibbles, high bits and
+    // scales (16 x 128, 64, 16 bytes); d's 4-byte words still come by cp.async, one lane a row.
+    constexpr bool kTmaWeights = BULK == 2 && MT == 1;
+    constexpr bool kPieces = !kTmaWeights || T == DType::Q6_K;  // cp.async copies to wait for
     uint64_t* weights_full = empty + S + warp * S;  // (kTmaWeights) this warp's S barriers
-    int box_x = (int)(sb_begin * 144);              // (kTmaWeights) the next super-block's byte column in the map
+    int box_sb = (int)sb_begin;                      // (kTmaWeights) the next super-block
     if constexpr (kTmaWeights) {
       if (lane == 0) {
         for (int s = 0; s < S; ++s) mbar_init(weights_full + s, 1);
@@ -421,10 +444,17 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
       uint8_t* slot = slots(stage);
       if constexpr (kTmaWeights) {
         if (lane == 0) {
-          mbar_arrive_expect_bytes(weights_full + stage, 16 * 144);
-          tensor_copy_2d(slot, w.tmap, box_x, (int)row_base, weights_full + stage);
+          mbar_arrive_expect_bytes(weights_full + stage, wg_box_bytes<T>());
+          wg_tensor_copies<T>(slot, w.tmap, box_sb, (int)row_base, weights_full + stage);
         }
-        box_x += 144;
+        ++box_sb;
+        if constexpr (T == DType::Q6_K) {
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+            if (t == i) RowBlock<T>::copy_d_word(slot, i, lane, cursor[i].d_at);
+            cursor[i].next();
+          }
+        }
         return;
       }
       cursor[0].template copy<0>(lane, t == 0, slot);
@@ -460,12 +490,12 @@ __device__ __forceinline__ void wgmma_rows(const DeviceWeight& w, const int4* xb
     int stage = 0, copy_stage = L % S;  // copy_stage: stage (j + L) % S, its use (j + L) / S
     uint32_t phase = 0, copy_use = L / S;
     for (int j = 0; j < n; ++j) {
-      if constexpr (!kTmaWeights) {
+      if constexpr (kPieces) {
         copy_async_wait<L - 1>();
         __syncwarp();  // the other lanes' copies (the row headers the four lanes of a row share) landed too
       }
       if (j + L < n) weights_copy_next(copy_stage);
-      if constexpr (!kTmaWeights) copy_async_commit();
+      if constexpr (kPieces) copy_async_commit();
       if (j + L < n) x_bulk(copy_stage, copy_use);
       if constexpr (kTmaWeights) mbar_wait(weights_full + stage, phase);
       mbar_wait(full + stage, phase);
@@ -596,10 +626,10 @@ int wgmma_bulk_mode() {
   return wgmma_bulk_for_test >= 0 ? std::min(wgmma_bulk_for_test, 2) : env;
 }
 bool wgmma_bulk() { return wgmma_bulk_mode() > 0; }
-// Every Q4_K member has its tensor map (TMA weights).
-bool q4k_maps_for(const DeviceWeight* const* ws, int count) {
+// Every member has its tensor maps (TMA weights).
+bool maps_for(const DeviceWeight* const* ws, int count) {
   for (int m = 0; m < count; ++m)
-    if (ws[m]->type == DType::Q4_K && !ws[m]->tmap) return false;
+    if (!ws[m]->tmap) return false;
   return true;
 }
 
@@ -648,10 +678,8 @@ void launch_wgmma_rows_folded(const DeviceWeight* const* ws, float* const* ys, c
                               bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   if (wgmma_tiles() == 2) launch_wgmma_rows_form<T, N, 2, false, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_bulk()) {
-    if constexpr (T == DType::Q4_K) {
-      if (wgmma_bulk_mode() == 2 && q4k_maps_for(ws, count))
-        return launch_wgmma_rows_form<T, N, 1, 2, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
-    }
+    if (wgmma_bulk_mode() == 2 && maps_for(ws, count))
+      return launch_wgmma_rows_form<T, N, 1, 2, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
     launch_wgmma_rows_form<T, N, 1, 1, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
   } else {
     launch_wgmma_rows_form<T, N, 1, 0, FOLD>(ws, ys, ldys, count, xb, n_tok, accumulate, part, part_floats, stream);
@@ -680,7 +708,7 @@ template <int N>
 void launch_wgmma_mixed(const DeviceWeight* const* ws, float* const* ys, const int* ldys, int count, const int4* xb, const int4* xb6, int n_tok,
                         bool accumulate, float* part, size_t part_floats, cudaStream_t stream) {
   const bool fold = wgmma_fold(), fold6 = wgmma_fold_q6();
-  if (wgmma_bulk_mode() == 2 && fold && fold6 && q4k_maps_for(ws, count))  // (TMA weights with the default folds only)
+  if (wgmma_bulk_mode() == 2 && fold && fold6 && maps_for(ws, count))  // (TMA weights with the default folds only)
     launch_wgmma_mixed_form<N, 2, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
   else if (wgmma_bulk()) {
     if (fold && fold6) launch_wgmma_mixed_form<N, true, true, true>(ws, ys, ldys, count, xb, xb6, n_tok, accumulate, part, part_floats, stream);
