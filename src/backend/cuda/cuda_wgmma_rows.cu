@@ -618,8 +618,9 @@ int wgmma_tiles() {
 }
 
 // The bulk pipeline without CTA-wide barriers (see wgmma_rows; on by default, measured +3-8% on an H100 over the
-// plain one, ROOFLINE_WGMMA_BULK=0), and in it the Q4_K weights as tensor-map boxes (TMA weights, on by default: `-npl 16`
-// +3.9-4.7%, `-npl 64` +3.3-7.0% on an H100; ROOFLINE_WGMMA_TMA=0 for the lanes' cp.async pieces): mode 0, 1 or 2.
+// plain one, ROOFLINE_WGMMA_BULK=0), and in it the weights as tensor-map boxes (TMA weights, on by default; Q4_K: `-npl 16`
+// +3.9-4.7%, `-npl 64` +3.3-7.0% on an H100; Q6_K's planes too, where they have maps (ROOFLINE_Q6K_TMAP): `-npl 16`
+// +1.8-3.8% more; ROOFLINE_WGMMA_TMA=0 for the lanes' cp.async pieces): mode 0, 1 or 2.
 int wgmma_bulk_for_test = -1;  // (gpu_use_wgmma_bulk_for_test; -1: the environment's)
 int wgmma_bulk_mode() {
   static const int env = !env_switch("ROOFLINE_WGMMA_BULK", true) ? 0 : env_switch("ROOFLINE_WGMMA_TMA", true) ? 2 : 1;
