@@ -232,7 +232,7 @@ TEST(CliArgs, NglAllIsNamedAndBenchStatesTheDefaultItUses) {
   auto r = run_cli({"run", "-m", kTiny, "-p", "hi", "-n", "2", "-ngl", "all"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find("-2"), std::string::npos) << r.err;
-  if (!gpu) EXPECT_CONTAINS(r.err, "warning: -ngl all: ");
+  if (!gpu) { EXPECT_CONTAINS(r.err, "warning: -ngl all: "); }
   auto help = run_cli({"bench", "--help"});
   EXPECT_CONTAINS(help.out, "--n-gpu-layers TEXT=99");
   EXPECT_CONTAINS(help.out, "or runs on the CPU (ngl 0) where there is no GPU");

@@ -66,7 +66,7 @@ TEST(GpuMatmulTest, F16CopyProductsMatchTheReference) {
         for (int64_t r = 0; r < rows; ++r) ref[(size_t)(t * rows + r)] = (float)yt[(size_t)r];
       }
       EXPECT_LT(test::nmse(with_copy.data(), ref.data(), ref.size()), 2e-6) << dtype_name(type) << " n=" << n;
-      if (n >= 65) EXPECT_EQ(with_copy, plain) << dtype_name(type) << " n=" << n;
+      if (n >= 65) { EXPECT_EQ(with_copy, plain) << dtype_name(type) << " n=" << n; }
     }
 }
 

@@ -533,7 +533,7 @@ TEST(GpuTable, HasTheCardsTheIssueNamesWithSaneFigures) {
     EXPECT_GT(g->stream_fraction, 0.5) << name;
     EXPECT_LE(g->stream_fraction, 1.0) << name;
     EXPECT_GT(g->tflops, 0) << name;
-    if (!g->host) EXPECT_GE(g->cc_major, 6) << name;
+    if (!g->host) { EXPECT_GE(g->cc_major, 6) << name; }
   }
   EXPECT_EQ(find_gpu_spec("V100-32GB"), find_gpu_spec("v100-32gb"));
   EXPECT_EQ(find_gpu_spec("v100"), nullptr);

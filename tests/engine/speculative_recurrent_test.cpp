@@ -82,9 +82,9 @@ TEST(SpeculativeRecurrentTest, GreedyOutputIsThePlainOutput) {
         DraftStats st;
         EXPECT_EQ(greedy_speculative(*target, &drafter, prompt, 40, &st), plain);
         EXPECT_GT(st.drafted, 0);
-        if (p == 0) EXPECT_EQ(st.accepted, st.drafted);
-        if (p == 1) EXPECT_EQ(st.accepted, 0);
-        if (p == 2) EXPECT_TRUE(st.accepted > 0 && st.accepted < st.drafted) << st.accepted << "/" << st.drafted;
+        if (p == 0) { EXPECT_EQ(st.accepted, st.drafted); }
+        if (p == 1) { EXPECT_EQ(st.accepted, 0); }
+        if (p == 2) { EXPECT_TRUE(st.accepted > 0 && st.accepted < st.drafted) << st.accepted << "/" << st.drafted; }
         EXPECT_EQ(target->memory().used_blocks(), 0);
       }
     }

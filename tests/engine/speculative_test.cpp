@@ -219,7 +219,7 @@ TEST(SpeculativeTest, GpuDraftKeepsTheGreedyOutput) {
         DraftModel draft(gpu_engine(tiny(draft_spec)), p);
         DraftStats st;
         EXPECT_EQ(generate(*target, &draft, prompt, 48, greedy_params(), &st), plain) << "draft " << draft_spec << ", draft-max " << n_max;
-        if (std::string(draft_spec) == spec) EXPECT_EQ(st.accepted, st.drafted);
+        if (std::string(draft_spec) == spec) { EXPECT_EQ(st.accepted, st.drafted); }
       }
     }
   }
